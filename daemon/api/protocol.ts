@@ -1,0 +1,51 @@
+// The contract between tetherd and its clients (tether, tether-ipam, tetherctl), in one file.
+// Transport: a Unix stream socket (mode 0600, root only); one JSON object per line each way.
+// Every request carries `version`; a daemon answers a version it does not speak with PROTOCOL_VERSION.
+import type { ErrorCode } from '../errors';
+
+export const PROTOCOL_VERSION = 1;
+export const DEFAULT_SOCKET_PATH = '/run/tether/tetherd.sock';
+
+export type Method =
+  | 'cni.add'
+  | 'cni.del'
+  | 'cni.check'
+  | 'cni.status'
+  | 'cni.gc'
+  | 'status'
+  | 'ping';
+
+/** What a CNI executable forwards: the environment it was run with and the network config it read. */
+export interface CniParams {
+  command: 'ADD' | 'DEL' | 'CHECK' | 'STATUS' | 'GC';
+  containerId: string;
+  netns: string;
+  ifName: string;
+  /** CNI_ARGS as key/value pairs (K8S_POD_NAMESPACE, K8S_POD_NAME, …). */
+  args: Record<string, string>;
+  /** The plugin's network config exactly as read from stdin (cniVersion, name, type, prevResult, …). */
+  config: Record<string, unknown>;
+}
+
+export interface Request<P = unknown> {
+  version: number;
+  id: string;
+  method: Method;
+  params: P;
+}
+
+export interface WireError {
+  code: ErrorCode;
+  message: string;
+  details?: string;
+}
+
+export interface Response<R = unknown> {
+  version: number;
+  id: string;
+  result?: R;
+  error?: WireError;
+}
+
+/** Largest request or response line either side accepts; a longer line is a protocol error. */
+export const MAX_LINE_BYTES = 4 * 1024 * 1024;

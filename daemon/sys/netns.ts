@@ -1,0 +1,65 @@
+// Work inside another network namespace from the daemon's own thread.
+// setns() moves only the calling thread, and a socket stays in the namespace it was created in, so the
+// pattern is: enter, do synchronous work (create sockets, write /proc/sys), return — no await in between.
+import * as fs from 'node:fs';
+import { CLONE_NEWNET, setns } from './libc';
+import { TetherError, ErrorCode } from '../errors';
+
+/** Runs fn synchronously inside the network namespace at nsPath (e.g. /run/netns/x or /proc/PID/ns/net). */
+export function inNetns<T>(nsPath: string, fn: () => T): T {
+  let target: number;
+  try {
+    target = fs.openSync(nsPath, 'r');
+  } catch (e) {
+    throw new TetherError(ErrorCode.NetnsGone, `network namespace ${nsPath} cannot be opened: ${(e as Error).message}`, { cause: e });
+  }
+  const home = fs.openSync('/proc/thread-self/ns/net', 'r');
+  try {
+    setns(target, CLONE_NEWNET, nsPath);
+    try {
+      const out = fn();
+      if (out && typeof (out as { then?: unknown }).then === 'function') {
+        throw new Error('inNetns: fn must be synchronous (a promise would run in the wrong namespace)');
+      }
+      return out;
+    } finally {
+      try {
+        setns(home, CLONE_NEWNET, 'back to own namespace');
+      } catch (e) {
+        // Staying in a pod's namespace would make every later action wrong: stop hard.
+        process.stderr.write(`FATAL: cannot return to own network namespace: ${(e as Error).message}\n`);
+        process.abort();
+      }
+    }
+  } finally {
+    fs.closeSync(target);
+    fs.closeSync(home);
+  }
+}
+
+/** True when nsPath exists and is a network namespace handle. */
+export function netnsExists(nsPath: string): boolean {
+  try {
+    fs.closeSync(fs.openSync(nsPath, 'r'));
+    return true;
+  } catch {
+    return false;
+  }
+}
+
+/** Writes a sysctl (slash path under /proc/sys, e.g. net/ipv4/conf/eth0/arp_ignore, since interface names may hold dots) inside a namespace; returns the previous value. */
+export function writeNetSysctl(nsPath: string | null, key: string, value: string): string {
+  const file = `/proc/sys/${key}`;
+  const work = () => {
+    const prev = fs.readFileSync(file, 'utf8').trim();
+    if (prev !== value) fs.writeFileSync(file, value);
+    return prev;
+  };
+  return nsPath ? inNetns(nsPath, work) : work();
+}
+
+export function readNetSysctl(nsPath: string | null, key: string): string {
+  const file = `/proc/sys/${key}`;
+  const work = () => fs.readFileSync(file, 'utf8').trim();
+  return nsPath ? inNetns(nsPath, work) : work();
+}
