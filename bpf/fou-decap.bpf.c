@@ -1,0 +1,55 @@
+/* fou-decap.bpf.c (tc ingress): strips outer IPv4 + UDP from FoU packets addressed to this interface's
+ * configured address and port, from allowed sources only, and passes the inner packet up the stack. */
+#include "common.h"
+#include "parse.h"
+#include "fou.h"
+#include "fou-decap-maps.h"
+
+#define IP_MF 0x2000
+
+SEC("tc")
+int fou_decap(struct __sk_buff *skb)
+{
+	struct fou_decap_config *cfg;
+	struct fou_stats *st;
+	struct udphdr udp;
+	struct iphdr ip;
+	__u8 inner_vihl;
+	__u32 key = 0;
+
+	if (parse_ipv4(skb, &ip) || parse_udp(skb, &ip, &udp))
+		return TC_ACT_OK;
+	cfg = bpf_map_lookup_elem(&fou_decap_cfg, &key);
+	st = bpf_map_lookup_elem(&fou_decap_stats, &key);
+	if (!cfg || !st)
+		return TC_ACT_OK;
+	/* Not FoU (or decap not configured yet): ordinary traffic, untouched and uncounted. */
+	if (!cfg->dport || udp.dest != cfg->dport)
+		return TC_ACT_OK;
+
+	/* Arriving here proves nothing: anyone who can reach the port could inject packets with any inner
+	 * source. So check who it is for and who sent it before unwrapping. */
+	if (cfg->daddr && ip.daddr != cfg->daddr) {
+		st->rejected_dest++;
+		return TC_ACT_OK; /* not ours to unwrap; the stack treats it as plain UDP */
+	}
+	if ((cfg->flags & FOU_DECAP_F_CHECK_SOURCES) && !bpf_map_lookup_elem(&fou_sources, &ip.saddr)) {
+		st->rejected_source++;
+		return TC_ACT_SHOT;
+	}
+	/* Encapsulators set DF; a first fragment carries only part of the inner packet. */
+	if (ip.frag_off & bpf_htons(IP_MF) ||
+	    bpf_skb_load_bytes(skb, ETH_HLEN + FOU_OVERHEAD, &inner_vihl, 1) || inner_vihl != 0x45) {
+		st->errors++;
+		return TC_ACT_SHOT;
+	}
+	if (fou_decap4(skb)) {
+		st->errors++;
+		return TC_ACT_SHOT;
+	}
+	st->packets++;
+	st->bytes += skb->len - ETH_HLEN;
+	return TC_ACT_OK;
+}
+
+char LICENSE[] SEC("license") = "Dual BSD/GPL";

@@ -1,0 +1,99 @@
+/* fou.h: Foo-over-UDP encapsulation and decapsulation of IPv4 in IPv4/UDP. */
+#ifndef TETHER_FOU_H
+#define TETHER_FOU_H
+
+#include "common.h"
+#include "fou-types.h"
+
+/* The 28 bytes written in front of the inner packet. Not packed: both headers are 4-byte multiples,
+ * and packing would make taking &h.ip for the checksum an unaligned access. */
+struct fou_hdr {
+	struct iphdr ip;
+	struct udphdr udp;
+};
+_Static_assert(sizeof(struct fou_hdr) == FOU_OVERHEAD, "outer headers must be exactly FOU_OVERHEAD bytes");
+
+/* RFC 1071 checksum of an option-less IPv4 header; the loop is unrolled because the verifier of some
+ * kernels rejects back-edges and the trip count is a constant 10 anyway. */
+static __always_inline __sum16 fou_ipv4_csum(const struct iphdr *ip)
+{
+	const __u16 *w = (const __u16 *)ip;
+	__u32 sum = 0;
+
+#pragma unroll
+	for (int i = 0; i < (int)(sizeof(*ip) / 2); i++)
+		sum += w[i];
+	sum = (sum & 0xffff) + (sum >> 16);
+	sum = (sum & 0xffff) + (sum >> 16);
+	return (__sum16)~sum;
+}
+
+/* Outer UDP source port from the inner flow, so ECMP and receive-side scaling spread flows while each
+ * flow keeps one path. The hash is invalidated first: a locally generated skb carries the socket's
+ * random txhash, which the stack re-rolls after a timeout and which would move the flow mid-stream. */
+static __always_inline __be16 fou_sport(struct __sk_buff *skb)
+{
+	__u32 hash;
+
+	bpf_set_hash_invalid(skb);
+	hash = bpf_get_hash_recalc(skb);
+	return bpf_htons(FOU_SPORT_MIN + (__u16)(((__u64)hash * (FOU_SPORT_MAX - FOU_SPORT_MIN + 1)) >> 32));
+}
+
+/* Wraps the IPv4 packet behind the Ethernet header in outer IPv4 + UDP. The ENCAP flags make
+ * adjust_room mark the skb as a UDP tunnel (inner header offsets, gso_type), so a GSO super-packet is
+ * segmented correctly after this hook and each segment gets its own outer header. The outer UDP
+ * checksum is 0 (allowed for IPv4; the inner transport checksum protects the data). DF is set: the
+ * target's MSS is lowered by FOU_OVERHEAD so outer packets fit, and fragmenting FoU would make the
+ * receiver reassemble before it can decapsulate. Returns 0 or a negative value (packet unusable). */
+static __always_inline int fou_encap4(struct __sk_buff *skb, const struct iphdr *inner, __be32 saddr,
+				      __be32 daddr, __be16 dport)
+{
+	__u32 inner_len = bpf_ntohs(inner->tot_len);
+	struct fou_hdr h = {};
+
+	if (inner_len + FOU_OVERHEAD > 0xffff)
+		return -1;
+
+	h.ip.version = 4;
+	h.ip.ihl = 5;
+	h.ip.tos = inner->tos;
+	h.ip.tot_len = bpf_htons(inner_len + FOU_OVERHEAD);
+	h.ip.frag_off = bpf_htons(IP_DF);
+	h.ip.ttl = FOU_TTL;
+	h.ip.protocol = IPPROTO_UDP_;
+	h.ip.saddr = saddr;
+	h.ip.daddr = daddr;
+	h.ip.check = fou_ipv4_csum(&h.ip);
+	h.udp.source = fou_sport(skb);
+	h.udp.dest = dport;
+	h.udp.len = bpf_htons(inner_len + sizeof(struct udphdr));
+
+	if (bpf_skb_adjust_room(skb, FOU_OVERHEAD, BPF_ADJ_ROOM_MAC,
+				BPF_F_ADJ_ROOM_ENCAP_L3_IPV4 | BPF_F_ADJ_ROOM_ENCAP_L4_UDP))
+		return -1;
+	if (bpf_skb_store_bytes(skb, ETH_HLEN, &h, sizeof(h), 0))
+		return -1;
+	return 0;
+}
+
+/* Removes outer IPv4 + UDP. DECAP_L3_IPV4 tells adjust_room the remaining packet is IPv4 so it clears
+ * the tunnel GSO state of the skb instead of leaving it marked as UDP-encapsulated. */
+static __always_inline int fou_decap4(struct __sk_buff *skb)
+{
+	return bpf_skb_adjust_room(skb, -FOU_OVERHEAD, BPF_ADJ_ROOM_MAC, BPF_F_ADJ_ROOM_DECAP_L3_IPV4);
+}
+
+/* Turns an ingress packet around: it leaves through the device it came in by, back to the sender's MAC. */
+static __always_inline int fou_swap_macs(struct __sk_buff *skb)
+{
+	__u8 macs[2 * ETH_ALEN], swapped[2 * ETH_ALEN];
+
+	if (bpf_skb_load_bytes(skb, 0, macs, sizeof(macs)))
+		return -1;
+	__builtin_memcpy(swapped, macs + ETH_ALEN, ETH_ALEN);
+	__builtin_memcpy(swapped + ETH_ALEN, macs, ETH_ALEN);
+	return bpf_skb_store_bytes(skb, 0, swapped, sizeof(swapped), 0);
+}
+
+#endif
