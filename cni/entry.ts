@@ -1,0 +1,35 @@
+// One executable, several names: dispatches on the name it was invoked by (the installer links
+// tether-ipam, tetherd and tetherctl to tether). Each branch is required lazily so the CNI client
+// never initialises daemon code (winston, koffi) and starts as fast as a bare Node.
+import * as path from 'node:path';
+
+function calledAs(): { name: string; args: string[] } {
+  const args = process.argv.slice(2);
+  const name = process.env.TETHER_CALLED_AS || path.basename(process.argv0 || process.argv[1] || 'tether');
+  return { name, args };
+}
+
+async function run(): Promise<number> {
+  const { name, args } = calledAs();
+  switch (name) {
+    case 'tetherd':
+      return (require('../daemon/main') as typeof import('../daemon/main')).main(args);
+    case 'tetherctl':
+      return (require('../daemon/ctl') as typeof import('../daemon/ctl')).main(args);
+    case 'tether-ipam':
+      process.stdout.write(JSON.stringify({ cniVersion: '1.1.0', code: 4, msg: 'tether-ipam is not available in this build yet' }));
+      return 1;
+    default:
+      return (require('./main') as typeof import('./main')).main();
+  }
+}
+
+run().then(
+  (code) => {
+    process.exitCode = code;
+  },
+  (e) => {
+    process.stderr.write(`${(e as Error).stack ?? e}\n`);
+    process.exitCode = 1;
+  },
+);

@@ -1,0 +1,188 @@
+// The pod lifecycle behind the CNI commands: ADD applies the pod network primitives and records them,
+// DEL undoes exactly what was recorded, CHECK verifies it, GC removes attachments the runtime no longer has.
+// Every method is idempotent; each logs one line per action naming the pod.
+import { TetherError, ErrorCode } from '../errors';
+import type { Logger } from '../log';
+import type { CniParams } from '../api/protocol';
+import { netnsExists } from '../sys/netns';
+import { keyString, type AttachmentKey, type PodRecord, type PodStore } from '../state/pod-store';
+import {
+  addedInterfaces,
+  applyPodNetwork,
+  checkPodNetwork,
+  undoPodNetwork,
+  validatePodNetConfig,
+  type AppliedPodNetwork,
+} from './pod-network';
+
+type Json = Record<string, unknown>;
+
+interface CniInterface {
+  name?: string;
+  mac?: string;
+  sandbox?: string;
+}
+
+export class AttachService {
+  constructor(
+    private readonly store: PodStore,
+    private readonly logger: Logger,
+  ) {}
+
+  add(p: CniParams): Json {
+    const key = this.keyOf(p);
+    const conf = p.config;
+    const prev = conf.prevResult as Json | undefined;
+    if (!prev) throw new TetherError(ErrorCode.InvalidConfig, 'prevResult: missing; tether must follow a primary plugin');
+    requireField(p.netns, 'CNI_NETNS');
+    const cfg = validatePodNetConfig(conf);
+    const who = this.who(p, key);
+
+    const existing = this.store.get(key);
+    if (existing?.phase === 'attached' && existing.netns === p.netns) {
+      // A repeated ADD for the same attachment answers the same result instead of stacking changes.
+      this.logger.info('pod already attached; repeating result', who);
+      return buildResult(prev, conf.cniVersion as string, addedInterfaces(existing.applied as AppliedPodNetwork));
+    }
+    if (existing) this.undoRecord(existing, who);
+    if (!netnsExists(p.netns)) {
+      throw new TetherError(ErrorCode.NetnsGone, `network namespace ${p.netns} of container ${p.containerId} does not exist`);
+    }
+
+    const base: PodRecord = {
+      ...key,
+      netns: p.netns,
+      podNamespace: p.args.K8S_POD_NAMESPACE,
+      podName: p.args.K8S_POD_NAME,
+      phase: 'applying',
+      config: stripPrevResult(conf),
+      createdAt: new Date().toISOString(),
+    };
+    // Record the intent first: a crash from here on leaves a record that DEL or GC will clear.
+    this.store.put(base);
+    let applied: AppliedPodNetwork;
+    try {
+      applied = applyPodNetwork({ netns: p.netns, ifName: p.ifName, hostIfName: hostInterface(prev) }, cfg);
+    } catch (e) {
+      this.store.remove(key);
+      this.logger.warn('pod attach failed; nothing left applied', { ...who, error: (e as Error).message });
+      throw e;
+    }
+    try {
+      this.store.put({ ...base, phase: 'attached', applied });
+    } catch (e) {
+      undoPodNetwork(applied);
+      this.store.remove(key);
+      throw new TetherError(ErrorCode.IoFailure, `cannot record attachment of ${keyString(key)}: ${(e as Error).message}`, { cause: e });
+    }
+    this.logger.info('pod attached', { ...who, applied });
+    return buildResult(prev, conf.cniVersion as string, addedInterfaces(applied));
+  }
+
+  del(p: CniParams): void {
+    const key = this.keyOf(p);
+    const rec = this.store.get(key);
+    const who = this.who(p, key);
+    if (!rec) {
+      this.logger.info('pod detach: nothing recorded, nothing to undo', who);
+      return;
+    }
+    this.undoRecord(rec, who);
+    this.store.remove(key);
+    this.logger.info('pod detached', who);
+  }
+
+  check(p: CniParams): void {
+    const key = this.keyOf(p);
+    const rec = this.store.get(key);
+    if (!rec || rec.phase !== 'attached') {
+      throw new TetherError(ErrorCode.UnknownContainer, `container ${p.containerId} (${p.ifName}) is not attached to network ${key.network} by tether`);
+    }
+    if (!netnsExists(rec.netns)) {
+      throw new TetherError(ErrorCode.CheckFailed, `network namespace ${rec.netns} of container ${p.containerId} is gone`);
+    }
+    checkPodNetwork(rec.applied as AppliedPodNetwork);
+    this.logger.info('pod check passed', this.who(p, key));
+  }
+
+  /** CNI 1.1 GC: every attachment of this network not in cni.dev/valid-attachments is undone. */
+  gc(p: CniParams): { removed: string[] } {
+    const network = networkName(p.config);
+    const validRaw = p.config['cni.dev/valid-attachments'] ?? [];
+    if (!Array.isArray(validRaw)) throw new TetherError(ErrorCode.InvalidConfig, 'cni.dev/valid-attachments: must be an array');
+    const valid = new Set<string>();
+    validRaw.forEach((a, i) => {
+      const att = a as Json;
+      if (!att || typeof att.containerID !== 'string' || typeof att.ifname !== 'string') {
+        throw new TetherError(ErrorCode.InvalidConfig, `cni.dev/valid-attachments[${i}]: needs string containerID and ifname`);
+      }
+      valid.add(keyString({ network, containerId: att.containerID, ifName: att.ifname }));
+    });
+    const removed: string[] = [];
+    for (const rec of this.store.all()) {
+      if (rec.network !== network || valid.has(keyString(rec))) continue;
+      const who = { container: rec.containerId, ifName: rec.ifName, pod: podName(rec), network };
+      this.undoRecord(rec, who);
+      this.store.remove(rec);
+      removed.push(keyString(rec));
+      this.logger.info('gc: stale attachment removed', who);
+    }
+    return { removed };
+  }
+
+  private undoRecord(rec: PodRecord, who: Json): void {
+    if (rec.phase === 'attached' && rec.applied) {
+      undoPodNetwork(rec.applied as AppliedPodNetwork);
+    } else {
+      // Killed mid-ADD: the runtime saw that ADD fail and is now tearing the pod down; its namespace and
+      // veth go with it, so there is nothing left on the node that needs the half-made record.
+      this.logger.warn('pod record was still applying (daemon stopped mid-ADD); dropping it', who);
+    }
+  }
+
+  private keyOf(p: CniParams): AttachmentKey {
+    requireField(p.containerId, 'CNI_CONTAINERID');
+    requireField(p.ifName, 'CNI_IFNAME');
+    return { network: networkName(p.config), containerId: p.containerId, ifName: p.ifName };
+  }
+
+  private who(p: CniParams, key: AttachmentKey): Json {
+    const pod = p.args.K8S_POD_NAMESPACE && p.args.K8S_POD_NAME ? `${p.args.K8S_POD_NAMESPACE}/${p.args.K8S_POD_NAME}` : undefined;
+    return { container: key.containerId, ifName: key.ifName, network: key.network, pod, netns: p.netns || undefined };
+  }
+}
+
+function requireField(v: unknown, name: string): void {
+  if (typeof v !== 'string' || !v) throw new TetherError(ErrorCode.InvalidEnvironment, `${name} is missing`);
+}
+
+function networkName(conf: Json): string {
+  if (typeof conf.name !== 'string' || !conf.name) throw new TetherError(ErrorCode.InvalidConfig, 'name: missing or not a string');
+  return conf.name;
+}
+
+function podName(rec: PodRecord): string | undefined {
+  return rec.podNamespace && rec.podName ? `${rec.podNamespace}/${rec.podName}` : undefined;
+}
+
+function stripPrevResult(conf: Json): Json {
+  const { prevResult: _drop, ...rest } = conf;
+  return rest;
+}
+
+/** The host side of the pod's link: the primary plugin lists it in prevResult without a sandbox. */
+function hostInterface(prev: Json): string | undefined {
+  const ifs = Array.isArray(prev.interfaces) ? (prev.interfaces as CniInterface[]) : [];
+  return ifs.find((i) => i && typeof i.name === 'string' && !i.sandbox)?.name;
+}
+
+/** prevResult passed on unchanged, plus the interfaces tether created, in the config's version. */
+export function buildResult(prev: Json, cniVersion: string, added: Array<{ name: string; mac?: string; sandbox: string }>): Json {
+  const out: Json = { ...prev, cniVersion };
+  if (added.length) {
+    const ifs = Array.isArray(prev.interfaces) ? [...(prev.interfaces as CniInterface[])] : [];
+    for (const a of added) if (!ifs.some((i) => i.name === a.name && i.sandbox === a.sandbox)) ifs.push(a);
+    out.interfaces = ifs;
+  }
+  return out;
+}

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Builds what Tether ships: the eBPF objects (clang) and one Node single executable, `dist/bin/tether`,
+# that answers to the names tether, tether-ipam, tetherd and tetherctl (links beside it).
+# Everything is offline: esbuild bundles, `node --experimental-sea-config` makes the blob, postject injects it.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$PWD
+out=dist
+mkdir -p "$out/bin"
+
+# 1. eBPF objects (bpf/build.sh generates vmlinux.h from the running kernel's BTF).
+if [ -x bpf/build.sh ] || [ -f bpf/build.sh ]; then
+  bash bpf/build.sh
+fi
+
+# 2. One CommonJS bundle. koffi stays external: its native module rides in the SEA as an asset and is
+#    loaded by daemon/sys/ffi.ts; under plain node it is required from node_modules.
+node_modules/.bin/esbuild cni/entry.ts --bundle --platform=node --target=node20 --format=cjs \
+  --external:koffi --minify --legal-comments=none --log-level=warning --outfile="$out/tether.js"
+
+# 3. The single executable.
+koffi_node=$(ls node_modules/koffi/build/koffi/linux_x64/koffi.node)
+cat > "$out/sea-config.json" <<JSON
+{
+  "main": "$root/$out/tether.js",
+  "output": "$root/$out/sea-prep.blob",
+  "disableExperimentalSEAWarning": true,
+  "useSnapshot": false,
+  "useCodeCache": false,
+  "assets": { "koffi.node": "$root/$koffi_node" }
+}
+JSON
+node --experimental-sea-config "$out/sea-config.json" >/dev/null
+node_bin=$(command -v node)
+tmp="$out/bin/.tether.tmp"
+cp "$node_bin" "$tmp"
+# postject chatters (and warns about ELF note names) on success: keep that in a log, show it on failure.
+node_modules/.bin/postject "$tmp" NODE_SEA_BLOB "$out/sea-prep.blob" \
+  --sentinel-fuse NODE_SEA_FUSE_fce680ab2cc467b6e072b8b5df1996b2 >"$out/postject.log" 2>&1 || { cat "$out/postject.log"; exit 1; }
+chmod 0755 "$tmp"
+mv -f "$tmp" "$out/bin/tether"
+for name in tether-ipam tetherd tetherctl; do ln -sf tether "$out/bin/$name"; done
+echo "built $out/bin/tether ($(du -h "$out/bin/tether" | cut -f1)) with links tether-ipam, tetherd, tetherctl; bundle $(du -h "$out/tether.js" | cut -f1)"

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Installs what building, testing and the demo need on a fresh Debian machine, only when it is missing:
+# Debian packages (clang/llvm/libbpf/bpftool for eBPF, iproute2/nftables/conntrack for the kernel tests,
+# the reference CNI plugins, Redis) and the npm dependencies from the lock file.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+pkgs=(clang llvm libbpf-dev libbpf1 bpftool iproute2 util-linux nftables conntrack containernetworking-plugins redis-server iputils-ping procps)
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "installing Debian packages: ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+# npm ci when node_modules is absent or older than the lock file.
+if [ ! -d node_modules ] || [ package-lock.json -nt node_modules/.package-lock.json ]; then
+  echo "installing npm dependencies (npm ci)"
+  npm ci --no-audit --no-fund --loglevel=error
+fi
+
+# bpffs is not mounted at boot on our machines; pins live there.
+if [ "$(stat -f -c %T /sys/fs/bpf 2>/dev/null)" != "bpf_fs" ]; then
+  mkdir -p /sys/fs/bpf
+  mount -t bpf bpf /sys/fs/bpf
+fi

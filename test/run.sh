@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# The test command (README): installs what is missing, builds, then runs every uvu suite group as root:
+# unit tests, kernel tests in network namespaces, and testbed scenarios. Ends with "N passed, N failed".
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+if [ "$(id -u)" != 0 ]; then echo "tests need root (network namespaces, eBPF)"; echo "0 passed, 1 failed"; exit 1; fi
+bash install/deps.sh || { echo "setup failed"; echo "0 passed, 1 failed"; exit 1; }
+bash install/build.sh || { echo "build failed"; echo "0 passed, 1 failed"; exit 1; }
+node_modules/.bin/tsc --noEmit -p . || { echo "type check failed"; echo "0 passed, 1 failed"; exit 1; }
+
+# Leftovers of an earlier run that was killed would confuse kernel tests: remove them first.
+node_modules/.bin/tsx test/testbed/sweep.ts 2>/dev/null || true
+
+passed=0
+failed=0
+logdir=$(mktemp -d /tmp/tether-test.XXXXXX)
+for group in test/unit test/kernel test/testbed; do
+  [ -d "$group" ] || continue
+  ls "$group"/*.test.ts >/dev/null 2>&1 || continue
+  name=$(basename "$group")
+  echo "== $group"
+  node_modules/.bin/uvu -r tsx/cjs "$group" '\.test\.ts$' 2>&1 | tee "$logdir/$name.log"
+  total=$(sed -n 's/^ *Total: *\([0-9]*\).*/\1/p' "$logdir/$name.log" | tail -1)
+  ok=$(sed -n 's/^ *Passed: *\([0-9]*\).*/\1/p' "$logdir/$name.log" | tail -1)
+  skipped=$(sed -n 's/^ *Skipped: *\([0-9]*\).*/\1/p' "$logdir/$name.log" | tail -1)
+  if [ -z "$total" ] || [ -z "$ok" ]; then
+    echo "!! $group did not finish (no uvu summary): counted as one failure"
+    failed=$((failed + 1))
+    continue
+  fi
+  passed=$((passed + ok))
+  failed=$((failed + total - ok - ${skipped:-0}))
+done
+rm -rf "$logdir"
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ] && [ "$passed" -gt 0 ]
