@@ -1,0 +1,135 @@
+// One node's tetherd as a child process: started inside the node's namespace with nsenter (so bpffs pins
+// stay visible), logging to a file, ready when `tetherctl ping` answers on its socket.
+import { ChildProcess, spawn } from 'node:child_process';
+import * as fs from 'node:fs';
+import * as path from 'node:path';
+import { nsenterArgv, run, sleep } from './proc';
+
+/** Where tether, tetherd and tetherctl live (TETHER_BIN_DIR overrides <repo>/dist/bin). */
+export const BIN_DIR = process.env.TETHER_BIN_DIR ?? path.resolve(__dirname, '../../dist/bin');
+
+export interface TetherdPaths {
+  socket: string;
+  stateDir: string;
+  pinDir: string;
+  log: string;
+  pidFile: string;
+}
+
+export interface TetherdOptions {
+  node: string;
+  nsPath: string;
+  paths: TetherdPaths;
+  config?: string;
+  logLevel?: string;
+  readyTimeoutMs: number;
+}
+
+export interface ExitStatus {
+  code: number | null;
+  signal: NodeJS.Signals | null;
+}
+
+export class Tetherd {
+  private child?: ChildProcess;
+  private exited?: Promise<ExitStatus>;
+
+  constructor(readonly opts: TetherdOptions) {}
+
+  get pid(): number | undefined {
+    return this.running ? this.child?.pid : undefined;
+  }
+
+  get running(): boolean {
+    return this.child !== undefined && this.child.exitCode === null && this.child.signalCode === null;
+  }
+
+  /** Starts tetherd and resolves once it answers ping; rejects with the log's tail if it dies or times out. */
+  async start(): Promise<void> {
+    if (this.running) throw new Error(`tetherd on ${this.opts.node} already runs (pid ${this.child?.pid})`);
+    const { paths } = this.opts;
+    fs.mkdirSync(paths.stateDir, { recursive: true });
+    fs.mkdirSync(paths.pinDir, { recursive: true });
+    const argv = [
+      path.join(BIN_DIR, 'tetherd'),
+      '--node-name', this.opts.node,
+      '--socket', paths.socket,
+      '--state-dir', paths.stateDir,
+      '--bpf-pin-dir', paths.pinDir,
+      '--log-level', this.opts.logLevel ?? 'info',
+      ...(this.opts.config ? ['--config', this.opts.config] : []),
+    ];
+    const fd = fs.openSync(paths.log, 'a');
+    fs.writeSync(fd, `# ${new Date().toISOString()} testbed: starting ${argv.join(' ')}\n`);
+    // nsenter execs tetherd in place (no --fork), so the child's pid is tetherd's pid.
+    const full = nsenterArgv(this.opts.nsPath, argv);
+    const child = spawn(full[0], full.slice(1), { stdio: ['ignore', fd, fd] });
+    fs.closeSync(fd);
+    this.child = child;
+    this.exited = new Promise((resolve) => child.once('exit', (code, signal) => resolve({ code, signal })));
+    child.once('error', () => undefined); // surfaced by the readiness wait below
+    if (child.pid !== undefined) fs.writeFileSync(paths.pidFile, String(child.pid));
+    await this.waitReady();
+  }
+
+  private async waitReady(): Promise<void> {
+    const deadline = Date.now() + this.opts.readyTimeoutMs;
+    const ctl = path.join(BIN_DIR, 'tetherctl');
+    for (;;) {
+      if (!this.running) {
+        throw new Error(`tetherd on ${this.opts.node} exited before ready (${JSON.stringify(await this.exited)}):\n${this.logTail()}`);
+      }
+      // A Unix socket path is reachable from any network namespace: no nsenter needed for the client.
+      const r = await run([ctl, '--socket', this.opts.paths.socket, 'ping'], { timeoutMs: 2000 });
+      if (r.code === 0) return;
+      if (Date.now() > deadline) {
+        throw new Error(`tetherd on ${this.opts.node} not ready after ${this.opts.readyTimeoutMs} ms (last ping: ${r.stderr.trim()}):\n${this.logTail()}`);
+      }
+      await sleep(100);
+    }
+  }
+
+  /** Sends signal and resolves with how the process ended; resolves at once if it is not running. */
+  async kill(signal: NodeJS.Signals = 'SIGKILL', timeoutMs = 5000): Promise<ExitStatus> {
+    if (!this.running || !this.child) return (await this.exited) ?? { code: null, signal: null };
+    this.child.kill(signal);
+    const timeout = sleep(timeoutMs).then(() => undefined);
+    const st = await Promise.race([this.exited, timeout]);
+    if (st) return st;
+    this.child.kill('SIGKILL');
+    return (await this.exited) as ExitStatus;
+  }
+
+  /** Clean stop (SIGTERM, SIGKILL after a grace period) then start again. */
+  async restart(): Promise<void> {
+    await this.kill('SIGTERM');
+    await this.start();
+  }
+
+  logTail(lines = 30): string {
+    try {
+      return fs.readFileSync(this.opts.paths.log, 'utf8').trimEnd().split('\n').slice(-lines).join('\n');
+    } catch {
+      return '(no log)';
+    }
+  }
+}
+
+/** True when all three tether executables are present. */
+export function tetherBinariesPresent(): boolean {
+  return ['tether', 'tetherd', 'tetherctl'].every((b) => fs.existsSync(path.join(BIN_DIR, b)));
+}
+
+/** Mounts bpffs at /sys/fs/bpf unless it already is one (it is not mounted at boot here). */
+export async function ensureBpffs(): Promise<void> {
+  const mounted = fs
+    .readFileSync('/proc/mounts', 'utf8')
+    .split('\n')
+    .some((l) => {
+      const f = l.split(' ');
+      return f[1] === '/sys/fs/bpf' && f[2] === 'bpf';
+    });
+  if (mounted) return;
+  const r = await run(['mount', '-t', 'bpf', 'bpf', '/sys/fs/bpf']);
+  if (r.code !== 0) throw new Error(`mount bpffs at /sys/fs/bpf: ${r.stderr.trim()}`);
+}

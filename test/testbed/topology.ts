@@ -1,0 +1,179 @@
+// The declarative testbed topology and its addressing plan. Resolving is pure (no kernel calls), so the
+// plan can be unit-tested and printed before anything is built.
+//
+// Addressing (benchmark/private ranges; they exist only inside the testbed's own namespaces):
+//   fabric   198.18.0.0/24 on bridge "fabric" in the router namespace; router .1, node #i (1-based) .(10+i)
+//   pods     node #i owns 10.244.i.0/24 via host-local; gateway 10.244.i.1 (ptp puts it on the host veth)
+//   external external #j (1-based) sits on its own link: router 198.19.j.1/24, host 198.19.j.2/24
+// Routing: nodes reach other nodes' pod CIDRs directly over the fabric (host-gw style, as flat clusters do)
+// and everything else through the router; the router holds a route to every pod CIDR; externals default
+// to the router. No NAT anywhere, so every hop sees real pod addresses.
+
+export interface TetherStepConfig {
+  encapOverhead?: number;
+  vips?: string[];
+  routes?: { dst: string; gw?: string; mtu?: number }[];
+  [key: string]: unknown;
+}
+
+export interface PodSpec {
+  /** Short name, unique on its node; the pod's key is `<node>-<name>` (e.g. n1-p1). */
+  name: string;
+  /** Kubernetes namespace passed in CNI_ARGS (default "default"). */
+  namespace?: string;
+  /** Extra keys for this pod's tether step (merged over the node's). */
+  tether?: TetherStepConfig;
+}
+
+export interface NodeSpec {
+  /** Short name (lower-case letters/digits, ≤ 10 chars), e.g. n1. */
+  name: string;
+  zone?: string;
+  /** A count (named p1..pN) or explicit pods. */
+  pods?: number | (string | PodSpec)[];
+  /** tetherd --config FILE for this node. */
+  tetherdConfig?: string;
+  /** Extra keys for the tether step of pods on this node. */
+  tether?: TetherStepConfig;
+}
+
+export interface Topology {
+  nodes: NodeSpec[];
+  /** External hosts behind the router (default ["client", "server"]). */
+  externals?: string[];
+  /**
+   * Include tetherd and the tether plugin: 'auto' (default) when dist/bin/tether and tetherd exist,
+   * true to require them, false for a ptp + host-local chain only. TETHER_TESTBED_TETHER=0/1 overrides 'auto'.
+   */
+  tether?: 'auto' | boolean;
+  /** MTU ptp gives pod interfaces (default: ptp's choice, the node uplink's 1500). */
+  podMtu?: number;
+  /** How long to wait for a tetherd to answer ping (default 15 s). */
+  tetherdReadyTimeoutMs?: number;
+  tetherdLogLevel?: string;
+}
+
+export interface NodePlan {
+  name: string;
+  index: number;
+  zone?: string;
+  ns: string;
+  fabricIp: string;
+  /** Router-side veth name of this node's fabric link. */
+  fabricPort: string;
+  podCidr: string;
+  podGateway: string;
+  pods: PodPlan[];
+  tetherdConfig?: string;
+  tether?: TetherStepConfig;
+}
+
+export interface PodPlan {
+  key: string;
+  name: string;
+  node: string;
+  namespace: string;
+  ns: string;
+  tether?: TetherStepConfig;
+}
+
+export interface ExternalPlan {
+  name: string;
+  index: number;
+  ns: string;
+  ip: string;
+  routerIp: string;
+  subnet: string;
+  /** Router-side veth name. */
+  routerPort: string;
+}
+
+export interface Plan {
+  prefix: string;
+  router: { ns: string; fabricIp: string };
+  fabricCidr: string;
+  nodes: NodePlan[];
+  externals: ExternalPlan[];
+}
+
+export const FABRIC_CIDR = '198.18.0.0/24';
+export const ROUTER_FABRIC_IP = '198.18.0.1';
+const NAME_RE = /^[a-z][a-z0-9]{0,9}$/;
+
+/** Validates a topology and assigns names and addresses. Throws naming the bad field. */
+export function resolveTopology(topo: Topology, prefix: string): Plan {
+  if (!Array.isArray(topo.nodes) || topo.nodes.length === 0) throw new Error('topology.nodes: at least one node');
+  if (topo.nodes.length > 200) throw new Error('topology.nodes: at most 200 nodes (one fabric /24)');
+  const seen = new Set<string>();
+  const unique = (field: string, name: string): void => {
+    if (!NAME_RE.test(name)) throw new Error(`${field}: "${name}" must match ${NAME_RE} (it becomes part of interface names)`);
+    if (seen.has(name)) throw new Error(`${field}: duplicate name "${name}"`);
+    seen.add(name);
+  };
+  unique('router', 'router');
+  const nodes = topo.nodes.map((n, i): NodePlan => {
+    unique(`topology.nodes[${i}].name`, n.name);
+    const index = i + 1;
+    return {
+      name: n.name,
+      index,
+      zone: n.zone,
+      ns: `${prefix}-${n.name}`,
+      fabricIp: `198.18.0.${10 + index}`,
+      fabricPort: `f-${n.name}`,
+      podCidr: `10.244.${index}.0/24`,
+      podGateway: `10.244.${index}.1`,
+      pods: podsOf(n, i, prefix),
+      tetherdConfig: n.tetherdConfig,
+      tether: n.tether,
+    };
+  });
+  const externals = (topo.externals ?? ['client', 'server']).map((name, j): ExternalPlan => {
+    unique(`topology.externals[${j}]`, name);
+    const index = j + 1;
+    if (index > 254) throw new Error('topology.externals: too many');
+    return {
+      name,
+      index,
+      ns: `${prefix}-${name}`,
+      ip: `198.19.${index}.2`,
+      routerIp: `198.19.${index}.1`,
+      subnet: `198.19.${index}.0/24`,
+      routerPort: `x-${name}`,
+    };
+  });
+  return { prefix, router: { ns: `${prefix}-router`, fabricIp: ROUTER_FABRIC_IP }, fabricCidr: FABRIC_CIDR, nodes, externals };
+}
+
+/** Plans one pod (also used for pods added after bring-up). */
+export function planPod(prefix: string, node: string, spec: PodSpec): PodPlan {
+  if (!NAME_RE.test(spec.name)) throw new Error(`pod name "${spec.name}" must match ${NAME_RE}`);
+  const key = `${node}-${spec.name}`;
+  return { key, name: spec.name, node, namespace: spec.namespace ?? 'default', ns: `${prefix}-${key}`, tether: spec.tether };
+}
+
+function podsOf(n: NodeSpec, i: number, prefix: string): PodPlan[] {
+  const specs: PodSpec[] =
+    typeof n.pods === 'number'
+      ? Array.from({ length: n.pods }, (_, k) => ({ name: `p${k + 1}` }))
+      : (n.pods ?? []).map((p) => (typeof p === 'string' ? { name: p } : p));
+  const names = new Set<string>();
+  return specs.map((s) => {
+    if (names.has(s.name)) throw new Error(`topology.nodes[${i}].pods: duplicate pod "${s.name}"`);
+    names.add(s.name);
+    return planPod(prefix, n.name, s);
+  });
+}
+
+/** The address part of a CIDR string ("10.244.1.2/24" → "10.244.1.2"). */
+export function addrOf(cidr: string): string {
+  return cidr.split('/')[0];
+}
+
+/** True when ipv4 lies in cidr. */
+export function inCidr(ipv4: string, cidr: string): boolean {
+  const [net, bits] = cidr.split('/');
+  const toInt = (a: string): number => a.split('.').reduce((acc, o) => (acc << 8) + Number(o), 0) >>> 0;
+  const mask = Number(bits) === 0 ? 0 : (~0 << (32 - Number(bits))) >>> 0;
+  return ((toInt(ipv4) & mask) >>> 0) === ((toInt(net) & mask) >>> 0);
+}
