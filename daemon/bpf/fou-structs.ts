@@ -1,0 +1,119 @@
+// TypeScript mirrors of the structs in bpf/fou-types.h — must match bpf/fou-types.h (checked against the
+// compiled objects' BTF by test/unit/bpf-structs.test.ts). Addresses and ports travel in network order.
+import * as net from 'node:net';
+import { TetherError, ErrorCode } from '../errors';
+
+export interface FieldLayout {
+  offset: number;
+  size: number;
+}
+export interface StructLayout {
+  size: number;
+  fields: Record<string, FieldLayout>;
+}
+
+/** Byte layouts by C struct name; the encoders below write exactly these offsets. */
+export const FOU_LAYOUTS: Record<string, StructLayout> = {
+  fou_encap_config: { size: 8, fields: { saddr: { offset: 0, size: 4 }, dport: { offset: 4, size: 2 }, flags: { offset: 6, size: 2 } } },
+  fou_dest: { size: 8, fields: { daddr: { offset: 0, size: 4 }, dport: { offset: 4, size: 2 }, pad: { offset: 6, size: 2 } } },
+  fou_decap_config: { size: 8, fields: { daddr: { offset: 0, size: 4 }, dport: { offset: 4, size: 2 }, flags: { offset: 6, size: 2 } } },
+  fou_stats: {
+    size: 40,
+    fields: {
+      packets: { offset: 0, size: 8 },
+      bytes: { offset: 8, size: 8 },
+      rejected_source: { offset: 16, size: 8 },
+      rejected_dest: { offset: 24, size: 8 },
+      errors: { offset: 32, size: 8 },
+    },
+  },
+};
+
+// must match bpf/fou-types.h flag macros
+export const FOU_ENCAP_F_REDIRECT_BACK = 0x1;
+export const FOU_DECAP_F_CHECK_SOURCES = 0x1;
+
+const L = FOU_LAYOUTS;
+
+/** An IPv4 address as 4 bytes in network order (map keys and address fields). */
+export function ipv4Bytes(addr: string, field = 'address'): Buffer {
+  if (!net.isIPv4(addr)) throw new TetherError(ErrorCode.InvalidConfig, `${field}: "${addr}" is not an IPv4 address`);
+  return Buffer.from(addr.split('.').map(Number));
+}
+
+export function ipv4String(b: Buffer, offset = 0): string {
+  return `${b[offset]}.${b[offset + 1]}.${b[offset + 2]}.${b[offset + 3]}`;
+}
+
+function port(p: number, field: string): number {
+  if (!Number.isInteger(p) || p < 0 || p > 65535) throw new TetherError(ErrorCode.InvalidConfig, `${field}: ${p} is not a UDP port`);
+  return p;
+}
+
+export interface FouEncapConfig {
+  outerSource: string;
+  port: number;
+  flags: number;
+}
+
+export function encodeFouEncapConfig(c: FouEncapConfig): Buffer {
+  const b = Buffer.alloc(L.fou_encap_config.size);
+  ipv4Bytes(c.outerSource, 'outerSource').copy(b, L.fou_encap_config.fields.saddr.offset);
+  b.writeUInt16BE(port(c.port, 'port'), L.fou_encap_config.fields.dport.offset);
+  b.writeUInt16LE(c.flags, L.fou_encap_config.fields.flags.offset);
+  return b;
+}
+
+export interface FouDest {
+  backend: string;
+  /** 0: the encap config's port. */
+  port: number;
+}
+
+export function encodeFouDest(d: FouDest): Buffer {
+  const b = Buffer.alloc(L.fou_dest.size);
+  ipv4Bytes(d.backend, 'backend').copy(b, L.fou_dest.fields.daddr.offset);
+  b.writeUInt16BE(port(d.port, 'port'), L.fou_dest.fields.dport.offset);
+  return b;
+}
+
+export function decodeFouDest(b: Buffer): FouDest {
+  return { backend: ipv4String(b, L.fou_dest.fields.daddr.offset), port: b.readUInt16BE(L.fou_dest.fields.dport.offset) };
+}
+
+export interface FouDecapConfig {
+  /** Accepted outer destination; undefined: any address arriving on the interface. */
+  localAddress?: string;
+  port: number;
+  flags: number;
+}
+
+export function encodeFouDecapConfig(c: FouDecapConfig): Buffer {
+  const b = Buffer.alloc(L.fou_decap_config.size);
+  if (c.localAddress) ipv4Bytes(c.localAddress, 'localAddress').copy(b, L.fou_decap_config.fields.daddr.offset);
+  b.writeUInt16BE(port(c.port, 'port'), L.fou_decap_config.fields.dport.offset);
+  b.writeUInt16LE(c.flags, L.fou_decap_config.fields.flags.offset);
+  return b;
+}
+
+export interface FouStats {
+  packets: bigint;
+  bytes: bigint;
+  rejectedSource: bigint;
+  rejectedDest: bigint;
+  errors: bigint;
+}
+
+/** Sums per-CPU fou_stats slots into one total. */
+export function sumFouStats(perCpu: Buffer[]): FouStats {
+  const f = L.fou_stats.fields;
+  const s: FouStats = { packets: 0n, bytes: 0n, rejectedSource: 0n, rejectedDest: 0n, errors: 0n };
+  for (const b of perCpu) {
+    s.packets += b.readBigUInt64LE(f.packets.offset);
+    s.bytes += b.readBigUInt64LE(f.bytes.offset);
+    s.rejectedSource += b.readBigUInt64LE(f.rejected_source.offset);
+    s.rejectedDest += b.readBigUInt64LE(f.rejected_dest.offset);
+    s.errors += b.readBigUInt64LE(f.errors.offset);
+  }
+  return s;
+}

@@ -1,0 +1,200 @@
+// The FoU datapath: attach the encapsulation program (LB side) and the decapsulation program (target side),
+// manage their maps, read their counters, and detach — also after a restart, from pins and tc ids alone.
+import * as fs from 'node:fs';
+import * as path from 'node:path';
+import { log } from '../log';
+import { BpfObject } from './object';
+import { BpfMap } from './map';
+import { attachTc, detachTc, type TcAttachment, type TcDirection } from './tc';
+import {
+  FOU_DECAP_F_CHECK_SOURCES, FOU_ENCAP_F_REDIRECT_BACK, decodeFouDest, encodeFouDecapConfig, encodeFouDest,
+  encodeFouEncapConfig, ipv4Bytes, ipv4String, sumFouStats, type FouDest, type FouStats,
+} from './fou-structs';
+
+export type { FouStats } from './fou-structs';
+
+/** tc filter ids of the FoU programs, fixed so that a restarted tetherd finds (and replaces) its filters. */
+export const FOU_TC = {
+  encap: { handle: 1, priority: 0x100, object: 'fou-encap', program: 'fou_encap' },
+  decap: { handle: 1, priority: 0x101, object: 'fou-decap', program: 'fou_decap' },
+} as const;
+
+const KEY0 = Buffer.alloc(4);
+
+/** Directory of the compiled objects: $TETHER_BPF_DIR, else dist/bpf of the source tree. */
+export function bpfObjectDir(): string {
+  return process.env.TETHER_BPF_DIR ?? path.resolve(__dirname, '../../dist/bpf');
+}
+
+function statsOf(map: BpfMap): FouStats {
+  return sumFouStats(map.lookupPerCpu(KEY0) ?? []);
+}
+
+export interface FouEncapOptions {
+  netns?: string | null;
+  ifName: string;
+  /** ingress: packets arriving for a VIP (LB pod); egress: packets the namespace sends. */
+  direction: TcDirection;
+  /** Outer UDP destination port. */
+  port: number;
+  /** Outer source address (an address of this namespace, so ICMP errors come back here). */
+  outerSource: string;
+  /** bpffs directory; maps go to <pinDir>/fou-encap/<map>. */
+  pinDir: string;
+  /** Send encapsulated packets back out the interface they came in by (MACs swapped); default: direction is ingress. */
+  redirectBack?: boolean;
+  objectPath?: string;
+}
+
+export class FouEncap {
+  constructor(private readonly obj: BpfObject, readonly attachment: TcAttachment) {}
+
+  /** Sends packets for vip to backend (idempotent upsert). port 0: the attach-time port. */
+  setDestination(vip: string, backend: string, port = 0): void {
+    this.obj.map('fou_dests').update(ipv4Bytes(vip, 'vip'), encodeFouDest({ backend, port }));
+  }
+
+  /** Many destinations in one batch. */
+  setDestinations(dests: Array<{ vip: string; backend: string; port?: number }>): void {
+    this.obj.map('fou_dests').updateBatch(dests.map((d) => [ipv4Bytes(d.vip, 'vip'), encodeFouDest({ backend: d.backend, port: d.port ?? 0 })]));
+  }
+
+  /** Stops encapsulating for vip; false when it was not set. */
+  removeDestination(vip: string): boolean {
+    return this.obj.map('fou_dests').delete(ipv4Bytes(vip, 'vip'));
+  }
+
+  destinations(): Map<string, FouDest> {
+    return new Map(this.obj.map('fou_dests').entries().map(([k, v]) => [ipv4String(k), decodeFouDest(v)]));
+  }
+
+  stats(): FouStats {
+    return statsOf(this.obj.map('fou_encap_stats'));
+  }
+
+  /** Removes the tc filter, releases the object and, unless keepPins, its pinned maps. Idempotent. */
+  detach(opts: { keepPins?: boolean } = {}): void {
+    const a = this.attachment;
+    detachTc({ netns: a.netns, ifindex: a.ifindex, direction: a.direction, handle: a.handle, priority: a.priority });
+    if (!opts.keepPins) this.obj.unpinMaps();
+    this.obj.close();
+  }
+}
+
+/** Loads fou-encap (reusing pinned maps), writes its config and attaches it. Replaces an earlier attachment. */
+export function attachFouEncap(o: FouEncapOptions): FouEncap {
+  const obj = BpfObject.load(o.objectPath ?? path.join(bpfObjectDir(), `${FOU_TC.encap.object}.bpf.o`), { pinDir: o.pinDir });
+  try {
+    const redirect = o.redirectBack ?? o.direction === 'ingress';
+    obj.map('fou_encap_cfg').update(KEY0, encodeFouEncapConfig({ outerSource: o.outerSource, port: o.port, flags: redirect ? FOU_ENCAP_F_REDIRECT_BACK : 0 }));
+    const attachment = attachTc({
+      netns: o.netns, ifName: o.ifName, direction: o.direction, progFd: obj.programFd(FOU_TC.encap.program),
+      handle: FOU_TC.encap.handle, priority: FOU_TC.encap.priority,
+    });
+    log().info('fou encap attached', { netns: o.netns, ifName: o.ifName, direction: o.direction, port: o.port, outerSource: o.outerSource });
+    return new FouEncap(obj, attachment);
+  } catch (e) {
+    obj.close();
+    throw e;
+  }
+}
+
+export interface FouDecapOptions {
+  netns?: string | null;
+  ifName: string;
+  /** FoU UDP port; other UDP traffic passes untouched. */
+  port: number;
+  /** Only decapsulate packets whose outer destination is this address; absent: any arriving on ifName. */
+  localAddress?: string;
+  /** When non-empty, only decapsulate packets from these outer sources; others are dropped and counted. */
+  allowedSources?: string[];
+  /** bpffs directory for <pinDir>/fou-decap/<map>; absent: nothing pinned (state dies with the filter). */
+  pinDir?: string;
+  objectPath?: string;
+}
+
+export class FouDecap {
+  constructor(private readonly obj: BpfObject, readonly attachment: TcAttachment, private config: { port: number; localAddress?: string }) {}
+
+  /** Replaces the source allow-list; an empty list lets every source through. */
+  setAllowedSources(sources: string[]): void {
+    const map = this.obj.map('fou_sources');
+    const want = new Set(sources.map((s) => ipv4Bytes(s, 'allowedSources').toString('hex')));
+    // Add before switching the check on, and switch it off before emptying: never a window that drops
+    // packets from a source that is allowed both before and after.
+    map.updateBatch([...want].map((h) => [Buffer.from(h, 'hex'), Buffer.from([1])]));
+    const flags = want.size > 0 ? FOU_DECAP_F_CHECK_SOURCES : 0;
+    this.obj.map('fou_decap_cfg').update(KEY0, encodeFouDecapConfig({ ...this.config, flags }));
+    for (const k of map.keys()) if (!want.has(k.toString('hex'))) map.delete(k);
+  }
+
+  stats(): FouStats {
+    return statsOf(this.obj.map('fou_decap_stats'));
+  }
+
+  detach(opts: { keepPins?: boolean } = {}): void {
+    const a = this.attachment;
+    detachTc({ netns: a.netns, ifindex: a.ifindex, direction: a.direction, handle: a.handle, priority: a.priority });
+    if (!opts.keepPins) this.obj.unpinMaps();
+    this.obj.close();
+  }
+}
+
+/** Loads fou-decap, configures port / address / allow-list, and attaches it at ifName's ingress. */
+export function attachFouDecap(o: FouDecapOptions): FouDecap {
+  const obj = BpfObject.load(o.objectPath ?? path.join(bpfObjectDir(), `${FOU_TC.decap.object}.bpf.o`), { pinDir: o.pinDir });
+  try {
+    const config = { port: o.port, localAddress: o.localAddress };
+    const attachment = attachTc({
+      netns: o.netns, ifName: o.ifName, direction: 'ingress', progFd: obj.programFd(FOU_TC.decap.program),
+      handle: FOU_TC.decap.handle, priority: FOU_TC.decap.priority,
+    });
+    const decap = new FouDecap(obj, attachment, config);
+    decap.setAllowedSources(o.allowedSources ?? []); // also writes the config, which arms the program
+    log().info('fou decap attached', { netns: o.netns, ifName: o.ifName, port: o.port, allowedSources: o.allowedSources?.length ?? 0 });
+    return decap;
+  } catch (e) {
+    obj.close();
+    throw e;
+  }
+}
+
+/**
+ * Detaches a FoU program by interface and its fixed tc id, without the object that attached it (after a
+ * restart), and removes its pins under pinDir when given. Idempotent: false when nothing was attached.
+ */
+export function detachFou(o: { which: 'encap' | 'decap'; netns?: string | null; ifName: string; direction?: TcDirection; pinDir?: string }): boolean {
+  const id = FOU_TC[o.which];
+  const gone = detachTc({ netns: o.netns, ifName: o.ifName, direction: o.direction ?? 'ingress', handle: id.handle, priority: id.priority });
+  if (o.pinDir) fs.rmSync(path.join(o.pinDir, id.object), { recursive: true, force: true });
+  return gone;
+}
+
+/** Sets a destination through the pinned map (e.g. from another process, or after a restart). */
+export function setFouDestination(pinDir: string, vip: string, backend: string, port = 0): void {
+  const m = BpfMap.fromPin(path.join(pinDir, FOU_TC.encap.object, 'fou_dests'));
+  try {
+    m.update(ipv4Bytes(vip, 'vip'), encodeFouDest({ backend, port }));
+  } finally {
+    m.close();
+  }
+}
+
+export function removeFouDestination(pinDir: string, vip: string): boolean {
+  const m = BpfMap.fromPin(path.join(pinDir, FOU_TC.encap.object, 'fou_dests'));
+  try {
+    return m.delete(ipv4Bytes(vip, 'vip'));
+  } finally {
+    m.close();
+  }
+}
+
+/** Counters of a pinned FoU program. */
+export function readFouStats(pinDir: string, which: 'encap' | 'decap'): FouStats {
+  const m = BpfMap.fromPin(path.join(pinDir, FOU_TC[which].object, `fou_${which}_stats`));
+  try {
+    return statsOf(m);
+  } finally {
+    m.close();
+  }
+}

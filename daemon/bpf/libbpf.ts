@@ -1,0 +1,124 @@
+// Raw libbpf.so.1 bindings over koffi, plus the one place that turns a libbpf failure into a TetherError.
+// libbpf 1.x (strict mode) returns -errno from int functions and NULL (errno set) from pointer functions.
+import { koffi } from '../sys/ffi';
+import { errnoName } from '../sys/libc';
+import { TetherError, ErrorCode } from '../errors';
+
+/** An opaque libbpf pointer (bpf_object *, bpf_program *, bpf_map *) as koffi hands it out. */
+export type Ptr = unknown;
+
+export interface Libbpf {
+  bpf_object__open_file(path: string, opts: Buffer | null): Ptr | null;
+  bpf_object__load(obj: Ptr): number;
+  bpf_object__close(obj: Ptr): void;
+  bpf_object__find_program_by_name(obj: Ptr, name: string): Ptr | null;
+  bpf_object__find_map_by_name(obj: Ptr, name: string): Ptr | null;
+  bpf_object__next_map(obj: Ptr, prev: Ptr | null): Ptr | null;
+  bpf_program__fd(prog: Ptr): number;
+  bpf_map__name(map: Ptr): string;
+  bpf_map__fd(map: Ptr): number;
+  bpf_map__key_size(map: Ptr): number;
+  bpf_map__value_size(map: Ptr): number;
+  bpf_map__type(map: Ptr): number;
+  bpf_map__set_pin_path(map: Ptr, path: string | null): number;
+  bpf_map__pin(map: Ptr, path: string | null): number;
+  bpf_map__unpin(map: Ptr, path: string | null): number;
+  bpf_obj_get(path: string): number;
+  bpf_obj_get_info_by_fd(fd: number, info: Buffer, len: Buffer): number;
+  bpf_map_update_elem(fd: number, key: Buffer, value: Buffer, flags: bigint): number;
+  bpf_map_lookup_elem(fd: number, key: Buffer, value: Buffer): number;
+  bpf_map_delete_elem(fd: number, key: Buffer): number;
+  bpf_map_get_next_key(fd: number, key: Buffer | null, next: Buffer): number;
+  bpf_map_update_batch(fd: number, keys: Buffer, values: Buffer, count: Buffer, opts: Buffer): number;
+  bpf_map_lookup_batch(fd: number, inBatch: Buffer | null, outBatch: Buffer, keys: Buffer, values: Buffer, count: Buffer, opts: Buffer): number;
+  bpf_tc_hook_create(hook: Buffer): number;
+  bpf_tc_hook_destroy(hook: Buffer): number;
+  bpf_tc_attach(hook: Buffer, opts: Buffer): number;
+  bpf_tc_detach(hook: Buffer, opts: Buffer): number;
+  bpf_tc_query(hook: Buffer, opts: Buffer): number;
+  libbpf_num_possible_cpus(): number;
+}
+
+let lib: Libbpf | undefined;
+
+/** The bindings, loaded on first use so that code paths without eBPF never need libbpf installed. */
+export function libbpf(): Libbpf {
+  if (lib) return lib;
+  const k = koffi();
+  let so;
+  try {
+    so = k.load('libbpf.so.1');
+  } catch (e) {
+    throw new TetherError(ErrorCode.Bpf, `cannot load libbpf.so.1 (install libbpf1): ${(e as Error).message}`, { cause: e });
+  }
+  // Every struct is passed as a Buffer laid out by hand (see tc.ts, map.ts): explicit offsets next to the
+  // C definition are easier to check against libbpf.h than koffi struct declarations.
+  const f = (proto: string) => so.func(proto);
+  lib = {
+    bpf_object__open_file: f('void *bpf_object__open_file(const char *path, void *opts)'),
+    bpf_object__load: f('int bpf_object__load(void *obj)'),
+    bpf_object__close: f('void bpf_object__close(void *obj)'),
+    bpf_object__find_program_by_name: f('void *bpf_object__find_program_by_name(void *obj, const char *name)'),
+    bpf_object__find_map_by_name: f('void *bpf_object__find_map_by_name(void *obj, const char *name)'),
+    bpf_object__next_map: f('void *bpf_object__next_map(void *obj, void *prev)'),
+    bpf_program__fd: f('int bpf_program__fd(void *prog)'),
+    bpf_map__name: f('const char *bpf_map__name(void *map)'),
+    bpf_map__fd: f('int bpf_map__fd(void *map)'),
+    bpf_map__key_size: f('uint32_t bpf_map__key_size(void *map)'),
+    bpf_map__value_size: f('uint32_t bpf_map__value_size(void *map)'),
+    bpf_map__type: f('int bpf_map__type(void *map)'),
+    bpf_map__set_pin_path: f('int bpf_map__set_pin_path(void *map, const char *path)'),
+    bpf_map__pin: f('int bpf_map__pin(void *map, const char *path)'),
+    bpf_map__unpin: f('int bpf_map__unpin(void *map, const char *path)'),
+    bpf_obj_get: f('int bpf_obj_get(const char *path)'),
+    bpf_obj_get_info_by_fd: f('int bpf_obj_get_info_by_fd(int fd, void *info, void *len)'),
+    bpf_map_update_elem: f('int bpf_map_update_elem(int fd, void *key, void *value, uint64_t flags)'),
+    bpf_map_lookup_elem: f('int bpf_map_lookup_elem(int fd, void *key, void *value)'),
+    bpf_map_delete_elem: f('int bpf_map_delete_elem(int fd, void *key)'),
+    bpf_map_get_next_key: f('int bpf_map_get_next_key(int fd, void *key, void *next)'),
+    bpf_map_update_batch: f('int bpf_map_update_batch(int fd, void *keys, void *values, void *count, void *opts)'),
+    bpf_map_lookup_batch: f('int bpf_map_lookup_batch(int fd, void *in_batch, void *out_batch, void *keys, void *values, void *count, void *opts)'),
+    bpf_tc_hook_create: f('int bpf_tc_hook_create(void *hook)'),
+    bpf_tc_hook_destroy: f('int bpf_tc_hook_destroy(void *hook)'),
+    bpf_tc_attach: f('int bpf_tc_attach(void *hook, void *opts)'),
+    bpf_tc_detach: f('int bpf_tc_detach(void *hook, void *opts)'),
+    bpf_tc_query: f('int bpf_tc_query(void *hook, void *opts)'),
+    libbpf_num_possible_cpus: f('int libbpf_num_possible_cpus()'),
+  } as Libbpf;
+  return lib;
+}
+
+/** errno of the last libbpf call that returned NULL (libbpf 1.x sets it). */
+export function lastErrno(): number {
+  return koffi().errno();
+}
+
+/** A failed libbpf operation: names the operation, what it was about, and the errno. */
+export class BpfCallError extends TetherError {
+  readonly errno: number;
+  constructor(op: string, what: string, errno: number, cause?: unknown) {
+    super(ErrorCode.Bpf, `${op} (${what}) failed: ${errnoName(errno)} (errno ${errno})`, { cause });
+    this.name = 'BpfCallError';
+    this.errno = errno;
+  }
+}
+
+/** Throws BpfCallError when an int-returning libbpf call failed; returns the value otherwise. */
+export function check(ret: number, op: string, what: string): number {
+  if (ret < 0) throw new BpfCallError(op, what, -ret);
+  return ret;
+}
+
+/** Throws BpfCallError when a pointer-returning libbpf call gave NULL. */
+export function checkPtr<T>(p: T | null, op: string, what: string, errnoIfUnset = 2 /* ENOENT */): T {
+  if (p === null || p === undefined) throw new BpfCallError(op, what, lastErrno() || errnoIfUnset);
+  return p;
+}
+
+let cpus: number | undefined;
+
+/** Possible CPUs: the stride count of per-CPU map values. */
+export function possibleCpus(): number {
+  if (cpus === undefined) cpus = check(libbpf().libbpf_num_possible_cpus(), 'libbpf_num_possible_cpus', 'cpu count');
+  return cpus;
+}
