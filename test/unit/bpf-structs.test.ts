@@ -1,0 +1,74 @@
+// The TS mirrors in daemon/bpf/fou-structs.ts against the BTF of the compiled objects: a field added,
+// moved or resized in bpf/fou-types.h without updating the mirror fails here, not in production.
+import { test } from 'uvu';
+import * as assert from 'uvu/assert';
+import { execFileSync } from 'node:child_process';
+import * as fs from 'node:fs';
+import * as path from 'node:path';
+import { FOU_LAYOUTS, encodeFouDecapConfig, encodeFouDest, encodeFouEncapConfig, sumFouStats } from '../../daemon/bpf/fou-structs';
+
+const root = path.resolve(__dirname, '../..');
+const objects = ['fou-encap', 'fou-decap'].map((n) => path.join(root, 'dist/bpf', `${n}.bpf.o`));
+
+interface BtfType {
+  id: number;
+  kind: string;
+  name?: string;
+  size?: number;
+  type_id?: number;
+  nr_elems?: number;
+  members?: Array<{ name: string; type_id: number; bits_offset: number }>;
+}
+
+function btfOf(obj: string): Map<number, BtfType> {
+  const out = execFileSync('bpftool', ['-j', 'btf', 'dump', 'file', obj, 'format', 'raw'], { encoding: 'utf8' });
+  return new Map((JSON.parse(out).types as BtfType[]).map((t) => [t.id, t]));
+}
+
+function sizeOf(types: Map<number, BtfType>, id: number): number {
+  const t = types.get(id)!;
+  if (t.kind === 'TYPEDEF' || t.kind === 'VOLATILE' || t.kind === 'CONST') return sizeOf(types, t.type_id!);
+  if (t.kind === 'ARRAY') return sizeOf(types, t.type_id!) * t.nr_elems!;
+  return t.size!;
+}
+
+test.before(() => {
+  if (objects.some((o) => !fs.existsSync(o))) execFileSync('bash', [path.join(root, 'bpf/build.sh')], { stdio: 'inherit' });
+});
+
+test('every mirrored struct matches the BTF of the objects that use it', () => {
+  const seen = new Set<string>();
+  for (const obj of objects) {
+    const types = btfOf(obj);
+    for (const t of types.values()) {
+      if (t.kind !== 'STRUCT' || !t.name || !(t.name in FOU_LAYOUTS)) continue;
+      seen.add(t.name);
+      const mirror = FOU_LAYOUTS[t.name];
+      assert.is(mirror.size, t.size, `${t.name} size in ${path.basename(obj)}`);
+      const btfFields = Object.fromEntries(t.members!.map((m) => [m.name, { offset: m.bits_offset / 8, size: sizeOf(types, m.type_id) }]));
+      assert.equal(mirror.fields, btfFields, `${t.name} fields (name → offset, size) in ${path.basename(obj)}`);
+    }
+  }
+  assert.equal([...seen].sort(), Object.keys(FOU_LAYOUTS).sort(), 'each mirror is found in some object');
+});
+
+test('encoders write network-order addresses and ports at the mirrored offsets', () => {
+  assert.is(encodeFouEncapConfig({ outerSource: '10.1.2.3', port: 5555, flags: 1 }).toString('hex'), '0a010203' + '15b3' + '0100');
+  assert.is(encodeFouDest({ backend: '192.168.0.9', port: 0 }).toString('hex'), 'c0a80009' + '0000' + '0000');
+  assert.is(encodeFouDecapConfig({ port: 5555, flags: 0 }).toString('hex'), '00000000' + '15b3' + '0000');
+  assert.throws(() => encodeFouDest({ backend: '10.0.0.256', port: 0 }), /backend/);
+  assert.throws(() => encodeFouEncapConfig({ outerSource: '10.0.0.1', port: 70000, flags: 0 }), /port/);
+});
+
+test('per-CPU stats are summed', () => {
+  const a = Buffer.alloc(40);
+  const b = Buffer.alloc(40);
+  a.writeBigUInt64LE(3n, 0);
+  b.writeBigUInt64LE(4n, 0);
+  b.writeBigUInt64LE(9n, 16);
+  const s = sumFouStats([a, b]);
+  assert.is(s.packets, 7n);
+  assert.is(s.rejectedSource, 9n);
+});
+
+test.run();
