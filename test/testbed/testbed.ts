@@ -384,6 +384,16 @@ export class Testbed {
   }
 }
 
+/** Brings a testbed up, runs fn on it and always tears it down, also when fn throws. */
+export async function withTestbed<T>(topo: Topology, fn: (tb: Testbed) => Promise<T>, opts?: UpOptions): Promise<T> {
+  const tb = await Testbed.up(topo, opts);
+  try {
+    return await fn(tb);
+  } finally {
+    await tb.down();
+  }
+}
+
 /** Runs `ip [-n ns] -batch -` over lines; rejects with ip's error (it names the failing line). */
 async function ipBatch(ns: string | undefined, lines: string[]): Promise<void> {
   await mustRun(['ip', ...(ns ? ['-n', ns] : []), '-batch', '-'], { input: lines.join('\n') + '\n' });
