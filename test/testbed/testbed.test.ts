@@ -10,7 +10,7 @@ import * as path from 'node:path';
 import { CniError } from './cni-chain';
 import { bpfDir, leftovers, listNetns, runDir, sweepStale } from './cleanup';
 import { run } from './proc';
-import { BIN_DIR } from './tetherd';
+import { binDir } from './tetherd';
 import { NETWORK_NAME, Testbed, withTestbed } from './testbed';
 import { inCidr, Topology } from './topology';
 
@@ -111,10 +111,10 @@ test('chain DEL removes the host veth, the host route, the host-local reservatio
 
 test('tetherd runs on every node and survives kill/restart (only when tether is enabled)', async () => {
   if (!tb.tetherEnabled) {
-    console.log(`  (tether binaries not in ${BIN_DIR}: tetherd checks skipped)`);
+    console.log(`  (tether binaries not in ${binDir()}: tetherd checks skipped)`);
     return;
   }
-  const ctl = path.join(BIN_DIR, 'tetherctl');
+  const ctl = path.join(binDir(), 'tetherctl');
   for (const n of tb.plan.nodes) {
     const r = await run([ctl, '--socket', tb.socketPath(n.name), 'ping']);
     assert.is(r.code, 0, `tetherd on ${n.name}: ${r.stderr}`);

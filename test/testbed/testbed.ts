@@ -9,7 +9,7 @@ import { Attachment, ChainOutcome, CniChain, CniResult, Conflist, PluginConf } f
 import { bpfDir, claimPrefix, leftovers, registerLive, runDir, sweepStale, teardownRunSync, unregisterLive } from './cleanup';
 import { CLIENT_SCRIPT, ProbeResult, SERVER_SCRIPT } from './probe';
 import { mustRun, nsenterArgv, run, RunOptions, RunResult } from './proc';
-import { BIN_DIR, ensureBpffs, ExitStatus, Tetherd, tetherBinariesPresent } from './tetherd';
+import { binDir, ensureBpffs, ExitStatus, Tetherd, tetherBinariesPresent } from './tetherd';
 import { addrOf, NodePlan, Plan, planPod, PodPlan, PodSpec, resolveTopology, TetherStepConfig, Topology } from './topology';
 
 /** Debian's reference plugins (ptp, bridge, host-local…); CNI_PLUGIN_DIR overrides. */
@@ -193,7 +193,7 @@ export class Testbed {
   /** A chain runner for a node, running plugins in the node's namespace. */
   chain(node: string, podTether?: TetherStepConfig): CniChain {
     return new CniChain(this.conflist(node, podTether), {
-      cniPath: this.tetherEnabled ? [BIN_DIR, SYSTEM_CNI_DIR] : [SYSTEM_CNI_DIR],
+      cniPath: this.tetherEnabled ? [binDir(), SYSTEM_CNI_DIR] : [SYSTEM_CNI_DIR],
       cacheDir: this.nodeDir(node, 'cni-cache'),
       runInNetns: `/run/netns/${this.nodeNs(node)}`,
     });
@@ -404,7 +404,7 @@ function decideTether(topo: Topology): boolean {
   const mode = topo.tether === undefined || topo.tether === 'auto' ? (env === '1' ? true : env === '0' ? false : 'auto') : topo.tether;
   if (mode === 'auto') return tetherBinariesPresent();
   if (mode && !tetherBinariesPresent()) {
-    throw new Error(`tether requested but tether/tetherd/tetherctl are not all in ${BIN_DIR} (set TETHER_BIN_DIR or build)`);
+    throw new Error(`tether requested but tether/tetherd/tetherctl are not all in ${binDir()} (set TETHER_BIN_DIR or build)`);
   }
   return mode;
 }

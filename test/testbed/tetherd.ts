@@ -5,8 +5,10 @@ import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { nsenterArgv, run, sleep } from './proc';
 
-/** Where tether, tetherd and tetherctl live (TETHER_BIN_DIR overrides <repo>/dist/bin). */
-export const BIN_DIR = process.env.TETHER_BIN_DIR ?? path.resolve(__dirname, '../../dist/bin');
+/** Where tether, tetherd and tetherctl live (TETHER_BIN_DIR overrides <repo>/dist/bin); read at each use. */
+export function binDir(): string {
+  return process.env.TETHER_BIN_DIR ?? path.resolve(__dirname, '../../dist/bin');
+}
 
 export interface TetherdPaths {
   socket: string;
@@ -51,7 +53,7 @@ export class Tetherd {
     fs.mkdirSync(paths.stateDir, { recursive: true });
     fs.mkdirSync(paths.pinDir, { recursive: true });
     const argv = [
-      path.join(BIN_DIR, 'tetherd'),
+      path.join(binDir(), 'tetherd'),
       '--node-name', this.opts.node,
       '--socket', paths.socket,
       '--state-dir', paths.stateDir,
@@ -74,7 +76,7 @@ export class Tetherd {
 
   private async waitReady(): Promise<void> {
     const deadline = Date.now() + this.opts.readyTimeoutMs;
-    const ctl = path.join(BIN_DIR, 'tetherctl');
+    const ctl = path.join(binDir(), 'tetherctl');
     for (;;) {
       if (!this.running) {
         throw new Error(`tetherd on ${this.opts.node} exited before ready (${JSON.stringify(await this.exited)}):\n${this.logTail()}`);
@@ -117,7 +119,7 @@ export class Tetherd {
 
 /** True when all three tether executables are present. */
 export function tetherBinariesPresent(): boolean {
-  return ['tether', 'tetherd', 'tetherctl'].every((b) => fs.existsSync(path.join(BIN_DIR, b)));
+  return ['tether', 'tetherd', 'tetherctl'].every((b) => fs.existsSync(path.join(binDir(), b)));
 }
 
 /** Mounts bpffs at /sys/fs/bpf unless it already is one (it is not mounted at boot here). */
