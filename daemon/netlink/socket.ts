@@ -36,15 +36,32 @@ function portIdOf(fd: number): number {
   return sa.readUInt32LE(4);
 }
 
+/** The datagram channel under a NetlinkSocket; the libc one in production, a fake kernel in unit tests. */
+export interface NetlinkTransport {
+  send(msg: Buffer): void;
+  /** Fills buf with one datagram and returns its length, or -1 when the receive timeout expired. */
+  recv(buf: Buffer): number;
+  close(): void;
+}
+
+function fdTransport(fd: number): NetlinkTransport {
+  return {
+    send: (msg) => { libc.sendto(fd, msg, null); },
+    recv: (buf) => libc.recv(fd, buf),
+    close: () => libc.close(fd),
+  };
+}
+
 export class NetlinkSocket {
-  private fd: number;
+  private transport: NetlinkTransport | undefined;
   readonly portId: number;
   private seq: number;
   private readonly rbuf = Buffer.alloc(1 << 20);
   private readonly dumpRetries: number;
 
-  private constructor(fd: number, portId: number, dumpRetries: number) {
-    this.fd = fd;
+  /** Wraps an already bound transport whose kernel-assigned port id is portId (tests use this directly). */
+  constructor(transport: NetlinkTransport, portId: number, dumpRetries = 5) {
+    this.transport = transport;
     this.portId = portId;
     this.dumpRetries = dumpRetries;
     // Random start so replies meant for an earlier socket reusing this port id never match.
@@ -64,7 +81,7 @@ export class NetlinkSocket {
       for (const opt of [libc.NETLINK_EXT_ACK, NETLINK_CAP_ACK]) {
         try { libc.setsockoptInt(fd, libc.SOL_NETLINK, opt, 1); } catch { /* older kernel: informative only */ }
       }
-      return new NetlinkSocket(fd, portIdOf(fd), opts.dumpRetries ?? 5);
+      return new NetlinkSocket(fdTransport(fd), portIdOf(fd), opts.dumpRetries ?? 5);
     } catch (e) {
       libc.close(fd);
       throw e;
@@ -72,15 +89,14 @@ export class NetlinkSocket {
   }
 
   get closed(): boolean {
-    return this.fd < 0;
+    return this.transport === undefined;
   }
 
   /** Idempotent. */
   close(): void {
-    if (this.fd >= 0) {
-      libc.close(this.fd);
-      this.fd = -1;
-    }
+    const t = this.transport;
+    this.transport = undefined;
+    t?.close();
   }
 
   /**
@@ -137,15 +153,15 @@ export class NetlinkSocket {
   }
 
   private send(type: number, flags: number, body: Buffer[], op: string): number {
-    if (this.fd < 0) throw new NetlinkError(op, EBADF, undefined, { message: `${op}: netlink socket is closed` });
+    if (!this.transport) throw new NetlinkError(op, EBADF, undefined, { message: `${op}: netlink socket is closed` });
     this.seq = (this.seq + 1) >>> 0;
-    const msg = encodeMessage({ type, flags, seq: this.seq, pid: 0 }, body);
-    libc.sendto(this.fd, msg, null);
+    this.transport.send(encodeMessage({ type, flags, seq: this.seq, pid: 0 }, body));
     return this.seq;
   }
 
   private receive(op: string): NlMsg[] {
-    const n = libc.recv(this.fd, this.rbuf);
+    if (!this.transport) throw new NetlinkError(op, EBADF, undefined, { message: `${op}: netlink socket is closed` });
+    const n = this.transport.recv(this.rbuf);
     if (n < 0) throw new NetlinkError(op, ETIMEDOUT, undefined, { message: `${op}: no answer from the kernel within the receive timeout` });
     return decodeMessages(this.rbuf, n);
   }
