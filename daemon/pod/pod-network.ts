@@ -197,14 +197,19 @@ export function undoPodNetwork(applied: AppliedPodNetwork): void {
   }
   if (applied.hostMtu) {
     const m = applied.hostMtu;
-    NetlinkHandle.with(applied.hostNetns, (host) => {
-      const l = host.getLink(m.ifName);
-      // Names can be reused by a later pod's veth: only touch the very link we changed.
-      if (l && l.index === m.ifIndex) {
-        ignoreGone(() => host.setLinkMtu(l.index, m.previous));
-        log().info('host-side veth MTU restored', { ...t, hostIfName: m.ifName, mtu: m.previous });
-      }
-    });
+    try {
+      NetlinkHandle.with(applied.hostNetns, (host) => {
+        const l = host.getLink(m.ifName);
+        // Names can be reused by a later pod's veth: only touch the very link we changed.
+        if (l && l.index === m.ifIndex) {
+          ignoreGone(() => host.setLinkMtu(l.index, m.previous));
+          log().info('host-side veth MTU restored', { ...t, hostIfName: m.ifName, mtu: m.previous });
+        }
+      });
+    } catch (e) {
+      // A separate host namespace that is gone took the veth with it: nothing to restore.
+      if (!(e instanceof TetherError && e.code === ErrorCode.NetnsGone)) throw e;
+    }
   }
 }
 
@@ -294,11 +299,16 @@ export function checkPodNetwork(applied: AppliedPodNetwork): void {
   }
   if (applied.hostMtu) {
     const m = applied.hostMtu;
-    NetlinkHandle.with(applied.hostNetns, (host) => {
-      const l = host.getLink(m.ifName);
-      if (!l) diffs.push(`host-side interface ${m.ifName} is missing`);
-      else if (l.mtu !== m.value) diffs.push(`host-side ${m.ifName} MTU is ${l.mtu}, expected ${m.value}`);
-    });
+    try {
+      NetlinkHandle.with(applied.hostNetns, (host) => {
+        const l = host.getLink(m.ifName);
+        if (!l) diffs.push(`host-side interface ${m.ifName} is missing`);
+        else if (l.mtu !== m.value) diffs.push(`host-side ${m.ifName} MTU is ${l.mtu}, expected ${m.value}`);
+      });
+    } catch (e) {
+      if (!(e instanceof TetherError && e.code === ErrorCode.NetnsGone)) throw e;
+      diffs.push(`host netns ${applied.hostNetns} is gone`);
+    }
   }
   if (diffs.length) throw new TetherError(ErrorCode.CheckFailed, `pod network check ${where}: ${diffs.join('; ')}`);
 }
