@@ -30,7 +30,7 @@ cat > "$out/sea-config.json" <<JSON
   "assets": { "koffi.node": "$root/$koffi_node" }
 }
 JSON
-node --experimental-sea-config "$out/sea-config.json" >/dev/null
+node --experimental-sea-config "$out/sea-config.json" >/dev/null 2>&1 || node --experimental-sea-config "$out/sea-config.json"
 node_bin=$(command -v node)
 tmp="$out/bin/.tether.tmp"
 cp "$node_bin" "$tmp"

@@ -88,7 +88,9 @@ function assertAttached(f: Fixture, pod: string, hostVeth: string) {
   assert.is(r.metrics?.[0]?.mtu ?? r.mtu, 1400, `route MTU: ${JSON.stringify(r)}`);
 }
 
-for (const [i, version] of ['0.3.1', '0.4.0', '1.0.0', '1.1.0'].entries()) {
+// Debian's reference plugins speak up to 1.0.0, so the whole chain runs at 0.3.1–1.0.0; 1.1.0 (STATUS, GC)
+// is driven below with ptp's 1.0.0 result, whose format 1.1.0 kept unchanged.
+for (const [i, version] of ['0.3.1', '0.4.0', '1.0.0'].entries()) {
   test(`chain ${version}: ptp+host-local+tether ADD → state → CHECK → DEL → namespace as before`, async () => {
     await withNode(async (f) => {
       const pod = uniqueName('tchp');
@@ -96,7 +98,7 @@ for (const [i, version] of ['0.3.1', '0.4.0', '1.0.0', '1.1.0'].entries()) {
       const nsPath = addNetns(pod);
       const before = snapshot(pod);
       const chain = chainFor(f, conflist(f, version, `10.99.${i}.0/24`));
-      const att = { containerId: `ctr-${pod}`, netns: nsPath, ifName: 'eth0', args: { K8S_POD_NAMESPACE: 'default', K8S_POD_NAME: pod } };
+      const att = { containerId: `ctr-${pod}`, netns: nsPath, ifName: 'eth0', args: { IgnoreUnknown: '1', K8S_POD_NAMESPACE: 'default', K8S_POD_NAME: pod } };
       const added = await chain.add(att);
       assert.is(added.result!.cniVersion, version, 'result speaks the config version');
       assert.ok(added.result!.ips?.length, 'prevResult IPs passed on');
@@ -171,13 +173,51 @@ test('DEL when the pod namespace is already gone succeeds and forgets the pod', 
     const pod = uniqueName('tchg');
     f.pods.push(pod);
     const nsPath = addNetns(pod);
-    const chain = chainFor(f, conflist(f, '1.1.0', '10.99.8.0/24'));
+    const chain = chainFor(f, conflist(f, '1.0.0', '10.99.8.0/24'));
     const att = { containerId: `ctr-${pod}`, netns: nsPath, ifName: 'eth0' };
     await chain.add(att);
     delNetns(pod);
     await chain.del(att);
     const status = JSON.parse(execFileSync(bin('tetherctl'), ['--socket', f.daemon.socket, 'status'], { encoding: 'utf8' }));
     assert.equal(status.pods, []);
+  });
+});
+
+test('1.1.0: tether ADD/CHECK/STATUS after ptp, then GC removes an attachment the runtime no longer lists', async () => {
+  await withNode(async (f) => {
+    const pod = uniqueName('tchc');
+    f.pods.push(pod);
+    const nsPath = addNetns(pod);
+    const c = conflist(f, '1.0.0', '10.99.7.0/24');
+    const ptpOnly = chainFor(f, { ...c, plugins: [c.plugins[0]] });
+    const att = { containerId: `ctr-${pod}`, netns: nsPath, ifName: 'eth0' };
+    const ptp = await ptpOnly.add(att);
+    const hostVeth = hostVethOf(ptp.result!);
+    const tetherConf = (extra: Record<string, unknown>) => JSON.stringify({ ...c.plugins[1], name: c.name, cniVersion: '1.1.0', ...extra });
+    const env = (cmd: string) => ({ CNI_COMMAND: cmd, CNI_CONTAINERID: att.containerId, CNI_NETNS: nsPath, CNI_IFNAME: 'eth0', CNI_PATH: BIN_DIR });
+    const run = (cmd: string, extra: Record<string, unknown>) => runCni(bin('tether'), env(cmd), tetherConf(extra), { netns: `/run/netns/${f.node}` });
+
+    const add = run('ADD', { prevResult: { ...ptp.result, cniVersion: '1.1.0' } });
+    assert.is(add.status, 0, add.stdout);
+    assert.is(add.json!.cniVersion, '1.1.0');
+    assert.equal(add.json!.ips, ptp.result!.ips, 'prevResult IPs unchanged');
+    assertAttached(f, pod, hostVeth);
+    assert.is(run('CHECK', { prevResult: add.json }).status, 0);
+    assert.is(run('STATUS', {}).status, 0);
+
+    // GC that still lists the attachment keeps it …
+    const keep = run('GC', { 'cni.dev/valid-attachments': [{ containerID: att.containerId, ifname: 'eth0' }] });
+    assert.is(keep.status, 0, keep.stdout);
+    assertAttached(f, pod, hostVeth);
+    // … and one that does not list it undoes it.
+    const gc = run('GC', { 'cni.dev/valid-attachments': [] });
+    assert.is(gc.status, 0, gc.stdout);
+    assert.is(ipJson(pod, ['link', 'show', 'eth0'])[0].mtu, 1500, 'GC restored the MTU');
+    assert.equal(ipJson(pod, ['route', 'show', POD_ROUTE]), [], 'GC removed the pod route');
+    const status = JSON.parse(execFileSync(bin('tetherctl'), ['--socket', f.daemon.socket, 'status'], { encoding: 'utf8' }));
+    assert.equal(status.pods, []);
+    assert.match(f.daemon.log(), /gc: stale attachment removed/);
+    await ptpOnly.del(att);
   });
 });
 

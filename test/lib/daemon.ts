@@ -21,6 +21,7 @@ export interface TestDaemon {
 
 export async function startDaemon(opts: { netns?: string; dir?: string; node?: string } = {}): Promise<TestDaemon> {
   const dir = opts.dir ?? fs.mkdtempSync(path.join(os.tmpdir(), 'tetherd-test-'));
+  fs.mkdirSync(dir, { recursive: true, mode: 0o700 });
   const socket = path.join(dir, 'tetherd.sock');
   const stateDir = path.join(dir, 'state');
   const logFile = path.join(dir, 'tetherd.log');
