@@ -3,6 +3,7 @@
 import { koffi } from '../sys/ffi';
 import { errnoName } from '../sys/libc';
 import { TetherError, ErrorCode } from '../errors';
+import { log } from '../log';
 
 /** An opaque libbpf pointer (bpf_object *, bpf_program *, bpf_map *) as koffi hands it out. */
 export type Ptr = unknown;
@@ -85,7 +86,40 @@ export function libbpf(): Libbpf {
     bpf_tc_query: f('int bpf_tc_query(void *hook, void *opts)'),
     libbpf_num_possible_cpus: f('int libbpf_num_possible_cpus()'),
   } as Libbpf;
+  routePrints(so);
   return lib;
+}
+
+let quiet = 0;
+
+/** Runs fn with libbpf's warnings dropped: for probes whose failure is an expected answer. */
+export function quietly<T>(fn: () => T): T {
+  quiet++;
+  try {
+    return fn();
+  } finally {
+    quiet--;
+  }
+}
+
+// libbpf prints warnings (and the verifier log when a load fails) to stderr; route them into our logs.
+// The callback gets a va_list, which on x86-64 and arm64 is passed as a pointer: vsnprintf formats it.
+// The registered callback is kept in a module variable so it is never garbage-collected.
+let printCb: unknown;
+function routePrints(so: ReturnType<ReturnType<typeof koffi>['load']>): void {
+  const k = koffi();
+  const vsnprintf = k.load('libc.so.6').func('int vsnprintf(_Out_ uint8_t *buf, size_t n, const char *fmt, void *ap)');
+  const proto = k.proto('int tether_libbpf_print_fn(int level, const char *fmt, void *ap)');
+  const setPrint = so.func('void *libbpf_set_print(tether_libbpf_print_fn *fn)');
+  printCb = k.register((level: number, fmt: string, ap: unknown) => {
+    // enum libbpf_print_level: 0 WARN, 1 INFO, 2 DEBUG; INFO and DEBUG are libbpf's chatter.
+    if (level !== 0 || quiet > 0) return 0;
+    const buf = Buffer.alloc(16384);
+    const n = vsnprintf(buf, buf.length, fmt, ap);
+    log().warn(buf.subarray(0, Math.max(0, Math.min(n, buf.length - 1))).toString().trimEnd()); // already prefixed "libbpf: "
+    return 0;
+  }, k.pointer(proto));
+  setPrint(printCb);
 }
 
 /** errno of the last libbpf call that returned NULL (libbpf 1.x sets it). */

@@ -44,7 +44,7 @@ export class BpfObject {
           check(lib.bpf_map__set_pin_path(m, path.join(pinDir, mapName)), 'bpf_map__set_pin_path', `${what} map ${mapName}`);
         }
       }
-      check(lib.bpf_object__load(obj), 'bpf_object__load', `${what} (the verifier log, if any, is on stderr)`);
+      check(lib.bpf_object__load(obj), 'bpf_object__load', `${what} (libbpf's reasons, e.g. the verifier log or a pinned map mismatch, are logged just before)`);
       return new BpfObject(obj, name, pinDir);
     } catch (e) {
       lib.bpf_object__close(obj);

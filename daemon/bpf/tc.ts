@@ -4,7 +4,7 @@
 // restart without the fds that attached it.
 import { koffi } from '../sys/ffi';
 import { inNetns } from '../sys/netns';
-import { BpfCallError, check, libbpf } from './libbpf';
+import { BpfCallError, check, libbpf, quietly } from './libbpf';
 
 export type TcDirection = 'ingress' | 'egress';
 
@@ -138,7 +138,7 @@ export function queryTc(f: TcFilterId): number | undefined {
     const ifindex = resolveIfindex(f);
     if (!ifindex) return undefined;
     const opts = optsBuf({ handle: f.handle, priority: f.priority });
-    const ret = libbpf().bpf_tc_query(hookBuf(ifindex, attachPoint(f.direction)), opts);
+    const ret = quietly(() => libbpf().bpf_tc_query(hookBuf(ifindex, attachPoint(f.direction)), opts));
     // No filter there, and no clsact qdisc at all, both mean "nothing attached".
     if (ret === -ENOENT || ret === -EINVAL) return undefined;
     check(ret, 'bpf_tc_query', `tc ${describe(f)} handle ${f.handle} priority ${f.priority}`);
@@ -154,7 +154,7 @@ export function detachTc(f: TcFilterId): boolean {
     if (!ifindex) return false;
     const hook = hookBuf(ifindex, attachPoint(f.direction));
     // Query first: detach answers a missing qdisc with EINVAL, which must not hide real EINVALs.
-    const q = libbpf().bpf_tc_query(hook, optsBuf({ handle: f.handle, priority: f.priority }));
+    const q = quietly(() => libbpf().bpf_tc_query(hook, optsBuf({ handle: f.handle, priority: f.priority })));
     if (q === -ENOENT || q === -EINVAL) return false;
     const ret = libbpf().bpf_tc_detach(hook, optsBuf({ handle: f.handle, priority: f.priority }));
     if (ret === -ENOENT) return false;
@@ -169,7 +169,7 @@ export function destroyClsact(t: Omit<TcTarget, 'direction'>): void {
   here(t.netns, () => {
     const ifindex = resolveIfindex(target);
     if (!ifindex) return;
-    const ret = libbpf().bpf_tc_hook_destroy(hookBuf(ifindex, BPF_TC_INGRESS | BPF_TC_EGRESS));
+    const ret = quietly(() => libbpf().bpf_tc_hook_destroy(hookBuf(ifindex, BPF_TC_INGRESS | BPF_TC_EGRESS)));
     if (ret !== -ENOENT && ret !== -EINVAL) check(ret, 'bpf_tc_hook_destroy', `clsact on ${describe(target)}`);
   });
 }

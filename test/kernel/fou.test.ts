@@ -183,6 +183,10 @@ test('DSR: client reaches the VIP through LB encap + server decap, server replie
     const decap = attachFouDecap({ netns: nsPath(t.server), ifName: 's0', port: FOU_PORT, localAddress: SERVER, allowedSources: [LB], pinDir: t.pinDir });
     handles.push(decap);
     assert.equal(encap.destinations().get(VIP), { backend: SERVER, port: 0 });
+    // Make the router segment the encapsulated GSO super-packets in software on the way to the server
+    // (a device taking one segment per skb gets no GSO), so the server decapsulates wire-sized FoU
+    // packets: proves per-segment outer headers and the MSS headroom, not just veth passing skbs along.
+    sh('ip', '-n', t.router, 'link', 'set', 'dev', 'rs', 'gso_max_segs', '1');
     const lbRxBefore = rxBytes(t.lb, 'l0');
 
     const { client, server } = await exchange(t, 15000);
@@ -200,6 +204,9 @@ test('DSR: client reaches the VIP through LB encap + server decap, server replie
     const ds = decap.stats();
     assert.ok(es.packets > 0n && es.bytes >= BigInt(PAYLOAD), `encap stats ${es.packets} packets ${es.bytes} bytes`);
     assert.ok(ds.packets > 0n && ds.bytes >= BigInt(PAYLOAD), `decap stats ${ds.packets} packets ${ds.bytes} bytes`);
+    // The LB encapsulated GSO super-packets; the server decapsulated wire-sized segments of them.
+    assert.ok(es.bytes / es.packets > 1500n, `encap saw GSO packets (avg ${es.bytes / es.packets} bytes)`);
+    assert.ok(ds.packets >= BigInt(Math.ceil(PAYLOAD / (1500 - 28))), `decap saw ${ds.packets} segments`);
     assert.is(ds.rejectedSource, 0n);
     assert.is(es.errors + ds.errors, 0n);
     assert.equal(readFouStats(t.pinDir, 'decap'), ds, 'pinned stats map is the same map');
