@@ -24,7 +24,7 @@ export async function main(): Promise<number> {
   try {
     const env = readEnv(process.env);
     command = env.command;
-    const stdin = await readStdin();
+    const stdin = readStdin();
     if (env.command === 'VERSION') {
       // VERSION answers whatever version was asked: the reply lists what we support.
       process.stdout.write(JSON.stringify(versionReply(stdin)));

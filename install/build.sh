@@ -26,7 +26,7 @@ cat > "$out/sea-config.json" <<JSON
   "output": "$root/$out/sea-prep.blob",
   "disableExperimentalSEAWarning": true,
   "useSnapshot": false,
-  "useCodeCache": false,
+  "useCodeCache": true,
   "assets": { "koffi.node": "$root/$koffi_node" }
 }
 JSON

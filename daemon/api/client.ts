@@ -1,7 +1,6 @@
 // A one-shot client for tetherd's socket: connect, send one request line, read one response line.
 // Used by the CNI executables and tetherctl; it only imports node:net so they stay small and fast.
 import * as net from 'node:net';
-import { randomBytes } from 'node:crypto';
 import { TetherError, ErrorCode } from '../errors';
 import { MAX_LINE_BYTES, PROTOCOL_VERSION, type Method, type Response } from './protocol';
 
@@ -12,8 +11,11 @@ export interface CallOptions {
   timeoutMs?: number;
 }
 
+let seq = 0;
+
 export function call<R = unknown>(socketPath: string, method: Method, params: unknown, opts: CallOptions = {}): Promise<R> {
-  const id = randomBytes(6).toString('hex');
+  // Unique enough to pair an answer with its request on one connection; avoids loading node:crypto.
+  const id = `${process.pid}-${Date.now().toString(36)}-${(++seq).toString(36)}`;
   const line = JSON.stringify({ version: PROTOCOL_VERSION, id, method, params }) + '\n';
   const connectTimeout = opts.connectTimeoutMs ?? 2000;
   const timeout = opts.timeoutMs ?? 60_000;

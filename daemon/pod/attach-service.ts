@@ -37,6 +37,7 @@ export class AttachService {
     requireField(p.netns, 'CNI_NETNS');
     const cfg = validatePodNetConfig(conf);
     const who = this.who(p, key);
+    const t0 = process.hrtime.bigint();
 
     const existing = this.store.get(key);
     if (existing?.phase === 'attached' && existing.netns === p.netns) {
@@ -75,7 +76,7 @@ export class AttachService {
       this.store.remove(key);
       throw new TetherError(ErrorCode.IoFailure, `cannot record attachment of ${keyString(key)}: ${(e as Error).message}`, { cause: e });
     }
-    this.logger.info('pod attached', { ...who, applied });
+    this.logger.info('pod attached', { ...who, applied, durationMs: msSince(t0) });
     return buildResult(prev, conf.cniVersion as string, addedInterfaces(applied));
   }
 
@@ -83,13 +84,14 @@ export class AttachService {
     const key = this.keyOf(p);
     const rec = this.store.get(key);
     const who = this.who(p, key);
+    const t0 = process.hrtime.bigint();
     if (!rec) {
       this.logger.info('pod detach: nothing recorded, nothing to undo', who);
       return;
     }
     this.undoRecord(rec, who);
     this.store.remove(key);
-    this.logger.info('pod detached', who);
+    this.logger.info('pod detached', { ...who, durationMs: msSince(t0) });
   }
 
   check(p: CniParams): void {
@@ -150,6 +152,10 @@ export class AttachService {
     const pod = p.args.K8S_POD_NAMESPACE && p.args.K8S_POD_NAME ? `${p.args.K8S_POD_NAMESPACE}/${p.args.K8S_POD_NAME}` : undefined;
     return { container: key.containerId, ifName: key.ifName, network: key.network, pod, netns: p.netns || undefined };
   }
+}
+
+function msSince(t0: bigint): number {
+  return Math.round(Number(process.hrtime.bigint() - t0) / 1e4) / 100;
 }
 
 function requireField(v: unknown, name: string): void {
