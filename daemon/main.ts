@@ -1,6 +1,7 @@
 // tetherd: the node daemon. One per node; several can run side by side (the testbed), each with its own
 // socket, state dir and bpffs pin dir. Pods it attached are recorded in the state dir and survive restarts.
 import * as fs from 'node:fs';
+import * as os from 'node:os';
 import { parseArgs } from 'node:util';
 import { DEFAULT_SOCKET_PATH, type CniParams } from './api/protocol';
 import { makeLogger, setLogger } from './log';
@@ -38,7 +39,7 @@ export async function main(argv: string[]): Promise<number> {
     return 0;
   }
   process.umask(0o077);
-  const nodeName = opts['node-name'] ?? process.env.NODE_NAME ?? (await import('node:os')).hostname();
+  const nodeName = opts['node-name'] ?? process.env.NODE_NAME ?? os.hostname();
   const logger = makeLogger({ level: opts['log-level'], node: nodeName });
   setLogger(logger);
 

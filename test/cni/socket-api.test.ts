@@ -71,7 +71,7 @@ test('cni.add with params that are not an object is refused', async () => {
 test('a second tetherd on the same socket refuses to start', () => {
   const r = spawnSync(bin('tetherd'), ['--socket', d.socket, '--state-dir', `${d.dir}/state2`], { encoding: 'utf8', timeout: 10_000 });
   assert.is(r.status, 1);
-  assert.match(r.stderr, /another tetherd is already serving/);
+  assert.match(r.stderr, /another tetherd is already serving/, r.stderr);
 });
 
 test('SIGTERM: clean exit 0 and the socket is removed; a stale socket after kill -9 is replaced', async () => {
