@@ -17,8 +17,7 @@ async function run(): Promise<number> {
     case 'tetherctl':
       return (require('../daemon/ctl') as typeof import('../daemon/ctl')).main(args);
     case 'tether-ipam':
-      process.stdout.write(JSON.stringify({ cniVersion: '1.1.0', code: 4, msg: 'tether-ipam is not available in this build yet' }));
-      return 1;
+      return (require('../ipam/main') as typeof import('../ipam/main')).main();
     default:
       return (require('./main') as typeof import('./main')).main();
   }

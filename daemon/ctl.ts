@@ -1,25 +1,60 @@
-// tetherctl: asks a tetherd for its status (JSON on stdout) or whether it is alive (exit code).
+// tetherctl: talks to a tetherd over its socket.
+//   tetherctl [--socket PATH] status | ping
+//   tetherctl [--socket PATH] address allocate --pool P --owner O [--count N] [--address A]... [--family 4|6]
+//   tetherctl [--socket PATH] address release --pool P --owner O
 import { parseArgs } from 'node:util';
 import { call } from './api/client';
-import { DEFAULT_SOCKET_PATH } from './api/protocol';
+import { DEFAULT_SOCKET_PATH, type Method } from './api/protocol';
+
+const USAGE = `usage: tetherctl [--socket PATH] status | ping
+       tetherctl [--socket PATH] address allocate --pool P --owner O [--count N] [--address A]... [--family 4|6]
+       tetherctl [--socket PATH] address release --pool P --owner O\n`;
 
 export async function main(argv: string[]): Promise<number> {
-  const { values, positionals } = parseArgs({
-    args: argv,
-    allowPositionals: true,
-    options: { socket: { type: 'string', default: DEFAULT_SOCKET_PATH }, timeout: { type: 'string', default: '5000' } },
-  });
-  const cmd = positionals[0] ?? 'status';
-  if (cmd !== 'status' && cmd !== 'ping') {
-    process.stderr.write(`usage: tetherctl [--socket PATH] status|ping\n`);
+  let parsed;
+  try {
+    parsed = parseArgs({
+      args: argv,
+      allowPositionals: true,
+      options: {
+        socket: { type: 'string', default: DEFAULT_SOCKET_PATH },
+        timeout: { type: 'string', default: '10000' },
+        pool: { type: 'string' },
+        owner: { type: 'string' },
+        count: { type: 'string' },
+        address: { type: 'string', multiple: true },
+        family: { type: 'string' },
+      },
+    });
+  } catch (e) {
+    process.stderr.write(`tetherctl: ${(e as Error).message}\n${USAGE}`);
+    return 2;
+  }
+  const { values: v, positionals } = parsed;
+  const [cmd = 'status', sub] = positionals;
+  let method: Method;
+  let params: Record<string, unknown> = {};
+  if (cmd === 'status' || cmd === 'ping') {
+    method = cmd;
+  } else if (cmd === 'address' && (sub === 'allocate' || sub === 'release')) {
+    method = sub === 'allocate' ? 'address.allocate' : 'address.release';
+    params = { pool: v.pool, owner: v.owner };
+    if (sub === 'allocate') {
+      if (v.count !== undefined) params.count = Number(v.count);
+      if (v.address) params.addresses = v.address;
+      if (v.family !== undefined) params.family = Number(v.family);
+    }
+  } else {
+    process.stderr.write(USAGE);
     return 2;
   }
   try {
-    const out = await call(values.socket as string, cmd, {}, { timeoutMs: Number(values.timeout) });
+    const out = await call(v.socket as string, method, params, { timeoutMs: Number(v.timeout) });
     process.stdout.write(JSON.stringify(out, null, 2) + '\n');
     return 0;
   } catch (e) {
-    process.stderr.write(`tetherctl: ${(e as Error).message}\n`);
+    const code = (e as { code?: string }).code;
+    process.stderr.write(`tetherctl: ${code ? `[${code}] ` : ''}${(e as Error).message}\n`);
     return 1;
   }
 }

@@ -16,6 +16,9 @@ export const ErrorCode = {
   Netlink: 'NETLINK',
   Bpf: 'BPF',
   CheckFailed: 'CHECK_FAILED',
+  UnknownPool: 'UNKNOWN_POOL',
+  PoolExhausted: 'POOL_EXHAUSTED',
+  AddressConflict: 'ADDRESS_CONFLICT',
   Internal: 'INTERNAL',
 } as const;
 export type ErrorCode = (typeof ErrorCode)[keyof typeof ErrorCode];
@@ -38,6 +41,10 @@ const CNI_CODES: Record<ErrorCode, number> = {
   NETLINK: 103,
   BPF: 104,
   CHECK_FAILED: 105,
+  // An unknown pool is a config error as far as the runtime is concerned.
+  UNKNOWN_POOL: 7,
+  POOL_EXHAUSTED: 106,
+  ADDRESS_CONFLICT: 107,
   INTERNAL: 199,
 };
 

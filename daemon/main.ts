@@ -9,11 +9,24 @@ import { ApiServer } from './server';
 import { PodStore } from './state/pod-store';
 import { AttachService } from './pod/attach-service';
 import { ErrorCode, TetherError } from './errors';
-import { loadNodeConfig, type NodeConfig } from './config/node-config';
+import { loadConfig, type ConfigObjects } from './config/objects';
+import { AllocationStore } from '../ipam/allocation-store';
+import { ClusterAddresses, type OwnerRequest } from '../ipam/cluster-addresses';
+import { IpamService } from '../ipam/ipam-service';
+import { PodAllocator } from '../ipam/pod-allocator';
+import { RedisStore } from '../ipam/store/redis-store';
+import type { ClusterStore } from '../ipam/types';
 
 const VERSION = '0.1.0';
 
-const USAGE = `usage: tetherd [--node-name NAME] [--socket PATH] [--state-dir DIR] [--bpf-pin-dir DIR] [--config FILE] [--log-level LEVEL]`;
+const USAGE = `usage: tetherd [--node-name NAME] [--socket PATH] [--state-dir DIR] [--bpf-pin-dir DIR] [--config FILE]
+               [--redis URL] [--redis-prefix PREFIX] [--log-level LEVEL]
+  --config FILE   YAML/JSON objects: AddressPool, Node (zone, labels)
+  --redis URL     the cluster store for block claims and floating addresses:
+                  redis://[:password@]host:port[/db] or unix:///path.sock[?password=…]`;
+
+/** How often tetherd retries deferred work (block returns that failed while the store was away). */
+const MAINTAIN_MS = 30_000;
 
 export async function main(argv: string[]): Promise<number> {
   let opts;
@@ -26,6 +39,8 @@ export async function main(argv: string[]): Promise<number> {
         'state-dir': { type: 'string', default: '/var/lib/tether' },
         'bpf-pin-dir': { type: 'string', default: '/sys/fs/bpf/tether' },
         config: { type: 'string' },
+        redis: { type: 'string', default: process.env.TETHER_REDIS_URL },
+        'redis-prefix': { type: 'string', default: 'tether:' },
         'log-level': { type: 'string', default: 'info' },
         help: { type: 'boolean' },
       },
@@ -43,21 +58,42 @@ export async function main(argv: string[]): Promise<number> {
   const logger = makeLogger({ level: opts['log-level'], node: nodeName });
   setLogger(logger);
 
-  let nodeConfig: NodeConfig;
+  let config: ConfigObjects = { pools: [], nodes: {}, others: [] };
   try {
-    nodeConfig = loadNodeConfig(opts.config, nodeName);
+    if (opts.config) config = loadConfig(opts.config);
   } catch (e) {
     logger.error('config rejected', { error: (e as Error).message });
     return 2;
   }
+  const nodeConfig = config.nodes[nodeName] ?? { labels: {} };
+  let store: ClusterStore | undefined;
+  if (opts.redis) {
+    try {
+      store = await RedisStore.connect(opts.redis, { keyPrefix: opts['redis-prefix'] });
+    } catch (e) {
+      logger.error('cluster store rejected', { error: (e as Error).message });
+      return 2;
+    }
+  }
   const stateDir = opts['state-dir'] as string;
   fs.mkdirSync(stateDir, { recursive: true, mode: 0o700 });
-  const store = new PodStore(stateDir);
-  const { loaded, broken } = store.load();
+  const podStore = new PodStore(stateDir);
+  const { loaded, broken } = podStore.load();
   for (const b of broken) logger.error('state: unreadable pod record set aside', { file: b });
-  const attach = new AttachService(store, logger);
+  const attach = new AttachService(podStore, logger);
+  const node = { name: nodeName, zone: nodeConfig.zone, labels: nodeConfig.labels };
+  const pods = new PodAllocator(node, config.pools, store, new AllocationStore(stateDir), logger);
+  await pods.start();
+  const addresses = new ClusterAddresses(config.pools, store, logger);
+  const ipam = new IpamService(pods, logger);
+  const maintain = setInterval(() => void pods.maintain().catch((e) => logger.warn('ipam: maintenance failed', { error: (e as Error).message })), MAINTAIN_MS);
+  maintain.unref();
   const started = Date.now();
 
+  const asObject = <T>(p: unknown): T => {
+    if (!p || typeof p !== 'object' || Array.isArray(p)) throw new TetherError(ErrorCode.BadRequest, 'params must be an object');
+    return p as T;
+  };
   const asCni = (p: unknown): CniParams => {
     if (!p || typeof p !== 'object') throw new TetherError(ErrorCode.BadRequest, 'params must be an object');
     const c = p as CniParams;
@@ -74,14 +110,25 @@ export async function main(argv: string[]): Promise<number> {
       'cni.check': (p) => attach.check(asCni(p)),
       'cni.gc': (p) => attach.gc(asCni(p)),
       'cni.status': () => ({ ready: true }),
-      status: () => ({
+      'ipam.add': (p) => ipam.add(asCni(p)),
+      'ipam.del': (p) => ipam.del(asCni(p)),
+      'ipam.check': (p) => ipam.check(asCni(p)),
+      'ipam.gc': (p) => ipam.gc(asCni(p)),
+      'address.allocate': (p) => addresses.allocate(asObject<OwnerRequest>(p)),
+      'address.release': (p) => {
+        const r = asObject<{ pool: string; owner: string }>(p);
+        return addresses.release(r.pool, r.owner).then((released) => ({ released }));
+      },
+      status: async () => ({
         node: nodeName,
         zone: nodeConfig.zone,
         version: VERSION,
         uptimeSeconds: Math.round((Date.now() - started) / 1000),
         stateDir,
         bpfPinDir: opts['bpf-pin-dir'],
-        pods: store.all().map((r) => ({
+        pools: config.pools.map((p) => p.name),
+        ipam: { pods: pods.usage(), cluster: await addresses.usage() },
+        pods: podStore.all().map((r) => ({
           network: r.network,
           containerId: r.containerId,
           ifName: r.ifName,
@@ -104,7 +151,9 @@ export async function main(argv: string[]): Promise<number> {
   return new Promise<number>((resolve) => {
     const stop = (signal: string) => {
       logger.info('tetherd stopping', { signal });
-      void server.close().then(() => {
+      clearInterval(maintain);
+      void server.close().then(async () => {
+        await store?.close();
         logger.info('tetherd stopped', { signal });
         logger.on('finish', () => resolve(0));
         logger.end();

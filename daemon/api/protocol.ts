@@ -12,6 +12,12 @@ export type Method =
   | 'cni.check'
   | 'cni.status'
   | 'cni.gc'
+  | 'ipam.add'
+  | 'ipam.del'
+  | 'ipam.check'
+  | 'ipam.gc'
+  | 'address.allocate'
+  | 'address.release'
   | 'status'
   | 'ping';
 

@@ -28,7 +28,7 @@ export function removeFileDurable(file: string): boolean {
   return true;
 }
 
-function fsyncDir(dir: string): void {
+export function fsyncDir(dir: string): void {
   const fd = fs.openSync(dir, 'r');
   try {
     fs.fsyncSync(fd);

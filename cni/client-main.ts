@@ -1,0 +1,57 @@
+// The body every Tether CNI executable shares: check what the spec asks of a plugin (version,
+// environment, config shape), forward the request to the node's tetherd, print its answer or a CNI error.
+// `tether` and `tether-ipam` differ only in their ClientSpec.
+import { call } from '../daemon/api/client';
+import type { CniParams, Method } from '../daemon/api/protocol';
+import { ErrorCode, TetherError } from '../daemon/errors';
+import { errorReply, parseNetConf, readEnv, readStdin, versionReply, type CniCommand, type NetConf } from './spec';
+
+/** CNI 1.1 STATUS: 50 = the plugin cannot service ADD requests. */
+const CNI_PLUGIN_NOT_AVAILABLE = 50;
+
+export interface ClientSpec {
+  methods: Record<Exclude<CniCommand, 'VERSION'>, Method>;
+  /** Plugin-specific checks of the parsed config; throws a TetherError naming the field. */
+  validate(conf: NetConf, command: CniCommand): void;
+  /** Where this plugin's tetherd listens, from its config. */
+  socketPath(conf: NetConf): string;
+}
+
+export async function runCniClient(spec: ClientSpec): Promise<number> {
+  let conf: NetConf | undefined;
+  let command = '';
+  try {
+    const env = readEnv(process.env);
+    command = env.command;
+    const stdin = readStdin();
+    if (env.command === 'VERSION') {
+      // VERSION answers whatever version was asked: the reply lists what we support.
+      process.stdout.write(JSON.stringify(versionReply(stdin)));
+      return 0;
+    }
+    conf = parseNetConf(stdin, env.command);
+    spec.validate(conf, env.command);
+    const params: CniParams = {
+      command: env.command,
+      containerId: env.containerId,
+      netns: env.netns,
+      ifName: env.ifName,
+      args: env.args,
+      config: conf,
+    };
+    const result = await call(spec.socketPath(conf), spec.methods[env.command], params);
+    if (env.command === 'ADD') process.stdout.write(JSON.stringify(result));
+    return 0;
+  } catch (e) {
+    const unavailable = command === 'STATUS' && e instanceof TetherError && e.code === ErrorCode.TryAgainLater;
+    process.stdout.write(JSON.stringify(errorReply(e, conf?.cniVersion, unavailable ? CNI_PLUGIN_NOT_AVAILABLE : undefined)));
+    return 1;
+  }
+}
+
+/** An absolute socket path from a config field, or the default. */
+export function socketPathField(value: unknown, field: string, fallback: string): string {
+  if (value === undefined) return fallback;
+  if (typeof value !== 'string' || !value.startsWith('/')) throw new TetherError(ErrorCode.InvalidConfig, `${field}: must be an absolute path`);
+  return value;
+}

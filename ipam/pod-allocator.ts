@@ -1,0 +1,335 @@
+// Pod addresses, per node: the node claims blocks of a pod pool from the cluster store and allocates
+// inside them; it claims another block when its blocks are full and returns a block as soon as it is
+// empty. Allocations are durable before they are answered, so an address is never handed out twice, and
+// every allocation is keyed by its attachment so a repeated ADD gets the same address back.
+import { ErrorCode, TetherError } from '../daemon/errors';
+import type { Logger } from '../daemon/log';
+import { KeyedMutex } from '../daemon/util/keyed-mutex';
+import type { AllocationRecord, AllocationStore } from './allocation-store';
+import { poolMatchesNode } from './pool';
+import { formatCidr, formatIp, parseCidr, parseIp, sizeOf } from './ip-math';
+import type { ClusterStore, IpFamily, PodOwner, ResolvedFamily, ResolvedPool } from './types';
+
+export interface NodeIdentity {
+  name: string;
+  zone?: string;
+  labels: Record<string, string>;
+}
+
+export interface AllocatedIp {
+  family: IpFamily;
+  address: string;
+  /** The block's prefix length: what the pod's address is configured with. */
+  prefix: number;
+  /** The block's first address, reserved as the pods' gateway (ptp puts it on the host side). */
+  gateway: string;
+  block: string;
+}
+
+export interface PodAllocation {
+  pool: string;
+  ips: AllocatedIp[];
+}
+
+interface BlockState {
+  family: IpFamily;
+  cidr: string;
+  base: bigint;
+  size: bigint;
+  /** Offsets in the block that are allocated. */
+  used: Set<bigint>;
+  /** Where the next search starts, so a just-released address is not reused at once. */
+  cursor: bigint;
+}
+
+interface PoolState {
+  pool: ResolvedPool;
+  blocks: Map<string, BlockState>;
+  /** Empty blocks whose return to the cluster store failed; retried by maintain(). */
+  pendingReturn: Set<string>;
+}
+
+export function ownerKey(o: Pick<PodOwner, 'network' | 'containerId' | 'ifName'>): string {
+  return `${o.network}/${o.containerId}/${o.ifName}`;
+}
+
+/** How many candidate blocks one claim attempt walks before giving up (bounds work on huge IPv6 pools). */
+const MAX_BLOCK_SCAN = 1 << 16;
+
+export class PodAllocator {
+  private readonly pools = new Map<string, PoolState>();
+  private readonly byOwner = new Map<string, AllocationRecord[]>();
+  private readonly mutex = new KeyedMutex();
+
+  constructor(
+    private readonly node: NodeIdentity,
+    pools: ResolvedPool[],
+    private readonly store: ClusterStore | undefined,
+    private readonly files: AllocationStore,
+    private readonly logger: Logger,
+  ) {
+    for (const pool of pools) if (pool.usage === 'pod') this.pools.set(pool.name, { pool, blocks: new Map(), pendingReturn: new Set() });
+  }
+
+  /**
+   * Rebuilds state from the durable allocations and the cluster store: adopts blocks the store says this
+   * node owns (a claim made just before a crash), re-claims blocks that hold allocations, returns empty ones.
+   */
+  async start(): Promise<{ allocations: number; blocks: number; conflicts: string[] }> {
+    const { records, broken } = this.files.loadAll();
+    for (const b of broken) this.logger.error('ipam: unreadable allocation record set aside', { file: b });
+    const conflicts: string[] = [];
+    for (const ps of this.pools.values()) {
+      const name = ps.pool.name;
+      const mine = records.filter((r) => r.pool === name);
+      const known = new Set([...this.files.loadBlocks(name), ...mine.map((r) => r.block)]);
+      let fromStore: string[] | undefined;
+      try {
+        fromStore = this.store ? [...(await this.store.listBlocks(name))].filter(([, n]) => n === this.node.name).map(([b]) => b) : undefined;
+      } catch (e) {
+        this.logger.warn('ipam: cluster store unreachable at start; using the local copy of owned blocks', { pool: name, error: (e as Error).message });
+      }
+      for (const b of fromStore ?? []) known.add(b);
+      for (const cidr of known) {
+        const c = parseCidr(cidr);
+        if (!c) continue;
+        if (fromStore && !fromStore.includes(cidr) && this.store) {
+          // Owned here but not in the store (store restarted, or a return raced a crash): claim it back.
+          const won = await this.store.claimBlock(name, cidr, this.node.name).catch(() => false);
+          if (!won && mine.some((r) => r.block === cidr)) {
+            conflicts.push(`${name} ${cidr}`);
+            this.logger.error('ipam: block holding local allocations is owned by another node', { pool: name, block: cidr });
+          }
+        }
+        ps.blocks.set(cidr, { family: c.family, cidr, base: c.base, size: sizeOf(c.family, c.prefix), used: new Set(), cursor: 1n });
+      }
+      for (const r of mine) {
+        const blk = ps.blocks.get(r.block);
+        const ip = parseIp(r.address);
+        if (blk && ip) blk.used.add(ip.value - blk.base);
+        this.index(r);
+      }
+      for (const blk of [...ps.blocks.values()]) if (blk.used.size === 0) await this.returnBlock(ps, blk);
+      this.files.saveBlocks(name, [...ps.blocks.keys()]);
+    }
+    const blocks = [...this.pools.values()].reduce((n, p) => n + p.blocks.size, 0);
+    this.logger.info('ipam: started', { allocations: records.length, blocks, conflicts });
+    return { allocations: records.length, blocks, conflicts };
+  }
+
+  /** Addresses for one attachment, one per family of the pool. Idempotent per attachment. */
+  allocate(poolName: string, owner: PodOwner): Promise<PodAllocation> {
+    const ps = this.podPool(poolName);
+    const key = ownerKey(owner);
+    return this.mutex.run(poolName, async () => {
+      const held = this.byOwner.get(key) ?? [];
+      const other = held.find((r) => r.pool !== poolName);
+      if (other) {
+        throw new TetherError(ErrorCode.AddressConflict, `attachment ${key} already holds ${other.address} from pool "${other.pool}"; release it before asking pool "${poolName}"`);
+      }
+      const records = [...held];
+      for (const fam of ps.pool.families) {
+        if (records.some((r) => r.family === fam.family)) continue;
+        records.push(await this.allocateIn(ps, fam, owner));
+      }
+      return this.describe(poolName, records);
+    });
+  }
+
+  /** Releases every address of an attachment; returns them. Idempotent. */
+  async release(key: string): Promise<string[]> {
+    const held = this.byOwner.get(key) ?? [];
+    const pools = [...new Set(held.map((r) => r.pool))];
+    const released: string[] = [];
+    for (const poolName of pools) {
+      await this.mutex.run(poolName, async () => {
+        for (const r of (this.byOwner.get(key) ?? []).filter((x) => x.pool === poolName)) {
+          released.push(r.address);
+          await this.releaseRecord(r);
+        }
+      });
+    }
+    return released;
+  }
+
+  lookup(key: string): PodAllocation | undefined {
+    const held = this.byOwner.get(key);
+    return held?.length ? this.describe(held[0].pool, held) : undefined;
+  }
+
+  /** CNI GC: releases the attachments of `network` that are not in `valid` (attachment keys). */
+  async gc(network: string, valid: Set<string>): Promise<string[]> {
+    const stale = [...this.byOwner.entries()].filter(([k, rs]) => rs[0]?.owner.network === network && !valid.has(k)).map(([k]) => k);
+    for (const k of stale) {
+      const addrs = await this.release(k);
+      this.logger.info('ipam: gc released addresses of a container the runtime no longer has', { owner: k, addresses: addrs });
+    }
+    return stale;
+  }
+
+  /** Every attachment key holding addresses, with the netns it was allocated for. */
+  attachments(): Array<{ key: string; netns?: string; network: string }> {
+    return [...this.byOwner.entries()].map(([key, rs]) => ({ key, netns: rs[0]?.owner.netns, network: rs[0]?.owner.network }));
+  }
+
+  /** Retries block returns that failed while the cluster store was unreachable. */
+  async maintain(): Promise<void> {
+    for (const ps of this.pools.values()) {
+      if (!ps.pendingReturn.size) continue;
+      await this.mutex.run(ps.pool.name, async () => {
+        for (const cidr of [...ps.pendingReturn]) {
+          const blk = ps.blocks.get(cidr);
+          if (blk && blk.used.size === 0) await this.returnBlock(ps, blk);
+          else ps.pendingReturn.delete(cidr);
+        }
+      });
+    }
+  }
+
+  usage(): Array<Record<string, unknown>> {
+    return [...this.pools.values()].map((ps) => ({
+      pool: ps.pool.name,
+      usage: ps.pool.usage,
+      families: ps.pool.families.map((f) => {
+        const blocks = [...ps.blocks.values()].filter((b) => b.family === f.family);
+        const allocated = blocks.reduce((n, b) => n + b.used.size, 0);
+        const capacity = blocks.reduce((n, b) => n + Number(b.size) - 1, 0);
+        return { family: f.family, cidr: f.cidr, blockSize: f.blockSize, blocks: blocks.map((b) => b.cidr), allocated, free: capacity - allocated };
+      }),
+    }));
+  }
+
+  private podPool(name: string): PoolState {
+    if (typeof name !== 'string' || !name) throw new TetherError(ErrorCode.InvalidConfig, 'ipam.pool: missing or not a string');
+    const ps = this.pools.get(name);
+    if (!ps) {
+      throw new TetherError(ErrorCode.UnknownPool, `unknown pod pool "${name}" (this node knows: ${[...this.pools.keys()].join(', ') || 'none'})`);
+    }
+    if (!poolMatchesNode(ps.pool, this.node)) {
+      throw new TetherError(ErrorCode.InvalidConfig, `pool "${name}" does not serve node ${this.node.name} (its nodeSelector does not match)`);
+    }
+    return ps;
+  }
+
+  private async allocateIn(ps: PoolState, fam: ResolvedFamily, owner: PodOwner): Promise<AllocationRecord> {
+    for (;;) {
+      for (const blk of ps.blocks.values()) {
+        if (blk.family !== fam.family || ps.pendingReturn.has(blk.cidr)) continue;
+        const off = freeOffset(blk, fam);
+        if (off !== undefined) return this.take(ps, blk, off, owner);
+      }
+      const blk = await this.claimBlock(ps, fam);
+      const off = freeOffset(blk, fam);
+      if (off !== undefined) return this.take(ps, blk, off, owner);
+    }
+  }
+
+  private take(ps: PoolState, blk: BlockState, off: bigint, owner: PodOwner): AllocationRecord {
+    const rec: AllocationRecord = {
+      pool: ps.pool.name,
+      family: blk.family,
+      address: formatIp(blk.family, blk.base + off),
+      block: blk.cidr,
+      owner,
+      createdAt: new Date().toISOString(),
+    };
+    this.files.create(rec);
+    blk.used.add(off);
+    blk.cursor = off + 1n >= blk.size ? 1n : off + 1n;
+    this.index(rec);
+    this.logger.info('ipam: address allocated', { pool: rec.pool, address: rec.address, block: rec.block, owner: ownerKey(owner), pod: podName(owner) });
+    return rec;
+  }
+
+  private async releaseRecord(r: AllocationRecord): Promise<void> {
+    const ps = this.pools.get(r.pool);
+    this.files.remove(r.pool, r.address);
+    const key = ownerKey(r.owner);
+    const rest = (this.byOwner.get(key) ?? []).filter((x) => !(x.pool === r.pool && x.address === r.address));
+    if (rest.length) this.byOwner.set(key, rest);
+    else this.byOwner.delete(key);
+    this.logger.info('ipam: address released', { pool: r.pool, address: r.address, block: r.block, owner: key, pod: podName(r.owner) });
+    const blk = ps?.blocks.get(r.block);
+    const ip = parseIp(r.address);
+    if (!ps || !blk || !ip) return;
+    blk.used.delete(ip.value - blk.base);
+    if (blk.used.size === 0) await this.returnBlock(ps, blk);
+  }
+
+  private async claimBlock(ps: PoolState, fam: ResolvedFamily): Promise<BlockState> {
+    const pool = ps.pool.name;
+    if (!this.store) {
+      throw new TetherError(ErrorCode.TryAgainLater, `pool "${pool}" needs a new block but tetherd has no cluster store (start it with --redis)`);
+    }
+    const claimed = await this.store.listBlocks(pool);
+    const total = sizeOf(fam.family, fam.prefix) / sizeOf(fam.family, fam.blockSize);
+    let scanned = 0;
+    for (let i = 0n; i < total && scanned < MAX_BLOCK_SCAN; i++, scanned++) {
+      const base = fam.base + i * sizeOf(fam.family, fam.blockSize);
+      const cidr = formatCidr(fam.family, base, fam.blockSize);
+      if (claimed.has(cidr) || ps.blocks.has(cidr)) continue;
+      const blk: BlockState = { family: fam.family, cidr, base, size: sizeOf(fam.family, fam.blockSize), used: new Set(), cursor: 1n };
+      if (freeOffset(blk, fam) === undefined) continue; // wholly reserved
+      if (!(await this.store.claimBlock(pool, cidr, this.node.name))) continue; // another node was faster
+      ps.blocks.set(cidr, blk);
+      this.files.saveBlocks(pool, [...ps.blocks.keys()]);
+      this.logger.info('ipam: block claimed', { pool, block: cidr, node: this.node.name });
+      return blk;
+    }
+    const held = [...claimed.values()].length;
+    throw new TetherError(
+      ErrorCode.PoolExhausted,
+      `pool "${pool}" is exhausted for IPv${fam.family}: all ${total} /${fam.blockSize} blocks of ${fam.cidr} are claimed (${held} by nodes) and this node's blocks are full`,
+    );
+  }
+
+  private async returnBlock(ps: PoolState, blk: BlockState): Promise<void> {
+    const pool = ps.pool.name;
+    try {
+      if (this.store) await this.store.releaseBlock(pool, blk.cidr, this.node.name);
+    } catch (e) {
+      // The block stays ours until the store can be told; maintain() retries, allocate() skips it meanwhile.
+      ps.pendingReturn.add(blk.cidr);
+      this.logger.warn('ipam: could not return empty block yet', { pool, block: blk.cidr, error: (e as Error).message });
+      return;
+    }
+    ps.pendingReturn.delete(blk.cidr);
+    ps.blocks.delete(blk.cidr);
+    this.files.saveBlocks(pool, [...ps.blocks.keys()]);
+    this.logger.info('ipam: empty block returned', { pool, block: blk.cidr, node: this.node.name });
+  }
+
+  private index(r: AllocationRecord): void {
+    const key = ownerKey(r.owner);
+    this.byOwner.set(key, [...(this.byOwner.get(key) ?? []), r]);
+  }
+
+  private describe(pool: string, records: AllocationRecord[]): PodAllocation {
+    return {
+      pool,
+      ips: [...records]
+        .sort((a, b) => a.family - b.family)
+        .map((r) => {
+          const b = parseCidr(r.block)!;
+          return { family: r.family, address: r.address, prefix: b.prefix, gateway: formatIp(b.family, b.base), block: r.block };
+        }),
+    };
+  }
+}
+
+/** The first free offset at or after the block's cursor (wrapping), skipping the gateway and reserved ranges. */
+function freeOffset(blk: BlockState, fam: ResolvedFamily): bigint | undefined {
+  const n = blk.size;
+  for (let i = 0n; i < n; i++) {
+    const off = (blk.cursor + i) % n;
+    if (off === 0n || blk.used.has(off)) continue;
+    const addr = blk.base + off;
+    if (fam.reserved.some(([a, b]) => addr >= a && addr <= b)) continue;
+    return off;
+  }
+  return undefined;
+}
+
+function podName(o: PodOwner): string | undefined {
+  return o.podNamespace && o.podName ? `${o.podNamespace}/${o.podName}` : undefined;
+}
