@@ -14,8 +14,8 @@ import { AllocationStore } from '../ipam/allocation-store';
 import { ClusterAddresses, type OwnerRequest } from '../ipam/cluster-addresses';
 import { IpamService } from '../ipam/ipam-service';
 import { PodAllocator } from '../ipam/pod-allocator';
-import { RedisStore } from '../ipam/store/redis-store';
-import type { ClusterStore } from '../ipam/types';
+import { LazyStore } from '../ipam/store/lazy-store';
+import { parseRedisUrl, RedisStore } from '../ipam/store/redis-store';
 
 const VERSION = '0.1.0';
 
@@ -66,14 +66,18 @@ export async function main(argv: string[]): Promise<number> {
     return 2;
   }
   const nodeConfig = config.nodes[nodeName] ?? { labels: {} };
-  let store: ClusterStore | undefined;
+  let store: LazyStore | undefined;
   if (opts.redis) {
+    const url = opts.redis;
+    const keyPrefix = opts['redis-prefix'];
     try {
-      store = await RedisStore.connect(opts.redis, { keyPrefix: opts['redis-prefix'] });
+      parseRedisUrl(url);
     } catch (e) {
-      logger.error('cluster store rejected', { error: (e as Error).message });
+      logger.error('--redis rejected', { error: (e as Error).message });
       return 2;
     }
+    store = new LazyStore(() => RedisStore.connect(url, { keyPrefix }));
+    if (!(await store.warmUp())) logger.warn('cluster store not reachable yet; will retry on use', { redis: parseRedisUrl(url).where });
   }
   const stateDir = opts['state-dir'] as string;
   fs.mkdirSync(stateDir, { recursive: true, mode: 0o700 });

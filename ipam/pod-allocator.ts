@@ -128,9 +128,18 @@ export class PodAllocator {
         throw new TetherError(ErrorCode.AddressConflict, `attachment ${key} already holds ${other.address} from pool "${other.pool}"; release it before asking pool "${poolName}"`);
       }
       const records = [...held];
-      for (const fam of ps.pool.families) {
-        if (records.some((r) => r.family === fam.family)) continue;
-        records.push(await this.allocateIn(ps, fam, owner));
+      const added: AllocationRecord[] = [];
+      try {
+        for (const fam of ps.pool.families) {
+          if (records.some((r) => r.family === fam.family)) continue;
+          const rec = await this.allocateIn(ps, fam, owner);
+          added.push(rec);
+          records.push(rec);
+        }
+      } catch (e) {
+        // Dual-stack is all or nothing: an IPv4 address taken before IPv6 failed goes back.
+        for (const r of added) await this.releaseRecord(r);
+        throw e;
       }
       return this.describe(poolName, records);
     });

@@ -15,7 +15,7 @@ node_modules/.bin/tsx test/testbed/sweep.ts 2>/dev/null || true
 passed=0
 failed=0
 logdir=$(mktemp -d /tmp/tether-test.XXXXXX)
-for group in test/unit test/cni test/kernel test/testbed; do
+for group in test/unit test/cni test/ipam test/kernel test/testbed; do
   [ -d "$group" ] || continue
   ls "$group"/*.test.ts >/dev/null 2>&1 || continue
   name=$(basename "$group")
