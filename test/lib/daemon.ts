@@ -19,14 +19,14 @@ export interface TestDaemon {
   log(): string;
 }
 
-export async function startDaemon(opts: { netns?: string; dir?: string; node?: string } = {}): Promise<TestDaemon> {
+export async function startDaemon(opts: { netns?: string; dir?: string; node?: string; extraArgs?: string[] } = {}): Promise<TestDaemon> {
   const dir = opts.dir ?? fs.mkdtempSync(path.join(os.tmpdir(), 'tetherd-test-'));
   fs.mkdirSync(dir, { recursive: true, mode: 0o700 });
   const socket = path.join(dir, 'tetherd.sock');
   const stateDir = path.join(dir, 'state');
   const logFile = path.join(dir, 'tetherd.log');
   const pinDir = `/sys/fs/bpf/${path.basename(dir)}`;
-  const args = ['--node-name', opts.node ?? 'test-node', '--socket', socket, '--state-dir', stateDir, '--bpf-pin-dir', pinDir, '--log-level', 'debug'];
+  const args = ['--node-name', opts.node ?? 'test-node', '--socket', socket, '--state-dir', stateDir, '--bpf-pin-dir', pinDir, '--log-level', 'debug', ...(opts.extraArgs ?? [])];
   const out = fs.openSync(logFile, 'a');
   const proc = opts.netns
     ? spawn('nsenter', [`--net=${opts.netns}`, bin('tetherd'), ...args], { stdio: ['ignore', out, out], env: { ...process.env, TETHER_RUNTIME_DIR: path.join(dir, 'rt') } })
