@@ -1,0 +1,183 @@
+// The Egress object (file config now, custom resource later) and its validation. Every problem names the
+// Egress and the field; all problems are reported at once; an invalid Egress changes nothing.
+// Designed for N floating addresses from the start (addresses.count / addresses.explicit).
+import { ErrorCode, TetherError } from '../errors';
+import { formatCidr, parseCidr, parseIp, sizeOf } from '../../ipam/ip-math';
+import { API_VERSION, describe, isLabelKey, isLabelValue, isObject } from '../../ipam/pool';
+import type { ResolvedPool } from '../../ipam/types';
+
+export type AnnounceMode = 'l2' | 'routeTable';
+
+export interface PodSelection {
+  namespace: string;
+  /** matchLabels; empty selects every pod of the namespace. */
+  matchLabels: Record<string, string>;
+}
+
+export interface ResolvedEgress {
+  /** "namespace/name" */
+  key: string;
+  name: string;
+  namespace: string;
+  clients: PodSelection;
+  gateways: PodSelection;
+  /** CIDRs steered through the egress (IPv4 for now). */
+  destinations: string[];
+  /** CIDRs never steered (cluster pod and service ranges, plus spec.excludeDestinations). */
+  excluded: string[];
+  addresses: { pool: string; count: number } | { pool: string; explicit: string[] };
+  failover: { intervalMs: number; detectMultiplier: number };
+  announce: { mode: AnnounceMode; table?: number };
+}
+
+const NAME = /^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$/;
+const SPEC_FIELDS = new Set(['clients', 'gateways', 'destinations', 'excludeDestinations', 'addresses', 'failover', 'announce']);
+const RESERVED_TABLES = new Set([0, 253, 254, 255]);
+
+export interface EgressContext {
+  pools: ResolvedPool[];
+  /** Service CIDRs of the cluster, excluded from the default destinations. */
+  serviceCidrs?: string[];
+}
+
+/** Validates one Egress; throws TetherError(InvalidConfig) listing every problem, each naming the field. */
+export function validateEgress(raw: unknown, ctx: EgressContext): ResolvedEgress {
+  const problems: string[] = [];
+  const r = isObject(raw) ? raw : {};
+  const meta = isObject(r.metadata) ? r.metadata : {};
+  const label = `Egress "${typeof meta.namespace === 'string' ? `${meta.namespace}/` : ''}${typeof meta.name === 'string' ? meta.name : '?'}"`;
+  const bad = (msg: string) => problems.push(`${label}: ${msg}`);
+  if (!isObject(raw)) bad(`must be an object, not ${describe(raw)}`);
+  if (r.apiVersion !== API_VERSION) bad(`apiVersion ${describe(r.apiVersion)} must be "${API_VERSION}"`);
+  if (r.kind !== 'Egress') bad(`kind ${describe(r.kind)} must be "Egress"`);
+  const name = typeof meta.name === 'string' && NAME.test(meta.name) ? meta.name : (bad(`metadata.name ${describe(meta.name)} must be a DNS-1123 label`), '');
+  const namespace =
+    typeof meta.namespace === 'string' && NAME.test(meta.namespace) ? meta.namespace : (bad(`metadata.namespace ${describe(meta.namespace)} must be a DNS-1123 label`), '');
+  const spec = isObject(r.spec) ? r.spec : (bad('spec: missing or not an object'), {});
+  for (const k of Object.keys(spec)) if (!SPEC_FIELDS.has(k)) bad(`spec.${k} is not a field of Egress (fields: ${[...SPEC_FIELDS].join(', ')})`);
+
+  const clients = selection(spec.clients, 'spec.clients', namespace, bad);
+  const gateways = selection(spec.gateways, 'spec.gateways', namespace, bad);
+  const floating = ctx.pools.filter((p) => p.usage === 'floating');
+  const addresses = checkAddresses(spec.addresses, floating, bad);
+
+  const podRanges = ctx.pools.filter((p) => p.usage === 'pod').flatMap((p) => p.families.filter((f) => f.family === 4).map((f) => f.cidr));
+  const destinations = spec.destinations === undefined ? ['0.0.0.0/0'] : cidrList(spec.destinations, 'spec.destinations', bad);
+  const extraExcluded = spec.excludeDestinations === undefined ? [] : cidrList(spec.excludeDestinations, 'spec.excludeDestinations', bad);
+  if (Array.isArray(spec.destinations) && spec.destinations.length === 0) bad('spec.destinations must not be empty (omit it to mean everything outside the cluster)');
+
+  const fo = spec.failover === undefined ? {} : isObject(spec.failover) ? spec.failover : (bad('spec.failover must be an object'), {});
+  for (const k of Object.keys(fo)) if (k !== 'intervalMs' && k !== 'detectMultiplier') bad(`spec.failover.${k} is not a field (intervalMs, detectMultiplier)`);
+  const intervalMs = intIn(fo.intervalMs ?? 100, 10, 10_000, 'spec.failover.intervalMs', bad);
+  const detectMultiplier = intIn(fo.detectMultiplier ?? 3, 2, 255, 'spec.failover.detectMultiplier', bad);
+
+  const an = spec.announce === undefined ? { mode: 'l2' } : isObject(spec.announce) ? spec.announce : (bad('spec.announce must be an object'), { mode: 'l2' });
+  let announce: ResolvedEgress['announce'] = { mode: 'l2' };
+  if (an.mode === 'l2') {
+    if (an.table !== undefined) bad('spec.announce.table only applies to mode routeTable');
+  } else if (an.mode === 'routeTable') {
+    const t = an.table ?? 200;
+    if (!Number.isInteger(t) || (t as number) < 1 || (t as number) > 0xfffffffe || RESERVED_TABLES.has(t as number)) {
+      bad(`spec.announce.table ${describe(an.table)} must be a routing table id 1..4294967294 other than 253, 254, 255`);
+    }
+    announce = { mode: 'routeTable', table: t as number };
+  } else bad(`spec.announce.mode ${describe(an.mode)} must be "l2" or "routeTable"`);
+
+  if (problems.length) throw new TetherError(ErrorCode.InvalidConfig, problems.join('\n'), { details: `${problems.length} problem(s)` });
+  return {
+    key: `${namespace}/${name}`,
+    name,
+    namespace,
+    clients,
+    gateways,
+    destinations,
+    excluded: [...podRanges, ...(ctx.serviceCidrs ?? []), ...extraExcluded],
+    addresses: addresses!,
+    failover: { intervalMs, detectMultiplier },
+    announce,
+  };
+}
+
+function selection(raw: unknown, field: string, defaultNs: string, bad: (m: string) => void): PodSelection {
+  if (!isObject(raw)) {
+    bad(`${field} must be an object with podSelector (and optional namespace)${field === 'spec.gateways' ? ': an Egress without gateways cannot work' : ''}`);
+    return { namespace: defaultNs, matchLabels: {} };
+  }
+  for (const k of Object.keys(raw)) if (k !== 'podSelector' && k !== 'namespace') bad(`${field}.${k} is not a field (podSelector, namespace)`);
+  const ns = raw.namespace === undefined ? defaultNs : typeof raw.namespace === 'string' && NAME.test(raw.namespace) ? raw.namespace : (bad(`${field}.namespace ${describe(raw.namespace)} must be a DNS-1123 label`), defaultNs);
+  const sel = raw.podSelector;
+  if (!isObject(sel)) {
+    bad(`${field}.podSelector must map label names to values`);
+    return { namespace: ns, matchLabels: {} };
+  }
+  const labels = isObject(sel.matchLabels) ? sel.matchLabels : sel;
+  const matchLabels: Record<string, string> = {};
+  for (const [k, v] of Object.entries(labels)) {
+    if (!isLabelKey(k)) bad(`${field}.podSelector key ${JSON.stringify(k)} is not a valid label name`);
+    else if (typeof v !== 'string' || !isLabelValue(v)) bad(`${field}.podSelector.${k} ${describe(v)} is not a valid label value`);
+    else matchLabels[k] = v;
+  }
+  if (field === 'spec.gateways' && Object.keys(matchLabels).length === 0) bad(`${field}.podSelector must name at least one label: every pod of the namespace as a gateway is never meant`);
+  return { namespace: ns, matchLabels };
+}
+
+function checkAddresses(raw: unknown, floating: ResolvedPool[], bad: (m: string) => void): ResolvedEgress['addresses'] | undefined {
+  if (!isObject(raw)) {
+    bad('spec.addresses must be an object: {pool, count} or {explicit: [...]}');
+    return undefined;
+  }
+  for (const k of Object.keys(raw)) if (!['pool', 'count', 'explicit'].includes(k)) bad(`spec.addresses.${k} is not a field (pool, count, explicit)`);
+  if (raw.explicit !== undefined) {
+    if (raw.count !== undefined) bad('spec.addresses: give either count or explicit, not both');
+    if (!Array.isArray(raw.explicit) || raw.explicit.length === 0 || raw.explicit.length > 16) {
+      bad('spec.addresses.explicit must list 1..16 addresses');
+      return undefined;
+    }
+    let pool: ResolvedPool | undefined;
+    const explicit: string[] = [];
+    raw.explicit.forEach((a, i) => {
+      const ip = typeof a === 'string' ? parseIp(a) : undefined;
+      if (!ip) return bad(`spec.addresses.explicit[${i}] ${describe(a)} is not an IP address`);
+      const p = floating.find((fp) => fp.families.some((f) => f.family === ip.family && ip.value >= f.base && ip.value < f.base + sizeOf(f.family, f.prefix)));
+      if (!p) return bad(`spec.addresses.explicit[${i}] ${a} is outside every floating pool (${floating.map((f) => f.name).join(', ') || 'none defined'})`);
+      if (raw.pool !== undefined && raw.pool !== p.name) return bad(`spec.addresses.explicit[${i}] ${a} is in pool "${p.name}", not "${String(raw.pool)}"`);
+      if (pool && pool.name !== p.name) return bad(`spec.addresses.explicit[${i}] ${a} is in pool "${p.name}" while the others are in "${pool.name}"`);
+      pool = p;
+      explicit.push(a as string);
+    });
+    if (new Set(explicit).size !== explicit.length) bad('spec.addresses.explicit lists an address twice');
+    return pool ? { pool: pool.name, explicit } : undefined;
+  }
+  if (typeof raw.pool !== 'string' || !raw.pool) {
+    bad('spec.addresses.pool must name a floating AddressPool');
+    return undefined;
+  }
+  const p = floating.find((fp) => fp.name === raw.pool);
+  if (!p) bad(`spec.addresses.pool "${raw.pool}" is not a floating pool (floating pools: ${floating.map((f) => f.name).join(', ') || 'none defined'})`);
+  const count = intIn(raw.count ?? 1, 1, 16, 'spec.addresses.count', bad);
+  return { pool: raw.pool, count };
+}
+
+function cidrList(raw: unknown, field: string, bad: (m: string) => void): string[] {
+  if (!Array.isArray(raw)) {
+    bad(`${field} must be a list of CIDRs`);
+    return [];
+  }
+  const out: string[] = [];
+  raw.forEach((c, i) => {
+    const p = typeof c === 'string' ? parseCidr(c) : undefined;
+    if (!p) return bad(`${field}[${i}] ${describe(c)} is not a CIDR like "203.0.113.0/24"`);
+    if (p.family !== 4) return bad(`${field}[${i}] ${c}: only IPv4 destinations are steered so far`);
+    if (!p.isNetwork) return bad(`${field}[${i}] ${c} is not a network address (did you mean ${formatCidr(p.family, p.base, p.prefix)}?)`);
+    out.push(formatCidr(p.family, p.base, p.prefix));
+  });
+  return out;
+}
+
+function intIn(v: unknown, lo: number, hi: number, field: string, bad: (m: string) => void): number {
+  if (!Number.isInteger(v) || (v as number) < lo || (v as number) > hi) {
+    bad(`${field} ${describe(v)} must be an integer ${lo}..${hi}`);
+    return lo;
+  }
+  return v as number;
+}

@@ -1,0 +1,108 @@
+// Egress validation: a table of bad objects, each rejected with a message naming the Egress and the field,
+// and good objects resolved with their defaults.
+import { test } from 'uvu';
+import * as assert from 'uvu/assert';
+import { validateEgress } from '../../daemon/egress/egress-spec';
+import { validatePools } from '../../ipam/pool';
+import { TetherError } from '../../daemon/errors';
+
+const pools = validatePools([
+  { apiVersion: 'tether.dev/v1alpha1', kind: 'AddressPool', metadata: { name: 'pods' }, spec: { usage: 'pod', ipv4: { cidr: '10.244.0.0/16' } } },
+  { apiVersion: 'tether.dev/v1alpha1', kind: 'AddressPool', metadata: { name: 'float' }, spec: { usage: 'floating', ipv4: { cidr: '198.51.100.0/28' } } },
+  { apiVersion: 'tether.dev/v1alpha1', kind: 'AddressPool', metadata: { name: 'float2' }, spec: { usage: 'floating', ipv4: { cidr: '198.51.100.16/28' } } },
+  { apiVersion: 'tether.dev/v1alpha1', kind: 'AddressPool', metadata: { name: 'lbs' }, spec: { usage: 'loadBalancer', ipv4: { cidr: '203.0.113.0/28' } } },
+]);
+const ctx = { pools, serviceCidrs: ['10.96.0.0/12'] };
+
+function good(spec: Record<string, unknown> = {}, meta: Record<string, unknown> = {}) {
+  return {
+    apiVersion: 'tether.dev/v1alpha1',
+    kind: 'Egress',
+    metadata: { name: 'out', namespace: 'shop', ...meta },
+    spec: { clients: { podSelector: { app: 'web' } }, gateways: { podSelector: { app: 'gw' } }, addresses: { pool: 'float', count: 2 }, ...spec },
+  };
+}
+
+test('a good Egress resolves with defaults: everything outside the cluster, l2, 100 ms × 3', () => {
+  const e = validateEgress(good(), ctx);
+  assert.is(e.key, 'shop/out');
+  assert.equal(e.clients, { namespace: 'shop', matchLabels: { app: 'web' } });
+  assert.equal(e.gateways, { namespace: 'shop', matchLabels: { app: 'gw' } });
+  assert.equal(e.destinations, ['0.0.0.0/0']);
+  assert.equal(e.excluded, ['10.244.0.0/16', '10.96.0.0/12']);
+  assert.equal(e.addresses, { pool: 'float', count: 2 });
+  assert.equal(e.failover, { intervalMs: 100, detectMultiplier: 3 });
+  assert.equal(e.announce, { mode: 'l2' });
+});
+
+test('explicit addresses, routeTable announce, matchLabels form, other namespace for gateways', () => {
+  const e = validateEgress(
+    good({
+      gateways: { namespace: 'egress', podSelector: { matchLabels: { role: 'gw' } } },
+      addresses: { explicit: ['198.51.100.3', '198.51.100.4'] },
+      destinations: ['203.0.113.0/24'],
+      announce: { mode: 'routeTable', table: 300 },
+      failover: { intervalMs: 50, detectMultiplier: 4 },
+    }),
+    ctx,
+  );
+  assert.equal(e.gateways, { namespace: 'egress', matchLabels: { role: 'gw' } });
+  assert.equal(e.addresses, { pool: 'float', explicit: ['198.51.100.3', '198.51.100.4'] });
+  assert.equal(e.announce, { mode: 'routeTable', table: 300 });
+  assert.equal(e.failover, { intervalMs: 50, detectMultiplier: 4 });
+});
+
+const BAD: Array<[string, Record<string, unknown>, RegExp]> = [
+  ['unknown pool', good({ addresses: { pool: 'nope' } }), /Egress "shop\/out": spec\.addresses\.pool "nope" is not a floating pool \(floating pools: float, float2\)/],
+  ['pod pool used as floating', good({ addresses: { pool: 'pods' } }), /spec\.addresses\.pool "pods" is not a floating pool/],
+  ['lb pool used as floating', good({ addresses: { pool: 'lbs' } }), /spec\.addresses\.pool "lbs" is not a floating pool/],
+  ['address outside pools', good({ addresses: { explicit: ['192.0.2.1'] } }), /spec\.addresses\.explicit\[0\] 192\.0\.2\.1 is outside every floating pool/],
+  ['explicit not an IP', good({ addresses: { explicit: ['gw1'] } }), /spec\.addresses\.explicit\[0\] "gw1" is not an IP address/],
+  ['explicit across pools', good({ addresses: { explicit: ['198.51.100.3', '198.51.100.20'] } }), /explicit\[1\] 198\.51\.100\.20 is in pool "float2" while the others are in "float"/],
+  ['explicit twice', good({ addresses: { explicit: ['198.51.100.3', '198.51.100.3'] } }), /lists an address twice/],
+  ['count and explicit', good({ addresses: { explicit: ['198.51.100.3'], count: 2 } }), /either count or explicit/],
+  ['count 0', good({ addresses: { pool: 'float', count: 0 } }), /spec\.addresses\.count 0 must be an integer 1\.\.16/],
+  ['no addresses', good({ addresses: undefined }), /spec\.addresses must be an object/],
+  ['no gateways', good({ gateways: undefined }), /spec\.gateways must be an object .*without gateways cannot work/],
+  ['gateways select everything', good({ gateways: { podSelector: {} } }), /spec\.gateways\.podSelector must name at least one label/],
+  ['bad label', good({ clients: { podSelector: { 'bad key!': 'x' } } }), /spec\.clients\.podSelector key "bad key!" is not a valid label name/],
+  ['bad CIDR', good({ destinations: ['203.0.113.0/33'] }), /spec\.destinations\[0\] "203\.0\.113\.0\/33" is not a CIDR/],
+  ['host bits', good({ destinations: ['203.0.113.5/24'] }), /spec\.destinations\[0\] 203\.0\.113\.5\/24 is not a network address \(did you mean 203\.0\.113\.0\/24\?\)/],
+  ['IPv6 destination', good({ destinations: ['2001:db8::/32'] }), /only IPv4 destinations/],
+  ['empty destinations', good({ destinations: [] }), /spec\.destinations must not be empty/],
+  ['bad exclude', good({ excludeDestinations: 'all' }), /spec\.excludeDestinations must be a list of CIDRs/],
+  ['bad interval', good({ failover: { intervalMs: 1 } }), /spec\.failover\.intervalMs 1 must be an integer 10\.\.10000/],
+  ['bad multiplier', good({ failover: { detectMultiplier: 1 } }), /spec\.failover\.detectMultiplier 1 must be an integer 2\.\.255/],
+  ['unknown failover field', good({ failover: { holdMs: 5 } }), /spec\.failover\.holdMs is not a field/],
+  ['bad announce mode', good({ announce: { mode: 'bgp' } }), /spec\.announce\.mode "bgp" must be "l2" or "routeTable"/],
+  ['reserved table', good({ announce: { mode: 'routeTable', table: 254 } }), /spec\.announce\.table 254 must be a routing table id/],
+  ['table with l2', good({ announce: { mode: 'l2', table: 7 } }), /spec\.announce\.table only applies to mode routeTable/],
+  ['typo in spec', good({ gatways: {} }), /spec\.gatways is not a field of Egress/],
+  ['no namespace', good({}, { namespace: undefined }), /metadata\.namespace missing must be a DNS-1123 label/],
+  ['bad name', good({}, { name: 'Out_1' }), /metadata\.name "Out_1" must be a DNS-1123 label/],
+  ['wrong kind', { ...good(), kind: 'Egres' }, /kind "Egres" must be "Egress"/],
+];
+
+for (const [what, raw, re] of BAD) {
+  test(`rejected: ${what}`, () => {
+    try {
+      validateEgress(raw, ctx);
+      assert.unreachable('accepted');
+    } catch (e) {
+      assert.instance(e, TetherError);
+      assert.is((e as TetherError).code, 'INVALID_CONFIG');
+      assert.match((e as Error).message, re);
+    }
+  });
+}
+
+test('all problems are reported at once', () => {
+  try {
+    validateEgress(good({ addresses: { pool: 'nope' }, destinations: ['x'], failover: { intervalMs: 0 } }), ctx);
+    assert.unreachable('accepted');
+  } catch (e) {
+    assert.is((e as Error).message.split('\n').length, 3);
+  }
+});
+
+test.run();
