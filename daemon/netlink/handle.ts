@@ -69,7 +69,7 @@ export class NetlinkHandle {
   deleteRule(spec: rules.RuleSpec): void { rules.deleteRule(this.socket, spec); }
 
   // Neighbours
-  listNeighbours(filter?: { family?: Family; index?: number }): neighbours.Neighbour[] { return neighbours.listNeighbours(this.socket, filter); }
+  listNeighbours(filter?: { family?: Family; index?: number; proxy?: boolean }): neighbours.Neighbour[] { return neighbours.listNeighbours(this.socket, filter); }
   addNeighbour(spec: neighbours.NeighbourSpec): void { neighbours.addNeighbour(this.socket, spec); }
   replaceNeighbour(spec: neighbours.NeighbourSpec): void { neighbours.replaceNeighbour(this.socket, spec); }
   deleteNeighbour(spec: neighbours.NeighbourSpec): void { neighbours.deleteNeighbour(this.socket, spec); }

@@ -21,13 +21,18 @@ export interface NeighbourSpec {
   lladdr?: string;
   /** Defaults to NUD_PERMANENT. */
   state?: number;
+  /** A proxy entry (NTF_PROXY): the host answers ARP/NDP for `address` on this link. */
+  proxy?: boolean;
 }
+
+/** ndm_flags bit for proxy entries (linux/neighbour.h). */
+export const NTF_PROXY = 0x08;
 
 function encodeNeighbour(spec: NeighbourSpec): Buffer[] {
   const fam = ipFamily(spec.address);
   if (!fam) throw new Error(`'${spec.address}' is not an IP address`);
   const parts = [
-    encodeNdMsg({ family: fam === 4 ? AF_INET : AF_INET6, index: spec.index, state: spec.state ?? NUD.PERMANENT }),
+    encodeNdMsg({ family: fam === 4 ? AF_INET : AF_INET6, index: spec.index, state: spec.state ?? NUD.PERMANENT, flags: spec.proxy ? NTF_PROXY : 0 }),
     attr(NDA.DST, ipToBytes(spec.address)),
   ];
   if (spec.lladdr) parts.push(attr(NDA.LLADDR, macToBytes(spec.lladdr)));
@@ -50,7 +55,7 @@ export function decodeNeighbour(m: NlMsg): Neighbour {
 }
 
 function describe(spec: NeighbourSpec): string {
-  return `${spec.address}${spec.lladdr ? ` lladdr ${spec.lladdr}` : ''} dev #${spec.index}`;
+  return `${spec.proxy ? 'proxy ' : ''}${spec.address}${spec.lladdr ? ` lladdr ${spec.lladdr}` : ''} dev #${spec.index}`;
 }
 
 export function addNeighbour(s: NetlinkSocket, spec: NeighbourSpec): void {
@@ -66,9 +71,10 @@ export function deleteNeighbour(s: NetlinkSocket, spec: NeighbourSpec): void {
 }
 
 /** Only IPv4/IPv6 entries (the dump may also contain bridge FDB-like families, skipped here). */
-export function listNeighbours(s: NetlinkSocket, filter: { family?: Family; index?: number } = {}): Neighbour[] {
+export function listNeighbours(s: NetlinkSocket, filter: { family?: Family; index?: number; proxy?: boolean } = {}): Neighbour[] {
   const fam = filter.family === 4 ? AF_INET : filter.family === 6 ? AF_INET6 : AF_UNSPEC;
-  return s.dump(RTM.GETNEIGH, [encodeNdMsg({ family: fam })], 'RTM_GETNEIGH dump')
+  // Proxy entries live in a separate table the kernel dumps only when the request carries NTF_PROXY.
+  return s.dump(RTM.GETNEIGH, [encodeNdMsg({ family: fam, flags: filter.proxy ? NTF_PROXY : 0 })], 'RTM_GETNEIGH dump')
     .filter((m) => { const f = m.payload.readUInt8(0); return f === AF_INET || f === AF_INET6; })
     .map(decodeNeighbour)
     .filter((n) => (filter.family === undefined || n.family === filter.family) && (filter.index === undefined || n.index === filter.index));
