@@ -4,7 +4,7 @@
 import { NetlinkHandle, isNetlinkError } from '../netlink';
 import { ipToBytes, macToBytes } from '../netlink/ip-bytes';
 import { close, sendto, socket, SOCK_CLOEXEC, SOCK_RAW } from '../sys/libc';
-import { inNetns } from '../sys/netns';
+import { inNetns, writeNetSysctl } from '../sys/netns';
 import { log } from '../log';
 
 const AF_PACKET = 17;
@@ -32,6 +32,9 @@ const keyOf = (t: L2Target) => `${t.netns ?? ''}|${t.ifName}|${t.address}`;
  */
 export function announceL2(t: L2Target): void {
   cancelRepeats(t);
+  // The kernel delays proxy ARP answers by a random time up to proxy_delay (0.8 s by default): a router
+  // that asks during a failover would wait that long, so answer at once.
+  writeNetSysctl(t.netns ?? null, `net/ipv4/neigh/${t.ifName}/proxy_delay`, '0');
   NetlinkHandle.with(t.netns, (h) => {
     const link = h.requireLink(t.ifName);
     h.replaceNeighbour({ address: t.address, index: link.index, proxy: true });
