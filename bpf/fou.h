@@ -28,16 +28,25 @@ static __always_inline __sum16 fou_ipv4_csum(const struct iphdr *ip)
 	return (__sum16)~sum;
 }
 
-/* Outer UDP source port from the inner flow, so ECMP and receive-side scaling spread flows while each
- * flow keeps one path. The hash is invalidated first: a locally generated skb carries the socket's
- * random txhash, which the stack re-rolls after a timeout and which would move the flow mid-stream. */
+/* Hash of the inner flow (the flow dissector's, over addresses and ports). The hash is invalidated first:
+ * a locally generated skb carries the socket's random txhash, which the stack re-rolls after a timeout
+ * and which would move the flow mid-stream. Stable per flow on one node (the seed is per boot). */
+static __always_inline __u32 fou_flow_hash(struct __sk_buff *skb)
+{
+	bpf_set_hash_invalid(skb);
+	return bpf_get_hash_recalc(skb);
+}
+
+/* Outer UDP source port from a flow hash, so ECMP and receive-side scaling spread flows while each flow
+ * keeps one path. */
+static __always_inline __be16 fou_sport_of(__u32 hash)
+{
+	return bpf_htons(FOU_SPORT_MIN + (__u16)(((__u64)hash * (FOU_SPORT_MAX - FOU_SPORT_MIN + 1)) >> 32));
+}
+
 static __always_inline __be16 fou_sport(struct __sk_buff *skb)
 {
-	__u32 hash;
-
-	bpf_set_hash_invalid(skb);
-	hash = bpf_get_hash_recalc(skb);
-	return bpf_htons(FOU_SPORT_MIN + (__u16)(((__u64)hash * (FOU_SPORT_MAX - FOU_SPORT_MIN + 1)) >> 32));
+	return fou_sport_of(fou_flow_hash(skb));
 }
 
 /* Wraps the IPv4 packet behind the Ethernet header in outer IPv4 + UDP. The ENCAP flags make
@@ -45,9 +54,10 @@ static __always_inline __be16 fou_sport(struct __sk_buff *skb)
  * segmented correctly after this hook and each segment gets its own outer header. The outer UDP
  * checksum is 0 (allowed for IPv4; the inner transport checksum protects the data). DF is set: the
  * target's MSS is lowered by FOU_OVERHEAD so outer packets fit, and fragmenting FoU would make the
- * receiver reassemble before it can decapsulate. Returns 0 or a negative value (packet unusable). */
-static __always_inline int fou_encap4(struct __sk_buff *skb, const struct iphdr *inner, __be32 saddr,
-				      __be32 daddr, __be16 dport)
+ * receiver reassemble before it can decapsulate. sport: outer UDP source port (fou_sport_of a flow hash).
+ * Returns 0 or a negative value (packet unusable). */
+static __always_inline int fou_encap4_sport(struct __sk_buff *skb, const struct iphdr *inner, __be32 saddr,
+					    __be32 daddr, __be16 dport, __be16 sport)
 {
 	__u32 inner_len = bpf_ntohs(inner->tot_len);
 	struct fou_hdr h = {};
@@ -65,7 +75,7 @@ static __always_inline int fou_encap4(struct __sk_buff *skb, const struct iphdr 
 	h.ip.saddr = saddr;
 	h.ip.daddr = daddr;
 	h.ip.check = fou_ipv4_csum(&h.ip);
-	h.udp.source = fou_sport(skb);
+	h.udp.source = sport;
 	h.udp.dest = dport;
 	h.udp.len = bpf_htons(inner_len + sizeof(struct udphdr));
 
@@ -75,6 +85,13 @@ static __always_inline int fou_encap4(struct __sk_buff *skb, const struct iphdr 
 	if (bpf_skb_store_bytes(skb, ETH_HLEN, &h, sizeof(h), 0))
 		return -1;
 	return 0;
+}
+
+/* fou_encap4_sport with the source port from the flow hash, for callers that need no hash themselves. */
+static __always_inline int fou_encap4(struct __sk_buff *skb, const struct iphdr *inner, __be32 saddr,
+				      __be32 daddr, __be16 dport)
+{
+	return fou_encap4_sport(skb, inner, saddr, daddr, dport, fou_sport(skb));
 }
 
 /* Removes outer IPv4 + UDP. DECAP_L3_IPV4 tells adjust_room the remaining packet is IPv4 so it clears

@@ -6,6 +6,10 @@ import { execFileSync } from 'node:child_process';
 import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { FOU_LAYOUTS, encodeFouDecapConfig, encodeFouDest, encodeFouEncapConfig, sumFouStats } from '../../daemon/bpf/fou-structs';
+import {
+  EGRESS_LAYOUTS, decodeEgressClient, decodeEgressDestKey, decodeEgressGateways, encodeEgressClient, encodeEgressConfig, encodeEgressDestKey,
+  encodeEgressGateways, parseIpv4Prefix, sumEgressStats,
+} from '../../daemon/bpf/egress-structs';
 
 const root = path.resolve(__dirname, '../..');
 const objects = ['fou-encap', 'fou-decap'].map((n) => path.join(root, 'dist/bpf', `${n}.bpf.o`));
@@ -69,6 +73,54 @@ test('per-CPU stats are summed', () => {
   const s = sumFouStats([a, b]);
   assert.is(s.packets, 7n);
   assert.is(s.rejectedSource, 9n);
+});
+
+// Egress steering mirrors (daemon/bpf/egress-structs.ts) against egress-steer.bpf.o.
+test('every egress mirror matches the BTF of egress-steer.bpf.o', () => {
+  const obj = path.join(root, 'dist/bpf/egress-steer.bpf.o');
+  if (!fs.existsSync(obj)) execFileSync('bash', [path.join(root, 'bpf/build.sh')], { stdio: 'inherit' });
+  const types = btfOf(obj);
+  const seen = new Set<string>();
+  for (const t of types.values()) {
+    if (t.kind !== 'STRUCT' || !t.name || !(t.name in EGRESS_LAYOUTS)) continue;
+    seen.add(t.name);
+    const mirror = EGRESS_LAYOUTS[t.name];
+    assert.is(mirror.size, t.size, `${t.name} size`);
+    const btfFields = Object.fromEntries(t.members!.map((m) => [m.name, { offset: m.bits_offset / 8, size: sizeOf(types, m.type_id) }]));
+    assert.equal(mirror.fields, btfFields, `${t.name} fields (name → offset, size)`);
+  }
+  assert.equal([...seen].sort(), Object.keys(EGRESS_LAYOUTS).sort(), 'each egress mirror is in the object');
+});
+
+test('egress encoders: LPM keys, clients, gateway slots, config, stats', () => {
+  assert.is(encodeEgressDestKey(7, parseIpv4Prefix('10.1.2.3/16')).toString('hex'), '30000000' + '07000000' + '0a010000', 'prefixlen 32+16, host bits cleared');
+  assert.equal(decodeEgressDestKey(encodeEgressDestKey(0, parseIpv4Prefix('0.0.0.0/0'))), { egressId: 0, prefix: { address: '0.0.0.0', length: 0 } });
+  assert.equal(parseIpv4Prefix('192.0.2.1'), { address: '192.0.2.1', length: 32 });
+  assert.throws(() => parseIpv4Prefix('10.0.0.0/33', 'steer[0]'), /steer\[0\]/);
+  assert.throws(() => parseIpv4Prefix('10.0.0/8'), /IPv4/);
+  assert.equal(decodeEgressClient(encodeEgressClient([3, 9])), [3, 9]);
+  assert.throws(() => encodeEgressClient([]), /egressIds/);
+  assert.throws(() => encodeEgressClient([1, 2, 3, 4, 5]), /egressIds/);
+  assert.throws(() => encodeEgressClient([1, 1]), /repeats/);
+  assert.throws(() => encodeEgressClient([0]), /egressIds\[0\]/);
+  const slots = [{ gatewayIp: '10.0.0.2', floatingIp: '203.0.113.7', epoch: 5n, zone: 2 }, { gatewayIp: '10.0.0.3', floatingIp: '203.0.113.8', epoch: 1n, zone: 0 }];
+  const gw = encodeEgressGateways(slots);
+  assert.is(gw.length, EGRESS_LAYOUTS.egress_gateways.size);
+  assert.is(gw.subarray(0, 8 + 8).toString('hex'), '02000000' + '00000000' + '0a000002' + 'cb007107', 'count, flags, slot 0 addresses in network order');
+  assert.equal(decodeEgressGateways(gw), slots);
+  assert.is(encodeEgressGateways([]).readUInt32LE(0), 0);
+  assert.throws(() => encodeEgressGateways(Array(9).fill(slots[0])), /slots/);
+  assert.throws(() => encodeEgressGateways([{ ...slots[0], floatingIp: 'x' }]), /slots\[0\]\.floatingIp/);
+  assert.is(encodeEgressConfig({ nodeAddress: '192.0.2.1', port: 5555 }).toString('hex'), 'c0000201' + '15b3' + '0000');
+  assert.throws(() => encodeEgressConfig({ nodeAddress: '192.0.2.1', port: 0 }), /port/);
+  const a = Buffer.alloc(48);
+  const b = Buffer.alloc(48);
+  a.writeBigUInt64LE(2n, 0);
+  b.writeBigUInt64LE(3n, 0);
+  b.writeBigUInt64LE(4n, 32);
+  const st = sumEgressStats([a, b]);
+  assert.is(st.steered, 5n);
+  assert.is(st.noGateway, 4n);
 });
 
 test.run();

@@ -1,0 +1,63 @@
+/* egress-steer.bpf.c (tc ingress of a client pod's host-side veth, i.e. packets the pod sends): packets
+ * of listed client pods to an Egress's destination prefixes are encapsulated in FoU to the gateway pod
+ * that owns the floating address chosen for the flow, then continue into the node's stack, which routes
+ * them to that pod. Everything else passes untouched. IPv4 only. */
+#include "common.h"
+#include "parse.h"
+#include "fou.h"
+#include "egress-lookup.h"
+
+SEC("tc")
+int egress_steer(struct __sk_buff *skb)
+{
+	struct egress_client *client;
+	struct egress_gateways *gw;
+	struct egress_config *cfg;
+	struct egress_stats *st;
+	struct egress_slot slot;
+	struct iphdr ip;
+	__u32 key = 0, id, hash;
+
+	/* ARP, IPv6 and IPv4 with options are not steered (yet) and not counted. */
+	if (parse_ipv4(skb, &ip))
+		return TC_ACT_OK;
+	/* Array lookups of key 0 cannot fail, but the verifier insists on the NULL check. */
+	st = bpf_map_lookup_elem(&egress_stats, &key);
+	cfg = bpf_map_lookup_elem(&egress_cfg, &key);
+	if (!st || !cfg)
+		return TC_ACT_OK;
+
+	client = bpf_map_lookup_elem(&egress_clients, &ip.saddr);
+	if (!client) {
+		st->not_client++;
+		return TC_ACT_OK;
+	}
+	id = egress_classify4(client, ip.daddr);
+	if (!id) {
+		st->bypassed++;
+		return TC_ACT_OK;
+	}
+	/* No owner right now (a standby is taking the address over): let the packet take the node's normal
+	 * path rather than drop it; the controller refills the slots within the takeover time. */
+	gw = bpf_map_lookup_elem(&egress_gateways, &id);
+	if (!gw || gw->count == 0) {
+		st->no_gateway++;
+		return TC_ACT_OK;
+	}
+
+	/* From here on the packet belongs to an Egress: leaving unencapsulated would send it out with the
+	 * wrong source address, so every failure drops it. */
+	hash = fou_flow_hash(skb);
+	if (!cfg->saddr || !cfg->dport || egress_pick_slot(gw, hash, &slot) || !slot.gateway ||
+	    fou_encap4_sport(skb, &ip, cfg->saddr, slot.gateway, cfg->dport, fou_sport_of(hash))) {
+		st->errors++;
+		return TC_ACT_SHOT;
+	}
+	st->steered++;
+	st->steered_bytes += bpf_ntohs(ip.tot_len);
+	/* Continue into the node's stack: the outer destination routes to the gateway pod, here or on
+	 * another node. */
+	return TC_ACT_OK;
+}
+
+char LICENSE[] SEC("license") = "Dual BSD/GPL";

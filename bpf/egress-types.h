@@ -1,0 +1,82 @@
+/* egress-types.h: structs and constants of egress steering shared with user space (TS mirrors in
+ * daemon/bpf/egress-structs.ts). */
+#ifndef TETHER_EGRESS_TYPES_H
+#define TETHER_EGRESS_TYPES_H
+
+/* Floating addresses (gateway slots) one Egress spreads its flows over. */
+#ifndef EGRESS_MAX_SLOTS
+#define EGRESS_MAX_SLOTS 8
+#endif
+/* Egresses one client pod can belong to; the first whose destinations steer a packet wins. */
+#ifndef EGRESS_MAX_PER_CLIENT
+#define EGRESS_MAX_PER_CLIENT 4
+#endif
+
+/* Egress id 0 is not an Egress: its destinations (BYPASS only) apply to every client, which is where
+ * the cluster's pod and service ranges go. */
+#define EGRESS_ID_GLOBAL 0
+
+/* egress_dest.action */
+#define EGRESS_ACT_STEER 1
+#define EGRESS_ACT_BYPASS 2
+
+/* Addresses and ports are in network byte order, as they sit in the packet; ids and counts in host order. */
+
+/* LPM key of egress_dest. The egress id comes first so one trie holds every Egress's prefixes (two Egresses
+ * with different clients may both steer 0.0.0.0/0); prefixlen is 32 (the id, always fully matched, so its
+ * byte order does not matter) + the CIDR's length. Must match daemon/bpf/egress-structs.ts. */
+struct egress_dest_key {
+	__u32 prefixlen;
+	__u32 egress_id;
+	__be32 daddr;
+};
+
+/* What one destination prefix means for one Egress. Must match daemon/bpf/egress-structs.ts. */
+struct egress_dest {
+	__u8 action; /* EGRESS_ACT_* */
+	__u8 pad[3];
+};
+
+/* The Egresses a client pod (by source IPv4) belongs to, in priority order. Must match
+ * daemon/bpf/egress-structs.ts. */
+struct egress_client {
+	__u32 count;                       /* used entries of ids */
+	__u32 ids[EGRESS_MAX_PER_CLIENT];  /* egress ids, never 0 */
+};
+
+/* One floating address of an Egress and the gateway pod that currently owns it. Must match
+ * daemon/bpf/egress-structs.ts. */
+struct egress_slot {
+	__be32 gateway;  /* gateway pod IPv4: outer destination of the FoU packet */
+	__be32 floating; /* the floating IPv4 the gateway SNATs to (flow pinning keys on it; unused by this program yet) */
+	__u64 epoch;     /* ownership epoch the controller wrote this slot with (diagnostics, fencing) */
+	__u32 zone;      /* zone id of the gateway's node, 0 = unknown (for zone preference; unused yet) */
+	__u32 flags;     /* reserved, 0 */
+};
+
+/* The gateways of one Egress, replaced as a whole on every ownership change. Must match
+ * daemon/bpf/egress-structs.ts. */
+struct egress_gateways {
+	__u32 count; /* used slots; 0 = no owner right now (takeover in progress): packets pass untouched */
+	__u32 flags; /* reserved, 0 */
+	struct egress_slot slots[EGRESS_MAX_SLOTS];
+};
+
+/* Node-wide settings, key 0. Must match daemon/bpf/egress-structs.ts. */
+struct egress_config {
+	__be32 saddr; /* outer source: an address of this node */
+	__be16 dport; /* outer UDP destination port (the gateways' FoU port) */
+	__u16 flags;  /* reserved, 0 */
+};
+
+/* Per-CPU counters of the steering program. Must match daemon/bpf/egress-structs.ts. */
+struct egress_stats {
+	__u64 steered;       /* packets encapsulated to a gateway */
+	__u64 steered_bytes; /* inner bytes of those */
+	__u64 bypassed;      /* client packets to a BYPASS prefix or to no destination of its Egresses */
+	__u64 not_client;    /* IPv4 packets from a source not in egress_clients */
+	__u64 no_gateway;    /* steerable packets of an Egress with no gateway slot (passed untouched) */
+	__u64 errors;        /* unconfigured node settings, bad slot counts, failed helper calls */
+};
+
+#endif

@@ -1,0 +1,214 @@
+// TypeScript mirrors of the structs in bpf/egress-types.h — must match bpf/egress-types.h (checked against
+// the compiled object's BTF by test/unit/bpf-structs.test.ts). Addresses and ports travel in network
+// order, ids, counts and epochs in host (little-endian) order.
+import { TetherError, ErrorCode } from '../errors';
+import { ipv4Bytes, ipv4String, type StructLayout } from './fou-structs';
+
+// must match bpf/egress-types.h constants
+export const EGRESS_MAX_SLOTS = 8;
+export const EGRESS_MAX_PER_CLIENT = 4;
+export const EGRESS_ID_GLOBAL = 0;
+export const EGRESS_ACT_STEER = 1;
+export const EGRESS_ACT_BYPASS = 2;
+
+const SLOT_SIZE = 24;
+
+/** Byte layouts by C struct name; the encoders below write exactly these offsets. */
+export const EGRESS_LAYOUTS: Record<string, StructLayout> = {
+  egress_dest_key: { size: 12, fields: { prefixlen: { offset: 0, size: 4 }, egress_id: { offset: 4, size: 4 }, daddr: { offset: 8, size: 4 } } },
+  egress_dest: { size: 4, fields: { action: { offset: 0, size: 1 }, pad: { offset: 1, size: 3 } } },
+  egress_client: { size: 4 + 4 * EGRESS_MAX_PER_CLIENT, fields: { count: { offset: 0, size: 4 }, ids: { offset: 4, size: 4 * EGRESS_MAX_PER_CLIENT } } },
+  egress_slot: {
+    size: SLOT_SIZE,
+    fields: {
+      gateway: { offset: 0, size: 4 },
+      floating: { offset: 4, size: 4 },
+      epoch: { offset: 8, size: 8 },
+      zone: { offset: 16, size: 4 },
+      flags: { offset: 20, size: 4 },
+    },
+  },
+  egress_gateways: {
+    size: 8 + SLOT_SIZE * EGRESS_MAX_SLOTS,
+    fields: { count: { offset: 0, size: 4 }, flags: { offset: 4, size: 4 }, slots: { offset: 8, size: SLOT_SIZE * EGRESS_MAX_SLOTS } },
+  },
+  egress_config: { size: 8, fields: { saddr: { offset: 0, size: 4 }, dport: { offset: 4, size: 2 }, flags: { offset: 6, size: 2 } } },
+  egress_stats: {
+    size: 48,
+    fields: {
+      steered: { offset: 0, size: 8 },
+      steered_bytes: { offset: 8, size: 8 },
+      bypassed: { offset: 16, size: 8 },
+      not_client: { offset: 24, size: 8 },
+      no_gateway: { offset: 32, size: 8 },
+      errors: { offset: 40, size: 8 },
+    },
+  },
+};
+
+const L = EGRESS_LAYOUTS;
+
+function invalid(msg: string): TetherError {
+  return new TetherError(ErrorCode.InvalidConfig, msg);
+}
+
+/** Egress ids are u32 and never 0 (0 holds the global BYPASS prefixes), unless allowGlobal. */
+export function checkEgressId(id: number, field = 'egressId', allowGlobal = false): number {
+  if (!Number.isInteger(id) || id < 0 || id > 0xffffffff || (id === EGRESS_ID_GLOBAL && !allowGlobal)) {
+    throw invalid(`${field}: ${id} is not an egress id (an integer 1..4294967295${allowGlobal ? ', or 0 for global bypass' : ''})`);
+  }
+  return id;
+}
+
+export interface Ipv4Prefix {
+  /** Network address, host bits cleared. */
+  address: string;
+  length: number;
+}
+
+/** Parses "a.b.c.d/len" (or a bare address, /32); host bits are cleared so one prefix has one key. */
+export function parseIpv4Prefix(cidr: string, field = 'cidr'): Ipv4Prefix {
+  const [addr, len, extra] = cidr.split('/');
+  const length = len === undefined ? 32 : Number(len);
+  if (extra !== undefined || !/^\d{1,2}$/.test(len ?? '32') || length > 32) throw invalid(`${field}: "${cidr}" is not an IPv4 CIDR`);
+  const b = ipv4Bytes(addr, field);
+  const mask = length === 0 ? 0 : (0xffffffff << (32 - length)) >>> 0;
+  b.writeUInt32BE((b.readUInt32BE(0) & mask) >>> 0);
+  return { address: ipv4String(b), length };
+}
+
+export function encodeEgressDestKey(egressId: number, p: Ipv4Prefix): Buffer {
+  const f = L.egress_dest_key.fields;
+  const b = Buffer.alloc(L.egress_dest_key.size);
+  b.writeUInt32LE(32 + p.length, f.prefixlen.offset);
+  b.writeUInt32LE(checkEgressId(egressId, 'egressId', true), f.egress_id.offset);
+  ipv4Bytes(p.address).copy(b, f.daddr.offset);
+  return b;
+}
+
+export function decodeEgressDestKey(b: Buffer): { egressId: number; prefix: Ipv4Prefix } {
+  const f = L.egress_dest_key.fields;
+  return {
+    egressId: b.readUInt32LE(f.egress_id.offset),
+    prefix: { address: ipv4String(b, f.daddr.offset), length: b.readUInt32LE(f.prefixlen.offset) - 32 },
+  };
+}
+
+export type EgressAction = 'steer' | 'bypass';
+
+export function encodeEgressDest(action: EgressAction): Buffer {
+  const b = Buffer.alloc(L.egress_dest.size);
+  b.writeUInt8(action === 'steer' ? EGRESS_ACT_STEER : EGRESS_ACT_BYPASS, L.egress_dest.fields.action.offset);
+  return b;
+}
+
+export function decodeEgressDest(b: Buffer): EgressAction {
+  return b.readUInt8(L.egress_dest.fields.action.offset) === EGRESS_ACT_STEER ? 'steer' : 'bypass';
+}
+
+/** A client's Egress ids in priority order: 1..EGRESS_MAX_PER_CLIENT distinct non-zero ids. */
+export function encodeEgressClient(ids: number[]): Buffer {
+  if (ids.length === 0 || ids.length > EGRESS_MAX_PER_CLIENT) throw invalid(`egressIds: ${ids.length} ids, a client belongs to 1..${EGRESS_MAX_PER_CLIENT} Egresses`);
+  if (new Set(ids).size !== ids.length) throw invalid(`egressIds: [${ids.join(', ')}] repeats an id`);
+  const f = L.egress_client.fields;
+  const b = Buffer.alloc(L.egress_client.size);
+  b.writeUInt32LE(ids.length, f.count.offset);
+  ids.forEach((id, i) => b.writeUInt32LE(checkEgressId(id, `egressIds[${i}]`), f.ids.offset + 4 * i));
+  return b;
+}
+
+export function decodeEgressClient(b: Buffer): number[] {
+  const f = L.egress_client.fields;
+  const n = Math.min(b.readUInt32LE(f.count.offset), EGRESS_MAX_PER_CLIENT);
+  return Array.from({ length: n }, (_, i) => b.readUInt32LE(f.ids.offset + 4 * i));
+}
+
+export interface EgressSlot {
+  /** Gateway pod IPv4 that owns the floating address now (the FoU outer destination). */
+  gatewayIp: string;
+  floatingIp: string;
+  /** Ownership epoch (only grows). */
+  epoch: number | bigint;
+  /** Zone id of the gateway's node; 0 or absent = unknown. Not used by the datapath yet. */
+  zone?: number;
+}
+
+export function encodeEgressGateways(slots: EgressSlot[]): Buffer {
+  if (slots.length > EGRESS_MAX_SLOTS) throw invalid(`slots: ${slots.length} slots, an Egress has at most ${EGRESS_MAX_SLOTS}`);
+  const g = L.egress_gateways.fields;
+  const s = L.egress_slot.fields;
+  const b = Buffer.alloc(L.egress_gateways.size);
+  b.writeUInt32LE(slots.length, g.count.offset);
+  slots.forEach((slot, i) => {
+    const at = g.slots.offset + i * L.egress_slot.size;
+    const epoch = BigInt(slot.epoch);
+    if (epoch < 0n || epoch > 0xffffffffffffffffn) throw invalid(`slots[${i}].epoch: ${slot.epoch} is not a u64`);
+    const zone = slot.zone ?? 0;
+    if (!Number.isInteger(zone) || zone < 0 || zone > 0xffffffff) throw invalid(`slots[${i}].zone: ${zone} is not a u32`);
+    ipv4Bytes(slot.gatewayIp, `slots[${i}].gatewayIp`).copy(b, at + s.gateway.offset);
+    ipv4Bytes(slot.floatingIp, `slots[${i}].floatingIp`).copy(b, at + s.floating.offset);
+    b.writeBigUInt64LE(epoch, at + s.epoch.offset);
+    b.writeUInt32LE(zone, at + s.zone.offset);
+  });
+  return b;
+}
+
+export function decodeEgressGateways(b: Buffer): EgressSlot[] {
+  const g = L.egress_gateways.fields;
+  const s = L.egress_slot.fields;
+  const n = Math.min(b.readUInt32LE(g.count.offset), EGRESS_MAX_SLOTS);
+  return Array.from({ length: n }, (_, i) => {
+    const at = g.slots.offset + i * L.egress_slot.size;
+    return {
+      gatewayIp: ipv4String(b, at + s.gateway.offset),
+      floatingIp: ipv4String(b, at + s.floating.offset),
+      epoch: b.readBigUInt64LE(at + s.epoch.offset),
+      zone: b.readUInt32LE(at + s.zone.offset),
+    };
+  });
+}
+
+export interface EgressConfig {
+  /** Outer source: an address of this node. */
+  nodeAddress: string;
+  /** Outer UDP destination port (the gateways' FoU port). */
+  port: number;
+}
+
+export function encodeEgressConfig(c: EgressConfig): Buffer {
+  if (!Number.isInteger(c.port) || c.port < 1 || c.port > 65535) throw invalid(`port: ${c.port} is not a UDP port`);
+  const f = L.egress_config.fields;
+  const b = Buffer.alloc(L.egress_config.size);
+  ipv4Bytes(c.nodeAddress, 'nodeAddress').copy(b, f.saddr.offset);
+  b.writeUInt16BE(c.port, f.dport.offset);
+  return b;
+}
+
+export function decodeEgressConfig(b: Buffer): EgressConfig {
+  const f = L.egress_config.fields;
+  return { nodeAddress: ipv4String(b, f.saddr.offset), port: b.readUInt16BE(f.dport.offset) };
+}
+
+export interface EgressStats {
+  steered: bigint;
+  steeredBytes: bigint;
+  bypassed: bigint;
+  notClient: bigint;
+  noGateway: bigint;
+  errors: bigint;
+}
+
+/** Sums per-CPU egress_stats slots into one total. */
+export function sumEgressStats(perCpu: Buffer[]): EgressStats {
+  const f = L.egress_stats.fields;
+  const s: EgressStats = { steered: 0n, steeredBytes: 0n, bypassed: 0n, notClient: 0n, noGateway: 0n, errors: 0n };
+  for (const b of perCpu) {
+    s.steered += b.readBigUInt64LE(f.steered.offset);
+    s.steeredBytes += b.readBigUInt64LE(f.steered_bytes.offset);
+    s.bypassed += b.readBigUInt64LE(f.bypassed.offset);
+    s.notClient += b.readBigUInt64LE(f.not_client.offset);
+    s.noGateway += b.readBigUInt64LE(f.no_gateway.offset);
+    s.errors += b.readBigUInt64LE(f.errors.offset);
+  }
+  return s;
+}

@@ -1,0 +1,389 @@
+// Egress datapath against the real kernel: the steering program on a client pod's host-side veth wraps
+// the pod's packets in FoU to a gateway pod, which decapsulates (fou-decap), SNATs to the floating
+// address and forwards; replies come back through plain routing. Topology (each a namespace):
+//
+//   client 10.92.1.2 (mtu 1472) ─vcli─┐                 ┌─ gwa 10.92.2.2  (floating on lo, SNAT)
+//   other  10.92.4.2            ─voth─┤ node 192.0.2.1  ├─ gwb 10.92.3.2  (floating on lo, SNAT)
+//                                     └──────ns0────────┴─ server 192.0.2.10 ("external")
+//
+// The node routes each floating /32 to the pod that owns it. Cluster range 10.92.0.0/16 is a global
+// BYPASS, the node address a BYPASS of the Egress, everything else (0.0.0.0/0) is steered.
+import { test } from 'uvu';
+import * as assert from 'uvu/assert';
+import { execFileSync, spawn, type ChildProcess } from 'node:child_process';
+import * as crypto from 'node:crypto';
+import * as fs from 'node:fs';
+import * as path from 'node:path';
+import { attachFouDecap, type FouDecap } from '../../daemon/bpf/fou';
+import {
+  attachEgressSteer, detachEgressSteer, openEgressMaps, readEgressStats, removeEgressPins, EGRESS_TC, type EgressSteer, type EgressStats,
+} from '../../daemon/bpf/egress-steer';
+import { queryTc } from '../../daemon/bpf/tc';
+import { ensureBpffs } from '../../daemon/bpf/bpffs';
+import { readNetSysctl } from '../../daemon/sys/netns';
+
+const root = path.resolve(__dirname, '../..');
+const NODE = '192.0.2.1';
+const SERVER = '192.0.2.10';
+const CLIENT = '10.92.1.2';
+const OTHER = '10.92.4.2';
+const GWA = '10.92.2.2';
+const GWB = '10.92.3.2';
+const FLOATING = '203.0.113.7';
+const FLOATING2 = '203.0.113.8';
+const CLUSTER = '10.92.0.0/16';
+const EGRESS = 7;
+const FOU_PORT = 5555;
+const TCP_PORT = 8080;
+const PAYLOAD = 600 * 1024; // several hundred KB: GSO super-packets through steer and decap
+
+const sh = (cmd: string, ...args: string[]) => execFileSync(cmd, args, { encoding: 'utf8', stdio: ['ignore', 'pipe', 'pipe'] });
+const nsPath = (ns: string) => `/run/netns/${ns}`;
+const inNs = (ns: string, ...cmd: string[]) => sh('nsenter', `--net=${nsPath(ns)}`, ...cmd);
+
+interface Topology {
+  node: string;
+  server: string;
+  client: string;
+  other: string;
+  gwa: string;
+  gwb: string;
+  pinDir: string;
+  handles: Array<{ detach(): void }>;
+  children: ChildProcess[];
+}
+
+function sysctls(ns: string, ...kv: string[]): void {
+  for (const k of kv) inNs(ns, 'sysctl', '-qw', k);
+}
+
+function build(): Topology {
+  const id = crypto.randomBytes(3).toString('hex');
+  const n = (s: string) => `teg-${id}-${s}`;
+  const t: Topology = {
+    node: n('node'), server: n('server'), client: n('client'), other: n('other'), gwa: n('gwa'), gwb: n('gwb'),
+    pinDir: `/sys/fs/bpf/tether-test/egress-${id}`, handles: [], children: [],
+  };
+  const all = [t.node, t.server, t.client, t.other, t.gwa, t.gwb];
+  try {
+    for (const ns of all) {
+      sh('ip', 'netns', 'add', ns);
+      sh('ip', '-n', ns, 'link', 'set', 'lo', 'up');
+    }
+    // Strict reverse-path filtering on the node, as many hosts have it: steering must cope (it makes
+    // the client veth loose and accept its own address as a source).
+    sysctls(t.node, 'net.ipv4.ip_forward=1', 'net.ipv4.conf.all.rp_filter=1', 'net.ipv4.conf.default.rp_filter=1', 'net.ipv4.conf.all.send_redirects=0');
+    const link = (ns: string, hostIf: string, hostAddr: string, podAddr: string, mtu?: number) => {
+      sh('ip', '-n', t.node, 'link', 'add', hostIf, 'type', 'veth', 'peer', 'name', 'eth0', 'netns', ns);
+      sh('ip', '-n', t.node, 'addr', 'add', `${hostAddr}/24`, 'dev', hostIf);
+      sh('ip', '-n', t.node, 'link', 'set', hostIf, 'up');
+      sh('ip', '-n', ns, 'addr', 'add', `${podAddr}/24`, 'dev', 'eth0');
+      if (mtu) sh('ip', '-n', ns, 'link', 'set', 'eth0', 'mtu', String(mtu));
+      sh('ip', '-n', ns, 'link', 'set', 'eth0', 'up');
+      sh('ip', '-n', ns, 'route', 'add', 'default', 'via', hostAddr);
+    };
+    link(t.server, 'ns0', NODE, SERVER);
+    link(t.client, 'vcli', '10.92.1.1', CLIENT, 1500 - 28); // room for the FoU headers the node adds
+    link(t.other, 'voth', '10.92.4.1', OTHER);
+    link(t.gwa, 'vgwa', '10.92.2.1', GWA);
+    link(t.gwb, 'vgwb', '10.92.3.1', GWB);
+    // Gateway pods forward de-NATed replies whose source is the external server: the node must not
+    // reverse-path-filter them strictly on the gateways' veths (gateway setup's job, not steering's).
+    sysctls(t.node, 'net.ipv4.conf.vgwa.rp_filter=2', 'net.ipv4.conf.vgwb.rp_filter=2');
+    ensureBpffs(t.pinDir);
+    return t;
+  } catch (e) {
+    teardown(t);
+    throw e;
+  }
+}
+
+function teardown(t: Topology): void {
+  for (const c of t.children) c.kill('SIGKILL');
+  for (const h of t.handles) {
+    try {
+      h.detach();
+    } catch {
+      // the namespaces go next, and with them every filter
+    }
+  }
+  for (const ns of [t.node, t.server, t.client, t.other, t.gwa, t.gwb]) {
+    try {
+      sh('ip', 'netns', 'del', ns);
+    } catch {
+      // not created or already gone
+    }
+  }
+  removeEgressPins(t.pinDir);
+  fs.rmSync(t.pinDir, { recursive: true, force: true });
+}
+
+/** A gateway pod: forwarding, the floating address on lo, SNAT of client traffic to it, conntrack on. */
+function gatewayNat(ns: string, floating: string): void {
+  sysctls(ns, 'net.ipv4.ip_forward=1', 'net.ipv4.conf.all.send_redirects=0', 'net.ipv4.conf.eth0.send_redirects=0',
+    'net.ipv4.conf.all.rp_filter=0', 'net.ipv4.conf.eth0.rp_filter=0');
+  sh('ip', '-n', ns, 'addr', 'replace', `${floating}/32`, 'dev', 'lo');
+  try {
+    inNs(ns, 'nft', 'delete', 'table', 'ip', 'tether-gw');
+  } catch {
+    // first configuration
+  }
+  const rules = `table ip tether-gw {
+  chain forward { type filter hook forward priority 0; policy accept; ct state established,related accept; }
+  chain postrouting { type nat hook postrouting priority 100; oifname "eth0" ip saddr 10.92.1.0/24 snat to ${floating}; }
+}`;
+  execFileSync('nsenter', [`--net=${nsPath(ns)}`, 'nft', '-f', '-'], { input: rules });
+}
+
+function gatewayDecap(t: Topology, ns: string, addr: string): FouDecap {
+  const d = attachFouDecap({ netns: nsPath(ns), ifName: 'eth0', port: FOU_PORT, localAddress: addr, allowedSources: [NODE] });
+  t.handles.push(d);
+  return d;
+}
+
+function steer(t: Topology, ifName: string): EgressSteer {
+  const s = attachEgressSteer({ netns: nsPath(t.node), ifName, pinDir: t.pinDir, nodeAddress: NODE, port: FOU_PORT });
+  t.handles.push(s);
+  return s;
+}
+
+/** Long-lived echo server; prints one JSON line per finished connection (peer it saw, bytes echoed). */
+const SERVER_JS = `
+const net = require('net');
+net.createServer({ allowHalfOpen: true }, (s) => {
+  let n = 0;
+  const peer = s.remoteAddress;
+  s.on('data', (d) => { n += d.length; });
+  s.pipe(s);
+  s.on('close', () => console.log(JSON.stringify({ peer, bytes: n })));
+}).listen(Number(process.argv[1]), '0.0.0.0', () => console.log('listening'));
+`;
+
+// Client: sends a random payload, half-closes, and compares what comes back.
+const CLIENT_JS = `
+const net = require('net'); const crypto = require('crypto');
+const [host, port, size, timeout] = process.argv.slice(1);
+const payload = crypto.randomBytes(Number(size));
+const chunks = [];
+const s = net.connect({ host, port: Number(port), allowHalfOpen: true });
+const t = setTimeout(() => { console.log(JSON.stringify({ error: 'timeout' })); process.exit(2); }, Number(timeout));
+s.on('connect', () => s.end(payload));
+s.on('data', (d) => chunks.push(d));
+s.on('error', (e) => { console.log(JSON.stringify({ error: e.code })); process.exit(3); });
+s.on('end', () => {
+  clearTimeout(t);
+  const back = Buffer.concat(chunks);
+  console.log(JSON.stringify({ sent: payload.length, received: back.length, same: back.equals(payload) }));
+  process.exit(0);
+});
+`;
+
+type Json = Record<string, unknown>;
+
+/** Starts the echo server in ns; the returned function yields the connections it has reported so far. */
+async function echoServer(t: Topology, ns: string): Promise<() => Json[]> {
+  const child = spawn('nsenter', [`--net=${nsPath(ns)}`, process.execPath, '-e', SERVER_JS, String(TCP_PORT)], { stdio: ['ignore', 'pipe', 'pipe'] });
+  t.children.push(child);
+  const seen: Json[] = [];
+  let buf = '';
+  await new Promise<void>((resolve, reject) => {
+    const timer = setTimeout(() => reject(new Error(`echo server in ${ns} did not start`)), 5000);
+    child.stdout.on('data', (d: Buffer) => {
+      buf += d;
+      let i;
+      while ((i = buf.indexOf('\n')) >= 0) {
+        const line = buf.slice(0, i);
+        buf = buf.slice(i + 1);
+        if (line === 'listening') {
+          clearTimeout(timer);
+          resolve();
+        } else if (line.startsWith('{')) seen.push(JSON.parse(line));
+      }
+    });
+    child.on('error', reject);
+  });
+  return () => seen;
+}
+
+/** Runs the client in ns against host; resolves with its JSON result. */
+function connect(ns: string, host: string, size: number, timeoutMs: number): Promise<Json> {
+  return new Promise((resolve, reject) => {
+    const child = spawn('nsenter', [`--net=${nsPath(ns)}`, process.execPath, '-e', CLIENT_JS, host, String(TCP_PORT), String(size), String(timeoutMs)], { stdio: ['ignore', 'pipe', 'pipe'] });
+    let out = '';
+    let err = '';
+    const timer = setTimeout(() => child.kill('SIGKILL'), timeoutMs + 3000);
+    child.stdout.on('data', (d: Buffer) => (out += d));
+    child.stderr.on('data', (d: Buffer) => (err += d));
+    child.on('error', reject);
+    child.on('close', () => {
+      clearTimeout(timer);
+      const line = out.split('\n').filter((l) => l.startsWith('{')).pop();
+      if (!line) reject(new Error(`client in ${ns} gave no result: ${out} ${err}`));
+      else resolve(JSON.parse(line));
+    });
+  });
+}
+
+/** The server's report of the connection just made (it prints on close, shortly after the client ends). */
+async function lastPeer(seen: () => Json[], count: number): Promise<Json> {
+  for (let i = 0; i < 100 && seen().length < count; i++) await new Promise((r) => setTimeout(r, 20));
+  assert.is(seen().length, count, 'server reported the connection');
+  return seen()[count - 1];
+}
+
+function delta(after: EgressStats, before: EgressStats): Record<keyof EgressStats, bigint> {
+  return Object.fromEntries(Object.keys(after).map((k) => [k, after[k as keyof EgressStats] - before[k as keyof EgressStats]])) as Record<keyof EgressStats, bigint>;
+}
+
+/** The Egress of the tests: client pod CLIENT steered for everything but the cluster and the node. */
+function configureEgress(s: EgressSteer, gateways: Array<{ gatewayIp: string; floatingIp: string; epoch: number }>): void {
+  s.setDestinations(0, [], [CLUSTER]);
+  s.setDestinations(EGRESS, ['0.0.0.0/0'], [`${NODE}/32`]);
+  s.setClient(CLIENT, [EGRESS]);
+  s.setGateways(EGRESS, gateways);
+}
+
+test.before(() => {
+  execFileSync('bash', [path.join(root, 'bpf/build.sh')], { stdio: 'ignore' });
+});
+
+test('steered: client reaches the server through the gateway, seen as the floating address; bypass and non-clients untouched', async () => {
+  const t = build();
+  try {
+    gatewayNat(t.gwa, FLOATING);
+    sh('ip', '-n', t.node, 'route', 'add', `${FLOATING}/32`, 'via', GWA);
+    const decap = gatewayDecap(t, t.gwa, GWA);
+    const s = steer(t, 'vcli');
+    const other = steer(t, 'voth'); // a second veth on the node: same pinned maps
+    configureEgress(s, [{ gatewayIp: GWA, floatingIp: FLOATING, epoch: 1 }]);
+    assert.is(readNetSysctl(nsPath(t.node), 'net/ipv4/conf/vcli/accept_local'), '1');
+    assert.is(readNetSysctl(nsPath(t.node), 'net/ipv4/conf/vcli/rp_filter'), '2', 'strict rp_filter loosened on the client veth');
+    assert.equal(other.clients(), new Map([[CLIENT, [EGRESS]]]), 'attachments share the maps');
+    assert.equal(s.destinations(EGRESS), new Map([['0.0.0.0/0', 'steer'], [`${NODE}/32`, 'bypass']]));
+    assert.equal(s.gateways(EGRESS), [{ gatewayIp: GWA, floatingIp: FLOATING, epoch: 1n, zone: 0 }]);
+
+    const server = await echoServer(t, t.server);
+    const nodeSrv = await echoServer(t, t.node);
+
+    // Steered, both ways, with GSO-sized segments.
+    let before = s.stats();
+    const c1 = await connect(t.client, SERVER, PAYLOAD, 15000);
+    assert.equal(c1, { sent: PAYLOAD, received: PAYLOAD, same: true }, 'payload echoed intact');
+    assert.equal(await lastPeer(server, 1), { peer: FLOATING, bytes: PAYLOAD }, 'server sees the floating address');
+    let d = delta(s.stats(), before);
+    assert.ok(d.steered > 0n && d.steeredBytes >= BigInt(PAYLOAD), `steered ${d.steered} packets ${d.steeredBytes} bytes`);
+    assert.is(d.errors + d.noGateway, 0n);
+    assert.ok(d.steeredBytes / d.steered > 1500n, `steered GSO super-packets (avg ${d.steeredBytes / d.steered} bytes)`);
+    const ds = decap.stats();
+    assert.ok(ds.packets > 0n && ds.bytes >= BigInt(PAYLOAD), `gateway decapsulated ${ds.packets} packets ${ds.bytes} bytes`);
+    assert.is(ds.errors + ds.rejectedSource, 0n);
+
+    // BYPASS prefixes: the Egress's own (the node address) and the global cluster range.
+    for (const [host, n] of [[NODE, 1], ['10.92.1.1', 2]] as const) {
+      before = s.stats();
+      const before_decap = decap.stats().packets;
+      assert.equal(await connect(t.client, host, 64 * 1024, 10000), { sent: 65536, received: 65536, same: true });
+      assert.equal(await lastPeer(nodeSrv, n), { peer: CLIENT, bytes: 65536 }, `${host}: the node sees the pod itself`);
+      d = delta(s.stats(), before);
+      assert.is(d.steered, 0n, `${host} not steered`);
+      assert.ok(d.bypassed > 0n, `${host} counted as bypassed`);
+      assert.is(decap.stats().packets, before_decap, `${host}: nothing reached the gateway`);
+    }
+
+    // A pod that is no client: plain routing, the server sees the pod address.
+    before = s.stats();
+    assert.equal(await connect(t.other, SERVER, 64 * 1024, 10000), { sent: 65536, received: 65536, same: true });
+    assert.equal(await lastPeer(server, 2), { peer: OTHER, bytes: 65536 });
+    d = delta(s.stats(), before);
+    assert.is(d.steered, 0n);
+    assert.ok(d.notClient > 0n, `notClient ${d.notClient}`);
+
+    // The pins hold the same maps (what a restarted tetherd opens); detach by tc id works without objects.
+    assert.equal(readEgressStats(t.pinDir), s.stats());
+    const pinned = openEgressMaps(t.pinDir);
+    assert.equal(pinned.config(), { nodeAddress: NODE, port: FOU_PORT });
+    assert.equal(pinned.gateways(EGRESS), s.gateways(EGRESS));
+    pinned.close();
+    assert.is(detachEgressSteer({ netns: nsPath(t.node), ifName: 'voth' }), true);
+    assert.is(detachEgressSteer({ netns: nsPath(t.node), ifName: 'voth' }), false);
+    assert.is(queryTc({ netns: nsPath(t.node), ifName: 'vcli', direction: 'ingress', ...EGRESS_TC }) !== undefined, true, 'the other veth keeps its filter');
+    s.detach();
+    assert.is(queryTc({ netns: nsPath(t.node), ifName: 'vcli', direction: 'ingress', ...EGRESS_TC }), undefined);
+    assert.ok(fs.existsSync(path.join(t.pinDir, 'egress', 'egress_gateways')), 'detach keeps the shared pins');
+  } finally {
+    teardown(t);
+  }
+});
+
+test('gateway change: new connections follow setGateways; no slots passes through; two slots spread flows', async () => {
+  const t = build();
+  try {
+    gatewayNat(t.gwa, FLOATING);
+    gatewayNat(t.gwb, FLOATING); // the standby SNATs to the same floating address
+    sh('ip', '-n', t.node, 'route', 'add', `${FLOATING}/32`, 'via', GWA);
+    const da = gatewayDecap(t, t.gwa, GWA);
+    const db = gatewayDecap(t, t.gwb, GWB);
+    const s = steer(t, 'vcli');
+    configureEgress(s, [{ gatewayIp: GWA, floatingIp: FLOATING, epoch: 1 }]);
+    const server = await echoServer(t, t.server);
+    const ok = { sent: 128 * 1024, received: 128 * 1024, same: true };
+
+    assert.equal(await connect(t.client, SERVER, 128 * 1024, 10000), ok);
+    assert.is((await lastPeer(server, 1)).peer, FLOATING);
+    const aAfterFirst = da.stats().packets;
+    assert.ok(aAfterFirst > 0n && db.stats().packets === 0n, 'first connection went via gateway A');
+
+    // Ownership moves to B (epoch 2): the controller rewrites the slots, the floating route moves.
+    s.setGateways(EGRESS, [{ gatewayIp: GWB, floatingIp: FLOATING, epoch: 2 }]);
+    sh('ip', '-n', t.node, 'route', 'replace', `${FLOATING}/32`, 'via', GWB);
+    assert.equal(await connect(t.client, SERVER, 128 * 1024, 10000), ok);
+    assert.is((await lastPeer(server, 2)).peer, FLOATING, 'server still sees the floating address');
+    assert.ok(db.stats().packets > 0n, 'second connection went via gateway B');
+    assert.is(da.stats().packets, aAfterFirst, 'nothing more reached gateway A');
+
+    // No owner (takeover in progress): packets pass untouched and are counted.
+    s.setGateways(EGRESS, []);
+    let before = s.stats();
+    assert.equal(await connect(t.client, SERVER, 16 * 1024, 10000), { sent: 16384, received: 16384, same: true });
+    assert.is((await lastPeer(server, 3)).peer, CLIENT, 'unsteered: plain routing, no NAT');
+    let d = delta(s.stats(), before);
+    assert.ok(d.noGateway > 0n && d.steered === 0n, `noGateway ${d.noGateway}, steered ${d.steered}`);
+
+    // Two addresses, one on each gateway: flows spread by hash over both slots.
+    gatewayNat(t.gwb, FLOATING2);
+    sh('ip', '-n', t.node, 'route', 'replace', `${FLOATING}/32`, 'via', GWA);
+    sh('ip', '-n', t.node, 'route', 'add', `${FLOATING2}/32`, 'via', GWB);
+    s.setGateways(EGRESS, [{ gatewayIp: GWA, floatingIp: FLOATING, epoch: 3 }, { gatewayIp: GWB, floatingIp: FLOATING2, epoch: 1 }]);
+    before = s.stats();
+    const peers = new Set<unknown>();
+    let n = 3;
+    for (let i = 0; i < 32 && peers.size < 2; i++) {
+      assert.equal(await connect(t.client, SERVER, 4096, 10000), { sent: 4096, received: 4096, same: true });
+      peers.add((await lastPeer(server, ++n)).peer);
+    }
+    assert.equal([...peers].sort(), [FLOATING, FLOATING2], 'both floating addresses carried flows');
+    d = delta(s.stats(), before);
+    assert.is(d.errors, 0n);
+  } finally {
+    teardown(t);
+  }
+});
+
+test('negative control: without the decap program on the gateway the connection fails', async () => {
+  const t = build();
+  try {
+    gatewayNat(t.gwa, FLOATING);
+    sh('ip', '-n', t.node, 'route', 'add', `${FLOATING}/32`, 'via', GWA);
+    const s = steer(t, 'vcli');
+    configureEgress(s, [{ gatewayIp: GWA, floatingIp: FLOATING, epoch: 1 }]);
+    const server = await echoServer(t, t.server);
+    const c = await connect(t.client, SERVER, 4096, 3000);
+    assert.ok(c.error, `client must fail, got ${JSON.stringify(c)}`);
+    assert.equal(server(), [], 'server never saw a connection');
+    assert.ok(s.stats().steered > 0n, 'the SYNs were steered (the failure is the missing decap)');
+  } finally {
+    teardown(t);
+  }
+});
+
+test.run();
