@@ -21,9 +21,20 @@ export const FOU_TC = {
 
 const KEY0 = Buffer.alloc(4);
 
-/** Directory of the compiled objects: $TETHER_BPF_DIR, else dist/bpf of the source tree. */
+/**
+ * Directory of the compiled objects: $TETHER_BPF_DIR; in the single executable, ../bpf beside its bin/
+ * directory (dist/bin → dist/bpf, /opt/tether/bin → /opt/tether/bpf); from source, dist/bpf of the tree.
+ */
 export function bpfObjectDir(): string {
-  return process.env.TETHER_BPF_DIR ?? path.resolve(__dirname, '../../dist/bpf');
+  if (process.env.TETHER_BPF_DIR) return process.env.TETHER_BPF_DIR;
+  let sea = false;
+  try {
+    // eslint-disable-next-line @typescript-eslint/no-var-requires
+    sea = require('node:sea').isSea() as boolean;
+  } catch {
+    sea = false;
+  }
+  return sea ? path.resolve(path.dirname(process.execPath), '../bpf') : path.resolve(__dirname, '../../dist/bpf');
 }
 
 function statsOf(map: BpfMap): FouStats {

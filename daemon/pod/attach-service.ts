@@ -1,6 +1,7 @@
 // The pod lifecycle behind the CNI commands: ADD applies the pod network primitives and records them,
 // DEL undoes exactly what was recorded, CHECK verifies it, GC removes attachments the runtime no longer has.
 // Every method is idempotent; each logs one line per action naming the pod.
+import { EventEmitter } from 'node:events';
 import { TetherError, ErrorCode } from '../errors';
 import type { Logger } from '../log';
 import type { CniParams } from '../api/protocol';
@@ -23,11 +24,19 @@ interface CniInterface {
   sandbox?: string;
 }
 
-export class AttachService {
+/** Emits 'attached' and 'detached' with the PodRecord, so role controllers (egress…) follow pods. */
+export class AttachService extends EventEmitter {
   constructor(
     private readonly store: PodStore,
     private readonly logger: Logger,
-  ) {}
+  ) {
+    super();
+  }
+
+  /** Every attached pod (for controllers starting up). */
+  pods(): PodRecord[] {
+    return this.store.all().filter((r) => r.phase === 'attached');
+  }
 
   add(p: CniParams): Json {
     const key = this.keyOf(p);
@@ -36,6 +45,7 @@ export class AttachService {
     if (!prev) throw new TetherError(ErrorCode.InvalidConfig, 'prevResult: missing; tether must follow a primary plugin');
     requireField(p.netns, 'CNI_NETNS');
     const cfg = validatePodNetConfig(conf);
+    const labels = validateLabels(conf.labels);
     const who = this.who(p, key);
     const t0 = process.hrtime.bigint();
 
@@ -55,6 +65,9 @@ export class AttachService {
       netns: p.netns,
       podNamespace: p.args.K8S_POD_NAMESPACE,
       podName: p.args.K8S_POD_NAME,
+      ips: prevIps(prev),
+      hostIfName: hostInterface(prev),
+      labels,
       phase: 'applying',
       config: stripPrevResult(conf),
       createdAt: new Date().toISOString(),
@@ -77,6 +90,7 @@ export class AttachService {
       throw new TetherError(ErrorCode.IoFailure, `cannot record attachment of ${keyString(key)}: ${(e as Error).message}`, { cause: e });
     }
     this.logger.info('pod attached', { ...who, applied, durationMs: msSince(t0) });
+    this.emit('attached', this.store.get(key));
     return buildResult(prev, conf.cniVersion as string, addedInterfaces(applied));
   }
 
@@ -89,6 +103,8 @@ export class AttachService {
       this.logger.info('pod detach: nothing recorded, nothing to undo', who);
       return;
     }
+    // Roles first (a gateway hands its addresses over while its network still works), then the pod network.
+    this.emit('detached', rec);
     this.undoRecord(rec, who);
     this.store.remove(key);
     this.logger.info('pod detached', { ...who, durationMs: msSince(t0) });
@@ -124,6 +140,7 @@ export class AttachService {
     for (const rec of this.store.all()) {
       if (rec.network !== network || valid.has(keyString(rec))) continue;
       const who = { container: rec.containerId, ifName: rec.ifName, pod: podName(rec), network };
+      this.emit('detached', rec);
       this.undoRecord(rec, who);
       this.store.remove(rec);
       removed.push(keyString(rec));
@@ -174,6 +191,25 @@ function podName(rec: PodRecord): string | undefined {
 function stripPrevResult(conf: Json): Json {
   const { prevResult: _drop, ...rest } = conf;
   return rest;
+}
+
+/** The pod's addresses as the primary plugin reported them, without prefix length. */
+function prevIps(prev: Json): string[] {
+  const ips = Array.isArray(prev.ips) ? (prev.ips as Array<{ address?: unknown }>) : [];
+  return ips.map((i) => (typeof i?.address === 'string' ? i.address.split('/')[0] : '')).filter(Boolean);
+}
+
+const LABEL_KEY = /^([a-z0-9]([-a-z0-9.]*[a-z0-9])?\/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$/;
+const LABEL_VALUE = /^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$/;
+
+function validateLabels(raw: unknown): Record<string, string> | undefined {
+  if (raw === undefined) return undefined;
+  if (!raw || typeof raw !== 'object' || Array.isArray(raw)) throw new TetherError(ErrorCode.InvalidConfig, 'labels: must map label names to values');
+  for (const [k, v] of Object.entries(raw)) {
+    if (!LABEL_KEY.test(k)) throw new TetherError(ErrorCode.InvalidConfig, `labels: ${JSON.stringify(k)} is not a valid label name`);
+    if (typeof v !== 'string' || !LABEL_VALUE.test(v)) throw new TetherError(ErrorCode.InvalidConfig, `labels.${k}: ${JSON.stringify(v)} is not a valid label value`);
+  }
+  return raw as Record<string, string>;
 }
 
 /** The host side of the pod's link: the primary plugin lists it in prevResult without a sandbox. */

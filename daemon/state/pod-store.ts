@@ -17,6 +17,14 @@ export interface PodRecord extends AttachmentKey {
   /** Kubernetes namespace/name from CNI_ARGS when the runtime gave them. */
   podNamespace?: string;
   podName?: string;
+  /** The pod's addresses from prevResult (no prefix), and its host-side interface. */
+  ips?: string[];
+  hostIfName?: string;
+  /**
+   * The pod's labels. In a cluster they come from the API server; standalone (file config, the testbed)
+   * the conflist's `labels` field stands in for it.
+   */
+  labels?: Record<string, string>;
   /** 'applying' is written before touching the kernel; 'attached' once everything is in place. */
   phase: 'applying' | 'attached';
   /** Opaque to the store: what the pod network layer changed, with previous values. */
