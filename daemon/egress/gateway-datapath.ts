@@ -1,0 +1,146 @@
+// The gateway side of an Egress, per gateway pod: FoU decapsulation on the pod's eth0, forwarding and a
+// conntrack-active nftables table in the pod (standbys too, so synced entries work the moment they take
+// over), and — while the pod owns floating addresses — the address on the pod, SNAT to it, the node's
+// route to the pod's veth and the announcement. Every step is idempotent and undone on stand-down.
+import { execFileSync } from 'node:child_process';
+import { attachFouDecap, detachFou, type FouDecap } from '../bpf/fou';
+import { NetlinkHandle, isNetlinkError } from '../netlink';
+import { writeNetSysctl } from '../sys/netns';
+import { log } from '../log';
+import { announceL2, withdrawL2 } from './announce-l2';
+import type { AnnounceMode } from './egress-spec';
+
+export interface GatewayPod {
+  /** "namespace/name" */
+  pod: string;
+  netns: string;
+  podIp: string;
+  ifName: string;
+  hostIfName: string;
+}
+
+export interface NodeSide {
+  /** The node's uplink on the L2 segment (l2 announcements go out here). */
+  uplink: string;
+  fouPort: number;
+  pinDir: string;
+}
+
+const TABLE = 'tether_egress';
+
+export class GatewayDatapath {
+  private decap?: FouDecap;
+  private readonly owned = new Map<string, { mode: AnnounceMode; table?: number }>();
+
+  constructor(
+    readonly gw: GatewayPod,
+    private readonly node: NodeSide,
+  ) {}
+
+  /** Prepares the pod as a gateway (decap, forwarding, nft table). Idempotent. */
+  prepare(allowedSources: string[]): void {
+    const ns = this.gw.netns;
+    for (const [k, v] of [
+      ['net/ipv4/ip_forward', '1'],
+      // Decapsulated client packets leave through the interface they came in on: no redirects, no
+      // reverse-path check against the pod's own routes.
+      ['net/ipv4/conf/all/send_redirects', '0'],
+      [`net/ipv4/conf/${this.gw.ifName}/send_redirects`, '0'],
+      ['net/ipv4/conf/all/rp_filter', '0'],
+      [`net/ipv4/conf/${this.gw.ifName}/rp_filter`, '0'],
+    ]) writeNetSysctl(ns, k, v);
+    // Replies the gateway de-NATs come back with the external server as source through its veth.
+    writeNetSysctl(null, `net/ipv4/conf/${this.gw.hostIfName}/rp_filter`, '2');
+    this.nft(`table ip ${TABLE} {
+  chain forward { type filter hook forward priority 0; policy accept; ct state established,related accept; }
+  chain postrouting { type nat hook postrouting priority 100; policy accept; }
+}`);
+    if (!this.decap) {
+      this.decap = attachFouDecap({ netns: ns, ifName: this.gw.ifName, port: this.node.fouPort, localAddress: this.gw.podIp, allowedSources });
+    } else this.decap.setAllowedSources(allowedSources);
+  }
+
+  setAllowedSources(sources: string[]): void {
+    this.decap?.setAllowedSources(sources);
+  }
+
+  /** Takes a floating address: on the pod, SNAT to it, node route, announcement. Idempotent. */
+  own(address: string, announce: { mode: AnnounceMode; table?: number }): void {
+    const t0 = process.hrtime.bigint();
+    NetlinkHandle.with(this.gw.netns, (h) => {
+      const lo = h.requireLink('lo');
+      h.addAddress({ address: `${address}/32`, index: lo.index, replace: true });
+    });
+    this.owned.set(address, announce);
+    this.writeSnat();
+    NetlinkHandle.with(undefined, (h) => {
+      const veth = h.requireLink(this.gw.hostIfName);
+      h.replaceRoute({ dst: `${address}/32`, index: veth.index });
+      if (announce.mode === 'routeTable') h.replaceRoute({ dst: `${address}/32`, index: veth.index, table: announce.table });
+    });
+    if (announce.mode === 'l2') announceL2({ ifName: this.node.uplink, address });
+    log().info('egress: floating address taken by gateway', { pod: this.gw.pod, address, announce: announce.mode, ms: Number(process.hrtime.bigint() - t0) / 1e6 });
+  }
+
+  /** Gives a floating address up. Idempotent; tolerates a pod that is already gone. */
+  release(address: string): void {
+    const announce = this.owned.get(address) ?? { mode: 'l2' as const };
+    this.owned.delete(address);
+    if (announce.mode === 'l2') withdrawL2({ ifName: this.node.uplink, address });
+    NetlinkHandle.with(undefined, (h) => {
+      for (const table of announce.mode === 'routeTable' ? [undefined, announce.table] : [undefined]) {
+        try {
+          h.deleteRoute({ dst: `${address}/32`, table });
+        } catch (e) {
+          if (!isNetlinkError(e, 'ESRCH', 'ENOENT')) throw e;
+        }
+      }
+    });
+    try {
+      this.writeSnat();
+      NetlinkHandle.with(this.gw.netns, (h) => {
+        const lo = h.requireLink('lo');
+        h.deleteAddress({ address: `${address}/32`, index: lo.index });
+      });
+    } catch (e) {
+      // The pod (and its namespace) may be gone: then there is nothing left in it to undo.
+      log().debug('egress: pod side of release skipped', { pod: this.gw.pod, address, error: (e as Error).message });
+    }
+    log().info('egress: floating address released by gateway', { pod: this.gw.pod, address });
+  }
+
+  ownedAddresses(): string[] {
+    return [...this.owned.keys()];
+  }
+
+  decapStats(): ReturnType<FouDecap['stats']> | undefined {
+    return this.decap?.stats();
+  }
+
+  /** Removes everything: owned addresses, decap, nft table. Idempotent. */
+  teardown(): void {
+    for (const a of [...this.owned.keys()]) this.release(a);
+    try {
+      this.decap?.detach();
+    } catch {
+      detachFou({ which: 'decap', netns: this.gw.netns, ifName: this.gw.ifName });
+    }
+    this.decap = undefined;
+    try {
+      this.nft(`delete table ip ${TABLE}`);
+    } catch {
+      // already gone with the pod
+    }
+  }
+
+  /** SNAT of forwarded (decapsulated client) traffic to the first owned address; none while standby. */
+  private writeSnat(): void {
+    const to = [...this.owned.keys()][0];
+    const rule = to ? `add rule ip ${TABLE} postrouting ip saddr != ${this.gw.podIp} oifname "${this.gw.ifName}" snat to ${to}\n` : '';
+    this.nft(`flush chain ip ${TABLE} postrouting\n${rule}`);
+  }
+
+  private nft(script: string): void {
+    execFileSync('nsenter', [`--net=${this.gw.netns}`, 'nft', '-f', '-'], { input: script, stdio: ['pipe', 'ignore', 'pipe'] });
+  }
+}
