@@ -1,0 +1,145 @@
+// The NETLINK_NETFILTER socket under ConntrackHandle: NetlinkSocket's request/dump exchanges, plus
+// batches that put many ctnetlink messages in one sendto and ask for a single ack (errors still come
+// back one by one), which is what makes bulk insertion fast.
+import * as os from 'node:os';
+import { koffi } from '../sys/ffi';
+import * as libc from '../sys/libc';
+import { decodeMessages, encodeMessage } from '../netlink/codec';
+import { NETLINK_CAP_ACK, NLM_F_ACK, NLM_F_REQUEST, NLMSG_ERROR } from '../netlink/constants';
+import { NetlinkError } from '../netlink/netlink-error';
+import { decodeError, NetlinkSocket, type NetlinkTransport } from '../netlink/socket';
+import { NETLINK_NETFILTER } from './constants';
+
+const ENOBUFS = os.constants.errno.ENOBUFS;
+const ETIMEDOUT = os.constants.errno.ETIMEDOUT;
+export const SO_RCVBUFFORCE = 33;
+
+export interface CtnlSocketOptions {
+  /** Upper bound for any single wait for the kernel, ms. */
+  timeoutMs?: number;
+  /** Receive buffer, bytes: a batch's error replies must all fit or some are lost. */
+  rcvBufBytes?: number;
+}
+
+export interface BatchMessage {
+  type: number;
+  flags: number;
+  body: Buffer[];
+}
+
+type GetSockName = (fd: number, addr: Buffer, len: number[]) => number;
+let getsocknameFn: GetSockName | undefined;
+
+/** The kernel-assigned netlink port id of a bound socket (replies are addressed to it). */
+export function netlinkPortId(fd: number): number {
+  if (!getsocknameFn) {
+    getsocknameFn = koffi().load('libc.so.6').func('int getsockname(int, _Out_ void *, _Inout_ uint32_t *)') as unknown as GetSockName;
+  }
+  const sa = Buffer.alloc(12);
+  if (getsocknameFn(fd, sa, [12]) < 0) throw new libc.SysError('getsockname', koffi().errno());
+  return sa.readUInt32LE(4);
+}
+
+/** Sets a receive buffer beyond net.core.rmem_max when root (SO_RCVBUFFORCE), else as large as allowed. */
+export function setRcvBuf(fd: number, bytes: number): void {
+  try {
+    libc.setsockoptInt(fd, libc.SOL_SOCKET, SO_RCVBUFFORCE, bytes);
+  } catch {
+    libc.setsockoptInt(fd, libc.SOL_SOCKET, libc.SO_RCVBUF, bytes); // capped at rmem_max without CAP_NET_ADMIN
+  }
+}
+
+/** Opens and binds a NETLINK_NETFILTER socket in the calling thread's namespace; groups is the bind() group mask. */
+export function openNetfilterFd(groups = 0): number {
+  const fd = libc.socket(libc.AF_NETLINK, libc.SOCK_RAW | libc.SOCK_CLOEXEC, NETLINK_NETFILTER);
+  try {
+    const sa = Buffer.alloc(12);
+    sa.writeUInt16LE(libc.AF_NETLINK, 0);
+    sa.writeUInt32LE(groups >>> 0, 8);
+    libc.bind(fd, sa);
+    return fd;
+  } catch (e) {
+    libc.close(fd);
+    throw e;
+  }
+}
+
+export class CtnlSocket {
+  readonly nl: NetlinkSocket;
+  private readonly transport: NetlinkTransport;
+  private readonly portId: number;
+  private readonly rbuf = Buffer.alloc(1 << 20);
+  private seq = (Math.random() * 0x7fffffff) | 0;
+
+  constructor(transport: NetlinkTransport, portId: number) {
+    this.transport = transport;
+    this.portId = portId;
+    this.nl = new NetlinkSocket(transport, portId);
+  }
+
+  /** Creates the socket in the calling thread's current network namespace. */
+  static open(opts: CtnlSocketOptions = {}): CtnlSocket {
+    const fd = openNetfilterFd();
+    try {
+      libc.setRecvTimeout(fd, opts.timeoutMs ?? 5000);
+      setRcvBuf(fd, opts.rcvBufBytes ?? 4 << 20);
+      for (const opt of [libc.NETLINK_EXT_ACK, NETLINK_CAP_ACK]) {
+        try { libc.setsockoptInt(fd, libc.SOL_NETLINK, opt, 1); } catch { /* older kernel: errno alone still tells */ }
+      }
+      const transport: NetlinkTransport = {
+        send: (msg) => { libc.sendto(fd, msg, null); },
+        recv: (buf) => libc.recv(fd, buf),
+        close: () => libc.close(fd),
+      };
+      return new CtnlSocket(transport, netlinkPortId(fd));
+    } catch (e) {
+      libc.close(fd);
+      throw e;
+    }
+  }
+
+  close(): void {
+    this.nl.close();
+  }
+
+  get closed(): boolean {
+    return this.nl.closed;
+  }
+
+  /**
+   * Sends msgs in one datagram; only the last asks for an ack, and the kernel answers every failing one
+   * with its own error, so one round trip covers the batch. Returns per message 0 or {errno, extAck}.
+   */
+  batch(msgs: BatchMessage[], op: string): Array<0 | { errno: number; extAck?: string }> {
+    if (msgs.length === 0) return [];
+    const first = (this.seq + 1) >>> 0;
+    const parts = msgs.map((m, i) => {
+      this.seq = (this.seq + 1) >>> 0;
+      const ack = i === msgs.length - 1 ? NLM_F_ACK : 0;
+      return encodeMessage({ type: m.type, flags: NLM_F_REQUEST | ack | m.flags, seq: this.seq, pid: 0 }, m.body);
+    });
+    const last = this.seq;
+    const out: Array<0 | { errno: number; extAck?: string }> = new Array(msgs.length).fill(0);
+    if (this.nl.closed) throw new NetlinkError(op, os.constants.errno.EBADF, undefined, { message: `${op}: netlink socket is closed` });
+    this.transport.send(Buffer.concat(parts));
+    for (;;) {
+      let n: number;
+      try {
+        n = this.transport.recv(this.rbuf);
+      } catch (e) {
+        // Error replies overflowed the receive buffer: which messages failed is unknown.
+        if ((e as libc.SysError).errno === ENOBUFS) throw new NetlinkError(op, ENOBUFS, undefined, { cause: e, message: `${op}: replies to a batch of ${msgs.length} overflowed the receive buffer; outcome unknown` });
+        throw e;
+      }
+      if (n < 0) throw new NetlinkError(op, ETIMEDOUT, undefined, { message: `${op}: no answer from the kernel within the receive timeout` });
+      for (const m of decodeMessages(this.rbuf, n)) {
+        if (m.pid !== this.portId || m.type !== NLMSG_ERROR) continue;
+        const idx = (m.seq - first) >>> 0;
+        if (idx >= msgs.length) continue; // a stale reply to something earlier
+        const err = decodeError(m);
+        if (err.errno !== 0) out[idx] = { errno: err.errno, extAck: err.msg };
+        if (m.seq === last) return out;
+      }
+    }
+  }
+}

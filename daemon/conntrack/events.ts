@@ -1,0 +1,142 @@
+// ConntrackEvents: conntrack new/update/destroy events of one network namespace, delivered on the main
+// thread. The socket is created and subscribed synchronously inside the namespace (so nothing after
+// open() is missed); a worker thread does the blocking receive and posts datagrams back, where they are
+// decoded. An event overrun (ENOBUFS) is reported as 'overrun' so the caller can resync with a dump.
+import { EventEmitter } from 'node:events';
+import { Worker } from 'node:worker_threads';
+import { decodeMessages, type NlMsg } from '../netlink/codec';
+import { NLM_F_CREATE, NLMSG_ERROR, NLMSG_OVERRUN } from '../netlink/constants';
+import * as libc from '../sys/libc';
+import { inNetns } from '../sys/netns';
+import { decodeEntry } from './codec';
+import { IPCTNL_MSG, NFNL_SUBSYS_CTNETLINK, NFNLGRP } from './constants';
+import { openNetfilterFd, setRcvBuf } from './ctnl-socket';
+import { EVENT_READER_SOURCE } from './event-reader';
+import type { ConntrackEvent, ConntrackEventType } from './types';
+
+export interface ConntrackEventsOptions {
+  /** Which events to subscribe to; all three by default. */
+  types?: ConntrackEventType[];
+  /** Socket receive buffer, bytes (SO_RCVBUFFORCE as root): the burst the kernel can queue before ENOBUFS. */
+  rcvBufBytes?: number;
+  /** Longest blocking receive, ms; bounds how long close() waits for the worker. */
+  recvTimeoutMs?: number;
+}
+
+/** What the reader worker posts. */
+export type ReaderMessage =
+  | { kind: 'data'; bytes: Uint8Array }
+  | { kind: 'overrun'; overruns: number }
+  | { kind: 'error'; code?: string; message: string };
+
+/** The reader as ConntrackEvents sees it: a Worker in production, a plain emitter in unit tests. */
+export interface Reader {
+  on(event: 'message', fn: (m: ReaderMessage) => void): unknown;
+  on(event: 'error', fn: (e: Error) => void): unknown;
+  on(event: 'exit', fn: (code: number) => void): unknown;
+  /** Asks the reader to stop; it must then emit 'exit' (within the receive timeout). */
+  stop(): void;
+}
+
+const GROUP_OF: Record<ConntrackEventType, number> = {
+  new: NFNLGRP.CONNTRACK_NEW, update: NFNLGRP.CONNTRACK_UPDATE, destroy: NFNLGRP.CONNTRACK_DESTROY,
+};
+
+/** The event type of one ctnetlink message: NEW with NLM_F_CREATE is a new entry, NEW without is an update. */
+export function eventTypeOf(m: NlMsg): ConntrackEventType | undefined {
+  if (m.type >> 8 !== NFNL_SUBSYS_CTNETLINK) return undefined;
+  const msg = m.type & 0xff;
+  if (msg === IPCTNL_MSG.CT_DELETE) return 'destroy';
+  if (msg === IPCTNL_MSG.CT_NEW) return m.flags & NLM_F_CREATE ? 'new' : 'update';
+  return undefined;
+}
+
+export interface ConntrackEvents {
+  on(event: 'event', fn: (e: ConntrackEvent) => void): this;
+  /** Events were lost (kernel ENOBUFS, or a message that could not be decoded): resync with a dump. */
+  on(event: 'overrun', fn: (info: { overruns: number; reason: string }) => void): this;
+  /** The reader stopped for good (e.g. the socket failed); no more events will come. */
+  on(event: 'error', fn: (e: Error) => void): this;
+}
+
+export class ConntrackEvents extends EventEmitter {
+  private readonly reader: Reader;
+  private readonly exited: Promise<void>;
+  private overruns = 0;
+  private closing = false;
+  /** Events delivered so far (all types). */
+  received = 0;
+
+  /** Wraps a reader; open() is the production entry point, tests pass a fake. */
+  constructor(reader: Reader, onExit: () => void = () => {}) {
+    super();
+    this.reader = reader;
+    this.exited = new Promise((resolve) => {
+      reader.on('exit', () => { onExit(); resolve(); });
+    });
+    reader.on('message', (m) => this.onMessage(m));
+    reader.on('error', (e) => { if (!this.closing) this.emit('error', e); });
+  }
+
+  /** Subscribes in the namespace at nsPath (the daemon's own when undefined); events after this call are seen. */
+  static open(nsPath?: string, opts: ConntrackEventsOptions = {}): ConntrackEvents {
+    const types = opts.types ?? ['new', 'update', 'destroy'];
+    const groups = types.reduce((mask, t) => mask | (1 << (GROUP_OF[t] - 1)), 0);
+    const make = () => openNetfilterFd(groups);
+    const fd = nsPath ? inNetns(nsPath, make) : make();
+    try {
+      setRcvBuf(fd, opts.rcvBufBytes ?? 16 << 20);
+      libc.setRecvTimeout(fd, opts.recvTimeoutMs ?? 200);
+    } catch (e) {
+      libc.close(fd);
+      throw e;
+    }
+    const stop = new Int32Array(new SharedArrayBuffer(4));
+    // execArgv [] so the worker does not inherit loaders such as tsx: it runs plain JavaScript.
+    const worker = new Worker(EVENT_READER_SOURCE, { eval: true, execArgv: [], workerData: { fd, stop, bufBytes: 1 << 16 } });
+    const reader: Reader = Object.assign(worker, { stop: () => { Atomics.store(stop, 0, 1); } });
+    // The fd is closed only after the worker has left its read loop, so it is never reused under it.
+    return new ConntrackEvents(reader, () => libc.close(fd));
+  }
+
+  /** Stops the worker and closes the socket; resolves within about the receive timeout. Idempotent. */
+  close(): Promise<void> {
+    this.closing = true;
+    this.reader.stop();
+    return this.exited;
+  }
+
+  private onMessage(m: ReaderMessage): void {
+    if (this.closing) return;
+    if (m.kind === 'overrun') return this.overrun('kernel dropped events (ENOBUFS)');
+    if (m.kind === 'error') {
+      this.emit('error', new Error(`conntrack event socket failed: ${m.message}`));
+      return;
+    }
+    let msgs: NlMsg[];
+    try {
+      msgs = decodeMessages(Buffer.from(m.bytes.buffer, m.bytes.byteOffset, m.bytes.length));
+    } catch (e) {
+      return this.overrun(`undecodable event datagram: ${(e as Error).message}`);
+    }
+    for (const msg of msgs) {
+      if (msg.type === NLMSG_OVERRUN || msg.type === NLMSG_ERROR) continue;
+      const type = eventTypeOf(msg);
+      if (!type) continue;
+      let entry;
+      try {
+        entry = decodeEntry(msg.payload);
+      } catch (e) {
+        this.overrun(`undecodable ${type} event: ${(e as Error).message}`);
+        continue;
+      }
+      this.received++;
+      this.emit('event', { type, entry } satisfies ConntrackEvent);
+    }
+  }
+
+  private overrun(reason: string): void {
+    this.overruns++;
+    this.emit('overrun', { overruns: this.overruns, reason });
+  }
+}

@@ -1,0 +1,182 @@
+// ConntrackHandle: ctnetlink (conntrack table) work in one network namespace: dump, get, insert (one or
+// many per sendto), delete, flush. Like NetlinkHandle, open(nsPath) creates the socket inside the
+// namespace and every later call runs synchronously from the daemon's own thread.
+import * as os from 'node:os';
+import { NLM_F_CREATE, NLM_F_EXCL } from '../netlink/constants';
+import { NetlinkError } from '../netlink/netlink-error';
+import { inNetns } from '../sys/netns';
+import { be32, decodeEntry, encodeCreate, encodeLookup, encodeUpdate, formatTuple, nfgenmsg } from './codec';
+import { CTA, ctMsgType, IPCTNL_MSG, NFNL_SUBSYS_CTNETLINK } from './constants';
+import { CtnlSocket, type BatchMessage, type CtnlSocketOptions } from './ctnl-socket';
+import type { ConntrackEntry, CtTuple } from './types';
+
+const { EEXIST, ENOENT } = os.constants.errno;
+
+export interface DumpFilter {
+  family?: 4 | 6;
+  /** Entries whose mark & mask equals value & mask (filtered by the kernel). */
+  mark?: { value: number; mask: number };
+  zone?: number;
+}
+
+export interface InsertOptions {
+  /**
+   * When an entry with the same original tuple exists, make it equal to this one instead of failing with
+   * EEXIST: updated in place (timeout, mark, status, TCP state) when its NAT mapping is the same, else
+   * deleted and created again (the kernel cannot change an entry's NAT mapping).
+   */
+  update?: boolean;
+}
+
+export interface InsertManyResult {
+  created: number;
+  updated: number;
+  failed: Array<{ entry: ConntrackEntry; error: NetlinkError }>;
+}
+
+function sameTuple(a: CtTuple, b: CtTuple): boolean {
+  return a.family === b.family && a.proto === b.proto && a.src === b.src && a.dst === b.dst && a.sport === b.sport &&
+    a.dport === b.dport && a.icmpId === b.icmpId;
+}
+
+function opName(msg: number, t?: CtTuple): string {
+  const name = msg === IPCTNL_MSG.CT_NEW ? 'IPCTNL_MSG_CT_NEW' : msg === IPCTNL_MSG.CT_GET ? 'IPCTNL_MSG_CT_GET' : 'IPCTNL_MSG_CT_DELETE';
+  return t ? `${name} ${formatTuple(t)}` : name;
+}
+
+export class ConntrackHandle {
+  readonly socket: CtnlSocket;
+  /** The namespace path the handle was opened in; undefined means the daemon's own namespace. */
+  readonly nsPath?: string;
+  /** Messages per sendto in insertMany; their error replies must fit the receive buffer. */
+  batchSize = 256;
+
+  constructor(socket: CtnlSocket, nsPath?: string) {
+    this.socket = socket;
+    this.nsPath = nsPath;
+  }
+
+  /** Throws TetherError(NETNS_GONE) when nsPath cannot be opened. */
+  static open(nsPath?: string, opts: CtnlSocketOptions = {}): ConntrackHandle {
+    const sock = nsPath ? inNetns(nsPath, () => CtnlSocket.open(opts)) : CtnlSocket.open(opts);
+    return new ConntrackHandle(sock, nsPath);
+  }
+
+  /** Runs fn with a handle for nsPath and always closes it. */
+  static with<T>(nsPath: string | undefined, fn: (h: ConntrackHandle) => T): T {
+    const h = ConntrackHandle.open(nsPath);
+    try {
+      return fn(h);
+    } finally {
+      h.close();
+    }
+  }
+
+  /** Idempotent. */
+  close(): void {
+    this.socket.close();
+  }
+
+  /** All entries (restarted a bounded number of times if a concurrent change interrupts the dump). */
+  dump(filter: DumpFilter = {}): ConntrackEntry[] {
+    const body = [nfgenmsg(filter.family ?? 0)];
+    if (filter.mark) body.push(be32(CTA.MARK, filter.mark.value), be32(CTA.MARK_MASK, filter.mark.mask));
+    const out: ConntrackEntry[] = [];
+    for (const m of this.socket.nl.dump(ctMsgType(IPCTNL_MSG.CT_GET), body, 'IPCTNL_MSG_CT_GET dump')) {
+      if (m.type >> 8 !== NFNL_SUBSYS_CTNETLINK) continue;
+      const e = decodeEntry(m.payload);
+      // The kernel filters family and mark already; zone has no dump filter, and re-checking is cheap.
+      if (filter.family && e.orig.family !== filter.family) continue;
+      if (filter.mark && ((e.mark ?? 0) & filter.mark.mask) !== (filter.mark.value & filter.mark.mask)) continue;
+      if (filter.zone !== undefined && (e.zone ?? 0) !== filter.zone) continue;
+      out.push(e);
+    }
+    return out;
+  }
+
+  /** The entry whose original tuple is `orig`, or undefined. */
+  get(orig: CtTuple, zone?: number): ConntrackEntry | undefined {
+    try {
+      const r = this.socket.nl.request(ctMsgType(IPCTNL_MSG.CT_GET), 0, encodeLookup(orig, zone), opName(IPCTNL_MSG.CT_GET, orig));
+      const m = r.find((x) => x.type >> 8 === NFNL_SUBSYS_CTNETLINK);
+      return m ? decodeEntry(m.payload) : undefined;
+    } catch (e) {
+      if (e instanceof NetlinkError && e.errno === ENOENT) return undefined;
+      throw e;
+    }
+  }
+
+  /**
+   * Creates the entry, NAT mapping included (CTA_NAT_SRC/DST from the reply tuple), CONFIRMED so the
+   * kernel accepts it. Throws NetlinkError naming op and tuple, e.g. EEXIST without `update`.
+   */
+  insert(entry: ConntrackEntry, opts: InsertOptions = {}): 'created' | 'updated' {
+    try {
+      this.socket.nl.request(ctMsgType(IPCTNL_MSG.CT_NEW), NLM_F_CREATE | NLM_F_EXCL, encodeCreate(entry), opName(IPCTNL_MSG.CT_NEW, entry.orig));
+      return 'created';
+    } catch (e) {
+      if (!(opts.update && e instanceof NetlinkError && e.errno === EEXIST)) throw e;
+    }
+    return this.replace(entry);
+  }
+
+  /**
+   * Inserts many entries, batchSize messages per sendto. Never stops at one failure: failures are
+   * returned with their NetlinkError. With `update`, existing entries are handled as in insert().
+   */
+  insertMany(entries: ConntrackEntry[], opts: InsertOptions = {}): InsertManyResult {
+    const res: InsertManyResult = { created: 0, updated: 0, failed: [] };
+    for (let i = 0; i < entries.length; i += this.batchSize) {
+      const chunk = entries.slice(i, i + this.batchSize);
+      const msgs: BatchMessage[] = chunk.map((e) => ({ type: ctMsgType(IPCTNL_MSG.CT_NEW), flags: NLM_F_CREATE | NLM_F_EXCL, body: encodeCreate(e) }));
+      const results = this.socket.batch(msgs, `IPCTNL_MSG_CT_NEW batch of ${chunk.length}`);
+      results.forEach((r, j) => {
+        const entry = chunk[j];
+        if (r === 0) { res.created++; return; }
+        const error = new NetlinkError(opName(IPCTNL_MSG.CT_NEW, entry.orig), r.errno, r.extAck);
+        if (!(opts.update && r.errno === EEXIST)) { res.failed.push({ entry, error }); return; }
+        try {
+          this.replace(entry);
+          res.updated++;
+        } catch (e) {
+          res.failed.push({ entry, error: e instanceof NetlinkError ? e : error });
+        }
+      });
+    }
+    return res;
+  }
+
+  /** Makes an existing entry equal to `entry` (see InsertOptions.update). */
+  private replace(entry: ConntrackEntry): 'created' | 'updated' {
+    const cur = this.get(entry.orig, entry.zone);
+    const op = opName(IPCTNL_MSG.CT_NEW, entry.orig);
+    if (cur && sameTuple(cur.reply, entry.reply)) {
+      try {
+        this.socket.nl.request(ctMsgType(IPCTNL_MSG.CT_NEW), 0, encodeUpdate(entry, cur.status), op);
+        return 'updated';
+      } catch (e) {
+        if (!(e instanceof NetlinkError && e.errno === ENOENT)) throw e; // expired meanwhile: create below
+      }
+    } else if (cur) {
+      this.delete(entry.orig, entry.zone);
+    }
+    this.socket.nl.request(ctMsgType(IPCTNL_MSG.CT_NEW), NLM_F_CREATE | NLM_F_EXCL, encodeCreate(entry), op);
+    return cur ? 'updated' : 'created';
+  }
+
+  /** Deletes the entry whose original tuple is `orig`. Idempotent: false when it was already gone. */
+  delete(orig: CtTuple, zone?: number): boolean {
+    try {
+      this.socket.nl.request(ctMsgType(IPCTNL_MSG.CT_DELETE), 0, encodeLookup(orig, zone), opName(IPCTNL_MSG.CT_DELETE, orig));
+      return true;
+    } catch (e) {
+      if (e instanceof NetlinkError && e.errno === ENOENT) return false;
+      throw e;
+    }
+  }
+
+  /** Deletes every entry (of one family when given) in the namespace. */
+  flush(family?: 4 | 6): void {
+    this.socket.nl.request(ctMsgType(IPCTNL_MSG.CT_DELETE), 0, [nfgenmsg(family ?? 0)], 'IPCTNL_MSG_CT_DELETE flush');
+  }
+}

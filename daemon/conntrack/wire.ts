@@ -1,0 +1,112 @@
+// Fast ctnetlink attribute writing and reading. The sync path encodes and decodes thousands of entries
+// per second, so this writes into one scratch buffer and reads attributes by offset instead of building
+// a Buffer per attribute (which cost ~30 µs an entry with the generic rtnetlink helpers).
+import { bytesToIp, ipToBytes } from '../netlink/ip-bytes';
+
+const NLA_F_NESTED = 0x8000;
+const NLA_TYPE_MASK = 0x3fff;
+
+export class Writer {
+  buf: Buffer;
+  off = 0;
+
+  constructor(size = 1024) {
+    this.buf = Buffer.alloc(size);
+  }
+
+  private ensure(n: number): void {
+    if (this.off + n <= this.buf.length) return;
+    const bigger = Buffer.alloc(Math.max(this.buf.length * 2, this.off + n));
+    this.buf.copy(bigger, 0, 0, this.off);
+    this.buf = bigger;
+  }
+
+  /** Writes raw bytes (an nfgenmsg), padded to 4. */
+  raw(b: Buffer): void {
+    const padded = (b.length + 3) & ~3;
+    this.ensure(padded);
+    b.copy(this.buf, this.off);
+    this.buf.fill(0, this.off + b.length, this.off + padded);
+    this.off += padded;
+  }
+
+  /** Opens a nested attribute; pass the result to end(). */
+  start(type: number): number {
+    this.ensure(4);
+    const at = this.off;
+    this.buf.writeUInt16LE(type | NLA_F_NESTED, at + 2);
+    this.off += 4;
+    return at;
+  }
+
+  end(at: number): void {
+    this.buf.writeUInt16LE(this.off - at, at);
+  }
+
+  private header(type: number, len: number): number {
+    const total = (4 + len + 3) & ~3;
+    this.ensure(total);
+    const at = this.off;
+    this.buf.writeUInt16LE(4 + len, at);
+    this.buf.writeUInt16LE(type, at + 2);
+    this.buf.fill(0, at + 4, at + total);
+    this.off += total;
+    return at + 4;
+  }
+
+  u8(type: number, v: number): void {
+    const at = this.header(type, 1); // before touching this.buf: header() may replace it
+    this.buf.writeUInt8(v & 0xff, at);
+  }
+
+  be16(type: number, v: number): void {
+    const at = this.header(type, 2);
+    this.buf.writeUInt16BE(v & 0xffff, at);
+  }
+
+  be32(type: number, v: number): void {
+    const at = this.header(type, 4);
+    this.buf.writeUInt32BE(v >>> 0, at);
+  }
+
+  bytes(type: number, b: Buffer): void {
+    const at = this.header(type, b.length);
+    b.copy(this.buf, at);
+  }
+
+  /** An address attribute: dotted quads are parsed by hand, IPv6 through ipToBytes. */
+  ip(type: number, s: string, family: 4 | 6): void {
+    if (family === 6) return this.bytes(type, ipToBytes(s));
+    const at = this.header(type, 4);
+    let part = 0;
+    let idx = 0;
+    for (let i = 0; i < s.length; i++) {
+      const c = s.charCodeAt(i);
+      if (c === 46) { this.buf[at + idx++] = part; part = 0; } else part = part * 10 + (c - 48);
+    }
+    this.buf[at + idx] = part;
+  }
+
+  /** A copy of what was written; the writer is reset for the next message. */
+  take(): Buffer {
+    const out = Buffer.from(this.buf.subarray(0, this.off));
+    this.off = 0;
+    return out;
+  }
+}
+
+/** Calls fn(type, dataOffset, dataLength) for each attribute in buf[start, end); throws on a bad length. */
+export function eachAttr(buf: Buffer, start: number, end: number, fn: (type: number, at: number, len: number) => void): void {
+  let o = start;
+  while (o + 4 <= end) {
+    const len = buf.readUInt16LE(o);
+    if (len < 4 || o + len > end) throw new Error(`malformed ctnetlink attribute: length ${len} at offset ${o}`);
+    fn(buf.readUInt16LE(o + 2) & NLA_TYPE_MASK, o + 4, len - 4);
+    o += (len + 3) & ~3;
+  }
+}
+
+export function readIp(buf: Buffer, at: number, len: number): string {
+  if (len === 4) return `${buf[at]}.${buf[at + 1]}.${buf[at + 2]}.${buf[at + 3]}`;
+  return bytesToIp(buf.subarray(at, at + len));
+}
