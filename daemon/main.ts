@@ -16,14 +16,23 @@ import { IpamService } from '../ipam/ipam-service';
 import { PodAllocator } from '../ipam/pod-allocator';
 import { LazyStore } from '../ipam/store/lazy-store';
 import { parseRedisUrl, RedisStore } from '../ipam/store/redis-store';
+import { EgressController, requireClusterKey } from './egress/egress-controller';
+import { validateEgress } from './egress/egress-spec';
+import { OwnershipStore } from './egress/ownership-store';
 
 const VERSION = '0.1.0';
 
 const USAGE = `usage: tetherd [--node-name NAME] [--socket PATH] [--state-dir DIR] [--bpf-pin-dir DIR] [--config FILE]
                [--redis URL] [--redis-prefix PREFIX] [--log-level LEVEL]
+               [--node-address IP] [--uplink IF] [--cluster-key-file FILE] [--fou-port N] [--sync-port N]
   --config FILE   YAML/JSON objects: AddressPool, Node (zone, labels)
   --redis URL     the cluster store for block claims and floating addresses:
-                  redis://[:password@]host:port[/db] or unix:///path.sock[?password=…]`;
+                  redis://[:password@]host:port[/db] or unix:///path.sock[?password=…]
+  Egress (objects of kind Egress in --config) also needs:
+  --node-address IP       this node's address: BFD, conntrack sync and FoU between nodes use it
+  --uplink IF             the node's interface on the L2 segment (announcements); default: eth0
+  --cluster-key-file FILE shared secret (≥ 32 bytes, hex or base64) authenticating tetherd-to-tetherd traffic
+  --fou-port N            UDP port of FoU encapsulation (default 5555); --sync-port N conntrack sync (default 3785)`;
 
 /** How often tetherd retries deferred work (block returns that failed while the store was away). */
 const MAINTAIN_MS = 30_000;
@@ -41,6 +50,13 @@ export async function main(argv: string[]): Promise<number> {
         config: { type: 'string' },
         redis: { type: 'string', default: process.env.TETHER_REDIS_URL },
         'redis-prefix': { type: 'string', default: 'tether:' },
+        'node-address': { type: 'string' },
+        uplink: { type: 'string', default: 'eth0' },
+        'cluster-key-file': { type: 'string' },
+        'fou-port': { type: 'string', default: '5555' },
+        'sync-port': { type: 'string', default: '3785' },
+        // Testing only: the negative control of the failover tests (takeover without conntrack state).
+        'no-conntrack-sync': { type: 'boolean', default: false },
         'log-level': { type: 'string', default: 'info' },
         help: { type: 'boolean' },
       },
@@ -90,6 +106,34 @@ export async function main(argv: string[]): Promise<number> {
   await pods.start();
   const addresses = new ClusterAddresses(config.pools, store, logger);
   const ipam = new IpamService(pods, logger);
+  let egress: EgressController | undefined;
+  let ownership: OwnershipStore | undefined;
+  const egressObjects = config.others.filter((o) => o.kind === 'Egress');
+  if (egressObjects.length) {
+    try {
+      const resolved = egressObjects.map((o) => validateEgress(o, { pools: config.pools }));
+      if (!opts.redis) throw new TetherError(ErrorCode.InvalidConfig, 'Egress objects need the cluster store: start tetherd with --redis');
+      if (!opts['node-address']) throw new TetherError(ErrorCode.InvalidConfig, 'Egress objects need --node-address');
+      const clusterKey = requireClusterKey(opts['cluster-key-file'] ? fs.readFileSync(opts['cluster-key-file'], 'utf8') : undefined);
+      ownership = await OwnershipStore.connect(opts.redis, { keyPrefix: opts['redis-prefix'] });
+      egress = new EgressController({
+        node: { name: nodeName, zone: nodeConfig.zone, address: opts['node-address'], uplink: opts.uplink as string },
+        pinDir: opts['bpf-pin-dir'] as string,
+        fouPort: Number(opts['fou-port']),
+        syncPort: Number(opts['sync-port']),
+        clusterKey,
+        egresses: resolved,
+        ownership,
+        addresses,
+        attach,
+        logger,
+        conntrackSync: !opts['no-conntrack-sync'],
+      });
+    } catch (e) {
+      logger.error('egress configuration rejected', { error: (e as Error).message });
+      return 2;
+    }
+  }
   const maintain = setInterval(() => void pods.maintain().catch((e) => logger.warn('ipam: maintenance failed', { error: (e as Error).message })), MAINTAIN_MS);
   maintain.unref();
   const started = Date.now();
@@ -132,6 +176,7 @@ export async function main(argv: string[]): Promise<number> {
         bpfPinDir: opts['bpf-pin-dir'],
         pools: config.pools.map((p) => p.name),
         ipam: { pods: pods.usage(), cluster: await addresses.usage() },
+        egress: egress?.status() ?? [],
         pods: podStore.all().map((r) => ({
           network: r.network,
           containerId: r.containerId,
@@ -150,12 +195,23 @@ export async function main(argv: string[]): Promise<number> {
     logger.error('cannot serve socket', { socket: opts.socket, error: (e as Error).message });
     return 1;
   }
+  if (egress) {
+    try {
+      await egress.start();
+    } catch (e) {
+      logger.error('egress controller failed to start', { error: (e as Error).message, stack: (e as Error).stack });
+      await server.close();
+      return 1;
+    }
+  }
   logger.info('tetherd started', { version: VERSION, socket: opts.socket, stateDir, bpfPinDir: opts['bpf-pin-dir'], podsRecorded: loaded });
 
   return new Promise<number>((resolve) => {
     const stop = (signal: string) => {
       logger.info('tetherd stopping', { signal });
       clearInterval(maintain);
+      void egress?.stop().catch((e) => logger.warn('egress: stop failed', { error: (e as Error).message }));
+      void ownership?.close();
       void server.close().then(async () => {
         await store?.close();
         logger.info('tetherd stopped', { signal });

@@ -48,11 +48,14 @@ export class GatewayDatapath {
       [`net/ipv4/conf/${this.gw.ifName}/send_redirects`, '0'],
       ['net/ipv4/conf/all/rp_filter', '0'],
       [`net/ipv4/conf/${this.gw.ifName}/rp_filter`, '0'],
+      // Never adopt a TCP flow in mid-stream: a gateway forwards (and NATs) only connections it saw
+      // open or received through conntrack sync, so a packet is not trusted just because it arrived.
+      ['net/netfilter/nf_conntrack_tcp_loose', '0'],
     ]) writeNetSysctl(ns, k, v);
     // Replies the gateway de-NATs come back with the external server as source through its veth.
     writeNetSysctl(null, `net/ipv4/conf/${this.gw.hostIfName}/rp_filter`, '2');
     this.nft(`table ip ${TABLE} {
-  chain forward { type filter hook forward priority 0; policy accept; ct state established,related accept; }
+  chain forward { type filter hook forward priority 0; policy accept; ct state invalid drop; ct state established,related accept; }
   chain postrouting { type nat hook postrouting priority 100; policy accept; }
 }`);
     if (!this.decap) {

@@ -137,6 +137,23 @@ export class OwnershipStore extends EventEmitter {
     });
   }
 
+  /** Publishes this node's address (gateways accept FoU only from registered nodes). */
+  async registerNode(node: string, address: string, ttlMs: number): Promise<void> {
+    await this.client.hset(`${this.prefix}nodes`, node, JSON.stringify({ address, expiresAt: Date.now() + ttlMs }));
+  }
+
+  async listNodes(): Promise<string[]> {
+    const now = Date.now();
+    return Object.values(await this.client.hgetall(`${this.prefix}nodes`)).flatMap((v) => {
+      try {
+        const r = JSON.parse(v) as { address: string; expiresAt: number };
+        return r.expiresAt > now ? [r.address] : [];
+      } catch {
+        return [];
+      }
+    });
+  }
+
   async close(): Promise<void> {
     this.client.disconnect();
     this.sub.disconnect();
