@@ -1,0 +1,79 @@
+// Events waiting to be sent, coalesced per entry key (latest wins) so a burst on a few flows costs one
+// slot each rather than one per event, and a flow that came and went before it was sent costs nothing.
+import { entryKey, type ConntrackEvent } from '../conntrack/types';
+
+interface Slot {
+  /** The peer may hold an older entry under this key that must go before `ev` is inserted. */
+  destroyFirst: boolean;
+  ev: ConntrackEvent;
+  /** When the first event folded into this slot was queued (for lag). */
+  since: number;
+}
+
+export class CoalescingQueue {
+  private slots = new Map<string, Slot>();
+  private events = 0;
+  /** Events folded into an existing slot or cancelled since creation. */
+  coalesced = 0;
+
+  /** Events that would be sent now (a destroy-then-new slot counts two). */
+  get size(): number {
+    return this.events;
+  }
+
+  push(ev: ConntrackEvent, now: number): void {
+    const key = entryKey(ev.entry);
+    const s = this.slots.get(key);
+    if (!s) {
+      this.slots.set(key, { destroyFirst: false, ev, since: now });
+      this.events++;
+      return;
+    }
+    this.coalesced++;
+    const prev = s.ev.type;
+    if (ev.type === 'destroy') {
+      if (prev === 'new' && !s.destroyFirst) {
+        // Created and gone before the peer heard of it.
+        this.slots.delete(key);
+        this.events--;
+      } else if (prev === 'new') {
+        // destroy, new, destroy: the peer only needs the first destroy.
+        s.destroyFirst = false;
+        s.ev = ev;
+        this.events--;
+      } else {
+        s.ev = ev;
+      }
+      return;
+    }
+    if (prev === 'destroy') {
+      // The peer's entry under this key is an older flow (reused tuple): remove it, then insert anew.
+      s.destroyFirst = true;
+      s.ev = { type: 'new', entry: ev.entry };
+      this.events++;
+    } else {
+      // new+update stays new (the peer never had it); update+update or update+new is the latest entry.
+      s.ev = { type: prev === 'new' ? 'new' : ev.type, entry: ev.entry };
+    }
+  }
+
+  /** Removes and returns up to about `max` events, oldest key first, and the oldest `since` among them. */
+  take(max: number): { events: ConntrackEvent[]; since: number } {
+    const out: ConntrackEvent[] = [];
+    let since = Infinity;
+    for (const [key, s] of this.slots) {
+      if (out.length >= max) break;
+      if (s.destroyFirst) out.push({ type: 'destroy', entry: s.ev.entry });
+      out.push(s.ev);
+      if (s.since < since) since = s.since;
+      this.slots.delete(key);
+    }
+    this.events -= out.length;
+    return { events: out, since };
+  }
+
+  clear(): void {
+    this.slots.clear();
+    this.events = 0;
+  }
+}

@@ -1,0 +1,345 @@
+// SyncReceiver: on each candidate gateway node, accepts authenticated SyncSenders and hands their
+// events and full resyncs to the caller (which writes the kernel table), acking what was applied.
+import * as net from 'node:net';
+import type { ConntrackEntry, ConntrackEvent } from '../conntrack/types';
+import { log } from '../log';
+import { SyncChannel, type ChannelTiming } from './channel';
+import { Cursor, readEntry, readEvent, readList } from './entry-codec';
+import { DEFAULT_MAX_FRAME, FrameRejected, FrameType, emptyRejects, senderBytes, writeU64, type Frame, type RejectReason } from './frame';
+import { checkClusterKey, deriveSession, handshakeKey, newNonce, proofsEqual, readHello, readProof, writeAccept, writeChallenge, type SessionKeys } from './handshake';
+
+/** Who a batch came from. replaceAll replaces the entries of this (id, stream) only. */
+export interface SyncPeerInfo {
+  id: string;
+  stream: string;
+  epoch: number;
+  remote: string;
+}
+
+export interface SyncReceiverOptions {
+  /** Shared cluster key, at least 32 bytes. */
+  key: Buffer;
+  /** This node's name, proven to senders in the handshake. */
+  id: string;
+  host?: string;
+  /** 0 (default) picks an ephemeral port; see `port` after listen(). */
+  port?: number;
+  /** Applies events in order (upsert for new/update, delete-if-present for destroy). Throwing drops the connection, which makes the sender resync. */
+  apply: (events: ConntrackEvent[], from: SyncPeerInfo) => void | Promise<void>;
+  /** Replaces everything previously received from `from` with `entries`, the sender's complete table. */
+  replaceAll: (entries: ConntrackEntry[], from: SyncPeerInfo) => void | Promise<void>;
+  maxFrameBytes?: number;
+  /** ACK after this many applied frames, or ackDelayMs after the first unacked one. */
+  ackEvery?: number;
+  ackDelayMs?: number;
+  heartbeatMs?: number;
+  deadAfterMs?: number;
+  handshakeTimeoutMs?: number;
+  /** A resync announcing more entries is refused (counted as oversize). */
+  maxResyncEntries?: number;
+  maxConnections?: number;
+  /** Decoded frames waiting for apply before the socket is paused (TCP then slows the sender). */
+  maxPendingFrames?: number;
+}
+
+export interface SyncPeerStats extends SyncPeerInfo {
+  connectedAt: number;
+  appliedSeq: number;
+  ackedSeq: number;
+  framesApplied: number;
+  entriesApplied: number;
+  resyncs: number;
+  /** Frames received but not yet applied. */
+  pendingFrames: number;
+}
+
+export interface SyncReceiverStats {
+  port: number;
+  connectedPeers: number;
+  peers: SyncPeerStats[];
+  connectionsAccepted: number;
+  connectionsRefused: number;
+  framesApplied: number;
+  entriesApplied: number;
+  resyncs: number;
+  lastResyncEntries: number;
+  lastResyncMs: number;
+  /** From receipt of the oldest frame in an ACK to sending that ACK; last and worst. */
+  ackLagMs: number;
+  maxAckLagMs: number;
+  rejected: Record<RejectReason, number>;
+}
+
+type Work =
+  | { kind: 'apply'; seq: number; rxAt: number; events: ConntrackEvent[] }
+  | { kind: 'replace'; seq: number; rxAt: number; entries: ConntrackEntry[]; began: number }
+  | { kind: 'none'; seq: number; rxAt: number };
+
+interface Conn {
+  ch: SyncChannel;
+  remote: string;
+  nonceR: Buffer;
+  /** Between the sender's HELLO and its proof. */
+  pending: { keys: SessionKeys; id: string; stream: string; epoch: number } | undefined;
+  info: SyncPeerInfo | undefined;
+  stats: SyncPeerStats | undefined;
+  resync: { total: number; entries: ConntrackEntry[]; began: number } | undefined;
+  work: Work[];
+  running: boolean;
+  sinceAck: number;
+  oldestUnacked: number;
+  ackTimer: NodeJS.Timeout | undefined;
+}
+
+export class SyncReceiver {
+  private readonly o: Required<Omit<SyncReceiverOptions, 'apply' | 'replaceAll'>>;
+  private readonly hsKey: Buffer;
+  private readonly idBytes: Buffer;
+  private readonly timing: ChannelTiming;
+  private readonly server: net.Server;
+  private readonly conns = new Set<Conn>();
+  /** Highest ownership epoch seen per stream: a sender below it is a fenced former owner. */
+  private readonly epochs = new Map<string, number>();
+  private s = {
+    connectionsAccepted: 0, connectionsRefused: 0, framesApplied: 0, entriesApplied: 0, resyncs: 0, lastResyncEntries: 0,
+    lastResyncMs: 0, ackLagMs: 0, maxAckLagMs: 0, rejected: emptyRejects(),
+  };
+
+  constructor(private readonly opts: SyncReceiverOptions) {
+    checkClusterKey(opts.key);
+    this.idBytes = senderBytes(opts.id);
+    this.hsKey = handshakeKey(opts.key);
+    this.o = {
+      key: opts.key, id: opts.id, host: opts.host ?? '0.0.0.0', port: opts.port ?? 0,
+      maxFrameBytes: opts.maxFrameBytes ?? DEFAULT_MAX_FRAME, ackEvery: opts.ackEvery ?? 16, ackDelayMs: opts.ackDelayMs ?? 20,
+      heartbeatMs: opts.heartbeatMs ?? 250, deadAfterMs: opts.deadAfterMs ?? 1000, handshakeTimeoutMs: opts.handshakeTimeoutMs ?? 2000,
+      maxResyncEntries: opts.maxResyncEntries ?? 4_000_000, maxConnections: opts.maxConnections ?? 256,
+      maxPendingFrames: opts.maxPendingFrames ?? 64,
+    };
+    this.timing = { heartbeatMs: this.o.heartbeatMs, deadAfterMs: this.o.deadAfterMs, handshakeTimeoutMs: this.o.handshakeTimeoutMs };
+    this.server = net.createServer((s) => this.accept(s));
+  }
+
+  listen(): Promise<number> {
+    return new Promise((resolve, reject) => {
+      this.server.once('error', reject);
+      this.server.listen(this.o.port, this.o.host, () => {
+        this.server.off('error', reject);
+        resolve(this.port);
+      });
+    });
+  }
+
+  get port(): number {
+    const a = this.server.address();
+    return a && typeof a === 'object' ? a.port : 0;
+  }
+
+  stats(): SyncReceiverStats {
+    const peers = [...this.conns].filter((c) => c.stats).map((c) => ({ ...c.stats!, pendingFrames: c.work.length }));
+    return { ...this.s, rejected: { ...this.s.rejected }, port: this.port, connectedPeers: peers.length, peers };
+  }
+
+  /** Stops listening and drops every connection. Whatever resync was half received is discarded. */
+  async close(): Promise<void> {
+    const closed = new Promise<void>((resolve) => this.server.close(() => resolve()));
+    const done = [...this.conns].map((c) => {
+      c.ch.close('receiver closed');
+      return c.ch.done;
+    });
+    await Promise.all([closed, ...done]);
+  }
+
+  private accept(socket: net.Socket): void {
+    const remote = `${socket.remoteAddress}:${socket.remotePort}`;
+    if (this.conns.size >= this.o.maxConnections) {
+      this.s.connectionsRefused++;
+      socket.destroy();
+      return;
+    }
+    this.s.connectionsAccepted++;
+    const c: Conn = {
+      ch: undefined as unknown as SyncChannel, remote, nonceR: newNonce(), pending: undefined, info: undefined, stats: undefined, resync: undefined,
+      work: [], running: false, sinceAck: 0, oldestUnacked: 0, ackTimer: undefined,
+    };
+    c.ch = new SyncChannel(socket, this.idBytes, this.hsKey, this.o.maxFrameBytes, this.timing, {
+      frame: (f) => this.onFrame(c, f),
+      rejected: (reason, message) => {
+        this.s.rejected[reason]++;
+        log().warn('conntrack sync: frame rejected', { role: 'receiver', remote, peerId: c.info?.id, reason, message });
+      },
+      closed: (reason) => this.onClosed(c, reason),
+    });
+    this.conns.add(c);
+  }
+
+  private onFrame(c: Conn, f: Frame): void {
+    if (!c.ch.established) return this.onHello(c, f);
+    const now = Date.now();
+    switch (f.type) {
+      case FrameType.EVENTS:
+        if (c.resync) throw new FrameRejected('malformed', 'EVENTS inside a resync');
+        return this.enqueue(c, { kind: 'apply', seq: f.seq, rxAt: now, events: readList(f.payload, 0xffffffff, readEvent) });
+      case FrameType.RESYNC_BEGIN: {
+        if (c.resync) throw new FrameRejected('malformed', 'RESYNC_BEGIN inside a resync');
+        const total = u32Payload(f);
+        if (total > this.o.maxResyncEntries) throw new FrameRejected('oversize', `resync of ${total} entries over the limit of ${this.o.maxResyncEntries}`);
+        c.resync = { total, entries: [], began: now };
+        return this.enqueue(c, { kind: 'none', seq: f.seq, rxAt: now });
+      }
+      case FrameType.RESYNC_CHUNK: {
+        const r = c.resync;
+        if (!r) throw new FrameRejected('malformed', 'RESYNC_CHUNK outside a resync');
+        const got = readList(f.payload, r.total - r.entries.length, readEntry);
+        for (const e of got) r.entries.push(e);
+        return this.enqueue(c, { kind: 'none', seq: f.seq, rxAt: now });
+      }
+      case FrameType.RESYNC_END: {
+        const r = c.resync;
+        if (!r) throw new FrameRejected('malformed', 'RESYNC_END outside a resync');
+        const total = u32Payload(f);
+        if (total !== r.total || r.entries.length !== r.total) throw new FrameRejected('malformed', `resync ended with ${r.entries.length} of ${r.total} entries (END says ${total})`);
+        c.resync = undefined;
+        return this.enqueue(c, { kind: 'replace', seq: f.seq, rxAt: now, entries: r.entries, began: r.began });
+      }
+      case FrameType.HEARTBEAT:
+        return this.enqueue(c, { kind: 'none', seq: f.seq, rxAt: now });
+      default:
+        throw new FrameRejected('malformed', `unexpected frame type ${f.type} from a sender`);
+    }
+  }
+
+  private onHello(c: Conn, f: Frame): void {
+    if (f.type !== FrameType.HELLO) throw new FrameRejected('malformed', `frame type ${f.type} before the HELLO exchange`);
+    if (!c.pending) {
+      const h = readHello(f.payload);
+      const id = f.sender.toString('utf8');
+      const keys = deriveSession(this.o.key, { nonceR: c.nonceR, nonceS: h.nonceS, senderId: id, receiverId: this.o.id, stream: h.stream, epoch: h.epoch });
+      c.pending = { keys, id, stream: h.stream, epoch: h.epoch };
+      c.ch.expectPeer(f.sender);
+      c.ch.send(FrameType.HELLO, 512, (b, o) => writeChallenge(b, o, c.nonceR, this.o.id, keys.proofR));
+      return;
+    }
+    const { keys, id, stream, epoch } = c.pending;
+    if (!proofsEqual(readProof(f.payload), keys.proofS)) throw new FrameRejected('auth', `sender '${id}' failed to prove the cluster key`);
+    const highest = this.epochs.get(stream) ?? -1;
+    if (epoch < highest) throw new FrameRejected('stale', `sender '${id}' has epoch ${epoch} of stream '${stream}', ${highest} was seen`);
+    this.epochs.set(stream, epoch);
+    // A reconnecting sender replaces its old connection; a newer owner fences an older one.
+    for (const o of this.conns) {
+      if (o !== c && o.info && o.info.stream === stream && (o.info.id === id || o.info.epoch < epoch)) o.ch.close(`superseded by a connection from '${id}' (epoch ${epoch})`);
+    }
+    c.ch.send(FrameType.HELLO, 8, (b, o) => writeAccept(b, o));
+    c.ch.establish(keys.toSender, keys.toReceiver, keys.session, f.sender);
+    c.pending = undefined;
+    c.info = { id, stream, epoch, remote: c.remote };
+    c.stats = { ...c.info, connectedAt: Date.now(), appliedSeq: f.seq, ackedSeq: -1, framesApplied: 0, entriesApplied: 0, resyncs: 0, pendingFrames: 0 };
+    log().info('conntrack sync connected', { role: 'receiver', peerId: id, remote: c.remote, stream, epoch, peers: this.stats().connectedPeers });
+  }
+
+  private enqueue(c: Conn, w: Work): void {
+    c.work.push(w);
+    if (c.work.length > this.o.maxPendingFrames) c.ch.pauseRx();
+    this.run(c);
+  }
+
+  /** Applies queued work strictly in order; an async callback holds the queue until it settles. */
+  private run(c: Conn): void {
+    if (c.running) return;
+    c.running = true;
+    while (c.work.length && !c.ch.closed) {
+      const w = c.work.shift()!;
+      let r: void | Promise<void>;
+      try {
+        r = this.exec(c, w);
+      } catch (e) {
+        c.running = false;
+        return this.applyFailed(c, e);
+      }
+      if (r && typeof (r as Promise<void>).then === 'function') {
+        (r as Promise<void>).then(
+          () => {
+            c.running = false;
+            this.applied(c, w);
+            this.run(c);
+          },
+          (e) => {
+            c.running = false;
+            this.applyFailed(c, e);
+          },
+        );
+        return;
+      }
+      this.applied(c, w);
+    }
+    c.running = false;
+    if (c.work.length <= this.o.maxPendingFrames / 2) c.ch.resumeRx();
+  }
+
+  private exec(c: Conn, w: Work): void | Promise<void> {
+    if (w.kind === 'apply') return this.opts.apply(w.events, c.info!);
+    if (w.kind === 'replace') return this.opts.replaceAll(w.entries, c.info!);
+  }
+
+  private applied(c: Conn, w: Work): void {
+    if (c.ch.closed) return;
+    const st = c.stats!;
+    st.appliedSeq = w.seq;
+    st.framesApplied++;
+    this.s.framesApplied++;
+    const n = w.kind === 'apply' ? w.events.length : w.kind === 'replace' ? w.entries.length : 0;
+    st.entriesApplied += n;
+    this.s.entriesApplied += n;
+    if (w.kind === 'replace') {
+      st.resyncs++;
+      this.s.resyncs++;
+      this.s.lastResyncEntries = n;
+      this.s.lastResyncMs = Date.now() - w.began;
+      log().info('conntrack sync resync applied', { role: 'receiver', peerId: c.info!.id, stream: c.info!.stream, entries: n, ms: this.s.lastResyncMs, resyncs: st.resyncs });
+    }
+    if (c.sinceAck++ === 0) c.oldestUnacked = w.rxAt;
+    if (c.sinceAck >= this.o.ackEvery) this.ack(c);
+    else if (!c.ackTimer) c.ackTimer = setTimeout(() => this.ack(c), this.o.ackDelayMs);
+  }
+
+  private ack(c: Conn): void {
+    clearTimeout(c.ackTimer);
+    c.ackTimer = undefined;
+    const st = c.stats;
+    if (!st || c.ch.closed || c.sinceAck === 0) return;
+    c.ch.send(FrameType.ACK, 8, (b, o) => {
+      writeU64(b, o, st.appliedSeq);
+      return o + 8;
+    });
+    st.ackedSeq = st.appliedSeq;
+    c.sinceAck = 0;
+    this.s.ackLagMs = Date.now() - c.oldestUnacked;
+    if (this.s.ackLagMs > this.s.maxAckLagMs) this.s.maxAckLagMs = this.s.ackLagMs;
+  }
+
+  private applyFailed(c: Conn, e: unknown): void {
+    // Not acked, so the sender cannot believe it applied: dropping the connection makes it resync.
+    log().error('conntrack sync: applying received state failed', { peerId: c.info?.id, stream: c.info?.stream, error: (e as Error)?.message ?? String(e) });
+    c.ch.close('apply failed');
+  }
+
+  private onClosed(c: Conn, reason: string): void {
+    clearTimeout(c.ackTimer);
+    this.conns.delete(c);
+    c.work = [];
+    c.resync = undefined;
+    if (c.info) {
+      log().info('conntrack sync disconnected', {
+        role: 'receiver', peerId: c.info.id, remote: c.remote, stream: c.info.stream, reason,
+        framesApplied: c.stats!.framesApplied, entriesApplied: c.stats!.entriesApplied, resyncs: c.stats!.resyncs,
+      });
+    }
+  }
+}
+
+function u32Payload(f: Frame): number {
+  const c = new Cursor(f.payload);
+  const v = c.u32();
+  c.done();
+  return v;
+}

@@ -1,0 +1,433 @@
+// SyncSender: on the owner of a floating address, streams its gateway's conntrack events to one
+// candidate's SyncReceiver; full resync on every (re)connect and whenever the peer fell too far behind.
+import * as net from 'node:net';
+import type { ConntrackEntry, ConntrackEvent } from '../conntrack/types';
+import { log } from '../log';
+import { SyncChannel, type ChannelTiming } from './channel';
+import { CoalescingQueue } from './coalescing-queue';
+import { CodecError, MAX_EVENT_BYTES, writeEntry, writeEvent, writeList } from './entry-codec';
+import { DEFAULT_MAX_FRAME, FrameRejected, FrameType, emptyRejects, readU64, senderBytes, type Frame, type RejectReason } from './frame';
+import { checkClusterKey, deriveSession, handshakeKey, newNonce, proofsEqual, readAccept, readChallenge, writeHello, writeProof, type SessionKeys } from './handshake';
+
+export interface SyncSenderOptions {
+  /** Shared cluster key, at least 32 bytes. */
+  key: Buffer;
+  /** This node's name: the sender id in every frame. */
+  id: string;
+  /** The candidate's SyncReceiver. */
+  host: string;
+  port: number;
+  /** What is synced, e.g. the floating address; the receiver scopes replaceAll by (id, stream). */
+  stream?: string;
+  /** Ownership epoch of the stream; a receiver refuses an epoch lower than one it has seen. */
+  epoch?: number;
+  /** The full current table, taken when a resync starts (may be a kernel dump). The array is sent in
+   *  chunks afterwards, so it must be a fresh one that the caller no longer changes. */
+  snapshot: () => ConntrackEntry[] | Promise<ConntrackEntry[]>;
+  /** Refuse a receiver that authenticates under another id. */
+  expectReceiverId?: string;
+  maxFrameBytes?: number;
+  /** Events per EVENTS frame / entries per RESYNC_CHUNK frame. */
+  batchEntries?: number;
+  chunkEntries?: number;
+  /** Unacked frames / bytes in flight before the sender stops writing (checked before each frame, so
+   *  memory in flight stays under maxInflightBytes plus one frame). */
+  maxInflightFrames?: number;
+  maxInflightBytes?: number;
+  /** Queued (coalesced) events beyond this are dropped for a full resync. */
+  maxQueuedEntries?: number;
+  heartbeatMs?: number;
+  deadAfterMs?: number;
+  handshakeTimeoutMs?: number;
+  backoffMinMs?: number;
+  backoffMaxMs?: number;
+}
+
+export type SyncSenderState = 'idle' | 'connecting' | 'handshake' | 'resync' | 'streaming' | 'closed';
+
+export interface SyncSenderStats {
+  state: SyncSenderState;
+  connected: boolean;
+  peer: string;
+  receiverId: string | undefined;
+  connects: number;
+  disconnects: number;
+  handshakeFailures: number;
+  framesSent: number;
+  entriesSent: number;
+  bytesSent: number;
+  /** Sequence number of the last frame sent / acked on the current connection. */
+  lastSeq: number;
+  ackedSeq: number;
+  queuedEntries: number;
+  coalesced: number;
+  inflightFrames: number;
+  inflightBytes: number;
+  /** Bytes written to the socket that Node still buffers (bounded by maxInflightBytes). */
+  unsentBytes: number;
+  /** Entries queued or sent but not yet acked. */
+  lagEntries: number;
+  /** From the first queued event of the last acked frame to its ack; and the worst seen. */
+  lagMs: number;
+  maxLagMs: number;
+  resyncs: number;
+  lastResyncEntries: number;
+  lastResyncMs: number;
+  /** Queue overflows that were turned into a full resync. */
+  overflows: number;
+  /** Events not queued because a resync will cover them (disconnected or overflowed). */
+  dropped: number;
+  /** Entries the codec could not encode (skipped, logged). */
+  invalidEntries: number;
+  rejected: Record<RejectReason, number>;
+}
+
+interface Inflight {
+  seq: number;
+  bytes: number;
+  entries: number;
+  since: number;
+}
+
+interface Resync {
+  entries: ConntrackEntry[];
+  next: number;
+  started: number;
+}
+
+const ackPayload = 8;
+
+export class SyncSender {
+  private readonly o: Required<Omit<SyncSenderOptions, 'expectReceiverId' | 'stream' | 'epoch'>> & Pick<SyncSenderOptions, 'expectReceiverId'> & { stream: string; epoch: number };
+  private readonly idBytes: Buffer;
+  private readonly hsKey: Buffer;
+  private readonly timing: ChannelTiming;
+  private state: SyncSenderState = 'idle';
+  /** The current connection finished its handshake. */
+  private up = false;
+  private ch: SyncChannel | undefined;
+  /** Bumped per connection so a snapshot that resolves late can tell it belongs to a dead one. */
+  private generation = 0;
+  private queue = new CoalescingQueue();
+  private inflight: Inflight[] = [];
+  private inflightBytes = 0;
+  private inflightEntries = 0;
+  private resync: Resync | undefined;
+  private resyncPending = false;
+  private pumpScheduled = false;
+  private reconnectTimer: NodeJS.Timeout | undefined;
+  private backoff: number;
+  private nonceS: Buffer | undefined;
+  private pendingKeys: SessionKeys | undefined;
+  private receiverId: string | undefined;
+  private s = {
+    connects: 0, disconnects: 0, handshakeFailures: 0, framesSent: 0, entriesSent: 0, bytesSent: 0, ackedSeq: -1,
+    lagMs: 0, maxLagMs: 0, resyncs: 0, lastResyncEntries: 0, lastResyncMs: 0, overflows: 0, dropped: 0, invalidEntries: 0,
+    rejected: emptyRejects(),
+  };
+
+  constructor(opts: SyncSenderOptions) {
+    checkClusterKey(opts.key);
+    this.idBytes = senderBytes(opts.id);
+    this.hsKey = handshakeKey(opts.key);
+    this.o = {
+      maxFrameBytes: DEFAULT_MAX_FRAME, batchEntries: 1000, chunkEntries: 4000, maxInflightFrames: 128, maxInflightBytes: 8 << 20,
+      maxQueuedEntries: 200_000, heartbeatMs: 250, deadAfterMs: 1000, handshakeTimeoutMs: 2000, backoffMinMs: 50, backoffMaxMs: 2000,
+      ...opts,
+      stream: opts.stream ?? '',
+      epoch: opts.epoch ?? 0,
+    };
+    this.timing = { heartbeatMs: this.o.heartbeatMs, deadAfterMs: this.o.deadAfterMs, handshakeTimeoutMs: this.o.handshakeTimeoutMs };
+    this.backoff = this.o.backoffMinMs;
+  }
+
+  get peer(): string {
+    return `${this.o.host}:${this.o.port}`;
+  }
+
+  /** Starts connecting; reconnects on its own until close(). Idempotent. */
+  start(): void {
+    if (this.state === 'idle' && !this.reconnectTimer) this.connect();
+  }
+
+  /** Queues events from the owner's gateway. Never blocks and never grows beyond maxQueuedEntries. */
+  push(events: ConntrackEvent | readonly ConntrackEvent[]): void {
+    const list = Array.isArray(events) ? events : [events as ConntrackEvent];
+    // Before a snapshot is taken, or when one is owed anyway, the snapshot will carry these.
+    if ((this.state !== 'resync' && this.state !== 'streaming') || this.resyncPending) {
+      this.s.dropped += list.length;
+      return;
+    }
+    const now = Date.now();
+    for (let i = 0; i < list.length; i++) {
+      this.queue.push(list[i], now);
+      if (this.queue.size > this.o.maxQueuedEntries) {
+        this.s.dropped += this.queue.size + list.length - i - 1;
+        this.s.overflows++;
+        this.queue.clear();
+        this.resyncPending = true;
+        log().warn('conntrack sync: peer too far behind, queue dropped for a full resync', { peer: this.peer, stream: this.o.stream, inflightFrames: this.inflight.length });
+        break;
+      }
+    }
+    this.schedulePump();
+  }
+
+  /** Sends the whole table again (e.g. after the owner's own table was rebuilt). */
+  requestResync(): void {
+    this.resyncPending = true;
+    this.queue.clear();
+    this.schedulePump();
+  }
+
+  stats(): SyncSenderStats {
+    const lastSeq = this.ch ? this.ch.writer.seq - 1 : -1;
+    return {
+      ...this.s,
+      rejected: { ...this.s.rejected },
+      state: this.state,
+      connected: this.state === 'resync' || this.state === 'streaming',
+      peer: this.peer,
+      receiverId: this.receiverId,
+      lastSeq,
+      queuedEntries: this.queue.size,
+      coalesced: this.queue.coalesced,
+      inflightFrames: this.inflight.length,
+      inflightBytes: this.inflightBytes,
+      unsentBytes: this.ch?.unsentBytes ?? 0,
+      lagEntries: this.queue.size + this.inflightEntries,
+    };
+  }
+
+  /** Stops for good: lets written frames go out, then closes. */
+  async close(): Promise<void> {
+    if (this.state === 'closed') return;
+    this.state = 'closed';
+    clearTimeout(this.reconnectTimer);
+    const ch = this.ch;
+    if (ch) {
+      ch.close('sender closed', true);
+      await ch.done;
+    }
+  }
+
+  private connect(): void {
+    this.reconnectTimer = undefined;
+    if (this.state === 'closed') return;
+    this.state = 'connecting';
+    const gen = ++this.generation;
+    const socket = net.connect({ host: this.o.host, port: this.o.port });
+    const ch = new SyncChannel(socket, this.idBytes, this.hsKey, this.o.maxFrameBytes, this.timing, {
+      frame: (f) => this.onFrame(ch, f),
+      rejected: (reason, message) => {
+        this.s.rejected[reason]++;
+        log().warn('conntrack sync: frame rejected', { role: 'sender', peer: this.peer, reason, message });
+      },
+      closed: (reason) => this.onClosed(gen, reason),
+    });
+    this.ch = ch;
+    socket.once('connect', () => {
+      if (this.ch !== ch || this.state !== 'connecting') return;
+      this.state = 'handshake';
+      const nonceS = (this.nonceS = newNonce());
+      ch.send(FrameType.HELLO, 512, (b, o) => writeHello(b, o, nonceS, this.o.stream, this.o.epoch));
+    });
+  }
+
+  private onFrame(ch: SyncChannel, f: Frame): void {
+    if (!ch.established) return this.onHandshake(ch, f);
+    switch (f.type) {
+      case FrameType.ACK: return this.onAck(f);
+      case FrameType.HEARTBEAT: return;
+      default: throw new FrameRejected('malformed', `unexpected frame type ${f.type} from a receiver`);
+    }
+  }
+
+  private onHandshake(ch: SyncChannel, f: Frame): void {
+    if (f.type !== FrameType.HELLO) throw new FrameRejected('malformed', `frame type ${f.type} before the HELLO exchange`);
+    if (!this.pendingKeys) {
+      const { nonceR, receiverId, proofR } = readChallenge(f.payload);
+      if (this.o.expectReceiverId !== undefined && receiverId !== this.o.expectReceiverId) {
+        throw new FrameRejected('auth', `receiver is '${receiverId}', expected '${this.o.expectReceiverId}'`);
+      }
+      const keys = deriveSession(this.o.key, { nonceR, nonceS: this.nonceS!, senderId: this.o.id, receiverId, stream: this.o.stream, epoch: this.o.epoch });
+      if (!proofsEqual(proofR, keys.proofR)) throw new FrameRejected('auth', `receiver '${receiverId}' failed to prove the cluster key`);
+      this.receiverId = receiverId;
+      this.pendingKeys = keys;
+      ch.expectPeer(Buffer.from(receiverId, 'utf8'));
+      ch.send(FrameType.HELLO, 64, (b, o) => writeProof(b, o, keys.proofS));
+      return;
+    }
+    readAccept(f.payload);
+    const keys = this.pendingKeys;
+    ch.establish(keys.toReceiver, keys.toSender, keys.session, Buffer.from(this.receiverId!, 'utf8'));
+    this.nonceS = undefined;
+    this.pendingKeys = undefined;
+    this.backoff = this.o.backoffMinMs;
+    this.s.connects++;
+    this.up = true;
+    log().info('conntrack sync connected', { role: 'sender', peer: this.peer, receiverId: this.receiverId, stream: this.o.stream, epoch: this.o.epoch, connects: this.s.connects });
+    this.startResync();
+  }
+
+  private onAck(f: Frame): void {
+    if (f.payload.length !== ackPayload) throw new CodecError(`ACK payload of ${f.payload.length} bytes`);
+    const seq = readU64(f.payload, 0);
+    const last = this.ch!.writer.seq - 1;
+    if (seq > last) throw new FrameRejected('malformed', `ACK of ${seq} beyond the last frame sent (${last})`);
+    if (seq < this.s.ackedSeq) throw new FrameRejected('malformed', `ACK went back from ${this.s.ackedSeq} to ${seq}`);
+    this.s.ackedSeq = seq;
+    const now = Date.now();
+    let k = 0;
+    let since = Infinity;
+    while (k < this.inflight.length && this.inflight[k].seq <= seq) {
+      const r = this.inflight[k++];
+      this.inflightBytes -= r.bytes;
+      this.inflightEntries -= r.entries;
+      if (r.since < since) since = r.since;
+    }
+    if (k) this.inflight.splice(0, k);
+    if (since !== Infinity) {
+      this.s.lagMs = now - since;
+      if (this.s.lagMs > this.s.maxLagMs) this.s.maxLagMs = this.s.lagMs;
+    }
+    this.pump();
+  }
+
+  private onClosed(gen: number, reason: string): void {
+    if (gen !== this.generation) return;
+    const wasUp = this.up;
+    this.up = false;
+    if (!wasUp && this.state !== 'closed') this.s.handshakeFailures++;
+    this.ch = undefined;
+    this.nonceS = undefined;
+    this.pendingKeys = undefined;
+    this.queue.clear();
+    this.inflight = [];
+    this.inflightBytes = 0;
+    this.inflightEntries = 0;
+    this.resync = undefined;
+    this.resyncPending = false;
+    this.s.ackedSeq = -1;
+    if (wasUp) {
+      this.s.disconnects++;
+      log().info('conntrack sync disconnected', {
+        role: 'sender', peer: this.peer, receiverId: this.receiverId, stream: this.o.stream, reason,
+        framesSent: this.s.framesSent, entriesSent: this.s.entriesSent, resyncs: this.s.resyncs, disconnects: this.s.disconnects,
+      });
+    }
+    if (this.state === 'closed') return;
+    this.state = 'idle';
+    // Bounded exponential backoff with jitter so candidates restarted together don't reconnect in lockstep.
+    const delay = Math.round(this.backoff * (0.75 + Math.random() / 2));
+    this.backoff = Math.min(this.o.backoffMaxMs, this.backoff * 2);
+    this.reconnectTimer = setTimeout(() => this.connect(), delay);
+  }
+
+  private startResync(): void {
+    const gen = this.generation;
+    this.state = 'resync';
+    this.resyncPending = false;
+    // The snapshot supersedes everything queued so far; events from now on are queued behind it.
+    this.queue.clear();
+    const started = Date.now();
+    let snap: ConntrackEntry[] | Promise<ConntrackEntry[]>;
+    try {
+      snap = this.o.snapshot();
+    } catch (e) {
+      return this.snapshotFailed(gen, e);
+    }
+    const go = (entries: ConntrackEntry[]) => {
+      if (gen !== this.generation || this.state !== 'resync' || !this.ch) return;
+      this.resync = { entries, next: 0, started };
+      this.sendFrame(FrameType.RESYNC_BEGIN, 4, (b, o) => {
+        b.writeUInt32BE(entries.length, o);
+        return o + 4;
+      }, 0, started);
+      this.pump();
+    };
+    if (Array.isArray(snap)) go(snap);
+    else snap.then(go, (e) => this.snapshotFailed(gen, e));
+  }
+
+  private snapshotFailed(gen: number, e: unknown): void {
+    if (gen !== this.generation || !this.ch) return;
+    // Without a snapshot the peer would keep stale state: drop and retry the whole connection.
+    log().error('conntrack sync: snapshot failed', { peer: this.peer, stream: this.o.stream, error: (e as Error).message ?? String(e) });
+    this.ch.close('snapshot failed');
+  }
+
+  private schedulePump(): void {
+    if (this.pumpScheduled) return;
+    this.pumpScheduled = true;
+    // One tick of batching: a burst of push() calls goes out in full frames.
+    setImmediate(() => {
+      this.pumpScheduled = false;
+      this.pump();
+    });
+  }
+
+  private canSend(): boolean {
+    return !!this.ch && !this.ch.closed && this.inflight.length < this.o.maxInflightFrames && this.inflightBytes < this.o.maxInflightBytes;
+  }
+
+  /** Writes whatever the in-flight bound allows: resync chunks first, then queued events. */
+  private pump(): void {
+    while (this.canSend()) {
+      const r = this.resync;
+      if (r) {
+        if (r.next < r.entries.length) {
+          this.sendList(FrameType.RESYNC_CHUNK, r, this.o.chunkEntries, writeEntry, r.started);
+          continue;
+        }
+        this.sendFrame(FrameType.RESYNC_END, 4, (b, o) => {
+          b.writeUInt32BE(r.entries.length, o);
+          return o + 4;
+        }, 0, r.started);
+        this.resync = undefined;
+        this.state = 'streaming';
+        this.s.resyncs++;
+        this.s.lastResyncEntries = r.entries.length;
+        this.s.lastResyncMs = Date.now() - r.started;
+        log().info('conntrack sync resync sent', { role: 'sender', peer: this.peer, stream: this.o.stream, entries: r.entries.length, ms: this.s.lastResyncMs, resyncs: this.s.resyncs });
+        continue;
+      }
+      if (this.state !== 'streaming') return;
+      if (this.resyncPending) return this.startResync();
+      if (this.queue.size === 0) return;
+      const { events, since } = this.queue.take(this.o.batchEntries);
+      const cursor = { entries: events, next: 0 };
+      while (cursor.next < events.length && this.ch && !this.ch.closed) this.sendList(FrameType.EVENTS, cursor, this.o.batchEntries, writeEvent, since);
+    }
+  }
+
+  private sendList<T extends ConntrackEntry | ConntrackEvent>(
+    type: FrameType, src: { entries: T[]; next: number }, max: number, write: (b: Buffer, o: number, x: T) => number, since: number,
+  ): void {
+    const room = Math.min(max * MAX_EVENT_BYTES + 4, this.o.maxFrameBytes - 128);
+    let sent = 0;
+    this.sendFrame(type, room, (b, o) => {
+      const r = writeList(b, o, o + room, src.entries, src.next, max, write, (item, e) => {
+        this.s.invalidEntries++;
+        log().error('conntrack sync: entry skipped, cannot encode', { peer: this.peer, error: e.message, entry: JSON.stringify(item).slice(0, 300) });
+      });
+      src.next = r.next;
+      sent = r.count;
+      return r.end;
+    }, () => sent, since);
+  }
+
+  private sendFrame(type: FrameType, maxPayload: number, fill: (b: Buffer, o: number) => number, entries: number | (() => number), since: number): void {
+    const ch = this.ch!;
+    const seq = ch.writer.seq;
+    const bytes = ch.send(type, maxPayload, fill);
+    if (!bytes) return;
+    const n = typeof entries === 'function' ? entries() : entries;
+    this.inflight.push({ seq, bytes, entries: n, since });
+    this.inflightBytes += bytes;
+    this.inflightEntries += n;
+    this.s.framesSent++;
+    this.s.entriesSent += n;
+    this.s.bytesSent += bytes;
+  }
+}
