@@ -1,0 +1,82 @@
+// Long-lived traffic for failover tests, run with Node inside namespaces: a server that echoes numbered
+// lines and records each connection's source address, and a client that keeps N TCP connections (and an
+// optional UDP stream) in request/response with sequence checks, then reports gaps and errors as JSON.
+
+/** argv: port. Prints one JSON line per connection on close: {peer, lines}; "ready" once listening. */
+export const ECHO_SERVER = `
+const net = require('net'), dgram = require('dgram');
+const port = Number(process.argv[1]);
+const peers = new Map();
+net.createServer((s) => {
+  const peer = s.remoteAddress + ':' + s.remotePort;
+  peers.set(peer, 0);
+  s.setNoDelay(true);
+  s.on('data', (b) => { peers.set(peer, peers.get(peer) + 1); s.write(b); });
+  s.on('error', () => {});
+}).listen(port, '0.0.0.0', () => process.stdout.write('ready\\n'));
+const u = dgram.createSocket('udp4');
+u.on('message', (m, r) => { peers.set('udp ' + r.address + ':' + r.port, (peers.get('udp ' + r.address + ':' + r.port) || 0) + 1); u.send(m, r.port, r.address); });
+u.bind(port, '0.0.0.0');
+process.on('SIGTERM', () => { process.stdout.write(JSON.stringify({ peers: [...peers.keys()] }) + '\\n'); process.exit(0); });
+`;
+
+export interface TrafficReport {
+  connections: number;
+  /** Connections that stayed open to the end with every echo in order. */
+  intact: number;
+  errors: string[];
+  /** Longest time without an echo on any connection, ms. */
+  maxGapMs: number;
+  /** Per connection: the longest gap, ms. */
+  gaps: number[];
+  echoes: number;
+  udp?: { sent: number; received: number; maxGapMs: number };
+}
+
+/**
+ * argv: host port connections durationMs intervalMs udp(0|1). Each connection sends "<conn> <seq>\\n" every
+ * intervalMs once the previous echo arrived; a reply out of order, a reset or a close is an error.
+ */
+export const TRAFFIC_CLIENT = `
+const net = require('net'), dgram = require('dgram');
+const [host, port, n, duration, interval, udpOn] = process.argv.slice(1).map((v, i) => (i === 0 ? v : Number(v)));
+const errors = []; const gaps = []; let echoes = 0; let intact = 0; let done = 0;
+const start = Date.now();
+function conn(i) {
+  let seq = 0, expect = 0, last = Date.now(), maxGap = 0, buf = '', ok = true, waiting = false;
+  const s = net.connect({ host, port });
+  s.setNoDelay(true);
+  const send = () => { if (Date.now() - start > duration) { finish(); return; } s.write(i + ' ' + seq++ + '\\n'); waiting = true; };
+  const timer = setInterval(() => { if (!waiting) send(); }, interval);
+  s.on('connect', send);
+  s.on('data', (b) => {
+    buf += b;
+    let nl;
+    while ((nl = buf.indexOf('\\n')) >= 0) {
+      const line = buf.slice(0, nl); buf = buf.slice(nl + 1);
+      const [c, q] = line.split(' ').map(Number);
+      if (c !== i || q !== expect) { ok = false; errors.push('conn ' + i + ': got ' + line + ' expected ' + expect); }
+      expect++; echoes++;
+      const now = Date.now(); maxGap = Math.max(maxGap, now - last); last = now; waiting = false;
+    }
+  });
+  let finished = false;
+  function finish() {
+    if (finished) return; finished = true; clearInterval(timer);
+    maxGap = Math.max(maxGap, Date.now() - last > interval * 4 ? Date.now() - last : 0);
+    gaps.push(maxGap); if (ok) intact++; s.destroy(); if (++done === n) report();
+  }
+  s.on('error', (e) => { ok = false; errors.push('conn ' + i + ': ' + e.code); finish(); });
+  s.on('close', () => { if (Date.now() - start < duration) { ok = false; errors.push('conn ' + i + ': closed early'); } finish(); });
+}
+let udp;
+if (udpOn) {
+  const u = dgram.createSocket('udp4'); let sent = 0, received = 0, last = Date.now(), maxGap = 0;
+  u.on('message', () => { received++; const now = Date.now(); maxGap = Math.max(maxGap, now - last); last = now; });
+  const t = setInterval(() => { if (Date.now() - start > duration) { clearInterval(t); udp = { sent, received, maxGapMs: maxGap }; u.close(); return; } u.send(String(sent++), port, host); }, interval);
+}
+function report() {
+  setTimeout(() => process.stdout.write(JSON.stringify({ connections: n, intact, errors: errors.slice(0, 20), maxGapMs: Math.max(0, ...gaps), gaps, echoes, udp }) + '\\n'), interval * 2);
+}
+for (let i = 0; i < n; i++) conn(i);
+`;
