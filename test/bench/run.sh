@@ -6,3 +6,4 @@ cd "$(dirname "$0")/../.."
 bash install/deps.sh
 bash install/build.sh
 node_modules/.bin/tsx test/bench/cni-latency.ts
+node_modules/.bin/tsx test/bench/ipam.ts

@@ -1,7 +1,8 @@
 // Everything a testbed run leaves on the machine, and how to remove it: run directories that record their
-// owner, namespaces and bpffs pins named by the run prefix. Teardown is synchronous so it also works
+// owner (and the run's redis-server), namespaces and bpffs pins named by the run prefix. Teardown is synchronous so it also works
 // from process 'exit' and signal handlers, and sweepStale() clears what crashed runs left behind.
 import * as fs from 'node:fs';
+import * as os from 'node:os';
 import * as path from 'node:path';
 import { killQuiet, pidAlive, pidStartTime, runSync, waitPidGoneSync } from './proc';
 
@@ -87,9 +88,43 @@ function recordedDaemons(prefix: string): number[] {
   return pids;
 }
 
+interface RedisRecord {
+  pid: number;
+  startTime?: string;
+  /** The throwaway server's temp dir (socket, log); removed with it. */
+  dir: string;
+}
+
+/** Records the run's redis-server (call again after each restart: the pid changes). */
+export function recordRedis(prefix: string, pid: number, dir: string): void {
+  const rec: RedisRecord = { pid, startTime: pidStartTime(pid), dir };
+  fs.writeFileSync(path.join(runDir(prefix), 'redis.json'), JSON.stringify(rec));
+}
+
+/** Kills the recorded redis-server if it still runs (it lives outside the namespaces) and removes its dir. */
+function stopRecordedRedis(prefix: string): void {
+  let rec: RedisRecord;
+  try {
+    rec = JSON.parse(fs.readFileSync(path.join(runDir(prefix), 'redis.json'), 'utf8')) as RedisRecord;
+  } catch {
+    return; // this run had no Redis, or never got to record it
+  }
+  if (pidAlive(rec.pid, rec.startTime)) {
+    // Throwaway and unpersisted: nothing to flush, so no grace period.
+    killQuiet(rec.pid, 'SIGCONT');
+    killQuiet(rec.pid, 'SIGKILL');
+    waitPidGoneSync(rec.pid, 2000);
+  }
+  // Only ever a temp dir made by test/lib/redis.ts.
+  if (path.dirname(rec.dir) === os.tmpdir() && path.basename(rec.dir).startsWith('tether-redis-')) {
+    fs.rmSync(rec.dir, { recursive: true, force: true });
+  }
+}
+
 /**
  * Removes everything of one run, synchronously and best effort: tetherds get SIGTERM (then SIGKILL),
- * any other process left in the run's namespaces is killed, then namespaces, pins and the run dir go.
+ * any other process left in the run's namespaces is killed, the run's redis-server is killed, then
+ * namespaces, pins and the run dir go.
  * Returns what could not be removed (empty on success).
  */
 export function teardownRunSync(prefix: string, graceMs = 3000): string[] {
@@ -99,6 +134,7 @@ export function teardownRunSync(prefix: string, graceMs = 3000): string[] {
   for (const pid of daemons) {
     if (!waitPidGoneSync(pid, graceMs)) killQuiet(pid, 'SIGKILL');
   }
+  stopRecordedRedis(prefix);
   const namespaces = listNetns().filter((n) => n.startsWith(`${prefix}-`));
   // Processes keep a deleted namespace (and its veths and routes) alive: kill whatever is still inside.
   for (const ns of namespaces) {

@@ -1,6 +1,8 @@
-// The testbed on the real kernel: pods get node-local addresses through the CNI chain, traffic flows
-// within a node, across nodes and to and from external hosts, DEL undoes ADD, and teardown leaves
-// nothing behind — after success, after a throw, after Ctrl-C, and (via sweepStale) after a SIGKILL.
+// The testbed on the real kernel: pods get node-local addresses through the CNI chain (tether-ipam blocks
+// when tether is built, host-local /24s otherwise; TETHER_TESTBED_IPAM=host-local forces the latter),
+// traffic flows within a node, across nodes and to and from external hosts, routes follow claimed blocks,
+// DEL undoes ADD, and teardown leaves nothing behind — after success, after a throw, after Ctrl-C, and
+// (via sweepStale) after a SIGKILL, Redis included.
 import { test } from 'uvu';
 import * as assert from 'uvu/assert';
 import { spawn } from 'node:child_process';
@@ -9,8 +11,8 @@ import * as os from 'node:os';
 import * as path from 'node:path';
 import { CniError } from './cni-chain';
 import { bpfDir, leftovers, listNetns, runDir, sweepStale } from './cleanup';
-import { run } from './proc';
-import { binDir } from './tetherd';
+import { pidAlive, run } from './proc';
+import { binDir, tetherBinariesPresent } from './tetherd';
 import { NETWORK_NAME, Testbed, withTestbed } from './testbed';
 import { inCidr, Topology } from './topology';
 
@@ -19,6 +21,7 @@ const TOPO: Topology = {
     { name: 'n1', zone: 'a', pods: 2 },
     { name: 'n2', zone: 'a', pods: 2 },
     { name: 'n3', zone: 'b', pods: 2 },
+    { name: 'n4', zone: 'b' }, // starts empty: the block-route test gives it a pod and takes it away
   ],
 };
 const PORT = 7001;
@@ -32,13 +35,28 @@ test.after(async () => {
   await tb?.down();
 });
 
-test('every pod got an address from its own node CIDR, and the chain ran the expected plugins', () => {
+/** The pod's gateway as its IPAM answered (host-local: the node's .1; tether-ipam: its block's first address). */
+const gatewayOf = (key: string): string => tb.pod(key).result.ips?.[0]?.gateway ?? '';
+
+test('every pod got an address from its own node (CIDR or claimed block), and the chain ran the expected plugins', async () => {
   const pods = tb.listPods();
   assert.is(pods.length, 6);
   const ips = new Set<string>();
+  const cluster = tb.ipam === 'tether-ipam' ? await tb.clusterBlocks() : undefined;
   for (const p of pods) {
-    assert.ok(inCidr(p.ip, tb.node(p.node).podCidr), `${p.key} has ${p.ip}, outside ${tb.node(p.node).podCidr}`);
-    assert.is.not(p.ip, tb.node(p.node).podGateway);
+    if (cluster) {
+      const { blocks } = await tb.nodeBlocks(p.node);
+      const block = blocks.find((b) => inCidr(p.ip, b));
+      assert.ok(block, `${p.key} has ${p.ip}, outside ${p.node}'s blocks ${blocks.join(' ')}`);
+      assert.is(cluster.get(block), p.node, `Redis says ${block} belongs to ${p.node}`);
+      assert.is(p.prefixLength, tb.plan.podPool.blockSize);
+      assert.is(gatewayOf(p.key), block.split('/')[0], "the gateway is the block's first address");
+    } else {
+      assert.ok(inCidr(p.ip, tb.node(p.node).podCidr), `${p.key} has ${p.ip}, outside ${tb.node(p.node).podCidr}`);
+      assert.is(gatewayOf(p.key), tb.node(p.node).podGateway);
+      assert.is(p.prefixLength, 24);
+    }
+    assert.is.not(p.ip, gatewayOf(p.key));
     ips.add(p.ip);
     const plugins = p.add.invocations.map((i) => i.plugin);
     assert.equal(plugins, tb.tetherEnabled ? ['ptp', 'tether'] : ['ptp'], `${p.key} chain`);
@@ -51,9 +69,9 @@ test('every pod got an address from its own node CIDR, and the chain ran the exp
 test('the pod sees its address on eth0 and a default route via its node gateway', async () => {
   const p = tb.pod('n2-p1');
   const addr = await tb.mustExec(p.key, ['ip', '-4', '-o', 'addr', 'show', 'dev', 'eth0']);
-  assert.match(addr.stdout, ` ${p.ip}/24 `);
+  assert.match(addr.stdout, ` ${p.ip}/${p.prefixLength} `);
   const route = await tb.mustExec(p.key, ['ip', 'route', 'show', 'default']);
-  assert.match(route.stdout, `via ${tb.node('n2').podGateway} dev eth0`);
+  assert.match(route.stdout, `via ${gatewayOf(p.key)} dev eth0`);
 });
 
 test('TCP between pods on one node, across nodes, to and from external hosts', async () => {
@@ -88,7 +106,14 @@ test('CHECK passes on an attached pod', async () => {
   assert.equal(out.invocations.map((i) => i.command), tb.tetherEnabled ? ['CHECK', 'CHECK'] : ['CHECK']);
 });
 
-test('chain DEL removes the host veth, the host route, the host-local reservation and the cached result', async () => {
+/** How many addresses the node's IPAM holds: host-local reservation files, or tetherd's allocations. */
+async function heldOn(node: string): Promise<number> {
+  if (tb.ipam === 'tether-ipam') return (await tb.nodeBlocks(node)).allocated;
+  return fs.readdirSync(path.join(tb.nodeDir(node, 'ipam'), NETWORK_NAME)).filter((f) => /^\d+\.\d+\.\d+\.\d+$/.test(f)).length;
+}
+
+test('chain DEL removes the host veth, the host route, the IPAM reservation and the cached result', async () => {
+  const before = await heldOn('n1');
   const pod = await tb.addPod('n1', 'extra');
   const hostVeth = pod.result.interfaces?.find((i) => !i.sandbox)?.name;
   assert.ok(hostVeth, 'ptp reported its host-side veth');
@@ -96,14 +121,16 @@ test('chain DEL removes the host veth, the host route, the host-local reservatio
   // Preconditions, so the checks after DEL mean something.
   assert.is((await tb.exec('n1', ['ip', 'link', 'show', 'dev', hostVeth])).code, 0);
   assert.match((await tb.mustExec('n1', ['ip', 'route', 'show', `${pod.ip}/32`])).stdout, hostVeth);
-  assert.ok(fs.existsSync(reservation), `host-local reserved ${reservation}`);
+  assert.is(await heldOn('n1'), before + 1, 'the IPAM holds one more address');
+  if (tb.ipam === 'host-local') assert.ok(fs.existsSync(reservation), `host-local reservation ${reservation}`);
   assert.ok(pod.chain.cachedResult(pod));
 
   const out = await tb.delPod(pod.key);
   assert.equal(out.invocations.map((i) => `${i.command}:${i.plugin}`), tb.tetherEnabled ? ['DEL:tether', 'DEL:ptp'] : ['DEL:ptp']);
   assert.is.not((await tb.exec('n1', ['ip', 'link', 'show', 'dev', hostVeth])).code, 0, 'host veth is gone');
   assert.is((await tb.mustExec('n1', ['ip', 'route', 'show', `${pod.ip}/32`])).stdout.trim(), '', 'host route is gone');
-  assert.not.ok(fs.existsSync(reservation), 'host-local reservation is released');
+  assert.is(await heldOn('n1'), before, 'the address is released');
+  assert.not.ok(fs.existsSync(reservation), 'no host-local reservation is left');
   assert.is(pod.chain.cachedResult(pod), undefined);
   assert.not.ok(listNetns().includes(pod.ns));
   assert.throws(() => tb.pod(pod.key), /unknown pod/);
@@ -125,6 +152,60 @@ test('tetherd runs on every node and survives kill/restart (only when tether is 
   assert.is.not((await run([ctl, '--socket', tb.socketPath('n2'), 'ping'])).code, 0, 'a killed tetherd does not answer');
   await tb.restartTetherd('n2');
   assert.is((await run([ctl, '--socket', tb.socketPath('n2'), 'ping'])).code, 0);
+});
+
+/** The routes to pool blocks in a namespace: block → via. */
+async function blockRoutesIn(name: string): Promise<Map<string, string>> {
+  const out = (await tb.mustExec(name, ['ip', '-4', 'route', 'show'])).stdout;
+  const m = new Map<string, string>();
+  for (const l of out.split('\n')) {
+    const r = /^(\S+\/\d+) via (\S+)/.exec(l);
+    if (r && inCidr(r[1].split('/')[0], tb.plan.podPool.cidr)) m.set(r[1], r[2]);
+  }
+  return m;
+}
+
+test('tether-ipam: routes follow claimed blocks on the router and the other nodes, and go when a block is returned', async () => {
+  if (tb.ipam !== 'tether-ipam') {
+    console.log('  (host-local testbed: block routes skipped)');
+    return;
+  }
+  const expected = async () => new Map([...(await tb.clusterBlocks())].map(([b, n]) => [b, tb.node(n).fabricIp]));
+  assert.equal(await blockRoutesIn('router'), await expected(), 'router: one route per claimed block, via its owner');
+  const a = await tb.addPod('n4', 'r1');
+  const [n4block] = (await tb.nodeBlocks('n4')).blocks;
+  assert.ok(n4block && inCidr(a.ip, n4block));
+  assert.is((await tb.clusterBlocks()).get(n4block), 'n4');
+  for (const h of ['router', 'n1', 'n2', 'n3']) assert.is((await blockRoutesIn(h)).get(n4block), tb.node('n4').fabricIp, `${h} routes ${n4block} to n4`);
+  assert.not.ok((await blockRoutesIn('n4')).has(n4block), 'the owner routes its pods itself (/32s)');
+  const s = await tb.tcpServe(a.key, PORT + 2);
+  try {
+    const r = await tb.tcpProbe('n1-p1', a.ip, PORT + 2);
+    assert.is(r.reply, a.key, `n1-p1 → ${a.ip} over the block route: ${r.error}`);
+    const x = await tb.tcpProbe('client', a.ip, PORT + 2);
+    assert.is(x.reply, a.key, `client → ${a.ip}: ${x.error}`);
+  } finally {
+    s.stop();
+  }
+  await tb.delPod(a.key);
+  assert.equal((await tb.nodeBlocks('n4')).blocks, [], 'the empty block went back');
+  assert.not.ok((await tb.clusterBlocks()).has(n4block));
+  for (const h of ['router', 'n1', 'n2', 'n3']) assert.not.ok((await blockRoutesIn(h)).has(n4block), `${h} no longer routes ${n4block}`);
+  assert.equal(await blockRoutesIn('router'), await expected());
+});
+
+test('host-local mode: addresses from the node /24s and TCP across nodes', async () => {
+  await withTestbed({ nodes: [{ name: 'n1', pods: 1 }, { name: 'n2', pods: 1 }], externals: [], tether: false }, async (t) => {
+    assert.is(t.ipam, 'host-local');
+    assert.ok(inCidr(t.podIp('n1-p1'), '10.244.1.0/24') && inCidr(t.podIp('n2-p1'), '10.244.2.0/24'));
+    assert.throws(() => t.redis, /no Redis/);
+    const s = await t.tcpServe('n2-p1', PORT);
+    try {
+      assert.is((await t.tcpProbe('n1-p1', t.podIp('n2-p1'), PORT)).reply, 'n2-p1');
+    } finally {
+      s.stop();
+    }
+  });
 });
 
 test('down() leaves no namespace, run dir or pin dir of the run', async () => {
@@ -169,13 +250,27 @@ test('a failing bring-up removes what it built and reports the CNI error', async
   assert.equal(added, []);
 });
 
+// With tether built, the child runs tether-ipam, so it owns a redis-server (outside its namespaces) too.
+const CHILD_TOPO: Topology = tetherBinariesPresent()
+  ? { nodes: [{ name: 'n1', pods: 1 }], externals: [], tether: true, ipam: 'tether-ipam' }
+  : { nodes: [{ name: 'n1', pods: 1 }], tether: false };
+
+/** The redis-server a run recorded, if any: its pid and temp dir. */
+function recordedRedis(prefix: string): { pid: number; dir: string } | undefined {
+  try {
+    return JSON.parse(fs.readFileSync(path.join(runDir(prefix), 'redis.json'), 'utf8')) as { pid: number; dir: string };
+  } catch {
+    return undefined;
+  }
+}
+
 // A child process that brings a one-node testbed up, prints its prefix and waits to be signalled.
 async function childTestbed(): Promise<{ prefix: string; kill: (s: NodeJS.Signals) => Promise<NodeJS.Signals | null> }> {
   const script = path.join(fs.mkdtempSync(path.join(os.tmpdir(), 'tb-child-')), 'child.ts');
   fs.writeFileSync(
     script,
     `import { Testbed } from ${JSON.stringify(path.join(__dirname, 'testbed'))};
-Testbed.up({ nodes: [{ name: 'n1', pods: 1 }], tether: false }).then((tb) => {
+Testbed.up(${JSON.stringify(CHILD_TOPO)}).then((tb) => {
   process.stdout.write(tb.prefix + '\\n');
   setInterval(() => undefined, 1000);
 });`,
@@ -197,21 +292,43 @@ Testbed.up({ nodes: [{ name: 'n1', pods: 1 }], tether: false }).then((tb) => {
 
 test('Ctrl-C (SIGINT) in the owning process tears its testbed down', async () => {
   const c = await childTestbed();
-  assert.ok(leftovers(c.prefix).length > 0, 'the child built something');
-  const sig = await c.kill('SIGINT');
-  assert.is(sig, 'SIGINT', 'the handler re-raises so the exit status still says SIGINT');
-  assert.equal(leftovers(c.prefix), []);
+  try {
+    assert.ok(leftovers(c.prefix).length > 0, 'the child built something');
+    const redis = recordedRedis(c.prefix);
+    if (CHILD_TOPO.tether) assert.ok(redis && pidAlive(redis.pid), 'the tether-ipam child runs a Redis');
+    const sig = await c.kill('SIGINT');
+    assert.is(sig, 'SIGINT', 'the handler re-raises so the exit status still says SIGINT');
+    assert.equal(leftovers(c.prefix), []);
+    if (redis) {
+      assert.not.ok(pidAlive(redis.pid), 'its redis-server is gone');
+      assert.not.ok(fs.existsSync(redis.dir));
+    }
+  } finally {
+    await c.kill('SIGKILL'); // no-op when it is gone; otherwise the sweep below cleans up after it
+    sweepStale();
+  }
 });
 
 test('sweepStale() removes what a SIGKILLed run left, and spares live runs', async () => {
   const c = await childTestbed();
-  assert.not.ok(sweepStale().includes(c.prefix), 'a live owner is not swept');
-  assert.not.ok(sweepStale().includes(tb.prefix));
-  await c.kill('SIGKILL');
-  assert.ok(leftovers(c.prefix).length > 0, 'SIGKILL runs no handler: leftovers remain');
-  assert.ok(sweepStale().includes(c.prefix));
-  assert.equal(leftovers(c.prefix), []);
-  assert.equal(tb.leftovers().length > 0, true, 'the live shared testbed is untouched');
+  try {
+    assert.not.ok(sweepStale().includes(c.prefix), 'a live owner is not swept');
+    assert.not.ok(sweepStale().includes(tb.prefix));
+    await c.kill('SIGKILL');
+    assert.ok(leftovers(c.prefix).length > 0, 'SIGKILL runs no handler: leftovers remain');
+    const redis = recordedRedis(c.prefix);
+    if (CHILD_TOPO.tether) assert.ok(redis && pidAlive(redis.pid), 'the orphaned redis-server still runs');
+    assert.ok(sweepStale().includes(c.prefix));
+    assert.equal(leftovers(c.prefix), []);
+    if (redis) {
+      assert.not.ok(pidAlive(redis.pid), "the sweep killed the dead run's redis-server");
+      assert.not.ok(fs.existsSync(redis.dir));
+    }
+    assert.equal(tb.leftovers().length > 0, true, 'the live shared testbed is untouched');
+  } finally {
+    await c.kill('SIGKILL');
+    sweepStale();
+  }
 });
 
 test.run();

@@ -1,16 +1,19 @@
 // The multi-node testbed: builds a Topology in network namespaces (router, nodes, externals), runs one
-// tetherd per node, attaches pods through the real CNI chain, and tears everything down even after a
-// failure. See topology.ts for the addressing plan.
+// tetherd per node (and one Redis per run for tether-ipam), attaches pods through the real CNI chain, and
+// tears everything down even after a failure. See topology.ts for the addressing plan.
 import { ChildProcess, spawn } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
 import * as fs from 'node:fs';
 import * as path from 'node:path';
+import Redis from 'ioredis';
+import { call } from '../../daemon/api/client';
+import { startRedis, type TestRedis } from '../lib/redis';
 import { Attachment, ChainOutcome, CniChain, CniResult, Conflist, PluginConf } from './cni-chain';
-import { bpfDir, claimPrefix, leftovers, registerLive, runDir, sweepStale, teardownRunSync, unregisterLive } from './cleanup';
+import { bpfDir, claimPrefix, leftovers, recordRedis, registerLive, runDir, sweepStale, teardownRunSync, unregisterLive } from './cleanup';
 import { CLIENT_SCRIPT, ProbeResult, SERVER_SCRIPT } from './probe';
 import { mustRun, nsenterArgv, run, RunOptions, RunResult } from './proc';
 import { binDir, ensureBpffs, ExitStatus, Tetherd, tetherBinariesPresent } from './tetherd';
-import { addrOf, NodePlan, Plan, planPod, PodPlan, PodSpec, resolveTopology, TetherStepConfig, Topology } from './topology';
+import { addrOf, IpamMode, NodePlan, Plan, planPod, PodPlan, PodSpec, resolveTopology, TetherStepConfig, Topology } from './topology';
 
 /** Debian's reference plugins (ptp, bridge, host-local…); CNI_PLUGIN_DIR overrides. */
 export const SYSTEM_CNI_DIR = process.env.CNI_PLUGIN_DIR ?? '/usr/lib/cni';
@@ -23,6 +26,8 @@ export interface Pod extends PodPlan {
   ifName: string;
   /** The pod's IPv4 address (no prefix length). */
   ip: string;
+  /** Its prefix length (24 with host-local, the block size with tether-ipam). */
+  prefixLength: number;
   result: CniResult;
   /** Timings of the ADD that attached it. */
   add: ChainOutcome;
@@ -42,12 +47,18 @@ export class Testbed {
   private readonly daemons = new Map<string, Tetherd>();
   private readonly children = new Set<ChildProcess>();
   private isDown = false;
+  private testRedis?: TestRedis;
+  /** Block routes installed by syncBlockRoutes(): block CIDR → owning node. */
+  private readonly blockRoutes = new Map<string, string>();
+  private routeSync: Promise<void> = Promise.resolve();
 
   private constructor(
     readonly plan: Plan,
     readonly topology: Topology,
     /** Whether tetherd runs and `tether` ends each pod's chain. */
     readonly tetherEnabled: boolean,
+    /** Who gives pods their addresses: tether-ipam (blocks claimed through Redis) or host-local (static /24s). */
+    readonly ipam: IpamMode,
     private readonly opts: UpOptions,
   ) {
     this.runDir = runDir(plan.prefix);
@@ -60,18 +71,20 @@ export class Testbed {
   /** Builds the topology; on any failure removes what it built and rethrows. */
   static async up(topo: Topology, opts: UpOptions = {}): Promise<Testbed> {
     const tether = decideTether(topo);
+    const ipam = decideIpam(topo, tether);
     if (!opts.noSweep) sweepStale();
     if (tether) await ensureBpffs();
     const prefix = claimPrefix();
     registerLive(prefix);
     let tb: Testbed | undefined;
     try {
-      tb = new Testbed(resolveTopology(topo, prefix), topo, tether, opts);
+      tb = new Testbed(resolveTopology(topo, prefix), topo, tether, ipam, opts);
       await tb.build();
       return tb;
     } catch (e) {
       if (tb) tb.isDown = true;
       teardownRunSync(prefix, 1000);
+      await tb?.testRedis?.stop();
       unregisterLive(prefix);
       throw e;
     }
@@ -168,20 +181,24 @@ export class Testbed {
 
   // ---- pods --------------------------------------------------------------------------------------------
 
-  /** The conflist a node's runtime would use for a pod (ptp + host-local, then tether when enabled). */
+  /** The conflist a node's runtime would use for a pod (ptp + tether-ipam or host-local, then tether when enabled). */
   conflist(node: string, podTether?: TetherStepConfig): Conflist {
     const n = this.node(node);
+    const ipam =
+      this.ipam === 'tether-ipam'
+        ? { type: 'tether-ipam', pool: this.plan.podPool.name, socketPath: this.socketPath(node), routes: [{ dst: '0.0.0.0/0' }] }
+        : {
+            type: 'host-local',
+            // Per node and per run, so nothing lands in /var/lib/cni and teardown removes it with the run dir.
+            dataDir: this.nodeDir(node, 'ipam'),
+            ranges: [[{ subnet: n.podCidr, gateway: n.podGateway }]],
+            routes: [{ dst: '0.0.0.0/0' }],
+          };
     const ptp: PluginConf = {
       type: 'ptp',
       ipMasq: false,
       ...(this.topology.podMtu ? { mtu: this.topology.podMtu } : {}),
-      ipam: {
-        type: 'host-local',
-        // Per node and per run, so nothing lands in /var/lib/cni and teardown removes it with the run dir.
-        dataDir: this.nodeDir(node, 'ipam'),
-        ranges: [[{ subnet: n.podCidr, gateway: n.podGateway }]],
-        routes: [{ dst: '0.0.0.0/0' }],
-      },
+      ipam,
     };
     const plugins: PluginConf[] = [ptp];
     if (this.tetherEnabled) {
@@ -199,7 +216,10 @@ export class Testbed {
     });
   }
 
-  /** Creates a pod's namespace and runs the chain ADD; on failure runs DEL and removes the namespace, like a runtime. */
+  /**
+   * Creates a pod's namespace and runs the chain ADD; on failure runs DEL and removes the namespace, like a
+   * runtime. With tether-ipam, block routes follow (syncBlockRoutes) before it resolves.
+   */
   async addPod(node: string, spec: PodSpec | string = { name: this.nextPodName(node) }): Promise<Pod> {
     const plan = planPod(this.prefix, node, typeof spec === 'string' ? { name: spec } : spec);
     this.node(node);
@@ -213,10 +233,12 @@ export class Testbed {
     try {
       const add = await chain.add(att);
       const result = add.result as CniResult;
-      const ip = addrOf(result.ips?.[0]?.address ?? '');
+      const cidr = result.ips?.[0]?.address ?? '';
+      const ip = addrOf(cidr);
       if (!ip) throw new Error(`ADD of ${plan.key} returned no IP: ${JSON.stringify(result)}`);
-      const pod: Pod = { ...plan, nsPath, containerId, ifName: IFNAME, ip, result, add, chain };
+      const pod: Pod = { ...plan, nsPath, containerId, ifName: IFNAME, ip, prefixLength: Number(cidr.split('/')[1]), result, add, chain };
       this.pods.set(plan.key, pod);
+      await this.syncBlockRoutes();
       return pod;
     } catch (e) {
       await chain.del(att).catch(() => undefined); // failures are informative: the ADD error is what matters
@@ -225,12 +247,13 @@ export class Testbed {
     }
   }
 
-  /** Runs the chain DEL for a pod and removes its namespace (the runtime's order). */
+  /** Runs the chain DEL for a pod and removes its namespace (the runtime's order); block routes follow. */
   async delPod(key: string): Promise<ChainOutcome> {
     const pod = this.pod(key);
     const out = await pod.chain.del(this.attachment(pod, pod.containerId));
     this.pods.delete(key);
     await mustRun(['ip', 'netns', 'delete', pod.ns]);
+    await this.syncBlockRoutes();
     return out;
   }
 
@@ -280,9 +303,120 @@ export class Testbed {
     return this.tetherd(node).kill(signal);
   }
 
-  /** Stops a node's tetherd cleanly if it runs, starts it again and waits until it is ready. */
-  restartTetherd(node: string): Promise<void> {
-    return this.tetherd(node).restart();
+  /** Stops a node's tetherd cleanly if it runs, starts it again and waits until it is ready; block routes follow. */
+  async restartTetherd(node: string): Promise<void> {
+    await this.tetherd(node).restart();
+    await this.syncBlockRoutes();
+  }
+
+  /** tetherd's status answer for a node (what `tetherctl status` prints). */
+  status(node: string): Promise<TetherdStatus> {
+    return call<TetherdStatus>(this.socketPath(node), 'status', {}, { timeoutMs: 10_000 });
+  }
+
+  // ---- IPAM (tether-ipam mode) ------------------------------------------------------------------------------
+
+  /** The run's Redis (tether-ipam mode only). */
+  get redis(): TestRedis {
+    if (!this.testRedis) throw new Error(`no Redis in this testbed (ipam is ${this.ipam})`);
+    return this.testRedis;
+  }
+
+  /** The key prefix this run's tetherds use in Redis (runs could share one Redis without meeting). */
+  get redisPrefix(): string {
+    return `${this.prefix}:`;
+  }
+
+  /**
+   * SIGKILLs the run's Redis (a crash of the cluster store). With keepData, the crash of a Redis with
+   * durable storage: writes are paused and the data set saved (dump.rdb, which restartRedis loads) just
+   * before the kill, so nothing a client was told succeeded is lost. Without it the data is gone.
+   */
+  async killRedis(opts: { keepData?: boolean } = {}): Promise<void> {
+    if (opts.keepData) {
+      await this.withRedisClient(async (r) => {
+        await r.call('CLIENT', 'PAUSE', '30000', 'WRITE'); // writes queue up; they die with the server
+        await r.call('SAVE');
+      });
+    } else {
+      fs.rmSync(path.join(this.redis.dir, 'dump.rdb'), { force: true });
+    }
+    await this.redis.kill();
+  }
+
+  /** Starts the run's Redis again on the same socket, with what killRedis({keepData}) saved or else empty. */
+  async restartRedis(): Promise<void> {
+    await this.redis.restart();
+    this.recordRedis();
+  }
+
+  /** What Redis says about a pod pool's blocks: block CIDR → node (read straight from the store). */
+  async clusterBlocks(pool = this.plan.podPool.name): Promise<Map<string, string>> {
+    return new Map(Object.entries(await this.withRedisClient((r) => r.hgetall(`${this.redisPrefix}pool:${pool}:blocks`))));
+  }
+
+  /** Runs fn with a short-lived client of the run's Redis (for inspection and fault injection). */
+  async withRedisClient<T>(fn: (r: Redis) => Promise<T>): Promise<T> {
+    const r = new Redis({ path: this.redis.socketPath, lazyConnect: true, maxRetriesPerRequest: 0, retryStrategy: () => null });
+    try {
+      await r.connect();
+      return await fn(r);
+    } finally {
+      r.disconnect();
+    }
+  }
+
+  /** The blocks a node's tetherd holds of the pod pool, from its status. */
+  async nodeBlocks(node: string, pool = this.plan.podPool.name): Promise<{ blocks: string[]; allocated: number; free: number }> {
+    const st = await this.status(node);
+    const fam = st.ipam.pods.find((p) => p.pool === pool)?.families.find((f) => f.family === 4);
+    return { blocks: fam?.blocks ?? [], allocated: fam?.allocated ?? 0, free: fam?.free ?? 0 };
+  }
+
+  /**
+   * Makes cross-node routes follow the claimed blocks: `<block> via <owner's fabric IP>` on the router and
+   * on every other node, and removes routes of blocks no longer claimed. This stands in for the BGP
+   * announcement of a node's blocks that real clusters use (BIRD/Calico-style). A node whose tetherd does
+   * not answer keeps its routes as they are. Runs after every addPod/delPod; serialised; no-op with host-local.
+   */
+  syncBlockRoutes(): Promise<void> {
+    if (this.ipam !== 'tether-ipam') return Promise.resolve();
+    const next = this.routeSync.then(() => this.applyBlockRoutes());
+    this.routeSync = next.catch(() => undefined);
+    return next;
+  }
+
+  private async applyBlockRoutes(): Promise<void> {
+    const want = new Map(this.blockRoutes);
+    await Promise.all(
+      this.plan.nodes.map(async (n) => {
+        let blocks: string[];
+        try {
+          blocks = (await this.nodeBlocks(n.name)).blocks;
+        } catch {
+          return; // down or restarting: its pods' routes stay until it answers again
+        }
+        for (const [b, owner] of this.blockRoutes) if (owner === n.name && !blocks.includes(b)) want.delete(b);
+        for (const b of blocks) want.set(b, n.name);
+      }),
+    );
+    const dels = new Map<string, string[]>(); // namespace → ip -batch lines
+    const adds = new Map<string, string[]>();
+    const push = (m: Map<string, string[]>, ns: string, line: string) => m.set(ns, [...(m.get(ns) ?? []), line]);
+    const everyoneBut = (owner: string) => [this.plan.router.ns, ...this.plan.nodes.filter((n) => n.name !== owner).map((n) => n.ns)];
+    for (const [b, owner] of this.blockRoutes) {
+      if (want.get(b) === owner) continue;
+      for (const ns of everyoneBut(owner)) push(dels, ns, `route del ${b}`);
+    }
+    for (const [b, owner] of want) {
+      if (this.blockRoutes.get(b) === owner) continue;
+      for (const ns of everyoneBut(owner)) push(adds, ns, `route replace ${b} via ${this.node(owner).fabricIp}`);
+    }
+    // Removals run first (a block may have moved to another node) and ignore routes that are already gone.
+    await Promise.all([...dels].map(([ns, lines]) => run(['ip', '-n', ns, '-force', '-batch', '-'], { input: lines.join('\n') + '\n' })));
+    await Promise.all([...adds].map(([ns, lines]) => ipBatch(ns, lines)));
+    this.blockRoutes.clear();
+    for (const [b, owner] of want) this.blockRoutes.set(b, owner);
   }
 
   // ---- lifecycle -------------------------------------------------------------------------------------------
@@ -294,9 +428,10 @@ export class Testbed {
 
     // Router: a bridge as the L2 fabric (gratuitous ARP for floating addresses needs one), a link per external.
     const r: string[] = ['link set lo up', 'link add fabric type bridge', `addr add ${plan.router.fabricIp}/24 dev fabric`, 'link set fabric up'];
+    const hostLocal = this.ipam === 'host-local';
     for (const n of plan.nodes) {
       r.push(`link add ${n.fabricPort} type veth peer name eth0 netns ${n.ns}`, `link set ${n.fabricPort} master fabric`, `link set ${n.fabricPort} up`);
-      r.push(`route add ${n.podCidr} via ${n.fabricIp}`);
+      if (hostLocal) r.push(`route add ${n.podCidr} via ${n.fabricIp}`);
     }
     for (const x of plan.externals) {
       r.push(`link add ${x.routerPort} type veth peer name eth0 netns ${x.ns}`, `addr add ${x.routerIp}/24 dev ${x.routerPort}`, `link set ${x.routerPort} up`);
@@ -306,7 +441,7 @@ export class Testbed {
 
     for (const n of plan.nodes) {
       const c = ['link set lo up', `addr add ${n.fabricIp}/24 dev eth0`, 'link set eth0 up', `route add default via ${plan.router.fabricIp}`];
-      for (const o of plan.nodes) if (o !== n) c.push(`route add ${o.podCidr} via ${o.fabricIp}`);
+      if (hostLocal) for (const o of plan.nodes) if (o !== n) c.push(`route add ${o.podCidr} via ${o.fabricIp}`);
       await ipBatch(n.ns, c);
       await this.sysctl(n.name, { 'net.ipv4.ip_forward': '1' });
       for (const d of ['ipam', 'cni-cache']) fs.mkdirSync(this.nodeDir(n.name, d), { recursive: true });
@@ -315,6 +450,11 @@ export class Testbed {
       await ipBatch(x.ns, ['link set lo up', `addr add ${x.ip}/24 dev eth0`, 'link set eth0 up', `route add default via ${x.routerIp}`]);
     }
 
+    if (this.ipam === 'tether-ipam') {
+      this.testRedis = await startRedis();
+      this.recordRedis();
+      fs.writeFileSync(this.ipamConfigPath, JSON.stringify(this.ipamConfig(), null, 2) + '\n');
+    }
     if (this.tetherEnabled) {
       await Promise.all(plan.nodes.map((n) => this.startDaemon(n)));
     }
@@ -324,11 +464,38 @@ export class Testbed {
     }));
   }
 
+  /** The per-run tetherd config of tether-ipam mode: the pod pool and the nodes' facts. */
+  get ipamConfigPath(): string {
+    return path.join(this.runDir, 'tether-config.json');
+  }
+
+  private ipamConfig(): Record<string, unknown> {
+    const { podPool } = this.plan;
+    const items: Record<string, unknown>[] = [
+      {
+        apiVersion: 'tether.dev/v1alpha1',
+        kind: 'AddressPool',
+        metadata: { name: podPool.name },
+        spec: { usage: 'pod', ipv4: { cidr: podPool.cidr, blockSize: podPool.blockSize } },
+      },
+      ...this.plan.nodes.map((n) => ({ apiVersion: 'tether.dev/v1alpha1', kind: 'Node', metadata: { name: n.name }, spec: n.zone ? { zone: n.zone } : {} })),
+    ];
+    return { apiVersion: 'v1', kind: 'List', items };
+  }
+
+  private recordRedis(): void {
+    const r = this.testRedis;
+    if (r?.pid !== undefined) recordRedis(this.prefix, r.pid, r.dir);
+  }
+
   private async startDaemon(n: NodePlan): Promise<void> {
+    const tetherIpam = this.ipam === 'tether-ipam';
     const d = new Tetherd({
       node: n.name,
       nsPath: `/run/netns/${n.ns}`,
-      config: n.tetherdConfig,
+      // A node's own config file wins over the generated one (it must then hold the pod pool itself).
+      config: n.tetherdConfig ?? (tetherIpam ? this.ipamConfigPath : undefined),
+      redis: tetherIpam ? { url: this.redis.url, prefix: this.redisPrefix } : undefined,
       logLevel: this.topology.tetherdLogLevel,
       readyTimeoutMs: this.topology.tetherdReadyTimeoutMs ?? 15_000,
       paths: {
@@ -361,6 +528,7 @@ export class Testbed {
     if (this.opts.keepLogs || process.env.TETHER_TESTBED_KEEP_LOGS === '1') this.copyLogs();
     for (const c of this.children) c.kill('SIGKILL');
     const left = teardownRunSync(this.prefix);
+    await this.testRedis?.stop(); // teardown killed it already; this drops the helper's exit hook
     unregisterLive(this.prefix);
     if (left.length > 0) throw new Error(`testbed ${this.prefix} teardown left: ${left.join(', ')}`);
   }
@@ -371,6 +539,11 @@ export class Testbed {
   }
 
   private copyLogs(): void {
+    const redisLog = this.testRedis && path.join(this.testRedis.dir, 'redis.log');
+    if (redisLog && fs.existsSync(redisLog)) {
+      fs.mkdirSync(this.keptLogsDir, { recursive: true });
+      fs.copyFileSync(redisLog, path.join(this.keptLogsDir, 'redis.log'));
+    }
     for (const n of this.plan.nodes) {
       if (!fs.existsSync(this.tetherdLog(n.name))) continue;
       fs.mkdirSync(this.keptLogsDir, { recursive: true });
@@ -397,6 +570,28 @@ export async function withTestbed<T>(topo: Topology, fn: (tb: Testbed) => Promis
 /** Runs `ip [-n ns] -batch -` over lines; rejects with ip's error (it names the failing line). */
 async function ipBatch(ns: string | undefined, lines: string[]): Promise<void> {
   await mustRun(['ip', ...(ns ? ['-n', ns] : []), '-batch', '-'], { input: lines.join('\n') + '\n' });
+}
+
+/** The part of tetherd's status the testbed reads. */
+export interface TetherdStatus {
+  node: string;
+  zone?: string;
+  ipam: {
+    pods: Array<{ pool: string; usage: string; families: Array<{ family: number; cidr: string; blockSize: number; blocks: string[]; allocated: number; free: number }> }>;
+  };
+  [key: string]: unknown;
+}
+
+function decideIpam(topo: Topology, tether: boolean): IpamMode {
+  // TETHER_TESTBED_IPAM=host-local runs a tether testbed on host-local unless the topology says otherwise.
+  const env = process.env.TETHER_TESTBED_IPAM;
+  const fallback: IpamMode = tether && env !== 'host-local' ? 'tether-ipam' : 'host-local';
+  const mode = topo.ipam ?? fallback;
+  if (mode === 'tether-ipam') {
+    if (!tether) throw new Error('topology.ipam: tether-ipam needs tetherd, but tether is disabled in this testbed');
+    if (!fs.existsSync(path.join(binDir(), 'tether-ipam'))) throw new Error(`topology.ipam: tether-ipam is not in ${binDir()} (build, or set ipam: 'host-local')`);
+  }
+  return mode;
 }
 
 function decideTether(topo: Topology): boolean {

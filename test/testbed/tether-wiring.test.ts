@@ -26,6 +26,7 @@ test.before(async () => {
   process.env.TETHER_BIN_DIR = FAKE_BIN;
   tb = await Testbed.up({
     tether: true,
+    ipam: 'host-local', // the stand-in tetherd speaks no IPAM
     nodes: [
       { name: 'n1', pods: [{ name: 'lb', tether: { vips: ['203.0.113.10'] } }] },
       { name: 'n2', pods: 1, tether: { encapOverhead: 28 } },

@@ -23,6 +23,8 @@ export interface TetherdOptions {
   nsPath: string;
   paths: TetherdPaths;
   config?: string;
+  /** The cluster store: --redis URL --redis-prefix PREFIX. */
+  redis?: { url: string; prefix: string };
   logLevel?: string;
   readyTimeoutMs: number;
 }
@@ -60,6 +62,7 @@ export class Tetherd {
       '--bpf-pin-dir', paths.pinDir,
       '--log-level', this.opts.logLevel ?? 'info',
       ...(this.opts.config ? ['--config', this.opts.config] : []),
+      ...(this.opts.redis ? ['--redis', this.opts.redis.url, '--redis-prefix', this.opts.redis.prefix] : []),
     ];
     const fd = fs.openSync(paths.log, 'a');
     fs.writeSync(fd, `# ${new Date().toISOString()} testbed: starting ${argv.join(' ')}\n`);

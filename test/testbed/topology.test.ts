@@ -27,6 +27,14 @@ test('bad topologies are refused naming the field', () => {
   assert.throws(() => resolveTopology({ nodes: [{ name: 'averyverylongname' }] }, 'tb0000'), /must match/);
 });
 
+test('the tether-ipam pod pool: defaults, overrides, and bad values named', () => {
+  assert.equal(resolveTopology({ nodes: [{ name: 'n1' }] }, 'tb0abc').podPool, { name: 'default', cidr: '10.244.0.0/16', blockSize: 26 });
+  assert.equal(resolveTopology({ nodes: [{ name: 'n1' }], podPool: { cidr: '10.244.0.0/27', blockSize: 29 } }, 'tb0abc').podPool, { name: 'default', cidr: '10.244.0.0/27', blockSize: 29 });
+  assert.throws(() => resolveTopology({ nodes: [{ name: 'n1' }], podPool: { cidr: 'nope' } }, 'tb0000'), /podPool\.cidr/);
+  assert.throws(() => resolveTopology({ nodes: [{ name: 'n1' }], podPool: { blockSize: 8 } }, 'tb0000'), /podPool\.blockSize: 8/);
+  assert.throws(() => resolveTopology({ nodes: [{ name: 'n1' }], ipam: 'dhcp' as never }, 'tb0000'), /topology\.ipam/);
+});
+
 test('inCidr', () => {
   assert.ok(inCidr('10.244.1.7', '10.244.1.0/24'));
   assert.not.ok(inCidr('10.244.2.7', '10.244.1.0/24'));

@@ -3,11 +3,15 @@
 //
 // Addressing (benchmark/private ranges; they exist only inside the testbed's own namespaces):
 //   fabric   198.18.0.0/24 on bridge "fabric" in the router namespace; router .1, node #i (1-based) .(10+i)
-//   pods     node #i owns 10.244.i.0/24 via host-local; gateway 10.244.i.1 (ptp puts it on the host veth)
+//   pods     tether-ipam (default with tether): one pod AddressPool "default", 10.244.0.0/16 in /26 blocks that
+//            nodes claim on demand through Redis; a pod's gateway is its block's first address.
+//            host-local (default without tether): node #i owns 10.244.i.0/24; gateway 10.244.i.1.
+//            Either way ptp puts the gateway on the host veth.
 //   external external #j (1-based) sits on its own link: router 198.19.j.1/24, host 198.19.j.2/24
-// Routing: nodes reach other nodes' pod CIDRs directly over the fabric (host-gw style, as flat clusters do)
-// and everything else through the router; the router holds a route to every pod CIDR; externals default
-// to the router. No NAT anywhere, so every hop sees real pod addresses.
+// Routing: nodes reach other nodes' pod CIDRs (host-local) or claimed blocks (tether-ipam) directly over the
+// fabric (host-gw style, as flat clusters do) and everything else through the router; the router holds a
+// route to every pod CIDR or block; externals default to the router. No NAT anywhere, so every hop sees
+// real pod addresses.
 
 export interface TetherStepConfig {
   encapOverhead?: number;
@@ -51,7 +55,20 @@ export interface Topology {
   /** How long to wait for a tetherd to answer ping (default 15 s). */
   tetherdReadyTimeoutMs?: number;
   tetherdLogLevel?: string;
+  /**
+   * Pod IPAM: 'tether-ipam' (default when tether is enabled; needs tetherd, starts Redis) or 'host-local'
+   * (default otherwise: a static /24 per node).
+   */
+  ipam?: IpamMode;
+  /** The pod AddressPool "default" of tether-ipam mode (default 10.244.0.0/16 in /26 blocks). */
+  podPool?: { cidr?: string; blockSize?: number };
 }
+
+export type IpamMode = 'host-local' | 'tether-ipam';
+
+export const POD_POOL = 'default';
+export const DEFAULT_POD_POOL_CIDR = '10.244.0.0/16';
+export const DEFAULT_POD_BLOCK_SIZE = 26;
 
 export interface NodePlan {
   name: string;
@@ -61,6 +78,7 @@ export interface NodePlan {
   fabricIp: string;
   /** Router-side veth name of this node's fabric link. */
   fabricPort: string;
+  /** host-local mode: the node's static pod CIDR and gateway (tether-ipam mode uses claimed blocks instead). */
   podCidr: string;
   podGateway: string;
   pods: PodPlan[];
@@ -94,6 +112,8 @@ export interface Plan {
   fabricCidr: string;
   nodes: NodePlan[];
   externals: ExternalPlan[];
+  /** The tether-ipam pod pool (unused in host-local mode). */
+  podPool: { name: string; cidr: string; blockSize: number };
 }
 
 export const FABRIC_CIDR = '198.18.0.0/24';
@@ -142,7 +162,18 @@ export function resolveTopology(topo: Topology, prefix: string): Plan {
       routerPort: `x-${name}`,
     };
   });
-  return { prefix, router: { ns: `${prefix}-router`, fabricIp: ROUTER_FABRIC_IP }, fabricCidr: FABRIC_CIDR, nodes, externals };
+  const podPool = { name: POD_POOL, cidr: topo.podPool?.cidr ?? DEFAULT_POD_POOL_CIDR, blockSize: topo.podPool?.blockSize ?? DEFAULT_POD_BLOCK_SIZE };
+  const [net, bits] = podPool.cidr.split('/');
+  if (!/^\d+\.\d+\.\d+\.\d+$/.test(net ?? '') || !(Number(bits) >= 0 && Number(bits) <= 32)) {
+    throw new Error(`topology.podPool.cidr: "${podPool.cidr}" is not an IPv4 CIDR`);
+  }
+  if (!Number.isInteger(podPool.blockSize) || podPool.blockSize < Number(bits) || podPool.blockSize > 30) {
+    throw new Error(`topology.podPool.blockSize: ${podPool.blockSize} must be an integer from ${bits} to 30`);
+  }
+  if (topo.ipam !== undefined && topo.ipam !== 'host-local' && topo.ipam !== 'tether-ipam') {
+    throw new Error(`topology.ipam: "${String(topo.ipam)}" must be "host-local" or "tether-ipam"`);
+  }
+  return { prefix, router: { ns: `${prefix}-router`, fabricIp: ROUTER_FABRIC_IP }, fabricCidr: FABRIC_CIDR, nodes, externals, podPool };
 }
 
 /** Plans one pod (also used for pods added after bring-up). */
