@@ -13,7 +13,7 @@ import { loadConfig, type ConfigObjects } from './config/objects';
 import { AllocationStore } from '../ipam/allocation-store';
 import { ClusterAddresses, type OwnerRequest } from '../ipam/cluster-addresses';
 import { IpamService } from '../ipam/ipam-service';
-import { PodAllocator } from '../ipam/pod-allocator';
+import { MAINTAIN_EVERY_MS, PodAllocator } from '../ipam/pod-allocator';
 import { LazyStore } from '../ipam/store/lazy-store';
 import { parseRedisUrl, RedisStore } from '../ipam/store/redis-store';
 import { EgressController, requireClusterKey } from './egress/egress-controller';
@@ -34,8 +34,6 @@ const USAGE = `usage: tetherd [--node-name NAME] [--socket PATH] [--state-dir DI
   --cluster-key-file FILE shared secret (≥ 32 bytes, hex or base64) authenticating tetherd-to-tetherd traffic
   --fou-port N            UDP port of FoU encapsulation (default 5555); --sync-port N conntrack sync (default 3785)`;
 
-/** How often tetherd retries deferred work (block returns that failed while the store was away). */
-const MAINTAIN_MS = 30_000;
 
 export async function main(argv: string[]): Promise<number> {
   let opts;
@@ -134,7 +132,7 @@ export async function main(argv: string[]): Promise<number> {
       return 2;
     }
   }
-  const maintain = setInterval(() => void pods.maintain().catch((e) => logger.warn('ipam: maintenance failed', { error: (e as Error).message })), MAINTAIN_MS);
+  const maintain = setInterval(() => void pods.maintain().catch((e) => logger.warn('ipam: maintenance failed', { error: (e as Error).message })), MAINTAIN_EVERY_MS);
   maintain.unref();
   const started = Date.now();
 

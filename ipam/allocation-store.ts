@@ -91,6 +91,19 @@ export class AllocationStore {
     }
   }
 
+  /** The cluster store generation last seen (see ClusterStore.generation). */
+  loadGeneration(): string | undefined {
+    try {
+      return fs.readFileSync(path.join(this.root, 'store-generation'), 'utf8').trim() || undefined;
+    } catch {
+      return undefined;
+    }
+  }
+
+  saveGeneration(g: string): void {
+    writeFileAtomic(path.join(this.root, 'store-generation'), g);
+  }
+
   saveBlocks(pool: string, blocks: string[]): void {
     writeFileAtomic(path.join(this.poolDir(pool), 'blocks.json'), JSON.stringify([...blocks].sort()));
   }

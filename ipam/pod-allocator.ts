@@ -47,11 +47,20 @@ interface PoolState {
   blocks: Map<string, BlockState>;
   /** Empty blocks whose return to the cluster store failed; retried by maintain(). */
   pendingReturn: Set<string>;
+  /** Blocks another node claimed while this node still held them (store restarted empty): never allocated from. */
+  lost: Set<string>;
 }
 
 export function ownerKey(o: Pick<PodOwner, 'network' | 'containerId' | 'ifName'>): string {
   return `${o.network}/${o.containerId}/${o.ifName}`;
 }
+
+/**
+ * After the cluster store comes back empty, no node claims a new block for this long, so every running
+ * node (checking every MAINTAIN_EVERY_MS) has re-asserted the blocks it holds before anyone could take one.
+ */
+export const MAINTAIN_EVERY_MS = 5000;
+const HOLD_OFF_MS = 2 * MAINTAIN_EVERY_MS + 2000;
 
 /** How many candidate blocks one claim attempt walks before giving up (bounds work on huge IPv6 pools). */
 const MAX_BLOCK_SCAN = 1 << 16;
@@ -60,6 +69,8 @@ export class PodAllocator {
   private readonly pools = new Map<string, PoolState>();
   private readonly byOwner = new Map<string, AllocationRecord[]>();
   private readonly mutex = new KeyedMutex();
+  private generationSeen?: string;
+  private holdOffUntil = 0;
 
   constructor(
     private readonly node: NodeIdentity,
@@ -67,8 +78,9 @@ export class PodAllocator {
     private readonly store: ClusterStore | undefined,
     private readonly files: AllocationStore,
     private readonly logger: Logger,
+    private readonly holdOffMs = HOLD_OFF_MS,
   ) {
-    for (const pool of pools) if (pool.usage === 'pod') this.pools.set(pool.name, { pool, blocks: new Map(), pendingReturn: new Set() });
+    for (const pool of pools) if (pool.usage === 'pod') this.pools.set(pool.name, { pool, blocks: new Map(), pendingReturn: new Set(), lost: new Set() });
   }
 
   /**
@@ -111,6 +123,11 @@ export class PodAllocator {
       }
       for (const blk of [...ps.blocks.values()]) if (blk.used.size === 0) await this.returnBlock(ps, blk);
       this.files.saveBlocks(name, [...ps.blocks.keys()]);
+    }
+    try {
+      await this.checkGeneration();
+    } catch (e) {
+      this.logger.warn('ipam: cluster store generation unknown at start', { error: (e as Error).message });
     }
     const blocks = [...this.pools.values()].reduce((n, p) => n + p.blocks.size, 0);
     this.logger.info('ipam: started', { allocations: records.length, blocks, conflicts });
@@ -181,8 +198,12 @@ export class PodAllocator {
     return [...this.byOwner.entries()].map(([key, rs]) => ({ key, netns: rs[0]?.owner.netns, network: rs[0]?.owner.network }));
   }
 
-  /** Retries block returns that failed while the cluster store was unreachable. */
+  /**
+   * Runs every MAINTAIN_EVERY_MS: notices a cluster store that lost its data and re-asserts this node's
+   * blocks, and retries block returns that failed while the store was unreachable.
+   */
   async maintain(): Promise<void> {
+    await this.checkGeneration();
     for (const ps of this.pools.values()) {
       if (!ps.pendingReturn.size) continue;
       await this.mutex.run(ps.pool.name, async () => {
@@ -203,7 +224,8 @@ export class PodAllocator {
         const blocks = [...ps.blocks.values()].filter((b) => b.family === f.family);
         const allocated = blocks.reduce((n, b) => n + b.used.size, 0);
         const capacity = blocks.reduce((n, b) => n + Number(b.size) - 1, 0);
-        return { family: f.family, cidr: f.cidr, blockSize: f.blockSize, blocks: blocks.map((b) => b.cidr), allocated, free: capacity - allocated };
+        const lost = blocks.filter((b) => ps.lost.has(b.cidr)).map((b) => b.cidr);
+        return { family: f.family, cidr: f.cidr, blockSize: f.blockSize, blocks: blocks.map((b) => b.cidr), allocated, free: capacity - allocated, ...(lost.length ? { lost } : {}) };
       }),
     }));
   }
@@ -223,7 +245,7 @@ export class PodAllocator {
   private async allocateIn(ps: PoolState, fam: ResolvedFamily, owner: PodOwner): Promise<AllocationRecord> {
     for (;;) {
       for (const blk of ps.blocks.values()) {
-        if (blk.family !== fam.family || ps.pendingReturn.has(blk.cidr)) continue;
+        if (blk.family !== fam.family || ps.pendingReturn.has(blk.cidr) || ps.lost.has(blk.cidr)) continue;
         const off = freeOffset(blk, fam);
         if (off !== undefined) return this.take(ps, blk, off, owner);
       }
@@ -270,6 +292,13 @@ export class PodAllocator {
     if (!this.store) {
       throw new TetherError(ErrorCode.TryAgainLater, `pool "${pool}" needs a new block but tetherd has no cluster store (start it with --redis)`);
     }
+    await this.checkGeneration();
+    if (Date.now() < this.holdOffUntil) {
+      throw new TetherError(
+        ErrorCode.TryAgainLater,
+        `pool "${pool}" needs a new block, but the cluster store restarted empty; new claims wait ${Math.ceil((this.holdOffUntil - Date.now()) / 1000)} s more while nodes re-assert the blocks they hold`,
+      );
+    }
     const claimed = await this.store.listBlocks(pool);
     const total = sizeOf(fam.family, fam.prefix) / sizeOf(fam.family, fam.blockSize);
     let scanned = 0;
@@ -290,6 +319,30 @@ export class PodAllocator {
       ErrorCode.PoolExhausted,
       `pool "${pool}" is exhausted for IPv${fam.family}: all ${total} /${fam.blockSize} blocks of ${fam.cidr} are claimed (${held} by nodes) and this node's blocks are full`,
     );
+  }
+
+  /** Detects a new store generation (the store lost its data): re-asserts every owned block, holds off claims. */
+  private async checkGeneration(): Promise<void> {
+    if (!this.store) return;
+    const g = await this.store.generation();
+    // The generation seen before a restart is kept in the state dir, so a tetherd that was down while the
+    // store was wiped notices too.
+    this.generationSeen ??= this.files.loadGeneration();
+    if (g === this.generationSeen) return;
+    const first = this.generationSeen === undefined;
+    this.generationSeen = g;
+    this.files.saveGeneration(g);
+    if (first) return;
+    this.holdOffUntil = Date.now() + this.holdOffMs;
+    this.logger.warn('ipam: cluster store restarted empty; re-asserting this node\'s blocks and holding off new claims', { holdOffMs: this.holdOffMs });
+    for (const ps of this.pools.values()) {
+      for (const cidr of ps.blocks.keys()) {
+        if (await this.store.claimBlock(ps.pool.name, cidr, this.node.name)) continue;
+        // Another node got it first (it was not holding off): stop allocating from it and say so loudly.
+        ps.lost.add(cidr);
+        this.logger.error('ipam: block this node holds was claimed by another node after the store restart', { pool: ps.pool.name, block: cidr });
+      }
+    }
   }
 
   private async returnBlock(ps: PoolState, blk: BlockState): Promise<void> {

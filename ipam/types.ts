@@ -85,6 +85,13 @@ export interface ClusterStore {
   /** Every allocated cluster-wide address of `pool`: address → owner. */
   listAddresses(pool: string): Promise<Map<string, string>>;
 
+  /**
+   * The store's generation: a random token created the first time anyone asks and kept for the store's
+   * life. A different token than last time means the store lost its data (restarted empty), so nodes
+   * must re-assert what they own before anyone claims anything new.
+   */
+  generation(): Promise<string>;
+
   close(): Promise<void>;
 }
 

@@ -53,6 +53,9 @@ export class LazyStore implements ClusterStore {
   async listAddresses(pool: string): Promise<Map<string, string>> {
     return (await this.get()).listAddresses(pool);
   }
+  async generation(): Promise<string> {
+    return (await this.get()).generation();
+  }
   async close(): Promise<void> {
     this.closed = true;
     await this.inner?.close();

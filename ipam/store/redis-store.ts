@@ -5,6 +5,7 @@
 //   <prefix>pool:<pool>:blocks         hash  block CIDR → node
 //   <prefix>pool:<pool>:addrs          hash  address → owner
 //   <prefix>pool:<pool>:owner:<owner>  list  the owner's addresses in allocation order
+import { randomBytes } from 'node:crypto';
 import Redis, { ReplyError } from 'ioredis';
 import { ErrorCode, TetherError } from '../../daemon/errors';
 import { log } from '../../daemon/log';
@@ -102,6 +103,15 @@ export class RedisStore implements ClusterStore {
     const released = (await this.run('releaseBlock', () => this.client.tetherReleaseBlock(this.key(pool, 'blocks'), b, node))) === 1;
     if (released) log().info('block released', { pool, block: b, node });
     return released;
+  }
+
+  async generation(): Promise<string> {
+    const key = `${this.prefix}generation`;
+    const fresh = randomBytes(8).toString('hex');
+    return this.run('generation', async () => {
+      await this.client.set(key, fresh, 'NX');
+      return (await this.client.get(key)) ?? fresh;
+    });
   }
 
   async listBlocks(pool: string): Promise<Map<string, string>> {

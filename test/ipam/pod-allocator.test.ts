@@ -173,6 +173,42 @@ test('cluster store down: owned blocks still serve; a new block is TRY_AGAIN_LAT
   assert.equal((alloc.usage()[0].families as Array<{ blocks: string[] }>)[0].blocks, [], 'deferred block return done');
 });
 
+test('store restarted empty: holders re-assert their blocks, others hold off new claims, no address twice', async () => {
+  const prefix = `wipe${Date.now()}:`;
+  const dirA = fs.mkdtempSync(path.join(os.tmpdir(), 'tether-ipam-'));
+  const dirB = fs.mkdtempSync(path.join(os.tmpdir(), 'tether-ipam-'));
+  cleanups.push(() => fs.rmSync(dirA, { recursive: true, force: true }), () => fs.rmSync(dirB, { recursive: true, force: true }));
+  const store = await RedisStore.connect(redis.url, { keyPrefix: prefix });
+  cleanups.push(() => store.close());
+  const a = new PodAllocator({ name: 'n1', labels: {} }, pools, store, new AllocationStore(dirA), quiet, 1500);
+  const b = new PodAllocator({ name: 'n2', labels: {} }, pools, store, new AllocationStore(dirB), quiet, 1500);
+  await a.start();
+  await b.start();
+  const heldByA = (await a.allocate('reserved', owner('a1'))).ips[0];
+  // Fill n2's block of the same pool; the pool has two /29 blocks, so n2's next claim would be n1's.
+  const bIps = [];
+  for (let i = 0; i < 7; i++) bIps.push((await b.allocate('reserved', owner(`b${i}`))).ips[0].address);
+  const wipe = new (require('ioredis'))(redis.url.replace('unix://', ''), { lazyConnect: false });
+  await wipe.flushall();
+  wipe.disconnect();
+  // n2 needs a new block right after the wipe: it notices the new generation and holds off.
+  await b.allocate('reserved', owner('b-next')).then(
+    () => assert.unreachable('claimed a block right after the store was wiped'),
+    (e) => {
+      assert.is((e as TetherError).code, 'TRY_AGAIN_LATER');
+      assert.match((e as Error).message, /restarted empty/);
+    },
+  );
+  await a.maintain(); // n1 notices too and re-asserts its block
+  assert.is((await store.listBlocks('reserved')).get(heldByA.block), 'n1');
+  await new Promise((r) => setTimeout(r, 1600));
+  await b.allocate('reserved', owner('b-next')).then(
+    () => assert.unreachable('the pool is full: both blocks held'),
+    (e) => assert.is((e as TetherError).code, 'POOL_EXHAUSTED'),
+  );
+  assert.not.ok(bIps.includes(heldByA.address));
+});
+
 test('pool selection errors name the pool', async () => {
   const { alloc } = await fixture();
   const cases: Array<[string, string, RegExp]> = [
