@@ -70,6 +70,11 @@ interface AddressState {
 }
 
 const REGISTRY_TTL_MS = 5000;
+/**
+ * A peer whose BFD session has not come Up yet (just discovered, or this tetherd just started) counts as
+ * alive for this long: otherwise every node would see every other as dead at start and claim.
+ */
+const BFD_STARTUP_GRACE_MS = 3000;
 const TICK_MS = 250;
 const RESYNC_EVERY_MS = 30_000;
 
@@ -80,6 +85,7 @@ export class EgressController {
   private readonly clients = new Map<string, ClientPod>();
   private readonly addresses = new Map<string, AddressState>();
   private readonly bfd = new Map<string, BfdSession>();
+  private readonly bfdInfo = new Map<string, { createdAt: number; everUp: boolean }>();
   private readonly registry = new Map<string, GatewayInfo[]>();
   private readonly mutex = new KeyedMutex();
   private endpoint?: BfdEndpoint;
@@ -266,6 +272,7 @@ export class EgressController {
     if (d.action === 'claim') await this.claim(st, d.pod, d.cause);
     else if (d.action === 'standDown') await this.standDown(st, `epoch ${st.own.epoch} names ${st.own.owner}`);
     else if (st.own.owner && local.has(st.own.owner) && !st.holder) await this.become(st, this.gateways.get(st.own.owner)!, 'restart: resuming ownership');
+    this.ensureSenders(st);
     this.updateClients(st);
   }
 
@@ -339,7 +346,11 @@ export class EgressController {
 
   private alive(g: GatewayInfo): boolean {
     if (g.node === this.o.node.name) return this.gateways.has(g.pod);
-    return this.bfd.get(g.nodeAddress)?.state === BfdState.Up;
+    const s = this.bfd.get(g.nodeAddress);
+    if (s?.state === BfdState.Up) return true;
+    const info = this.bfdInfo.get(g.nodeAddress);
+    // Not yet known either way: alive during the start-up grace, dead once it was Up and went Down.
+    return !info || (!info.everUp && Date.now() - info.createdAt < BFD_STARTUP_GRACE_MS);
   }
 
   private bfdState(g: GatewayInfo): string {
@@ -362,9 +373,14 @@ export class EgressController {
         detectMult: e0.failover.detectMultiplier,
         auth: this.bfdAuth(),
       });
+      const info = { createdAt: Date.now(), everUp: false };
       s.on('down', () => void this.tick());
-      s.on('up', () => void this.tick());
+      s.on('up', () => {
+        info.everUp = true;
+        void this.tick();
+      });
       this.bfd.set(peer, s);
+      this.bfdInfo.set(peer, info);
     }
   }
 
@@ -391,16 +407,9 @@ export class EgressController {
   private async startStreaming(st: AddressState): Promise<void> {
     if (!st.holder || this.o.conntrackSync === false) return;
     const gw = st.holder;
-    const mine = (e: ConntrackEntry) => e.reply.dst === st.address;
-    const snapshot = () => ConntrackHandle.with(gw.netns, (h) => h.dump({ family: 4 })).filter(mine);
-    for (const peer of new Set(st.candidates.filter((c) => c.node !== this.o.node.name).map((c) => c.nodeAddress))) {
-      const s = new SyncSender({ key: this.o.clusterKey, id: this.o.node.name, host: peer, port: this.o.syncPort, stream: streamOf(st), epoch: st.own.epoch, snapshot });
-      s.start();
-      st.senders.set(peer, s);
-    }
     const events = ConntrackEvents.open(gw.netns);
     events.on('event', (ev: ConntrackEvent) => {
-      if (!mine(ev.entry)) return;
+      if (ev.entry.reply.dst !== st.address) return;
       for (const s of st.senders.values()) s.push(ev);
     });
     events.on('overrun', () => {
@@ -408,6 +417,26 @@ export class EgressController {
     });
     events.on('error', (e: Error) => this.o.logger.error('egress: conntrack events stopped', { address: st.address, error: e.message }));
     st.events = events;
+    this.ensureSenders(st);
+  }
+
+  /** The owner keeps one sync stream to every other candidate's node; candidates come and go. */
+  private ensureSenders(st: AddressState): void {
+    if (!st.holder || !st.events) return;
+    const gw = st.holder;
+    const snapshot = () => ConntrackHandle.with(gw.netns, (h) => h.dump({ family: 4 })).filter((e) => e.reply.dst === st.address);
+    const want = new Set(st.candidates.filter((c) => c.node !== this.o.node.name).map((c) => c.nodeAddress));
+    for (const peer of want) {
+      if (st.senders.has(peer)) continue;
+      const s = new SyncSender({ key: this.o.clusterKey, id: this.o.node.name, host: peer, port: this.o.syncPort, stream: streamOf(st), epoch: st.own.epoch, snapshot });
+      s.start();
+      st.senders.set(peer, s);
+    }
+    for (const [peer, s] of st.senders) {
+      if (want.has(peer)) continue;
+      void s.close();
+      st.senders.delete(peer);
+    }
   }
 
   private async stopStreaming(st: AddressState): Promise<void> {

@@ -437,7 +437,9 @@ export class Testbed {
       r.push(`link add ${x.routerPort} type veth peer name eth0 netns ${x.ns}`, `addr add ${x.routerIp}/24 dev ${x.routerPort}`, `link set ${x.routerPort} up`);
     }
     await ipBatch(plan.router.ns, r);
-    await this.sysctl('router', { 'net.ipv4.ip_forward': '1', 'net.ipv4.conf.all.send_redirects': '0' });
+    // locktime 0: the router follows a floating address's gratuitous ARP at once (Linux holds an entry
+    // for 1 s by default; hardware routers update immediately).
+    await this.sysctl('router', { 'net.ipv4.ip_forward': '1', 'net.ipv4.conf.all.send_redirects': '0', 'net.ipv4.neigh.fabric.locktime': '0' });
 
     for (const n of plan.nodes) {
       const c = ['link set lo up', `addr add ${n.fabricIp}/24 dev eth0`, 'link set eth0 up', `route add default via ${plan.router.fabricIp}`];
@@ -464,6 +466,13 @@ export class Testbed {
     }));
   }
 
+  /** A random cluster key per run (tetherd-to-tetherd authentication), written once, root-only. */
+  clusterKeyPath(): string {
+    const p = path.join(this.runDir, 'cluster.key');
+    if (!fs.existsSync(p)) fs.writeFileSync(p, randomBytes(32).toString('hex'), { mode: 0o600 });
+    return p;
+  }
+
   /** The per-run tetherd config of tether-ipam mode: the pod pool and the nodes' facts. */
   get ipamConfigPath(): string {
     return path.join(this.runDir, 'tether-config.json');
@@ -479,6 +488,7 @@ export class Testbed {
         spec: { usage: 'pod', ipv4: { cidr: podPool.cidr, blockSize: podPool.blockSize } },
       },
       ...this.plan.nodes.map((n) => ({ apiVersion: 'tether.dev/v1alpha1', kind: 'Node', metadata: { name: n.name }, spec: n.zone ? { zone: n.zone } : {} })),
+      ...(this.topology.extraObjects ?? []),
     ];
     return { apiVersion: 'v1', kind: 'List', items };
   }
@@ -496,6 +506,8 @@ export class Testbed {
       // A node's own config file wins over the generated one (it must then hold the pod pool itself).
       config: n.tetherdConfig ?? (tetherIpam ? this.ipamConfigPath : undefined),
       redis: tetherIpam ? { url: this.redis.url, prefix: this.redisPrefix } : undefined,
+      // Every tetherd knows its node address and shares the run's cluster key: Egress needs both.
+      extraArgs: ['--node-address', n.fabricIp, '--uplink', 'eth0', '--cluster-key-file', this.clusterKeyPath(), ...(this.topology.tetherdArgs ?? [])],
       logLevel: this.topology.tetherdLogLevel,
       readyTimeoutMs: this.topology.tetherdReadyTimeoutMs ?? 15_000,
       paths: {

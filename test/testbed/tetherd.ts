@@ -25,6 +25,8 @@ export interface TetherdOptions {
   config?: string;
   /** The cluster store: --redis URL --redis-prefix PREFIX. */
   redis?: { url: string; prefix: string };
+  /** More flags (e.g. --node-address, --cluster-key-file for Egress). */
+  extraArgs?: string[];
   logLevel?: string;
   readyTimeoutMs: number;
 }
@@ -63,6 +65,7 @@ export class Tetherd {
       '--log-level', this.opts.logLevel ?? 'info',
       ...(this.opts.config ? ['--config', this.opts.config] : []),
       ...(this.opts.redis ? ['--redis', this.opts.redis.url, '--redis-prefix', this.opts.redis.prefix] : []),
+      ...(this.opts.extraArgs ?? []),
     ];
     const fd = fs.openSync(paths.log, 'a');
     fs.writeSync(fd, `# ${new Date().toISOString()} testbed: starting ${argv.join(' ')}\n`);

@@ -62,6 +62,10 @@ export interface Topology {
   ipam?: IpamMode;
   /** The pod AddressPool "default" of tether-ipam mode (default 10.244.0.0/16 in /26 blocks). */
   podPool?: { cidr?: string; blockSize?: number };
+  /** More objects for every tetherd's config (floating pools, Egress…), tether-ipam mode only. */
+  extraObjects?: Record<string, unknown>[];
+  /** More tetherd flags on every node. */
+  tetherdArgs?: string[];
 }
 
 export type IpamMode = 'host-local' | 'tether-ipam';
