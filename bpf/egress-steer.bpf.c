@@ -37,12 +37,13 @@ int egress_steer(struct __sk_buff *skb)
 		st->bypassed++;
 		return TC_ACT_OK;
 	}
-	/* No owner right now (a standby is taking the address over): let the packet take the node's normal
-	 * path rather than drop it; the controller refills the slots within the takeover time. */
+	/* No owner right now (a standby is taking the address over): drop. Leaving by the node's normal path
+	 * would reach the destination with the pod's own address, and its reply (a RST for TCP) would kill the
+	 * very connection the takeover is about to save; a dropped segment is simply retransmitted. */
 	gw = bpf_map_lookup_elem(&egress_gateways, &id);
 	if (!gw || gw->count == 0) {
 		st->no_gateway++;
-		return TC_ACT_OK;
+		return TC_ACT_SHOT;
 	}
 
 	/* From here on the packet belongs to an Egress: leaving unencapsulated would send it out with the

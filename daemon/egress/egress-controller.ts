@@ -327,13 +327,27 @@ export class EgressController {
   private updateClients(st: AddressState): void {
     if (!this.maps || ![...this.clients.values()].some((c) => c.egressIds.includes(this.egressIds.get(st.egress.key)!))) return;
     const id = this.egressIds.get(st.egress.key)!;
-    const slots = [...this.addresses.values()]
-      .filter((a) => a.egress.key === st.egress.key && a.own.owner)
-      .flatMap((a) => {
-        const g = this.liveRegistry(a.egress.key).find((x) => x.pod === a.own.owner);
-        return g ? [{ gatewayIp: g.podIp, floatingIp: a.address, epoch: a.own.epoch }] : [];
-      });
+    const slots: Array<{ gatewayIp: string; floatingIp: string; epoch: number }> = [];
+    for (const a of this.addresses.values()) {
+      if (a.egress.key !== st.egress.key || !a.own.owner) continue;
+      const g = this.liveRegistry(a.egress.key).find((x) => x.pod === a.own.owner);
+      if (!g) {
+        // The new owner is not in this node's copy of the registry yet: keep steering to the previous
+        // slots (the old owner's traffic is dropped at worst, never sent unNATed) and fetch it now.
+        void this.refreshRegistry(a.egress.key).then(() => this.updateClients(a));
+        return;
+      }
+      slots.push({ gatewayIp: g.podIp, floatingIp: a.address, epoch: a.own.epoch });
+    }
     this.maps.setGateways(id, slots);
+  }
+
+  private async refreshRegistry(egress: string): Promise<void> {
+    try {
+      this.registry.set(egress, await this.o.ownership.listGateways(egress));
+    } catch (e) {
+      this.o.logger.warn('egress: gateway registry unreachable', { egress, error: (e as Error).message });
+    }
   }
 
   // ---- liveness --------------------------------------------------------------------------------------
