@@ -54,7 +54,11 @@ export class GatewayDatapath {
     ]) writeNetSysctl(ns, k, v);
     // Replies the gateway de-NATs come back with the external server as source through its veth.
     writeNetSysctl(null, `net/ipv4/conf/${this.gw.hostIfName}/rp_filter`, '2');
+    // Invalid packets are dropped before routing: a reply that misses conntrack would otherwise be
+    // delivered to the floating address on the pod itself, whose TCP stack answers with a RST that kills
+    // the connection at the server.
     this.nft(`table ip ${TABLE} {
+  chain pre { type filter hook prerouting priority -150; policy accept; ct state invalid counter drop; }
   chain forward { type filter hook forward priority 0; policy accept; ct state invalid drop; ct state established,related accept; }
   chain postrouting { type nat hook postrouting priority 100; policy accept; }
 }`);

@@ -115,6 +115,12 @@ test('owner gateway killed abruptly: every TCP connection continues from the sam
       await tb.mustExec('router', ['ip', 'netns', 'del', tb.pod(ownerKey).ns]);
     });
     const next = await waitOwner(tb, first.st.owner);
+    if (process.env.EGRESS_DEBUG) {
+      const gwKey = `${next.node}-${next.st.owner.split('/')[1]}`;
+      const ct = await tb.exec(gwKey, ['sh', '-c', 'nft list table ip tether_egress; conntrack -S']);
+      process.stdout.write(`DEBUG new owner conntrack (${ct.stdout.split('\n').length} lines):\n${ct.stdout.split('\n').slice(0, 8).join('\n')}\n${ct.stderr}\n`);
+      process.stdout.write(`DEBUG status: ${JSON.stringify(await tb.status(next.node))}\n`.slice(0, 3000));
+    }
     assert.is.not(next.node, first.node, 'the other gateway took over');
     assert.ok(next.st.epoch > first.st.epoch, `epoch grew: ${first.st.epoch} → ${next.st.epoch}`);
     assert.is(report.intact, CONNS, `${report.intact}/${CONNS} connections intact; first errors: ${report.errors.slice(0, 6).join('; ')}`);
