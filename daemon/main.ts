@@ -175,6 +175,7 @@ export async function main(argv: string[]): Promise<number> {
         pools: config.pools.map((p) => p.name),
         ipam: { pods: pods.usage(), cluster: await addresses.usage() },
         egress: egress?.status() ?? [],
+        egressSecurity: egress?.security(),
         pods: podStore.all().map((r) => ({
           network: r.network,
           containerId: r.containerId,
@@ -208,14 +209,16 @@ export async function main(argv: string[]): Promise<number> {
     const stop = (signal: string) => {
       logger.info('tetherd stopping', { signal });
       clearInterval(maintain);
-      void egress?.stop().catch((e) => logger.warn('egress: stop failed', { error: (e as Error).message }));
-      void ownership?.close();
-      void server.close().then(async () => {
+      void (async () => {
+        // Everything that may still log stops before the logger ends.
+        await egress?.stop().catch((e) => logger.warn('egress: stop failed', { error: (e as Error).message }));
+        await ownership?.close();
+        await server.close();
         await store?.close();
         logger.info('tetherd stopped', { signal });
         logger.on('finish', () => resolve(0));
         logger.end();
-      });
+      })();
     };
     process.once('SIGTERM', () => stop('SIGTERM'));
     process.once('SIGINT', () => stop('SIGINT'));

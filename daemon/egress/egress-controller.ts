@@ -135,7 +135,8 @@ export class EgressController {
     this.o.ownership.on('resync', () => void this.tick());
     this.o.attach.on('attached', (r: PodRecord) => void this.podUp(r));
     this.o.attach.on('detached', (r: PodRecord) => void this.podDown(r, 'gateway pod deleted'));
-    for (const r of this.o.attach.pods()) await this.podUp(r);
+    // Pods recorded before a restart whose namespace is gone (killed without a DEL) play no role.
+    for (const r of this.o.attach.pods()) if (fs.existsSync(r.netns)) await this.podUp(r);
     this.watchNetns();
     this.timer = setInterval(() => void this.tick(), TICK_MS);
     this.resyncTimer = setInterval(() => this.periodicResync(), RESYNC_EVERY_MS);
@@ -151,6 +152,11 @@ export class EgressController {
     await this.receiver?.close();
     await this.endpoint?.close();
     this.maps?.close();
+  }
+
+  /** Authentication counters: forged, replayed or garbage BFD packets and sync frames, rejected and counted. */
+  security(): Record<string, unknown> {
+    return { bfdRejected: this.endpoint?.stats().rejected, syncRejected: this.receiver?.stats().rejected };
   }
 
   /** Status per floating address: owner, epoch, candidates with their liveness, sync counters, last takeover. */
@@ -175,6 +181,15 @@ export class EgressController {
   // ---- pods ------------------------------------------------------------------------------------------
 
   private async podUp(r: PodRecord): Promise<void> {
+    try {
+      await this.podRoles(r);
+    } catch (e) {
+      // One pod that cannot take its role (gone meanwhile, broken namespace) must not stop the others.
+      this.o.logger.error('egress: pod role setup failed', { pod: podKey(r), error: (e as Error).message });
+    }
+  }
+
+  private async podRoles(r: PodRecord): Promise<void> {
     const pod = podKey(r);
     const ip = r.ips?.find((i) => !i.includes(':'));
     if (!pod || !ip || !r.hostIfName) return;

@@ -78,5 +78,8 @@ if (udpOn) {
 function report() {
   setTimeout(() => process.stdout.write(JSON.stringify({ connections: n, intact, errors: errors.slice(0, 20), maxGapMs: Math.max(0, ...gaps), gaps, echoes, udp }) + '\\n'), interval * 2);
 }
+const finishers = [];
 for (let i = 0; i < n; i++) conn(i);
+// Watchdog: a connection that never connects or never ends must not hang the report.
+setTimeout(() => { errors.push('watchdog: ' + (n - done) + ' connections did not finish'); gaps.push(duration); process.stdout.write(JSON.stringify({ connections: n, intact, errors: errors.slice(0, 20), maxGapMs: Math.max(0, ...gaps), gaps, echoes, udp }) + '\n'); process.exit(0); }, duration + 5000);
 `;

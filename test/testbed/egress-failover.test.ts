@@ -12,6 +12,9 @@ import { ECHO_SERVER, TRAFFIC_CLIENT, type TrafficReport } from '../lib/traffic'
 const FLOAT_POOL = '198.18.0.200/29';
 const PORT = 9000;
 const CONNS = Number(process.env.EGRESS_TEST_CONNS ?? 200);
+/** EGRESS_ONLY=<part of a test name> runs just that scenario (for debugging). */
+const only = process.env.EGRESS_ONLY;
+const scenario = (name: string, fn: () => Promise<void>) => (only && !name.includes(only) ? test.skip(name, fn) : test(name, fn));
 
 function topology(extraArgs: string[] = []): Topology {
   return {
@@ -105,7 +108,7 @@ async function runTraffic(tb: Testbed, durationMs: number, during: () => Promise
   return { report: JSON.parse(line) as TrafficReport, peers };
 }
 
-test('owner gateway killed abruptly: every TCP connection continues from the same floating address', async () => {
+scenario('owner gateway killed abruptly: every TCP connection continues from the same floating address', async () => {
   await withTestbed(topology(), async (tb) => {
     const first = await waitOwner(tb);
     const floating = first.st.address;
@@ -131,6 +134,102 @@ test('owner gateway killed abruptly: every TCP connection continues from the sam
     assert.ok(tcpPeers.every((p) => p.startsWith(`${floating}:`)), `server saw only the floating address: ${tcpPeers.slice(0, 3)}`);
     assert.ok(report.udp && report.udp.received > report.udp.sent * 0.8, `UDP continued: ${JSON.stringify(report.udp)}`);
     process.stdout.write(`  failover: longest gap ${report.maxGapMs} ms over ${CONNS} connections, UDP ${report.udp?.received}/${report.udp?.sent}, takeover ${JSON.stringify(next.st.lastTakeover)}\n`);
+  });
+});
+
+scenario('the owner returns: it does not take the address back while the new owner lives', async () => {
+  await withTestbed(topology(), async (tb) => {
+    const first = await waitOwner(tb);
+    const oldNode = first.node;
+    await tb.mustExec('router', ['ip', 'netns', 'del', tb.pod(`${oldNode}-${first.st.owner.split('/')[1]}`).ns]);
+    const next = await waitOwner(tb, first.st.owner);
+    // A new gateway pod appears on the old owner's node, and that node's tetherd restarts.
+    await tb.addPod(oldNode, { name: `gw${oldNode.slice(1)}b`, namespace: 'shop', tether: { labels: { role: 'egress-gw' } } });
+    await tb.restartTetherd(oldNode);
+    await new Promise((r) => setTimeout(r, 2500));
+    const after = await egressOf(tb, next.node);
+    assert.is(after?.owner, next.st.owner, 'ownership stayed with the new owner');
+    assert.is(after?.epoch, next.st.epoch, 'no further epoch: no flapping back');
+    assert.not.ok((await egressOf(tb, oldNode))?.ownedHere, 'the returning node holds nothing');
+  });
+});
+
+scenario("the owner's whole node goes down (tetherd killed, links down): connections continue", async () => {
+  await withTestbed(topology(), async (tb) => {
+    const first = await waitOwner(tb);
+    const { report, peers } = await runTraffic(tb, 9000, async () => {
+      await tb.killTetherd(first.node, 'SIGKILL');
+      await tb.mustExec(first.node, ['ip', 'link', 'set', 'eth0', 'down']);
+    });
+    const other = first.node === 'n1' ? 'n2' : 'n1';
+    const st = await egressOf(tb, other);
+    assert.ok(st?.ownedHere, 'the surviving gateway node owns the address');
+    assert.match(String(st?.lastTakeover?.cause), /failover: owner .* is down/);
+    assert.is(report.intact, CONNS, `${report.intact}/${CONNS} intact; ${report.errors.slice(0, 4).join('; ')}`);
+    assert.ok(report.maxGapMs < 1000, `longest gap ${report.maxGapMs} ms`);
+    assert.ok(peers.filter((p) => !p.startsWith('udp')).every((p) => p.startsWith(`${first.st.address}:`)));
+    process.stdout.write(`  node down: longest gap ${report.maxGapMs} ms over ${CONNS} connections, takeover ${JSON.stringify(st?.lastTakeover)}\n`);
+  });
+});
+
+scenario('planned handover (the owner gateway pod is deleted through the CNI chain): no connection lost, gap under 200 ms', async () => {
+  await withTestbed(topology(), async (tb) => {
+    const first = await waitOwner(tb);
+    const { report } = await runTraffic(tb, 8000, async () => {
+      await tb.delPod(`${first.node}-${first.st.owner.split('/')[1]}`);
+    });
+    const next = await waitOwner(tb, first.st.owner);
+    assert.match(String(next.st.lastTakeover?.cause ?? ''), /handover/);
+    assert.is(report.intact, CONNS, `${report.intact}/${CONNS} intact; ${report.errors.slice(0, 4).join('; ')}`);
+    assert.ok(report.maxGapMs < 200, `longest gap ${report.maxGapMs} ms`);
+    process.stdout.write(`  planned handover: longest gap ${report.maxGapMs} ms over ${CONNS} connections\n`);
+  });
+});
+
+scenario('forged BFD packets and garbage on the sync port are rejected and counted; the stream is not disturbed', async () => {
+  await withTestbed(topology(), async (tb) => {
+    const first = await waitOwner(tb);
+    const standby = first.node === 'n1' ? 'n2' : 'n1';
+    const standbyIp = tb.node(standby).fabricIp;
+    const ownerIp = tb.node(first.node).fabricIp;
+    const ATTACK = `
+const dgram = require('dgram'), net = require('net');
+const [owner, standby] = process.argv.slice(1);
+const u = dgram.createSocket('udp4');
+// A well-formed BFD control packet claiming Up, with meticulous keyed SHA1 and a made-up digest.
+const p = Buffer.alloc(52); p[0] = 0x20; p[1] = 0xc4; p[2] = 3; p[3] = 52; p.writeUInt32BE(7, 4); p.writeUInt32BE(0, 8);
+p.writeUInt32BE(100000, 12); p.writeUInt32BE(100000, 16); p[24] = 5; p[25] = 28; p[26] = 1; p.writeUInt32BE(9, 28); p.fill(0xab, 32);
+let n = 0;
+const t = setInterval(() => {
+  for (const h of [owner, standby]) { u.send(p, 3784, h); u.send(Buffer.from('garbage ' + n), 3784, h); }
+  const c = net.connect(3785, standby, () => c.end(Buffer.from('\\x00\\x00\\x10\\x00 not a sync frame ' + n)));
+  c.on('error', () => {});
+  if (++n === 20) { clearInterval(t); setTimeout(() => process.exit(0), 200); }
+}, 100);
+`;
+    const { report } = await runTraffic(tb, 7000, async () => {
+      await tb.mustExec('client', [process.execPath, '-e', ATTACK, ownerIp, standbyIp]);
+      // The stream keeps flowing after the attack: kill the owner so the standby's synced state is used.
+      await tb.mustExec('router', ['ip', 'netns', 'del', tb.pod(`${first.node}-${first.st.owner.split('/')[1]}`).ns]);
+    });
+    const sec = ((await tb.status(standby)) as unknown as { egressSecurity: { bfdRejected: Record<string, number>; syncRejected: Record<string, number> } }).egressSecurity;
+    const bfdRejected = Object.values(sec.bfdRejected).reduce((a, b) => a + b, 0);
+    const syncRejected = Object.values(sec.syncRejected).reduce((a, b) => a + b, 0);
+    assert.ok(bfdRejected >= 20, `BFD rejections counted: ${JSON.stringify(sec.bfdRejected)}`);
+    assert.ok(syncRejected >= 10, `sync rejections counted: ${JSON.stringify(sec.syncRejected)}`);
+    assert.is(report.intact, CONNS, `${report.intact}/${CONNS} intact after the attack and a takeover`);
+  });
+});
+
+scenario('negative control: with conntrack sync disabled, the same takeover breaks the connections', async () => {
+  await withTestbed(topology(['--no-conntrack-sync']), async (tb) => {
+    const first = await waitOwner(tb);
+    const { report } = await runTraffic(tb, 8000, async () => {
+      await tb.mustExec('router', ['ip', 'netns', 'del', tb.pod(`${first.node}-${first.st.owner.split('/')[1]}`).ns]);
+    });
+    await waitOwner(tb, first.st.owner);
+    assert.ok(report.intact < CONNS / 2, `only ${report.intact}/${CONNS} may survive without sync`);
+    process.stdout.write(`  negative control: ${report.intact}/${CONNS} connections survived without conntrack sync\n`);
   });
 });
 
