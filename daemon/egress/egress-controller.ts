@@ -75,6 +75,12 @@ const REGISTRY_TTL_MS = 5000;
  * alive for this long: otherwise every node would see every other as dead at start and claim.
  */
 const BFD_STARTUP_GRACE_MS = 3000;
+/**
+ * A gateway pod deleted through CNI DEL keeps forwarding (its conntrack and SNAT intact) this long after
+ * handing its addresses over, so packets clients sent before they learned the new owner still get
+ * through instead of waiting for a TCP retransmission timeout.
+ */
+const DRAIN_MS = 300;
 const TICK_MS = 250;
 const RESYNC_EVERY_MS = 30_000;
 
@@ -134,6 +140,7 @@ export class EgressController {
     this.o.ownership.on('change', (c: Ownership) => void this.onOwnership(c));
     this.o.ownership.on('resync', () => void this.tick());
     this.o.attach.on('attached', (r: PodRecord) => void this.podUp(r));
+    this.o.attach.onBeforeDetach((r: PodRecord) => this.podDown(r, 'gateway pod deleted', DRAIN_MS));
     this.o.attach.on('detached', (r: PodRecord) => void this.podDown(r, 'gateway pod deleted'));
     // Pods recorded before a restart whose namespace is gone (killed without a DEL) play no role.
     for (const r of this.o.attach.pods()) if (fs.existsSync(r.netns)) await this.podUp(r);
@@ -214,7 +221,7 @@ export class EgressController {
     await this.tick();
   }
 
-  private async podDown(r: PodRecord, cause: string): Promise<void> {
+  private async podDown(r: PodRecord, cause: string, drainMs = 0): Promise<void> {
     const pod = podKey(r);
     if (!pod) return;
     const client = this.clients.get(pod);
@@ -230,17 +237,21 @@ export class EgressController {
     const gw = this.gateways.get(pod);
     if (!gw) return;
     this.gateways.delete(pod);
-    await this.register();
-    // Hand every address it held to the next live candidate at once, instead of waiting for detection.
+    // Hand every address it held to the next live candidate at once, instead of waiting for detection;
+    // the registry is updated after, so the candidates learn of the handover before they could infer it.
     for (const st of this.addresses.values()) {
       if (st.holder !== gw) continue;
       await this.mutex.run(keyOf(st), async () => {
-        await this.stopStreaming(st);
         st.holder = undefined;
         const next = orderCandidates(st.address, this.liveRegistry(st.egress.key)).find((c) => c.pod !== pod && this.alive(c));
         if (next) await this.claim(st, next.pod, `handover: ${cause} (${pod})`);
+        gw.datapath.withdrawAnnouncement(st.address);
+        // Closing the event reader waits out its receive timeout: not on the handover's critical path.
+        void this.stopStreaming(st);
       });
     }
+    await this.register();
+    if (drainMs) await new Promise((res) => setTimeout(res, drainMs));
     try {
       gw.datapath.teardown();
     } catch (e) {
@@ -333,9 +344,9 @@ export class EgressController {
 
   private async standDown(st: AddressState, why: string): Promise<void> {
     const gw = st.holder;
-    await this.stopStreaming(st);
     st.holder = undefined;
     gw?.datapath.release(st.address);
+    void this.stopStreaming(st);
     this.o.logger.info('egress: stood down', { egress: st.egress.key, address: st.address, pod: gw?.info.pod, why });
   }
 
@@ -468,11 +479,14 @@ export class EgressController {
     }
   }
 
+  /** Detaches the stream at once (a new one may start right away) and closes the old parts after. */
   private async stopStreaming(st: AddressState): Promise<void> {
-    await st.events?.close();
+    const events = st.events;
+    const senders = [...st.senders.values()];
     st.events = undefined;
-    for (const s of st.senders.values()) await s.close();
     st.senders.clear();
+    await events?.close();
+    for (const s of senders) await s.close();
   }
 
   private periodicResync(): void {

@@ -89,6 +89,16 @@ export class GatewayDatapath {
     log().info('egress: floating address taken by gateway', { pod: this.gw.pod, address, announce: announce.mode, ms: Number(process.hrtime.bigint() - t0) / 1e6 });
   }
 
+  /**
+   * First step of a planned handover: stop answering ARP for the address at once (the new owner's
+   * gratuitous ARP must not be undone by this node's proxy answers) while SNAT and the route stay for
+   * the drain.
+   */
+  withdrawAnnouncement(address: string): void {
+    const announce = this.owned.get(address);
+    if (announce?.mode === 'l2') withdrawL2({ ifName: this.node.uplink, address });
+  }
+
   /** Gives a floating address up. Idempotent; tolerates a pod that is already gone. */
   release(address: string): void {
     const announce = this.owned.get(address) ?? { mode: 'l2' as const };

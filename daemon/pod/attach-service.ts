@@ -94,7 +94,17 @@ export class AttachService extends EventEmitter {
     return buildResult(prev, conf.cniVersion as string, addedInterfaces(applied));
   }
 
-  del(p: CniParams): void {
+  /**
+   * Role controllers that must finish before a pod's network goes away (a gateway hands its floating
+   * addresses over while it still forwards: make before break).
+   */
+  private readonly beforeDetach: Array<(rec: PodRecord) => Promise<void>> = [];
+
+  onBeforeDetach(fn: (rec: PodRecord) => Promise<void>): void {
+    this.beforeDetach.push(fn);
+  }
+
+  async del(p: CniParams): Promise<void> {
     const key = this.keyOf(p);
     const rec = this.store.get(key);
     const who = this.who(p, key);
@@ -104,6 +114,9 @@ export class AttachService extends EventEmitter {
       return;
     }
     // Roles first (a gateway hands its addresses over while its network still works), then the pod network.
+    for (const fn of this.beforeDetach) {
+      await fn(rec).catch((e) => this.logger.error('pod role teardown failed; detaching anyway', { ...who, error: (e as Error).message }));
+    }
     this.emit('detached', rec);
     this.undoRecord(rec, who);
     this.store.remove(key);

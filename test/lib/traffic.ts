@@ -81,5 +81,5 @@ function report() {
 const finishers = [];
 for (let i = 0; i < n; i++) conn(i);
 // Watchdog: a connection that never connects or never ends must not hang the report.
-setTimeout(() => { errors.push('watchdog: ' + (n - done) + ' connections did not finish'); gaps.push(duration); process.stdout.write(JSON.stringify({ connections: n, intact, errors: errors.slice(0, 20), maxGapMs: Math.max(0, ...gaps), gaps, echoes, udp }) + '\n'); process.exit(0); }, duration + 5000);
+setTimeout(() => { errors.push('watchdog: ' + (n - done) + ' connections did not finish'); gaps.push(duration); process.stdout.write(JSON.stringify({ connections: n, intact, errors: errors.slice(0, 20), maxGapMs: Math.max(0, ...gaps), gaps, echoes, udp }) + '\\n'); process.exit(0); }, duration + 5000);
 `;
