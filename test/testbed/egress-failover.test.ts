@@ -206,8 +206,13 @@ p.writeUInt32BE(100000, 12); p.writeUInt32BE(100000, 16); p[24] = 5; p[25] = 28;
 let n = 0;
 const t = setInterval(() => {
   for (const h of [owner, standby]) { u.send(p, 3784, h); u.send(Buffer.from('garbage ' + n), 3784, h); }
-  const c = net.connect(3785, standby, () => c.end(Buffer.from('\\x00\\x00\\x10\\x00 not a sync frame ' + n)));
+  // A complete frame of junk (fails authentication) and a frame claiming 2 GB (refused before allocation).
+  const junk = Buffer.alloc(64, n); junk.writeUInt32BE(60, 0);
+  const c = net.connect(3785, standby, () => c.write(junk));
   c.on('error', () => {});
+  const big = Buffer.alloc(8, 0); big.writeUInt32BE(0x7fffffff, 0);
+  const d = net.connect(3785, standby, () => d.write(big));
+  d.on('error', () => {});
   if (++n === 20) { clearInterval(t); setTimeout(() => process.exit(0), 200); }
 }, 100);
 `;
