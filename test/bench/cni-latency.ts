@@ -54,7 +54,8 @@ async function measure(tb: Testbed) {
 }
 
 async function main() {
-  const samples = await withTestbed({ nodes: [{ name: 'n1', tether: { encapOverhead: 28, vips: ['198.51.100.10'] } }], externals: [], tether: true }, measure);
+  // host-local on both sides: the comparison is tether's own cost in the chain (IPAM has its own bench).
+  const samples = await withTestbed({ nodes: [{ name: 'n1', tether: { encapOverhead: 28, vips: ['198.51.100.10'] } }], externals: [], tether: true, ipam: 'host-local' }, measure);
   const S = Object.fromEntries(Object.entries(samples).map(([k, v]) => [k, summary(v)])) as Record<keyof typeof samples, ReturnType<typeof summary>>;
   const addedAdd = Math.round((S.tetherAdd.p50 - S.plainAdd.p50) * 10) / 10;
   const addedDel = Math.round((S.tetherDel.p50 - S.plainDel.p50) * 10) / 10;
