@@ -1,9 +1,11 @@
-// The demo: a two-zone testbed with one tetherd per node, pods attached through the real CNI chain
-// (Debian's ptp + host-local, then tether), what tether did to each pod, traffic across nodes and to the
-// outside, a tetherd killed with -9 and restarted, and a clean DEL. Tears everything down at the end.
+// The demo, in two parts. First: a two-zone testbed with one tetherd per node, pods attached through the real CNI chain
+// (Debian's ptp + tether-ipam, then tether), what tether did to each pod, traffic across nodes and to the
+// outside, a tetherd killed with -9 and restarted, and a clean DEL. Second: Egress — live connections
+// through a floating address while the owning gateway is killed, and the counters after. Tears down.
 import { execFileSync } from 'node:child_process';
 import { withTestbed, type Testbed } from './testbed/testbed';
 import { bin } from './lib/binaries';
+import { runTraffic, topology, waitOwner } from './testbed/egress-scenario';
 
 const say = (s = '') => process.stdout.write(s + '\n');
 const ipj = (ns: string, args: string[]) => JSON.parse(execFileSync('ip', ['-n', ns, '-j', ...args], { encoding: 'utf8' }) || '[]');
@@ -40,7 +42,7 @@ async function main() {
       await tb.addPod('n1', { name: 'p1', namespace: 'shop' });
       await tb.addPod('n1', { name: 'lb', namespace: 'shop', tether: { vips: ['198.51.100.10', '198.51.100.11'] } });
       await tb.addPod('n2', { name: 'p1', namespace: 'shop' });
-      say('\n2. pods attached through ptp + host-local + tether (FoU overhead 28 bytes, VIPs for DSR):');
+      say('\n2. pods attached through ptp with tether-ipam (addresses from blocks claimed in Redis), then tether (FoU overhead 28 bytes, VIPs for DSR):');
       for (const p of tb.listPods()) showPod(tb, p.key);
 
       say('\n3. traffic (real TCP, each server answers with its name):');
@@ -73,6 +75,33 @@ async function main() {
     },
   );
   say('\n8. testbed torn down: no namespaces, state or pins left.');
+
+  await egressDemo();
+}
+
+/** Egress that survives its gateway: live connections through the floating address, the owner killed. */
+async function egressDemo() {
+  const CONNS = 100;
+  say('\nEgress on a floating address: gateway pods on n1 and n2, a client pod on n3, an external server');
+  await withTestbed(topology(), async (tb) => {
+    const first = await waitOwner(tb);
+    say(`  floating address ${first.st.address} owned by ${first.st.owner} on ${first.node} (epoch ${first.st.epoch})`);
+    say(`  ${CONNS} TCP connections (request/response every 50 ms, sequence-checked) and a UDP stream run from shop/web…`);
+    const t0 = Date.now();
+    let killedAt = 0;
+    const { report, peers } = await runTraffic(tb, CONNS, 8000, async () => {
+      killedAt = Date.now() - t0;
+      await tb.mustExec('router', ['ip', 'netns', 'del', tb.pod(`${first.node}-${first.st.owner.split('/')[1]}`).ns]);
+      say(`  ${killedAt} ms in: gateway ${first.st.owner} killed (its namespace deleted, no goodbye)`);
+    });
+    const next = await waitOwner(tb, first.st.owner);
+    const tcpPeers = peers.filter((p) => !p.startsWith('udp'));
+    say(`  new owner ${next.st.owner} on ${next.node}, epoch ${next.st.epoch}: ${next.st.lastTakeover?.cause}`);
+    say(`  connections kept: ${report.intact}/${report.connections}; echoes checked: ${report.echoes}; errors: ${report.errors.length}`);
+    say(`  longest gap on any connection: ${report.maxGapMs} ms; UDP ${report.udp?.received}/${report.udp?.sent} datagrams answered`);
+    say(`  the server saw ${new Set(tcpPeers.map((p) => p.split(':')[0])).size} source address(es): ${[...new Set(tcpPeers.map((p) => p.split(':')[0]))].join(', ')}`);
+  });
+  say('  testbed torn down.');
 }
 
 main().catch((e) => {

@@ -7,3 +7,4 @@ bash install/deps.sh
 bash install/build.sh
 node_modules/.bin/tsx test/bench/cni-latency.ts
 node_modules/.bin/tsx test/bench/ipam.ts
+node_modules/.bin/tsx test/bench/egress-failover.ts

@@ -4,117 +4,20 @@
 // connection must continue with intact data, from the same floating address, with a short gap.
 import { test } from 'uvu';
 import * as assert from 'uvu/assert';
-import type { ChildProcess } from 'node:child_process';
-import { withTestbed, type Testbed } from './testbed';
-import type { Topology } from './topology';
-import { ECHO_SERVER, TRAFFIC_CLIENT, type TrafficReport } from '../lib/traffic';
+import { withTestbed } from './testbed';
+import { egressOf, runTraffic, topology, waitOwner } from './egress-scenario';
 
-const FLOAT_POOL = '198.18.0.200/29';
-const PORT = 9000;
 const CONNS = Number(process.env.EGRESS_TEST_CONNS ?? 200);
 /** EGRESS_ONLY=<part of a test name> runs just that scenario (for debugging). */
 const only = process.env.EGRESS_ONLY;
 const scenario = (name: string, fn: () => Promise<void>) => (only && !name.includes(only) ? test.skip(name, fn) : test(name, fn));
-
-function topology(extraArgs: string[] = []): Topology {
-  return {
-    nodes: [
-      { name: 'n1', zone: 'a', pods: [{ name: 'gw1', namespace: 'shop', tether: { labels: { role: 'egress-gw' } } }] },
-      { name: 'n2', zone: 'b', pods: [{ name: 'gw2', namespace: 'shop', tether: { labels: { role: 'egress-gw' } } }] },
-      { name: 'n3', zone: 'c', pods: [{ name: 'web', namespace: 'shop', tether: { labels: { app: 'web' }, encapOverhead: 28 } }] },
-    ],
-    tether: true,
-    ipam: 'tether-ipam',
-    tetherdArgs: extraArgs,
-    extraObjects: [
-      { apiVersion: 'tether.dev/v1alpha1', kind: 'AddressPool', metadata: { name: 'float' }, spec: { usage: 'floating', ipv4: { cidr: FLOAT_POOL } } },
-      {
-        apiVersion: 'tether.dev/v1alpha1',
-        kind: 'Egress',
-        metadata: { name: 'out', namespace: 'shop' },
-        spec: {
-          clients: { podSelector: { app: 'web' } },
-          gateways: { podSelector: { role: 'egress-gw' } },
-          destinations: ['198.19.0.0/16'],
-          excludeDestinations: ['198.18.0.0/24'],
-          addresses: { pool: 'float', count: 1 },
-          failover: { intervalMs: 100, detectMultiplier: 3 },
-        },
-      },
-    ],
-  };
-}
-
-interface EgressStatus {
-  address: string;
-  owner: string;
-  epoch: number;
-  ownedHere: boolean;
-  lastTakeover?: { cause: string; ms: number };
-}
-
-async function egressOf(tb: Testbed, node: string): Promise<EgressStatus | undefined> {
-  return ((await tb.status(node)) as unknown as { egress: EgressStatus[] }).egress[0];
-}
-
-async function waitOwner(tb: Testbed, notPod?: string, timeoutMs = 8000): Promise<{ node: string; st: EgressStatus }> {
-  const end = Date.now() + timeoutMs;
-  for (;;) {
-    for (const node of ['n1', 'n2']) {
-      const st = await egressOf(tb, node).catch(() => undefined);
-      // The owner's own node must agree it holds the address (gw1 lives on n1, gw2 on n2).
-      if (st?.ownedHere && st.owner === `shop/gw${node.slice(1)}` && st.owner !== notPod) return { node, st };
-    }
-    if (Date.now() > end) throw new Error(`no gateway owns the floating address after ${timeoutMs} ms`);
-    await new Promise((r) => setTimeout(r, 100));
-  }
-}
-
-function collect(child: ChildProcess): Promise<string> {
-  return new Promise((resolve) => {
-    let out = '';
-    child.stdout?.on('data', (b: Buffer) => (out += b.toString()));
-    child.stderr?.on('data', (b: Buffer) => (out += b.toString()));
-    child.on('exit', () => resolve(out));
-  });
-}
-
-async function startServer(tb: Testbed): Promise<{ stop: () => Promise<string[]> }> {
-  const child = tb.spawn('server', [process.execPath, '-e', ECHO_SERVER, String(PORT)]);
-  const out = collect(child);
-  await new Promise<void>((resolve, reject) => {
-    child.stdout?.on('data', (b: Buffer) => b.toString().includes('ready') && resolve());
-    child.once('exit', () => reject(new Error('echo server exited')));
-  });
-  return {
-    stop: async () => {
-      child.kill('SIGTERM');
-      const text = await out;
-      const line = text.split('\n').find((l) => l.startsWith('{'));
-      return line ? (JSON.parse(line).peers as string[]) : [];
-    },
-  };
-}
-
-async function runTraffic(tb: Testbed, durationMs: number, during: () => Promise<void>): Promise<{ report: TrafficReport; peers: string[] }> {
-  const server = await startServer(tb);
-  const client = tb.spawn('n3-web', [process.execPath, '-e', TRAFFIC_CLIENT, tb.externalIp('server'), String(PORT), String(CONNS), String(durationMs), '50', '1']);
-  const out = collect(client);
-  await new Promise((r) => setTimeout(r, Math.min(3000, durationMs / 3)));
-  await during();
-  const text = await out;
-  const peers = await server.stop();
-  const line = text.split('\n').find((l) => l.startsWith('{'));
-  if (!line) throw new Error(`traffic client printed no report: ${text.slice(0, 500)}`);
-  return { report: JSON.parse(line) as TrafficReport, peers };
-}
 
 scenario('owner gateway killed abruptly: every TCP connection continues from the same floating address', async () => {
   await withTestbed(topology(), async (tb) => {
     const first = await waitOwner(tb);
     const floating = first.st.address;
     const ownerKey = `${first.node}-${first.st.owner.split('/')[1]}`;
-    const { report, peers } = await runTraffic(tb, 9000, async () => {
+    const { report, peers } = await runTraffic(tb, CONNS, 9000, async () => {
       // No goodbye: the gateway pod's namespace (and with it its veth) vanishes.
       await tb.mustExec('router', ['ip', 'netns', 'del', tb.pod(ownerKey).ns]);
     });
@@ -158,7 +61,7 @@ scenario('the owner returns: it does not take the address back while the new own
 scenario("the owner's whole node goes down (tetherd killed, links down): connections continue", async () => {
   await withTestbed(topology(), async (tb) => {
     const first = await waitOwner(tb);
-    const { report, peers } = await runTraffic(tb, 9000, async () => {
+    const { report, peers } = await runTraffic(tb, CONNS, 9000, async () => {
       await tb.killTetherd(first.node, 'SIGKILL');
       await tb.mustExec(first.node, ['ip', 'link', 'set', 'eth0', 'down']);
     });
@@ -179,7 +82,7 @@ scenario("the owner's whole node goes down (tetherd killed, links down): connect
 scenario('planned handover (the owner gateway pod is deleted through the CNI chain): no connection lost, gap under 400 ms', async () => {
   await withTestbed(topology(), async (tb) => {
     const first = await waitOwner(tb);
-    const { report } = await runTraffic(tb, 8000, async () => {
+    const { report } = await runTraffic(tb, CONNS, 8000, async () => {
       await tb.delPod(`${first.node}-${first.st.owner.split('/')[1]}`);
     });
     const next = await waitOwner(tb, first.st.owner);
@@ -216,7 +119,7 @@ const t = setInterval(() => {
   if (++n === 20) { clearInterval(t); setTimeout(() => process.exit(0), 200); }
 }, 100);
 `;
-    const { report } = await runTraffic(tb, 7000, async () => {
+    const { report } = await runTraffic(tb, CONNS, 7000, async () => {
       await tb.mustExec('client', [process.execPath, '-e', ATTACK, ownerIp, standbyIp]);
       // The stream keeps flowing after the attack: kill the owner so the standby's synced state is used.
       await tb.mustExec('router', ['ip', 'netns', 'del', tb.pod(`${first.node}-${first.st.owner.split('/')[1]}`).ns]);
@@ -233,7 +136,7 @@ const t = setInterval(() => {
 scenario('negative control: with conntrack sync disabled, the same takeover breaks the connections', async () => {
   await withTestbed(topology(['--no-conntrack-sync']), async (tb) => {
     const first = await waitOwner(tb);
-    const { report } = await runTraffic(tb, 8000, async () => {
+    const { report } = await runTraffic(tb, CONNS, 8000, async () => {
       await tb.mustExec('router', ['ip', 'netns', 'del', tb.pod(`${first.node}-${first.st.owner.split('/')[1]}`).ns]);
     });
     await waitOwner(tb, first.st.owner);

@@ -1,0 +1,106 @@
+// The egress failover scenario on the testbed, shared by its tests and the demo: 3 nodes, gateway pods
+// gw1 (n1) and gw2 (n2), a client pod on n3, an Egress over one floating address, an echo server outside
+// that records sources, and long-lived traffic from the client pod while something happens.
+import type { ChildProcess } from 'node:child_process';
+import type { Testbed } from './testbed';
+import type { Topology } from './topology';
+import { ECHO_SERVER, TRAFFIC_CLIENT, type TrafficReport } from '../lib/traffic';
+
+const FLOAT_POOL = '198.18.0.200/29';
+const PORT = 9000;
+
+export function topology(extraArgs: string[] = []): Topology {
+  return {
+    nodes: [
+      { name: 'n1', zone: 'a', pods: [{ name: 'gw1', namespace: 'shop', tether: { labels: { role: 'egress-gw' } } }] },
+      { name: 'n2', zone: 'b', pods: [{ name: 'gw2', namespace: 'shop', tether: { labels: { role: 'egress-gw' } } }] },
+      { name: 'n3', zone: 'c', pods: [{ name: 'web', namespace: 'shop', tether: { labels: { app: 'web' }, encapOverhead: 28 } }] },
+    ],
+    tether: true,
+    ipam: 'tether-ipam',
+    tetherdArgs: extraArgs,
+    extraObjects: [
+      { apiVersion: 'tether.dev/v1alpha1', kind: 'AddressPool', metadata: { name: 'float' }, spec: { usage: 'floating', ipv4: { cidr: FLOAT_POOL } } },
+      {
+        apiVersion: 'tether.dev/v1alpha1',
+        kind: 'Egress',
+        metadata: { name: 'out', namespace: 'shop' },
+        spec: {
+          clients: { podSelector: { app: 'web' } },
+          gateways: { podSelector: { role: 'egress-gw' } },
+          destinations: ['198.19.0.0/16'],
+          excludeDestinations: ['198.18.0.0/24'],
+          addresses: { pool: 'float', count: 1 },
+          failover: { intervalMs: 100, detectMultiplier: 3 },
+        },
+      },
+    ],
+  };
+}
+
+export interface EgressStatus {
+  address: string;
+  owner: string;
+  epoch: number;
+  ownedHere: boolean;
+  lastTakeover?: { cause: string; ms: number };
+}
+
+export async function egressOf(tb: Testbed, node: string): Promise<EgressStatus | undefined> {
+  return ((await tb.status(node)) as unknown as { egress: EgressStatus[] }).egress[0];
+}
+
+/** Waits until a gateway node holds the address (its own gwN pod unless anyPod: replacement pods count). */
+export async function waitOwner(tb: Testbed, notPod?: string, timeoutMs = 8000, anyPod = false): Promise<{ node: string; st: EgressStatus }> {
+  const end = Date.now() + timeoutMs;
+  for (;;) {
+    for (const node of ['n1', 'n2']) {
+      const st = await egressOf(tb, node).catch(() => undefined);
+      // The owner's own node must agree it holds the address (gw1 lives on n1, gw2 on n2).
+      const mine = anyPod ? st?.owner.startsWith(`shop/gw${node.slice(1)}`) : st?.owner === `shop/gw${node.slice(1)}`;
+      if (st?.ownedHere && mine && st.owner !== notPod) return { node, st };
+    }
+    if (Date.now() > end) throw new Error(`no gateway owns the floating address after ${timeoutMs} ms`);
+    await new Promise((r) => setTimeout(r, 100));
+  }
+}
+
+function collect(child: ChildProcess): Promise<string> {
+  return new Promise((resolve) => {
+    let out = '';
+    child.stdout?.on('data', (b: Buffer) => (out += b.toString()));
+    child.stderr?.on('data', (b: Buffer) => (out += b.toString()));
+    child.on('exit', () => resolve(out));
+  });
+}
+
+export async function startServer(tb: Testbed): Promise<{ stop: () => Promise<string[]> }> {
+  const child = tb.spawn('server', [process.execPath, '-e', ECHO_SERVER, String(PORT)]);
+  const out = collect(child);
+  await new Promise<void>((resolve, reject) => {
+    child.stdout?.on('data', (b: Buffer) => b.toString().includes('ready') && resolve());
+    child.once('exit', () => reject(new Error('echo server exited')));
+  });
+  return {
+    stop: async () => {
+      child.kill('SIGTERM');
+      const text = await out;
+      const line = text.split('\n').find((l) => l.startsWith('{'));
+      return line ? (JSON.parse(line).peers as string[]) : [];
+    },
+  };
+}
+
+export async function runTraffic(tb: Testbed, conns: number, durationMs: number, during: () => Promise<void>): Promise<{ report: TrafficReport; peers: string[] }> {
+  const server = await startServer(tb);
+  const client = tb.spawn('n3-web', [process.execPath, '-e', TRAFFIC_CLIENT, tb.externalIp('server'), String(PORT), String(conns), String(durationMs), '50', '1']);
+  const out = collect(client);
+  await new Promise((r) => setTimeout(r, Math.min(3000, durationMs / 3)));
+  await during();
+  const text = await out;
+  const peers = await server.stop();
+  const line = text.split('\n').find((l) => l.startsWith('{'));
+  if (!line) throw new Error(`traffic client printed no report: ${text.slice(0, 500)}`);
+  return { report: JSON.parse(line) as TrafficReport, peers };
+}
+
