@@ -5,6 +5,9 @@ cd "$(dirname "$0")/../.."
 [ "$(id -u)" = 0 ] || { echo "benchmarks need root"; exit 1; }
 bash install/deps.sh
 bash install/build.sh
+# The sync benchmark compares with conntrackd (FTFW), which only the benchmark needs.
+command -v conntrackd >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq conntrackd >/dev/null; }
 node_modules/.bin/tsx test/bench/cni-latency.ts
 node_modules/.bin/tsx test/bench/ipam.ts
 node_modules/.bin/tsx test/bench/egress-failover.ts
+node_modules/.bin/tsx test/bench/conntrack-sync-vs-conntrackd.ts
