@@ -241,7 +241,7 @@ export class EgressController {
     // the registry is updated after, so the candidates learn of the handover before they could infer it.
     for (const st of this.addresses.values()) {
       if (st.holder !== gw) continue;
-      await this.mutex.run(keyOf(st), async () => {
+      await this.mutex.run(streamOf(st), async () => {
         st.holder = undefined;
         const next = orderCandidates(st.address, this.liveRegistry(st.egress.key)).find((c) => c.pod !== pod && this.alive(c));
         if (next) await this.claim(st, next.pod, `handover: ${cause} (${pod})`);
@@ -261,18 +261,19 @@ export class EgressController {
 
   /** A gateway pod whose namespace vanishes without a DEL (killed) is noticed at once, not at GC time. */
   private watchNetns(): void {
-    const check = () => {
-      for (const [pod, gw] of this.gateways) {
-        if (!fs.existsSync(gw.netns)) {
-          this.o.logger.warn('egress: gateway pod namespace disappeared', { pod, netns: gw.netns });
-          void this.podDown({ podNamespace: pod.split('/')[0], podName: pod.split('/')[1] } as PodRecord, 'gateway pod namespace gone');
-        }
-      }
-    };
     try {
-      this.watcher = fs.watch('/run/netns', check);
+      this.watcher = fs.watch('/run/netns', () => void this.dropVanishedGateways());
     } catch {
       // no inotify on this path: the tick checks too
+    }
+  }
+
+  private async dropVanishedGateways(): Promise<void> {
+    for (const [pod, gw] of [...this.gateways]) {
+      if (fs.existsSync(gw.netns)) continue;
+      this.o.logger.warn('egress: gateway pod namespace disappeared', { pod, netns: gw.netns });
+      const [podNamespace, podName] = pod.split('/');
+      await this.podDown({ podNamespace, podName } as PodRecord, 'gateway pod namespace gone');
     }
   }
 
@@ -281,11 +282,11 @@ export class EgressController {
   private async tick(): Promise<void> {
     if (this.stopped) return;
     try {
-      for (const [pod, gw] of this.gateways) if (!fs.existsSync(gw.netns)) await this.podDown({ podNamespace: pod.split('/')[0], podName: pod.split('/')[1] } as PodRecord, 'gateway pod namespace gone');
+      await this.dropVanishedGateways();
       await this.register();
       for (const e of this.egresses.values()) this.registry.set(e.key, await this.o.ownership.listGateways(e.key));
       this.ensureBfd();
-      for (const st of this.addresses.values()) await this.mutex.run(keyOf(st), () => this.evaluate(st));
+      for (const st of this.addresses.values()) await this.mutex.run(streamOf(st), () => this.evaluate(st));
     } catch (e) {
       this.o.logger.warn('egress: reconcile failed; retrying', { error: (e as Error).message });
     }
@@ -322,7 +323,7 @@ export class EgressController {
   private async onOwnership(c: Ownership): Promise<void> {
     const st = this.addresses.get(`${c.egress}|${c.address}`);
     if (!st || c.epoch < st.own.epoch) return;
-    await this.mutex.run(keyOf(st), async () => {
+    await this.mutex.run(streamOf(st), async () => {
       const prev = st.own;
       st.own = c;
       if (st.holder && st.holder.info.pod !== c.owner) await this.standDown(st, `epoch ${c.epoch} names ${c.owner}`);
@@ -527,12 +528,9 @@ export class EgressController {
   }
 }
 
+/** One floating address of one Egress: its sync stream name and its lock key. */
 function streamOf(st: AddressState): string {
   return `${st.egress.key}|${st.address}`;
-}
-
-function keyOf(st: AddressState): string {
-  return streamOf(st);
 }
 
 function podKey(r: Pick<PodRecord, 'podNamespace' | 'podName'>): string | undefined {

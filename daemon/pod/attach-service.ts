@@ -2,6 +2,7 @@
 // DEL undoes exactly what was recorded, CHECK verifies it, GC removes attachments the runtime no longer has.
 // Every method is idempotent; each logs one line per action naming the pod.
 import { EventEmitter } from 'node:events';
+import { isLabelKey, isLabelValue } from '../../ipam/pool';
 import { TetherError, ErrorCode } from '../errors';
 import type { Logger } from '../log';
 import type { CniParams } from '../api/protocol';
@@ -212,15 +213,12 @@ function prevIps(prev: Json): string[] {
   return ips.map((i) => (typeof i?.address === 'string' ? i.address.split('/')[0] : '')).filter(Boolean);
 }
 
-const LABEL_KEY = /^([a-z0-9]([-a-z0-9.]*[a-z0-9])?\/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$/;
-const LABEL_VALUE = /^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$/;
-
 function validateLabels(raw: unknown): Record<string, string> | undefined {
   if (raw === undefined) return undefined;
   if (!raw || typeof raw !== 'object' || Array.isArray(raw)) throw new TetherError(ErrorCode.InvalidConfig, 'labels: must map label names to values');
   for (const [k, v] of Object.entries(raw)) {
-    if (!LABEL_KEY.test(k)) throw new TetherError(ErrorCode.InvalidConfig, `labels: ${JSON.stringify(k)} is not a valid label name`);
-    if (typeof v !== 'string' || !LABEL_VALUE.test(v)) throw new TetherError(ErrorCode.InvalidConfig, `labels.${k}: ${JSON.stringify(v)} is not a valid label value`);
+    if (!isLabelKey(k)) throw new TetherError(ErrorCode.InvalidConfig, `labels: ${JSON.stringify(k)} is not a valid label name`);
+    if (typeof v !== 'string' || !isLabelValue(v)) throw new TetherError(ErrorCode.InvalidConfig, `labels.${k}: ${JSON.stringify(v)} is not a valid label value`);
   }
   return raw as Record<string, string>;
 }
