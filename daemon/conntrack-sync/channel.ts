@@ -39,6 +39,8 @@ export class SyncChannel {
   private lastTx = Date.now();
   private rxPaused = false;
   private readonly timer: NodeJS.Timeout;
+  private readonly tickMs: number;
+  private lastTick = Date.now();
 
   constructor(
     readonly socket: net.Socket,
@@ -61,8 +63,8 @@ export class SyncChannel {
     socket.on('close', () => this.close('connection closed by peer'));
     socket.on('end', () => this.close('connection ended by peer'));
     // Fine enough that a dead peer is noticed within a tenth of deadAfterMs of the deadline.
-    const tick = Math.max(10, Math.min(timing.heartbeatMs / 2, timing.deadAfterMs / 10));
-    this.timer = setInterval(() => this.tick(), tick);
+    this.tickMs = Math.max(10, Math.min(timing.heartbeatMs / 2, timing.deadAfterMs / 10));
+    this.timer = setInterval(() => this.tick(), this.tickMs);
   }
 
   /** Switches to the session keys once both proofs checked out; from now on frames must name `peer`. */
@@ -153,6 +155,12 @@ export class SyncChannel {
 
   private tick(): void {
     const now = Date.now();
+    // Timers run before the socket is read in a turn of the event loop: after this process was busy
+    // (a large dump or resync), the peer's frames may be waiting unread. Time the loop was stalled is
+    // not time the peer was silent, so a busy node never drops a healthy stream and resyncs in a loop.
+    const stalled = now - this.lastTick - this.tickMs;
+    this.lastTick = now;
+    if (stalled > this.tickMs) this.lastRx += stalled;
     if (!this.established) {
       if (now - this.openedAt > this.timing.handshakeTimeoutMs) {
         this.reject(new FrameRejected('timeout', `no HELLO exchange within ${this.timing.handshakeTimeoutMs} ms`));

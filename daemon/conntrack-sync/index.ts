@@ -10,3 +10,4 @@ export { SyncSender, type SyncSenderOptions, type SyncSenderStats, type SyncSend
 export { SyncReceiver, type SyncReceiverOptions, type SyncReceiverStats, type SyncPeerInfo, type SyncPeerStats } from './receiver';
 export { FrameType, PROTOCOL_VERSION, DEFAULT_MAX_FRAME, type RejectReason } from './frame';
 export { MIN_KEY_LEN } from './handshake';
+export { applySyncedEvents, replaceSyncedEntries, applyInSlices } from './table-apply';

@@ -8,7 +8,7 @@ import { inNetns } from '../sys/netns';
 import { be32, decodeEntry, encodeCreate, encodeLookup, encodeUpdate, formatTuple, nfgenmsg } from './codec';
 import { CTA, ctMsgType, IPCTNL_MSG, NFNL_SUBSYS_CTNETLINK } from './constants';
 import { CtnlSocket, type BatchMessage, type CtnlSocketOptions } from './ctnl-socket';
-import type { ConntrackEntry, CtTuple } from './types';
+import { entryKey, type ConntrackEntry, type CtTuple } from './types';
 
 const { EEXIST, ENOENT } = os.constants.errno;
 
@@ -26,6 +26,23 @@ export interface InsertOptions {
    * deleted and created again (the kernel cannot change an entry's NAT mapping).
    */
   update?: boolean;
+}
+
+/** One change of a batched apply: create (EEXIST → update), update (ENOENT → create), or delete (ENOENT is fine). */
+export interface TableOp {
+  kind: 'create' | 'update' | 'delete';
+  entry: ConntrackEntry;
+  /** update: status bits the existing entry has, which an update may not clear (SEEN_REPLY, ASSURED). */
+  keepStatus?: number;
+  /** Set on the second try of an op (internal). */
+  retried?: boolean;
+}
+
+export interface ApplyResult {
+  created: number;
+  updated: number;
+  deleted: number;
+  failed: Array<{ op: TableOp; error: NetlinkError }>;
 }
 
 export interface InsertManyResult {
@@ -144,6 +161,82 @@ export class ConntrackHandle {
       });
     }
     return res;
+  }
+
+  /**
+   * Applies changes in order, batchSize messages per sendto: the fast path for synced events. A create
+   * that meets an existing entry becomes an update, an update of a missing entry becomes a create (both
+   * retried in a second batch before the next chunk), and an update the kernel refuses (a status bit it
+   * may not clear, an expired entry) falls back to replace(). The NAT mapping of an existing entry is not
+   * compared here (that takes a lookup per entry); reconcile() does, from one dump.
+   */
+  applyOps(ops: readonly TableOp[]): ApplyResult {
+    const res: ApplyResult = { created: 0, updated: 0, deleted: 0, failed: [] };
+    for (let i = 0; i < ops.length; i += this.batchSize) {
+      const first = this.runBatch(ops.slice(i, i + this.batchSize), res);
+      const second = first.retry.length ? this.runBatch(first.retry, res) : { retry: [], replace: [] };
+      for (const op of [...first.replace, ...second.retry, ...second.replace]) {
+        try {
+          this.replace(op.entry);
+          res.updated++;
+        } catch (e) {
+          res.failed.push({ op, error: e as NetlinkError });
+        }
+      }
+    }
+    return res;
+  }
+
+  /**
+   * The changes that make the entries for which inScope() holds equal to `entries`, from one dump:
+   * missing ones created, present ones updated (keeping the status bits the kernel won't clear), ones
+   * with another NAT mapping deleted and created again, and in-scope ones not in `entries` deleted.
+   */
+  planReconcile(entries: readonly ConntrackEntry[], inScope: (e: ConntrackEntry) => boolean): TableOp[] {
+    const current = new Map<string, ConntrackEntry>();
+    for (const e of this.dump()) if (inScope(e)) current.set(entryKey(e), e);
+    const ops: TableOp[] = [];
+    for (const e of entries) {
+      const k = entryKey(e);
+      const cur = current.get(k);
+      if (!cur) {
+        ops.push({ kind: 'create', entry: e });
+        continue;
+      }
+      current.delete(k);
+      if (sameTuple(cur.reply, e.reply)) {
+        ops.push({ kind: 'update', entry: e, keepStatus: cur.status });
+      } else {
+        ops.push({ kind: 'delete', entry: cur }, { kind: 'create', entry: e });
+      }
+    }
+    for (const stale of current.values()) ops.push({ kind: 'delete', entry: stale });
+    return ops;
+  }
+
+  /** One batch. `retry`: creates that met an entry (as updates), updates that met none (as creates); `replace`: the rest that failed. */
+  private runBatch(ops: readonly TableOp[], res: ApplyResult): { retry: TableOp[]; replace: TableOp[] } {
+    const msgs: BatchMessage[] = ops.map((op) => {
+      if (op.kind === 'delete') return { type: ctMsgType(IPCTNL_MSG.CT_DELETE), flags: 0, body: encodeLookup(op.entry.orig, op.entry.zone) };
+      if (op.kind === 'create') return { type: ctMsgType(IPCTNL_MSG.CT_NEW), flags: NLM_F_CREATE | NLM_F_EXCL, body: encodeCreate(op.entry) };
+      return { type: ctMsgType(IPCTNL_MSG.CT_NEW), flags: 0, body: encodeUpdate(op.entry, op.keepStatus ?? 0) };
+    });
+    const out = { retry: [] as TableOp[], replace: [] as TableOp[] };
+    this.socket.batch(msgs, `ctnetlink batch of ${ops.length}`).forEach((r, j) => {
+      const op = ops[j];
+      if (r === 0) {
+        res[op.kind === 'delete' ? 'deleted' : op.kind === 'create' ? 'created' : 'updated']++;
+      } else if (op.kind === 'delete') {
+        if (r.errno !== ENOENT) res.failed.push({ op, error: new NetlinkError(opName(IPCTNL_MSG.CT_DELETE, op.entry.orig), r.errno, r.extAck) });
+      } else if (op.kind === 'create' && r.errno === EEXIST && !op.retried) {
+        out.retry.push({ kind: 'update', entry: op.entry, keepStatus: op.keepStatus, retried: true });
+      } else if (op.kind === 'update' && r.errno === ENOENT && !op.retried) {
+        out.retry.push({ kind: 'create', entry: op.entry, retried: true });
+      } else {
+        out.replace.push(op);
+      }
+    });
+    return out;
   }
 
   /** Makes an existing entry equal to `entry` (see InsertOptions.update). */

@@ -18,8 +18,8 @@ import type { PodRecord } from '../state/pod-store';
 import type { AttachService } from '../pod/attach-service';
 import { attachEgressSteer, openEgressMaps, type EgressMaps, type EgressSteer } from '../bpf/egress-steer';
 import { BfdAuthType, BfdEndpoint, BfdState, type BfdAuthConfig, type BfdSession } from '../bfd';
-import { ConntrackEvents, ConntrackHandle, type ConntrackEntry, type ConntrackEvent } from '../conntrack';
-import { SyncReceiver, SyncSender, type SyncPeerInfo } from '../conntrack-sync';
+import { ConntrackEvents, ConntrackHandle, type ApplyResult, type ConntrackEntry, type ConntrackEvent } from '../conntrack';
+import { applySyncedEvents, replaceSyncedEntries, SyncReceiver, SyncSender, type SyncPeerInfo } from '../conntrack-sync';
 import { KeyedMutex } from '../util/keyed-mutex';
 import type { ClusterAddresses } from '../../ipam/cluster-addresses';
 import { decide, orderCandidates } from './candidates';
@@ -504,27 +504,29 @@ export class EgressController {
     return [...this.addresses.values()].some((st) => st.holder === g);
   }
 
-  private applySynced(events: ConntrackEvent[], from: SyncPeerInfo): void {
+  private async applySynced(events: ConntrackEvent[], from: SyncPeerInfo): Promise<void> {
+    for (const gw of this.targetsFor(from)) this.reportApply(await applySyncedEvents(gw.netns, events), gw, from, 'events');
+  }
+
+  private async replaceSynced(entries: ConntrackEntry[], from: SyncPeerInfo): Promise<void> {
+    const address = from.stream.split('|')[1];
     for (const gw of this.targetsFor(from)) {
-      ConntrackHandle.with(gw.netns, (h) => {
-        for (const ev of events) {
-          if (ev.type === 'destroy') h.delete(ev.entry.orig, ev.entry.zone);
-          else h.insert(ev.entry, { update: true });
-        }
+      const t0 = Date.now();
+      const r = await replaceSyncedEntries(gw.netns, entries, (e) => e.reply.dst === address);
+      this.reportApply(r, gw, from, 'resync');
+      this.o.logger.info('egress: conntrack resync applied', {
+        pod: gw.info.pod, from: from.id, stream: from.stream, entries: entries.length, created: r.created, updated: r.updated, deleted: r.deleted, failed: r.failed.length, ms: Date.now() - t0,
       });
     }
   }
 
-  private replaceSynced(entries: ConntrackEntry[], from: SyncPeerInfo): void {
-    const address = from.stream.split('|')[1];
-    for (const gw of this.targetsFor(from)) {
-      ConntrackHandle.with(gw.netns, (h) => {
-        const keep = new Set(entries.map((e) => JSON.stringify(e.orig)));
-        for (const old of h.dump({ family: 4 })) if (old.reply.dst === address && !keep.has(JSON.stringify(old.orig))) h.delete(old.orig, old.zone);
-        h.insertMany(entries, { update: true });
-      });
-    }
-    this.o.logger.info('egress: conntrack resync applied', { from: from.id, stream: from.stream, entries: entries.length });
+  /** Entries the kernel refused are logged, not retried: a resync would meet the same refusal. */
+  private reportApply(r: ApplyResult, gw: LocalGateway, from: SyncPeerInfo, what: string): void {
+    if (!r.failed.length) return;
+    const first = r.failed[0];
+    this.o.logger.error('egress: synced conntrack entries refused by the kernel', {
+      pod: gw.info.pod, from: from.id, stream: from.stream, what, failed: r.failed.length, firstOp: first.op.kind, firstError: first.error.message,
+    });
   }
 }
 

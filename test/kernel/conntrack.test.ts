@@ -13,6 +13,7 @@ import * as assert from 'uvu/assert';
 import { ConntrackEvents, ConntrackHandle, IPS, type ConntrackEntry, type ConntrackEvent } from '../../daemon/conntrack';
 import { IP_CT_TCP_FLAG, TCP_CONNTRACK } from '../../daemon/conntrack/constants';
 import { NetlinkError } from '../../daemon/netlink';
+import { applySyncedEvents, replaceSyncedEntries } from '../../daemon/conntrack-sync';
 
 const FLOATING = '10.99.0.1';
 const CLIENT = '10.0.0.2';
@@ -357,6 +358,61 @@ test('5,000 entries: batched insert and dump are quick; conntrack(8) agrees', ()
   assert.is(count, '5000');
   console.log(`  insertMany 5000: ${insertMs.toFixed(0)} ms (${Math.round(5000 / insertMs * 1000)}/s); dump 5000: ${dumpMs.toFixed(0)} ms (load ${os.loadavg()[0].toFixed(1)})`);
   assert.ok(dumpMs < 2000 && insertMs < 4000, 'quick even on a loaded machine');
+});
+
+test('synced events in batches: new/update/destroy in order, create↔update fallbacks, a status bit that cannot be cleared', async () => {
+  const ns = ctNamespace();
+  const h = open(ns);
+  h.insertMany([udpEntry(1), udpEntry(2)]);
+  const events: ConntrackEvent[] = [
+    { type: 'new', entry: { ...udpEntry(1), timeout: 900, mark: 7 } }, // exists: becomes an update
+    { type: 'update', entry: udpEntry(3) }, // missing: becomes a create
+    { type: 'destroy', entry: udpEntry(2) },
+    { type: 'destroy', entry: udpEntry(4) }, // never there: fine
+    { type: 'new', entry: udpEntry(5) },
+    { type: 'destroy', entry: udpEntry(5) },
+    { type: 'new', entry: { ...udpEntry(5), mark: 9 } }, // destroy then new under one key keeps the order
+    // SEEN_REPLY cannot be cleared in place (EBUSY): falls back to replace (delete + create).
+    { type: 'update', entry: { ...udpEntry(1), status: 0, mark: 8 } },
+  ];
+  const r = await applySyncedEvents(`/run/netns/${ns}`, events);
+  assert.equal(r.failed.map((f) => f.error.message), []);
+  const byPort = new Map(h.dump().map((e) => [e.orig.sport, e]));
+  assert.equal([...byPort.keys()].sort(), [1025, 1027, 1029]);
+  assert.is(byPort.get(1025)!.mark, 8);
+  assert.is(byPort.get(1029)!.mark, 9);
+  assert.is(r.deleted, 2);
+
+  // A full resync of the scope: entry 1 re-mapped, 3 gone, 6 added; an out-of-scope entry untouched.
+  const other = { ...udpEntry(7), reply: { ...udpEntry(7).reply, dst: '10.99.0.2' } };
+  h.insert(other);
+  const want = [{ ...udpEntry(1), reply: { ...udpEntry(1).reply, dport: 40001 } }, udpEntry(5), udpEntry(6)];
+  const rr = await replaceSyncedEntries(`/run/netns/${ns}`, want, (e) => e.reply.dst === FLOATING);
+  assert.equal(rr.failed, []);
+  const after = h.dump();
+  assert.equal(after.filter((e) => e.reply.dst === FLOATING).map((e) => e.orig.sport).sort(), [1025, 1029, 1030]);
+  assert.is(after.find((e) => e.orig.sport === 1025)!.reply.dport, 40001, 'a changed NAT mapping is deleted and created again');
+  assert.ok(after.some((e) => e.reply.dst === '10.99.0.2'), 'out of scope stays');
+  assert.is(rr.deleted, 2);
+});
+
+test('a 20,000-entry resync into a populated table yields to the event loop and leaves it exact', async () => {
+  const ns = ctNamespace();
+  const h = open(ns);
+  h.insertMany(Array.from({ length: 10000 }, (_, i) => udpEntry(i)));
+  const want = Array.from({ length: 20000 }, (_, i) => udpEntry(i + 5000, 3));
+  let turns = 0;
+  const ticker = setInterval(() => turns++, 5);
+  const t0 = performance.now();
+  const r = await replaceSyncedEntries(`/run/netns/${ns}`, want, (e) => e.reply.dst === FLOATING);
+  const ms = performance.now() - t0;
+  clearInterval(ticker);
+  assert.equal([r.created, r.updated, r.deleted, r.failed.length], [15000, 5000, 5000, 0]);
+  const all = h.dump();
+  assert.is(all.length, 20000);
+  assert.ok(all.every((e) => e.mark === 3));
+  assert.ok(turns >= 3, `the event loop ran ${turns} times during ${ms.toFixed(0)} ms`);
+  console.log(`  resync 20000 over 10000: ${ms.toFixed(0)} ms (${Math.round(20000 / ms * 1000)}/s), event-loop turns ${turns}`);
 });
 
 function eventsOf(ev: ConntrackEvents): ConntrackEvent[] {

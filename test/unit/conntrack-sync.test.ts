@@ -204,6 +204,29 @@ test('a silent peer is detected by heartbeat within about a second on both sides
   }
 });
 
+test('a process that was busy for longer than the dead interval does not drop a healthy stream', async () => {
+  const { rx, table, port } = await startReceiver();
+  const truth = new Map<string, ConntrackEntry>();
+  const tx = sender(port, truth);
+  try {
+    tx.start();
+    await waitFor(() => table.replaceCalls.length === 1 && tx.stats().state === 'streaming', 'connected');
+    // Sender and receiver share this process: both loops stall 1.5 s, beyond deadAfterMs (1 s), as a
+    // large synchronous dump would. Frames from the peer sit unread meanwhile; that is not silence.
+    const until = Date.now() + 1500;
+    while (Date.now() < until) { /* busy */ }
+    feed(tx, truth, [ev('new', entry(1))]);
+    await waitFor(() => table.map.size === 1, 'event after the stall applied');
+    await sleep(300);
+    assert.is(tx.stats().disconnects, 0, 'sender kept the connection');
+    assert.is(rx.stats().connectionsAccepted, 1, 'no reconnect');
+    assert.is(table.replaceCalls.length, 1, 'no second resync');
+  } finally {
+    await tx.close();
+    await rx.close();
+  }
+});
+
 test('backpressure: a receiver that stops reading keeps sender memory bounded, then gets a resync', async () => {
   // A long dead-peer timeout on the receiver: its heartbeats still flow, it just doesn't read.
   const { rx, table, port } = await startReceiver({ deadAfterMs: 20_000 });
