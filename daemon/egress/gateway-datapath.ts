@@ -86,33 +86,38 @@ export class GatewayDatapath {
       if (announce.mode === 'routeTable') h.replaceRoute({ dst: `${address}/32`, index: veth.index, table: announce.table });
     });
     if (announce.mode === 'l2') announceL2({ ifName: this.node.uplink, address });
-    log().info('egress: floating address taken by gateway', { pod: this.gw.pod, address, announce: announce.mode, ms: Number(process.hrtime.bigint() - t0) / 1e6 });
+    log().info('egress: floating address taken by gateway', { pod: this.gw.pod, address, announce: announce.mode, table: exportTable(announce), ms: Number(process.hrtime.bigint() - t0) / 1e6 });
   }
 
   /**
-   * First step of a planned handover: stop answering ARP for the address at once (the new owner's
-   * gratuitous ARP must not be undone by this node's proxy answers) while SNAT and the route stay for
-   * the drain.
+   * First step of a planned handover: stop attracting traffic to this node at once while SNAT and the
+   * route to the pod stay for the drain. l2: stop answering ARP for the address (the new owner's
+   * gratuitous ARP must not be undone by this node's proxy answers); routeTable: take the /32 out of the
+   * route-export table, so the BGP speaker withdraws it upstream. Idempotent.
    */
   withdrawAnnouncement(address: string): void {
     const announce = this.owned.get(address);
     if (announce?.mode === 'l2') withdrawL2({ ifName: this.node.uplink, address });
+    const table = announce && exportTable(announce);
+    if (table === undefined) return;
+    const removed = NetlinkHandle.with(undefined, (h) => this.deletePodRoute(h, address, table));
+    log().info('egress: floating address withdrawn from the route-export table', { pod: this.gw.pod, address, table, removed });
   }
 
-  /** Gives a floating address up. Idempotent; tolerates a pod that is already gone. */
+  /**
+   * Gives a floating address up. Idempotent; tolerates a pod that is already gone and an export route
+   * that withdrawAnnouncement() already removed.
+   */
   release(address: string): void {
     const announce = this.owned.get(address) ?? { mode: 'l2' as const };
     this.owned.delete(address);
     if (announce.mode === 'l2') withdrawL2({ ifName: this.node.uplink, address });
-    NetlinkHandle.with(undefined, (h) => {
-      for (const table of announce.mode === 'routeTable' ? [undefined, announce.table] : [undefined]) {
-        try {
-          h.deleteRoute({ dst: `${address}/32`, table });
-        } catch (e) {
-          if (!isNetlinkError(e, 'ESRCH', 'ENOENT')) throw e;
-        }
-      }
-    });
+    const table = exportTable(announce);
+    // The announcement goes before the route it attracts traffic to.
+    const [exportRouteRemoved, routeRemoved] = NetlinkHandle.with(undefined, (h) => [
+      table === undefined ? undefined : this.deletePodRoute(h, address, table),
+      this.deletePodRoute(h, address, undefined),
+    ]);
     try {
       this.writeSnat();
       NetlinkHandle.with(this.gw.netns, (h) => {
@@ -123,7 +128,7 @@ export class GatewayDatapath {
       // The pod (and its namespace) may be gone: then there is nothing left in it to undo.
       log().debug('egress: pod side of release skipped', { pod: this.gw.pod, address, error: (e as Error).message });
     }
-    log().info('egress: floating address released by gateway', { pod: this.gw.pod, address });
+    log().info('egress: floating address released by gateway', { pod: this.gw.pod, address, announce: announce.mode, table, exportRouteRemoved, routeRemoved });
   }
 
   ownedAddresses(): string[] {
@@ -150,6 +155,24 @@ export class GatewayDatapath {
     }
   }
 
+  /**
+   * Deletes this pod's /32 route for the address from one table (main when undefined); false when it was
+   * not there. Only the route through this pod's veth: when another gateway pod of the node took the
+   * address over, own() replaced the route with one through that pod's veth, and that one must stay.
+   */
+  private deletePodRoute(h: NetlinkHandle, address: string, table: number | undefined): boolean {
+    const veth = h.getLink(this.gw.hostIfName);
+    // The kernel removed the veth's routes with the veth.
+    if (!veth) return false;
+    try {
+      h.deleteRoute({ dst: `${address}/32`, table, index: veth.index });
+      return true;
+    } catch (e) {
+      if (isNetlinkError(e, 'ESRCH', 'ENOENT')) return false;
+      throw e;
+    }
+  }
+
   /** SNAT of forwarded (decapsulated client) traffic to the first owned address; none while standby. */
   private writeSnat(): void {
     const to = [...this.owned.keys()][0];
@@ -160,4 +183,9 @@ export class GatewayDatapath {
   private nft(script: string): void {
     execFileSync('nsenter', [`--net=${this.gw.netns}`, 'nft', '-f', '-'], { input: script, stdio: ['pipe', 'ignore', 'pipe'] });
   }
+}
+
+/** The routing table an announcement puts the address's /32 in, if it uses one. */
+export function exportTable(announce: { mode: AnnounceMode; table?: number }): number | undefined {
+  return announce.mode === 'routeTable' ? announce.table : undefined;
 }
