@@ -25,6 +25,10 @@ export function be32(type: number, v: number): Buffer {
   return attr(type, b);
 }
 
+function familyByte(family: 0 | 4 | 6): number {
+  return family === 4 ? AF_INET : family === 6 ? AF_INET6 : 0;
+}
+
 /** struct nfgenmsg; family 0 (AF_UNSPEC) means "all families" in dumps and flushes. */
 export function nfgenmsg(family: 0 | 4 | 6 = 0): Buffer {
   const b = Buffer.alloc(NFGENMSG_LEN);
@@ -97,14 +101,14 @@ function writeTcpInfo(w: Writer, tcp: CtTcpInfo): void {
   // Dumps report flags with mask 0; a create applies only masked bits, so send a full mask.
   // MAXACK_SET is dropped: td_maxack itself is not carried by ctnetlink, and claiming it is valid (as 0)
   // would make the new table judge RSTs against a bogus maximum ack.
-  const flags = (f: number | undefined) => Buffer.from([(f ?? 0) & ~IP_CT_TCP_FLAG.MAXACK_SET & 0xff, 0xff]);
+  const flags = (f: number | undefined) => (f ?? 0) & ~IP_CT_TCP_FLAG.MAXACK_SET & 0xff;
   const pi = w.start(CTA.PROTOINFO);
   const t = w.start(CTA_PROTOINFO_TCP);
   w.u8(TCPA.STATE, tcp.state);
   if (tcp.wscaleOrig !== undefined) w.u8(TCPA.WSCALE_ORIGINAL, tcp.wscaleOrig);
   if (tcp.wscaleReply !== undefined) w.u8(TCPA.WSCALE_REPLY, tcp.wscaleReply);
-  w.bytes(TCPA.FLAGS_ORIGINAL, flags(tcp.flagsOrig));
-  w.bytes(TCPA.FLAGS_REPLY, flags(tcp.flagsReply));
+  w.pair(TCPA.FLAGS_ORIGINAL, flags(tcp.flagsOrig), 0xff);
+  w.pair(TCPA.FLAGS_REPLY, flags(tcp.flagsReply), 0xff);
   w.end(t);
   w.end(pi);
 }
@@ -192,10 +196,9 @@ const SETTABLE = IPS.SEEN_REPLY | IPS.ASSURED;
 
 const scratch = new Writer(1024);
 
-/** Body of an IPCTNL_MSG_CT_NEW that creates the entry (tuples, NAT, status, timeout, mark, zone, TCP). */
-export function encodeCreate(e: ConntrackEntry, defaultTimeout = 120): Buffer[] {
-  const w = scratch;
-  w.raw(nfgenmsg(e.orig.family));
+/** Writes the body of an IPCTNL_MSG_CT_NEW that creates the entry (tuples, NAT, status, timeout, mark, zone, TCP). */
+export function writeCreate(w: Writer, e: ConntrackEntry, defaultTimeout = 120): void {
+  w.nfgen(familyByte(e.orig.family));
   writeTuple(w, CTA.TUPLE_ORIG, e.orig);
   const nat = natOf(e);
   const icmp = isIcmp(e.orig.proto);
@@ -203,19 +206,34 @@ export function encodeCreate(e: ConntrackEntry, defaultTimeout = 120): Buffer[] 
   if (nat.dst) writeNat(w, CTA.NAT_DST, e.reply.src, e.orig.family, icmp ? undefined : natPort(e.reply, 'src'));
   if (nat.src) writeNat(w, CTA.NAT_SRC, e.reply.dst, e.orig.family, natPort(e.reply, icmp ? 'src' : 'dst'));
   writeCommon(w, e, defaultTimeout, 0);
-  return [w.take()];
 }
 
 /**
- * Body of an IPCTNL_MSG_CT_NEW that updates an existing entry in place. The kernel refuses NAT changes
- * here (EOPNOTSUPP) and refuses clearing SEEN_REPLY/ASSURED (EBUSY), hence `keepStatus`.
+ * Writes the body of an IPCTNL_MSG_CT_NEW that updates an existing entry in place. The kernel refuses
+ * NAT changes here (EOPNOTSUPP) and refuses clearing SEEN_REPLY/ASSURED (EBUSY), hence `keepStatus`.
  */
-export function encodeUpdate(e: ConntrackEntry, keepStatus: number, defaultTimeout = 120): Buffer[] {
-  const w = scratch;
-  w.raw(nfgenmsg(e.orig.family));
+export function writeUpdate(w: Writer, e: ConntrackEntry, keepStatus: number, defaultTimeout = 120): void {
+  w.nfgen(familyByte(e.orig.family));
   writeTuple(w, CTA.TUPLE_ORIG, e.orig);
   writeCommon(w, e, defaultTimeout, keepStatus & SETTABLE);
-  return [w.take()];
+}
+
+/** Writes a body naming one entry by its original tuple (get, delete). */
+export function writeLookup(w: Writer, t: CtTuple, zone?: number): void {
+  w.nfgen(familyByte(t.family));
+  writeTuple(w, CTA.TUPLE_ORIG, t);
+  if (zone) w.be16(CTA.ZONE, zone);
+}
+
+/** encodeCreate/encodeUpdate/encodeLookup: the same bodies as one Buffer each, for single requests. */
+export function encodeCreate(e: ConntrackEntry, defaultTimeout = 120): Buffer[] {
+  writeCreate(scratch, e, defaultTimeout);
+  return [scratch.take()];
+}
+
+export function encodeUpdate(e: ConntrackEntry, keepStatus: number, defaultTimeout = 120): Buffer[] {
+  writeUpdate(scratch, e, keepStatus, defaultTimeout);
+  return [scratch.take()];
 }
 
 function writeCommon(w: Writer, e: ConntrackEntry, defaultTimeout: number, extraStatus: number): void {
@@ -227,13 +245,9 @@ function writeCommon(w: Writer, e: ConntrackEntry, defaultTimeout: number, extra
   if (e.tcp && e.orig.proto === IPPROTO.TCP) writeTcpInfo(w, e.tcp);
 }
 
-/** Body naming one entry by its original tuple (get, delete). */
 export function encodeLookup(t: CtTuple, zone?: number): Buffer[] {
-  const w = scratch;
-  w.raw(nfgenmsg(t.family));
-  writeTuple(w, CTA.TUPLE_ORIG, t);
-  if (zone) w.be16(CTA.ZONE, zone);
-  return [w.take()];
+  writeLookup(scratch, t, zone);
+  return [scratch.take()];
 }
 
 /** Decodes the payload (nfgenmsg + attributes) of an IPCTNL_MSG_CT_NEW/DELETE from a dump, get or event. */

@@ -4,11 +4,12 @@
 import * as os from 'node:os';
 import { koffi } from '../sys/ffi';
 import * as libc from '../sys/libc';
-import { decodeMessages, encodeMessage } from '../netlink/codec';
+import { decodeMessages } from '../netlink/codec';
 import { NETLINK_CAP_ACK, NLM_F_ACK, NLM_F_REQUEST, NLMSG_ERROR } from '../netlink/constants';
 import { NetlinkError } from '../netlink/netlink-error';
 import { decodeError, NetlinkSocket, type NetlinkTransport } from '../netlink/socket';
 import { NETLINK_NETFILTER } from './constants';
+import { Writer } from './wire';
 
 const ENOBUFS = os.constants.errno.ENOBUFS;
 const ETIMEDOUT = os.constants.errno.ETIMEDOUT;
@@ -20,6 +21,8 @@ export interface CtnlSocketOptions {
   /** Receive buffer, bytes: a batch's error replies must all fit or some are lost. */
   rcvBufBytes?: number;
 }
+
+export type BatchResult = 0 | { errno: number; extAck?: string };
 
 export interface BatchMessage {
   type: number;
@@ -68,7 +71,10 @@ export class CtnlSocket {
   readonly nl: NetlinkSocket;
   private readonly transport: NetlinkTransport;
   private readonly portId: number;
-  private readonly rbuf = Buffer.alloc(1 << 20);
+  /** Receive buffer; recv() overwrites what it reads, so it needs no zeroing. */
+  private readonly rbuf = Buffer.allocUnsafe(1 << 20);
+  /** Where batches are assembled (grows to the largest batch). */
+  private readonly wbuf = new Writer(64 << 10);
   private seq = (Math.random() * 0x7fffffff) | 0;
 
   constructor(transport: NetlinkTransport, portId: number) {
@@ -110,32 +116,44 @@ export class CtnlSocket {
    * Sends msgs in one datagram; only the last asks for an ack, and the kernel answers every failing one
    * with its own error, so one round trip covers the batch. Returns per message 0 or {errno, extAck}.
    */
-  batch(msgs: BatchMessage[], op: string): Array<0 | { errno: number; extAck?: string }> {
-    if (msgs.length === 0) return [];
-    const first = (this.seq + 1) >>> 0;
-    const parts = msgs.map((m, i) => {
-      this.seq = (this.seq + 1) >>> 0;
-      const ack = i === msgs.length - 1 ? NLM_F_ACK : 0;
-      return encodeMessage({ type: m.type, flags: NLM_F_REQUEST | ack | m.flags, seq: this.seq, pid: 0 }, m.body);
-    });
-    const last = this.seq;
-    const out: Array<0 | { errno: number; extAck?: string }> = new Array(msgs.length).fill(0);
+  batch(msgs: BatchMessage[], op: string): BatchResult[] {
+    return this.batchWrite(msgs, (w, m) => {
+      for (const part of m.body) w.raw(part);
+      return m;
+    }, op);
+  }
+
+  /** As batch(), with each message's body written by `write` straight into the one datagram: no Buffer per message. */
+  batchWrite<T>(items: readonly T[], write: (w: Writer, item: T) => { type: number; flags: number }, op: string): BatchResult[] {
+    if (items.length === 0) return [];
     if (this.nl.closed) throw new NetlinkError(op, os.constants.errno.EBADF, undefined, { message: `${op}: netlink socket is closed` });
-    this.transport.send(Buffer.concat(parts));
+    const w = this.wbuf;
+    w.off = 0;
+    const first = (this.seq + 1) >>> 0;
+    for (let i = 0; i < items.length; i++) {
+      const at = w.msgStart();
+      const { type, flags } = write(w, items[i]);
+      this.seq = (this.seq + 1) >>> 0;
+      w.msgEnd(at, type, NLM_F_REQUEST | (i === items.length - 1 ? NLM_F_ACK : 0) | flags, this.seq);
+    }
+    const last = this.seq;
+    const out: BatchResult[] = new Array(items.length).fill(0);
+    this.transport.send(w.buf.subarray(0, w.off));
+    w.off = 0;
     for (;;) {
       let n: number;
       try {
         n = this.transport.recv(this.rbuf);
       } catch (e) {
         // Error replies overflowed the receive buffer: which messages failed is unknown.
-        if ((e as libc.SysError).errno === ENOBUFS) throw new NetlinkError(op, ENOBUFS, undefined, { cause: e, message: `${op}: replies to a batch of ${msgs.length} overflowed the receive buffer; outcome unknown` });
+        if ((e as libc.SysError).errno === ENOBUFS) throw new NetlinkError(op, ENOBUFS, undefined, { cause: e, message: `${op}: replies to a batch of ${items.length} overflowed the receive buffer; outcome unknown` });
         throw e;
       }
       if (n < 0) throw new NetlinkError(op, ETIMEDOUT, undefined, { message: `${op}: no answer from the kernel within the receive timeout` });
       for (const m of decodeMessages(this.rbuf, n)) {
         if (m.pid !== this.portId || m.type !== NLMSG_ERROR) continue;
         const idx = (m.seq - first) >>> 0;
-        if (idx >= msgs.length) continue; // a stale reply to something earlier
+        if (idx >= items.length) continue; // a stale reply to something earlier
         const err = decodeError(m);
         if (err.errno !== 0) out[idx] = { errno: err.errno, extAck: err.msg };
         if (m.seq === last) return out;

@@ -2,13 +2,16 @@
 // It is plain JavaScript in a string (started with `new Worker(src, { eval: true })`) because a bundled
 // single executable has no worker script file to point at, and a function's own source would carry
 // bundler-renamed references. It needs only Node built-ins: fs.readSync on the netlink fd is recv().
+// Datagrams go to the main thread through a shared-memory ring (event-ring.ts), not one message each.
+import { R, RING_PRODUCER_SOURCE } from './event-ring';
 
-/** workerData: { fd, stop: Int32Array (SharedArrayBuffer; non-zero = stop), bufBytes }. */
+/** workerData: { fd, stop: Int32Array (SharedArrayBuffer; non-zero = stop), bufBytes, ctrl, data (the ring, event-ring.ts) }. */
 export const EVENT_READER_SOURCE = `
 'use strict';
 const { parentPort, workerData } = require('node:worker_threads');
 const fs = require('node:fs');
-const { fd, stop, bufBytes } = workerData;
+const { fd, stop, bufBytes, ctrl, data } = workerData;
+${RING_PRODUCER_SOURCE}
 const buf = Buffer.allocUnsafe(bufBytes);
 let overruns = 0;
 while (Atomics.load(stop, 0) === 0) {
@@ -24,8 +27,13 @@ while (Atomics.load(stop, 0) === 0) {
     break;
   }
   if (n <= 0) continue;
-  const copy = new Uint8Array(n);
-  copy.set(buf.subarray(0, n));
-  parentPort.postMessage({ kind: 'data', bytes: copy }, [copy.buffer]);
+  for (;;) {
+    const put = ringPut(ctrl, data, buf, n);
+    if (put === 'woke') parentPort.postMessage({ kind: 'wake' });
+    if (put !== 'full') break;
+    // The main thread is behind: wait for it to free room (the kernel queues meanwhile, up to ENOBUFS).
+    if (Atomics.load(stop, 0) !== 0) break;
+    Atomics.wait(ctrl, ${R}, Atomics.load(ctrl, ${R}), 100);
+  }
 }
 `;

@@ -4,7 +4,7 @@
 // decoded. An event overrun (ENOBUFS) is reported as 'overrun' so the caller can resync with a dump.
 import { EventEmitter } from 'node:events';
 import { Worker } from 'node:worker_threads';
-import { decodeMessages, type NlMsg } from '../netlink/codec';
+import { NLMSG_HDRLEN, type NlMsg } from '../netlink/codec';
 import { NLM_F_CREATE, NLMSG_ERROR, NLMSG_OVERRUN } from '../netlink/constants';
 import * as libc from '../sys/libc';
 import { inNetns } from '../sys/netns';
@@ -12,6 +12,7 @@ import { decodeEntry } from './codec';
 import { IPCTNL_MSG, NFNL_SUBSYS_CTNETLINK, NFNLGRP } from './constants';
 import { openNetfilterFd, setRcvBuf } from './ctnl-socket';
 import { EVENT_READER_SOURCE } from './event-reader';
+import { createRing, R, ringDrain, type Ring } from './event-ring';
 import type { ConntrackEvent, ConntrackEventType } from './types';
 
 export interface ConntrackEventsOptions {
@@ -19,6 +20,8 @@ export interface ConntrackEventsOptions {
   types?: ConntrackEventType[];
   /** Socket receive buffer, bytes (SO_RCVBUFFORCE as root): the burst the kernel can queue before ENOBUFS. */
   rcvBufBytes?: number;
+  /** Shared ring between the reader and the main thread, bytes (a burst beyond it waits in the socket buffer). */
+  ringBytes?: number;
   /** Longest blocking receive, ms; bounds how long close() waits for the worker. */
   recvTimeoutMs?: number;
 }
@@ -26,6 +29,8 @@ export interface ConntrackEventsOptions {
 /** What the reader worker posts. */
 export type ReaderMessage =
   | { kind: 'data'; bytes: Uint8Array }
+  /** Datagrams are waiting in the ring. */
+  | { kind: 'wake' }
   | { kind: 'overrun'; overruns: number }
   | { kind: 'error'; code?: string; message: string };
 
@@ -43,7 +48,7 @@ const GROUP_OF: Record<ConntrackEventType, number> = {
 };
 
 /** The event type of one ctnetlink message: NEW with NLM_F_CREATE is a new entry, NEW without is an update. */
-export function eventTypeOf(m: NlMsg): ConntrackEventType | undefined {
+export function eventTypeOf(m: Pick<NlMsg, 'type' | 'flags'>): ConntrackEventType | undefined {
   if (m.type >> 8 !== NFNL_SUBSYS_CTNETLINK) return undefined;
   const msg = m.type & 0xff;
   if (msg === IPCTNL_MSG.CT_DELETE) return 'destroy';
@@ -67,8 +72,8 @@ export class ConntrackEvents extends EventEmitter {
   /** Events delivered so far (all types). */
   received = 0;
 
-  /** Wraps a reader; open() is the production entry point, tests pass a fake. */
-  constructor(reader: Reader, onExit: () => void = () => {}) {
+  /** Wraps a reader; open() is the production entry point, tests pass a fake (and a ring, or 'data' messages). */
+  constructor(reader: Reader, onExit: () => void = () => {}, private readonly ring?: Ring) {
     super();
     this.reader = reader;
     this.exited = new Promise((resolve) => {
@@ -92,11 +97,17 @@ export class ConntrackEvents extends EventEmitter {
       throw e;
     }
     const stop = new Int32Array(new SharedArrayBuffer(4));
+    const ring = createRing(opts.ringBytes ?? 8 << 20);
     // execArgv [] so the worker does not inherit loaders such as tsx: it runs plain JavaScript.
-    const worker = new Worker(EVENT_READER_SOURCE, { eval: true, execArgv: [], workerData: { fd, stop, bufBytes: 1 << 16 } });
-    const reader: Reader = Object.assign(worker, { stop: () => { Atomics.store(stop, 0, 1); } });
+    const worker = new Worker(EVENT_READER_SOURCE, { eval: true, execArgv: [], workerData: { fd, stop, bufBytes: 1 << 16, ctrl: ring.ctrl, data: ring.data } });
+    const reader: Reader = Object.assign(worker, {
+      stop: () => {
+        Atomics.store(stop, 0, 1);
+        Atomics.notify(ring.ctrl, R);
+      },
+    });
     // The fd is closed only after the worker has left its read loop, so it is never reused under it.
-    return new ConntrackEvents(reader, () => libc.close(fd));
+    return new ConntrackEvents(reader, () => libc.close(fd), ring);
   }
 
   /** Stops the worker and closes the socket; resolves within about the receive timeout. Idempotent. */
@@ -113,19 +124,29 @@ export class ConntrackEvents extends EventEmitter {
       this.emit('error', new Error(`conntrack event socket failed: ${m.message}`));
       return;
     }
-    let msgs: NlMsg[];
-    try {
-      msgs = decodeMessages(Buffer.from(m.bytes.buffer, m.bytes.byteOffset, m.bytes.length));
-    } catch (e) {
-      return this.overrun(`undecodable event datagram: ${(e as Error).message}`);
+    if (m.kind === 'wake') {
+      if (this.ring) ringDrain(this.ring, (d) => this.onDatagram(d));
+      return;
     }
-    for (const msg of msgs) {
+    this.onDatagram(Buffer.from(m.bytes.buffer, m.bytes.byteOffset, m.bytes.length));
+  }
+
+  /** Decodes the events of one datagram in place (the bytes are not kept). */
+  private onDatagram(d: Buffer): void {
+    let off = 0;
+    while (off < d.length) {
+      if (d.length - off < NLMSG_HDRLEN) return this.overrun(`undecodable event datagram: ${d.length - off} trailing bytes`);
+      const len = d.readUInt32LE(off);
+      if (len < NLMSG_HDRLEN || off + len > d.length) return this.overrun(`undecodable event datagram: malformed netlink message: length ${len} at offset ${off} of ${d.length}`);
+      const msg = { type: d.readUInt16LE(off + 4), flags: d.readUInt16LE(off + 6) };
+      const payload = d.subarray(off + NLMSG_HDRLEN, off + len);
+      off += (len + 3) & ~3;
       if (msg.type === NLMSG_OVERRUN || msg.type === NLMSG_ERROR) continue;
       const type = eventTypeOf(msg);
       if (!type) continue;
       let entry;
       try {
-        entry = decodeEntry(msg.payload);
+        entry = decodeEntry(payload);
       } catch (e) {
         this.overrun(`undecodable ${type} event: ${(e as Error).message}`);
         continue;

@@ -5,9 +5,10 @@ import * as os from 'node:os';
 import { NLM_F_CREATE, NLM_F_EXCL } from '../netlink/constants';
 import { NetlinkError } from '../netlink/netlink-error';
 import { inNetns } from '../sys/netns';
-import { be32, decodeEntry, encodeCreate, encodeLookup, encodeUpdate, formatTuple, nfgenmsg } from './codec';
+import { be32, decodeEntry, encodeCreate, encodeLookup, encodeUpdate, formatTuple, nfgenmsg, writeCreate, writeLookup, writeUpdate } from './codec';
+import { Writer } from './wire';
 import { CTA, ctMsgType, IPCTNL_MSG, NFNL_SUBSYS_CTNETLINK } from './constants';
-import { CtnlSocket, type BatchMessage, type CtnlSocketOptions } from './ctnl-socket';
+import { CtnlSocket, type CtnlSocketOptions } from './ctnl-socket';
 import { entryKey, type ConntrackEntry, type CtTuple } from './types';
 
 const { EEXIST, ENOENT } = os.constants.errno;
@@ -54,6 +55,22 @@ export interface InsertManyResult {
 function sameTuple(a: CtTuple, b: CtTuple): boolean {
   return a.family === b.family && a.proto === b.proto && a.src === b.src && a.dst === b.dst && a.sport === b.sport &&
     a.dport === b.dport && a.icmpId === b.icmpId;
+}
+
+const CT_NEW = ctMsgType(IPCTNL_MSG.CT_NEW);
+const CT_DELETE = ctMsgType(IPCTNL_MSG.CT_DELETE);
+
+function writeOp(w: Writer, op: TableOp): { type: number; flags: number } {
+  if (op.kind === 'delete') {
+    writeLookup(w, op.entry.orig, op.entry.zone);
+    return { type: CT_DELETE, flags: 0 };
+  }
+  if (op.kind === 'create') {
+    writeCreate(w, op.entry);
+    return { type: CT_NEW, flags: NLM_F_CREATE | NLM_F_EXCL };
+  }
+  writeUpdate(w, op.entry, op.keepStatus ?? 0);
+  return { type: CT_NEW, flags: 0 };
 }
 
 function opName(msg: number, t?: CtTuple): string {
@@ -145,8 +162,10 @@ export class ConntrackHandle {
     const res: InsertManyResult = { created: 0, updated: 0, failed: [] };
     for (let i = 0; i < entries.length; i += this.batchSize) {
       const chunk = entries.slice(i, i + this.batchSize);
-      const msgs: BatchMessage[] = chunk.map((e) => ({ type: ctMsgType(IPCTNL_MSG.CT_NEW), flags: NLM_F_CREATE | NLM_F_EXCL, body: encodeCreate(e) }));
-      const results = this.socket.batch(msgs, `IPCTNL_MSG_CT_NEW batch of ${chunk.length}`);
+      const results = this.socket.batchWrite(chunk, (w, e) => {
+        writeCreate(w, e);
+        return { type: CT_NEW, flags: NLM_F_CREATE | NLM_F_EXCL };
+      }, `IPCTNL_MSG_CT_NEW batch of ${chunk.length}`);
       results.forEach((r, j) => {
         const entry = chunk[j];
         if (r === 0) { res.created++; return; }
@@ -216,13 +235,8 @@ export class ConntrackHandle {
 
   /** One batch. `retry`: creates that met an entry (as updates), updates that met none (as creates); `replace`: the rest that failed. */
   private runBatch(ops: readonly TableOp[], res: ApplyResult): { retry: TableOp[]; replace: TableOp[] } {
-    const msgs: BatchMessage[] = ops.map((op) => {
-      if (op.kind === 'delete') return { type: ctMsgType(IPCTNL_MSG.CT_DELETE), flags: 0, body: encodeLookup(op.entry.orig, op.entry.zone) };
-      if (op.kind === 'create') return { type: ctMsgType(IPCTNL_MSG.CT_NEW), flags: NLM_F_CREATE | NLM_F_EXCL, body: encodeCreate(op.entry) };
-      return { type: ctMsgType(IPCTNL_MSG.CT_NEW), flags: 0, body: encodeUpdate(op.entry, op.keepStatus ?? 0) };
-    });
     const out = { retry: [] as TableOp[], replace: [] as TableOp[] };
-    this.socket.batch(msgs, `ctnetlink batch of ${ops.length}`).forEach((r, j) => {
+    this.socket.batchWrite(ops, writeOp, `ctnetlink batch of ${ops.length}`).forEach((r, j) => {
       const op = ops[j];
       if (r === 0) {
         res[op.kind === 'delete' ? 'deleted' : op.kind === 'create' ? 'created' : 'updated']++;

@@ -30,6 +30,31 @@ export class Writer {
     this.off += padded;
   }
 
+  /** struct nfgenmsg (family, version 0, res_id 0). */
+  nfgen(family: number): void {
+    this.ensure(4);
+    this.buf.writeUInt32BE(0, this.off);
+    this.buf[this.off] = family;
+    this.off += 4;
+  }
+
+  /** Reserves a netlink message header (struct nlmsghdr, 16 bytes); msgEnd() fills it in. */
+  msgStart(): number {
+    this.ensure(16);
+    const at = this.off;
+    this.off += 16;
+    return at;
+  }
+
+  msgEnd(at: number, type: number, flags: number, seq: number): void {
+    const b = this.buf;
+    b.writeUInt32LE(this.off - at, at);
+    b.writeUInt16LE(type, at + 4);
+    b.writeUInt16LE(flags, at + 6);
+    b.writeUInt32LE(seq >>> 0, at + 8);
+    b.writeUInt32LE(0, at + 12);
+  }
+
   /** Opens a nested attribute; pass the result to end(). */
   start(type: number): number {
     this.ensure(4);
@@ -67,6 +92,13 @@ export class Writer {
   be32(type: number, v: number): void {
     const at = this.header(type, 4);
     this.buf.writeUInt32BE(v >>> 0, at);
+  }
+
+  /** A two-byte attribute (struct nf_ct_tcp_flags: flags, mask). */
+  pair(type: number, a: number, b: number): void {
+    const at = this.header(type, 2);
+    this.buf[at] = a;
+    this.buf[at + 1] = b;
   }
 
   bytes(type: number, b: Buffer): void {

@@ -56,7 +56,8 @@ export class NetlinkSocket {
   private transport: NetlinkTransport | undefined;
   readonly portId: number;
   private seq: number;
-  private readonly rbuf = Buffer.alloc(1 << 20);
+  /** Receive buffer; recv() overwrites what it reads, so it needs no zeroing. */
+  private readonly rbuf = Buffer.allocUnsafe(1 << 20);
   private readonly dumpRetries: number;
 
   /** Wraps an already bound transport whose kernel-assigned port id is portId (tests use this directly). */
