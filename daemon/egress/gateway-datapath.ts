@@ -51,6 +51,13 @@ export class GatewayDatapath {
       // Never adopt a TCP flow in mid-stream: a gateway forwards (and NATs) only connections it saw
       // open or received through conntrack sync, so a packet is not trusted just because it arrived.
       ['net/netfilter/nf_conntrack_tcp_loose', '0'],
+      // While ownership moves, the two directions of a flow switch gateways at different moments
+      // (clients steer by the store's notice, the return path by the new owner's GARP or a BGP update),
+      // so each gateway sees segments acknowledging data that went through the other one. Strict window
+      // tracking marks those invalid and the drop below loses them (one TCP retransmission timeout per
+      // flow). Liberal tracking accepts them for flows that have an entry; packets with no entry are
+      // still invalid (tcp_loose 0 above), so nothing is adopted and nothing reaches the pod's own stack.
+      ['net/netfilter/nf_conntrack_tcp_be_liberal', '1'],
     ]) writeNetSysctl(ns, k, v);
     // Replies the gateway de-NATs come back with the external server as source through its veth.
     writeNetSysctl(null, `net/ipv4/conf/${this.gw.hostIfName}/rp_filter`, '2');

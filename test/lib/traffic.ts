@@ -29,6 +29,12 @@ export interface TrafficReport {
   maxGapMs: number;
   /** Per connection: the longest gap, ms. */
   gaps: number[];
+  /**
+   * Longest gap on any connection among the gaps that ended after the client got SIGUSR2 (the whole gap,
+   * also the part before the signal), ms; absent without the signal. runTraffic() sends it as the event
+   * under test starts, so connection set-up and warm-up stalls do not count.
+   */
+  maxGapAfterMarkMs?: number;
   echoes: number;
   udp?: { sent: number; received: number; maxGapMs: number };
 }
@@ -36,14 +42,19 @@ export interface TrafficReport {
 /**
  * argv: host port connections durationMs intervalMs udp(0|1). Each connection sends "<conn> <seq>\\n" every
  * intervalMs once the previous echo arrived; a reply out of order, a reset or a close is an error.
+ * Prints "ready" once SIGUSR2 (the mark, see TrafficReport.maxGapAfterMarkMs) is handled.
  */
 export const TRAFFIC_CLIENT = `
+let markAt = 0;
+process.on('SIGUSR2', () => { if (!markAt) markAt = Date.now(); });
+process.stdout.write('ready\\n');
 const net = require('net'), dgram = require('dgram');
 const [host, port, n, duration, interval, udpOn] = process.argv.slice(1).map((v, i) => (i === 0 ? v : Number(v)));
-const errors = []; const gaps = []; let echoes = 0; let intact = 0; let done = 0;
+const errors = []; const gaps = []; const marked = []; let echoes = 0; let intact = 0; let done = 0;
 const start = Date.now();
 function conn(i) {
-  let seq = 0, expect = 0, last = Date.now(), maxGap = 0, buf = '', ok = true, waiting = false;
+  let seq = 0, expect = 0, last = Date.now(), maxGap = 0, maxMarked = 0, buf = '', ok = true, waiting = false;
+  const gapEnds = (now) => { maxGap = Math.max(maxGap, now - last); if (markAt && now >= markAt) maxMarked = Math.max(maxMarked, now - last); };
   const s = net.connect({ host, port });
   s.setNoDelay(true);
   const send = () => { if (Date.now() - start > duration) { finish(); return; } s.write(i + ' ' + seq++ + '\\n'); waiting = true; };
@@ -57,14 +68,14 @@ function conn(i) {
       const [c, q] = line.split(' ').map(Number);
       if (c !== i || q !== expect) { ok = false; errors.push('conn ' + i + ': got ' + line + ' expected ' + expect); }
       expect++; echoes++;
-      const now = Date.now(); maxGap = Math.max(maxGap, now - last); last = now; waiting = false;
+      const now = Date.now(); gapEnds(now); last = now; waiting = false;
     }
   });
   let finished = false;
   function finish() {
     if (finished) return; finished = true; clearInterval(timer);
-    maxGap = Math.max(maxGap, Date.now() - last > interval * 4 ? Date.now() - last : 0);
-    gaps.push(maxGap); if (ok) intact++; s.destroy(); if (++done === n) report();
+    if (Date.now() - last > interval * 4) gapEnds(Date.now());
+    gaps.push(maxGap); marked.push(maxMarked); if (ok) intact++; s.destroy(); if (++done === n) report();
   }
   s.on('error', (e) => { ok = false; errors.push('conn ' + i + ': ' + e.code); finish(); });
   s.on('close', () => { if (Date.now() - start < duration) { ok = false; errors.push('conn ' + i + ': closed early'); } finish(); });
@@ -76,7 +87,7 @@ if (udpOn) {
   const t = setInterval(() => { if (Date.now() - start > duration) { clearInterval(t); udp = { sent, received, maxGapMs: maxGap }; u.close(); return; } u.send(String(sent++), port, host); }, interval);
 }
 function report() {
-  setTimeout(() => process.stdout.write(JSON.stringify({ connections: n, intact, errors: errors.slice(0, 20), maxGapMs: Math.max(0, ...gaps), gaps, echoes, udp }) + '\\n'), interval * 2);
+  setTimeout(() => process.stdout.write(JSON.stringify({ connections: n, intact, errors: errors.slice(0, 20), maxGapMs: Math.max(0, ...gaps), gaps, maxGapAfterMarkMs: markAt ? Math.max(0, ...marked) : undefined, echoes, udp }) + '\\n'), interval * 2);
 }
 const finishers = [];
 for (let i = 0; i < n; i++) conn(i);

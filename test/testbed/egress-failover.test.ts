@@ -76,10 +76,14 @@ scenario("the owner's whole node goes down (tetherd killed, links down): connect
   });
 });
 
-// The issue's target for a planned handover is a gap under 200 ms; measured here it is ~260 ms, one TCP
-// retransmission timeout (a segment is still lost during the switch, cause not found yet). The test holds
-// the line at under 400 ms (no second RTO) until that loss is found; the README and notes say so.
-scenario('planned handover (the owner gateway pod is deleted through the CNI chain): no connection lost, gap under 400 ms', async () => {
+// A planned handover must stay under the issue's 200 ms target: the old owner keeps forwarding for the
+// drain, so nothing should be lost. It was ~260 ms, one TCP retransmission timeout: for the ~30 ms between
+// the clients' switch (the store's notice) and the new owner's GARP, the echo of a segment sent through
+// the new owner came back through the old one, whose strict conntrack window tracking judged it invalid
+// ("ACKed data not seen yet") and dropped it; gateways now track windows liberally. The gap measured is
+// the longest one that ended after the handover began: 200 connections starting at once can stall for
+// over 100 ms on a busy 2-core machine, which says nothing about the handover.
+scenario('planned handover (the owner gateway pod is deleted through the CNI chain): no connection lost, gap under 200 ms', async () => {
   await withTestbed(topology(), async (tb) => {
     const first = await waitOwner(tb);
     const { report } = await runTraffic(tb, CONNS, 8000, async () => {
@@ -88,8 +92,8 @@ scenario('planned handover (the owner gateway pod is deleted through the CNI cha
     const next = await waitOwner(tb, first.st.owner);
     assert.match(String(next.st.lastTakeover?.cause ?? ''), /handover/);
     assert.is(report.intact, CONNS, `${report.intact}/${CONNS} intact; ${report.errors.slice(0, 4).join('; ')}`);
-    assert.ok(report.maxGapMs < 400, `longest gap ${report.maxGapMs} ms`);
-    process.stdout.write(`  planned handover: longest gap ${report.maxGapMs} ms over ${CONNS} connections\n`);
+    assert.ok(report.maxGapAfterMarkMs !== undefined && report.maxGapAfterMarkMs < 200, `longest gap during the handover ${report.maxGapAfterMarkMs} ms`);
+    process.stdout.write(`  planned handover: longest gap ${report.maxGapAfterMarkMs} ms during the handover (${report.maxGapMs} ms over the whole run) over ${CONNS} connections\n`);
   });
 });
 

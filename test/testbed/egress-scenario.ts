@@ -95,7 +95,14 @@ export async function runTraffic(tb: Testbed, conns: number, durationMs: number,
   const server = await startServer(tb);
   const client = tb.spawn('n3-web', [process.execPath, '-e', TRAFFIC_CLIENT, tb.externalIp('server'), String(PORT), String(conns), String(durationMs), '50', '1']);
   const out = collect(client);
+  // The mark (SIGUSR2) must not reach the client before its handler: the default action would kill it.
+  await new Promise<void>((resolve, reject) => {
+    client.stdout?.on('data', (b: Buffer) => b.toString().includes('ready') && resolve());
+    client.once('exit', () => reject(new Error('traffic client exited before it was ready')));
+  });
   await new Promise((r) => setTimeout(r, Math.min(3000, durationMs / 3)));
+  // Gaps that end from here on are the event's (report.maxGapAfterMarkMs); set-up stalls are not.
+  client.kill('SIGUSR2');
   await during();
   const text = await out;
   const peers = await server.stop();
