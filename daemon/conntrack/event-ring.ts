@@ -52,17 +52,24 @@ export function createRing(bytes: number): Ring {
 
 /**
  * Consumer: calls fn with a view of each waiting datagram, in order (the view is only valid during the
- * call), and frees the space. Clears WAKE first, so a datagram put during the drain wakes it again.
+ * call), and frees the space; at most `max` of them. Clears WAKE first, so a datagram put during the drain
+ * wakes it again. Returns how many were taken and whether more are waiting (then drain again soon: no
+ * wake-up comes for those).
  */
-export function ringDrain(ring: Ring, fn: (datagram: Buffer) => void): number {
+export function ringDrain(ring: Ring, fn: (datagram: Buffer) => void, max = Infinity): { count: number; more: boolean } {
   const { ctrl, data } = ring;
   Atomics.store(ctrl, WAKE, 0);
   const buf = Buffer.from(data.buffer, data.byteOffset, data.length);
   let r = Atomics.load(ctrl, R);
   let count = 0;
+  let more = false;
   for (;;) {
     const w = Atomics.load(ctrl, W);
     if (r === w) break;
+    if (count >= max) {
+      more = true;
+      break;
+    }
     const n = buf.readUInt32LE(r);
     if (n === WRAP) {
       r = 0;
@@ -79,5 +86,5 @@ export function ringDrain(ring: Ring, fn: (datagram: Buffer) => void): number {
   }
   // A producer waiting for room (ring full) sleeps on R.
   Atomics.notify(ctrl, R);
-  return count;
+  return { count, more };
 }

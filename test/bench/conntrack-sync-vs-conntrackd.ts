@@ -10,10 +10,19 @@ import * as os from 'node:os';
 import * as path from 'node:path';
 import { createInterface } from 'node:readline';
 import { ConntrackHandle, type ConntrackEntry } from '../../daemon/conntrack';
-import { machine, updateReadme } from './stats';
+import { machine, percentile, updateReadme } from './stats';
 
 /** The floating address the benchmark's flows are SNATed to (the sync stream's scope). */
 const NAT_ADDRESS = '10.77.0.100';
+/** Runs per system and size; the table shows the median (by time), raw figures keep every trial. */
+const TRIALS = Number(process.env.BENCH_SYNC_TRIALS ?? 3);
+
+/** The run with the median time (the upper middle one for an even count); incomplete if any trial was. */
+function median(runs: Run[]): Run {
+  const mid = [...runs].sort((x, y) => x.ms - y.ms)[Math.floor(runs.length / 2)];
+  return { ...mid, complete: runs.every((r) => r.complete) };
+}
+
 /** Entries synced before each measured burst (they stay in the tables). */
 const WARMUP = 20_000;
 const SIZES = (process.env.BENCH_SYNC_SIZES ?? '10000,100000').split(',').map(Number);
@@ -222,7 +231,7 @@ async function main() {
   const id = randomBytes(3).toString('hex');
   const [a, b] = [`tbs-${id}-a`, `tbs-${id}-b`];
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'tether-syncbench-'));
-  const results: Array<{ size: number; tetherMemory: Run; tetherKernel: Run; conntrackdCache: Run; conntrackdKernel: Run; conntrackdCommitMs: number }> = [];
+  const results: Array<{ size: number; tetherMemory: Run; tetherKernel: Run; conntrackdCache: Run; conntrackdKernel: Run; conntrackdCommitMs: number; trials: unknown[] }> = [];
   try {
     sh('ip', 'netns', 'add', a);
     sh('ip', 'netns', 'add', b);
@@ -240,14 +249,22 @@ async function main() {
     };
     const show = (r: Run) => `${r.ms} ms (${r.perSec}/s${r.complete ? '' : ', INCOMPLETE'})`;
     for (const size of SIZES) {
-      flush();
-      const tetherMemory = await tetherRun(bundle, a, b, size, ++salt, 'memory');
-      flush();
-      const tetherKernel = await tetherRun(bundle, a, b, size, ++salt, 'kernel');
-      flush();
-      const ctd = await conntrackdRun(a, b, dir, size, ++salt);
-      results.push({ size, tetherMemory, tetherKernel, conntrackdCache: ctd.cache, conntrackdKernel: ctd.kernel, conntrackdCommitMs: ctd.commitMs });
-      process.stdout.write(`  ${size}: to B's memory: tether ${show(tetherMemory)}, conntrackd ${show(ctd.cache)}; to B's kernel: tether ${show(tetherKernel)}, conntrackd ${show(ctd.kernel)} (commit ${ctd.commitMs} ms)\n`);
+      const t: Array<{ tetherMemory: Run; tetherKernel: Run; conntrackdCache: Run; conntrackdKernel: Run; conntrackdCommitMs: number }> = [];
+      for (let trial = 0; trial < TRIALS; trial++) {
+        flush();
+        const tetherMemory = await tetherRun(bundle, a, b, size, ++salt, 'memory');
+        flush();
+        const tetherKernel = await tetherRun(bundle, a, b, size, ++salt, 'kernel');
+        flush();
+        const ctd = await conntrackdRun(a, b, dir, size, ++salt);
+        t.push({ tetherMemory, tetherKernel, conntrackdCache: ctd.cache, conntrackdKernel: ctd.kernel, conntrackdCommitMs: ctd.commitMs });
+        process.stdout.write(`  ${size} #${trial + 1}: to B's memory: tether ${show(tetherMemory)}, conntrackd ${show(ctd.cache)}; to B's kernel: tether ${show(tetherKernel)}, conntrackd ${show(ctd.kernel)} (commit ${ctd.commitMs} ms)\n`);
+      }
+      results.push({
+        size, tetherMemory: median(t.map((x) => x.tetherMemory)), tetherKernel: median(t.map((x) => x.tetherKernel)),
+        conntrackdCache: median(t.map((x) => x.conntrackdCache)), conntrackdKernel: median(t.map((x) => x.conntrackdKernel)),
+        conntrackdCommitMs: percentile(t.map((x) => x.conntrackdCommitMs), 50), trials: t,
+      });
     }
   } finally {
     for (const ns of [a, b]) spawnQuiet('ip', 'netns', 'del', ns);
@@ -258,7 +275,7 @@ async function main() {
   const ratio = (x: Run, y: Run) => `${Math.round((x.perSec / y.perSec) * 100) / 100}×`;
   const cell = (r: Run) => `${r.ms} ms, ${r.perSec}/s${r.complete ? '' : ' (incomplete)'}`;
   const rows = results.map((r) => `| ${r.size} | ${cell(r.tetherMemory)} | ${cell(r.conntrackdCache)} | **${ratio(r.tetherMemory, r.conntrackdCache)}** | ${cell(r.tetherKernel)} | ${cell(r.conntrackdKernel)} (commit ${r.conntrackdCommitMs} ms) | **${ratio(r.tetherKernel, r.conntrackdKernel)}** |`);
-  const md = `Conntrack sync between two namespaces on ${m.cpu} (${m.cores} cores), ${String(m.date).slice(0, 10)}: after a warm-up of ${WARMUP} entries synced (and kept), N entries inserted into A's table at once; the clock stops when B holds all N. Tether's sender and receiver each run in their own process inside A and B (as tetherd on two nodes), from an esbuild bundle, over TCP on a veth; conntrackd runs FTFW over UDP on the same veth.
+  const md = `Conntrack sync between two namespaces on ${m.cpu} (${m.cores} cores), ${String(m.date).slice(0, 10)}: after a warm-up of ${WARMUP} entries synced (and kept), N entries inserted into A's table at once; the clock stops when B holds all N; median of ${TRIALS} trials. Tether's sender and receiver each run in their own process inside A and B (as tetherd on two nodes), from an esbuild bundle, over TCP on a veth; conntrackd runs FTFW over UDP on the same veth.
 
 - *To B's memory*: Tether's receiver only keeps the entries (a Map), as conntrackd's FTFW keeps a peer's entries in its external cache. This is the like-for-like replication throughput.
 - *To B's kernel*: what a takeover needs. Tether writes every entry into B's table as it arrives; conntrackd needs its commit (\`conntrackd -c\`, run at failover), timed here after the cache is full.

@@ -14,7 +14,7 @@ function datagram(i: number, len: number): Buffer {
 }
 
 function drainAll(ring: Ring, into: Buffer[]): number {
-  return ringDrain(ring, (d) => into.push(Buffer.from(d)));
+  return ringDrain(ring, (d) => into.push(Buffer.from(d))).count;
 }
 
 test('datagrams come out in order and intact across many wrap-arounds; a full ring refuses, then takes again', () => {
@@ -54,6 +54,15 @@ test('one wake-up per drain: the producer wakes only when the consumer has clear
   assert.is(ringPut(ring.ctrl, ring.data, d, d.length), 'woke', 'after a drain the next datagram wakes again');
   assert.is(drainAll(ring, got), 1);
   assert.is(drainAll(ring, got), 0, 'empty');
+});
+
+test('a bounded drain takes at most max and says more are waiting', () => {
+  const ring = createRing(4096);
+  for (let i = 0; i < 5; i++) ringPut(ring.ctrl, ring.data, datagram(i, 10), 10);
+  const got: Buffer[] = [];
+  assert.equal(ringDrain(ring, (d) => got.push(Buffer.from(d)), 3), { count: 3, more: true });
+  assert.equal(ringDrain(ring, (d) => got.push(Buffer.from(d)), 3), { count: 2, more: false });
+  assert.ok(got.every((g, i) => g.equals(datagram(i, 10))));
 });
 
 test('a datagram larger than the ring is refused, never written over unread data', () => {
