@@ -1,11 +1,12 @@
 // Events waiting to be sent, coalesced per entry key (latest wins) so a burst on a few flows costs one
 // slot each rather than one per event, and a flow that came and went before it was sent costs nothing.
-import { entryKey, type ConntrackEvent } from '../conntrack/types';
+import { entryKey } from '../conntrack/types';
+import { isEncoded, withType, type SyncEvent } from './entry-codec';
 
 interface Slot {
   /** The peer may hold an older entry under this key that must go before `ev` is inserted. */
   destroyFirst: boolean;
-  ev: ConntrackEvent;
+  ev: SyncEvent;
   /** When the first event folded into this slot was queued (for lag). */
   since: number;
 }
@@ -21,8 +22,8 @@ export class CoalescingQueue {
     return this.events;
   }
 
-  push(ev: ConntrackEvent, now: number): void {
-    const key = entryKey(ev.entry);
+  push(ev: SyncEvent, now: number): void {
+    const key = isEncoded(ev) ? ev.key : entryKey(ev.entry);
     const s = this.slots.get(key);
     if (!s) {
       this.slots.set(key, { destroyFirst: false, ev, since: now });
@@ -49,21 +50,21 @@ export class CoalescingQueue {
     if (prev === 'destroy') {
       // The peer's entry under this key is an older flow (reused tuple): remove it, then insert anew.
       s.destroyFirst = true;
-      s.ev = { type: 'new', entry: ev.entry };
+      s.ev = withType(ev, 'new');
       this.events++;
     } else {
       // new+update stays new (the peer never had it); update+update or update+new is the latest entry.
-      s.ev = { type: prev === 'new' ? 'new' : ev.type, entry: ev.entry };
+      s.ev = withType(ev, prev === 'new' ? 'new' : ev.type);
     }
   }
 
   /** Removes and returns up to about `max` events, oldest key first, and the oldest `since` among them. */
-  take(max: number): { events: ConntrackEvent[]; since: number } {
-    const out: ConntrackEvent[] = [];
+  take(max: number): { events: SyncEvent[]; since: number } {
+    const out: SyncEvent[] = [];
     let since = Infinity;
     for (const [key, s] of this.slots) {
       if (out.length >= max) break;
-      if (s.destroyFirst) out.push({ type: 'destroy', entry: s.ev.entry });
+      if (s.destroyFirst) out.push(withType(s.ev, 'destroy'));
       out.push(s.ev);
       if (s.since < since) since = s.since;
       this.slots.delete(key);

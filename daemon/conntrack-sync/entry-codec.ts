@@ -90,6 +90,39 @@ export function writeEntry(buf: Buffer, o: number, e: ConntrackEntry): number {
   return o;
 }
 
+/** An event already in wire form (see event-transcode.ts): the owner's fast path. */
+export interface EncodedEvent {
+  type: ConntrackEventType;
+  /** The original tuple's bytes as a string: coalesces events of one flow. */
+  key: string;
+  /** The entry as writeEntry writes it (without the event type byte). */
+  bytes: Buffer;
+}
+
+/** What a SyncSender queues: decoded events, or events already encoded. */
+export type SyncEvent = ConntrackEvent | EncodedEvent;
+
+export function isEncoded(ev: SyncEvent): ev is EncodedEvent {
+  return (ev as EncodedEvent).bytes !== undefined;
+}
+
+/** The same event with another type (the entry is shared, not copied). */
+export function withType(ev: SyncEvent, type: ConntrackEventType): SyncEvent {
+  if (ev.type === type) return ev;
+  return isEncoded(ev) ? { type, key: ev.key, bytes: ev.bytes } : { type, entry: ev.entry };
+}
+
+/** writeEvent for either form. */
+export function writeSyncEvent(buf: Buffer, o: number, ev: SyncEvent): number {
+  if (!isEncoded(ev)) return writeEvent(buf, o, ev);
+  const code = EV_CODE[ev.type];
+  if (code === undefined) throw new CodecError(`event type '${ev.type}'`);
+  if (ev.bytes.length + 1 > MAX_EVENT_BYTES) throw new CodecError(`encoded entry of ${ev.bytes.length} bytes`);
+  buf[o] = code;
+  ev.bytes.copy(buf, o + 1);
+  return o + 1 + ev.bytes.length;
+}
+
 export function writeEvent(buf: Buffer, o: number, ev: ConntrackEvent): number {
   const code = EV_CODE[ev.type];
   if (code === undefined) throw new CodecError(`event type '${ev.type}'`);

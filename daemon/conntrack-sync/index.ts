@@ -11,3 +11,4 @@ export { SyncReceiver, type SyncReceiverOptions, type SyncReceiverStats, type Sy
 export { FrameType, PROTOCOL_VERSION, DEFAULT_MAX_FRAME, type RejectReason } from './frame';
 export { MIN_KEY_LEN } from './handshake';
 export { applySyncedEvents, replaceSyncedEntries, applyInSlices } from './table-apply';
+export { encodeEventPayload, type EncodedEvent } from './event-transcode';

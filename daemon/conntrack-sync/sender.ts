@@ -1,11 +1,11 @@
 // SyncSender: on the owner of a floating address, streams its gateway's conntrack events to one
 // candidate's SyncReceiver; full resync on every (re)connect and whenever the peer fell too far behind.
 import * as net from 'node:net';
-import type { ConntrackEntry, ConntrackEvent } from '../conntrack/types';
+import type { ConntrackEntry } from '../conntrack/types';
 import { log } from '../log';
 import { SyncChannel, type ChannelTiming } from './channel';
 import { CoalescingQueue } from './coalescing-queue';
-import { CodecError, MAX_EVENT_BYTES, writeEntry, writeEvent, writeList } from './entry-codec';
+import { CodecError, MAX_EVENT_BYTES, writeEntry, writeList, writeSyncEvent, type SyncEvent } from './entry-codec';
 import { DEFAULT_MAX_FRAME, FrameRejected, FrameType, emptyRejects, readU64, senderBytes, type Frame, type RejectReason } from './frame';
 import { checkClusterKey, deriveSession, handshakeKey, newNonce, proofsEqual, readAccept, readChallenge, writeHello, writeProof, type SessionKeys } from './handshake';
 
@@ -150,9 +150,12 @@ export class SyncSender {
     if (this.state === 'idle' && !this.reconnectTimer) this.connect();
   }
 
-  /** Queues events from the owner's gateway. Never blocks and never grows beyond maxQueuedEntries. */
-  push(events: ConntrackEvent | readonly ConntrackEvent[]): void {
-    const list = Array.isArray(events) ? events : [events as ConntrackEvent];
+  /**
+   * Queues events from the owner's gateway, decoded or already encoded (encodeEventPayload, the fast
+   * path). Never blocks and never grows beyond maxQueuedEntries.
+   */
+  push(events: SyncEvent | readonly SyncEvent[]): void {
+    const list: readonly SyncEvent[] = Array.isArray(events) ? events : [events as SyncEvent];
     // Before a snapshot is taken, or when one is owed anyway, the snapshot will carry these.
     if ((this.state !== 'resync' && this.state !== 'streaming') || this.resyncPending) {
       this.s.dropped += list.length;
@@ -397,11 +400,11 @@ export class SyncSender {
       if (this.queue.size === 0) return;
       const { events, since } = this.queue.take(this.o.batchEntries);
       const cursor = { entries: events, next: 0 };
-      while (cursor.next < events.length && this.ch && !this.ch.closed) this.sendList(FrameType.EVENTS, cursor, this.o.batchEntries, writeEvent, since);
+      while (cursor.next < events.length && this.ch && !this.ch.closed) this.sendList(FrameType.EVENTS, cursor, this.o.batchEntries, writeSyncEvent, since);
     }
   }
 
-  private sendList<T extends ConntrackEntry | ConntrackEvent>(
+  private sendList<T extends ConntrackEntry | SyncEvent>(
     type: FrameType, src: { entries: T[]; next: number }, max: number, write: (b: Buffer, o: number, x: T) => number, since: number,
   ): void {
     const room = Math.min(max * MAX_EVENT_BYTES + 4, this.o.maxFrameBytes - 128);

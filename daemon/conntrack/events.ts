@@ -61,6 +61,12 @@ export function eventTypeOf(m: Pick<NlMsg, 'type' | 'flags'>): ConntrackEventTyp
 
 export interface ConntrackEvents {
   on(event: 'event', fn: (e: ConntrackEvent) => void): this;
+  /**
+   * The undecoded payload of each event (nfgenmsg + ctnetlink attributes), for callers that transcode it
+   * themselves (the sync sender); the buffer is only valid during the call. With only 'raw' listeners,
+   * events are not decoded at all.
+   */
+  on(event: 'raw', fn: (type: ConntrackEventType, payload: Buffer) => void): this;
   /** Events were lost (kernel ENOBUFS, or a message that could not be decoded): resync with a dump. */
   on(event: 'overrun', fn: (info: { overruns: number; reason: string }) => void): this;
   /** The reader stopped for good (e.g. the socket failed); no more events will come. */
@@ -162,6 +168,13 @@ export class ConntrackEvents extends EventEmitter {
       if (msg.type === NLMSG_OVERRUN || msg.type === NLMSG_ERROR) continue;
       const type = eventTypeOf(msg);
       if (!type) continue;
+      if (this.listenerCount('raw')) {
+        this.emit('raw', type, payload);
+        if (!this.listenerCount('event')) {
+          this.received++;
+          continue;
+        }
+      }
       let entry;
       try {
         entry = decodeEntry(payload);

@@ -18,8 +18,9 @@ import type { PodRecord } from '../state/pod-store';
 import type { AttachService } from '../pod/attach-service';
 import { attachEgressSteer, openEgressMaps, type EgressMaps, type EgressSteer } from '../bpf/egress-steer';
 import { BfdAuthType, BfdEndpoint, BfdState, type BfdAuthConfig, type BfdSession } from '../bfd';
-import { ConntrackEvents, ConntrackHandle, type ApplyResult, type ConntrackEntry, type ConntrackEvent } from '../conntrack';
-import { applySyncedEvents, replaceSyncedEntries, SyncReceiver, SyncSender, type SyncPeerInfo } from '../conntrack-sync';
+import { ConntrackEvents, ConntrackHandle, type ApplyResult, type ConntrackEntry, type ConntrackEvent, type ConntrackEventType } from '../conntrack';
+import { applySyncedEvents, encodeEventPayload, replaceSyncedEntries, SyncReceiver, SyncSender, type SyncPeerInfo } from '../conntrack-sync';
+import { ipToBytes } from '../netlink/ip-bytes';
 import { KeyedMutex } from '../util/keyed-mutex';
 import type { ClusterAddresses } from '../../ipam/cluster-addresses';
 import { decide, orderCandidates } from './candidates';
@@ -449,8 +450,20 @@ export class EgressController {
     if (!st.holder || this.o.conntrackSync === false) return;
     const gw = st.holder;
     const events = ConntrackEvents.open(gw.netns);
-    events.on('event', (ev: ConntrackEvent) => {
-      if (ev.entry.reply.dst !== st.address) return;
+    // Events are encoded for the wire straight from their netlink bytes; only flows SNATed to this
+    // floating address (their reply goes to it) are synced.
+    const scope = ipToBytes(st.address);
+    events.on('raw', (type: ConntrackEventType, payload: Buffer) => {
+      let ev;
+      try {
+        ev = encodeEventPayload(type, payload, scope);
+      } catch (e) {
+        // The kernel's own message: should not happen; a resync covers whatever it was.
+        this.o.logger.error('egress: conntrack event not encodable; resyncing', { address: st.address, error: (e as Error).message });
+        for (const s of st.senders.values()) s.requestResync();
+        return;
+      }
+      if (!ev) return;
       for (const s of st.senders.values()) s.push(ev);
     });
     events.on('overrun', () => {

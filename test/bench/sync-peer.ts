@@ -1,7 +1,7 @@
 // One side of the conntrack sync benchmark, run as its own process inside a namespace (as tetherd runs
 // on its own node), from an esbuild bundle as in the tetherd executable. It uses the code tetherd uses:
 //   sender <keyHex> <peerHost> <peerPort> <address>: conntrack events of this namespace whose reply goes
-//     to <address> (the floating address) → SyncSender, as the egress owner does;
+//     to <address> (the floating address), encoded from their netlink bytes → SyncSender, as the egress owner does;
 //   receiver <keyHex> <host> <expected> [kernel|memory] (stdin "expect <n>" restarts the count): SyncReceiver → applySyncedEvents/replaceSyncedEntries
 //     into this namespace's table, as a candidate does (kernel); or only kept in a Map keyed like the
 //     table (memory), which is where conntrackd's FTFW keeps a peer's entries until a failover commits them.
@@ -10,7 +10,8 @@
 import { createInterface } from 'node:readline';
 import { Writable } from 'node:stream';
 import { ConntrackEvents, ConntrackHandle, entryKey, type ConntrackEntry } from '../../daemon/conntrack';
-import { applySyncedEvents, replaceSyncedEntries, SyncReceiver, SyncSender } from '../../daemon/conntrack-sync';
+import { applySyncedEvents, encodeEventPayload, replaceSyncedEntries, SyncReceiver, SyncSender } from '../../daemon/conntrack-sync';
+import { ipToBytes } from '../../daemon/netlink/ip-bytes';
 import { makeLogger, setLogger } from '../../daemon/log';
 
 setLogger(makeLogger({ stream: new Writable({ write: (_c, _e, cb) => cb() }) }));
@@ -65,8 +66,10 @@ function sender(port: number, address: string): void {
   const snapshot = () => ConntrackHandle.with(NS, (h) => h.dump({ family: 4 })).filter((e) => e.reply.dst === address);
   const tx = new SyncSender({ key, id: 'a', host, port, stream: address, snapshot });
   const events = ConntrackEvents.open(NS);
-  events.on('event', (ev) => {
-    if (ev.entry.reply.dst === address) tx.push(ev);
+  const scope = ipToBytes(address);
+  events.on('raw', (type, payload) => {
+    const ev = encodeEventPayload(type, payload, scope);
+    if (ev) tx.push(ev);
   });
   events.on('overrun', () => tx.requestResync());
   tx.start();

@@ -13,7 +13,9 @@ import * as assert from 'uvu/assert';
 import { ConntrackEvents, ConntrackHandle, IPS, type ConntrackEntry, type ConntrackEvent } from '../../daemon/conntrack';
 import { IP_CT_TCP_FLAG, TCP_CONNTRACK } from '../../daemon/conntrack/constants';
 import { NetlinkError } from '../../daemon/netlink';
-import { applySyncedEvents, replaceSyncedEntries } from '../../daemon/conntrack-sync';
+import { applySyncedEvents, encodeEventPayload, replaceSyncedEntries } from '../../daemon/conntrack-sync';
+import { Cursor, readEntry } from '../../daemon/conntrack-sync/entry-codec';
+import { ipToBytes } from '../../daemon/netlink/ip-bytes';
 
 const FLOATING = '10.99.0.1';
 const CLIENT = '10.0.0.2';
@@ -438,6 +440,12 @@ test('events: new, update and destroy of a real flow, received off the event loo
   const ev = ConntrackEvents.open(`/run/netns/${t.a}`);
   closers.push(() => ev.close());
   const seen = eventsOf(ev);
+  // The sync sender's fast path sees the same events undecoded: its encoding must match the decoded one.
+  const encoded: Array<{ type: string; bytes: Buffer }> = [];
+  ev.on('raw', (type, payload) => {
+    const e = encodeEventPayload(type, payload, ipToBytes(FLOATING));
+    if (e) encoded.push({ type, bytes: e.bytes });
+  });
   // The event loop stays free while the worker blocks in recv.
   let maxLag = 0;
   let last = performance.now();
@@ -459,6 +467,12 @@ test('events: new, update and destroy of a real flow, received off the event loo
     clearInterval(tick);
   }
   assert.ok(maxLag < 500, `event loop never blocked (max lag ${maxLag.toFixed(0)} ms)`);
+  const natted = seen.filter((e) => e.entry.reply.dst === FLOATING);
+  assert.is(encoded.length, natted.length, 'the fast path saw every event of the floating address');
+  natted.forEach((e, i) => {
+    assert.is(encoded[i].type, e.type);
+    assert.equal(readEntry(new Cursor(encoded[i].bytes)), e.entry);
+  });
   const t0 = performance.now();
   await ev.close();
   await ev.close();

@@ -1,0 +1,203 @@
+// The owner's hot path: a ctnetlink event payload straight to the sync wire encoding of its entry,
+// without building a ConntrackEntry (objects and address strings per event were most of the sender's
+// CPU, garbage collection included). The bytes are exactly writeEntry(decodeEntry(payload)); a test
+// holds the two paths to that. Events whose reply does not go to the stream's floating address are
+// skipped before anything is written.
+import type { ConntrackEventType } from '../conntrack/types';
+import { CodecError, MAX_EVENT_BYTES, type EncodedEvent } from './entry-codec';
+
+export type { EncodedEvent };
+
+// ctnetlink attribute numbers (linux/netfilter/nfnetlink_conntrack.h), as in ../conntrack/constants.
+const CTA_TUPLE_ORIG = 1, CTA_TUPLE_REPLY = 2, CTA_STATUS = 3, CTA_PROTOINFO = 4, CTA_TIMEOUT = 7, CTA_MARK = 8, CTA_ID = 12, CTA_ZONE = 18;
+const CTA_TUPLE_IP = 1, CTA_TUPLE_PROTO = 2;
+const CTA_IP_V4_SRC = 1, CTA_IP_V4_DST = 2, CTA_IP_V6_SRC = 3, CTA_IP_V6_DST = 4;
+const CTA_PROTO_NUM = 1, CTA_PROTO_SRC_PORT = 2, CTA_PROTO_DST_PORT = 3;
+const CTA_PROTO_ICMP_ID = 4, CTA_PROTO_ICMP_TYPE = 5, CTA_PROTO_ICMP_CODE = 6;
+const CTA_PROTO_ICMPV6_ID = 7, CTA_PROTO_ICMPV6_TYPE = 8, CTA_PROTO_ICMPV6_CODE = 9;
+const CTA_PROTOINFO_TCP = 1;
+const TCPA_STATE = 1, TCPA_WSCALE_ORIGINAL = 2, TCPA_WSCALE_REPLY = 3, TCPA_FLAGS_ORIGINAL = 4, TCPA_FLAGS_REPLY = 5;
+const NFGENMSG_LEN = 4;
+const NLA_TYPE_MASK = 0x3fff;
+
+// Wire bits, as in entry-codec.ts.
+const E_TIMEOUT = 1, E_MARK = 2, E_ZONE = 4, E_TCP = 8, E_ID = 16;
+const T_V6 = 1, T_SPORT = 2, T_DPORT = 4, T_ICMP_ID = 8, T_ICMP_TYPE = 16, T_ICMP_CODE = 32;
+const P_WS_ORIG = 1, P_WS_REPLY = 2, P_FL_ORIG = 4, P_FL_REPLY = 8;
+
+/** One tuple, as offsets into the payload and numbers: nothing allocated per event. */
+class TupleScratch {
+  src = -1;
+  dst = -1;
+  addrLen = 0;
+  proto = -1;
+  flags = 0;
+  sport = 0;
+  dport = 0;
+  icmpId = 0;
+  icmpType = 0;
+  icmpCode = 0;
+
+  reset(): void {
+    this.src = -1;
+    this.dst = -1;
+    this.addrLen = 0;
+    this.proto = -1;
+    this.flags = 0;
+  }
+}
+
+const orig = new TupleScratch();
+const reply = new TupleScratch();
+const out = Buffer.alloc(MAX_EVENT_BYTES);
+
+function attrLen(buf: Buffer, o: number, end: number): number {
+  const len = buf[o] | (buf[o + 1] << 8);
+  if (len < 4 || o + len > end) throw new CodecError(`malformed ctnetlink attribute: length ${len} at offset ${o}`);
+  return len;
+}
+
+function attrType(buf: Buffer, o: number): number {
+  return (buf[o + 2] | (buf[o + 3] << 8)) & NLA_TYPE_MASK;
+}
+
+function readTuple(buf: Buffer, start: number, end: number, t: TupleScratch, family: 4 | 6): void {
+  t.reset();
+  t.addrLen = family === 6 ? 16 : 4;
+  let seen = false;
+  for (let o = start; o + 4 <= end; ) {
+    const len = attrLen(buf, o, end);
+    const type = attrType(buf, o);
+    const a = o + 4, aEnd = o + len;
+    o += (len + 3) & ~3;
+    if (type === CTA_TUPLE_IP) {
+      for (let p = a; p + 4 <= aEnd; ) {
+        const l = attrLen(buf, p, aEnd);
+        const ty = attrType(buf, p);
+        const b = p + 4, bl = l - 4;
+        p += (l + 3) & ~3;
+        if (ty === CTA_IP_V4_SRC || ty === CTA_IP_V6_SRC) t.src = b;
+        else if (ty === CTA_IP_V4_DST || ty === CTA_IP_V6_DST) t.dst = b;
+        else continue;
+        if (bl !== 4 && bl !== 16) throw new CodecError(`address of ${bl} bytes`);
+        if (seen && bl !== t.addrLen) throw new CodecError('tuple mixes IPv4 and IPv6 addresses');
+        t.addrLen = bl;
+        seen = true;
+      }
+    } else if (type === CTA_TUPLE_PROTO) {
+      for (let p = a; p + 4 <= aEnd; ) {
+        const l = attrLen(buf, p, aEnd);
+        const ty = attrType(buf, p);
+        const b = p + 4, bl = l - 4;
+        p += (l + 3) & ~3;
+        if (bl < 1) continue;
+        switch (ty) {
+          case CTA_PROTO_NUM: t.proto = buf[b]; break;
+          case CTA_PROTO_SRC_PORT: if (bl >= 2) { t.sport = (buf[b] << 8) | buf[b + 1]; t.flags |= T_SPORT; } break;
+          case CTA_PROTO_DST_PORT: if (bl >= 2) { t.dport = (buf[b] << 8) | buf[b + 1]; t.flags |= T_DPORT; } break;
+          case CTA_PROTO_ICMP_ID: case CTA_PROTO_ICMPV6_ID: if (bl >= 2) { t.icmpId = (buf[b] << 8) | buf[b + 1]; t.flags |= T_ICMP_ID; } break;
+          case CTA_PROTO_ICMP_TYPE: case CTA_PROTO_ICMPV6_TYPE: t.icmpType = buf[b]; t.flags |= T_ICMP_TYPE; break;
+          case CTA_PROTO_ICMP_CODE: case CTA_PROTO_ICMPV6_CODE: t.icmpCode = buf[b]; t.flags |= T_ICMP_CODE; break;
+        }
+      }
+    }
+  }
+  if (t.src < 0 || t.dst < 0 || t.proto < 0) throw new CodecError('ctnetlink tuple without addresses or protocol');
+}
+
+function writeTuple(buf: Buffer, o: number, payload: Buffer, t: TupleScratch): number {
+  const v6 = t.addrLen === 16;
+  buf[o++] = t.flags | (v6 ? T_V6 : 0);
+  buf[o++] = t.proto;
+  payload.copy(buf, o, t.src, t.src + t.addrLen);
+  o += t.addrLen;
+  payload.copy(buf, o, t.dst, t.dst + t.addrLen);
+  o += t.addrLen;
+  if (t.flags & T_SPORT) o = buf.writeUInt16BE(t.sport, o);
+  if (t.flags & T_DPORT) o = buf.writeUInt16BE(t.dport, o);
+  if (t.flags & T_ICMP_ID) o = buf.writeUInt16BE(t.icmpId, o);
+  if (t.flags & T_ICMP_TYPE) buf[o++] = t.icmpType;
+  if (t.flags & T_ICMP_CODE) buf[o++] = t.icmpCode;
+  return o;
+}
+
+function equalBytes(a: Buffer, at: number, b: Buffer, len: number): boolean {
+  for (let i = 0; i < len; i++) if (a[at + i] !== b[i]) return false;
+  return true;
+}
+
+/**
+ * The wire form of one ctnetlink event payload (nfgenmsg + attributes); undefined when `replyDst` (4 or
+ * 16 address bytes) is given and the entry's reply goes elsewhere. Throws CodecError on a malformed payload.
+ */
+export function encodeEventPayload(type: ConntrackEventType, payload: Buffer, replyDst?: Buffer): EncodedEvent | undefined {
+  if (payload.length < NFGENMSG_LEN) throw new CodecError('ctnetlink message shorter than nfgenmsg');
+  const family: 4 | 6 = payload[0] === 10 ? 6 : 4;
+  let haveOrig = false, haveReply = false;
+  let status = 0, timeout = -1, mark = -1, zone = -1, id = -1;
+  let tcp = -1; // offset of the last CTA_PROTOINFO_TCP nest's data
+  let tcpEnd = 0;
+  const end = payload.length;
+  for (let o = NFGENMSG_LEN; o + 4 <= end; ) {
+    const len = attrLen(payload, o, end);
+    const type = attrType(payload, o);
+    const at = o + 4, l = len - 4;
+    o += (len + 3) & ~3;
+    switch (type) {
+      case CTA_TUPLE_ORIG: readTuple(payload, at, at + l, orig, family); haveOrig = true; break;
+      case CTA_TUPLE_REPLY: readTuple(payload, at, at + l, reply, family); haveReply = true; break;
+      case CTA_STATUS: if (l >= 4) status = payload.readUInt32BE(at); break;
+      case CTA_TIMEOUT: if (l >= 4) timeout = payload.readUInt32BE(at); break;
+      case CTA_MARK: if (l >= 4) mark = payload.readUInt32BE(at); break;
+      case CTA_ZONE: if (l >= 2) zone = payload.readUInt16BE(at); break;
+      case CTA_ID: if (l >= 4) id = payload.readUInt32BE(at); break;
+      case CTA_PROTOINFO:
+        for (let p = at; p + 4 <= at + l; ) {
+          const pl = attrLen(payload, p, at + l);
+          if (attrType(payload, p) === CTA_PROTOINFO_TCP) {
+            tcp = p + 4;
+            tcpEnd = p + pl;
+          }
+          p += (pl + 3) & ~3;
+        }
+        break;
+    }
+  }
+  if (!haveOrig || !haveReply) throw new CodecError('ctnetlink entry without original and reply tuples');
+  if (replyDst && (reply.addrLen !== replyDst.length || !equalBytes(payload, reply.dst, replyDst, replyDst.length))) return undefined;
+
+  const buf = out;
+  let o = 0;
+  buf[o++] = (timeout >= 0 ? E_TIMEOUT : 0) | (mark >= 0 ? E_MARK : 0) | (zone >= 0 ? E_ZONE : 0) | (tcp >= 0 ? E_TCP : 0) | (id >= 0 ? E_ID : 0);
+  o = buf.writeUInt32BE(status >>> 0, o);
+  const keyStart = o;
+  o = writeTuple(buf, o, payload, orig);
+  const keyEnd = o;
+  o = writeTuple(buf, o, payload, reply);
+  if (timeout >= 0) o = buf.writeUInt32BE(timeout, o);
+  if (mark >= 0) o = buf.writeUInt32BE(mark, o);
+  if (zone >= 0) o = buf.writeUInt16BE(zone, o);
+  if (tcp >= 0) {
+    let state = 0, p = 0, wsO = 0, wsR = 0, flO = 0, flR = 0;
+    for (let q = tcp; q + 4 <= tcpEnd; ) {
+      const ql = attrLen(payload, q, tcpEnd);
+      const ty = attrType(payload, q);
+      const b = q + 4;
+      q += (ql + 3) & ~3;
+      if (ql - 4 < 1) continue;
+      if (ty === TCPA_STATE) state = payload[b];
+      else if (ty === TCPA_WSCALE_ORIGINAL) { wsO = payload[b]; p |= P_WS_ORIG; }
+      else if (ty === TCPA_WSCALE_REPLY) { wsR = payload[b]; p |= P_WS_REPLY; }
+      else if (ty === TCPA_FLAGS_ORIGINAL) { flO = payload[b]; p |= P_FL_ORIG; }
+      else if (ty === TCPA_FLAGS_REPLY) { flR = payload[b]; p |= P_FL_REPLY; }
+    }
+    buf[o++] = state;
+    buf[o++] = p;
+    if (p & P_WS_ORIG) buf[o++] = wsO;
+    if (p & P_WS_REPLY) buf[o++] = wsR;
+    if (p & P_FL_ORIG) o = buf.writeUInt16BE(flO, o);
+    if (p & P_FL_REPLY) o = buf.writeUInt16BE(flR, o);
+  }
+  if (id >= 0) o = buf.writeUInt32BE(id, o);
+  return { type, key: buf.toString('latin1', keyStart, keyEnd), bytes: Buffer.from(buf.subarray(0, o)) };
+}
