@@ -92,6 +92,8 @@ export class EgressController {
   private readonly clients = new Map<string, ClientPod>();
   private readonly addresses = new Map<string, AddressState>();
   private readonly bfd = new Map<string, BfdSession>();
+  /** What the client steering map holds per Egress (for one log line per change). */
+  private readonly steered = new Map<string, string>();
   private readonly bfdInfo = new Map<string, { createdAt: number; everUp: boolean }>();
   private readonly registry = new Map<string, GatewayInfo[]>();
   private readonly mutex = new KeyedMutex();
@@ -368,6 +370,11 @@ export class EgressController {
       slots.push({ gatewayIp: g.podIp, floatingIp: a.address, epoch: a.own.epoch });
     }
     this.maps.setGateways(id, slots);
+    const now = slots.map((x) => `${x.floatingIp}→${x.gatewayIp}@${x.epoch}`).join(',');
+    if (this.steered.get(st.egress.key) !== now) {
+      this.steered.set(st.egress.key, now);
+      this.o.logger.info('egress: client steering updated', { egress: st.egress.key, slots });
+    }
   }
 
   private async refreshRegistry(egress: string): Promise<void> {

@@ -81,20 +81,29 @@ export class GatewayDatapath {
   /** Takes a floating address: on the pod, SNAT to it, node route, announcement. Idempotent. */
   own(address: string, announce: { mode: AnnounceMode; table?: number }): void {
     const t0 = process.hrtime.bigint();
+    const since = () => Number(process.hrtime.bigint() - t0) / 1e6;
+    this.owned.set(address, announce);
+    // Established flows need only the address on the pod (the node's /32 route to the veth resolves the
+    // address itself there), the node's route and the announcement: the pod de-NATs their replies from
+    // the synced conntrack entries. So these go first, all netlink; every millisecond before the router
+    // moves is a millisecond of replies lost at the old owner's node.
     NetlinkHandle.with(this.gw.netns, (h) => {
       const lo = h.requireLink('lo');
       h.addAddress({ address: `${address}/32`, index: lo.index, replace: true });
     });
-    this.owned.set(address, announce);
-    this.writeSnat();
     NetlinkHandle.with(undefined, (h) => {
       const veth = h.requireLink(this.gw.hostIfName);
       h.replaceRoute({ dst: `${address}/32`, index: veth.index });
       if (announce.mode === 'routeTable') h.replaceRoute({ dst: `${address}/32`, index: veth.index, table: announce.table });
     });
     if (announce.mode === 'l2') announceL2({ ifName: this.node.uplink, address });
-    log().info('egress: floating address taken by gateway', { pod: this.gw.pod, address, announce: announce.mode, table: exportTable(announce), ms: Number(process.hrtime.bigint() - t0) / 1e6 });
+    const announcedMs = since();
+    // Then what only new flows need: the SNAT rule (an nft run, the slow part).
+    this.writeSnat();
+    log().info('egress: floating address taken by gateway', { pod: this.gw.pod, address, announce: announce.mode, table: exportTable(announce), announcedMs, ms: since() });
   }
+
+
 
   /**
    * First step of a planned handover: stop attracting traffic to this node at once while SNAT and the
