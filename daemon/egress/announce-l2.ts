@@ -19,7 +19,15 @@ export interface L2Target {
   /** The node's uplink on the L2 segment, e.g. eth0. */
   ifName: string;
   address: string;
+  /**
+   * Who announces (the gateway pod). Two gateway pods of one node can hand an address to each other:
+   * the node keeps answering until the last local holder withdraws.
+   */
+  holder?: string;
 }
+
+/** Local holders per announcement (namespace, link, address). */
+const holders = new Map<string, Set<string>>();
 
 /** Repeats still scheduled per announcement, cancelled by withdrawal. */
 const pending = new Map<string, NodeJS.Timeout[]>();
@@ -31,6 +39,9 @@ const keyOf = (t: L2Target) => `${t.netns ?? ''}|${t.ifName}|${t.address}`;
  * veth), which is exactly the owner's setup.
  */
 export function announceL2(t: L2Target): void {
+  const hs = holders.get(keyOf(t)) ?? new Set<string>();
+  hs.add(t.holder ?? '');
+  holders.set(keyOf(t), hs);
   cancelRepeats(t);
   // The kernel delays proxy ARP answers by a random time up to proxy_delay (0.8 s by default): a router
   // that asks during a failover would wait that long, so answer at once.
@@ -59,8 +70,15 @@ export function announceL2(t: L2Target): void {
   log().info('floating address announced (proxy ARP + gratuitous ARP)', { address: t.address, ifName: t.ifName });
 }
 
-/** Stops answering ARP for the address. Idempotent. */
+/** Stops answering ARP for the address, unless another local holder still announces it. Idempotent. */
 export function withdrawL2(t: L2Target): void {
+  const hs = holders.get(keyOf(t));
+  hs?.delete(t.holder ?? '');
+  if (hs?.size) {
+    log().info('floating address still announced for another local holder', { address: t.address, ifName: t.ifName, withdrawn: t.holder, holders: [...hs] });
+    return;
+  }
+  holders.delete(keyOf(t));
   cancelRepeats(t);
   NetlinkHandle.with(t.netns, (h) => {
     const link = h.getLink(t.ifName);

@@ -349,7 +349,7 @@ export class EgressController {
   private async standDown(st: AddressState, why: string): Promise<void> {
     const gw = st.holder;
     st.holder = undefined;
-    gw?.datapath.release(st.address);
+    gw?.datapath.release(st.address, st.egress.announce);
     void this.stopStreaming(st);
     this.o.logger.info('egress: stood down', { egress: st.egress.key, address: st.address, pod: gw?.info.pod, why });
   }

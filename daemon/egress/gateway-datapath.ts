@@ -96,7 +96,7 @@ export class GatewayDatapath {
       h.replaceRoute({ dst: `${address}/32`, index: veth.index });
       if (announce.mode === 'routeTable') h.replaceRoute({ dst: `${address}/32`, index: veth.index, table: announce.table });
     });
-    if (announce.mode === 'l2') announceL2({ ifName: this.node.uplink, address });
+    if (announce.mode === 'l2') announceL2({ ifName: this.node.uplink, address, holder: this.gw.pod });
     const announcedMs = since();
     // Then what only new flows need: the SNAT rule (an nft run, the slow part).
     this.writeSnat();
@@ -113,7 +113,7 @@ export class GatewayDatapath {
    */
   withdrawAnnouncement(address: string): void {
     const announce = this.owned.get(address);
-    if (announce?.mode === 'l2') withdrawL2({ ifName: this.node.uplink, address });
+    if (announce?.mode === 'l2') withdrawL2({ ifName: this.node.uplink, address, holder: this.gw.pod });
     const table = announce && exportTable(announce);
     if (table === undefined) return;
     const removed = NetlinkHandle.with(undefined, (h) => this.deletePodRoute(h, address, table));
@@ -124,10 +124,12 @@ export class GatewayDatapath {
    * Gives a floating address up. Idempotent; tolerates a pod that is already gone and an export route
    * that withdrawAnnouncement() already removed.
    */
-  release(address: string): void {
-    const announce = this.owned.get(address) ?? { mode: 'l2' as const };
+  release(address: string, configured?: { mode: AnnounceMode; table?: number }): void {
+    // An address this process did not take (e.g. taken before a tetherd restart) is released as the
+    // Egress configures it, so a route-export entry is not left behind.
+    const announce = this.owned.get(address) ?? configured ?? { mode: 'l2' as const };
     this.owned.delete(address);
-    if (announce.mode === 'l2') withdrawL2({ ifName: this.node.uplink, address });
+    if (announce.mode === 'l2') withdrawL2({ ifName: this.node.uplink, address, holder: this.gw.pod });
     const table = exportTable(announce);
     // The announcement goes before the route it attracts traffic to.
     const [exportRouteRemoved, routeRemoved] = NetlinkHandle.with(undefined, (h) => [

@@ -64,6 +64,16 @@ test('announce → router resolves to node A; B announces → router moves to B 
     assert.is(routerMacFor(r), macB, 'gratuitous ARP moved the router to node B');
     assert.not.ok(isAnnouncedL2({ netns: `/run/netns/${a}`, ifName: 'eth0', address: FLOAT }));
     withdrawL2({ netns: `/run/netns/${a}`, ifName: 'eth0', address: FLOAT }); // idempotent
+
+    // Two gateway pods of node B hand the address over: B answers until the last of them withdraws.
+    const onB = (holder: string) => ({ netns: `/run/netns/${b}`, ifName: 'eth0', address: FLOAT, holder });
+    withdrawL2({ netns: `/run/netns/${b}`, ifName: 'eth0', address: FLOAT });
+    announceL2(onB('shop/gw1'));
+    announceL2(onB('shop/gw2'));
+    withdrawL2(onB('shop/gw1'));
+    assert.ok(isAnnouncedL2(onB('')), 'still announced for the other local gateway pod');
+    withdrawL2(onB('shop/gw2'));
+    assert.not.ok(isAnnouncedL2(onB('')), 'withdrawn with the last holder');
   } finally {
     for (const n of [a, b]) {
       try {
