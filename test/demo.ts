@@ -98,7 +98,7 @@ async function egressDemo() {
     const tcpPeers = peers.filter((p) => !p.startsWith('udp'));
     say(`  new owner ${next.st.owner} on ${next.node}, epoch ${next.st.epoch}: ${next.st.lastTakeover?.cause}`);
     say(`  connections kept: ${report.intact}/${report.connections}; echoes checked: ${report.echoes}; errors: ${report.errors.length}`);
-    say(`  longest gap on any connection: ${report.maxGapMs} ms; UDP ${report.udp?.received}/${report.udp?.sent} datagrams answered`);
+    say(`  longest gap on any connection during the takeover: ${report.maxGapAfterMarkMs ?? report.maxGapMs} ms; UDP ${report.udp?.received}/${report.udp?.sent} datagrams answered`);
     say(`  the server saw ${new Set(tcpPeers.map((p) => p.split(':')[0])).size} source address(es): ${[...new Set(tcpPeers.map((p) => p.split(':')[0]))].join(', ')}`);
   });
   say('  testbed torn down.');

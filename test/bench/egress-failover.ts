@@ -30,8 +30,10 @@ async function trials(tb: Testbed, n: number): Promise<Trial[]> {
       await tb.mustExec('router', ['ip', 'netns', 'del', tb.pod(podKey).ns]);
     });
     const next = await waitOwner(tb, owner.st.owner, 15000, true);
-    out.push({ gapMs: report.maxGapMs, survived: report.intact / report.connections, takeover: next.st.lastTakeover?.cause });
-    process.stdout.write(`  trial ${i + 1}/${n}: longest gap ${report.maxGapMs} ms, ${report.intact}/${report.connections} survived\n`);
+    // The gap of the failover: the longest one that ended after the kill began (set-up stalls excluded).
+    const gapMs = report.maxGapAfterMarkMs ?? report.maxGapMs;
+    out.push({ gapMs, survived: report.intact / report.connections, takeover: next.st.lastTakeover?.cause });
+    process.stdout.write(`  trial ${i + 1}/${n}: longest gap ${gapMs} ms, ${report.intact}/${report.connections} survived\n`);
     // A replacement gateway on the node that lost its own, so every trial starts with two candidates.
     await tb.addPod(owner.node, { name: `gw${owner.node.slice(1)}r${++seq}`, namespace: 'shop', tether: { labels: { role: 'egress-gw' } } });
     await new Promise((r) => setTimeout(r, 1500));
@@ -57,7 +59,7 @@ async function main() {
   fs.mkdirSync(path.join(repo, 'results'), { recursive: true });
   fs.writeFileSync(path.join(repo, 'results/bench-egress.json'), JSON.stringify(result, null, 2) + '\n');
   const m = result.machine as Record<string, unknown>;
-  const md = `Measured by \`npm run bench\` on ${m.cpu} (${m.cores} cores), kernel ${m.kernel}, ${String(m.date).slice(0, 10)}: the owning gateway pod killed abruptly (namespace deleted) under ${CONNS} long-lived TCP connections; the gap is the longest time any connection went without an echo (kill → traffic through the new owner, at 50 ms request spacing).
+  const md = `Measured by \`npm run bench\` on ${m.cpu} (${m.cores} cores), kernel ${m.kernel}, ${String(m.date).slice(0, 10)}: the owning gateway pod killed abruptly (namespace deleted) under ${CONNS} long-lived TCP connections; the gap is the longest time any connection went without an echo, among gaps that ended after the kill began (kill → traffic through the new owner, at 50 ms request spacing).
 
 | | trials | gap p50 (ms) | gap p95 (ms) | gap max (ms) | connections surviving |
 |---|---|---|---|---|---|

@@ -37,7 +37,7 @@ scenario('owner gateway killed abruptly: every TCP connection continues from the
     assert.is(tcpPeers.length, CONNS);
     assert.ok(tcpPeers.every((p) => p.startsWith(`${floating}:`)), `server saw only the floating address: ${tcpPeers.slice(0, 3)}`);
     assert.ok(report.udp && report.udp.received > report.udp.sent * 0.8, `UDP continued: ${JSON.stringify(report.udp)}`);
-    process.stdout.write(`  failover: longest gap ${report.maxGapMs} ms over ${CONNS} connections, UDP ${report.udp?.received}/${report.udp?.sent}, takeover ${JSON.stringify(next.st.lastTakeover)}\n`);
+    process.stdout.write(`  failover: longest gap ${report.maxGapAfterMarkMs} ms during the failover (${report.maxGapMs} ms over the whole run) over ${CONNS} connections, UDP ${report.udp?.received}/${report.udp?.sent}, takeover ${JSON.stringify(next.st.lastTakeover)}\n`);
   });
 });
 
@@ -72,7 +72,7 @@ scenario("the owner's whole node goes down (tetherd killed, links down): connect
     assert.is(report.intact, CONNS, `${report.intact}/${CONNS} intact; ${report.errors.slice(0, 4).join('; ')}`);
     assert.ok(report.maxGapMs < 1000, `longest gap ${report.maxGapMs} ms`);
     assert.ok(peers.filter((p) => !p.startsWith('udp')).every((p) => p.startsWith(`${first.st.address}:`)));
-    process.stdout.write(`  node down: longest gap ${report.maxGapMs} ms over ${CONNS} connections, takeover ${JSON.stringify(st?.lastTakeover)}\n`);
+    process.stdout.write(`  node down: longest gap ${report.maxGapAfterMarkMs} ms during the failover (${report.maxGapMs} ms over the whole run) over ${CONNS} connections, takeover ${JSON.stringify(st?.lastTakeover)}\n`);
   });
 });
 
