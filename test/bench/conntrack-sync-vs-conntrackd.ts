@@ -66,6 +66,8 @@ interface Run {
   complete: boolean;
   /** CPU time (user + system) the syncer's two processes spent from the burst to its end, ms. */
   cpuMs?: number;
+  /** The same for A's side (Tether's sender, conntrackd on A) and B's side, ms. */
+  cpuSplitMs?: [number, number];
 }
 
 const CLK_TCK = Number(execFileSync('getconf', ['CLK_TCK'], { encoding: 'utf8' }).trim()) || 100;
@@ -151,14 +153,15 @@ async function tetherRun(bundle: string, a: string, b: string, n: number, salt: 
     await rx.tell(`expect ${n}`, 'expecting');
     await new Promise((r) => setTimeout(r, 200));
     const list = entries(n, salt);
-    const cpu0 = cpuMsOf(tx.proc.pid) + cpuMsOf(rx.proc.pid);
+    const a0 = cpuMsOf(tx.proc.pid), b0 = cpuMsOf(rx.proc.pid);
     const t0 = Date.now();
     ConntrackHandle.with(`/run/netns/${a}`, (h) => h.insertMany(list));
     const done = await rx.line('applied', 120_000);
     const ms = (done ? Number(done.at) : Date.now()) - t0;
-    const cpuMs = cpuMsOf(tx.proc.pid) + cpuMsOf(rx.proc.pid) - cpu0;
+    const cpuSplitMs: [number, number] = [cpuMsOf(tx.proc.pid) - a0, cpuMsOf(rx.proc.pid) - b0];
+    const cpuMs = cpuSplitMs[0] + cpuSplitMs[1];
     const complete = !!done && (into === 'memory' || kernelCount(b) >= n + WARMUP);
-    return { entries: n, ms, perSec: Math.round(n / (ms / 1000)), complete, cpuMs };
+    return { entries: n, ms, perSec: Math.round(n / (ms / 1000)), complete, cpuMs, cpuSplitMs };
   } finally {
     await tx?.stop();
     await rx.stop();
@@ -228,11 +231,13 @@ async function conntrackdRun(a: string, b: string, dir: string, n: number, salt:
     const list = entries(n, salt);
     const cpu = () => procs.reduce((sum, p) => sum + cpuMsOf(p.pid), 0);
     const cpu0 = cpu();
+    const a0 = cpuMsOf(procs[0].pid);
     const t0 = Date.now();
     ConntrackHandle.with(`/run/netns/${a}`, (h) => h.insertMany(list));
     const cached = await until(() => externalCount(b, confB) - base >= n, 120_000);
     const ms = Date.now() - t0;
     const cpuMs = cpu() - cpu0;
+    const cpuA = cpuMsOf(procs[0].pid) - a0;
     const cpu1 = cpu();
     const t1 = Date.now();
     execFileSync('nsenter', [`--net=/run/netns/${b}`, 'conntrackd', '-C', confB, '-c'], { stdio: 'ignore' });
@@ -240,7 +245,7 @@ async function conntrackdRun(a: string, b: string, dir: string, n: number, salt:
     const commitMs = Date.now() - t1;
     const commitCpuMs = cpu() - cpu1;
     const run = (t: number, complete: boolean): Run => ({ entries: n, ms: t, perSec: Math.round(n / (t / 1000)), complete });
-    return { cache: { ...run(ms, cached), cpuMs }, kernel: { ...run(ms + commitMs, cached && committed), cpuMs: cpuMs + commitCpuMs }, commitMs };
+    return { cache: { ...run(ms, cached), cpuMs, cpuSplitMs: [cpuA, cpuMs - cpuA] }, kernel: { ...run(ms + commitMs, cached && committed), cpuMs: cpuMs + commitCpuMs }, commitMs };
   } finally {
     for (const p of procs) p.kill('SIGTERM');
     await new Promise((r) => setTimeout(r, 300));
@@ -267,7 +272,7 @@ async function main() {
     const flush = () => {
       for (const ns of [a, b]) ConntrackHandle.with(`/run/netns/${ns}`, (h) => h.flush());
     };
-    const show = (r: Run) => `${r.ms} ms (${r.perSec}/s, CPU ${Math.round(r.cpuMs ?? NaN)} ms${r.complete ? '' : ', INCOMPLETE'})`;
+    const show = (r: Run) => `${r.ms} ms (${r.perSec}/s, CPU ${Math.round(r.cpuMs ?? NaN)} ms${r.cpuSplitMs ? ` = A ${r.cpuSplitMs[0]} + B ${r.cpuSplitMs[1]}` : ''}${r.complete ? '' : ', INCOMPLETE'})`;
     for (const size of SIZES) {
       const t: Array<{ tetherMemory: Run; tetherKernel: Run; conntrackdCache: Run; conntrackdKernel: Run; conntrackdCommitMs: number }> = [];
       for (let trial = 0; trial < TRIALS; trial++) {
