@@ -49,7 +49,12 @@ class TupleScratch {
 
 const orig = new TupleScratch();
 const reply = new TupleScratch();
-const out = Buffer.alloc(MAX_EVENT_BYTES);
+
+// Encoded entries are written straight into a slab and handed out as views of it: no allocation and
+// copy per event. A slab lives while any of its views is queued or in flight.
+const SLAB_BYTES = 256 << 10;
+let slab = Buffer.allocUnsafe(SLAB_BYTES);
+let slabOff = 0;
 
 function attrLen(buf: Buffer, o: number, end: number): number {
   const len = buf[o] | (buf[o + 1] << 8);
@@ -166,8 +171,13 @@ export function encodeEventPayload(type: ConntrackEventType, payload: Buffer, re
   if (!haveOrig || !haveReply) throw new CodecError('ctnetlink entry without original and reply tuples');
   if (replyDst && (reply.addrLen !== replyDst.length || !equalBytes(payload, reply.dst, replyDst, replyDst.length))) return undefined;
 
-  const buf = out;
-  let o = 0;
+  if (SLAB_BYTES - slabOff < MAX_EVENT_BYTES) {
+    slab = Buffer.allocUnsafe(SLAB_BYTES);
+    slabOff = 0;
+  }
+  const buf = slab;
+  const start = slabOff;
+  let o = start;
   buf[o++] = (timeout >= 0 ? E_TIMEOUT : 0) | (mark >= 0 ? E_MARK : 0) | (zone >= 0 ? E_ZONE : 0) | (tcp >= 0 ? E_TCP : 0) | (id >= 0 ? E_ID : 0);
   o = buf.writeUInt32BE(status >>> 0, o);
   const keyStart = o;
@@ -199,5 +209,6 @@ export function encodeEventPayload(type: ConntrackEventType, payload: Buffer, re
     if (p & P_FL_REPLY) o = buf.writeUInt16BE(flR, o);
   }
   if (id >= 0) o = buf.writeUInt32BE(id, o);
-  return { type, key: buf.toString('latin1', keyStart, keyEnd), bytes: Buffer.from(buf.subarray(0, o)) };
+  slabOff = (o + 7) & ~7;
+  return { type, key: buf.toString('latin1', keyStart, keyEnd), bytes: buf.subarray(start, o) };
 }
