@@ -32,7 +32,7 @@ function familyByte(family: 0 | 4 | 6): number {
 /** struct nfgenmsg; family 0 (AF_UNSPEC) means "all families" in dumps and flushes. */
 export function nfgenmsg(family: 0 | 4 | 6 = 0): Buffer {
   const b = Buffer.alloc(NFGENMSG_LEN);
-  b.writeUInt8(family === 4 ? AF_INET : family === 6 ? AF_INET6 : 0, 0);
+  b.writeUInt8(familyByte(family), 0);
   b.writeUInt8(NFNETLINK_V0, 1);
   return b;
 }

@@ -35,8 +35,6 @@ export interface TableOp {
   entry: ConntrackEntry;
   /** update: status bits the existing entry has, which an update may not clear (SEEN_REPLY, ASSURED). */
   keepStatus?: number;
-  /** Set on the second try of an op (internal). */
-  retried?: boolean;
 }
 
 export interface ApplyResult {
@@ -60,15 +58,17 @@ function sameTuple(a: CtTuple, b: CtTuple): boolean {
 const CT_NEW = ctMsgType(IPCTNL_MSG.CT_NEW);
 const CT_DELETE = ctMsgType(IPCTNL_MSG.CT_DELETE);
 
+function writeCreateMsg(w: Writer, e: ConntrackEntry): { type: number; flags: number } {
+  writeCreate(w, e);
+  return { type: CT_NEW, flags: NLM_F_CREATE | NLM_F_EXCL };
+}
+
 function writeOp(w: Writer, op: TableOp): { type: number; flags: number } {
   if (op.kind === 'delete') {
     writeLookup(w, op.entry.orig, op.entry.zone);
     return { type: CT_DELETE, flags: 0 };
   }
-  if (op.kind === 'create') {
-    writeCreate(w, op.entry);
-    return { type: CT_NEW, flags: NLM_F_CREATE | NLM_F_EXCL };
-  }
+  if (op.kind === 'create') return writeCreateMsg(w, op.entry);
   writeUpdate(w, op.entry, op.keepStatus ?? 0);
   return { type: CT_NEW, flags: 0 };
 }
@@ -162,10 +162,7 @@ export class ConntrackHandle {
     const res: InsertManyResult = { created: 0, updated: 0, failed: [] };
     for (let i = 0; i < entries.length; i += this.batchSize) {
       const chunk = entries.slice(i, i + this.batchSize);
-      const results = this.socket.batchWrite(chunk, (w, e) => {
-        writeCreate(w, e);
-        return { type: CT_NEW, flags: NLM_F_CREATE | NLM_F_EXCL };
-      }, `IPCTNL_MSG_CT_NEW batch of ${chunk.length}`);
+      const results = this.socket.batchWrite(chunk, writeCreateMsg, `IPCTNL_MSG_CT_NEW batch of ${chunk.length}`);
       results.forEach((r, j) => {
         const entry = chunk[j];
         if (r === 0) { res.created++; return; }
@@ -192,9 +189,9 @@ export class ConntrackHandle {
   applyOps(ops: readonly TableOp[]): ApplyResult {
     const res: ApplyResult = { created: 0, updated: 0, deleted: 0, failed: [] };
     for (let i = 0; i < ops.length; i += this.batchSize) {
-      const first = this.runBatch(ops.slice(i, i + this.batchSize), res);
-      const second = first.retry.length ? this.runBatch(first.retry, res) : { retry: [], replace: [] };
-      for (const op of [...first.replace, ...second.retry, ...second.replace]) {
+      const first = this.runBatch(ops.slice(i, i + this.batchSize), res, false);
+      const second = first.retry.length ? this.runBatch(first.retry, res, true).replace : [];
+      for (const op of [...first.replace, ...second]) {
         try {
           this.replace(op.entry);
           res.updated++;
@@ -233,8 +230,11 @@ export class ConntrackHandle {
     return ops;
   }
 
-  /** One batch. `retry`: creates that met an entry (as updates), updates that met none (as creates); `replace`: the rest that failed. */
-  private runBatch(ops: readonly TableOp[], res: ApplyResult): { retry: TableOp[]; replace: TableOp[] } {
+  /**
+   * One batch. `retry`: creates that met an entry (as updates), updates that met none (as creates), only
+   * on the first try; `replace`: the rest that failed.
+   */
+  private runBatch(ops: readonly TableOp[], res: ApplyResult, secondTry: boolean): { retry: TableOp[]; replace: TableOp[] } {
     const out = { retry: [] as TableOp[], replace: [] as TableOp[] };
     this.socket.batchWrite(ops, writeOp, `ctnetlink batch of ${ops.length}`).forEach((r, j) => {
       const op = ops[j];
@@ -242,10 +242,10 @@ export class ConntrackHandle {
         res[op.kind === 'delete' ? 'deleted' : op.kind === 'create' ? 'created' : 'updated']++;
       } else if (op.kind === 'delete') {
         if (r.errno !== ENOENT) res.failed.push({ op, error: new NetlinkError(opName(IPCTNL_MSG.CT_DELETE, op.entry.orig), r.errno, r.extAck) });
-      } else if (op.kind === 'create' && r.errno === EEXIST && !op.retried) {
-        out.retry.push({ kind: 'update', entry: op.entry, keepStatus: op.keepStatus, retried: true });
-      } else if (op.kind === 'update' && r.errno === ENOENT && !op.retried) {
-        out.retry.push({ kind: 'create', entry: op.entry, retried: true });
+      } else if (op.kind === 'create' && r.errno === EEXIST && !secondTry) {
+        out.retry.push({ kind: 'update', entry: op.entry, keepStatus: op.keepStatus });
+      } else if (op.kind === 'update' && r.errno === ENOENT && !secondTry) {
+        out.retry.push({ kind: 'create', entry: op.entry });
       } else {
         out.replace.push(op);
       }
