@@ -16,12 +16,12 @@ export class CodecError extends Error {
 const EV_TYPES: ConntrackEventType[] = ['new', 'update', 'destroy'];
 const EV_CODE: Record<ConntrackEventType, number> = { new: 0, update: 1, destroy: 2 };
 
-// Entry option bits.
-const E_TIMEOUT = 1, E_MARK = 2, E_ZONE = 4, E_TCP = 8, E_ID = 16;
+// Entry option bits (exported for event-transcode.ts, which writes the same format).
+export const E_TIMEOUT = 1, E_MARK = 2, E_ZONE = 4, E_TCP = 8, E_ID = 16;
 // Tuple bits.
-const T_V6 = 1, T_SPORT = 2, T_DPORT = 4, T_ICMP_ID = 8, T_ICMP_TYPE = 16, T_ICMP_CODE = 32;
+export const T_V6 = 1, T_SPORT = 2, T_DPORT = 4, T_ICMP_ID = 8, T_ICMP_TYPE = 16, T_ICMP_CODE = 32;
 // TCP info bits.
-const P_WS_ORIG = 1, P_WS_REPLY = 2, P_FL_ORIG = 4, P_FL_REPLY = 8;
+export const P_WS_ORIG = 1, P_WS_REPLY = 2, P_FL_ORIG = 4, P_FL_REPLY = 8;
 
 function u16(buf: Buffer, o: number, v: number): number {
   buf[o] = v >>> 8;

@@ -3,27 +3,16 @@
 // CPU, garbage collection included). The bytes are exactly writeEntry(decodeEntry(payload)); a test
 // holds the two paths to that. Events whose reply does not go to the stream's floating address are
 // skipped before anything is written.
+import { CTA, CTA_IP, CTA_PROTO, CTA_PROTOINFO_TCP, CTA_PROTOINFO_TCP_ATTR as TCPA, CTA_TUPLE, NFGENMSG_LEN } from '../conntrack/constants';
 import type { ConntrackEventType } from '../conntrack/types';
-import { CodecError, MAX_EVENT_BYTES, type EncodedEvent } from './entry-codec';
+import { attrLen, attrType } from '../conntrack/wire';
+import { AF_INET6 } from '../netlink/constants';
+import {
+  CodecError, E_ID, E_MARK, E_TCP, E_TIMEOUT, E_ZONE, MAX_EVENT_BYTES, P_FL_ORIG, P_FL_REPLY, P_WS_ORIG, P_WS_REPLY, T_DPORT,
+  T_ICMP_CODE, T_ICMP_ID, T_ICMP_TYPE, T_SPORT, T_V6, type EncodedEvent,
+} from './entry-codec';
 
 export type { EncodedEvent };
-
-// ctnetlink attribute numbers (linux/netfilter/nfnetlink_conntrack.h), as in ../conntrack/constants.
-const CTA_TUPLE_ORIG = 1, CTA_TUPLE_REPLY = 2, CTA_STATUS = 3, CTA_PROTOINFO = 4, CTA_TIMEOUT = 7, CTA_MARK = 8, CTA_ID = 12, CTA_ZONE = 18;
-const CTA_TUPLE_IP = 1, CTA_TUPLE_PROTO = 2;
-const CTA_IP_V4_SRC = 1, CTA_IP_V4_DST = 2, CTA_IP_V6_SRC = 3, CTA_IP_V6_DST = 4;
-const CTA_PROTO_NUM = 1, CTA_PROTO_SRC_PORT = 2, CTA_PROTO_DST_PORT = 3;
-const CTA_PROTO_ICMP_ID = 4, CTA_PROTO_ICMP_TYPE = 5, CTA_PROTO_ICMP_CODE = 6;
-const CTA_PROTO_ICMPV6_ID = 7, CTA_PROTO_ICMPV6_TYPE = 8, CTA_PROTO_ICMPV6_CODE = 9;
-const CTA_PROTOINFO_TCP = 1;
-const TCPA_STATE = 1, TCPA_WSCALE_ORIGINAL = 2, TCPA_WSCALE_REPLY = 3, TCPA_FLAGS_ORIGINAL = 4, TCPA_FLAGS_REPLY = 5;
-const NFGENMSG_LEN = 4;
-const NLA_TYPE_MASK = 0x3fff;
-
-// Wire bits, as in entry-codec.ts.
-const E_TIMEOUT = 1, E_MARK = 2, E_ZONE = 4, E_TCP = 8, E_ID = 16;
-const T_V6 = 1, T_SPORT = 2, T_DPORT = 4, T_ICMP_ID = 8, T_ICMP_TYPE = 16, T_ICMP_CODE = 32;
-const P_WS_ORIG = 1, P_WS_REPLY = 2, P_FL_ORIG = 4, P_FL_REPLY = 8;
 
 /** One tuple, as offsets into the payload and numbers: nothing allocated per event. */
 class TupleScratch {
@@ -56,16 +45,6 @@ const SLAB_BYTES = 256 << 10;
 let slab = Buffer.allocUnsafe(SLAB_BYTES);
 let slabOff = 0;
 
-function attrLen(buf: Buffer, o: number, end: number): number {
-  const len = buf[o] | (buf[o + 1] << 8);
-  if (len < 4 || o + len > end) throw new CodecError(`malformed ctnetlink attribute: length ${len} at offset ${o}`);
-  return len;
-}
-
-function attrType(buf: Buffer, o: number): number {
-  return (buf[o + 2] | (buf[o + 3] << 8)) & NLA_TYPE_MASK;
-}
-
 function readTuple(buf: Buffer, start: number, end: number, t: TupleScratch, family: 4 | 6): void {
   t.reset();
   t.addrLen = family === 6 ? 16 : 4;
@@ -75,21 +54,21 @@ function readTuple(buf: Buffer, start: number, end: number, t: TupleScratch, fam
     const type = attrType(buf, o);
     const a = o + 4, aEnd = o + len;
     o += (len + 3) & ~3;
-    if (type === CTA_TUPLE_IP) {
+    if (type === CTA_TUPLE.IP) {
       for (let p = a; p + 4 <= aEnd; ) {
         const l = attrLen(buf, p, aEnd);
         const ty = attrType(buf, p);
         const b = p + 4, bl = l - 4;
         p += (l + 3) & ~3;
-        if (ty === CTA_IP_V4_SRC || ty === CTA_IP_V6_SRC) t.src = b;
-        else if (ty === CTA_IP_V4_DST || ty === CTA_IP_V6_DST) t.dst = b;
+        if (ty === CTA_IP.V4_SRC || ty === CTA_IP.V6_SRC) t.src = b;
+        else if (ty === CTA_IP.V4_DST || ty === CTA_IP.V6_DST) t.dst = b;
         else continue;
         if (bl !== 4 && bl !== 16) throw new CodecError(`address of ${bl} bytes`);
         if (seen && bl !== t.addrLen) throw new CodecError('tuple mixes IPv4 and IPv6 addresses');
         t.addrLen = bl;
         seen = true;
       }
-    } else if (type === CTA_TUPLE_PROTO) {
+    } else if (type === CTA_TUPLE.PROTO) {
       for (let p = a; p + 4 <= aEnd; ) {
         const l = attrLen(buf, p, aEnd);
         const ty = attrType(buf, p);
@@ -97,12 +76,12 @@ function readTuple(buf: Buffer, start: number, end: number, t: TupleScratch, fam
         p += (l + 3) & ~3;
         if (bl < 1) continue;
         switch (ty) {
-          case CTA_PROTO_NUM: t.proto = buf[b]; break;
-          case CTA_PROTO_SRC_PORT: if (bl >= 2) { t.sport = (buf[b] << 8) | buf[b + 1]; t.flags |= T_SPORT; } break;
-          case CTA_PROTO_DST_PORT: if (bl >= 2) { t.dport = (buf[b] << 8) | buf[b + 1]; t.flags |= T_DPORT; } break;
-          case CTA_PROTO_ICMP_ID: case CTA_PROTO_ICMPV6_ID: if (bl >= 2) { t.icmpId = (buf[b] << 8) | buf[b + 1]; t.flags |= T_ICMP_ID; } break;
-          case CTA_PROTO_ICMP_TYPE: case CTA_PROTO_ICMPV6_TYPE: t.icmpType = buf[b]; t.flags |= T_ICMP_TYPE; break;
-          case CTA_PROTO_ICMP_CODE: case CTA_PROTO_ICMPV6_CODE: t.icmpCode = buf[b]; t.flags |= T_ICMP_CODE; break;
+          case CTA_PROTO.NUM: t.proto = buf[b]; break;
+          case CTA_PROTO.SRC_PORT: if (bl >= 2) { t.sport = (buf[b] << 8) | buf[b + 1]; t.flags |= T_SPORT; } break;
+          case CTA_PROTO.DST_PORT: if (bl >= 2) { t.dport = (buf[b] << 8) | buf[b + 1]; t.flags |= T_DPORT; } break;
+          case CTA_PROTO.ICMP_ID: case CTA_PROTO.ICMPV6_ID: if (bl >= 2) { t.icmpId = (buf[b] << 8) | buf[b + 1]; t.flags |= T_ICMP_ID; } break;
+          case CTA_PROTO.ICMP_TYPE: case CTA_PROTO.ICMPV6_TYPE: t.icmpType = buf[b]; t.flags |= T_ICMP_TYPE; break;
+          case CTA_PROTO.ICMP_CODE: case CTA_PROTO.ICMPV6_CODE: t.icmpCode = buf[b]; t.flags |= T_ICMP_CODE; break;
         }
       }
     }
@@ -136,8 +115,17 @@ function equalBytes(a: Buffer, at: number, b: Buffer, len: number): boolean {
  * 16 address bytes) is given and the entry's reply goes elsewhere. Throws CodecError on a malformed payload.
  */
 export function encodeEventPayload(type: ConntrackEventType, payload: Buffer, replyDst?: Buffer): EncodedEvent | undefined {
+  try {
+    return encode(type, payload, replyDst);
+  } catch (e) {
+    // A malformed attribute (wire.ts) is reported as what callers of the sync codec catch.
+    throw e instanceof CodecError ? e : new CodecError((e as Error).message);
+  }
+}
+
+function encode(type: ConntrackEventType, payload: Buffer, replyDst?: Buffer): EncodedEvent | undefined {
   if (payload.length < NFGENMSG_LEN) throw new CodecError('ctnetlink message shorter than nfgenmsg');
-  const family: 4 | 6 = payload[0] === 10 ? 6 : 4;
+  const family: 4 | 6 = payload[0] === AF_INET6 ? 6 : 4;
   let haveOrig = false, haveReply = false;
   let status = 0, timeout = -1, mark = -1, zone = -1, id = -1;
   let tcp = -1; // offset of the last CTA_PROTOINFO_TCP nest's data
@@ -149,14 +137,14 @@ export function encodeEventPayload(type: ConntrackEventType, payload: Buffer, re
     const at = o + 4, l = len - 4;
     o += (len + 3) & ~3;
     switch (type) {
-      case CTA_TUPLE_ORIG: readTuple(payload, at, at + l, orig, family); haveOrig = true; break;
-      case CTA_TUPLE_REPLY: readTuple(payload, at, at + l, reply, family); haveReply = true; break;
-      case CTA_STATUS: if (l >= 4) status = payload.readUInt32BE(at); break;
-      case CTA_TIMEOUT: if (l >= 4) timeout = payload.readUInt32BE(at); break;
-      case CTA_MARK: if (l >= 4) mark = payload.readUInt32BE(at); break;
-      case CTA_ZONE: if (l >= 2) zone = payload.readUInt16BE(at); break;
-      case CTA_ID: if (l >= 4) id = payload.readUInt32BE(at); break;
-      case CTA_PROTOINFO:
+      case CTA.TUPLE_ORIG: readTuple(payload, at, at + l, orig, family); haveOrig = true; break;
+      case CTA.TUPLE_REPLY: readTuple(payload, at, at + l, reply, family); haveReply = true; break;
+      case CTA.STATUS: if (l >= 4) status = payload.readUInt32BE(at); break;
+      case CTA.TIMEOUT: if (l >= 4) timeout = payload.readUInt32BE(at); break;
+      case CTA.MARK: if (l >= 4) mark = payload.readUInt32BE(at); break;
+      case CTA.ZONE: if (l >= 2) zone = payload.readUInt16BE(at); break;
+      case CTA.ID: if (l >= 4) id = payload.readUInt32BE(at); break;
+      case CTA.PROTOINFO:
         for (let p = at; p + 4 <= at + l; ) {
           const pl = attrLen(payload, p, at + l);
           if (attrType(payload, p) === CTA_PROTOINFO_TCP) {
@@ -195,11 +183,11 @@ export function encodeEventPayload(type: ConntrackEventType, payload: Buffer, re
       const b = q + 4;
       q += (ql + 3) & ~3;
       if (ql - 4 < 1) continue;
-      if (ty === TCPA_STATE) state = payload[b];
-      else if (ty === TCPA_WSCALE_ORIGINAL) { wsO = payload[b]; p |= P_WS_ORIG; }
-      else if (ty === TCPA_WSCALE_REPLY) { wsR = payload[b]; p |= P_WS_REPLY; }
-      else if (ty === TCPA_FLAGS_ORIGINAL) { flO = payload[b]; p |= P_FL_ORIG; }
-      else if (ty === TCPA_FLAGS_REPLY) { flR = payload[b]; p |= P_FL_REPLY; }
+      if (ty === TCPA.STATE) state = payload[b];
+      else if (ty === TCPA.WSCALE_ORIGINAL) { wsO = payload[b]; p |= P_WS_ORIG; }
+      else if (ty === TCPA.WSCALE_REPLY) { wsR = payload[b]; p |= P_WS_REPLY; }
+      else if (ty === TCPA.FLAGS_ORIGINAL) { flO = payload[b]; p |= P_FL_ORIG; }
+      else if (ty === TCPA.FLAGS_REPLY) { flR = payload[b]; p |= P_FL_REPLY; }
     }
     buf[o++] = state;
     buf[o++] = p;

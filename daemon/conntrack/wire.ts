@@ -127,13 +127,24 @@ export class Writer {
   }
 }
 
+/** Length (header included) of the attribute at buf[o], o + 4 <= end; throws when it does not fit in [o, end). */
+export function attrLen(buf: Buffer, o: number, end: number): number {
+  const len = buf[o] | (buf[o + 1] << 8);
+  if (len < 4 || o + len > end) throw new Error(`malformed ctnetlink attribute: length ${len} at offset ${o}`);
+  return len;
+}
+
+/** Type of the attribute at buf[o], flags masked off. */
+export function attrType(buf: Buffer, o: number): number {
+  return (buf[o + 2] | (buf[o + 3] << 8)) & NLA_TYPE_MASK;
+}
+
 /** Calls fn(type, dataOffset, dataLength) for each attribute in buf[start, end); throws on a bad length. */
 export function eachAttr(buf: Buffer, start: number, end: number, fn: (type: number, at: number, len: number) => void): void {
   let o = start;
   while (o + 4 <= end) {
-    const len = buf.readUInt16LE(o);
-    if (len < 4 || o + len > end) throw new Error(`malformed ctnetlink attribute: length ${len} at offset ${o}`);
-    fn(buf.readUInt16LE(o + 2) & NLA_TYPE_MASK, o + 4, len - 4);
+    const len = attrLen(buf, o, end);
+    fn(attrType(buf, o), o + 4, len - 4);
     o += (len + 3) & ~3;
   }
 }
