@@ -28,7 +28,6 @@ export interface ConntrackEventsOptions {
 
 /** What the reader worker posts. */
 export type ReaderMessage =
-  | { kind: 'data'; bytes: Uint8Array }
   /** Datagrams are waiting in the ring. */
   | { kind: 'wake' }
   | { kind: 'overrun'; overruns: number }
@@ -82,8 +81,8 @@ export class ConntrackEvents extends EventEmitter {
   /** Events delivered so far (all types). */
   received = 0;
 
-  /** Wraps a reader; open() is the production entry point, tests pass a fake (and a ring, or 'data' messages). */
-  constructor(reader: Reader, onExit: () => void = () => {}, private readonly ring?: Ring) {
+  /** Wraps a reader and the ring it fills; open() is the production entry point, tests pass a fake reader. */
+  constructor(reader: Reader, onExit: () => void, private readonly ring: Ring) {
     super();
     this.reader = reader;
     this.exited = new Promise((resolve) => {
@@ -134,8 +133,7 @@ export class ConntrackEvents extends EventEmitter {
       this.emit('error', new Error(`conntrack event socket failed: ${m.message}`));
       return;
     }
-    if (m.kind === 'wake') return this.drain();
-    this.onDatagram(Buffer.from(m.bytes.buffer, m.bytes.byteOffset, m.bytes.length));
+    this.drain();
   }
 
   /**
@@ -144,7 +142,7 @@ export class ConntrackEvents extends EventEmitter {
    * waiting in memory at once (which made garbage collection a large share of the work).
    */
   private drain(): void {
-    if (!this.ring || this.closing) return;
+    if (this.closing) return;
     const { more } = ringDrain(this.ring, (d) => this.onDatagram(d), DRAIN_SLICE);
     if (more && !this.drainScheduled) {
       this.drainScheduled = true;

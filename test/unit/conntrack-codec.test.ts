@@ -12,7 +12,8 @@ import { ConntrackEvents, eventTypeOf, type Reader, type ReaderMessage } from '.
 import { Attrs, decodeMessages, encodeMessage } from '../../daemon/netlink/codec';
 import { NLM_F_CREATE, NLM_F_EXCL, NLMSG_ERROR, NLM_F_ACK } from '../../daemon/netlink/constants';
 import type { NetlinkTransport } from '../../daemon/netlink/socket';
-import { KERNEL_TCP_SNAT, KERNEL_UDP6_SNAT, kernelShape, tcpSnat } from './ctnetlink-fixtures';
+import { KERNEL_TCP_SNAT, KERNEL_UDP6_SNAT, kernelShape, ringPut, tcpSnat } from './ctnetlink-fixtures';
+import { createRing } from '../../daemon/conntrack/event-ring';
 
 test('decodes captured kernel messages: IPv4 TCP with SNAT and protoinfo, IPv6 UDP with SNAT', () => {
   const e = decodeEntry(Buffer.from(KERNEL_TCP_SNAT, 'hex'));
@@ -135,7 +136,9 @@ test('a batch asks one ack and matches each error reply to its message; stale re
   assert.throws(() => new CtnlSocket({ ...t, send() {} }, 9).batch([msg], 'IPCTNL_MSG_CT_NEW batch of 1'), /IPCTNL_MSG_CT_NEW batch of 1: no answer/);
 });
 
+/** The worker's side, as the real reader does it: datagrams into the shared ring, a wake-up when due. */
 class FakeReader extends EventEmitter implements Reader {
+  readonly ring = createRing(64 << 10);
   stopped = 0;
   stop(): void {
     this.stopped++;
@@ -143,6 +146,9 @@ class FakeReader extends EventEmitter implements Reader {
   }
   post(m: ReaderMessage): void {
     this.emit('message', m);
+  }
+  datagram(bytes: Uint8Array): void {
+    if (ringPut(this.ring.ctrl, this.ring.data, bytes, bytes.length) === 'woke') this.post({ kind: 'wake' });
   }
 }
 
@@ -155,20 +161,20 @@ function eventDatagram(type: 'new' | 'update' | 'destroy', e: ConntrackEntry): U
 test('events: datagrams become typed events; ENOBUFS and undecodable data are overruns; close waits for the reader', async () => {
   const r = new FakeReader();
   let closedFd = 0;
-  const ev = new ConntrackEvents(r, () => closedFd++);
+  const ev = new ConntrackEvents(r, () => closedFd++, r.ring);
   const seen: ConntrackEvent[] = [];
   const overruns: Array<{ overruns: number; reason: string }> = [];
   ev.on('event', (e) => seen.push(e));
   ev.on('overrun', (o) => overruns.push(o));
   const plain = { ...tcpSnat, tcp: { state: 3, wscaleOrig: 7, wscaleReply: 7, flagsOrig: 3, flagsReply: 3 } };
   const two = Buffer.concat([eventDatagram('new', plain), eventDatagram('update', plain)]);
-  r.post({ kind: 'data', bytes: new Uint8Array(two) });
-  r.post({ kind: 'data', bytes: eventDatagram('destroy', plain) });
+  r.datagram(new Uint8Array(two));
+  r.datagram(eventDatagram('destroy', plain));
   assert.equal(seen.map((e) => e.type), ['new', 'update', 'destroy']);
   assert.equal(seen[0].entry, plain);
   r.post({ kind: 'overrun', overruns: 1 });
-  r.post({ kind: 'data', bytes: new Uint8Array([1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17]) });
-  r.post({ kind: 'data', bytes: new Uint8Array(encodeMessage({ type: ctMsgType(0), flags: NLM_F_CREATE, seq: 0, pid: 0 }, [nfgenmsg(4)])) });
+  r.datagram(new Uint8Array([1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17]));
+  r.datagram(new Uint8Array(encodeMessage({ type: ctMsgType(0), flags: NLM_F_CREATE, seq: 0, pid: 0 }, [nfgenmsg(4)])));
   assert.is(overruns.length, 3);
   assert.match(overruns[0].reason, /ENOBUFS/);
   assert.match(overruns[1].reason, /undecodable event datagram/);
@@ -181,7 +187,7 @@ test('events: datagrams become typed events; ENOBUFS and undecodable data are ov
   await ev.close();
   await ev.close();
   assert.is(closedFd, 1);
-  r.post({ kind: 'data', bytes: eventDatagram('new', plain) });
+  r.datagram(eventDatagram('new', plain));
   assert.is(seen.length, 3, 'nothing is delivered after close');
 });
 

@@ -1,9 +1,10 @@
-// Shared by the ctnetlink codec and sync transcoding tests (no tests here): payloads captured from the
-// kernel, and kernel-shaped payloads built from an entry (attributes in the order and form a kernel event
-// or dump carries them).
+// Shared by the ctnetlink codec, event ring and sync transcoding tests (no tests here): payloads captured
+// from the kernel, kernel-shaped payloads built from an entry (attributes in the order and form a kernel
+// event or dump carries them), and the event reader's ring producer.
 import { IPS, type ConntrackEntry } from '../../daemon/conntrack';
 import { nfgenmsg, writeTuple } from '../../daemon/conntrack/codec';
 import { CTA, CTA_PROTOINFO_TCP } from '../../daemon/conntrack/constants';
+import { RING_PRODUCER_SOURCE } from '../../daemon/conntrack/event-ring';
 import { Writer } from '../../daemon/conntrack/wire';
 
 // IPCTNL_MSG_CT_NEW payloads from a dump on kernel 6.18 (after inserting these entries with ConntrackHandle).
@@ -41,3 +42,6 @@ export function kernelShape(e: ConntrackEntry): Buffer {
   }
   return w.take();
 }
+
+/** The event reader worker's ringPut, from the very source text the worker runs. */
+export const ringPut = new Function(`${RING_PRODUCER_SOURCE}; return ringPut;`)() as (ctrl: Int32Array, data: Uint8Array, bytes: Uint8Array, n: number) => 'woke' | 'ok' | 'full';

@@ -2,10 +2,8 @@
 // the very source text the worker runs. Order, content, wrap-around, full, and wake-up accounting.
 import { test } from 'uvu';
 import * as assert from 'uvu/assert';
-import { createRing, RING_PRODUCER_SOURCE, ringDrain, WAKE, type Ring } from '../../daemon/conntrack/event-ring';
-
-type Put = (ctrl: Int32Array, data: Uint8Array, bytes: Uint8Array, n: number) => 'woke' | 'ok' | 'full';
-const ringPut = new Function(`${RING_PRODUCER_SOURCE}; return ringPut;`)() as Put;
+import { createRing, ringDrain, WAKE, type Ring } from '../../daemon/conntrack/event-ring';
+import { ringPut } from './ctnetlink-fixtures';
 
 function datagram(i: number, len: number): Buffer {
   const b = Buffer.alloc(len);
