@@ -6,6 +6,7 @@ import { Writable } from 'node:stream';
 import { entryKey, IPS, type ConntrackEntry, type ConntrackEvent } from '../../daemon/conntrack/types';
 import { log, makeLogger, setLogger, type Logger } from '../../daemon/log';
 import { SyncReceiver, type SyncReceiverOptions } from '../../daemon/conntrack-sync';
+import { sleep, waitFor as pollFor } from '../lib/wait';
 
 export const KEY = randomBytes(32);
 
@@ -105,16 +106,12 @@ export function canonical(v: unknown): string {
   return JSON.stringify(v, (_k, x) => (x && typeof x === 'object' && !Array.isArray(x) ? Object.fromEntries(Object.entries(x).sort(([a], [b]) => (a < b ? -1 : 1))) : x));
 }
 
-export async function waitFor(cond: () => boolean, what: string, timeoutMs = 5000): Promise<number> {
-  const t0 = Date.now();
-  while (!cond()) {
-    if (Date.now() - t0 > timeoutMs) throw new Error(`timed out after ${timeoutMs} ms waiting for ${what}`);
-    await sleep(2);
-  }
-  return Date.now() - t0;
+/** test/lib/wait's waitFor, polling every 2 ms: these tests time sub-second protocol behaviour. */
+export function waitFor(cond: () => boolean, what: string, timeoutMs = 5000): Promise<number> {
+  return pollFor(cond, what, { timeoutMs, intervalMs: 2 });
 }
 
-export const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
+export { sleep };
 
 /** A whole frame as seen on the wire by the proxy. */
 export interface WireFrame {
