@@ -26,6 +26,9 @@ async function run(): Promise<number> {
 run().then(
   (code) => {
     process.exitCode = code;
+    // tetherd's main() returns only once everything it started was stopped (or failed to start): exit
+    // now, so a connection or timer some library keeps (a Redis client reconnecting) cannot keep it alive.
+    if (calledAs().name === 'tetherd') process.exit(code);
   },
   (e) => {
     process.stderr.write(`${(e as Error).stack ?? e}\n`);

@@ -2,9 +2,12 @@
 // socket, state dir and bpffs pin dir. Pods it attached are recorded in the state dir and survive restarts.
 import * as fs from 'node:fs';
 import * as os from 'node:os';
+import { isIP } from 'node:net';
 import { parseArgs } from 'node:util';
 import { DEFAULT_SOCKET_PATH, type CniParams } from './api/protocol';
-import { makeLogger, setLogger } from './log';
+import { makeLogger, setLogger, type Logger } from './log';
+import { endLogger, Lifecycle, StartError, stopSignal } from './lifecycle';
+import { InFlight } from './util/in-flight';
 import { ApiServer } from './server';
 import { PodStore } from './state/pod-store';
 import { AttachService } from './pod/attach-service';
@@ -17,7 +20,7 @@ import { MAINTAIN_EVERY_MS, PodAllocator } from '../ipam/pod-allocator';
 import { LazyStore } from '../ipam/store/lazy-store';
 import { parseRedisUrl, RedisStore } from '../ipam/store/redis-store';
 import { EgressController, requireClusterKey } from './egress/egress-controller';
-import { validateEgress } from './egress/egress-spec';
+import { validateEgress, type ResolvedEgress } from './egress/egress-spec';
 import { OwnershipStore } from './egress/ownership-store';
 
 const VERSION = '0.1.0';
@@ -71,30 +74,110 @@ export async function main(argv: string[]): Promise<number> {
   const nodeName = opts['node-name'] ?? process.env.NODE_NAME ?? os.hostname();
   const logger = makeLogger({ level: opts['log-level'], node: nodeName });
   setLogger(logger);
+  const stop = stopSignal();
+  const life = new Lifecycle(logger);
+  let code = 0;
+  try {
+    await start(opts as Options, nodeName, logger, life);
+    const signal = await stop.signal;
+    logger.info('tetherd stopping', { signal });
+    await life.stopAll();
+    logger.info('tetherd stopped', { signal });
+  } catch (e) {
+    code = e instanceof StartError ? e.exitCode : 1;
+    logger.error('tetherd: start failed', { error: (e as Error).message, ...(e instanceof StartError ? {} : { stack: (e as Error).stack }) });
+    await life.stopAll();
+  } finally {
+    stop.dispose();
+  }
+  await endLogger(logger);
+  return code;
+}
 
+type Options = {
+  socket: string;
+  'state-dir': string;
+  'bpf-pin-dir': string;
+  config?: string;
+  redis?: string;
+  'redis-prefix': string;
+  'node-address'?: string;
+  uplink: string;
+  'cluster-key-file'?: string;
+  'fou-port': string;
+  'sync-port': string;
+  'no-conntrack-sync': boolean;
+};
+
+function portOption(name: string, raw: string): number {
+  const n = Number(raw);
+  if (!/^[0-9]+$/.test(raw) || n < 1 || n > 65535) throw new StartError(2, `--${name}: ${JSON.stringify(raw)} is not a port number (1-65535)`);
+  return n;
+}
+
+/** An address tetherd binds BFD and sync to must be one of this node's (namespace's) own. */
+function requireLocalAddress(addr: string): void {
+  if (!isIP(addr)) throw new StartError(2, `--node-address: ${JSON.stringify(addr)} is not an IP address`);
+  const local = Object.values(os.networkInterfaces()).flatMap((l) => (l ?? []).map((a) => a.address));
+  if (!local.includes(addr)) throw new StartError(2, `--node-address: ${addr} is not an address of any local interface (have: ${local.join(', ') || 'none'})`);
+}
+
+/** Starts every part in order, registering each one's stop with `life` as soon as it runs. */
+async function start(opts: Options, nodeName: string, logger: Logger, life: Lifecycle): Promise<void> {
   let config: ConfigObjects = { pools: [], nodes: {}, others: [] };
   try {
     if (opts.config) config = loadConfig(opts.config);
   } catch (e) {
-    logger.error('config rejected', { error: (e as Error).message });
-    return 2;
+    throw new StartError(2, `config rejected: ${(e as Error).message}`);
   }
+  const fouPort = portOption('fou-port', opts['fou-port']);
+  const syncPort = portOption('sync-port', opts['sync-port']);
   const nodeConfig = config.nodes[nodeName] ?? { labels: {} };
+  const egressObjects = config.others.filter((o) => o.kind === 'Egress');
+  let egressSetup: { resolved: ResolvedEgress[]; clusterKey: Buffer; nodeAddress: string } | undefined;
+  if (opts.redis) {
+    try {
+      parseRedisUrl(opts.redis);
+    } catch (e) {
+      throw new StartError(2, `--redis rejected: ${(e as Error).message}`);
+    }
+  }
+  if (egressObjects.length) {
+    try {
+      const resolved = egressObjects.map((o) => validateEgress(o, { pools: config.pools }));
+      if (!opts.redis) throw new TetherError(ErrorCode.InvalidConfig, 'Egress objects need the cluster store: start tetherd with --redis');
+      if (!opts['node-address']) throw new TetherError(ErrorCode.InvalidConfig, 'Egress objects need --node-address');
+      let keyText: string | undefined;
+      if (opts['cluster-key-file']) {
+        try {
+          keyText = fs.readFileSync(opts['cluster-key-file'], 'utf8');
+        } catch (e) {
+          throw new TetherError(ErrorCode.InvalidConfig, `--cluster-key-file: cannot read ${opts['cluster-key-file']}: ${(e as NodeJS.ErrnoException).code ?? (e as Error).message}`);
+        }
+      }
+      egressSetup = { resolved, clusterKey: requireClusterKey(keyText), nodeAddress: opts['node-address'] };
+    } catch (e) {
+      throw new StartError(2, `egress configuration rejected: ${(e as Error).message}`);
+    }
+    requireLocalAddress(egressSetup.nodeAddress);
+  }
+
   let store: LazyStore | undefined;
   if (opts.redis) {
     const url = opts.redis;
     const keyPrefix = opts['redis-prefix'];
-    try {
-      parseRedisUrl(url);
-    } catch (e) {
-      logger.error('--redis rejected', { error: (e as Error).message });
-      return 2;
-    }
     store = new LazyStore(() => RedisStore.connect(url, { keyPrefix }));
+    const s = store;
+    life.started('cluster store', () => s.close());
     if (!(await store.warmUp())) logger.warn('cluster store not reachable yet; will retry on use', { redis: parseRedisUrl(url).where });
   }
-  const stateDir = opts['state-dir'] as string;
-  fs.mkdirSync(stateDir, { recursive: true, mode: 0o700 });
+  const stateDir = opts['state-dir'];
+  try {
+    fs.mkdirSync(stateDir, { recursive: true, mode: 0o700 });
+    fs.accessSync(stateDir, fs.constants.W_OK);
+  } catch (e) {
+    throw new StartError(1, `--state-dir ${stateDir}: ${(e as NodeJS.ErrnoException).code ?? (e as Error).message}`);
+  }
   const podStore = new PodStore(stateDir);
   const { loaded, broken } = podStore.load();
   for (const b of broken) logger.error('state: unreadable pod record set aside', { file: b });
@@ -104,36 +187,41 @@ export async function main(argv: string[]): Promise<number> {
   await pods.start();
   const addresses = new ClusterAddresses(config.pools, store, logger);
   const ipam = new IpamService(pods, logger);
-  let egress: EgressController | undefined;
-  let ownership: OwnershipStore | undefined;
-  const egressObjects = config.others.filter((o) => o.kind === 'Egress');
-  if (egressObjects.length) {
-    try {
-      const resolved = egressObjects.map((o) => validateEgress(o, { pools: config.pools }));
-      if (!opts.redis) throw new TetherError(ErrorCode.InvalidConfig, 'Egress objects need the cluster store: start tetherd with --redis');
-      if (!opts['node-address']) throw new TetherError(ErrorCode.InvalidConfig, 'Egress objects need --node-address');
-      const clusterKey = requireClusterKey(opts['cluster-key-file'] ? fs.readFileSync(opts['cluster-key-file'], 'utf8') : undefined);
-      ownership = await OwnershipStore.connect(opts.redis, { keyPrefix: opts['redis-prefix'] });
-      egress = new EgressController({
-        node: { name: nodeName, zone: nodeConfig.zone, address: opts['node-address'], uplink: opts.uplink as string },
-        pinDir: opts['bpf-pin-dir'] as string,
-        fouPort: Number(opts['fou-port']),
-        syncPort: Number(opts['sync-port']),
-        clusterKey,
-        egresses: resolved,
-        ownership,
-        addresses,
-        attach,
-        logger,
-        conntrackSync: !opts['no-conntrack-sync'],
-      });
-    } catch (e) {
-      logger.error('egress configuration rejected', { error: (e as Error).message });
-      return 2;
-    }
-  }
-  const maintain = setInterval(() => void pods.maintain().catch((e) => logger.warn('ipam: maintenance failed', { error: (e as Error).message })), MAINTAIN_EVERY_MS);
+  // IPAM maintenance (returning empty blocks) is awaited on stop, not cut off mid-write.
+  const maintenance = new InFlight();
+  const maintain = setInterval(
+    () => void maintenance.run(() => pods.maintain()).catch((e) => logger.warn('ipam: maintenance failed', { error: (e as Error).message })),
+    MAINTAIN_EVERY_MS,
+  );
   maintain.unref();
+  life.started('ipam maintenance', async () => {
+    clearInterval(maintain);
+    await maintenance.close(5000);
+  });
+
+  let egress: EgressController | undefined;
+  if (egressSetup) {
+    let ownership: OwnershipStore;
+    try {
+      ownership = await OwnershipStore.connect(opts.redis!, { keyPrefix: opts['redis-prefix'] });
+    } catch (e) {
+      throw new StartError(1, `egress: ${(e as Error).message}`);
+    }
+    life.started('ownership store', () => ownership.close());
+    egress = new EgressController({
+      node: { name: nodeName, zone: nodeConfig.zone, address: egressSetup.nodeAddress, uplink: opts.uplink },
+      pinDir: opts['bpf-pin-dir'],
+      fouPort,
+      syncPort,
+      clusterKey: egressSetup.clusterKey,
+      egresses: egressSetup.resolved,
+      ownership,
+      addresses,
+      attach,
+      logger,
+      conntrackSync: !opts['no-conntrack-sync'],
+    });
+  }
   const started = Date.now();
 
   const asObject = <T>(p: unknown): T => {
@@ -148,7 +236,7 @@ export async function main(argv: string[]): Promise<number> {
     return c;
   };
   const server = new ApiServer(
-    opts.socket as string,
+    opts.socket,
     {
       ping: () => ({ pong: true, node: nodeName }),
       'cni.add': (p) => attach.add(asCni(p)),
@@ -188,39 +276,26 @@ export async function main(argv: string[]): Promise<number> {
     },
     logger,
   );
+  if (egress) {
+    // Stopped after the socket (a CNI ADD under way still finds its roles) and also when its own start
+    // fails half-way, so whatever it set up is undone.
+    const e = egress;
+    life.started('egress', () => e.stop(), 15_000);
+  }
   try {
     await server.listen();
   } catch (e) {
-    logger.error('cannot serve socket', { socket: opts.socket, error: (e as Error).message });
-    return 1;
+    throw new StartError(1, `cannot serve socket ${opts.socket}: ${(e as Error).message}`);
   }
+  // The socket stops first: requests under way (a CNI ADD) are answered and written before anything
+  // they use goes away; the runtime retries what arrives after.
+  life.started('socket API', () => server.close());
   if (egress) {
     try {
       await egress.start();
-    } catch (e) {
-      logger.error('egress controller failed to start', { error: (e as Error).message, stack: (e as Error).stack });
-      await server.close();
-      return 1;
+    } catch (err) {
+      throw new StartError(1, `egress controller failed to start: ${(err as Error).message}`, { cause: err });
     }
   }
   logger.info('tetherd started', { version: VERSION, socket: opts.socket, stateDir, bpfPinDir: opts['bpf-pin-dir'], podsRecorded: loaded });
-
-  return new Promise<number>((resolve) => {
-    const stop = (signal: string) => {
-      logger.info('tetherd stopping', { signal });
-      clearInterval(maintain);
-      void (async () => {
-        // Everything that may still log stops before the logger ends.
-        await egress?.stop().catch((e) => logger.warn('egress: stop failed', { error: (e as Error).message }));
-        await ownership?.close();
-        await server.close();
-        await store?.close();
-        logger.info('tetherd stopped', { signal });
-        logger.on('finish', () => resolve(0));
-        logger.end();
-      })();
-    };
-    process.once('SIGTERM', () => stop('SIGTERM'));
-    process.once('SIGINT', () => stop('SIGINT'));
-  });
 }

@@ -6,6 +6,7 @@ import * as net from 'node:net';
 import * as path from 'node:path';
 import { asTetherError, ErrorCode, TetherError } from './errors';
 import type { Logger } from './log';
+import { InFlight } from './util/in-flight';
 import { MAX_LINE_BYTES, PROTOCOL_VERSION, type Method, type Request, type Response } from './api/protocol';
 
 export type Handler = (params: unknown) => unknown | Promise<unknown>;
@@ -13,6 +14,8 @@ export type Handler = (params: unknown) => unknown | Promise<unknown>;
 export class ApiServer {
   private server?: net.Server;
   private readonly sockets = new Set<net.Socket>();
+  /** Requests being answered: close() lets them finish, so an ADD under way is completed and answered. */
+  private readonly answering = new InFlight();
 
   constructor(
     private readonly socketPath: string,
@@ -40,8 +43,10 @@ export class ApiServer {
     const server = this.server;
     if (!server) return;
     this.server = undefined;
+    const closed = new Promise<void>((resolve) => server.close(() => resolve()));
+    if (!(await this.answering.close(10_000))) this.logger.warn('api: requests still running at stop', { pending: this.answering.size });
     for (const s of this.sockets) s.end();
-    await new Promise<void>((resolve) => server.close(() => resolve()));
+    await closed;
     for (const s of this.sockets) s.destroy();
     try {
       fs.unlinkSync(this.socketPath);
@@ -63,7 +68,7 @@ export class ApiServer {
         const line = buf.slice(0, nl);
         buf = buf.slice(nl + 1);
         if (!line.trim()) continue;
-        chain = chain.then(() => this.answer(sock, line));
+        chain = chain.then(() => (this.answering.stopping ? this.refuse(sock, line) : this.answering.run(() => this.answer(sock, line)))).then(() => undefined);
       }
       if (buf.length > MAX_LINE_BYTES) {
         this.logger.warn('api: request line too long; closing connection', { bytes: buf.length });
@@ -71,6 +76,17 @@ export class ApiServer {
         buf = '';
       }
     });
+  }
+
+  /** A request that arrives while tetherd stops: the runtime retries it (CNI code 11) once tetherd is back. */
+  private refuse(sock: net.Socket, line: string): void {
+    let id = '';
+    try {
+      id = parseRequest(line).id;
+    } catch {
+      // answered without an id
+    }
+    if (!sock.destroyed) sock.write(JSON.stringify(errorResponse(id, new TetherError(ErrorCode.TryAgainLater, 'tetherd is stopping; try again'))) + '\n');
   }
 
   private async answer(sock: net.Socket, line: string): Promise<void> {

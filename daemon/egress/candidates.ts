@@ -1,12 +1,28 @@
 // Which gateway may own a floating address, in order: rendezvous hashing of (address, gateway pod) so
 // every tetherd computes the same list without talking, reordered so consecutive candidates sit on
-// different nodes (one node failing never takes out the first two). The first live candidate owns.
+// different nodes (one node failing never takes out the first two). A live owner keeps its address; when
+// it is gone, the first live candidate takes over, those the owner last reported in sync first.
 import { createHash } from 'node:crypto';
 import type { GatewayInfo, Ownership } from './ownership-store';
 
+/**
+ * The rendezvous score of a gateway pod for an address, as 16 hex digits (so strings compare like the
+ * numbers, in TypeScript and in the store's Lua alike). Two decisions with the same epoch are settled by it.
+ */
+export function scoreOf(address: string, pod: string): string {
+  return createHash('sha256').update(`${address}\0${pod}`).digest().subarray(0, 8).toString('hex');
+}
+
+/** True when ownership `a` supersedes `b`: a larger epoch, or the same epoch naming a better-scored owner. */
+export function supersedes(a: Pick<Ownership, 'address' | 'owner' | 'epoch'>, b: Pick<Ownership, 'address' | 'owner' | 'epoch'>): boolean {
+  if (a.epoch !== b.epoch) return a.epoch > b.epoch;
+  if (a.owner === b.owner || !a.owner) return false;
+  return !b.owner || scoreOf(a.address, a.owner) > scoreOf(b.address, b.owner);
+}
+
 export function orderCandidates(address: string, gateways: GatewayInfo[]): GatewayInfo[] {
   const scored = [...new Map(gateways.map((g) => [g.pod, g])).values()]
-    .map((g) => ({ g, score: createHash('sha256').update(`${address}\0${g.pod}`).digest().readBigUInt64BE(0) }))
+    .map((g) => ({ g, score: BigInt(`0x${scoreOf(address, g.pod)}`) }))
     .sort((a, b) => (a.score === b.score ? a.g.pod.localeCompare(b.g.pod) : a.score > b.score ? -1 : 1));
   const out: GatewayInfo[] = [];
   const rest = [...scored];
@@ -28,28 +44,63 @@ export function orderCandidates(address: string, gateways: GatewayInfo[]): Gatew
 
 export type Decision =
   | { action: 'keep' }
-  /** This node's gateway `pod` should claim the address (CAS against `expectEpoch`). */
-  | { action: 'claim'; pod: string; expectEpoch: number; cause: string }
-  /** This node holds the address but must stop (a larger epoch names someone else). */
+  /** This node's gateway `pod` takes the address over (with the next epoch). */
+  | { action: 'claim'; pod: string; cause: string }
+  /** This node should claim but waits: it is not in sync with the owner and gives in-sync candidates time. */
+  | { action: 'wait'; pod: string; untilMs: number }
+  /** This node holds the address but must stop (the current ownership names someone else). */
   | { action: 'standDown' };
 
+export interface DecisionInput {
+  own: Ownership;
+  /** In candidate order (orderCandidates). */
+  candidates: GatewayInfo[];
+  /** This node's gateway pods for the Egress. */
+  localPods: Set<string>;
+  /** This node's view of a candidate (BFD to its node, or the pod's presence when it is local). */
+  alive: (g: GatewayInfo) => boolean;
+  /** Whether the current owner is alive (its node by BFD, or the local pod); false when nobody owns. */
+  ownerAlive: boolean;
+  holdingLocally: boolean;
+  /** Nodes the owner last reported as in sync (their conntrack state streamed and current). */
+  inSync: ReadonlySet<string>;
+  /** Since when this node has seen the owner dead (ms clock), for the out-of-sync hold-down. */
+  ownerDownSince?: number;
+  now: number;
+  /** How long a candidate that is not in sync waits after the owner went down (default 1000 ms). */
+  holdDownMs?: number;
+}
+
+const DEFAULT_HOLD_DOWN_MS = 1000;
+
 /**
- * What this node should do for one address. `alive(g)` is this node's view (BFD to the gateway's node,
- * or the pod's presence when it is local). A live owner keeps the address even if a better-ranked
- * candidate returns: no flapping back.
+ * What this node should do for one address. Never takes an address from a live owner (a joining or
+ * better-ranked candidate does not preempt: no flapping). With the owner gone, the live candidates the owner
+ * reported in sync come first, in candidate order, then the others; a candidate that is not in sync claims
+ * only after a hold-down, so a false "down" seen by one out-of-sync node alone does not move the address to
+ * a gateway without the connections' state. Every tetherd computes the same answer from the same views.
  */
-export function decide(
-  own: Ownership,
-  candidates: GatewayInfo[],
-  localPods: Set<string>,
-  alive: (g: GatewayInfo) => boolean,
-  holdingLocally: boolean,
-): Decision {
-  const owner = candidates.find((c) => c.pod === own.owner);
-  if (holdingLocally && !localPods.has(own.owner)) return { action: 'standDown' };
-  if (owner && alive(owner)) return { action: 'keep' };
-  const first = candidates.find((c) => alive(c));
+export function decide(i: DecisionInput): Decision {
+  const { own, candidates, localPods } = i;
+  if (i.holdingLocally && !localPods.has(own.owner)) return { action: 'standDown' };
+  if (own.owner && i.ownerAlive) return { action: 'keep' };
+  const live = candidates.filter((c) => c.pod !== own.owner && i.alive(c));
+  const ranked = [...live.filter((c) => i.inSync.has(c.node)), ...live.filter((c) => !i.inSync.has(c.node))];
+  const first = ranked[0];
   if (!first || !localPods.has(first.pod)) return { action: 'keep' };
-  const cause = own.owner === '' ? 'initial' : owner ? `failover: owner ${own.owner} on ${owner.node} is down` : `failover: owner ${own.owner} is no longer a gateway`;
-  return { action: 'claim', pod: first.pod, expectEpoch: own.epoch, cause };
+  const owner = candidates.find((c) => c.pod === own.owner);
+  const cause = own.owner === '' ? 'initial' : owner ? `failover: owner ${own.owner} on ${owner.node} is down` : `failover: owner ${own.owner} is no longer a live gateway`;
+  // Out of sync while the owner had in-sync standbys: the owner may only look dead from here.
+  if (own.owner && i.inSync.size && !i.inSync.has(first.node)) {
+    const untilMs = (i.ownerDownSince ?? i.now) + (i.holdDownMs ?? DEFAULT_HOLD_DOWN_MS);
+    if (i.now < untilMs) return { action: 'wait', pod: first.pod, untilMs };
+    return { action: 'claim', pod: first.pod, cause: `${cause} (no in-sync candidate is live)` };
+  }
+  return { action: 'claim', pod: first.pod, cause };
+}
+
+/** The candidate a holder hands an address to (planned handover): in-sync first, then candidate order. */
+export function handoverTarget(candidates: GatewayInfo[], exceptPod: string, alive: (g: GatewayInfo) => boolean, inSync: ReadonlySet<string>): GatewayInfo | undefined {
+  const live = candidates.filter((c) => c.pod !== exceptPod && alive(c));
+  return live.find((c) => inSync.has(c.node)) ?? live[0];
 }

@@ -1,15 +1,17 @@
 // The Egress controller of one node. It follows the pods this tetherd attached and the Egress objects,
 // and plays every role the node has:
 // - gateway candidate: prepares local gateway pods, registers them cluster-wide, watches peer nodes with
-//   BFD, claims a floating address (compare-and-set on its epoch) when the owner is gone, and stands down
-//   when a larger epoch names someone else;
-// - owner: holds the address on its gateway pod (SNAT, route, announcement) and streams the gateway's
-//   conntrack events to the other candidates;
+//   BFD, and takes a floating address over when its owner is gone (candidates.ts decides; every tetherd
+//   computes the same answer from BFD liveness and the common candidate order, fenced by epochs);
+// - owner: holds the address on its gateway pod (SNAT, route, announcement), streams the gateway's
+//   conntrack events to the other candidates and repeats its ownership to every node each second,
+//   naming the standbys that are in sync;
 // - standby: inserts the streamed entries into its gateway pods' tables, so takeover finds them there;
 // - client node: steers its client pods' traffic in eBPF to the current owner's gateway pod.
-// How clients learn a new owner within the failover budget: the owner change is a compare-and-set in the
-// shared store that publishes a notice in the same atomic step, and every tetherd subscribes to it (one
-// hop, no polling); a periodic re-read catches up after a lost subscription.
+// No decision waits for the cluster store. The deciding tetherd sends its decision to every node at once
+// (ownership notices, authenticated UDP), so clients learn a new owner in one hop with or without the
+// store; the store (Redis) records decisions in the background, publishes them, and settles decisions
+// made on both sides of a partition once it is reachable again (the superseding one wins everywhere).
 import { createHmac } from 'node:crypto';
 import * as fs from 'node:fs';
 import type { Logger } from '../log';
@@ -21,19 +23,22 @@ import { BfdAuthType, BfdEndpoint, BfdState, type BfdAuthConfig, type BfdSession
 import { ConntrackEvents, ConntrackHandle, type ApplyResult, type ConntrackEntry, type ConntrackEvent, type ConntrackEventType } from '../conntrack';
 import { applySyncedEvents, encodeEventPayload, replaceSyncedEntries, SyncReceiver, SyncSender, type SyncPeerInfo } from '../conntrack-sync';
 import { ipToBytes } from '../netlink/ip-bytes';
+import { InFlight } from '../util/in-flight';
 import { KeyedMutex } from '../util/keyed-mutex';
 import type { ClusterAddresses } from '../../ipam/cluster-addresses';
-import { decide, orderCandidates } from './candidates';
+import { decide, handoverTarget, orderCandidates, scoreOf, supersedes } from './candidates';
 import type { ResolvedEgress } from './egress-spec';
 import { GatewayDatapath } from './gateway-datapath';
+import { NoticeChannel, type OwnershipNotice } from './ownership-notice';
 import type { GatewayInfo, Ownership, OwnershipStore } from './ownership-store';
 
 export interface EgressControllerOptions {
   node: { name: string; zone?: string; address: string; uplink: string };
   pinDir: string;
   fouPort: number;
+  /** TCP: conntrack sync; UDP on the same number: ownership notices. */
   syncPort: number;
-  /** Shared cluster key (≥ 32 bytes): BFD keyed SHA1 and conntrack sync HMAC derive from it. */
+  /** Shared cluster key (≥ 32 bytes): BFD keyed SHA1, conntrack sync and ownership notices derive from it. */
   clusterKey: Buffer;
   egresses: ResolvedEgress[];
   ownership: OwnershipStore;
@@ -67,7 +72,15 @@ interface AddressState {
   holder?: LocalGateway;
   events?: ConntrackEvents;
   senders: Map<string, SyncSender>;
-  lastTakeover?: { at: string; cause: string; ms: number; epoch: number; from: string; to: string };
+  /** Nodes the owner last reported in sync (from its heartbeat; computed here while this node owns). */
+  inSync: Set<string>;
+  /** When this node first saw the current owner dead (for the out-of-sync hold-down). */
+  ownerDownSince?: number;
+  /** This node is waiting out the hold-down (logged once per wait). */
+  waiting?: boolean;
+  /** The store holds `own` (this node decided or learned it there). */
+  recorded: boolean;
+  lastTakeover?: { at: string; cause: string; ms: number; epoch: number; from: string; to: string; decidedBy: string };
 }
 
 const REGISTRY_TTL_MS = 5000;
@@ -83,7 +96,14 @@ const BFD_STARTUP_GRACE_MS = 3000;
  */
 const DRAIN_MS = 300;
 const TICK_MS = 250;
+/** Store pass (registry, node list, records) and the owner's heartbeat notice. */
+const STORE_EVERY_MS = 1000;
+const HEARTBEAT_MS = 1000;
+/** A decision is sent twice: UDP may lose one datagram, a retransmission timeout costs far more. */
+const NOTICE_REPEAT_MS = 20;
 const RESYNC_EVERY_MS = 30_000;
+/** A sync peer with fewer entries than this waiting is "in sync" (its standby has the connections). */
+const IN_SYNC_MAX_LAG = 1000;
 
 export class EgressController {
   private readonly egresses = new Map<string, ResolvedEgress>();
@@ -95,15 +115,26 @@ export class EgressController {
   /** What the client steering map holds per Egress (for one log line per change). */
   private readonly steered = new Map<string, string>();
   private readonly bfdInfo = new Map<string, { createdAt: number; everUp: boolean }>();
+  /** Last known registry and node list: kept while the store is unreachable. */
   private readonly registry = new Map<string, GatewayInfo[]>();
+  private nodes: string[] = [];
+  private readonly allocated = new Set<string>();
   private readonly mutex = new KeyedMutex();
+  /** Every piece of work started by a timer or an event; stop() waits for it. */
+  private readonly work = new InFlight();
+  /** Background writes of decisions to the store; awaited last, briefly, on stop. */
+  private readonly records = new InFlight();
   private endpoint?: BfdEndpoint;
   private receiver?: SyncReceiver;
+  private notices?: NoticeChannel;
   private maps?: EgressMaps;
-  private timer?: NodeJS.Timeout;
-  private resyncTimer?: NodeJS.Timeout;
+  private timers: NodeJS.Timeout[] = [];
   private watcher?: fs.FSWatcher;
   private stopped = false;
+  private ticking = false;
+  private tickAgain = false;
+  private storeBusy = false;
+  private storeDown = false;
 
   constructor(private readonly o: EgressControllerOptions) {
     o.egresses.forEach((e, i) => {
@@ -114,59 +145,87 @@ export class EgressController {
 
   async start(): Promise<void> {
     if (!this.egresses.size) return;
-    const log = this.o.logger;
     this.endpoint = await BfdEndpoint.open({ address: this.o.node.address });
     this.receiver = new SyncReceiver({
       key: this.o.clusterKey,
       id: this.o.node.name,
       host: this.o.node.address,
       port: this.o.syncPort,
-      apply: (events, from) => this.applySynced(events, from),
-      replaceAll: (entries, from) => this.replaceSynced(entries, from),
+      apply: (events, from) => this.work.run(() => this.applySynced(events, from)),
+      replaceAll: (entries, from) => this.work.run(() => this.replaceSynced(entries, from)),
     });
     await this.receiver.listen();
+    this.notices = await NoticeChannel.open({ clusterKey: this.o.clusterKey, node: this.o.node.name, address: this.o.node.address, port: this.o.syncPort });
+    this.notices.on('notice', (n: OwnershipNotice, from: string) => this.spawn(() => this.onNotice(n, from)));
     this.maps = openEgressMaps(this.o.pinDir, { create: true });
     for (const e of this.egresses.values()) {
       const id = this.egressIds.get(e.key)!;
       this.maps.setDestinations(id, e.destinations, e.excluded);
+      // Explicit addresses are known without the store: they can be owned even if it is down now.
+      if ('explicit' in e.addresses) for (const a of e.addresses.explicit) this.track(e, a);
     }
-    // Floating addresses are allocated cluster-wide and idempotently: every node asks, all get the same.
-    for (const e of this.egresses.values()) {
-      const req = 'explicit' in e.addresses ? { pool: e.addresses.pool, owner: `egress/${e.key}`, addresses: e.addresses.explicit } : { pool: e.addresses.pool, owner: `egress/${e.key}`, count: e.addresses.count };
-      const { addresses } = await this.o.addresses.allocate(req);
-      for (const a of addresses) {
-        const own = await this.o.ownership.get(e.key, a);
-        this.addresses.set(`${e.key}|${a}`, { egress: e, address: a, own, candidates: [], senders: new Map() });
-      }
-      log.info('egress: floating addresses', { egress: e.key, addresses });
-    }
-    this.o.ownership.on('change', (c: Ownership) => void this.onOwnership(c));
-    this.o.ownership.on('resync', () => void this.tick());
-    this.o.attach.on('attached', (r: PodRecord) => void this.podUp(r));
-    this.o.attach.onBeforeDetach((r: PodRecord) => this.podDown(r, 'gateway pod deleted', DRAIN_MS));
-    this.o.attach.on('detached', (r: PodRecord) => void this.podDown(r, 'gateway pod deleted'));
+    this.o.ownership.on('change', (c: Ownership) => this.spawn(() => this.onStoreNotice(c)));
+    this.o.ownership.on('resync', () => this.spawn(() => this.storePass()));
+    this.o.attach.on('attached', (r: PodRecord) => this.spawn(() => this.podUp(r)));
+    this.o.attach.onBeforeDetach((r: PodRecord) => (this.stopped ? Promise.resolve() : this.podDown(r, 'gateway pod deleted', DRAIN_MS)));
+    this.o.attach.on('detached', (r: PodRecord) => this.spawn(() => this.podDown(r, 'gateway pod deleted')));
+    // The store is asked once before anything else, so a start with the store up begins with its record.
+    await this.storePass();
     // Pods recorded before a restart whose namespace is gone (killed without a DEL) play no role.
     for (const r of this.o.attach.pods()) if (fs.existsSync(r.netns)) await this.podUp(r);
     this.watchNetns();
-    this.timer = setInterval(() => void this.tick(), TICK_MS);
-    this.resyncTimer = setInterval(() => this.periodicResync(), RESYNC_EVERY_MS);
+    this.timers = [
+      setInterval(() => this.requestTick(), TICK_MS),
+      setInterval(() => this.spawn(() => this.storePass()), STORE_EVERY_MS),
+      setInterval(() => this.heartbeat(), HEARTBEAT_MS),
+      setInterval(() => this.periodicResync(), RESYNC_EVERY_MS),
+    ];
     await this.tick();
   }
 
+  /**
+   * Stops without leaving anything half done: no new work starts, work under way is awaited, addresses this
+   * node holds are handed to an in-sync live candidate (make-before-break, as for a deleted gateway pod) or,
+   * with no candidate, kept in the kernel for the next start to resume; then the sockets close.
+   */
   async stop(): Promise<void> {
+    if (this.stopped) return;
     this.stopped = true;
-    clearInterval(this.timer);
-    clearInterval(this.resyncTimer);
+    for (const t of this.timers) clearInterval(t);
     this.watcher?.close();
+    if (!(await this.work.close(10_000))) this.o.logger.warn('egress: work still running at stop', { pending: this.work.size });
+    const held = [...this.addresses.values()].filter((st) => st.holder);
+    for (const st of held) {
+      await this.mutex.run(streamOf(st), async () => {
+        const gw = st.holder!;
+        const next = this.handOver(st, gw.info.pod, 'tetherd stopping');
+        if (!next) {
+          this.o.logger.info('egress: stopping; the address stays on its gateway (no other live candidate)', { egress: st.egress.key, address: st.address, pod: gw.info.pod, epoch: st.own.epoch });
+          return;
+        }
+        gw.datapath.withdrawAnnouncement(st.address);
+      });
+    }
+    if (held.some((st) => !st.holder)) await new Promise((r) => setTimeout(r, DRAIN_MS));
+    for (const st of held) {
+      // Handed over: the address leaves the pod once the drain is over; the pod stays a prepared standby.
+      if (!st.holder && st.own.owner && !this.gateways.has(st.own.owner)) {
+        const gw = [...this.gateways.values()].find((g) => g.datapath.ownedAddresses().includes(st.address));
+        gw?.datapath.release(st.address, st.egress.announce);
+      }
+    }
     for (const st of this.addresses.values()) await this.stopStreaming(st);
+    await this.records.close(1500);
     await this.receiver?.close();
+    await this.notices?.close();
     await this.endpoint?.close();
     this.maps?.close();
   }
 
-  /** Authentication counters: forged, replayed or garbage BFD packets and sync frames, rejected and counted. */
+  /** Authentication counters: forged, replayed or garbage BFD packets, sync frames and notices, rejected and counted. */
   security(): Record<string, unknown> {
-    return { bfdRejected: this.endpoint?.stats().rejected, syncRejected: this.receiver?.stats().rejected };
+    const n = this.notices?.stats();
+    return { bfdRejected: this.endpoint?.stats().rejected, syncRejected: this.receiver?.stats().rejected, noticesRejected: n?.rejected, notices: n && { rx: n.rx, tx: n.tx, accepted: n.accepted } };
   }
 
   /** Status per floating address: owner, epoch, candidates with their liveness, sync counters, last takeover. */
@@ -175,9 +234,13 @@ export class EgressController {
       egress: st.egress.key,
       address: st.address,
       owner: st.own.owner,
+      ownerNode: st.own.ownerNode,
       epoch: st.own.epoch,
       ownedHere: !!st.holder,
-      candidates: st.candidates.map((c) => ({ pod: c.pod, node: c.node, live: this.alive(c), bfd: this.bfdState(c) })),
+      recorded: st.recorded,
+      storeReachable: !this.storeDown,
+      inSync: [...st.inSync],
+      candidates: st.candidates.map((c) => ({ pod: c.pod, node: c.node, live: this.alive(c), bfd: this.bfdState(c), inSync: st.inSync.has(c.node) })),
       sync: st.holder
         ? [...st.senders.entries()].map(([peer, s]) => {
             const x = s.stats();
@@ -186,6 +249,22 @@ export class EgressController {
         : this.receiver?.stats().peers.filter((p) => p.stream === streamOf(st)).map((p) => ({ from: p.id, entriesApplied: p.entriesApplied, resyncs: p.resyncs })),
       lastTakeover: st.lastTakeover,
     }));
+  }
+
+  /** Runs event- or timer-driven work unless stopping; its failure is logged, never thrown. */
+  private spawn(fn: () => Promise<void>): void {
+    if (this.stopped) return;
+    void this.work.run(fn).catch((e) => this.o.logger.error('egress: work failed', { error: (e as Error).message, stack: (e as Error).stack }));
+  }
+
+  private track(e: ResolvedEgress, address: string, own?: Ownership): AddressState {
+    const key = `${e.key}|${address}`;
+    let st = this.addresses.get(key);
+    if (!st) {
+      st = { egress: e, address, own: own ?? { egress: e.key, address, owner: '', epoch: 0 }, candidates: [], senders: new Map(), inSync: new Set(), recorded: !!own };
+      this.addresses.set(key, st);
+    }
+    return st;
   }
 
   // ---- pods ------------------------------------------------------------------------------------------
@@ -209,10 +288,11 @@ export class EgressController {
     if (gwOf.length) {
       const info: GatewayInfo = { pod, node: this.o.node.name, nodeAddress: this.o.node.address, podIp: ip, zone: this.o.node.zone };
       const datapath = new GatewayDatapath({ pod, netns: r.netns, podIp: ip, ifName: r.ifName, hostIfName: r.hostIfName }, { uplink: this.o.node.uplink, fouPort: this.o.fouPort, pinDir: this.o.pinDir });
-      datapath.prepare(await this.nodeAddresses());
+      datapath.prepare(this.nodes);
       this.gateways.set(pod, { info, datapath, egresses: new Set(gwOf.map((e) => e.key)), netns: r.netns });
       this.o.logger.info('egress: gateway pod ready', { pod, egresses: gwOf.map((e) => e.key) });
-      await this.register();
+      // The registry is told in the background: a store that hangs must not hold a pod's set-up.
+      this.spawn(() => this.register().catch((e) => this.storeFailed(e)));
     }
     if (clientOf.length) {
       const egressIds = clientOf.map((e) => this.egressIds.get(e.key)!);
@@ -240,20 +320,17 @@ export class EgressController {
     const gw = this.gateways.get(pod);
     if (!gw) return;
     this.gateways.delete(pod);
-    // Hand every address it held to the next live candidate at once, instead of waiting for detection;
-    // the registry is updated after, so the candidates learn of the handover before they could infer it.
+    // Hand every address it held to the next live candidate at once, instead of waiting for detection.
     for (const st of this.addresses.values()) {
       if (st.holder !== gw) continue;
       await this.mutex.run(streamOf(st), async () => {
-        st.holder = undefined;
-        const next = orderCandidates(st.address, this.liveRegistry(st.egress.key)).find((c) => c.pod !== pod && this.alive(c));
-        if (next) await this.claim(st, next.pod, `handover: ${cause} (${pod})`);
+        this.handOver(st, pod, `handover: ${cause} (${pod})`);
         gw.datapath.withdrawAnnouncement(st.address);
         // Closing the event reader waits out its receive timeout: not on the handover's critical path.
         void this.stopStreaming(st);
       });
     }
-    await this.register();
+    this.spawn(() => this.register().catch((e) => this.storeFailed(e)));
     if (drainMs) await new Promise((res) => setTimeout(res, drainMs));
     try {
       gw.datapath.teardown();
@@ -265,7 +342,7 @@ export class EgressController {
   /** A gateway pod whose namespace vanishes without a DEL (killed) is noticed at once, not at GC time. */
   private watchNetns(): void {
     try {
-      this.watcher = fs.watch('/run/netns', () => void this.dropVanishedGateways());
+      this.watcher = fs.watch('/run/netns', () => this.spawn(() => this.dropVanishedGateways()));
     } catch {
       // no inotify on this path: the tick checks too
     }
@@ -282,61 +359,152 @@ export class EgressController {
 
   // ---- ownership -------------------------------------------------------------------------------------
 
+  /** Ticks never overlap: a tick asked for while one runs runs right after it. */
+  private requestTick(): void {
+    if (this.ticking) {
+      this.tickAgain = true;
+      return;
+    }
+    this.spawn(() => this.tick());
+  }
+
+  /** One reconcile pass over every address, from what this node knows now: it never waits for the store. */
   private async tick(): Promise<void> {
     if (this.stopped) return;
+    if (this.ticking) {
+      this.tickAgain = true;
+      return;
+    }
+    this.ticking = true;
     try {
-      await this.dropVanishedGateways();
-      await this.register();
-      for (const e of this.egresses.values()) this.registry.set(e.key, await this.o.ownership.listGateways(e.key));
-      this.ensureBfd();
-      for (const st of this.addresses.values()) await this.mutex.run(streamOf(st), () => this.evaluate(st));
-    } catch (e) {
-      this.o.logger.warn('egress: reconcile failed; retrying', { error: (e as Error).message });
+      do {
+        this.tickAgain = false;
+        await this.dropVanishedGateways();
+        this.ensureBfd();
+        for (const st of this.addresses.values()) {
+          if (this.stopped) return;
+          await this.mutex.run(streamOf(st), () => this.evaluate(st));
+        }
+      } while (this.tickAgain && !this.stopped);
+    } finally {
+      this.ticking = false;
     }
   }
 
   private async evaluate(st: AddressState): Promise<void> {
     st.candidates = orderCandidates(st.address, this.liveRegistry(st.egress.key));
     const local = new Set([...this.gateways.values()].filter((g) => g.egresses.has(st.egress.key)).map((g) => g.info.pod));
-    const d = decide(st.own, st.candidates, local, (g) => this.alive(g), !!st.holder);
-    if (d.action === 'claim') await this.claim(st, d.pod, d.cause);
+    const ownerAlive = this.ownerAlive(st);
+    const now = Date.now();
+    if (ownerAlive || !st.own.owner) st.ownerDownSince = undefined;
+    else st.ownerDownSince ??= now;
+    const d = decide({
+      own: st.own, candidates: st.candidates, localPods: local, alive: (g) => this.alive(g), ownerAlive, holdingLocally: !!st.holder,
+      inSync: st.inSync, ownerDownSince: st.ownerDownSince, now,
+    });
+    if (d.action !== 'wait') st.waiting = false;
+    if (d.action === 'claim' && st.own.epoch === 0 && !this.storeDown) {
+      // A first owner has no connections to lose, so it may wait for the store: two candidates starting
+      // at once (neither knowing the other yet) would otherwise both claim, and the second would then
+      // take the address from the first.
+      const rec = await this.o.ownership.get(st.egress.key, st.address).catch((e) => (this.storeFailed(e), undefined));
+      if (rec?.owner) return this.adopt(st, rec, 'store');
+    }
+    if (d.action === 'claim') await this.takeOver(st, d.pod, d.cause);
     else if (d.action === 'standDown') await this.standDown(st, `epoch ${st.own.epoch} names ${st.own.owner}`);
-    else if (st.own.owner && local.has(st.own.owner) && !st.holder) await this.become(st, this.gateways.get(st.own.owner)!, 'restart: resuming ownership');
+    else if (d.action === 'wait' && !st.waiting) {
+      st.waiting = true;
+      this.o.logger.warn('egress: owner looks down from here, but this node is not in sync with it: holding off for in-sync candidates', {
+        egress: st.egress.key, address: st.address, owner: st.own.owner, epoch: st.own.epoch, pod: d.pod, inSync: [...st.inSync], untilMs: d.untilMs - now,
+      });
+    } else if (d.action === 'keep' && st.own.owner && local.has(st.own.owner) && !st.holder) {
+      await this.become(st, this.gateways.get(st.own.owner)!, 'restart: resuming ownership');
+      this.broadcast(st);
+    }
     this.ensureSenders(st);
     this.updateClients(st);
   }
 
-  private async claim(st: AddressState, pod: string, cause: string): Promise<void> {
-    const t0 = Date.now();
-    const res = await this.o.ownership.claim(st.egress.key, st.address, pod, st.own.epoch, cause);
-    if (!res.won) {
-      this.o.logger.info('egress: claim lost, someone else took it', { egress: st.egress.key, address: st.address, tried: pod, owner: res.owner, epoch: res.epoch });
-      st.own = { ...st.own, owner: res.owner, epoch: res.epoch };
-      return;
-    }
-    const from = st.own.owner;
-    st.own = { egress: st.egress.key, address: st.address, owner: res.owner, epoch: res.epoch, cause };
+  /** This node's gateway `pod` takes the address: next epoch, datapath first, then every node is told. */
+  private async takeOver(st: AddressState, pod: string, cause: string): Promise<void> {
     const gw = this.gateways.get(pod);
-    if (gw) await this.become(st, gw, cause);
-    st.lastTakeover = { at: new Date().toISOString(), cause, ms: Date.now() - t0, epoch: res.epoch, from, to: pod };
-    this.o.logger.info('egress: ownership changed', { egress: st.egress.key, address: st.address, from, to: pod, epoch: res.epoch, cause, ms: Date.now() - t0 });
+    if (!gw) return;
+    const t0 = Date.now();
+    const from = st.own.owner;
+    st.own = { egress: st.egress.key, address: st.address, owner: pod, epoch: st.own.epoch + 1, cause, ownerNode: this.o.node.name, ownerNodeAddress: this.o.node.address, ownerPodIp: gw.info.podIp };
+    st.recorded = false;
+    st.inSync = new Set();
+    await this.become(st, gw, cause);
+    this.broadcast(st);
+    st.lastTakeover = { at: new Date().toISOString(), cause, ms: Date.now() - t0, epoch: st.own.epoch, from, to: pod, decidedBy: this.o.node.name };
+    this.o.logger.info('egress: ownership changed', { egress: st.egress.key, address: st.address, from, to: pod, epoch: st.own.epoch, cause, decidedBy: this.o.node.name, ms: Date.now() - t0 });
     this.updateClients(st);
+    this.recordLater(st);
   }
 
-  private async onOwnership(c: Ownership): Promise<void> {
+  /**
+   * A planned handover from local pod `fromPod` (deleted, or tetherd stopping): the best live candidate,
+   * in-sync first, gets the next epoch; it learns from the notice, as every other node does. Returns it.
+   */
+  private handOver(st: AddressState, fromPod: string, cause: string): GatewayInfo | undefined {
+    st.candidates = orderCandidates(st.address, this.liveRegistry(st.egress.key));
+    const next = handoverTarget(st.candidates, fromPod, (g) => this.alive(g) && g.pod !== fromPod, st.inSync);
+    st.holder = undefined;
+    if (!next) return undefined;
+    const from = st.own.owner;
+    st.own = { egress: st.egress.key, address: st.address, owner: next.pod, epoch: st.own.epoch + 1, cause, ownerNode: next.node, ownerNodeAddress: next.nodeAddress, ownerPodIp: next.podIp };
+    st.recorded = false;
+    st.inSync = new Set();
+    this.broadcast(st);
+    st.lastTakeover = { at: new Date().toISOString(), cause, ms: 0, epoch: st.own.epoch, from, to: next.pod, decidedBy: this.o.node.name };
+    this.o.logger.info('egress: ownership changed', { egress: st.egress.key, address: st.address, from, to: next.pod, epoch: st.own.epoch, cause, decidedBy: this.o.node.name });
+    const local = this.gateways.get(next.pod);
+    if (local) this.spawn(() => this.mutex.run(streamOf(st), () => this.become(st, local, cause)));
+    this.updateClients(st);
+    this.recordLater(st);
+    return next;
+  }
+
+  private onNotice(n: OwnershipNotice, from: string): Promise<void> {
+    const st = this.addresses.get(`${n.egress}|${n.address}`);
+    if (!st) return Promise.resolve();
+    return this.mutex.run(streamOf(st), () => this.adopt(st, n, `notice from ${from}`, from === n.ownerNode ? n.inSync : undefined));
+  }
+
+  private onStoreNotice(c: Ownership): Promise<void> {
     const st = this.addresses.get(`${c.egress}|${c.address}`);
-    if (!st || c.epoch < st.own.epoch) return;
-    await this.mutex.run(streamOf(st), async () => {
-      const prev = st.own;
-      st.own = c;
-      if (st.holder && st.holder.info.pod !== c.owner) await this.standDown(st, `epoch ${c.epoch} names ${c.owner}`);
-      const gw = this.gateways.get(c.owner);
-      if (gw && !st.holder) {
-        await this.become(st, gw, c.cause ?? 'notice');
-        st.lastTakeover = { at: new Date().toISOString(), cause: c.cause ?? '', ms: 0, epoch: c.epoch, from: prev.owner, to: c.owner };
-      }
-      this.updateClients(st);
-    });
+    if (!st) return Promise.resolve();
+    return this.mutex.run(streamOf(st), () => this.adopt(st, c, 'store'));
+  }
+
+  /**
+   * Follows a decision made elsewhere (a notice, the store) if it supersedes what this node knows: stands
+   * down when it names another pod, takes the address when it names a local one, re-steers clients.
+   */
+  private async adopt(st: AddressState, c: Ownership, via: string, inSync?: string[]): Promise<void> {
+    const same = c.epoch === st.own.epoch && c.owner === st.own.owner;
+    if (same) {
+      if (inSync && !st.holder) st.inSync = new Set(inSync);
+      if (via === 'store') st.recorded = true;
+      st.own = { ...st.own, ownerNode: st.own.ownerNode ?? c.ownerNode, ownerNodeAddress: st.own.ownerNodeAddress ?? c.ownerNodeAddress, ownerPodIp: st.own.ownerPodIp ?? c.ownerPodIp };
+      return;
+    }
+    if (!supersedes(c, st.own)) return;
+    const prev = st.own;
+    st.own = { egress: st.egress.key, address: st.address, owner: c.owner, epoch: c.epoch, cause: c.cause, ownerNode: c.ownerNode, ownerNodeAddress: c.ownerNodeAddress, ownerPodIp: c.ownerPodIp };
+    st.recorded = via === 'store';
+    st.inSync = new Set(inSync ?? []);
+    st.ownerDownSince = undefined;
+    this.o.logger.info('egress: ownership learned', { egress: st.egress.key, address: st.address, from: prev.owner, to: c.owner, epoch: c.epoch, previousEpoch: prev.epoch, cause: c.cause, via });
+    if (st.holder && st.holder.info.pod !== c.owner) await this.standDown(st, `epoch ${c.epoch} names ${c.owner} (${via})`);
+    const gw = this.gateways.get(c.owner);
+    if (gw && !st.holder) {
+      await this.become(st, gw, c.cause ?? via);
+      st.lastTakeover = { at: new Date().toISOString(), cause: c.cause ?? '', ms: 0, epoch: c.epoch, from: prev.owner, to: c.owner, decidedBy: via };
+      // Confirms to every node (and to the decider) that the named gateway holds it now.
+      this.broadcast(st);
+    }
+    this.updateClients(st);
   }
 
   private async become(st: AddressState, gw: LocalGateway, cause: string): Promise<void> {
@@ -354,20 +522,73 @@ export class EgressController {
     this.o.logger.info('egress: stood down', { egress: st.egress.key, address: st.address, pod: gw?.info.pod, why });
   }
 
+  /** The current ownership as a notice; the holder adds the nodes in sync with it. */
+  private noticeOf(st: AddressState): OwnershipNotice {
+    return {
+      egress: st.egress.key, address: st.address, owner: st.own.owner, epoch: st.own.epoch, ownerNode: st.own.ownerNode ?? '',
+      ownerNodeAddress: st.own.ownerNodeAddress ?? '', ownerPodIp: st.own.ownerPodIp ?? '', cause: (st.own.cause ?? '').slice(0, 400),
+      inSync: st.holder ? this.computeInSync(st) : [],
+    };
+  }
+
+  /** Sends the current ownership to every known node now and once more shortly after. */
+  private broadcast(st: AddressState): void {
+    const n = this.noticeOf(st);
+    const send = () => {
+      try {
+        this.notices?.send(this.peerAddresses(), [n]);
+      } catch (e) {
+        this.o.logger.error('egress: ownership notice not sent', { egress: st.egress.key, address: st.address, error: (e as Error).message });
+      }
+    };
+    send();
+    setTimeout(() => !this.stopped && send(), NOTICE_REPEAT_MS).unref();
+  }
+
+  /** The owner repeats its ownership every second: nodes that missed a notice or just started catch up. */
+  private heartbeat(): void {
+    if (this.stopped || !this.notices) return;
+    const held = [...this.addresses.values()].filter((st) => st.holder);
+    for (const st of held) st.inSync = new Set(this.computeInSync(st));
+    if (!held.length) return;
+    try {
+      this.notices.send(this.peerAddresses(), held.map((st) => this.noticeOf(st)));
+    } catch (e) {
+      this.o.logger.error('egress: heartbeat notice not sent', { error: (e as Error).message });
+    }
+  }
+
+  /** Nodes whose sync stream from here is streaming with little lag: their standbys have the connections. */
+  private computeInSync(st: AddressState): string[] {
+    const byAddress = new Map(st.candidates.map((c) => [c.nodeAddress, c.node]));
+    const out: string[] = [];
+    for (const [peer, s] of st.senders) {
+      const x = s.stats();
+      const node = byAddress.get(peer);
+      if (node && x.state === 'streaming' && x.lagEntries < IN_SYNC_MAX_LAG) out.push(node);
+    }
+    return out.sort();
+  }
+
+  private peerAddresses(): string[] {
+    const out = new Set(this.nodes);
+    for (const list of this.registry.values()) for (const g of list) out.add(g.nodeAddress);
+    for (const st of this.addresses.values()) if (st.own.ownerNodeAddress) out.add(st.own.ownerNodeAddress);
+    out.delete(this.o.node.address);
+    return [...out];
+  }
+
   private updateClients(st: AddressState): void {
     if (!this.maps || ![...this.clients.values()].some((c) => c.egressIds.includes(this.egressIds.get(st.egress.key)!))) return;
     const id = this.egressIds.get(st.egress.key)!;
     const slots: Array<{ gatewayIp: string; floatingIp: string; epoch: number }> = [];
     for (const a of this.addresses.values()) {
       if (a.egress.key !== st.egress.key || !a.own.owner) continue;
-      const g = this.liveRegistry(a.egress.key).find((x) => x.pod === a.own.owner);
-      if (!g) {
-        // The new owner is not in this node's copy of the registry yet: keep steering to the previous
-        // slots (the old owner's traffic is dropped at worst, never sent unNATed) and fetch it now.
-        void this.refreshRegistry(a.egress.key).then(() => this.updateClients(a));
-        return;
-      }
-      slots.push({ gatewayIp: g.podIp, floatingIp: a.address, epoch: a.own.epoch });
+      const gatewayIp = a.own.ownerPodIp || this.liveRegistry(a.egress.key).find((x) => x.pod === a.own.owner)?.podIp;
+      // Not known yet (a record without the pod's address): keep the previous slots; dropped at worst,
+      // never sent unNATed. The owner's heartbeat brings it within a second.
+      if (!gatewayIp) return;
+      slots.push({ gatewayIp, floatingIp: a.address, epoch: a.own.epoch });
     }
     this.maps.setGateways(id, slots);
     const now = slots.map((x) => `${x.floatingIp}→${x.gatewayIp}@${x.epoch}`).join(',');
@@ -377,12 +598,91 @@ export class EgressController {
     }
   }
 
-  private async refreshRegistry(egress: string): Promise<void> {
+  // ---- the cluster store: registry, node list, records -----------------------------------------------
+
+  /**
+   * One pass of everything the store is used for, in the background: this node's registrations, the
+   * registry and node list (kept as last known when the store is unreachable), floating addresses not yet
+   * allocated, and records: a record that supersedes this node's view is followed; a decision this node
+   * holds that the store lacks is written (epochs reconciled after the store was away).
+   */
+  private async storePass(): Promise<void> {
+    if (this.storeBusy || this.stopped) return;
+    this.storeBusy = true;
     try {
-      this.registry.set(egress, await this.o.ownership.listGateways(egress));
+      await this.register();
+      const nodes = await this.o.ownership.listNodes();
+      if (nodes.join() !== this.nodes.join()) {
+        this.nodes = nodes;
+        for (const gw of this.gateways.values()) gw.datapath.setAllowedSources(nodes);
+      }
+      for (const e of this.egresses.values()) this.registry.set(e.key, await this.o.ownership.listGateways(e.key));
+      await this.ensureAddresses();
+      for (const st of this.addresses.values()) {
+        const rec = await this.o.ownership.get(st.egress.key, st.address);
+        const write = await this.mutex.run(streamOf(st), async () => {
+          if (supersedes(rec, st.own) || (rec.epoch === st.own.epoch && rec.owner === st.own.owner)) {
+            await this.adopt(st, rec, 'store');
+            return false;
+          }
+          // This node's view supersedes the record: the holder writes it (the others wait for it to).
+          return !!st.holder;
+        });
+        if (write) await this.record(st);
+      }
+      if (this.storeDown) this.o.logger.info('egress: cluster store reachable again; records reconciled');
+      this.storeDown = false;
     } catch (e) {
-      this.o.logger.warn('egress: gateway registry unreachable', { egress, error: (e as Error).message });
+      this.storeFailed(e);
+    } finally {
+      this.storeBusy = false;
     }
+  }
+
+  private storeFailed(e: unknown): void {
+    if (this.storeDown) return;
+    this.storeDown = true;
+    this.o.logger.warn('egress: cluster store unreachable; ownership is decided between tetherds meanwhile', { error: (e as Error).message });
+  }
+
+  private async ensureAddresses(): Promise<void> {
+    for (const e of this.egresses.values()) {
+      if (this.allocated.has(e.key)) continue;
+      const req = 'explicit' in e.addresses ? { pool: e.addresses.pool, owner: `egress/${e.key}`, addresses: e.addresses.explicit } : { pool: e.addresses.pool, owner: `egress/${e.key}`, count: e.addresses.count };
+      const { addresses } = await this.o.addresses.allocate(req);
+      for (const a of addresses) {
+        const rec = await this.o.ownership.get(e.key, a);
+        const st = this.track(e, a, rec);
+        if (supersedes(rec, st.own)) await this.mutex.run(streamOf(st), () => this.adopt(st, rec, 'store'));
+      }
+      this.allocated.add(e.key);
+      this.o.logger.info('egress: floating addresses', { egress: e.key, addresses });
+    }
+  }
+
+  /** Writes the decision this node made (or holds) to the store; follows the store if it has a later one. */
+  private async record(st: AddressState): Promise<void> {
+    const own = st.own;
+    const r = await this.o.ownership.record({ ...own, score: scoreOf(own.address, own.owner) });
+    if (r === 'superseded') {
+      const rec = await this.o.ownership.get(st.egress.key, st.address);
+      await this.mutex.run(streamOf(st), () => this.adopt(st, rec, 'store'));
+      return;
+    }
+    if (st.own === own) st.recorded = true;
+    if (r === 'recorded') this.o.logger.info('egress: decision recorded in the cluster store', { egress: st.egress.key, address: st.address, owner: own.owner, epoch: own.epoch });
+  }
+
+  private recordLater(st: AddressState): void {
+    void this.records.run(() => this.record(st)).catch((e) => this.storeFailed(e));
+  }
+
+  private async register(): Promise<void> {
+    for (const e of this.egresses.values()) {
+      const mine = [...this.gateways.values()].filter((g) => g.egresses.has(e.key)).map((g) => g.info);
+      await this.o.ownership.registerGateways(e.key, this.o.node.name, mine, REGISTRY_TTL_MS);
+    }
+    await this.o.ownership.registerNode(this.o.node.name, this.o.node.address, REGISTRY_TTL_MS);
   }
 
   // ---- liveness --------------------------------------------------------------------------------------
@@ -395,11 +695,25 @@ export class EgressController {
 
   private alive(g: GatewayInfo): boolean {
     if (g.node === this.o.node.name) return this.gateways.has(g.pod);
-    const s = this.bfd.get(g.nodeAddress);
+    return this.nodeAlive(g.nodeAddress);
+  }
+
+  private nodeAlive(address: string): boolean {
+    const s = this.bfd.get(address);
     if (s?.state === BfdState.Up) return true;
-    const info = this.bfdInfo.get(g.nodeAddress);
+    const info = this.bfdInfo.get(address);
     // Not yet known either way: alive during the start-up grace, dead once it was Up and went Down.
     return !info || (!info.everUp && Date.now() - info.createdAt < BFD_STARTUP_GRACE_MS);
+  }
+
+  /** The owner's liveness: its pod when it is local, else its node's BFD session (known from the registry or its notice). */
+  private ownerAlive(st: AddressState): boolean {
+    const o = st.own;
+    if (!o.owner) return false;
+    const c = st.candidates.find((x) => x.pod === o.owner);
+    if (c) return this.alive(c);
+    if (o.ownerNode === this.o.node.name) return this.gateways.has(o.owner);
+    return o.ownerNodeAddress ? this.nodeAlive(o.ownerNodeAddress) : false;
   }
 
   private bfdState(g: GatewayInfo): string {
@@ -408,11 +722,15 @@ export class EgressController {
     return s ? BfdState[s.state] : 'none';
   }
 
-  /** One BFD session per peer node that hosts a candidate of an Egress this node takes part in. */
+  /** One BFD session per peer node that hosts a candidate (or the owner) of an Egress this node has gateways for. */
   private ensureBfd(): void {
     if (!this.endpoint) return;
-    const involved = [...this.egresses.values()].filter((e) => [...this.gateways.values()].some((g) => g.egresses.has(e.key)) || [...this.clients.values()].some((c) => c.egressIds.includes(this.egressIds.get(e.key)!)));
+    // Only candidates decide, so only they watch each other; client nodes learn decisions from notices.
+    const involved = [...this.egresses.values()].filter((e) => [...this.gateways.values()].some((g) => g.egresses.has(e.key)));
     const peers = new Set(involved.flatMap((e) => (this.registry.get(e.key) ?? []).filter((g) => g.node !== this.o.node.name).map((g) => g.nodeAddress)));
+    for (const st of this.addresses.values()) {
+      if (involved.includes(st.egress) && st.own.ownerNodeAddress && st.own.ownerNode !== this.o.node.name) peers.add(st.own.ownerNodeAddress);
+    }
     const e0 = involved[0] ?? [...this.egresses.values()][0];
     for (const peer of peers) {
       if (this.bfd.has(peer)) continue;
@@ -423,10 +741,10 @@ export class EgressController {
         auth: this.bfdAuth(),
       });
       const info = { createdAt: Date.now(), everUp: false };
-      s.on('down', () => void this.tick());
+      s.on('down', () => this.requestTick());
       s.on('up', () => {
         info.everUp = true;
-        void this.tick();
+        this.requestTick();
       });
       this.bfd.set(peer, s);
       this.bfdInfo.set(peer, info);
@@ -437,18 +755,6 @@ export class EgressController {
     // Meticulous keyed SHA1 with a 20-byte key derived from the cluster key.
     const key = createHmac('sha256', this.o.clusterKey).update('tether bfd').digest().subarray(0, 20);
     return { type: BfdAuthType.MeticulousKeyedSha1, keyId: 1, key };
-  }
-
-  private async register(): Promise<void> {
-    for (const e of this.egresses.values()) {
-      const mine = [...this.gateways.values()].filter((g) => g.egresses.has(e.key)).map((g) => g.info);
-      await this.o.ownership.registerGateways(e.key, this.o.node.name, mine, REGISTRY_TTL_MS);
-    }
-    await this.o.ownership.registerNode(this.o.node.name, this.o.node.address, REGISTRY_TTL_MS);
-  }
-
-  private async nodeAddresses(): Promise<string[]> {
-    return this.o.ownership.listNodes();
   }
 
   // ---- conntrack sync --------------------------------------------------------------------------------

@@ -1,7 +1,10 @@
-// Who owns each floating address, with a fencing epoch, in the cluster store (Redis): a compare-and-set
-// Lua script makes every ownership change atomic and gives it a larger epoch; a pub/sub channel tells
-// every tetherd (clients' and candidates') at once. A gateway registry lets tetherds find candidates on
-// other nodes. The Kubernetes store (Lease objects) can slot in behind the same interface later.
+// The cluster store's record of who owns each floating address (Redis). Decisions are made by the
+// candidates themselves (BFD liveness, a common order, epochs; see candidates.ts) and travel between
+// tetherds as ownership notices; the store records them, publishes them to whoever listens, and settles
+// decisions made on both sides of a partition when it is reachable again: a Lua script keeps the record
+// that supersedes (larger epoch, or the same epoch with the better-scored owner). A gateway and node
+// registry lets tetherds find candidates and peers on other nodes. The Kubernetes store can slot in
+// behind the same interface later.
 import Redis from 'ioredis';
 import { EventEmitter } from 'node:events';
 import { ErrorCode, TetherError } from '../errors';
@@ -28,22 +31,31 @@ export interface Ownership {
   epoch: number;
   /** Why the last change happened (failover, handover, initial…). */
   cause?: string;
+  /** Where the owner is, so clients can steer to it without the gateway registry. */
+  ownerNode?: string;
+  ownerNodeAddress?: string;
+  ownerPodIp?: string;
 }
 
-const CLAIM = `
-local cur = redis.call('HGET', KEYS[1], 'epoch')
-local epoch = tonumber(cur or '0')
-if epoch ~= tonumber(ARGV[2]) then
-  return {'stale', redis.call('HGET', KEYS[1], 'owner') or '', epoch}
+// Records a decision unless the store holds one that supersedes it; publishes what it records.
+// ARGV: owner, epoch, cause, at, egress, address, score, ownerNode, ownerNodeAddress, ownerPodIp.
+const RECORD = `
+local h = redis.call('HMGET', KEYS[1], 'owner', 'epoch', 'score')
+local cur = tonumber(h[2] or '0')
+local ep = tonumber(ARGV[2])
+local owner = h[1] or ''
+if cur > ep or (cur == ep and (owner == ARGV[1] or (owner ~= '' and (h[3] or '') >= ARGV[7]))) then
+  return {owner == ARGV[1] and cur == ep and 'same' or 'superseded', cur}
 end
-epoch = epoch + 1
-redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'epoch', epoch, 'cause', ARGV[3], 'at', ARGV[4])
-redis.call('PUBLISH', KEYS[2], cjson.encode({egress=ARGV[5], address=ARGV[6], owner=ARGV[1], epoch=epoch, cause=ARGV[3]}))
-return {'ok', ARGV[1], epoch}
+redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'epoch', ep, 'cause', ARGV[3], 'at', ARGV[4], 'score', ARGV[7],
+  'ownerNode', ARGV[8], 'ownerNodeAddress', ARGV[9], 'ownerPodIp', ARGV[10])
+redis.call('PUBLISH', KEYS[2], cjson.encode({egress=ARGV[5], address=ARGV[6], owner=ARGV[1], epoch=ep, cause=ARGV[3],
+  ownerNode=ARGV[8], ownerNodeAddress=ARGV[9], ownerPodIp=ARGV[10]}))
+return {'recorded', ep}
 `;
 
 interface Scripted extends Redis {
-  tetherClaimOwner(key: string, channel: string, owner: string, expect: number, cause: string, at: string, egress: string, address: string): Promise<[string, string, number]>;
+  tetherRecordOwner(key: string, channel: string, owner: string, epoch: number, cause: string, at: string, egress: string, address: string, score: string, ownerNode: string, ownerNodeAddress: string, ownerPodIp: string): Promise<[string, number]>;
 }
 
 export class OwnershipStore extends EventEmitter {
@@ -62,7 +74,7 @@ export class OwnershipStore extends EventEmitter {
     const client = new Redis({ ...common, connectionName: 'tether-ownership' }) as Scripted;
     const sub = new Redis({ ...common, connectionName: 'tether-ownership-sub' });
     for (const c of [client, sub]) c.on('error', (e: Error) => log().debug('ownership store connection error', { error: e.message }));
-    client.defineCommand('tetherClaimOwner', { numberOfKeys: 2, lua: CLAIM });
+    client.defineCommand('tetherRecordOwner', { numberOfKeys: 2, lua: RECORD });
     try {
       await Promise.all([client.connect(), sub.connect()]);
     } catch (e) {
@@ -93,26 +105,39 @@ export class OwnershipStore extends EventEmitter {
   }
 
   /**
-   * Makes `owner` the holder of `address` if the current epoch is still `expectEpoch` (compare-and-set);
-   * returns the ownership after the call. A stale caller learns who won instead.
+   * Records a decision. 'recorded' (and published), 'same' (already there), or 'superseded' when the store
+   * holds a later decision: read it with get() and follow it.
    */
-  async claim(egress: string, address: string, owner: string, expectEpoch: number, cause: string): Promise<Ownership & { won: boolean }> {
-    const [state, holder, epoch] = await this.client.tetherClaimOwner(
-      this.key(egress, address),
+  async record(o: Ownership & { score: string }): Promise<'recorded' | 'same' | 'superseded'> {
+    const [state] = await this.client.tetherRecordOwner(
+      this.key(o.egress, o.address),
       this.channel(),
-      owner,
-      expectEpoch,
-      cause,
+      o.owner,
+      o.epoch,
+      o.cause ?? '',
       new Date().toISOString(),
-      egress,
-      address,
+      o.egress,
+      o.address,
+      o.score,
+      o.ownerNode ?? '',
+      o.ownerNodeAddress ?? '',
+      o.ownerPodIp ?? '',
     );
-    return { egress, address, owner: holder, epoch: Number(epoch), cause, won: state === 'ok' };
+    return state as 'recorded' | 'same' | 'superseded';
   }
 
   async get(egress: string, address: string): Promise<Ownership> {
     const h = await this.client.hgetall(this.key(egress, address));
-    return { egress, address, owner: h.owner ?? '', epoch: Number(h.epoch ?? 0), cause: h.cause };
+    return {
+      egress,
+      address,
+      owner: h.owner ?? '',
+      epoch: Number(h.epoch ?? 0),
+      cause: h.cause,
+      ownerNode: h.ownerNode || undefined,
+      ownerNodeAddress: h.ownerNodeAddress || undefined,
+      ownerPodIp: h.ownerPodIp || undefined,
+    };
   }
 
   /**

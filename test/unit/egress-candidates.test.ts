@@ -1,7 +1,7 @@
 // Candidate order for floating addresses (deterministic, node-diverse) and the ownership decision table.
 import { test } from 'uvu';
 import * as assert from 'uvu/assert';
-import { decide, orderCandidates } from '../../daemon/egress/candidates';
+import { decide, handoverTarget, orderCandidates, scoreOf, supersedes } from '../../daemon/egress/candidates';
 import type { GatewayInfo } from '../../daemon/egress/ownership-store';
 
 const gw = (pod: string, node: string): GatewayInfo => ({ pod, node, nodeAddress: `198.18.0.${node.slice(1)}`, podIp: '10.0.0.1' });
@@ -25,18 +25,76 @@ test('decision table', () => {
   const [first, second] = cands;
   const own = (owner: string, epoch = 3) => ({ egress: 'e', address: '198.51.100.1', owner, epoch });
   const all = () => true;
+  const base = { candidates: cands, alive: all, ownerAlive: true, holdingLocally: false, inSync: new Set<string>(), now: 10_000 };
   // Nobody owns it: only the node hosting the first live candidate claims.
-  assert.equal(decide(own('', 0), cands, new Set([first.pod]), all, false), { action: 'claim', pod: first.pod, expectEpoch: 0, cause: 'initial' });
-  assert.equal(decide(own('', 0), cands, new Set([second.pod]), all, false), { action: 'keep' });
-  // A live owner keeps it, even when it is not the first candidate (no flapping back).
-  assert.equal(decide(own(second.pod), cands, new Set([first.pod]), all, false), { action: 'keep' });
-  // The owner's node is down: the next live candidate claims with the epoch it saw.
-  const d = decide(own(first.pod), cands, new Set([second.pod]), (g) => g.pod !== first.pod, false);
-  assert.equal(d, { action: 'claim', pod: second.pod, expectEpoch: 3, cause: `failover: owner ${first.pod} on ${first.node} is down` });
+  assert.equal(decide({ ...base, own: own('', 0), ownerAlive: false, localPods: new Set([first.pod]) }), { action: 'claim', pod: first.pod, cause: 'initial' });
+  assert.equal(decide({ ...base, own: own('', 0), ownerAlive: false, localPods: new Set([second.pod]) }), { action: 'keep' });
+  // A live owner keeps it, even when it is not the first candidate (no flapping back, no preemption).
+  assert.equal(decide({ ...base, own: own(second.pod), localPods: new Set([first.pod]) }), { action: 'keep' });
+  // The owner's node is down: the next live candidate claims.
+  const down = (g: GatewayInfo) => g.pod !== first.pod;
+  const d = decide({ ...base, own: own(first.pod), ownerAlive: false, alive: down, localPods: new Set([second.pod]) });
+  assert.equal(d, { action: 'claim', pod: second.pod, cause: `failover: owner ${first.pod} on ${first.node} is down` });
   // A node that still holds the address locally but is not the owner any more stands down.
-  assert.equal(decide(own(second.pod, 4), cands, new Set([first.pod]), all, true), { action: 'standDown' });
+  assert.equal(decide({ ...base, own: own(second.pod, 4), localPods: new Set([first.pod]), holdingLocally: true }), { action: 'standDown' });
   // No live candidate at all: nothing to do.
-  assert.equal(decide(own(first.pod), cands, new Set([second.pod]), () => false, false), { action: 'keep' });
+  assert.equal(decide({ ...base, own: own(first.pod), ownerAlive: false, alive: () => false, localPods: new Set([second.pod]) }), { action: 'keep' });
+});
+
+test('in-sync candidates win over better-ranked ones that are not in sync', () => {
+  const cands = orderCandidates('198.51.100.1', G);
+  const [first, second, third] = cands;
+  const own = { egress: 'e', address: '198.51.100.1', owner: first.pod, epoch: 7 };
+  const base = { own, candidates: cands, ownerAlive: false, holdingLocally: false, now: 10_000, ownerDownSince: 10_000, alive: (g: GatewayInfo) => g.pod !== first.pod };
+  const inSync = new Set([third.node]);
+  // The second candidate is not in sync, the third is: the third claims, the second keeps out.
+  assert.equal(decide({ ...base, inSync, localPods: new Set([third.pod]) }).action, 'claim');
+  assert.equal(decide({ ...base, inSync, localPods: new Set([second.pod]) }), { action: 'keep' });
+});
+
+test('an out-of-sync candidate that alone sees the owner down holds off, then claims if nobody in sync is live', () => {
+  const cands = orderCandidates('198.51.100.1', G);
+  const [first, second] = cands;
+  const own = { egress: 'e', address: '198.51.100.1', owner: first.pod, epoch: 7 };
+  // The owner reported only its own other node in sync… which is down too from here (or was never a candidate).
+  const inSync = new Set(['n-elsewhere']);
+  const base = { own, candidates: cands, ownerAlive: false, holdingLocally: false, inSync, localPods: new Set([second.pod]), alive: (g: GatewayInfo) => g.pod !== first.pod };
+  assert.equal(decide({ ...base, ownerDownSince: 10_000, now: 10_400 }), { action: 'wait', pod: second.pod, untilMs: 11_000 });
+  const later = decide({ ...base, ownerDownSince: 10_000, now: 11_000 });
+  assert.is(later.action, 'claim');
+  assert.match((later as { cause: string }).cause, /no in-sync candidate is live/);
+  // Without any in-sync report (sync off, or a new owner whose standbys are still resyncing) nobody waits.
+  assert.is(decide({ ...base, inSync: new Set(), ownerDownSince: 10_000, now: 10_001 }).action, 'claim');
+});
+
+test('a joining candidate never takes the address from a live owner', () => {
+  const cands = orderCandidates('198.51.100.1', G);
+  const [first, second] = cands;
+  // The joiner ranks first; the owner (second) is alive: keep, whatever the joiner's sync state.
+  const own = { egress: 'e', address: '198.51.100.1', owner: second.pod, epoch: 2 };
+  for (const inSync of [new Set<string>(), new Set([first.node])]) {
+    assert.equal(decide({ own, candidates: cands, localPods: new Set([first.pod]), alive: () => true, ownerAlive: true, holdingLocally: false, inSync, now: 0 }), { action: 'keep' });
+  }
+});
+
+test('supersedes: larger epoch, then the better-scored owner on a tie', () => {
+  const a = { address: '198.51.100.1', owner: 'ns/a1', epoch: 5 };
+  const b = { address: '198.51.100.1', owner: 'ns/b1', epoch: 5 };
+  assert.ok(supersedes({ ...a, epoch: 6 }, b));
+  assert.not.ok(supersedes({ ...a, epoch: 4 }, b));
+  assert.not.ok(supersedes(a, a), 'the same decision does not supersede itself');
+  // Exactly one of two same-epoch decisions wins, and every node agrees which.
+  assert.is(supersedes(a, b), !supersedes(b, a));
+  assert.is(supersedes(a, b), scoreOf(a.address, a.owner) > scoreOf(b.address, b.owner));
+  assert.ok(supersedes(a, { ...a, owner: '' }), 'any owner supersedes "nobody" at the same epoch');
+});
+
+test('handover target: in-sync first, then candidate order, never the pod handing over', () => {
+  const cands = orderCandidates('198.51.100.1', G);
+  const [first, second, third] = cands;
+  assert.is(handoverTarget(cands, first.pod, () => true, new Set())?.pod, second.pod);
+  assert.is(handoverTarget(cands, first.pod, () => true, new Set([third.node]))?.pod, third.pod);
+  assert.is(handoverTarget(cands, first.pod, (g) => g.pod === first.pod, new Set()), undefined);
 });
 
 test.run();
