@@ -404,11 +404,14 @@ export class EgressController {
     });
     if (d.action !== 'wait') st.waiting = false;
     if (d.action === 'claim' && st.own.epoch === 0 && !this.storeDown) {
-      // A first owner has no connections to lose, so it may wait for the store: two candidates starting
-      // at once (neither knowing the other yet) would otherwise both claim, and the second would then
-      // take the address from the first.
-      const rec = await this.o.ownership.get(st.egress.key, st.address).catch((e) => (this.storeFailed(e), undefined));
-      if (rec?.owner) return this.adopt(st, rec, 'store');
+      // A first owner has no connections to lose, so it goes through the store's compare-and-set: two
+      // candidates starting at once (neither knowing the other yet) would otherwise both claim, and the
+      // better-scored one would then take the address from the other. Without the store, they settle it.
+      const gw = this.gateways.get(d.pod)!;
+      const first: Ownership = { egress: st.egress.key, address: st.address, owner: d.pod, epoch: 1, cause: d.cause, ownerNode: this.o.node.name, ownerNodeAddress: this.o.node.address, ownerPodIp: gw.info.podIp };
+      const r = await this.o.ownership.record({ ...first, score: scoreOf(st.address, d.pod) }, { firstOnly: true }).catch((e) => (this.storeFailed(e), undefined));
+      if (r === 'superseded') return this.adopt(st, await this.o.ownership.get(st.egress.key, st.address), 'store');
+      if (r) return this.takeOver(st, d.pod, d.cause, true);
     }
     if (d.action === 'claim') await this.takeOver(st, d.pod, d.cause);
     else if (d.action === 'standDown') await this.standDown(st, `epoch ${st.own.epoch} names ${st.own.owner}`);
@@ -426,20 +429,20 @@ export class EgressController {
   }
 
   /** This node's gateway `pod` takes the address: next epoch, datapath first, then every node is told. */
-  private async takeOver(st: AddressState, pod: string, cause: string): Promise<void> {
+  private async takeOver(st: AddressState, pod: string, cause: string, recorded = false): Promise<void> {
     const gw = this.gateways.get(pod);
     if (!gw) return;
     const t0 = Date.now();
     const from = st.own.owner;
     st.own = { egress: st.egress.key, address: st.address, owner: pod, epoch: st.own.epoch + 1, cause, ownerNode: this.o.node.name, ownerNodeAddress: this.o.node.address, ownerPodIp: gw.info.podIp };
-    st.recorded = false;
+    st.recorded = recorded;
     st.inSync = new Set();
     await this.become(st, gw, cause);
     this.broadcast(st);
     st.lastTakeover = { at: new Date().toISOString(), cause, ms: Date.now() - t0, epoch: st.own.epoch, from, to: pod, decidedBy: this.o.node.name };
     this.o.logger.info('egress: ownership changed', { egress: st.egress.key, address: st.address, from, to: pod, epoch: st.own.epoch, cause, decidedBy: this.o.node.name, ms: Date.now() - t0 });
     this.updateClients(st);
-    this.recordLater(st);
+    if (!recorded) this.recordLater(st);
   }
 
   /**

@@ -38,13 +38,14 @@ export interface Ownership {
 }
 
 // Records a decision unless the store holds one that supersedes it; publishes what it records.
-// ARGV: owner, epoch, cause, at, egress, address, score, ownerNode, ownerNodeAddress, ownerPodIp.
+// ARGV: owner, epoch, cause, at, egress, address, score, ownerNode, ownerNodeAddress, ownerPodIp, firstOnly
+// (firstOnly '1': only if nobody owns it yet, the first owner's compare-and-set).
 const RECORD = `
 local h = redis.call('HMGET', KEYS[1], 'owner', 'epoch', 'score')
 local cur = tonumber(h[2] or '0')
 local ep = tonumber(ARGV[2])
 local owner = h[1] or ''
-if cur > ep or (cur == ep and (owner == ARGV[1] or (owner ~= '' and (h[3] or '') >= ARGV[7]))) then
+if cur > ep or (cur == ep and (owner == ARGV[1] or (owner ~= '' and (h[3] or '') >= ARGV[7]))) or (ARGV[11] == '1' and owner ~= '') then
   return {owner == ARGV[1] and cur == ep and 'same' or 'superseded', cur}
 end
 redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'epoch', ep, 'cause', ARGV[3], 'at', ARGV[4], 'score', ARGV[7],
@@ -55,7 +56,7 @@ return {'recorded', ep}
 `;
 
 interface Scripted extends Redis {
-  tetherRecordOwner(key: string, channel: string, owner: string, epoch: number, cause: string, at: string, egress: string, address: string, score: string, ownerNode: string, ownerNodeAddress: string, ownerPodIp: string): Promise<[string, number]>;
+  tetherRecordOwner(key: string, channel: string, owner: string, epoch: number, cause: string, at: string, egress: string, address: string, score: string, ownerNode: string, ownerNodeAddress: string, ownerPodIp: string, firstOnly: string): Promise<[string, number]>;
 }
 
 export class OwnershipStore extends EventEmitter {
@@ -106,9 +107,10 @@ export class OwnershipStore extends EventEmitter {
 
   /**
    * Records a decision. 'recorded' (and published), 'same' (already there), or 'superseded' when the store
-   * holds a later decision: read it with get() and follow it.
+   * holds a later decision: read it with get() and follow it. With `firstOnly`, nothing is written when
+   * somebody owns the address already (the first owner's compare-and-set).
    */
-  async record(o: Ownership & { score: string }): Promise<'recorded' | 'same' | 'superseded'> {
+  async record(o: Ownership & { score: string }, opts: { firstOnly?: boolean } = {}): Promise<'recorded' | 'same' | 'superseded'> {
     const [state] = await this.client.tetherRecordOwner(
       this.key(o.egress, o.address),
       this.channel(),
@@ -122,6 +124,7 @@ export class OwnershipStore extends EventEmitter {
       o.ownerNode ?? '',
       o.ownerNodeAddress ?? '',
       o.ownerPodIp ?? '',
+      opts.firstOnly ? '1' : '0',
     );
     return state as 'recorded' | 'same' | 'superseded';
   }

@@ -43,6 +43,9 @@ export interface EgressStatus {
   owner: string;
   epoch: number;
   ownedHere: boolean;
+  /** The store holds this node's view (false while it is unreachable and a decision waits to be written). */
+  recorded?: boolean;
+  storeReachable?: boolean;
   lastTakeover?: { cause: string; ms: number };
 }
 

@@ -1,0 +1,177 @@
+// Egress when things around it go wrong, on the testbed with real traffic: the cluster store gone before
+// the owner's node fails (takeover between tetherds, clients told directly, epochs reconciled when the
+// store is back), tetherd stopped while its subsystems have work in flight (Redis paused, a resync being
+// applied, CNI ADDs under way), and a gateway joining under a storm of pod ADDs (no false takeover).
+import { test } from 'uvu';
+import * as assert from 'uvu/assert';
+import * as fs from 'node:fs';
+import { withTestbed, type Testbed } from './testbed';
+import { egressOf, runTraffic, topology, waitOwner, type EgressStatus } from './egress-scenario';
+import { ConntrackHandle, IPS, type ConntrackEntry } from '../../daemon/conntrack';
+
+const CONNS = Number(process.env.EGRESS_TEST_CONNS ?? 200);
+const only = process.env.EGRESS_ONLY;
+const scenario = (name: string, fn: () => Promise<void>) => (only && !name.includes(only) ? test.skip(name, fn) : test(name, fn));
+
+const other = (node: string) => (node === 'n1' ? 'n2' : 'n1');
+const podKeyOf = (owner: string, node: string) => `${node}-${owner.split('/')[1]}`;
+
+/** The tetherd log of a node, and what a clean stop must not contain. */
+function logOf(tb: Testbed, node: string): string {
+  return fs.readFileSync(tb.tetherd(node).opts.paths.log, 'utf8');
+}
+function assertCleanStop(tb: Testbed, node: string, st: { code: number | null; signal: NodeJS.Signals | null }, what: string): void {
+  const log = logOf(tb, node);
+  const tail = log.split('\n').slice(-15).join('\n');
+  assert.equal(st, { code: 0, signal: null }, `${what}: tetherd on ${node} exited ${JSON.stringify(st)}; log tail:\n${tail}`);
+  assert.not.match(log, /write after end|Unhandled|\n\s+at [^\n]+:\d+:\d+\)?\n/, `${what}: a trace in the log of ${node}:\n${tail}`);
+  assert.match(log.split('# ').pop() ?? '', /"message":"tetherd stopped"/, `${what}: the last run of ${node} logged its stop`);
+}
+
+async function views(tb: Testbed): Promise<Record<string, EgressStatus | undefined>> {
+  const out: Record<string, EgressStatus | undefined> = {};
+  for (const n of ['n1', 'n2', 'n3']) out[n] = await egressOf(tb, n).catch(() => undefined);
+  return out;
+}
+
+scenario('cluster store down before the owner node fails: the standby takes over, clients follow, the store is reconciled after', async () => {
+  await withTestbed(topology(), async (tb) => {
+    const first = await waitOwner(tb);
+    const survivor = other(first.node);
+    // Paused, not killed: connections hang rather than fail, the harder case for anything that awaits it.
+    process.kill(tb.redis.pid!, 'SIGSTOP');
+    let resumed = false;
+    try {
+      const { report } = await runTraffic(tb, CONNS, 9000, async () => {
+        await tb.killTetherd(first.node, 'SIGKILL');
+        await tb.mustExec(first.node, ['ip', 'link', 'set', 'eth0', 'down']);
+      });
+      const st = await egressOf(tb, survivor);
+      const client = await egressOf(tb, 'n3');
+      assert.ok(st?.ownedHere, `the surviving gateway node owns the address without the store: ${JSON.stringify(st)}`);
+      assert.match(String(st?.lastTakeover?.cause), /failover: owner .* is down/);
+      assert.is(client?.owner, st?.owner, 'the client node learned the new owner without the store');
+      assert.is(client?.epoch, st?.epoch);
+      assert.is(report.intact, CONNS, `${report.intact}/${CONNS} intact; ${report.errors.slice(0, 4).join('; ')}`);
+      assert.ok(report.maxGapMs < 1000, `longest gap ${report.maxGapMs} ms`);
+      process.stdout.write(`  store down, node down: longest gap ${report.maxGapAfterMarkMs} ms during the failover over ${CONNS} connections, takeover ${JSON.stringify(st?.lastTakeover)}\n`);
+      process.kill(tb.redis.pid!, 'SIGCONT');
+      resumed = true;
+      // The store is back: the decision made without it is written, and everyone agrees with the record.
+      const deadline = Date.now() + 8000;
+      let rec: Record<string, string> = {};
+      for (;;) {
+        rec = await tb.withRedisClient((r) => r.hgetall(`${tb.redisPrefix}egress:shop/out:owner:${first.st.address}`));
+        if (Number(rec.epoch) === st?.epoch && rec.owner === st?.owner) break;
+        if (Date.now() > deadline) assert.unreachable(`store record not reconciled: ${JSON.stringify(rec)} vs ${JSON.stringify(st)}`);
+        await new Promise((r) => setTimeout(r, 200));
+      }
+      const after = await egressOf(tb, survivor);
+      assert.ok(after?.recorded && after.storeReachable, `the owner sees its decision recorded: ${JSON.stringify(after)}`);
+    } finally {
+      if (!resumed) process.kill(tb.redis.pid!, 'SIGCONT');
+    }
+  });
+});
+
+scenario('tetherd stops cleanly with work in flight (Redis paused, a resync being applied, CNI ADDs under way) and restarts with nothing lost', async () => {
+  await withTestbed(topology(), async (tb) => {
+    const first = await waitOwner(tb);
+    const standby = other(first.node);
+    const floating = first.st.address;
+
+    // 1. A resync being applied: 60k flows in the owner's gateway, the standby's tetherd restarted (a full
+    //    resync streams in) and stopped while it arrives or is written.
+    const ownerNs = tb.pod(podKeyOf(first.st.owner, first.node)).nsPath;
+    const entries: ConntrackEntry[] = Array.from({ length: 60_000 }, (_, i) => ({
+      orig: { family: 4, proto: 17, src: `10.250.${(i >> 8) & 255}.${i & 255}`, dst: '198.19.0.9', sport: 2000 + i, dport: 53 },
+      reply: { family: 4, proto: 17, src: '198.19.0.9', dst: floating, sport: 53, dport: 2000 + i },
+      status: IPS.SEEN_REPLY,
+      timeout: 600,
+    }));
+    ConntrackHandle.with(ownerNs, (h) => h.insertMany(entries));
+    await tb.restartTetherd(standby);
+    await new Promise((r) => setTimeout(r, 400));
+    assertCleanStop(tb, standby, await tb.killTetherd(standby, 'SIGTERM'), 'during a resync');
+    await tb.tetherd(standby).start();
+    const standbyNs = tb.pod(`${standby}-gw${standby.slice(1)}`).nsPath;
+    const deadline = Date.now() + 20_000;
+    let have = 0;
+    while ((have = ConntrackHandle.with(standbyNs, (h) => h.dump({ family: 4 })).filter((e) => e.reply.dst === floating).length) < 60_000) {
+      if (Date.now() > deadline) assert.unreachable(`after the restart the standby holds ${have}/60000 synced flows`);
+      await new Promise((r) => setTimeout(r, 250));
+    }
+
+    // 2. Redis paused while the owner's tetherd stops: its reconcile and store writes hang on it. First
+    //    the owner must see the restarted standby live again (BFD Up), or there is nobody to hand over to.
+    const bfdUp = Date.now() + 10_000;
+    while (!((await egressOf(tb, first.node)) as unknown as { candidates: Array<{ node: string; bfd: string }> }).candidates.some((c) => c.node === standby && c.bfd === 'Up')) {
+      if (Date.now() > bfdUp) assert.unreachable('the owner never saw the restarted standby Up');
+      await new Promise((r) => setTimeout(r, 100));
+    }
+    process.kill(tb.redis.pid!, 'SIGSTOP');
+    try {
+      await new Promise((r) => setTimeout(r, 1200));
+      assertCleanStop(tb, first.node, await tb.killTetherd(first.node, 'SIGTERM'), 'with Redis paused');
+      // The stopping owner handed the address to the in-sync standby, without the store.
+      const st = await egressOf(tb, standby);
+      assert.ok(st?.ownedHere, `the standby owns the address after the owner's tetherd stopped: ${JSON.stringify(st)}`);
+      assert.match(String(st?.lastTakeover?.cause), /tetherd stopping/);
+    } finally {
+      process.kill(tb.redis.pid!, 'SIGCONT');
+    }
+    await tb.tetherd(first.node).start();
+
+    // 3. CNI ADDs under way on the client node when its tetherd stops.
+    const adds = Array.from({ length: 6 }, (_, i) =>
+      tb.addPod('n3', { name: `late${i}`, namespace: 'shop', tether: { labels: { app: 'late' } } }).then(
+        (p) => ({ ok: true as const, key: p.key }),
+        (e: Error) => ({ ok: false as const, error: e.message }),
+      ),
+    );
+    await new Promise((r) => setTimeout(r, 250));
+    assertCleanStop(tb, 'n3', await tb.killTetherd('n3', 'SIGTERM'), 'with CNI ADDs under way');
+    const outcomes = await Promise.all(adds);
+    await tb.tetherd('n3').start();
+    const ok = outcomes.filter((o) => o.ok) as Array<{ ok: true; key: string }>;
+    // Every ADD that succeeded is recorded and checks out after the restart; the others failed cleanly.
+    for (const o of ok) {
+      await tb.checkPod(o.key).catch((e: Error) => assert.unreachable(`CHECK of ${o.key} after the restart: ${e.message}`));
+    }
+    const recorded = ((await tb.status('n3')) as unknown as { pods: Array<{ pod?: string }> }).pods.map((p) => p.pod);
+    for (const o of ok) assert.ok(recorded.includes(`shop/${o.key.split('-').slice(1).join('-')}`), `${o.key} recorded after the restart: ${recorded}`);
+    process.stdout.write(`  stop with CNI ADDs under way: ${ok.length} of ${outcomes.length} ADDs completed, the rest failed with: ${[...new Set(outcomes.filter((o) => !o.ok).map((o) => (o as { error: string }).error.slice(0, 120)))].join(' | ') || '-'}\n`);
+
+    // After all of it: one owner, and every node agrees.
+    await new Promise((r) => setTimeout(r, 1500));
+    const v = await views(tb);
+    const owners = Object.entries(v).filter(([, s]) => s?.ownedHere);
+    assert.is(owners.length, 1, `exactly one node holds the address: ${JSON.stringify(v)}`);
+    for (const [n, s] of Object.entries(v)) assert.is(s?.epoch, owners[0][1]?.epoch, `${n} agrees on the epoch`);
+  });
+});
+
+scenario('a gateway joining during a 100-pod ADD storm takes nothing from the live owner', async () => {
+  await withTestbed(topology(), async (tb) => {
+    const first = await waitOwner(tb);
+    const { report } = await runTraffic(tb, 50, 20_000, async () => {
+      // The joining gateway lands on the client's node, whose tetherd is also busy with the storm.
+      const storm = async (node: string, from: number, n: number) => {
+        for (let i = from; i < from + n; i += 5) {
+          await Promise.all(Array.from({ length: Math.min(5, from + n - i) }, (_, k) => tb.addPod(node, { name: `storm${i + k}`, namespace: 'load' })));
+        }
+      };
+      await Promise.all([storm('n3', 0, 50), storm(other(first.node), 50, 50), tb.addPod('n3', { name: 'gw3', namespace: 'shop', tether: { labels: { role: 'egress-gw' } } })]);
+    });
+    const v = await views(tb);
+    assert.is(v[first.node]?.owner, first.st.owner, `the owner kept the address: ${JSON.stringify(v[first.node])}`);
+    assert.is(v[first.node]?.epoch, first.st.epoch, 'no takeover happened (same epoch)');
+    assert.not.ok(v.n3?.ownedHere, 'the joining gateway holds nothing');
+    assert.is(report.intact, 50, `${report.intact}/50 intact`);
+    const log = logOf(tb, 'n3') + logOf(tb, other(first.node));
+    assert.not.match(log, /"message":"egress: ownership changed"[^\n]*"cause":"failover/, 'no failover was decided anywhere');
+    process.stdout.write(`  joining gateway under a 100-pod ADD storm: owner kept (epoch ${first.st.epoch}), longest gap ${report.maxGapAfterMarkMs} ms\n`);
+  });
+});
+
+test.run();
