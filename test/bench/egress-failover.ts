@@ -1,8 +1,10 @@
 // Benchmark (not a test): egress failover on the testbed. Each trial runs long-lived connections through
-// the floating address, kills the owning gateway pod abruptly and measures the longest gap any
-// connection saw (kill → traffic flowing through the new owner) and how many connections survived; a new
-// gateway pod then restores two candidates for the next trial. The same with conntrack sync disabled
-// gives the survival baseline. Writes results/bench-egress.json and the README section.
+// the floating address, makes the owner fail and measures the longest gap any connection saw (failure →
+// traffic flowing through the new owner) and how many connections survived. Two failures: the owning
+// gateway pod killed abruptly (its node's tetherd hands over at once; a new gateway pod then restores two
+// candidates), and the owner's whole node lost (tetherd killed, uplink down: the others detect it by BFD;
+// the node then comes back for the next trial). The pod kill with conntrack sync disabled gives the
+// survival baseline. Writes results/bench-egress.json and the README section.
 import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { withTestbed, type Testbed } from '../testbed/testbed';
@@ -10,6 +12,7 @@ import { runTraffic, topology, waitOwner } from '../testbed/egress-scenario';
 import { machine, percentile, updateReadme } from './stats';
 
 const TRIALS = Number(process.env.BENCH_FAILOVER_TRIALS ?? 20);
+const NODE_TRIALS = Number(process.env.BENCH_FAILOVER_NODE_TRIALS ?? 20);
 const BASELINE_TRIALS = Number(process.env.BENCH_FAILOVER_BASELINE_TRIALS ?? 5);
 const CONNS = Number(process.env.BENCH_FAILOVER_CONNS ?? 50);
 const repo = path.resolve(__dirname, '../..');
@@ -20,25 +23,49 @@ interface Trial {
   takeover?: string;
 }
 
-async function trials(tb: Testbed, n: number): Promise<Trial[]> {
+type Failure = 'podKill' | 'nodeDown';
+
+async function trials(tb: Testbed, n: number, failure: Failure = 'podKill'): Promise<Trial[]> {
   const out: Trial[] = [];
   let seq = 0;
   for (let i = 0; i < n; i++) {
     const owner = await waitOwner(tb, undefined, 15000, true);
     const podKey = `${owner.node}-${owner.st.owner.split('/')[1]}`;
     const { report } = await runTraffic(tb, CONNS, 4500, async () => {
-      await tb.mustExec('router', ['ip', 'netns', 'del', tb.pod(podKey).ns]);
+      if (failure === 'podKill') await tb.mustExec('router', ['ip', 'netns', 'del', tb.pod(podKey).ns]);
+      else {
+        await tb.killTetherd(owner.node, 'SIGKILL');
+        await tb.mustExec(owner.node, ['ip', 'link', 'set', 'eth0', 'down']);
+      }
     });
     const next = await waitOwner(tb, owner.st.owner, 15000, true);
-    // The gap of the failover: the longest one that ended after the kill began (set-up stalls excluded).
+    // The gap of the failover: the longest one that ended after the failure began (set-up stalls excluded).
     const gapMs = report.maxGapAfterMarkMs ?? report.maxGapMs;
     out.push({ gapMs, survived: report.intact / report.connections, takeover: next.st.lastTakeover?.cause });
-    process.stdout.write(`  trial ${i + 1}/${n}: longest gap ${gapMs} ms, ${report.intact}/${report.connections} survived\n`);
-    // A replacement gateway on the node that lost its own, so every trial starts with two candidates.
-    await tb.addPod(owner.node, { name: `gw${owner.node.slice(1)}r${++seq}`, namespace: 'shop', tether: { labels: { role: 'egress-gw' } } });
+    process.stdout.write(`  ${failure} trial ${i + 1}/${n}: longest gap ${gapMs} ms, ${report.intact}/${report.connections} survived\n`);
+    if (failure === 'podKill') {
+      // A replacement gateway on the node that lost its own, so every trial starts with two candidates.
+      await tb.addPod(owner.node, { name: `gw${owner.node.slice(1)}r${++seq}`, namespace: 'shop', tether: { labels: { role: 'egress-gw' } } });
+    } else {
+      // The node comes back; its gateway pod is a standby again once BFD is Up and its sync has caught up.
+      await tb.mustExec(owner.node, ['ip', 'link', 'set', 'eth0', 'up']);
+      await tb.tetherd(owner.node).start();
+      await waitInSync(tb, next.node, owner.node);
+    }
     await new Promise((r) => setTimeout(r, 1500));
   }
   return out;
+}
+
+/** Waits until the owner reports `standby`'s node Up and in sync. */
+async function waitInSync(tb: Testbed, ownerNode: string, standby: string): Promise<void> {
+  const end = Date.now() + 20_000;
+  for (;;) {
+    const st = (await tb.status(ownerNode).catch(() => undefined)) as unknown as { egress: Array<{ candidates: Array<{ node: string; bfd: string; inSync: boolean }> }> } | undefined;
+    if (st?.egress[0]?.candidates.some((c) => c.node === standby && c.bfd === 'Up' && c.inSync)) return;
+    if (Date.now() > end) throw new Error(`${standby} did not come back in sync with the owner on ${ownerNode}`);
+    await new Promise((r) => setTimeout(r, 200));
+  }
 }
 
 function summarise(ts: Trial[]) {
@@ -52,21 +79,25 @@ function summarise(ts: Trial[]) {
 
 async function main() {
   const withSync = await withTestbed(topology(), (tb) => trials(tb, TRIALS));
+  const nodeDown = await withTestbed(topology(), (tb) => trials(tb, NODE_TRIALS, 'nodeDown'));
   const without = await withTestbed(topology(['--no-conntrack-sync']), (tb) => trials(tb, BASELINE_TRIALS));
   const a = summarise(withSync);
+  const c = summarise(nodeDown);
   const b = summarise(without);
-  const result = { benchmark: 'egress-failover', machine: machine(), connectionsPerTrial: CONNS, withSync: a, withoutSync: b, trials: { withSync, withoutSync: without } };
+  const result = { benchmark: 'egress-failover', machine: machine(), connectionsPerTrial: CONNS, withSync: a, nodeDown: c, withoutSync: b, trials: { withSync, nodeDown, withoutSync: without } };
   fs.mkdirSync(path.join(repo, 'results'), { recursive: true });
   fs.writeFileSync(path.join(repo, 'results/bench-egress.json'), JSON.stringify(result, null, 2) + '\n');
   const m = result.machine as Record<string, unknown>;
-  const md = `Measured by \`npm run bench\` on ${m.cpu} (${m.cores} cores), kernel ${m.kernel}, ${String(m.date).slice(0, 10)}: the owning gateway pod killed abruptly (namespace deleted) under ${CONNS} long-lived TCP connections; the gap is the longest time any connection went without an echo, among gaps that ended after the kill began (kill → traffic through the new owner, at 50 ms request spacing).
+  const bfd = (topology().extraObjects?.find((o) => (o as { kind: string }).kind === 'Egress') as { spec: { failover?: { intervalMs?: number; detectMultiplier?: number } } } | undefined)?.spec.failover;
+  const md = `Measured by \`npm run bench\` on ${m.cpu} (${m.cores} cores), kernel ${m.kernel}, ${String(m.date).slice(0, 10)}, under ${CONNS} long-lived TCP connections (50 ms request spacing); BFD ${bfd?.intervalMs ?? 50} ms × ${bfd?.detectMultiplier ?? 3}. The gap is the longest time any connection went without an echo, among gaps that ended after the failure began (failure → traffic through the new owner).
 
-| | trials | gap p50 (ms) | gap p95 (ms) | gap max (ms) | connections surviving |
+| failure | trials | gap p50 (ms) | gap p95 (ms) | gap max (ms) | connections surviving |
 |---|---|---|---|---|---|
-| with conntrack sync | ${a.trials} | ${a.gapMs.p50} | ${a.gapMs.p95} | ${a.gapMs.max} | ${a.survivalPct} % |
-| without (baseline) | ${b.trials} | ${b.gapMs.p50} | ${b.gapMs.p95} | ${b.gapMs.max} | ${b.survivalPct} % |
+| owning gateway pod killed (namespace deleted) | ${a.trials} | ${a.gapMs.p50} | ${a.gapMs.p95} | ${a.gapMs.max} | ${a.survivalPct} % |
+| owner's node lost (tetherd killed, uplink down) | ${c.trials} | ${c.gapMs.p50} | ${c.gapMs.p95} | ${c.gapMs.max} | ${c.survivalPct} % |
+| pod killed, without conntrack sync (baseline) | ${b.trials} | ${b.gapMs.p50} | ${b.gapMs.p95} | ${b.gapMs.max} | ${b.survivalPct} % |
 
-Targets: failover p50 ≤ 300 ms (${a.gapMs.p50 <= 300 ? 'met' : 'not met'}), p95 ≤ 500 ms (${a.gapMs.p95 <= 500 ? 'met' : 'not met'}), 100 % survival (${a.survivalPct === 100 ? 'met' : 'not met'}). Conntrack sync throughput against conntrackd: next section. Raw figures: \`results/bench-egress.json\`.`;
+Targets: pod kill p50 ≤ 300 ms (${a.gapMs.p50 <= 300 ? 'met' : 'not met'}), p95 ≤ 500 ms (${a.gapMs.p95 <= 500 ? 'met' : 'not met'}); node lost p95 ≤ 200 ms (${c.gapMs.p95 <= 200 ? 'met' : 'not met'}); 100 % survival (${a.survivalPct === 100 && c.survivalPct === 100 ? 'met' : 'not met'}). Raw figures: \`results/bench-egress.json\`.`;
   updateReadme(path.join(repo, 'README.md'), 'egress', md);
   process.stdout.write(md + '\n');
 }

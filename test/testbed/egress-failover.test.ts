@@ -97,7 +97,7 @@ scenario('planned handover (the owner gateway pod is deleted through the CNI cha
   });
 });
 
-scenario('forged BFD packets and garbage on the sync port are rejected and counted; the stream is not disturbed', async () => {
+scenario('forged BFD packets, ownership notices and garbage on the sync port are rejected and counted; the stream is not disturbed', async () => {
   await withTestbed(topology(), async (tb) => {
     const first = await waitOwner(tb);
     const standby = first.node === 'n1' ? 'n2' : 'n1';
@@ -113,6 +113,10 @@ p.writeUInt32BE(100000, 12); p.writeUInt32BE(100000, 16); p[24] = 5; p[25] = 28;
 let n = 0;
 const t = setInterval(() => {
   for (const h of [owner, standby]) { u.send(p, 3784, h); u.send(Buffer.from('garbage ' + n), 3784, h); }
+  // An ownership notice naming an attacker's pod, with a made-up MAC, and garbage on the notice port.
+  const body = Buffer.from(JSON.stringify({ from: 'n9', boot: '0123456789abcdef', seq: n + 1, at: Date.now(), notices: [{ egress: 'shop/out', address: '198.18.0.201', owner: 'evil/gw', epoch: 999, ownerNode: 'n9', ownerNodeAddress: '', ownerPodIp: '', cause: 'forged', inSync: [] }] }));
+  const notice = Buffer.concat([Buffer.from([84, 79, 87, 78, 1, 0, 0, 0]), Buffer.alloc(32, 0xcd), body]);
+  for (const h of [owner, standby]) { u.send(notice, 3785, h); u.send(Buffer.from('garbage ' + n), 3785, h); }
   // A complete frame of junk (fails authentication) and a frame claiming 2 GB (refused before allocation).
   const junk = Buffer.alloc(64, n); junk.writeUInt32BE(60, 0);
   const c = net.connect(3785, standby, () => c.write(junk));
@@ -128,9 +132,12 @@ const t = setInterval(() => {
       // The stream keeps flowing after the attack: kill the owner so the standby's synced state is used.
       await tb.mustExec('router', ['ip', 'netns', 'del', tb.pod(`${first.node}-${first.st.owner.split('/')[1]}`).ns]);
     });
-    const sec = ((await tb.status(standby)) as unknown as { egressSecurity: { bfdRejected: Record<string, number>; syncRejected: Record<string, number> } }).egressSecurity;
+    const sec = ((await tb.status(standby)) as unknown as { egressSecurity: { bfdRejected: Record<string, number>; syncRejected: Record<string, number>; noticesRejected: Record<string, number> } }).egressSecurity;
     const bfdRejected = Object.values(sec.bfdRejected).reduce((a, b) => a + b, 0);
     const syncRejected = Object.values(sec.syncRejected).reduce((a, b) => a + b, 0);
+    assert.ok(sec.noticesRejected.badMac >= 20 && sec.noticesRejected.malformed >= 20, `forged and garbage ownership notices counted: ${JSON.stringify(sec.noticesRejected)}`);
+    const after = await egressOf(tb, standby);
+    assert.not.match(String(after?.owner), /evil/, 'a forged notice changed nothing');
     assert.ok(bfdRejected >= 20, `BFD rejections counted: ${JSON.stringify(sec.bfdRejected)}`);
     assert.ok(syncRejected >= 10, `sync rejections counted: ${JSON.stringify(sec.syncRejected)}`);
     assert.is(report.intact, CONNS, `${report.intact}/${CONNS} intact after the attack and a takeover`);
