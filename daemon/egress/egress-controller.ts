@@ -422,7 +422,6 @@ export class EgressController {
       });
     } else if (d.action === 'keep' && st.own.owner && local.has(st.own.owner) && !st.holder) {
       await this.become(st, this.gateways.get(st.own.owner)!, 'restart: resuming ownership');
-      this.broadcast(st);
     }
     this.ensureSenders(st);
     this.updateClients(st);
@@ -438,7 +437,6 @@ export class EgressController {
     st.recorded = recorded;
     st.inSync = new Set();
     await this.become(st, gw, cause);
-    this.broadcast(st);
     st.lastTakeover = { at: new Date().toISOString(), cause, ms: Date.now() - t0, epoch: st.own.epoch, from, to: pod, decidedBy: this.o.node.name };
     this.o.logger.info('egress: ownership changed', { egress: st.egress.key, address: st.address, from, to: pod, epoch: st.own.epoch, cause, decidedBy: this.o.node.name, ms: Date.now() - t0 });
     this.updateClients(st);
@@ -503,16 +501,21 @@ export class EgressController {
     const gw = this.gateways.get(c.owner);
     if (gw && !st.holder) {
       await this.become(st, gw, c.cause ?? via);
+      // become() confirms to every node (and to the decider) that the named gateway holds it now.
       st.lastTakeover = { at: new Date().toISOString(), cause: c.cause ?? '', ms: 0, epoch: c.epoch, from: prev.owner, to: c.owner, decidedBy: via };
-      // Confirms to every node (and to the decider) that the named gateway holds it now.
-      this.broadcast(st);
     }
     this.updateClients(st);
   }
 
+  /**
+   * Holds the address on a local gateway: datapath first, then every node is told (clients re-steer on
+   * that notice), then the conntrack stream to the standbys starts (its event reader takes a few ms).
+   */
   private async become(st: AddressState, gw: LocalGateway, cause: string): Promise<void> {
     gw.datapath.own(st.address, st.egress.announce);
     st.holder = gw;
+    this.broadcast(st);
+    this.updateClients(st);
     this.o.logger.info('egress: this node owns the floating address', { egress: st.egress.key, address: st.address, pod: gw.info.pod, epoch: st.own.epoch, cause });
     await this.startStreaming(st);
   }
