@@ -485,7 +485,12 @@ export class EgressController {
   private async adopt(st: AddressState, c: Ownership, via: string, inSync?: string[]): Promise<void> {
     const same = c.epoch === st.own.epoch && c.owner === st.own.owner;
     if (same) {
-      if (inSync && !st.holder) st.inSync = new Set(inSync);
+      if (inSync && !st.holder) {
+        st.inSync = new Set(inSync);
+        // The owner itself just spoke: whatever BFD says from here, an out-of-sync candidate's hold-down
+        // starts over (its claim is for owners that are really gone).
+        st.ownerDownSince = undefined;
+      }
       if (via === 'store') st.recorded = true;
       st.own = { ...st.own, ownerNode: st.own.ownerNode ?? c.ownerNode, ownerNodeAddress: st.own.ownerNodeAddress ?? c.ownerNodeAddress, ownerPodIp: st.own.ownerPodIp ?? c.ownerPodIp };
       return;
