@@ -7,7 +7,6 @@
 // behind the same interface later.
 import Redis from 'ioredis';
 import { EventEmitter } from 'node:events';
-import { ErrorCode, TetherError } from '../errors';
 import { log } from '../log';
 import { parseRedisUrl } from '../../ipam/store/redis-store';
 
@@ -76,15 +75,7 @@ export class OwnershipStore extends EventEmitter {
     const sub = new Redis({ ...common, connectionName: 'tether-ownership-sub' });
     for (const c of [client, sub]) c.on('error', (e: Error) => log().debug('ownership store connection error', { error: e.message }));
     client.defineCommand('tetherRecordOwner', { numberOfKeys: 2, lua: RECORD });
-    try {
-      await Promise.all([client.connect(), sub.connect()]);
-    } catch (e) {
-      client.disconnect();
-      sub.disconnect();
-      throw new TetherError(ErrorCode.TryAgainLater, `ownership store (${target.where}) unreachable: ${(e as Error).message}`, { cause: e });
-    }
     const store = new OwnershipStore(client, sub, prefix);
-    await sub.subscribe(store.channel());
     sub.on('message', (_ch: string, msg: string) => {
       try {
         store.emit('change', JSON.parse(msg) as Ownership);
@@ -92,8 +83,26 @@ export class OwnershipStore extends EventEmitter {
         log().warn('ownership store: unreadable change notice ignored', { msg: msg.slice(0, 200) });
       }
     });
-    // After a reconnect the subscription is restored by ioredis; tell listeners to re-read what they missed.
-    sub.on('ready', () => store.emit('resync'));
+    // Subscribed on the first ready connection (ioredis restores it after a reconnect); every ready tells
+    // listeners to re-read what they missed meanwhile.
+    let subscribed = false;
+    sub.on('ready', () => {
+      if (!subscribed) {
+        subscribed = true;
+        sub.subscribe(store.channel()).catch((e: Error) => {
+          subscribed = false;
+          log().warn('ownership store: subscribe failed; retried on the next connection', { error: e.message });
+        });
+      }
+      store.emit('resync');
+    });
+    // Nothing waits for the store: a tetherd that starts while it is down decides ownership with its peers
+    // and catches up once a connection is ready (ioredis keeps reconnecting).
+    try {
+      await Promise.all([client.connect(), sub.connect()]);
+    } catch (e) {
+      log().warn('ownership store unreachable at start; going on and reconnecting', { store: target.where, error: (e as Error).message });
+    }
     return store;
   }
 
