@@ -113,6 +113,18 @@ test('every start failure: a message naming what is wrong and a non-zero exit, w
   }
 });
 
+test('with Egress configured, tetherd starts while the cluster store is down, and stops cleanly', async () => {
+  const d = await startDaemon({ extraArgs: ['--config', path.join(dir, 'egress.yaml'), '--redis', `unix://${path.join(dir, 'no-redis.sock')}`, '--cluster-key-file', path.join(dir, 'key'), '--node-address', '127.0.0.1'] });
+  try {
+    assert.match(d.log(), /ownership store unreachable at start; going on and reconnecting/);
+    const code = await d.stop('SIGTERM');
+    assert.is(code, 0, `exit code; log:\n${d.log().slice(-800)}`);
+    assert.not.match(d.log(), /write after end|\n\s+at /);
+  } finally {
+    removeDaemonDir(d);
+  }
+});
+
 test('a clean stop exits 0 and says so', async () => {
   const d = await startDaemon();
   try {
