@@ -4,6 +4,7 @@ import * as fs from 'node:fs';
 import * as os from 'node:os';
 import { isIP } from 'node:net';
 import { parseArgs } from 'node:util';
+import { monitorEventLoopDelay } from 'node:perf_hooks';
 import { DEFAULT_SOCKET_PATH, type CniParams } from './api/protocol';
 import { makeLogger, setLogger, type Logger } from './log';
 import { endLogger, Lifecycle, StartError, stopSignal } from './lifecycle';
@@ -223,6 +224,10 @@ async function start(opts: Options, nodeName: string, logger: Logger, life: Life
     });
   }
   const started = Date.now();
+  // The main event loop's worst delay since start (status): what a busy tetherd does to its timers.
+  const loopLag = monitorEventLoopDelay({ resolution: 10 });
+  loopLag.enable();
+  life.started('event loop monitor', () => void loopLag.disable());
 
   const asObject = <T>(p: unknown): T => {
     if (!p || typeof p !== 'object' || Array.isArray(p)) throw new TetherError(ErrorCode.BadRequest, 'params must be an object');
@@ -264,6 +269,8 @@ async function start(opts: Options, nodeName: string, logger: Logger, life: Life
         ipam: { pods: pods.usage(), cluster: await addresses.usage() },
         egress: egress?.status() ?? [],
         egressSecurity: egress?.security(),
+        bfd: egress?.bfdStatus(),
+        eventLoop: { lagMaxMs: Math.round(loopLag.max / 1e4) / 100, lagP99Ms: Math.round(loopLag.percentile(99) / 1e4) / 100 },
         pods: podStore.all().map((r) => ({
           network: r.network,
           containerId: r.containerId,

@@ -16,7 +16,10 @@ fi
 # 2. One CommonJS bundle. koffi stays external: its native module rides in the SEA as an asset and is
 #    loaded by daemon/sys/ffi.ts; under plain node it is required from node_modules.
 node_modules/.bin/esbuild cni/entry.ts --bundle --platform=node --target=node20 --format=cjs \
-  --external:koffi --minify --legal-comments=none --log-level=warning --outfile="$out/tether.js"
+  --external:koffi --external:esbuild --minify --legal-comments=none --log-level=warning --outfile="$out/tether.js"
+# tetherd's BFD thread runs its own bundle (daemon/bfd/threaded.ts loads it from the SEA asset).
+node_modules/.bin/esbuild daemon/bfd/worker-main.ts --bundle --platform=node --target=node20 --format=cjs \
+  --minify --legal-comments=none --log-level=warning --outfile="$out/bfd-worker.js"
 
 # 3. The single executable.
 koffi_node=$(ls node_modules/koffi/build/koffi/linux_x64/koffi.node)
@@ -27,7 +30,7 @@ cat > "$out/sea-config.json" <<JSON
   "disableExperimentalSEAWarning": true,
   "useSnapshot": false,
   "useCodeCache": true,
-  "assets": { "koffi.node": "$root/$koffi_node" }
+  "assets": { "koffi.node": "$root/$koffi_node", "bfd-worker.js": "$root/$out/bfd-worker.js" }
 }
 JSON
 node --experimental-sea-config "$out/sea-config.json" >/dev/null 2>&1 || node --experimental-sea-config "$out/sea-config.json"

@@ -19,7 +19,8 @@ import { ErrorCode, TetherError } from '../errors';
 import type { PodRecord } from '../state/pod-store';
 import type { AttachService } from '../pod/attach-service';
 import { attachEgressSteer, openEgressMaps, type EgressMaps, type EgressSteer } from '../bpf/egress-steer';
-import { BfdAuthType, BfdEndpoint, BfdState, type BfdAuthConfig, type BfdSession } from '../bfd';
+import { BfdAuthType, BfdState, type BfdAuthConfig } from '../bfd';
+import { BfdThread, type BfdPeer } from '../bfd/threaded';
 import { ConntrackEvents, ConntrackHandle, type ApplyResult, type ConntrackEntry, type ConntrackEvent, type ConntrackEventType } from '../conntrack';
 import { applySyncedEvents, encodeEventPayload, replaceSyncedEntries, SyncReceiver, SyncSender, type SyncPeerInfo } from '../conntrack-sync';
 import { ipToBytes } from '../netlink/ip-bytes';
@@ -111,7 +112,7 @@ export class EgressController {
   private readonly gateways = new Map<string, LocalGateway>();
   private readonly clients = new Map<string, ClientPod>();
   private readonly addresses = new Map<string, AddressState>();
-  private readonly bfd = new Map<string, BfdSession>();
+  private readonly bfd = new Map<string, BfdPeer>();
   /** What the client steering map holds per Egress (for one log line per change). */
   private readonly steered = new Map<string, string>();
   private readonly bfdInfo = new Map<string, { createdAt: number; everUp: boolean }>();
@@ -124,7 +125,7 @@ export class EgressController {
   private readonly work = new InFlight();
   /** Background writes of decisions to the store; awaited last, briefly, on stop. */
   private readonly records = new InFlight();
-  private endpoint?: BfdEndpoint;
+  private endpoint?: BfdThread;
   private receiver?: SyncReceiver;
   private notices?: NoticeChannel;
   private maps?: EgressMaps;
@@ -145,7 +146,7 @@ export class EgressController {
 
   async start(): Promise<void> {
     if (!this.egresses.size) return;
-    this.endpoint = await BfdEndpoint.open({ address: this.o.node.address });
+    this.endpoint = await BfdThread.open({ address: this.o.node.address });
     this.receiver = new SyncReceiver({
       key: this.o.clusterKey,
       id: this.o.node.name,
@@ -226,6 +227,12 @@ export class EgressController {
   security(): Record<string, unknown> {
     const n = this.notices?.stats();
     return { bfdRejected: this.endpoint?.stats().rejected, syncRejected: this.receiver?.stats().rejected, noticesRejected: n?.rejected, notices: n && { rx: n.rx, tx: n.tx, accepted: n.accepted } };
+  }
+
+  /** BFD as its thread last reported it: each session's state and Up/Down counts, the thread's worst loop delay. */
+  bfdStatus(): Record<string, unknown> | undefined {
+    const st = this.endpoint?.stats();
+    return st && { threadLagMaxMs: st.loopLagMaxMs, sessions: st.sessions.map((x) => ({ peer: x.peer, state: x.state, ups: x.ups, downs: x.downs, rx: x.rx, tx: x.tx })) };
   }
 
   /** Status per floating address: owner, epoch, candidates with their liveness, sync counters, last takeover. */

@@ -68,7 +68,7 @@ export function validateEgress(raw: unknown, ctx: EgressContext): ResolvedEgress
 
   const fo = spec.failover === undefined ? {} : isObject(spec.failover) ? spec.failover : (bad('spec.failover must be an object'), {});
   for (const k of Object.keys(fo)) if (k !== 'intervalMs' && k !== 'detectMultiplier') bad(`spec.failover.${k} is not a field (intervalMs, detectMultiplier)`);
-  const intervalMs = intIn(fo.intervalMs ?? 100, 10, 10_000, 'spec.failover.intervalMs', bad);
+  const intervalMs = intIn(fo.intervalMs ?? 50, 10, 10_000, 'spec.failover.intervalMs', bad);
   const detectMultiplier = intIn(fo.detectMultiplier ?? 3, 2, 255, 'spec.failover.detectMultiplier', bad);
 
   const an = spec.announce === undefined ? { mode: 'l2' } : isObject(spec.announce) ? spec.announce : (bad('spec.announce must be an object'), { mode: 'l2' });

@@ -53,7 +53,8 @@ scenario('cluster store down before the owner node fails: the standby takes over
       assert.is(client?.owner, st?.owner, 'the client node learned the new owner without the store');
       assert.is(client?.epoch, st?.epoch);
       assert.is(report.intact, CONNS, `${report.intact}/${CONNS} intact; ${report.errors.slice(0, 4).join('; ')}`);
-      assert.ok(report.maxGapMs < 1000, `longest gap ${report.maxGapMs} ms`);
+      // The event's gap (set-up stalls before the mark are the harness's, see egress-failover.test.ts).
+      assert.ok(report.maxGapAfterMarkMs !== undefined && report.maxGapAfterMarkMs < 1000, `longest gap during the event ${report.maxGapAfterMarkMs} ms`);
       process.stdout.write(`  store down, node down: longest gap ${report.maxGapAfterMarkMs} ms during the failover over ${CONNS} connections, takeover ${JSON.stringify(st?.lastTakeover)}\n`);
       process.kill(tb.redis.pid!, 'SIGCONT');
       resumed = true;

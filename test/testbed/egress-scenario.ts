@@ -31,7 +31,6 @@ export function topology(extraArgs: string[] = []): Topology {
           destinations: ['198.19.0.0/16'],
           excludeDestinations: ['198.18.0.0/24'],
           addresses: { pool: 'float', count: 1 },
-          failover: { intervalMs: 100, detectMultiplier: 3 },
         },
       },
     ],

@@ -23,7 +23,7 @@ function good(spec: Record<string, unknown> = {}, meta: Record<string, unknown> 
   };
 }
 
-test('a good Egress resolves with defaults: everything outside the cluster, l2, 100 ms × 3', () => {
+test('a good Egress resolves with defaults: everything outside the cluster, l2, 50 ms × 3', () => {
   const e = validateEgress(good(), ctx);
   assert.is(e.key, 'shop/out');
   assert.equal(e.clients, { namespace: 'shop', matchLabels: { app: 'web' } });
@@ -31,7 +31,7 @@ test('a good Egress resolves with defaults: everything outside the cluster, l2, 
   assert.equal(e.destinations, ['0.0.0.0/0']);
   assert.equal(e.excluded, ['10.244.0.0/16', '10.96.0.0/12']);
   assert.equal(e.addresses, { pool: 'float', count: 2 });
-  assert.equal(e.failover, { intervalMs: 100, detectMultiplier: 3 });
+  assert.equal(e.failover, { intervalMs: 50, detectMultiplier: 3 });
   assert.equal(e.announce, { mode: 'l2' });
 });
 
