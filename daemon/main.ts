@@ -4,11 +4,11 @@ import * as fs from 'node:fs';
 import * as os from 'node:os';
 import { isIP } from 'node:net';
 import { parseArgs } from 'node:util';
-import { monitorEventLoopDelay } from 'node:perf_hooks';
 import { DEFAULT_SOCKET_PATH, type CniParams } from './api/protocol';
 import { makeLogger, setLogger, type Logger } from './log';
 import { endLogger, Lifecycle, StartError, stopSignal } from './lifecycle';
 import { InFlight } from './util/in-flight';
+import { LoopLag } from './util/loop-lag';
 import { ApiServer } from './server';
 import { PodStore } from './state/pod-store';
 import { AttachService } from './pod/attach-service';
@@ -225,9 +225,8 @@ async function start(opts: Options, nodeName: string, logger: Logger, life: Life
   }
   const started = Date.now();
   // The main event loop's worst delay since start (status): what a busy tetherd does to its timers.
-  const loopLag = monitorEventLoopDelay({ resolution: 10 });
-  loopLag.enable();
-  life.started('event loop monitor', () => void loopLag.disable());
+  const loopLag = new LoopLag();
+  life.started('event loop monitor', () => loopLag.stop());
 
   const asObject = <T>(p: unknown): T => {
     if (!p || typeof p !== 'object' || Array.isArray(p)) throw new TetherError(ErrorCode.BadRequest, 'params must be an object');
@@ -270,7 +269,7 @@ async function start(opts: Options, nodeName: string, logger: Logger, life: Life
         egress: egress?.status() ?? [],
         egressSecurity: egress?.security(),
         bfd: egress?.bfdStatus(),
-        eventLoop: { lagMaxMs: Math.round(loopLag.max / 1e4) / 100, lagP99Ms: Math.round(loopLag.percentile(99) / 1e4) / 100 },
+        eventLoop: { lagMaxMs: loopLag.maxMs(), lagMaxPerSecondMs: loopLag.series() },
         pods: podStore.all().map((r) => ({
           network: r.network,
           containerId: r.containerId,

@@ -100,39 +100,27 @@ export class BfdThread {
   private last: BfdThreadStats = { rx: 0, rejected: emptyRejects(), sessions: [], loopLagMaxMs: 0 };
   private closing?: Promise<void>;
   private exited = false;
+  private started?: { resolve: (port: number) => void; reject: (e: Error) => void };
+  /** The receive port the thread bound. */
+  port = 0;
 
-  private constructor(
-    private readonly worker: Worker,
-    readonly port: number,
-  ) {
+  /** Listens to the worker from its first message on: nothing it says between 'ready' and open()'s return is lost. */
+  private constructor(private readonly worker: Worker) {
     worker.on('message', (m: FromWorker) => this.onMessage(m));
+    worker.on('error', (e) => {
+      if (this.started) this.started.reject(e);
+      else log().error('bfd thread failed', { error: e.message });
+    });
+    worker.on('exit', (code) => this.onExit(code));
   }
 
   /** Starts the thread and binds the receive socket; fails like BfdEndpoint.open when it cannot bind. */
   static async open(opts: BfdThreadOptions): Promise<BfdThread> {
     const data: BfdWorkerData = { address: opts.address, port: opts.port, peerPort: opts.peerPort, logLevel: log().level };
     // execArgv []: the worker must not inherit loaders (tsx) or flags meant for the main thread.
-    const worker = new Worker(source(), { eval: true, execArgv: [], workerData: data, name: 'tether-bfd' });
-    const port = await new Promise<number>((resolve, reject) => {
-      const fail = (e: Error) => reject(e);
-      worker.once('error', fail);
-      worker.once('exit', (code) => reject(new TetherError(ErrorCode.IoFailure, `bfd thread exited during start (code ${code})`)));
-      const onFirst = (m: FromWorker) => {
-        if (m.kind === 'log') return forward(m);
-        worker.off('message', onFirst);
-        worker.off('error', fail);
-        worker.removeAllListeners('exit');
-        if (m.kind === 'ready') resolve(m.port);
-        else if (m.kind === 'openFailed') {
-          void worker.terminate();
-          reject(new TetherError(m.code === ErrorCode.InvalidConfig ? ErrorCode.InvalidConfig : ErrorCode.IoFailure, m.message));
-        } else reject(new TetherError(ErrorCode.Internal, `bfd thread: unexpected first message ${m.kind}`));
-      };
-      worker.on('message', onFirst);
-    });
-    const t = new BfdThread(worker, port);
-    worker.on('error', (e) => log().error('bfd thread failed', { error: e.message }));
-    worker.on('exit', (code) => t.onExit(code));
+    const t = new BfdThread(new Worker(source(), { eval: true, execArgv: [], workerData: data, name: 'tether-bfd' }));
+    t.port = await new Promise<number>((resolve, reject) => (t.started = { resolve, reject }));
+    t.started = undefined;
     return t;
   }
 
@@ -176,6 +164,11 @@ export class BfdThread {
     switch (m.kind) {
       case 'log':
         return forward(m);
+      case 'ready':
+        return this.started?.resolve(m.port);
+      case 'openFailed':
+        this.closing = this.worker.terminate().then(() => undefined);
+        return this.started?.reject(new TetherError(m.code === ErrorCode.InvalidConfig ? ErrorCode.InvalidConfig : ErrorCode.IoFailure, m.message));
       case 'state':
         return this.peers.get(m.peer)?.apply(m.change);
       case 'sessionFailed':
@@ -199,6 +192,7 @@ export class BfdThread {
 
   private onExit(code: number): void {
     this.exited = true;
+    this.started?.reject(new TetherError(ErrorCode.IoFailure, `bfd thread exited during start (code ${code})`));
     if (!this.closing) log().error('bfd thread exited', { code });
     for (const p of this.peers.values()) p.ended();
     this.peers.clear();

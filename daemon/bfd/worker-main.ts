@@ -2,8 +2,8 @@
 // thread being busy (a CNI ADD storm, a 100k-entry conntrack resync, a GC pause) delays neither its packets
 // nor its detection timers. Bundled on its own (install/build.sh) and started by threaded.ts.
 import { parentPort, workerData } from 'node:worker_threads';
-import { monitorEventLoopDelay } from 'node:perf_hooks';
 import { setLogger, type Logger } from '../log';
+import { LoopLag } from '../util/loop-lag';
 import { BfdEndpoint } from './endpoint';
 import type { BfdSession, BfdSessionOptions } from './session';
 import type { BfdWorkerData, FromWorker, ToWorker } from './worker-protocol';
@@ -32,8 +32,7 @@ function revive(opts: BfdSessionOptions): BfdSessionOptions {
 async function run(): Promise<void> {
   const data = workerData as BfdWorkerData;
   setLogger(forwardingLogger(data.logLevel));
-  const lag = monitorEventLoopDelay({ resolution: 10 });
-  lag.enable();
+  const lag = new LoopLag();
   let endpoint: BfdEndpoint;
   try {
     endpoint = await BfdEndpoint.open({ address: data.address, port: data.port, peerPort: data.peerPort });
@@ -42,7 +41,7 @@ async function run(): Promise<void> {
     return;
   }
   const sessions = new Map<string, BfdSession>();
-  const stats = () => ({ ...endpoint.stats(), loopLagMaxMs: Math.round(lag.max / 1e4) / 100 });
+  const stats = () => ({ ...endpoint.stats(), loopLagMaxMs: lag.maxMs() });
   const timer = setInterval(() => post({ kind: 'stats', stats: stats() }), STATS_EVERY_MS);
   post({ kind: 'ready', port: endpoint.port });
 
@@ -72,6 +71,7 @@ async function run(): Promise<void> {
         return;
       case 'close':
         clearInterval(timer);
+        lag.stop();
         void endpoint.close().then(() => {
           post({ kind: 'stats', stats: stats() });
           post({ kind: 'closed' });

@@ -8,7 +8,7 @@
 import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { withTestbed, type Testbed } from '../testbed/testbed';
-import { runTraffic, topology, waitOwner } from '../testbed/egress-scenario';
+import { runTraffic, topology, waitOwner, waitStandbyReady } from '../testbed/egress-scenario';
 import { machine, percentile, updateReadme } from './stats';
 
 const TRIALS = Number(process.env.BENCH_FAILOVER_TRIALS ?? 20);
@@ -50,22 +50,11 @@ async function trials(tb: Testbed, n: number, failure: Failure = 'podKill'): Pro
       // The node comes back; its gateway pod is a standby again once BFD is Up and its sync has caught up.
       await tb.mustExec(owner.node, ['ip', 'link', 'set', 'eth0', 'up']);
       await tb.tetherd(owner.node).start();
-      await waitInSync(tb, next.node, owner.node);
+      await waitStandbyReady(tb, next.node, owner.node);
     }
     await new Promise((r) => setTimeout(r, 1500));
   }
   return out;
-}
-
-/** Waits until the owner reports `standby`'s node Up and in sync. */
-async function waitInSync(tb: Testbed, ownerNode: string, standby: string): Promise<void> {
-  const end = Date.now() + 20_000;
-  for (;;) {
-    const st = (await tb.status(ownerNode).catch(() => undefined)) as unknown as { egress: Array<{ candidates: Array<{ node: string; bfd: string; inSync: boolean }> }> } | undefined;
-    if (st?.egress[0]?.candidates.some((c) => c.node === standby && c.bfd === 'Up' && c.inSync)) return;
-    if (Date.now() > end) throw new Error(`${standby} did not come back in sync with the owner on ${ownerNode}`);
-    await new Promise((r) => setTimeout(r, 200));
-  }
 }
 
 function summarise(ts: Trial[]) {

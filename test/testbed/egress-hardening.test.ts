@@ -6,7 +6,7 @@ import { test } from 'uvu';
 import * as assert from 'uvu/assert';
 import * as fs from 'node:fs';
 import { withTestbed, type Testbed } from './testbed';
-import { egressOf, runTraffic, topology, waitOwner, type EgressStatus } from './egress-scenario';
+import { egressOf, runTraffic, topology, waitOwner, waitStandbyReady, type EgressStatus } from './egress-scenario';
 import { ConntrackHandle, IPS, type ConntrackEntry } from '../../daemon/conntrack';
 
 const CONNS = Number(process.env.EGRESS_TEST_CONNS ?? 200);
@@ -38,6 +38,8 @@ scenario('cluster store down before the owner node fails: the standby takes over
   await withTestbed(topology(), async (tb) => {
     const first = await waitOwner(tb);
     const survivor = other(first.node);
+    // A healthy pair before the store goes: the survivor knows the owner (registry, BFD Up) and is in sync.
+    await waitStandbyReady(tb, first.node, survivor);
     // Paused, not killed: connections hang rather than fail, the harder case for anything that awaits it.
     process.kill(tb.redis.pid!, 'SIGSTOP');
     let resumed = false;
