@@ -10,4 +10,5 @@ command -v conntrackd >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noni
 node_modules/.bin/tsx test/bench/cni-latency.ts
 node_modules/.bin/tsx test/bench/ipam.ts
 node_modules/.bin/tsx test/bench/egress-failover.ts
+node_modules/.bin/tsx test/bench/bfd-lag.ts
 node_modules/.bin/tsx test/bench/conntrack-sync-vs-conntrackd.ts
