@@ -97,7 +97,7 @@ export class BfdPeer extends EventEmitter {
 
 export class BfdThread {
   private readonly peers = new Map<string, BfdPeer>();
-  private last: BfdThreadStats = { rx: 0, rejected: emptyRejects(), sessions: [], loopLagMaxMs: 0 };
+  private last: BfdThreadStats = { rx: 0, rejected: emptyRejects(), sessions: [], loopLagMaxMs: 0, loopLagPerSecondMs: [] };
   private closing?: Promise<void>;
   private exited = false;
   private started?: { resolve: (port: number) => void; reject: (e: Error) => void };

@@ -41,7 +41,7 @@ async function run(): Promise<void> {
     return;
   }
   const sessions = new Map<string, BfdSession>();
-  const stats = () => ({ ...endpoint.stats(), loopLagMaxMs: lag.maxMs() });
+  const stats = () => ({ ...endpoint.stats(), loopLagMaxMs: lag.maxMs(), loopLagPerSecondMs: lag.series() });
   const timer = setInterval(() => post({ kind: 'stats', stats: stats() }), STATS_EVERY_MS);
   post({ kind: 'ready', port: endpoint.port });
 

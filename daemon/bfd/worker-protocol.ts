@@ -22,6 +22,8 @@ export interface BfdThreadStats {
   sessions: BfdSessionStats[];
   /** Worst delay of the BFD thread's own event loop since it started, ms (timers firing late). */
   loopLagMaxMs: number;
+  /** Worst delay of each of the last seconds (oldest first), ms. */
+  loopLagPerSecondMs: number[];
 }
 
 export type FromWorker =

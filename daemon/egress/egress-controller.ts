@@ -232,7 +232,7 @@ export class EgressController {
   /** BFD as its thread last reported it: each session's state and Up/Down counts, the thread's worst loop delay. */
   bfdStatus(): Record<string, unknown> | undefined {
     const st = this.endpoint?.stats();
-    return st && { threadLagMaxMs: st.loopLagMaxMs, sessions: st.sessions.map((x) => ({ peer: x.peer, state: x.state, ups: x.ups, downs: x.downs, rx: x.rx, tx: x.tx })) };
+    return st && { threadLagMaxMs: st.loopLagMaxMs, threadLagMaxPerSecondMs: st.loopLagPerSecondMs, sessions: st.sessions.map((x) => ({ peer: x.peer, state: x.state, ups: x.ups, downs: x.downs, rx: x.rx, tx: x.tx })) };
   }
 
   /** Status per floating address: owner, epoch, candidates with their liveness, sync counters, last takeover. */
