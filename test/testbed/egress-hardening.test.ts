@@ -132,18 +132,29 @@ scenario('tetherd stops cleanly with work in flight (Redis paused, a resync bein
         (e: Error) => ({ ok: false as const, error: e.message }),
       ),
     );
-    await new Promise((r) => setTimeout(r, 250));
+    // Stop once tetherd is working on them (an address allocated for one of them), not before they arrive.
+    const busy = Date.now() + 15_000;
+    while (!/"pod":"shop\/late\d"/.test(logOf(tb, 'n3').split('# ').pop() ?? '')) {
+      if (Date.now() > busy) assert.unreachable('tetherd on n3 never started on the late pods');
+      await new Promise((r) => setTimeout(r, 5));
+    }
     assertCleanStop(tb, 'n3', await tb.killTetherd('n3', 'SIGTERM'), 'with CNI ADDs under way');
     const outcomes = await Promise.all(adds);
     await tb.tetherd('n3').start();
+    // The runtime retries the DEL of each failed ADD whose first DEL found tetherd gone.
+    const retried = await tb.retryTeardowns();
     const ok = outcomes.filter((o) => o.ok) as Array<{ ok: true; key: string }>;
     // Every ADD that succeeded is recorded and checks out after the restart; the others failed cleanly.
     for (const o of ok) {
       await tb.checkPod(o.key).catch((e: Error) => assert.unreachable(`CHECK of ${o.key} after the restart: ${e.message}`));
     }
-    const recorded = ((await tb.status('n3')) as unknown as { pods: Array<{ pod?: string }> }).pods.map((p) => p.pod);
+    const n3 = (await tb.status('n3')) as unknown as { pods: Array<{ pod?: string }>; ipam: { pods: Array<{ pool: string; families: Array<{ allocated: number }> }> } };
+    const recorded = n3.pods.map((p) => p.pod);
+    // Nothing leaked: an ADD cut short by the stop holds no address after the restart.
+    const allocated = n3.ipam.pods.find((p) => p.pool === 'default')?.families.reduce((a, f) => a + f.allocated, 0);
+    assert.is(allocated, recorded.length, `addresses allocated on n3 (${allocated}) = pods recorded (${recorded.length}): ${recorded}`);
     for (const o of ok) assert.ok(recorded.includes(`shop/${o.key.split('-').slice(1).join('-')}`), `${o.key} recorded after the restart: ${recorded}`);
-    process.stdout.write(`  stop with CNI ADDs under way: ${ok.length} of ${outcomes.length} ADDs completed, the rest failed with: ${[...new Set(outcomes.filter((o) => !o.ok).map((o) => (o as { error: string }).error.slice(0, 120)))].join(' | ') || '-'}\n`);
+    process.stdout.write(`  stop with CNI ADDs under way: ${ok.length} of ${outcomes.length} ADDs completed (${retried} teardowns retried after the restart), the rest failed with: ${[...new Set(outcomes.filter((o) => !o.ok).map((o) => (o as { error: string }).error.slice(0, 120)))].join(' | ') || '-'}\n`);
 
     // After all of it: one owner, and every node agrees.
     await new Promise((r) => setTimeout(r, 1500));

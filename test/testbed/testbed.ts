@@ -241,10 +241,27 @@ export class Testbed {
       await this.syncBlockRoutes();
       return pod;
     } catch (e) {
-      await chain.del(att).catch(() => undefined); // failures are informative: the ADD error is what matters
+      // Like a runtime: DEL after a failed ADD; when that DEL fails too (tetherd stopped), it is retried
+      // later (retryTeardowns), as containerd retries the teardown of a sandbox.
+      await chain.del(att).catch(() => this.failedTeardowns.push({ chain, att }));
       await run(['ip', 'netns', 'delete', plan.ns]);
       throw e;
     }
+  }
+
+  /** Teardowns (DEL after a failed ADD) that failed, waiting for retryTeardowns. */
+  private readonly failedTeardowns: Array<{ chain: CniChain; att: Attachment }> = [];
+
+  /** Retries each failed teardown once (the runtime's retry); returns how many succeeded. */
+  async retryTeardowns(): Promise<number> {
+    let ok = 0;
+    for (const t of this.failedTeardowns.splice(0)) {
+      await t.chain.del(t.att).then(
+        () => ok++,
+        () => this.failedTeardowns.push(t),
+      );
+    }
+    return ok;
   }
 
   /** Runs the chain DEL for a pod and removes its namespace (the runtime's order); block routes follow. */
