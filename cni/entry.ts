@@ -2,6 +2,7 @@
 // tether-ipam, tetherd and tetherctl to tether). Each branch is required lazily so the CNI client
 // never initialises daemon code (winston, koffi) and starts as fast as a bare Node.
 import * as path from 'node:path';
+import { answerCommandLine } from './about';
 
 function calledAs(): { name: string; args: string[] } {
   const args = process.argv.slice(2);
@@ -11,6 +12,8 @@ function calledAs(): { name: string; args: string[] } {
 
 async function run(): Promise<number> {
   const { name, args } = calledAs();
+  const answered = answerCommandLine(name, args, process.env);
+  if (answered !== undefined) return answered;
   switch (name) {
     case 'tetherd':
       return (require('../daemon/main') as typeof import('../daemon/main')).main(args);

@@ -6,9 +6,13 @@ import { parseArgs } from 'node:util';
 import { call } from './api/client';
 import { DEFAULT_SOCKET_PATH, type Method } from './api/protocol';
 
-const USAGE = `usage: tetherctl [--socket PATH] status | ping
+const USAGE = `usage: tetherctl [--socket PATH] [--timeout MS] status | ping
        tetherctl [--socket PATH] address allocate --pool P --owner O [--count N] [--address A]... [--family 4|6]
-       tetherctl [--socket PATH] address release --pool P --owner O\n`;
+       tetherctl [--socket PATH] address release --pool P --owner O
+       tetherctl --help | --version
+  status    what tetherd holds: pods, pools, Egress ownership and candidates, BFD, sync and security counters
+  ping      whether tetherd answers
+  --socket  tetherd's socket (default ${DEFAULT_SOCKET_PATH})\n`;
 
 export async function main(argv: string[]): Promise<number> {
   let parsed;
@@ -24,6 +28,7 @@ export async function main(argv: string[]): Promise<number> {
         count: { type: 'string' },
         address: { type: 'string', multiple: true },
         family: { type: 'string' },
+        help: { type: 'boolean', short: 'h' },
       },
     });
   } catch (e) {
@@ -31,6 +36,10 @@ export async function main(argv: string[]): Promise<number> {
     return 2;
   }
   const { values: v, positionals } = parsed;
+  if (v.help) {
+    process.stdout.write(USAGE);
+    return 0;
+  }
   const [cmd = 'status', sub] = positionals;
   let method: Method;
   let params: Record<string, unknown> = {};

@@ -23,8 +23,8 @@ import { parseRedisUrl, RedisStore } from '../ipam/store/redis-store';
 import { EgressController, requireClusterKey } from './egress/egress-controller';
 import { validateEgress, type ResolvedEgress } from './egress/egress-spec';
 import { OwnershipStore } from './egress/ownership-store';
+import { VERSION } from '../cni/about';
 
-const VERSION = '0.1.0';
 
 const USAGE = `usage: tetherd [--node-name NAME] [--socket PATH] [--state-dir DIR] [--bpf-pin-dir DIR] [--config FILE]
                [--redis URL] [--redis-prefix PREFIX] [--log-level LEVEL]
@@ -36,7 +36,8 @@ const USAGE = `usage: tetherd [--node-name NAME] [--socket PATH] [--state-dir DI
   --node-address IP       this node's address: BFD, conntrack sync and FoU between nodes use it
   --uplink IF             the node's interface on the L2 segment (announcements); default: eth0
   --cluster-key-file FILE shared secret (≥ 32 bytes, hex or base64) authenticating tetherd-to-tetherd traffic
-  --fou-port N            UDP port of FoU encapsulation (default 5555); --sync-port N conntrack sync (default 3785)`;
+  --fou-port N            UDP port of FoU encapsulation (default 5555); --sync-port N conntrack sync (default 3785)
+  --help, --version`;
 
 
 export async function main(argv: string[]): Promise<number> {
@@ -60,7 +61,7 @@ export async function main(argv: string[]): Promise<number> {
         // Testing only: the negative control of the failover tests (takeover without conntrack state).
         'no-conntrack-sync': { type: 'boolean', default: false },
         'log-level': { type: 'string', default: 'info' },
-        help: { type: 'boolean' },
+        help: { type: 'boolean', short: 'h' },
       },
     }).values;
   } catch (e) {
