@@ -2,6 +2,7 @@
 // Shared by `tether` and `tether-ipam`; kept free of heavy imports so the executables start fast.
 import { readFileSync } from 'node:fs';
 import { cniCodeFor, TetherError, ErrorCode } from '../daemon/errors';
+import { parseCniArgs, validateContainerId, validateIfName, validateNetns, validateNetworkName } from './validate';
 
 export const SUPPORTED_VERSIONS = ['0.3.1', '0.4.0', '1.0.0', '1.1.0'] as const;
 export const LATEST_VERSION = '1.1.0';
@@ -50,24 +51,18 @@ export function readEnv(env: NodeJS.ProcessEnv): CniEnv {
   let netns = '';
   if (cmd === 'ADD' || cmd === 'DEL' || cmd === 'CHECK') {
     containerId = need('CNI_CONTAINERID');
+    validateContainerId(containerId);
     ifName = need('CNI_IFNAME');
+    validateIfName(ifName);
     // DEL may come after the namespace is gone, so the runtime is allowed to leave CNI_NETNS empty.
     netns = cmd === 'DEL' ? (env.CNI_NETNS ?? '') : need('CNI_NETNS');
+    validateNetns(netns, cmd);
   }
   return { command: cmd, containerId, netns, ifName, args: parseArgs(env.CNI_ARGS ?? ''), path: env.CNI_PATH ?? '' };
 }
 
-/** CNI_ARGS is "K1=V1;K2=V2"; a pair without '=' is malformed (error 4). */
-export function parseArgs(raw: string): Record<string, string> {
-  const out: Record<string, string> = {};
-  for (const part of raw.split(';')) {
-    if (!part) continue;
-    const eq = part.indexOf('=');
-    if (eq <= 0) throw new TetherError(ErrorCode.InvalidEnvironment, `CNI_ARGS entry '${part}' is not KEY=VALUE`);
-    out[part.slice(0, eq)] = part.slice(eq + 1);
-  }
-  return out;
-}
+/** CNI_ARGS is "K1=V1;K2=V2"; a pair without '=' or with an empty key is malformed (error 4). */
+export const parseArgs = parseCniArgs;
 
 export interface NetConf {
   cniVersion: string;
@@ -108,6 +103,7 @@ export function parseNetConf(stdin: string, command: CniCommand): NetConf {
       throw new TetherError(ErrorCode.InvalidConfig, `${field}: missing or not a string`);
     }
   }
+  validateNetworkName(conf.name as string);
   if (conf.prevResult !== undefined && (typeof conf.prevResult !== 'object' || conf.prevResult === null || Array.isArray(conf.prevResult))) {
     throw new TetherError(ErrorCode.InvalidConfig, 'prevResult: must be an object');
   }

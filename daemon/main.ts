@@ -24,6 +24,7 @@ import { EgressController, requireClusterKey } from './egress/egress-controller'
 import { validateEgress, type ResolvedEgress } from './egress/egress-spec';
 import { OwnershipStore } from './egress/ownership-store';
 import { VERSION } from '../cni/about';
+import { validateCniRequest, type CniRequestFields } from '../cni/validate';
 
 
 const USAGE = `usage: tetherd [--node-name NAME] [--socket PATH] [--state-dir DIR] [--bpf-pin-dir DIR] [--config FILE]
@@ -237,7 +238,9 @@ async function start(opts: Options, nodeName: string, logger: Logger, life: Life
     if (!p || typeof p !== 'object') throw new TetherError(ErrorCode.BadRequest, 'params must be an object');
     const c = p as CniParams;
     if (!c.config || typeof c.config !== 'object') throw new TetherError(ErrorCode.BadRequest, 'params.config must be an object');
-    if (!c.args || typeof c.args !== 'object') c.args = {};
+    if (c.args === undefined || c.args === null) c.args = {};
+    // The thin clients checked all of this; a request that bypassed them is checked the same way.
+    validateCniRequest(c as unknown as CniRequestFields);
     return c;
   };
   const server = new ApiServer(

@@ -1,6 +1,7 @@
 // The pods this node's tetherd attached, one JSON file per attachment under <stateDir>/pods.
 // Written before ADD answers and removed only after DEL has undone everything, so a restart (kill -9
 // included) knows exactly what to undo.
+import { createHash } from 'node:crypto';
 import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { removeFileDurable, sweepTempFiles, writeFileAtomic } from './atomic-file';
@@ -38,9 +39,13 @@ export function keyString(k: AttachmentKey): string {
   return `${k.network}/${k.containerId}/${k.ifName}`;
 }
 
-function fileName(k: AttachmentKey): string {
-  // Container IDs and interface names are runtime-chosen; encode so no value can escape the directory.
-  return `${encodeURIComponent(k.network)}__${encodeURIComponent(k.containerId)}__${encodeURIComponent(k.ifName)}.json`;
+/**
+ * A fixed-length name (SHA-256 of the key, 64 hex digits): network names, container IDs and interface names
+ * come from the runtime, so neither their length nor their characters decide a file name. Records written
+ * under the earlier name (the URI-encoded fields) are renamed when loaded.
+ */
+export function fileName(k: AttachmentKey): string {
+  return `${createHash('sha256').update(`${k.network}\0${k.containerId}\0${k.ifName}`).digest('hex')}.json`;
 }
 
 export class PodStore {
@@ -59,13 +64,20 @@ export class PodStore {
     for (const name of fs.readdirSync(this.dir)) {
       if (!name.endsWith('.json')) continue;
       const file = path.join(this.dir, name);
+      let rec: PodRecord;
       try {
-        const rec = JSON.parse(fs.readFileSync(file, 'utf8')) as PodRecord;
+        rec = JSON.parse(fs.readFileSync(file, 'utf8')) as PodRecord;
         if (!rec.containerId || !rec.ifName || !rec.network) throw new Error('record lacks its key');
-        this.pods.set(keyString(rec), rec);
       } catch {
         fs.renameSync(file, `${file}.broken`);
         broken.push(name);
+        continue;
+      }
+      this.pods.set(keyString(rec), rec);
+      if (name !== fileName(rec)) {
+        // Written under the earlier naming: write it under its fixed-length name, then drop the old file.
+        writeFileAtomic(path.join(this.dir, fileName(rec)), JSON.stringify(rec, null, 1));
+        removeFileDurable(file);
       }
     }
     return { loaded: this.pods.size, broken };
