@@ -47,7 +47,7 @@ export class RedisStore implements ClusterStore {
     private readonly timeoutMs: number,
   ) {}
 
-  /** Connects to `redis://[user:password@]host:port[/db]` or `unix:///path.sock[?password=…&db=…]`. */
+  /** Connects to `redis://[user:password@]host:port[/db]`, `unix:///path.sock[?password=…&db=…]` or `redis+sentinel://…` (parseRedisUrl). */
   static async connect(url: string, opts: RedisStoreOptions = {}): Promise<RedisStore> {
     const target = parseRedisUrl(url);
     const prefix = opts.keyPrefix ?? 'tether:';
@@ -236,12 +236,78 @@ function withDeadline<T>(p: Promise<T>, ms: number): Promise<T> {
 }
 
 interface RedisTarget {
-  options: { path?: string; host?: string; port?: number; username?: string; password?: string; db?: number };
+  options: {
+    path?: string;
+    host?: string;
+    port?: number;
+    username?: string;
+    password?: string;
+    db?: number;
+    /** Through Sentinel: where the sentinels are, the master's name, and the sentinels' own password. */
+    sentinels?: Array<{ host: string; port: number }>;
+    name?: string;
+    sentinelPassword?: string;
+    /** Subscribe to the sentinels' +switch-master, so a failover is followed at once, not on the next error. */
+    failoverDetector?: boolean;
+  };
   /** For messages: "redis at host:port/db" or "redis at unix:/path"; never the password. */
   where: string;
 }
 
+const SENTINEL_SCHEME = 'redis+sentinel://';
+const SENTINEL_PORT = 26379;
+
+/**
+ * `redis+sentinel://[[user]:password@]host[:port][,host[:port]…]/master[/db][?sentinelPassword=…]`: the
+ * sentinels to ask (port 26379 by default; IPv6 in brackets), the name of the master they watch, and the
+ * password of the Redis servers (the sentinels' own, when they have one, in the query).
+ */
+function parseSentinelUrl(url: string): RedisTarget {
+  const bad = (why: string) => new TetherError(ErrorCode.InvalidConfig, `store url: ${why} (redis+sentinel://[:password@]host[:port][,host[:port]…]/master[/db])`);
+  const rest = url.slice(SENTINEL_SCHEME.length);
+  const q = rest.indexOf('?');
+  const query = new URLSearchParams(q >= 0 ? rest.slice(q + 1) : '');
+  const beforeQuery = q >= 0 ? rest.slice(0, q) : rest;
+  const slash = beforeQuery.indexOf('/');
+  const authority = slash >= 0 ? beforeQuery.slice(0, slash) : beforeQuery;
+  const pathParts = slash >= 0 ? beforeQuery.slice(slash + 1).split('/') : [];
+  const at = authority.lastIndexOf('@');
+  const userinfo = at >= 0 ? authority.slice(0, at) : '';
+  const hostList = at >= 0 ? authority.slice(at + 1) : authority;
+  if (!hostList) throw bad('no sentinel address');
+  const sentinels = hostList.split(',').map((h) => {
+    const m = /^(?:\[([0-9a-fA-F:.]+)\]|([^:\[\]]+))(?::(\d{1,5}))?$/.exec(h);
+    if (!m) throw bad(`sentinel address ${JSON.stringify(h)} is not host[:port]`);
+    const port = m[3] ? Number(m[3]) : SENTINEL_PORT;
+    if (port < 1 || port > 65535) throw bad(`sentinel port ${port} is not 1..65535`);
+    return { host: m[1] ?? m[2], port };
+  });
+  const name = decodeURIComponent(pathParts[0] ?? '');
+  if (!name) throw bad('no master name');
+  if (pathParts.length > 2) throw bad('too many path parts');
+  const dbText = pathParts[1] ?? query.get('db') ?? '';
+  if (dbText !== '' && !/^\d{1,5}$/.test(dbText)) throw bad(`db must be a number, got ${JSON.stringify(dbText)}`);
+  const colon = userinfo.indexOf(':');
+  const username = colon >= 0 ? userinfo.slice(0, colon) : userinfo;
+  const password = colon >= 0 ? userinfo.slice(colon + 1) : '';
+  const sentinelPassword = query.get('sentinelPassword') ?? undefined;
+  const db = dbText === '' ? undefined : Number(dbText);
+  return {
+    options: {
+      sentinels,
+      name,
+      username: username ? decodeURIComponent(username) : undefined,
+      password: password ? decodeURIComponent(password) : undefined,
+      sentinelPassword,
+      db,
+      failoverDetector: true,
+    },
+    where: `redis master ${name}${db === undefined ? '' : `/${db}`} via sentinels ${sentinels.map((x) => (x.host.includes(':') ? `[${x.host}]:${x.port}` : `${x.host}:${x.port}`)).join(',')}`,
+  };
+}
+
 export function parseRedisUrl(url: string): RedisTarget {
+  if (typeof url === 'string' && url.startsWith(SENTINEL_SCHEME)) return parseSentinelUrl(url);
   let u: URL;
   try {
     u = new URL(url);
@@ -275,7 +341,7 @@ export function parseRedisUrl(url: string): RedisTarget {
     };
     return { options, where: `redis at ${u.hostname}:${port}${d === undefined ? '' : `/${d}`}` };
   }
-  throw new TetherError(ErrorCode.InvalidConfig, `store url: unsupported scheme ${u.protocol} (use redis:// or unix://)`);
+  throw new TetherError(ErrorCode.InvalidConfig, `store url: unsupported scheme ${u.protocol} (use redis://, unix:// or redis+sentinel://)`);
 }
 
 function invalid(field: string, why: string): TetherError {
