@@ -25,17 +25,19 @@ interface Trial {
 
 type Failure = 'podKill' | 'nodeDown';
 
-async function trials(tb: Testbed, n: number, failure: Failure = 'podKill'): Promise<Trial[]> {
+async function trials(tb: Testbed, n: number, failure: Failure = 'podKill', synced = true): Promise<Trial[]> {
   const out: Trial[] = [];
   let seq = 0;
   for (let i = 0; i < n; i++) {
     const owner = await waitOwner(tb, undefined, 15000, true);
+    // Every trial starts from a ready pair: the standby's node Up both ways and its conntrack in sync.
+    await waitStandbyReady(tb, owner.node, owner.node === 'n1' ? 'n2' : 'n1', 20_000, synced);
     const podKey = `${owner.node}-${owner.st.owner.split('/')[1]}`;
     const { report } = await runTraffic(tb, CONNS, 4500, async () => {
       if (failure === 'podKill') await tb.mustExec('router', ['ip', 'netns', 'del', tb.pod(podKey).ns]);
       else {
         await tb.killTetherd(owner.node, 'SIGKILL');
-        await tb.mustExec(owner.node, ['ip', 'link', 'set', 'eth0', 'down']);
+        await tb.setUplink(owner.node, 'down');
       }
     });
     const next = await waitOwner(tb, owner.st.owner, 15000, true);
@@ -48,9 +50,9 @@ async function trials(tb: Testbed, n: number, failure: Failure = 'podKill'): Pro
       await tb.addPod(owner.node, { name: `gw${owner.node.slice(1)}r${++seq}`, namespace: 'shop', tether: { labels: { role: 'egress-gw' } } });
     } else {
       // The node comes back; its gateway pod is a standby again once BFD is Up and its sync has caught up.
-      await tb.mustExec(owner.node, ['ip', 'link', 'set', 'eth0', 'up']);
+      await tb.setUplink(owner.node, 'up');
       await tb.tetherd(owner.node).start();
-      await waitStandbyReady(tb, next.node, owner.node);
+      await tb.syncBlockRoutes();
     }
     await new Promise((r) => setTimeout(r, 1500));
   }
@@ -69,7 +71,7 @@ function summarise(ts: Trial[]) {
 async function main() {
   const withSync = await withTestbed(topology(), (tb) => trials(tb, TRIALS));
   const nodeDown = await withTestbed(topology(), (tb) => trials(tb, NODE_TRIALS, 'nodeDown'));
-  const without = await withTestbed(topology(['--no-conntrack-sync']), (tb) => trials(tb, BASELINE_TRIALS));
+  const without = await withTestbed(topology(['--no-conntrack-sync']), (tb) => trials(tb, BASELINE_TRIALS, 'podKill', false));
   const a = summarise(withSync);
   const c = summarise(nodeDown);
   const b = summarise(without);

@@ -391,6 +391,23 @@ export class Testbed {
   }
 
   /**
+   * Takes a node's uplink down (the node is lost to the others) or brings it back: the kernel drops the
+   * routes through a link that goes down, so 'up' puts back the default route and the routes to the other
+   * nodes' pod blocks or CIDRs, as the node's routing (DHCP, BGP) would.
+   */
+  async setUplink(node: string, state: 'up' | 'down'): Promise<void> {
+    const n = this.node(node);
+    if (state === 'down') {
+      await mustRun(['ip', '-n', n.ns, 'link', 'set', 'eth0', 'down']);
+      return;
+    }
+    const lines = ['link set eth0 up', `route replace default via ${this.plan.router.fabricIp}`];
+    if (this.ipam !== 'tether-ipam') for (const o of this.plan.nodes) if (o !== n) lines.push(`route replace ${o.podCidr} via ${o.fabricIp}`);
+    for (const [b, owner] of this.blockRoutes) if (owner !== node) lines.push(`route replace ${b} via ${this.node(owner).fabricIp}`);
+    await ipBatch(n.ns, lines);
+  }
+
+  /**
    * Makes cross-node routes follow the claimed blocks: `<block> via <owner's fabric IP>` on the router and
    * on every other node, and removes routes of blocks no longer claimed. This stands in for the BGP
    * announcement of a node's blocks that real clusters use (BIRD/Calico-style). A node whose tetherd does
