@@ -6,7 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-pkgs=(clang llvm libbpf-dev libbpf1 bpftool iproute2 util-linux nftables conntrack containernetworking-plugins redis-server bird2 iputils-ping procps)
+pkgs=(clang llvm libbpf-dev libbpf1 bpftool iproute2 util-linux nftables conntrack containernetworking-plugins redis-server bird2 iputils-ping procps tcpdump)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -223,10 +223,12 @@ export class EgressController {
     this.maps?.close();
   }
 
-  /** Authentication counters: forged, replayed or garbage BFD packets, sync frames and notices, rejected and counted. */
+  /** Authentication counters (forged, replayed or garbage BFD packets, sync frames and notices) and the source guard's counters. */
   security(): Record<string, unknown> {
     const n = this.notices?.stats();
-    return { bfdRejected: this.endpoint?.stats().rejected, syncRejected: this.receiver?.stats().rejected, noticesRejected: n?.rejected, notices: n && { rx: n.rx, tx: n.tx, accepted: n.accepted } };
+    // Per gateway pod: what the node's guard on its veth let out or dropped, by reason.
+    const guard = Object.fromEntries([...this.gateways.values()].map((g) => [g.info.pod, g.datapath.guardStats()]));
+    return { bfdRejected: this.endpoint?.stats().rejected, syncRejected: this.receiver?.stats().rejected, noticesRejected: n?.rejected, notices: n && { rx: n.rx, tx: n.tx, accepted: n.accepted }, guard };
   }
 
   /** BFD as its thread last reported it: each session's state and Up/Down counts, the thread's worst loop delay. */
@@ -295,7 +297,7 @@ export class EgressController {
     if (gwOf.length) {
       const info: GatewayInfo = { pod, node: this.o.node.name, nodeAddress: this.o.node.address, podIp: ip, zone: this.o.node.zone };
       const datapath = new GatewayDatapath({ pod, netns: r.netns, podIp: ip, ifName: r.ifName, hostIfName: r.hostIfName }, { uplink: this.o.node.uplink, fouPort: this.o.fouPort, pinDir: this.o.pinDir });
-      datapath.prepare(this.nodes);
+      datapath.prepare(this.nodes, { destinations: [...new Set(gwOf.flatMap((e) => e.destinations))], excluded: [...new Set(gwOf.flatMap((e) => e.excluded))] });
       this.gateways.set(pod, { info, datapath, egresses: new Set(gwOf.map((e) => e.key)), netns: r.netns });
       this.o.logger.info('egress: gateway pod ready', { pod, egresses: gwOf.map((e) => e.key) });
       // The registry is told in the background: a store that hangs must not hold a pod's set-up.

@@ -4,6 +4,7 @@
 // route to the pod's veth and the announcement. Every step is idempotent and undone on stand-down.
 import { execFileSync } from 'node:child_process';
 import { attachFouDecap, detachFou, type FouDecap } from '../bpf/fou';
+import { EgressGuard, type GuardStats } from '../bpf/egress-guard';
 import { NetlinkHandle, isNetlinkError } from '../netlink';
 import { writeNetSysctl } from '../sys/netns';
 import { log } from '../log';
@@ -19,6 +20,13 @@ export interface GatewayPod {
   hostIfName: string;
 }
 
+/** What the node's guard on the pod's veth enforces: toward these destinations, owned floating sources only. */
+export interface GuardedDestinations {
+  destinations: string[];
+  /** Ranges inside them that are not guarded (cluster ranges, excludeDestinations). */
+  excluded: string[];
+}
+
 export interface NodeSide {
   /** The node's uplink on the L2 segment (l2 announcements go out here). */
   uplink: string;
@@ -30,6 +38,9 @@ const TABLE = 'tether_egress';
 
 export class GatewayDatapath {
   private decap?: FouDecap;
+  private guard?: EgressGuard;
+  private guarded: GuardedDestinations = { destinations: [], excluded: [] };
+  private nodeAddresses: string[] = [];
   private readonly owned = new Map<string, { mode: AnnounceMode; table?: number }>();
 
   constructor(
@@ -37,8 +48,12 @@ export class GatewayDatapath {
     private readonly node: NodeSide,
   ) {}
 
-  /** Prepares the pod as a gateway (decap, forwarding, nft table). Idempotent. */
-  prepare(allowedSources: string[]): void {
+  /**
+   * Prepares the pod as a gateway (decap, forwarding, nft table, the node's source guard on its veth).
+   * Idempotent. allowedSources: the node addresses FoU may come from (and that the pod may answer with its
+   * own address: probes from nodes).
+   */
+  prepare(allowedSources: string[], guarded: GuardedDestinations = this.guarded): void {
     const ns = this.gw.netns;
     for (const [k, v] of [
       ['net/ipv4/ip_forward', '1'],
@@ -72,10 +87,35 @@ export class GatewayDatapath {
     if (!this.decap) {
       this.decap = attachFouDecap({ netns: ns, ifName: this.gw.ifName, port: this.node.fouPort, localAddress: this.gw.podIp, allowedSources });
     } else this.decap.setAllowedSources(allowedSources);
+    this.guarded = guarded;
+    this.nodeAddresses = allowedSources;
+    if (!this.guard) {
+      this.guard = EgressGuard.attach({ hostIfName: this.gw.hostIfName, podIp: this.gw.podIp, pinDir: this.node.pinDir, ...this.guardSet() });
+    } else this.setGuard();
   }
 
   setAllowedSources(sources: string[]): void {
     this.decap?.setAllowedSources(sources);
+    this.nodeAddresses = sources;
+    this.setGuard();
+  }
+
+  /** The guard's per-reason counters (undefined before prepare). */
+  guardStats(): GuardStats | undefined {
+    return this.guard?.stats();
+  }
+
+  private guardSet(): GuardedDestinations {
+    const v4 = (c: string) => !c.includes(':');
+    return {
+      destinations: this.guarded.destinations.filter(v4),
+      excluded: [...this.guarded.excluded.filter(v4), ...this.nodeAddresses.filter(v4).map((a) => `${a}/32`)],
+    };
+  }
+
+  private setGuard(): void {
+    const g = this.guardSet();
+    this.guard?.setDestinations(g.destinations, g.excluded);
   }
 
   /** Takes a floating address: on the pod, SNAT to it, node route, announcement. Idempotent. */
@@ -83,6 +123,8 @@ export class GatewayDatapath {
     const t0 = process.hrtime.bigint();
     const since = () => Number(process.hrtime.bigint() - t0) / 1e6;
     this.owned.set(address, announce);
+    // The node lets the pod use the address as a source before anything can send with it.
+    this.guard?.own(address);
     // Established flows need only the address on the pod (the node's /32 route to the veth resolves the
     // address itself there), the node's route and the announcement: the pod de-NATs their replies from
     // the synced conntrack entries. So these go first, all netlink; every millisecond before the router
@@ -146,6 +188,12 @@ export class GatewayDatapath {
       // The pod (and its namespace) may be gone: then there is nothing left in it to undo.
       log().debug('egress: pod side of release skipped', { pod: this.gw.pod, address, error: (e as Error).message });
     }
+    // Only now that SNAT to it is gone: from here on a packet with this source is dropped at the node.
+    try {
+      this.guard?.release(address);
+    } catch (e) {
+      log().warn('egress: guard release failed', { pod: this.gw.pod, address, error: (e as Error).message });
+    }
     log().info('egress: floating address released by gateway', { pod: this.gw.pod, address, announce: announce.mode, table, exportRouteRemoved, routeRemoved });
   }
 
@@ -166,6 +214,8 @@ export class GatewayDatapath {
       detachFou({ which: 'decap', netns: this.gw.netns, ifName: this.gw.ifName });
     }
     this.decap = undefined;
+    this.guard?.detach();
+    this.guard = undefined;
     try {
       this.nft(`delete table ip ${TABLE}`);
     } catch {

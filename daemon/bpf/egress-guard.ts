@@ -1,0 +1,134 @@
+// The node's guarantee on a gateway pod's way out (bpf/egress-guard.bpf.c at tc ingress of its host-side
+// veth): toward the destinations of its Egresses, only floating addresses the pod owns right now may be
+// the source. Maps are per veth, pinned under <pinDir>/egress-guard-<veth>/, so a restarted tetherd keeps
+// enforcing (and updating) what the running program uses; a new attachment resets them.
+import * as fs from 'node:fs';
+import * as path from 'node:path';
+import { log } from '../log';
+import { BpfObject } from './object';
+import { bpfObjectDir } from './fou';
+import { ipv4Bytes, ipv4String } from './fou-structs';
+import { parseIpv4Prefix } from './egress-structs';
+import { attachTc, detachTc, type TcAttachment } from './tc';
+
+/** tc filter id of the guard: after steering (0x110) in priority order, though the two never share a veth. */
+export const GUARD_TC = { handle: 1, priority: 0x120, object: 'egress-guard', program: 'egress_guard' } as const;
+
+const ACTION_GUARD = 1;
+const ACTION_BYPASS = 2;
+const KEY0 = Buffer.alloc(4);
+// must match struct guard_stats in bpf/egress-guard.bpf.c
+export const GUARD_STATS_FIELDS = ['allowed', 'notGuarded', 'notIpv4', 'droppedPodSource', 'droppedOtherSource', 'droppedTruncated'] as const;
+export type GuardStats = Record<(typeof GUARD_STATS_FIELDS)[number], number>;
+
+export interface EgressGuardOptions {
+  netns?: string | null;
+  /** The gateway pod's host-side veth (packets the pod sends arrive at its ingress). */
+  hostIfName: string;
+  /** The gateway pod's own address (its drops are counted apart). */
+  podIp: string;
+  /** Destinations of the Egresses the pod is a gateway of, and the ranges excluded from them. */
+  destinations: string[];
+  excluded: string[];
+  pinDir: string;
+  objectPath?: string;
+}
+
+function pinName(hostIfName: string): string {
+  return `${GUARD_TC.object}-${hostIfName}`;
+}
+
+function destKey(cidr: string, field: string): Buffer {
+  const p = parseIpv4Prefix(cidr, field);
+  const k = Buffer.alloc(8);
+  k.writeUInt32LE(p.length, 0);
+  ipv4Bytes(p.address, field).copy(k, 4);
+  return k;
+}
+
+export class EgressGuard {
+  private constructor(
+    private readonly obj: BpfObject,
+    readonly attachment: TcAttachment,
+    private readonly o: EgressGuardOptions,
+  ) {}
+
+  /**
+   * Loads the guard over the veth's pins and attaches it, guarding the given destinations. What the pins
+   * hold as owned stays: after a tetherd restart the pod keeps the addresses it owns (and its SNAT) until
+   * the controller decides otherwise, so its traffic is not cut meanwhile. A new veth starts with nothing.
+   */
+  static attach(o: EgressGuardOptions): EgressGuard {
+    const file = o.objectPath ?? path.join(bpfObjectDir(), `${GUARD_TC.object}.bpf.o`);
+    const obj = BpfObject.load(file, { pinDir: o.pinDir, name: pinName(o.hostIfName) });
+    try {
+      const cfg = Buffer.alloc(4);
+      ipv4Bytes(o.podIp, 'podIp').copy(cfg, 0);
+      obj.map('guard_cfg').update(KEY0, cfg);
+      setDestinations(obj, o.destinations, o.excluded);
+      const attachment = attachTc({ netns: o.netns, ifName: o.hostIfName, direction: 'ingress', progFd: obj.programFd(GUARD_TC.program), handle: GUARD_TC.handle, priority: GUARD_TC.priority });
+      log().info('egress guard attached', { ifName: o.hostIfName, podIp: o.podIp, destinations: o.destinations, excluded: o.excluded.length });
+      return new EgressGuard(obj, attachment, o);
+    } catch (e) {
+      obj.close();
+      throw e;
+    }
+  }
+
+  /** Replaces the guarded destinations (new entries first, so a prefix kept is never unguarded). */
+  setDestinations(destinations: string[], excluded: string[]): void {
+    setDestinations(this.obj, destinations, excluded);
+  }
+
+  /** Allows `address` as a source: call before the address is used (before SNAT to it). */
+  own(address: string): void {
+    this.obj.map('guard_owned').update(ipv4Bytes(address, 'address'), Buffer.from([1]));
+  }
+
+  /** Forbids `address` as a source again: call after SNAT to it is gone. */
+  release(address: string): void {
+    this.obj.map('guard_owned').delete(ipv4Bytes(address, 'address'));
+  }
+
+  owned(): string[] {
+    return this.obj.map('guard_owned').keys().map((k) => ipv4String(k));
+  }
+
+  /** Counters summed over CPUs. */
+  stats(): GuardStats {
+    const out = Object.fromEntries(GUARD_STATS_FIELDS.map((f) => [f, 0])) as GuardStats;
+    for (const v of this.obj.map('guard_stats').lookupPerCpu(KEY0) ?? []) {
+      GUARD_STATS_FIELDS.forEach((f, i) => (out[f] += Number(v.readBigUInt64LE(i * 8))));
+    }
+    return out;
+  }
+
+  /** Removes the filter (the veth may already be gone with its pod), the pins and the object. Idempotent. */
+  detach(): void {
+    const a = this.attachment;
+    try {
+      detachTc({ netns: a.netns, ifindex: a.ifindex, direction: a.direction, handle: a.handle, priority: a.priority });
+    } catch (e) {
+      // The veth went with its pod, and its filter with it.
+      log().debug('egress guard: detach skipped', { ifName: this.o.hostIfName, error: (e as Error).message });
+    }
+    this.obj.close();
+    fs.rmSync(path.join(this.o.pinDir, pinName(this.o.hostIfName)), { recursive: true, force: true });
+  }
+}
+
+function setDestinations(obj: BpfObject, destinations: string[], excluded: string[]): void {
+  const want = new Map<string, [Buffer, number]>();
+  destinations.forEach((c, i) => {
+    const k = destKey(c, `destinations[${i}]`);
+    want.set(k.toString('hex'), [k, ACTION_GUARD]);
+  });
+  // An excluded range equal to a destination leaves it unguarded, as steering does.
+  excluded.forEach((c, i) => {
+    const k = destKey(c, `excluded[${i}]`);
+    want.set(k.toString('hex'), [k, ACTION_BYPASS]);
+  });
+  const map = obj.map('guard_dest');
+  for (const [k, action] of want.values()) map.update(k, Buffer.from([action]));
+  for (const k of map.keys()) if (!want.has(k.toString('hex'))) map.delete(k);
+}
