@@ -148,7 +148,7 @@ test('missing or bad CNI_* variables → code 4 naming the variable', () => {
   for (const v of ['CNI_CONTAINERID', 'CNI_IFNAME', 'CNI_NETNS']) {
     expectError(runCni(bin('tether'), env('ADD', { [v]: undefined }), conf('1.0.0', { prevResult: prevResult('1.0.0') })), 4, new RegExp(`${v} is not set`), v);
   }
-  expectError(runCni(bin('tether'), env('ADD', { CNI_ARGS: 'K8S_POD_NAME' }), conf('1.0.0', { prevResult: prevResult('1.0.0') })), 4, /CNI_ARGS entry 'K8S_POD_NAME'/, 'CNI_ARGS');
+  expectError(runCni(bin('tether'), env('ADD', { CNI_ARGS: 'K8S_POD_NAME' }), conf('1.0.0', { prevResult: prevResult('1.0.0') })), 4, /CNI_ARGS entry "K8S_POD_NAME" is not KEY=VALUE/, 'CNI_ARGS');
 });
 
 test('missing name/type, bad socketPath → code 7', () => {
