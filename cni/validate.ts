@@ -78,15 +78,20 @@ export interface CniRequestFields {
   config: Record<string, unknown>;
 }
 
-/** Validates a request that arrived on tetherd's socket; STATUS and GC carry no attachment. */
-export function validateCniRequest(p: CniRequestFields): void {
+/**
+ * Validates a request that arrived on tetherd's socket; STATUS and GC carry no attachment. requireNetns:
+ * whether an empty CNI_NETNS is refused for ADD and CHECK (the pod plugin works in the namespace; IPAM
+ * does not use it, so its requests are only checked for a well-formed path).
+ */
+export function validateCniRequest(p: CniRequestFields, opts: { requireNetns?: boolean } = {}): void {
   if (typeof p.config.name !== 'string') throw new TetherError(ErrorCode.InvalidConfig, 'name: missing or not a string');
   validateNetworkName(p.config.name);
   if (p.command === 'STATUS' || p.command === 'GC') return;
   if (!['ADD', 'DEL', 'CHECK'].includes(p.command)) throw env(`CNI_COMMAND ${shown(String(p.command))} is not one of ADD, DEL, CHECK, STATUS, GC`);
   validateContainerId(String(p.containerId ?? ''));
   validateIfName(String(p.ifName ?? ''));
-  validateNetns(String(p.netns ?? ''), p.command);
+  const netns = String(p.netns ?? '');
+  if (netns || opts.requireNetns !== false) validateNetns(netns, p.command);
   if (p.args !== undefined) {
     if (!p.args || typeof p.args !== 'object' || Array.isArray(p.args)) throw env('CNI_ARGS: must be an object of strings');
     for (const [k, v] of Object.entries(p.args)) {

@@ -234,13 +234,13 @@ async function start(opts: Options, nodeName: string, logger: Logger, life: Life
     if (!p || typeof p !== 'object' || Array.isArray(p)) throw new TetherError(ErrorCode.BadRequest, 'params must be an object');
     return p as T;
   };
-  const asCni = (p: unknown): CniParams => {
+  const asCni = (p: unknown, requireNetns = true): CniParams => {
     if (!p || typeof p !== 'object') throw new TetherError(ErrorCode.BadRequest, 'params must be an object');
     const c = p as CniParams;
     if (!c.config || typeof c.config !== 'object') throw new TetherError(ErrorCode.BadRequest, 'params.config must be an object');
     if (c.args === undefined || c.args === null) c.args = {};
     // The thin clients checked all of this; a request that bypassed them is checked the same way.
-    validateCniRequest(c as unknown as CniRequestFields);
+    validateCniRequest(c as unknown as CniRequestFields, { requireNetns });
     return c;
   };
   const server = new ApiServer(
@@ -252,10 +252,10 @@ async function start(opts: Options, nodeName: string, logger: Logger, life: Life
       'cni.check': (p) => attach.check(asCni(p)),
       'cni.gc': (p) => attach.gc(asCni(p)),
       'cni.status': () => ({ ready: true }),
-      'ipam.add': (p) => ipam.add(asCni(p)),
-      'ipam.del': (p) => ipam.del(asCni(p)),
-      'ipam.check': (p) => ipam.check(asCni(p)),
-      'ipam.gc': (p) => ipam.gc(asCni(p)),
+      'ipam.add': (p) => ipam.add(asCni(p, false)),
+      'ipam.del': (p) => ipam.del(asCni(p, false)),
+      'ipam.check': (p) => ipam.check(asCni(p, false)),
+      'ipam.gc': (p) => ipam.gc(asCni(p, false)),
       'address.allocate': (p) => addresses.allocate(asObject<OwnerRequest>(p)),
       'address.release': (p) => {
         const r = asObject<{ pool: string; owner: string }>(p);
