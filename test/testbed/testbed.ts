@@ -8,6 +8,7 @@ import * as path from 'node:path';
 import Redis from 'ioredis';
 import { call } from '../../daemon/api/client';
 import { startRedis, type TestRedis } from '../lib/redis';
+import { startSentinelSet, type SentinelSet } from '../lib/sentinel';
 import { Attachment, ChainOutcome, CniChain, CniResult, Conflist, PluginConf } from './cni-chain';
 import { bpfDir, claimPrefix, leftovers, recordRedis, registerLive, runDir, sweepStale, teardownRunSync, unregisterLive } from './cleanup';
 import { CLIENT_SCRIPT, ProbeResult, SERVER_SCRIPT } from './probe';
@@ -48,6 +49,7 @@ export class Testbed {
   private readonly children = new Set<ChildProcess>();
   private isDown = false;
   private testRedis?: TestRedis;
+  private sentinelSet?: SentinelSet;
   /** Block routes installed by syncBlockRoutes(): block CIDR → owning node. */
   private readonly blockRoutes = new Map<string, string>();
   private routeSync: Promise<void> = Promise.resolve();
@@ -339,6 +341,12 @@ export class Testbed {
     return this.testRedis;
   }
 
+  /** The run's Sentinel set (topology redis: 'sentinel'). */
+  get sentinel(): SentinelSet {
+    if (!this.sentinelSet) throw new Error("no Sentinel set in this testbed (topology redis: 'sentinel')");
+    return this.sentinelSet;
+  }
+
   /** The key prefix this run's tetherds use in Redis (runs could share one Redis without meeting). */
   get redisPrefix(): string {
     return `${this.prefix}:`;
@@ -489,6 +497,7 @@ export class Testbed {
     if (this.ipam === 'tether-ipam') {
       this.testRedis = await startRedis();
       this.recordRedis();
+      if (this.topology.redis === 'sentinel') this.sentinelSet = await startSentinelSet({ host: plan.router.fabricIp, netns: plan.router.ns });
       fs.writeFileSync(this.ipamConfigPath, JSON.stringify(this.ipamConfig(), null, 2) + '\n');
     }
     if (this.tetherEnabled) {
@@ -539,7 +548,7 @@ export class Testbed {
       nsPath: `/run/netns/${n.ns}`,
       // A node's own config file wins over the generated one (it must then hold the pod pool itself).
       config: n.tetherdConfig ?? (tetherIpam ? this.ipamConfigPath : undefined),
-      redis: tetherIpam ? { url: this.redis.url, prefix: this.redisPrefix } : undefined,
+      redis: tetherIpam ? { url: this.sentinelSet?.url ?? this.redis.url, prefix: this.redisPrefix } : undefined,
       // Every tetherd knows its node address and shares the run's cluster key: Egress needs both.
       extraArgs: ['--node-address', n.fabricIp, '--uplink', 'eth0', '--cluster-key-file', this.clusterKeyPath(), ...(this.topology.tetherdArgs ?? [])],
       logLevel: this.topology.tetherdLogLevel,
@@ -573,6 +582,7 @@ export class Testbed {
     this.isDown = true;
     if (this.opts.keepLogs || process.env.TETHER_TESTBED_KEEP_LOGS === '1') this.copyLogs();
     for (const c of this.children) c.kill('SIGKILL');
+    await this.sentinelSet?.stop();
     const left = teardownRunSync(this.prefix);
     await this.testRedis?.stop(); // teardown killed it already; this drops the helper's exit hook
     unregisterLive(this.prefix);

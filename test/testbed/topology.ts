@@ -66,6 +66,11 @@ export interface Topology {
   extraObjects?: Record<string, unknown>[];
   /** More tetherd flags on every node. */
   tetherdArgs?: string[];
+  /**
+   * The cluster store tetherds use in tether-ipam mode: one Redis on a Unix socket (default), or a Sentinel
+   * set (primary, replica, three sentinels) on the router's fabric address, reached by redis+sentinel://.
+   */
+  redis?: 'single' | 'sentinel';
 }
 
 export type IpamMode = 'host-local' | 'tether-ipam';
