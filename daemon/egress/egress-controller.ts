@@ -403,6 +403,15 @@ export class EgressController {
   private async evaluate(st: AddressState): Promise<void> {
     st.candidates = orderCandidates(st.address, this.liveRegistry(st.egress.key));
     const local = new Set([...this.gateways.values()].filter((g) => g.egresses.has(st.egress.key)).map((g) => g.info.pod));
+    if (st.own.owner && st.own.ownerNode === this.o.node.name && !local.has(st.own.owner) && !st.holder) {
+      // The owner is a pod of this node that is gone (killed before a live candidate was known here, or
+      // named by a handover that did not know it was gone). Only this node knows: the others see its node
+      // alive. Hand over as soon as a live candidate is known: every tick, not only when the pod left.
+      if (this.handOver(st, st.own.owner, `handover: owner ${st.own.owner} is no longer on ${this.o.node.name}`)) {
+        this.ensureSenders(st);
+        return;
+      }
+    }
     const ownerAlive = this.ownerAlive(st);
     const now = Date.now();
     if (ownerAlive || !st.own.owner) st.ownerDownSince = undefined;
