@@ -11,9 +11,8 @@ import { test } from 'uvu';
 import * as assert from 'uvu/assert';
 import { execFileSync } from 'node:child_process';
 import * as fs from 'node:fs';
-import * as os from 'node:os';
-import * as path from 'node:path';
 import { Writable } from 'node:stream';
+import { ensureBpffs } from '../../daemon/bpf/bpffs';
 import { GatewayDatapath } from '../../daemon/egress/gateway-datapath';
 import { makeLogger, setLogger } from '../../daemon/log';
 import { inNetns } from '../../daemon/sys/netns';
@@ -59,7 +58,9 @@ async function withFabric(spec: Record<string, string[]>, fn: (f: Fabric) => Pro
   const namespaces = [router];
   const birds: TestBird[] = [];
   const datapaths: Array<[FabricNode, GatewayDatapath]> = [];
-  const pinDir = fs.mkdtempSync(path.join(os.tmpdir(), 'tether-rt-'));
+  // The gateway datapath pins its source guard's maps: a directory on the bpffs.
+  const pinDir = `/sys/fs/bpf/tether-test/${base}`;
+  ensureBpffs(pinDir);
   try {
     addNetns(router);
     const nodes: Record<string, FabricNode> = {};
