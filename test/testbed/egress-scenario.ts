@@ -112,6 +112,13 @@ export async function startServer(tb: Testbed): Promise<{ stop: () => Promise<st
 }
 
 export async function runTraffic(tb: Testbed, conns: number, durationMs: number, during: () => Promise<void>): Promise<{ report: TrafficReport; peers: string[] }> {
+  // The client's node must know the owner first: until it does, its steering drops the Egress's packets
+  // (never out un-NATed), and every first SYN would wait out TCP's 1 s initial retransmission timeout.
+  const known = Date.now() + 10_000;
+  while (!(await egressOf(tb, 'n3').catch(() => undefined))?.owner) {
+    if (Date.now() > known) throw new Error('the client node n3 never learned an owner');
+    await new Promise((r) => setTimeout(r, 50));
+  }
   const server = await startServer(tb);
   const client = tb.spawn('n3-web', [process.execPath, '-e', TRAFFIC_CLIENT, tb.externalIp('server'), String(PORT), String(conns), String(durationMs), '50', '1']);
   const out = collect(client);
