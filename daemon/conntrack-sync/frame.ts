@@ -24,6 +24,8 @@ export const FrameType = {
   RESYNC_END: 5,
   ACK: 6,
   HEARTBEAT: 7,
+  /** Receiver → sender, empty: send the whole table again (a new standby on the receiving node needs it). */
+  RESYNC_REQUEST: 8,
 } as const;
 export type FrameType = (typeof FrameType)[keyof typeof FrameType];
 

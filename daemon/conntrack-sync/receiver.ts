@@ -140,6 +140,21 @@ export class SyncReceiver {
     return { ...this.s, rejected: { ...this.s.rejected }, port: this.port, connectedPeers: peers.length, peers };
   }
 
+  /**
+   * Asks the senders of the matching streams for their whole table again (a new standby on this node has
+   * none of it: events alone bring only what changes from now on). Returns how many were asked; a stream
+   * with no connection up gets its resync when its sender connects.
+   */
+  requestResync(match: (stream: string) => boolean): number {
+    let n = 0;
+    for (const c of this.conns) {
+      if (!c.info || c.ch.closed || !c.ch.established || !match(c.info.stream)) continue;
+      c.ch.send(FrameType.RESYNC_REQUEST, 0);
+      n++;
+    }
+    return n;
+  }
+
   /** Stops listening and drops every connection. Whatever resync was half received is discarded. */
   async close(): Promise<void> {
     const closed = new Promise<void>((resolve) => this.server.close(() => resolve()));

@@ -71,6 +71,8 @@ export interface SyncSenderStats {
   lagMs: number;
   maxLagMs: number;
   resyncs: number;
+  /** Resyncs the receiver asked for (RESYNC_REQUEST). */
+  resyncsRequested: number;
   lastResyncEntries: number;
   lastResyncMs: number;
   /** Queue overflows that were turned into a full resync. */
@@ -122,7 +124,7 @@ export class SyncSender {
   private receiverId: string | undefined;
   private s = {
     connects: 0, disconnects: 0, handshakeFailures: 0, framesSent: 0, entriesSent: 0, bytesSent: 0, ackedSeq: -1,
-    lagMs: 0, maxLagMs: 0, resyncs: 0, lastResyncEntries: 0, lastResyncMs: 0, overflows: 0, dropped: 0, invalidEntries: 0,
+    lagMs: 0, maxLagMs: 0, resyncs: 0, resyncsRequested: 0, lastResyncEntries: 0, lastResyncMs: 0, overflows: 0, dropped: 0, invalidEntries: 0,
     rejected: emptyRejects(),
   };
 
@@ -242,6 +244,11 @@ export class SyncSender {
     switch (f.type) {
       case FrameType.ACK: return this.onAck(f);
       case FrameType.HEARTBEAT: return;
+      case FrameType.RESYNC_REQUEST:
+        if (f.payload.length !== 0) throw new FrameRejected('malformed', `RESYNC_REQUEST with a ${f.payload.length}-byte payload`);
+        this.s.resyncsRequested++;
+        log().info('conntrack sync: resync requested by the receiver', { role: 'sender', peer: this.peer, receiverId: this.receiverId, stream: this.o.stream });
+        return this.requestResync();
       default: throw new FrameRejected('malformed', `unexpected frame type ${f.type} from a receiver`);
     }
   }

@@ -299,7 +299,13 @@ export class EgressController {
       const datapath = new GatewayDatapath({ pod, netns: r.netns, podIp: ip, ifName: r.ifName, hostIfName: r.hostIfName }, { uplink: this.o.node.uplink, fouPort: this.o.fouPort, pinDir: this.o.pinDir });
       datapath.prepare(this.nodes, { destinations: [...new Set(gwOf.flatMap((e) => e.destinations))], excluded: [...new Set(gwOf.flatMap((e) => e.excluded))] });
       this.gateways.set(pod, { info, datapath, egresses: new Set(gwOf.map((e) => e.key)), netns: r.netns });
-      this.o.logger.info('egress: gateway pod ready', { pod, egresses: gwOf.map((e) => e.key) });
+      // Owners already streaming to this node sent their tables before this pod existed, and events bring
+      // only what changes: without a fresh resync the pod would lack every established flow and still
+      // count as in sync (sync is per node). A resync in progress takes the node out of the owner's
+      // in-sync set until it is applied to this pod too.
+      const keys = new Set(gwOf.map((e) => e.key));
+      const resyncs = this.receiver?.requestResync((stream) => keys.has(stream.split('|')[0])) ?? 0;
+      this.o.logger.info('egress: gateway pod ready', { pod, egresses: gwOf.map((e) => e.key), resyncsRequested: resyncs });
       // The registry is told in the background: a store that hangs must not hold a pod's set-up.
       this.spawn(() => this.register().catch((e) => this.storeFailed(e)));
     }

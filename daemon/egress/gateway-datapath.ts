@@ -79,11 +79,27 @@ export class GatewayDatapath {
     // Invalid packets are dropped before routing: a reply that misses conntrack would otherwise be
     // delivered to the floating address on the pod itself, whose TCP stack answers with a RST that kills
     // the connection at the server.
-    this.nft(`table ip ${TABLE} {
-  chain pre { type filter hook prerouting priority -150; policy accept; ct state invalid counter drop; }
-  chain forward { type filter hook forward priority 0; policy accept; ct state invalid drop; ct state established,related accept; }
-  chain postrouting { type nat hook postrouting priority 100; policy accept; }
-}`);
+    // A forwarded packet that starts a flow and finds no SNAT rule (a standby, or an owner in the
+    // milliseconds before own() writes its rule) must not be let through: its conntrack entry would keep
+    // that "no NAT" binding for the flow's whole life (a UDP stream, a retransmitted SYN), so every later
+    // packet would leave un-NATed and be dropped by the node's guard. The unnated chain runs after the
+    // SNAT chain; the kernel skips it once a binding is set, so it drops exactly the unbound ones, and
+    // their entries are never confirmed: the flow's next packet starts over and is NATed once the rule is
+    // there. Chains are declared with add (kept when they exist) and their rules replaced, so a restarted
+    // tetherd re-running this duplicates nothing and leaves the SNAT rule of an owned address in place.
+    this.nft(`add table ip ${TABLE}
+add chain ip ${TABLE} pre { type filter hook prerouting priority -150; policy accept; }
+flush chain ip ${TABLE} pre
+add rule ip ${TABLE} pre ct state invalid counter drop
+add chain ip ${TABLE} forward { type filter hook forward priority 0; policy accept; }
+flush chain ip ${TABLE} forward
+add rule ip ${TABLE} forward ct state invalid drop
+add rule ip ${TABLE} forward ct state established,related accept
+add chain ip ${TABLE} postrouting { type nat hook postrouting priority 100; policy accept; }
+add chain ip ${TABLE} unnated { type nat hook postrouting priority 110; policy accept; }
+flush chain ip ${TABLE} unnated
+add rule ip ${TABLE} unnated ip saddr != ${this.gw.podIp} oifname "${this.gw.ifName}" counter drop
+`);
     if (!this.decap) {
       this.decap = attachFouDecap({ netns: ns, ifName: this.gw.ifName, port: this.node.fouPort, localAddress: this.gw.podIp, allowedSources });
     } else this.decap.setAllowedSources(allowedSources);

@@ -70,14 +70,15 @@ export async function waitOwner(tb: Testbed, notPod?: string, timeoutMs = 8000, 
 /**
  * Waits until the standby is ready to take over: the owner reports it Up and in sync (unless inSync is
  * false: conntrack sync disabled), and the standby sees the owner's node Up (BFD) among its candidates.
+ * With `pod`, that gateway pod of the standby node must be among the owner's candidates.
  */
-export async function waitStandbyReady(tb: Testbed, ownerNode: string, standby: string, timeoutMs = 20_000, inSync = true): Promise<void> {
-  type View = { egress: Array<{ candidates: Array<{ node: string; bfd: string; inSync: boolean }> }> };
+export async function waitStandbyReady(tb: Testbed, ownerNode: string, standby: string, timeoutMs = 20_000, inSync = true, pod?: string): Promise<void> {
+  type View = { egress: Array<{ candidates: Array<{ pod: string; node: string; bfd: string; inSync: boolean }> }> };
   const end = Date.now() + timeoutMs;
   for (;;) {
     const o = (await tb.status(ownerNode).catch(() => undefined)) as unknown as View | undefined;
     const s = (await tb.status(standby).catch(() => undefined)) as unknown as View | undefined;
-    const ownerSees = o?.egress[0]?.candidates.some((c) => c.node === standby && c.bfd === 'Up' && (c.inSync || !inSync));
+    const ownerSees = o?.egress[0]?.candidates.some((c) => c.node === standby && (!pod || c.pod === pod) && c.bfd === 'Up' && (c.inSync || !inSync));
     const standbySees = s?.egress[0]?.candidates.some((c) => c.node === ownerNode && c.bfd === 'Up');
     if (ownerSees && standbySees) return;
     if (Date.now() > end) throw new Error(`${standby} is not ready to take over from ${ownerNode}: owner sees it ${ownerSees ? 'Up and in sync' : 'not Up or not in sync'}, it sees the owner ${standbySees ? 'Up' : 'not Up'}`);

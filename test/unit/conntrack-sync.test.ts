@@ -124,6 +124,33 @@ test('receiver restart: the sender reconnects, resyncs the current table, then s
   }
 });
 
+test('a receiver asks for a resync (a new standby there): the sender sends its whole table on the same connection', async () => {
+  const { rx, table, port } = await startReceiver();
+  const truth = new Map<string, ConntrackEntry>();
+  for (let i = 0; i < 300; i++) truth.set(entryKey(entry(i)), entry(i));
+  const tx = sender(port, truth);
+  try {
+    tx.start();
+    await waitFor(() => tx.stats().state === 'streaming' && table.replaceCalls.length === 1, 'the first resync');
+    // What a pod that joins now lacks: the receiver's table is emptied as a new pod's would be.
+    table.map.clear();
+    assert.is(rx.requestResync((s) => s === 'another stream'), 0, 'no other stream is asked');
+    assert.is(rx.requestResync((s) => s === '203.0.113.10'), 1, 'the stream is asked');
+    await waitFor(() => table.replaceCalls.length === 2, 'the requested resync');
+    assert.is(sameTable(truth, table.map), undefined, 'the whole table again');
+    const s = tx.stats();
+    assert.is(s.resyncsRequested, 1);
+    assert.is(s.connects, 1, 'on the same connection');
+    assert.is(s.rejected.malformed, 0);
+    await waitFor(() => tx.stats().state === 'streaming', 'streaming again');
+    feed(tx, truth, [ev('new', entry(7000))]);
+    await waitFor(() => table.map.size === 301, 'events after it');
+  } finally {
+    await tx.close();
+    await rx.close();
+  }
+});
+
 test('a receiver whose apply fails drops the connection; the sender resyncs and all ends consistent', async () => {
   const table = new Table();
   let failures = 0;
