@@ -2,6 +2,7 @@
 // router; tetherds use redis+sentinel://). The primary is SIGKILLed during traffic, and again during a
 // takeover: every connection survives, the sentinels promote the replica, and the ownership record on the
 // new primary names the owner every node agrees on, with its epoch.
+import * as fs from 'node:fs';
 import { test } from 'uvu';
 import * as assert from 'uvu/assert';
 import { withTestbed, type Testbed } from './testbed';
@@ -22,12 +23,24 @@ function record(tb: Testbed, address: string): Record<string, string> {
   return out;
 }
 
+/** What each gateway node believes about the store, and its store-related log lines (for a failure). */
+async function diagnose(tb: Testbed): Promise<string> {
+  const out: string[] = [];
+  for (const node of ['n1', 'n2']) {
+    const st = await egressOf(tb, node).catch((e) => `status failed: ${(e as Error).message}`);
+    out.push(`${node} status: ${JSON.stringify(st)}`);
+    const lines = fs.readFileSync(tb.tetherdLog(node), 'utf8').split('\n').filter((l) => /store|recorded|ownership/.test(l));
+    out.push(...lines.slice(-12).map((l) => `${node}: ${l.slice(0, 400)}`));
+  }
+  return out.join('\n');
+}
+
 async function waitRecord(tb: Testbed, address: string, owner: string, epoch: number): Promise<Record<string, string>> {
   const end = Date.now() + 15_000;
   for (;;) {
     const r = record(tb, address);
     if (r.owner === owner && Number(r.epoch) === epoch) return r;
-    if (Date.now() > end) throw new Error(`the record on the new primary is ${JSON.stringify(r)}, not ${owner} epoch ${epoch}`);
+    if (Date.now() > end) throw new Error(`the record on the new primary is ${JSON.stringify(r)}, not ${owner} epoch ${epoch}\n${await diagnose(tb)}`);
     await new Promise((res) => setTimeout(res, 200));
   }
 }
