@@ -3,7 +3,7 @@
 // frees all of its addresses; explicitly requested addresses are honoured or refused with the holder named.
 import { ErrorCode, TetherError } from '../daemon/errors';
 import type { Logger } from '../daemon/log';
-import { formatIp, parseIp, sizeOf } from './ip-math';
+import { formatIp, parseIp, sizeOf } from '../daemon/common/ip-math';
 import type { ClusterStore, IpFamily, ResolvedFamily, ResolvedPool } from './types';
 
 export interface OwnerRequest {

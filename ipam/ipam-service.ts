@@ -4,7 +4,7 @@
 import { ErrorCode, TetherError } from '../daemon/errors';
 import type { Logger } from '../daemon/log';
 import type { CniParams } from '../daemon/api/protocol';
-import { parseCidr, parseIp } from './ip-math';
+import { parseCidr, parseIp } from '../daemon/common/ip-math';
 import { ownerKey, type PodAllocation, type PodAllocator } from './pod-allocator';
 import type { PodOwner } from './types';
 

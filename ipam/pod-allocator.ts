@@ -7,7 +7,7 @@ import type { Logger } from '../daemon/log';
 import { KeyedMutex } from '../daemon/util/keyed-mutex';
 import type { AllocationRecord, AllocationStore } from './allocation-store';
 import { poolMatchesNode } from './pool';
-import { formatCidr, formatIp, parseCidr, parseIp, sizeOf } from './ip-math';
+import { formatCidr, formatIp, parseCidr, parseIp, sizeOf } from '../daemon/common/ip-math';
 import type { ClusterStore, IpFamily, PodOwner, ResolvedFamily, ResolvedPool } from './types';
 
 export interface NodeIdentity {

@@ -1,11 +1,10 @@
 // AddressPool validation: turns file objects or custom resources (same shape) into ResolvedPools. Every
 // problem names the pool and the field, and all problems are reported at once so one edit fixes a file.
 import { ErrorCode, TetherError } from '../daemon/errors';
-import { familyBits, formatCidr, parseCidr, parseIp, rangeOf, rangesOverlap } from './ip-math';
+import { familyBits, formatCidr, parseCidr, parseIp, rangeOf, rangesOverlap } from '../daemon/common/ip-math';
+import { API_VERSION, DNS1123_LABEL, ZONE_LABEL, describe, isLabelKey, isLabelValue, isObject } from '../daemon/common/fields';
 import type { AddressPool, IpFamily, PoolUsage, ResolvedFamily, ResolvedPool } from './types';
 
-export const API_VERSION = 'tether.dev/v1alpha1';
-export const ZONE_LABEL = 'topology.kubernetes.io/zone';
 const USAGES: readonly PoolUsage[] = ['pod', 'floating', 'loadBalancer'];
 
 /**
@@ -40,9 +39,6 @@ const SPECIAL: Record<IpFamily, Array<[string, string]>> = {
 };
 const V4_MAPPED = rangeOf(6, parseCidr('::ffff:0:0/96')!.base, 96);
 
-const DNS1123_LABEL = /^[a-z0-9]([-a-z0-9]*[a-z0-9])?$/;
-const DNS1123_SUBDOMAIN = /^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$/;
-const LABEL_NAME = /^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$/;
 
 /** Outcome of checking one pool without throwing; `pool` is set only when there are no problems. */
 export interface PoolCheck {
@@ -299,22 +295,6 @@ function checkSelector(rawSel: unknown, zone: unknown, bad: (msg: string) => voi
   return sel;
 }
 
-export function isLabelKey(k: string): boolean {
-  const slash = k.indexOf('/');
-  const prefix = slash < 0 ? undefined : k.slice(0, slash);
-  const name = slash < 0 ? k : k.slice(slash + 1);
-  if (prefix !== undefined && (prefix.length > 253 || !DNS1123_SUBDOMAIN.test(prefix))) return false;
-  return name.length <= 63 && LABEL_NAME.test(name);
-}
-
-export function isLabelValue(v: string): boolean {
-  return v === '' || (v.length <= 63 && LABEL_NAME.test(v));
-}
-
-export function isDnsSubdomain(s: string): boolean {
-  return s.length <= 253 && DNS1123_SUBDOMAIN.test(s);
-}
-
 function whyNotCidr(text: unknown, family: IpFamily): string {
   if (typeof text !== 'string') return `must be a string like ${family === 4 ? '"10.244.0.0/16"' : '"fd00:10:244::/56"'}`;
   const [addr, len, extra] = text.trim().split('/');
@@ -334,18 +314,4 @@ function configError(problems: string[]): TetherError {
 interface Report {
   bad(msg: string): void;
   count(): number;
-}
-
-export function isObject(v: unknown): v is Record<string, unknown> {
-  return typeof v === 'object' && v !== null && !Array.isArray(v);
-}
-
-/** A value as shown in messages (strings quoted, objects by their kind). */
-export function describe(v: unknown): string {
-  if (v === undefined) return 'missing';
-  if (typeof v === 'string') return JSON.stringify(v);
-  if (Array.isArray(v)) return 'a list';
-  if (v === null) return 'null';
-  if (typeof v === 'object') return 'an object';
-  return String(v);
 }

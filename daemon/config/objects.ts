@@ -4,9 +4,8 @@
 import * as fs from 'node:fs';
 import { parseAllDocuments } from 'yaml';
 import { ErrorCode, TetherError } from '../errors';
-import {
-  API_VERSION, ZONE_LABEL, checkPools, describe, isDnsSubdomain, isLabelKey, isLabelValue, isObject,
-} from '../../ipam/pool';
+import { API_VERSION, ZONE_LABEL, describe, isDnsSubdomain, isLabelKey, isLabelValue, isObject } from '../common/fields';
+import { checkPools } from '../../ipam/pool';
 import type { ResolvedPool } from '../../ipam/types';
 
 export interface NodeFacts {

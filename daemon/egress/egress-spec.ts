@@ -2,8 +2,8 @@
 // Egress and the field; all problems are reported at once; an invalid Egress changes nothing.
 // Designed for N floating addresses from the start (addresses.count / addresses.explicit).
 import { ErrorCode, TetherError } from '../errors';
-import { formatCidr, parseCidr, parseIp, sizeOf } from '../../ipam/ip-math';
-import { API_VERSION, describe, isLabelKey, isLabelValue, isObject } from '../../ipam/pool';
+import { formatCidr, parseCidr, parseIp, sizeOf } from '../common/ip-math';
+import { API_VERSION, describe, isLabelKey, isLabelValue, isObject } from '../common/fields';
 import type { ResolvedPool } from '../../ipam/types';
 
 export type AnnounceMode = 'l2' | 'routeTable';

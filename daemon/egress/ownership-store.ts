@@ -8,7 +8,7 @@
 import Redis from 'ioredis';
 import { EventEmitter } from 'node:events';
 import { log } from '../log';
-import { parseRedisUrl } from '../../ipam/store/redis-store';
+import { parseRedisUrl } from '../common/redis';
 
 /** A gateway pod that can hold an Egress's floating addresses. */
 export interface GatewayInfo {

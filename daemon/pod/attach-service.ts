@@ -2,7 +2,7 @@
 // DEL undoes exactly what was recorded, CHECK verifies it, GC removes attachments the runtime no longer has.
 // Every method is idempotent; each logs one line per action naming the pod.
 import { EventEmitter } from 'node:events';
-import { isLabelKey, isLabelValue } from '../../ipam/pool';
+import { isLabelKey, isLabelValue } from '../common/fields';
 import { TetherError, ErrorCode } from '../errors';
 import type { Logger } from '../log';
 import type { CniParams } from '../api/protocol';

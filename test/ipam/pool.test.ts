@@ -3,7 +3,7 @@
 import { test } from 'uvu';
 import * as assert from 'uvu/assert';
 import { poolMatchesNode, validatePool, validatePools } from '../../ipam/pool';
-import { parseIp } from '../../ipam/ip-math';
+import { parseIp } from '../../daemon/common/ip-math';
 import { TetherError } from '../../daemon/errors';
 
 type Spec = Record<string, unknown>;

@@ -1,6 +1,8 @@
 // Addresses as bigints: parsing, formatting and block arithmetic for IPv4 and IPv6 alike.
-import { bytesToIp, ipFamily, ipToBytes } from '../daemon/netlink/ip-bytes';
-import type { IpFamily } from './types';
+import { bytesToIp, ipFamily, ipToBytes } from '../netlink/ip-bytes';
+
+/** An address family by its version number. */
+export type IpFamily = 4 | 6;
 
 export function familyBits(f: IpFamily): number {
   return f === 4 ? 32 : 128;

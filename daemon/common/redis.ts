@@ -1,0 +1,158 @@
+// The Redis connection every subsystem shares: the store URL (redis://, unix://, redis+sentinel://) parsed
+// into ioredis options, and the helpers that keep an unreachable store from hanging a caller.
+import type Redis from 'ioredis';
+import { ErrorCode, TetherError } from '../errors';
+import { log } from '../log';
+
+export function unreachable(where: string, e: unknown): TetherError {
+  const msg = e instanceof Error ? e.message : String(e);
+  return new TetherError(ErrorCode.TryAgainLater, `cluster store (${where}) unreachable: ${msg}`, { cause: e });
+}
+
+/** Logs losing and regaining Redis once per transition; ioredis's per-attempt errors only at debug. */
+export function watchConnection(client: Redis, where: string): void {
+  let lost = false;
+  client.on('error', (e: Error) => log().debug('cluster store connection error', { store: where, error: e.message }));
+  client.on('close', () => {
+    if (!lost && client.options.enableOfflineQueue === false) log().warn('cluster store connection lost', { store: where });
+    lost = true;
+  });
+  client.on('ready', () => {
+    if (lost) log().info('cluster store reconnected', { store: where });
+    lost = false;
+  });
+}
+
+/** Resolves once the connection is ready; fails after `ms` (a reconnect that does not come in time). */
+export function waitReady(client: Redis, ms: number): Promise<void> {
+  if (client.status === 'ready') return Promise.resolve();
+  if (client.status === 'end') return Promise.reject(new Error('connection closed'));
+  return new Promise((resolve, reject) => {
+    const onReady = () => {
+      clearTimeout(timer);
+      resolve();
+    };
+    const timer = setTimeout(() => {
+      client.removeListener('ready', onReady);
+      reject(new Error(`not connected (${client.status}) within ${ms} ms`));
+    }, ms);
+    client.once('ready', onReady);
+  });
+}
+
+export function withDeadline<T>(p: Promise<T>, ms: number): Promise<T> {
+  let timer: NodeJS.Timeout | undefined;
+  const timeout = new Promise<never>((_, reject) => {
+    timer = setTimeout(() => reject(new Error(`no answer within ${ms} ms`)), ms);
+  });
+  return Promise.race([p, timeout]).finally(() => clearTimeout(timer));
+}
+
+export interface RedisTarget {
+  options: {
+    path?: string;
+    host?: string;
+    port?: number;
+    username?: string;
+    password?: string;
+    db?: number;
+    /** Through Sentinel: where the sentinels are, the master's name, and the sentinels' own password. */
+    sentinels?: Array<{ host: string; port: number }>;
+    name?: string;
+    sentinelPassword?: string;
+    /** Subscribe to the sentinels' +switch-master, so a failover is followed at once, not on the next error. */
+    failoverDetector?: boolean;
+  };
+  /** For messages: "redis at host:port/db" or "redis at unix:/path"; never the password. */
+  where: string;
+}
+
+const SENTINEL_SCHEME = 'redis+sentinel://';
+const SENTINEL_PORT = 26379;
+
+/**
+ * `redis+sentinel://[[user]:password@]host[:port][,host[:port]…]/master[/db][?sentinelPassword=…]`: the
+ * sentinels to ask (port 26379 by default; IPv6 in brackets), the name of the master they watch, and the
+ * password of the Redis servers (the sentinels' own, when they have one, in the query).
+ */
+function parseSentinelUrl(url: string): RedisTarget {
+  const bad = (why: string) => new TetherError(ErrorCode.InvalidConfig, `store url: ${why} (redis+sentinel://[:password@]host[:port][,host[:port]…]/master[/db])`);
+  const rest = url.slice(SENTINEL_SCHEME.length);
+  const q = rest.indexOf('?');
+  const query = new URLSearchParams(q >= 0 ? rest.slice(q + 1) : '');
+  const beforeQuery = q >= 0 ? rest.slice(0, q) : rest;
+  const slash = beforeQuery.indexOf('/');
+  const authority = slash >= 0 ? beforeQuery.slice(0, slash) : beforeQuery;
+  const pathParts = slash >= 0 ? beforeQuery.slice(slash + 1).split('/') : [];
+  const at = authority.lastIndexOf('@');
+  const userinfo = at >= 0 ? authority.slice(0, at) : '';
+  const hostList = at >= 0 ? authority.slice(at + 1) : authority;
+  if (!hostList) throw bad('no sentinel address');
+  const sentinels = hostList.split(',').map((h) => {
+    const m = /^(?:\[([0-9a-fA-F:.]+)\]|([^:\[\]]+))(?::(\d{1,5}))?$/.exec(h);
+    if (!m) throw bad(`sentinel address ${JSON.stringify(h)} is not host[:port]`);
+    const port = m[3] ? Number(m[3]) : SENTINEL_PORT;
+    if (port < 1 || port > 65535) throw bad(`sentinel port ${port} is not 1..65535`);
+    return { host: m[1] ?? m[2], port };
+  });
+  const name = decodeURIComponent(pathParts[0] ?? '');
+  if (!name) throw bad('no master name');
+  if (pathParts.length > 2) throw bad('too many path parts');
+  const dbText = pathParts[1] ?? query.get('db') ?? '';
+  if (dbText !== '' && !/^\d{1,5}$/.test(dbText)) throw bad(`db must be a number, got ${JSON.stringify(dbText)}`);
+  const colon = userinfo.indexOf(':');
+  const username = colon >= 0 ? userinfo.slice(0, colon) : userinfo;
+  const password = colon >= 0 ? userinfo.slice(colon + 1) : '';
+  const sentinelPassword = query.get('sentinelPassword') ?? undefined;
+  const db = dbText === '' ? undefined : Number(dbText);
+  return {
+    options: {
+      sentinels,
+      name,
+      username: username ? decodeURIComponent(username) : undefined,
+      password: password ? decodeURIComponent(password) : undefined,
+      sentinelPassword,
+      db,
+      failoverDetector: true,
+    },
+    where: `redis master ${name}${db === undefined ? '' : `/${db}`} via sentinels ${sentinels.map((x) => (x.host.includes(':') ? `[${x.host}]:${x.port}` : `${x.host}:${x.port}`)).join(',')}`,
+  };
+}
+
+export function parseRedisUrl(url: string): RedisTarget {
+  if (typeof url === 'string' && url.startsWith(SENTINEL_SCHEME)) return parseSentinelUrl(url);
+  let u: URL;
+  try {
+    u = new URL(url);
+  } catch {
+    throw new TetherError(ErrorCode.InvalidConfig, `store url: not a URL: ${JSON.stringify(String(url).replace(/:[^@/]*@/, ':***@'))}`);
+  }
+  const db = (s: string | null) => {
+    if (s === null || s === '') return undefined;
+    if (!/^\d{1,5}$/.test(s)) throw new TetherError(ErrorCode.InvalidConfig, `store url: db must be a number, got ${JSON.stringify(s)}`);
+    return Number(s);
+  };
+  if (u.protocol === 'unix:') {
+    const path = decodeURIComponent(u.pathname);
+    if (u.host !== '' || !path.startsWith('/') || path === '/') {
+      throw new TetherError(ErrorCode.InvalidConfig, 'store url: unix:// needs an absolute socket path, e.g. unix:///run/redis/redis.sock');
+    }
+    const options = { path, password: u.searchParams.get('password') ?? undefined, db: db(u.searchParams.get('db')) };
+    return { options, where: `redis at unix:${path}` };
+  }
+  if (u.protocol === 'redis:') {
+    if (!u.hostname) throw new TetherError(ErrorCode.InvalidConfig, 'store url: redis:// needs a host');
+    const host = u.hostname.replace(/^\[(.*)\]$/, '$1');
+    const port = u.port ? Number(u.port) : 6379;
+    const d = db(u.pathname.replace(/^\//, ''));
+    const options = {
+      host,
+      port,
+      username: u.username ? decodeURIComponent(u.username) : undefined,
+      password: u.password ? decodeURIComponent(u.password) : undefined,
+      db: d,
+    };
+    return { options, where: `redis at ${u.hostname}:${port}${d === undefined ? '' : `/${d}`}` };
+  }
+  throw new TetherError(ErrorCode.InvalidConfig, `store url: unsupported scheme ${u.protocol} (use redis://, unix:// or redis+sentinel://)`);
+}
