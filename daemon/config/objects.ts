@@ -6,6 +6,7 @@ import { parseAllDocuments } from 'yaml';
 import { ErrorCode, TetherError } from '../errors';
 import { API_VERSION, ZONE_LABEL, describe, isDnsSubdomain, isLabelKey, isLabelValue, isObject } from '../common/fields';
 import { checkPools } from '../../ipam/pool';
+import { objectLabel, schemaKinds, schemaProblems } from '../objects/schema';
 import type { ResolvedPool } from '../../ipam/types';
 
 export interface NodeFacts {
@@ -17,28 +18,54 @@ export interface ConfigObjects {
   pools: ResolvedPool[];
   /** Node name → facts. */
   nodes: Record<string, NodeFacts>;
-  /** Objects of kinds validated by their own subsystems (Egress, LoadBalancer), exactly as written. */
+  /** Pod metadata ("namespace/name" → labels) for standalone use; in a cluster it comes from the API. */
+  pods?: Record<string, { labels: Record<string, string> }>;
+  /**
+   * Objects resolved by their own subsystems (Egress, LoadBalancer), exactly as written; those with a
+   * schema (Egress) passed it.
+   */
   others: Array<Record<string, unknown>>;
+}
+
+/** An empty configuration: no pools, nodes or objects. */
+export function emptyConfig(): ConfigObjects {
+  return { pools: [], nodes: {}, pods: {}, others: [] };
+}
+
+/** `Kind namespace/name`: how one object is matched with its previous version. */
+export function objectKey(obj: Record<string, unknown>): string {
+  const m = isObject(obj.metadata) ? obj.metadata : {};
+  return `${String(obj.kind)} ${typeof m.namespace === 'string' ? `${m.namespace}/` : ''}${String(m.name)}`;
 }
 
 /** Kinds this loader hands on untouched; any other unknown kind is an error, so a misspelt kind is caught. */
 export const PASSED_ON_KINDS = ['Egress', 'LoadBalancer'];
-const KNOWN_KINDS = ['AddressPool', 'Node', ...PASSED_ON_KINDS, 'List'];
+const KNOWN_KINDS = ['AddressPool', 'Node', 'Pod', ...PASSED_ON_KINDS, 'List'];
 const NODE_FIELDS = new Set(['apiVersion', 'kind', 'metadata', 'spec', 'status']);
 
 /** Reads and validates `file`; throws TetherError(InvalidConfig) listing every problem. */
-export function loadConfig(file: string): ConfigObjects {
+export function loadConfig(file: string, previous?: ConfigObjects): ConfigObjects {
   let text: string;
   try {
     text = fs.readFileSync(file, 'utf8');
   } catch (e) {
     throw new TetherError(ErrorCode.InvalidConfig, `config ${file}: ${(e as Error).message}`, { cause: e });
   }
-  return parseConfig(text, file);
+  return parseConfig(text, file, previous);
 }
 
-/** Parses config text; `file` is only used to name it in messages. JSON is read as the YAML subset it is. */
-export function parseConfig(text: string, file: string): ConfigObjects {
+/**
+ * Parses config text; `file` is only used to name it in messages. JSON is read as the YAML subset it is.
+ * Objects of a kind with a schema (crds.ts) are validated against it first; `previous` (the configuration
+ * in force) supplies the old version of each object for transition rules such as immutable fields.
+ */
+export function parseConfig(text: string, file: string, previous?: ConfigObjects): ConfigObjects {
+  const before = new Map<string, unknown>();
+  if (previous) {
+    for (const p of previous.pools) before.set(objectKey(p.source as unknown as Record<string, unknown>), p.source);
+    for (const o of previous.others) before.set(objectKey(o), o);
+  }
+  const pods: Record<string, { labels: Record<string, string> }> = {};
   const problems: string[] = [];
   const poolRaws: unknown[] = [];
   const poolWheres: string[] = [];
@@ -60,7 +87,16 @@ export function parseConfig(text: string, file: string): ConfigObjects {
     if (obj.kind === undefined && obj.apiVersion === undefined && !inList && legacy) {
       return takeLegacy(obj, where, problems, addNode);
     }
+    if (typeof obj.kind === 'string' && schemaKinds().includes(obj.kind)) {
+      const found = schemaProblems(obj, before.get(objectKey(obj)));
+      if (found.length) return void problems.push(...found.map((p) => `${where}: ${objectLabel(obj)}: ${p}`));
+    }
     switch (obj.kind) {
+      case 'Pod': {
+        const p = checkPod(obj, where, problems);
+        if (p) pods[p.key] = { labels: p.labels };
+        return;
+      }
       case 'AddressPool':
         poolRaws.push(obj);
         poolWheres.push(where);
@@ -98,7 +134,25 @@ export function parseConfig(text: string, file: string): ConfigObjects {
   const checked = checkPools(poolRaws, (i) => poolWheres[i]);
   problems.push(...checked.problems);
   if (problems.length) throw new TetherError(ErrorCode.InvalidConfig, problems.join('\n'));
-  return { pools: checked.pools, nodes, others };
+  return { pools: checked.pools, nodes, pods, others };
+}
+
+/** A Pod's metadata (standalone use): which Egress roles its labels give it; nothing else of a Pod is read. */
+function checkPod(obj: Record<string, unknown>, where: string, problems: string[]): { key: string; labels: Record<string, string> } | undefined {
+  const meta = isObject(obj.metadata) ? obj.metadata : {};
+  const label = `${where}: ${objectLabel(obj)}`;
+  const before = problems.length;
+  if (obj.apiVersion !== 'v1') problems.push(`${label}: apiVersion ${describe(obj.apiVersion)} must be "v1"`);
+  if (typeof meta.name !== 'string' || !isDnsSubdomain(meta.name)) problems.push(`${label}: metadata.name ${describe(meta.name)} must be a DNS-1123 subdomain`);
+  if (typeof meta.namespace !== 'string' || !isDnsSubdomain(meta.namespace)) problems.push(`${label}: metadata.namespace ${describe(meta.namespace)} must be a DNS-1123 label`);
+  const labels: Record<string, string> = {};
+  if (meta.labels !== undefined && !isObject(meta.labels)) problems.push(`${label}: metadata.labels must map label names to values`);
+  for (const [k, v] of Object.entries(isObject(meta.labels) ? meta.labels : {})) {
+    if (!isLabelKey(k)) problems.push(`${label}: metadata.labels key ${JSON.stringify(k)} is not a valid label name`);
+    else if (typeof v !== 'string' || !isLabelValue(v)) problems.push(`${label}: metadata.labels.${k} ${describe(v)} is not a valid label value`);
+    else labels[k] = v;
+  }
+  return problems.length === before ? { key: `${meta.namespace as string}/${meta.name as string}`, labels } : undefined;
 }
 
 function checkNode(obj: Record<string, unknown>, where: string, problems: string[]): { name: string; facts: NodeFacts } | undefined {

@@ -23,8 +23,8 @@ apiVersion: tether.dev/v1alpha1
 kind: Egress
 metadata: { name: out, namespace: shop }
 spec:
-  clients: { podSelector: { app: web } }
-  gateways: { podSelector: { role: egress-gw } }
+  clients: { podSelector: { matchLabels: { app: web } } }
+  gateways: { podSelector: { matchLabels: { role: egress-gw } } }
   addresses: { pool: float, count: 1 }
 `;
 

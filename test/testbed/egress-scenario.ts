@@ -26,8 +26,8 @@ export function topology(extraArgs: string[] = []): Topology {
         kind: 'Egress',
         metadata: { name: 'out', namespace: 'shop' },
         spec: {
-          clients: { podSelector: { app: 'web' } },
-          gateways: { podSelector: { role: 'egress-gw' } },
+          clients: { podSelector: { matchLabels: { app: 'web' } } },
+          gateways: { podSelector: { matchLabels: { role: 'egress-gw' } } },
           destinations: ['198.19.0.0/16'],
           excludeDestinations: ['198.18.0.0/24'],
           addresses: { pool: 'float', count: 1 },

@@ -1,0 +1,292 @@
+// The custom resources of group tether.dev: the one source of truth for their shape. The CRD manifests in
+// install/crds/ are generated from these definitions (install/gen-crds.ts; a test fails when they differ),
+// and the file source validates its objects with the same schemas, CEL rules included (schema.ts).
+// Checks a schema cannot express (pool overlaps, an unknown pool, an address outside its pool) stay in
+// the subsystems' resolvers and are reported as conditions on the object.
+
+export const GROUP = 'tether.dev';
+export const VERSION = 'v1alpha1';
+
+type Schema = Record<string, unknown>;
+
+const condition: Schema = {
+  type: 'object',
+  description: 'metav1.Condition',
+  required: ['type', 'status', 'lastTransitionTime', 'reason', 'message'],
+  properties: {
+    type: { type: 'string', maxLength: 316, pattern: '^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])$' },
+    status: { type: 'string', enum: ['True', 'False', 'Unknown'] },
+    observedGeneration: { type: 'integer', format: 'int64', minimum: 0 },
+    lastTransitionTime: { type: 'string', format: 'date-time' },
+    reason: { type: 'string', maxLength: 1024, minLength: 1, pattern: '^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$' },
+    message: { type: 'string', maxLength: 32768 },
+  },
+};
+
+const conditions: Schema = {
+  type: 'array',
+  items: condition,
+  'x-kubernetes-list-type': 'map',
+  'x-kubernetes-list-map-keys': ['type'],
+};
+
+const labelMap: Schema = { type: 'object', additionalProperties: { type: 'string', maxLength: 63 } };
+
+const labelSelector: Schema = {
+  type: 'object',
+  description: 'Pods whose labels match all of matchLabels (an empty selector selects every pod of the namespace).',
+  properties: { matchLabels: labelMap },
+};
+
+const podSelection: Schema = {
+  type: 'object',
+  required: ['podSelector'],
+  properties: {
+    namespace: { type: 'string', description: "The pods' namespace; default: the Egress's own.", maxLength: 63 },
+    podSelector: labelSelector,
+  },
+};
+
+const family = (v: 4 | 6): Schema => ({
+  type: 'object',
+  required: ['cidr'],
+  properties: {
+    cidr: { type: 'string', format: 'cidr', description: `The pool's IPv${v} subnet (a network address with its prefix).` },
+    blockSize: { type: 'integer', minimum: 0, maximum: v === 4 ? 32 : 128, description: 'Prefix length of the blocks nodes claim (pod pools only).' },
+  },
+  'x-kubernetes-validations': [
+    { rule: 'self.cidr == oldSelf.cidr', message: 'cidr is immutable: addresses are allocated from it; create a new pool instead' },
+  ],
+});
+
+const addressPoolSchema: Schema = {
+  type: 'object',
+  required: ['spec'],
+  properties: {
+    apiVersion: { type: 'string' },
+    kind: { type: 'string' },
+    metadata: { type: 'object' },
+    spec: {
+      type: 'object',
+      required: ['usage'],
+      properties: {
+        usage: { type: 'string', enum: ['pod', 'floating', 'loadBalancer'], description: 'pod: split into node blocks; floating and loadBalancer: allocated cluster-wide.' },
+        ipv4: family(4),
+        ipv6: family(6),
+        nodeSelector: { ...labelMap, description: 'Only nodes whose labels match all of these may use the pool.' },
+        zone: { type: 'string', maxLength: 63, description: 'Shorthand for nodeSelector {topology.kubernetes.io/zone: zone}.' },
+        reserved: { type: 'array', items: { type: 'string' }, maxItems: 1024, description: 'Addresses or CIDRs inside the pool that are never handed out.' },
+      },
+      'x-kubernetes-validations': [
+        { rule: 'has(self.ipv4) || has(self.ipv6)', message: 'needs ipv4, ipv6 or both' },
+        { rule: 'self.usage == oldSelf.usage', message: 'usage is immutable' },
+        {
+          rule: "self.usage == 'pod' || ((!has(self.ipv4) || !has(self.ipv4.blockSize)) && (!has(self.ipv6) || !has(self.ipv6.blockSize)))",
+          message: 'blockSize applies to pod pools only (floating and loadBalancer addresses are allocated cluster-wide)',
+        },
+      ],
+    },
+    status: {
+      type: 'object',
+      properties: {
+        observedGeneration: { type: 'integer', format: 'int64' },
+        conditions,
+        blocks: { type: 'integer', description: 'Node blocks claimed (pod pools).' },
+        allocated: { type: 'integer', description: 'Addresses allocated cluster-wide (floating and loadBalancer pools).' },
+      },
+    },
+  },
+};
+
+const egressSchema: Schema = {
+  type: 'object',
+  required: ['spec'],
+  properties: {
+    apiVersion: { type: 'string' },
+    kind: { type: 'string' },
+    metadata: { type: 'object' },
+    spec: {
+      type: 'object',
+      required: ['clients', 'gateways', 'addresses'],
+      properties: {
+        clients: { ...podSelection, description: 'Pods whose traffic to the destinations leaves through the floating addresses.' },
+        gateways: { ...podSelection, description: 'Pods that may hold the floating addresses and NAT to them.' },
+        destinations: { type: 'array', items: { type: 'string', format: 'cidr' }, minItems: 1, maxItems: 64, description: 'Default: everything outside the cluster.' },
+        excludeDestinations: { type: 'array', items: { type: 'string', format: 'cidr' }, maxItems: 64 },
+        addresses: {
+          type: 'object',
+          properties: {
+            pool: { type: 'string', maxLength: 63, description: 'A floating AddressPool.' },
+            count: { type: 'integer', minimum: 1, maximum: 16, description: 'How many addresses (default 1).' },
+            explicit: { type: 'array', items: { type: 'string', format: 'ipv4' }, minItems: 1, maxItems: 16, description: 'Egress is IPv4 so far.' },
+          },
+          'x-kubernetes-validations': [
+            { rule: '!(has(self.count) && has(self.explicit))', message: 'give either count or explicit, not both' },
+            { rule: 'has(self.pool) || has(self.explicit)', message: 'name a floating pool, or explicit addresses' },
+          ],
+        },
+        failover: {
+          type: 'object',
+          properties: {
+            intervalMs: { type: 'integer', minimum: 10, maximum: 10000, description: 'BFD transmit interval (default 50).' },
+            detectMultiplier: { type: 'integer', minimum: 2, maximum: 255, description: 'Missed intervals before a peer is down (default 3).' },
+          },
+        },
+        announce: {
+          type: 'object',
+          properties: {
+            mode: { type: 'string', enum: ['l2', 'routeTable'] },
+            table: { type: 'integer', minimum: 1, maximum: 4294967294 },
+          },
+          'x-kubernetes-validations': [
+            { rule: "!has(self.table) || (has(self.mode) && self.mode == 'routeTable')", message: 'table applies to mode routeTable only' },
+            { rule: '!has(self.table) || !(self.table in [253, 254, 255])', message: 'table must not be one of the kernel tables 253, 254, 255' },
+          ],
+        },
+      },
+    },
+    status: {
+      type: 'object',
+      properties: {
+        observedGeneration: { type: 'integer', format: 'int64' },
+        conditions,
+        addresses: {
+          type: 'array',
+          'x-kubernetes-list-type': 'map',
+          'x-kubernetes-list-map-keys': ['address'],
+          items: {
+            type: 'object',
+            required: ['address'],
+            properties: {
+              address: { type: 'string' },
+              ownerNode: { type: 'string' },
+              ownerPod: { type: 'string' },
+              epoch: { type: 'integer', format: 'int64' },
+            },
+          },
+        },
+      },
+    },
+  },
+};
+
+const addressBlockSchema: Schema = {
+  type: 'object',
+  required: ['spec'],
+  properties: {
+    apiVersion: { type: 'string' },
+    kind: { type: 'string' },
+    metadata: { type: 'object' },
+    spec: {
+      type: 'object',
+      required: ['pool', 'cidr', 'node'],
+      properties: {
+        pool: { type: 'string', maxLength: 63 },
+        cidr: { type: 'string', format: 'cidr' },
+        node: { type: 'string', maxLength: 253 },
+      },
+      'x-kubernetes-validations': [{ rule: 'self == oldSelf', message: 'a block claim is immutable: delete it to release the block' }],
+    },
+  },
+};
+
+/** The Node facts of the file source (zone, labels); in a cluster they come from the core Node. Not a CRD. */
+export const NODE_SCHEMA: Schema = {
+  type: 'object',
+  properties: {
+    apiVersion: { type: 'string' },
+    kind: { type: 'string' },
+    metadata: { type: 'object' },
+    spec: { type: 'object', properties: { zone: { type: 'string', minLength: 1, maxLength: 63 } } },
+    status: { type: 'object', 'x-kubernetes-preserve-unknown-fields': true },
+  },
+};
+
+export interface CrdDef {
+  kind: string;
+  plural: string;
+  singular: string;
+  shortNames: string[];
+  scope: 'Namespaced' | 'Cluster';
+  schema: Schema;
+  columns: Array<{ name: string; type: string; jsonPath: string; description?: string; priority?: number }>;
+  /** Has a status subresource (written by tether's controllers). */
+  status: boolean;
+}
+
+const age = { name: 'Age', type: 'date', jsonPath: '.metadata.creationTimestamp' };
+const ready = (what: string) => ({ name: 'Ready', type: 'string', jsonPath: ".status.conditions[?(@.type=='Ready')].status", description: what });
+
+export const CRDS: CrdDef[] = [
+  {
+    kind: 'AddressPool',
+    plural: 'addresspools',
+    singular: 'addresspool',
+    shortNames: ['tpool'],
+    scope: 'Cluster',
+    schema: addressPoolSchema,
+    status: true,
+    columns: [
+      { name: 'Usage', type: 'string', jsonPath: '.spec.usage' },
+      { name: 'IPv4', type: 'string', jsonPath: '.spec.ipv4.cidr' },
+      { name: 'IPv6', type: 'string', jsonPath: '.spec.ipv6.cidr' },
+      ready('The pool is valid and overlaps no other pool'),
+      age,
+    ],
+  },
+  {
+    kind: 'Egress',
+    plural: 'egresses',
+    singular: 'egress',
+    shortNames: ['teg'],
+    scope: 'Namespaced',
+    schema: egressSchema,
+    status: true,
+    columns: [
+      { name: 'Pool', type: 'string', jsonPath: '.spec.addresses.pool' },
+      { name: 'Addresses', type: 'string', jsonPath: '.status.addresses[*].address' },
+      { name: 'Owners', type: 'string', jsonPath: '.status.addresses[*].ownerNode' },
+      ready('Every address has a live owner'),
+      age,
+    ],
+  },
+  {
+    kind: 'AddressBlock',
+    plural: 'addressblocks',
+    singular: 'addressblock',
+    shortNames: ['tblock'],
+    scope: 'Cluster',
+    schema: addressBlockSchema,
+    status: false,
+    columns: [
+      { name: 'Pool', type: 'string', jsonPath: '.spec.pool' },
+      { name: 'CIDR', type: 'string', jsonPath: '.spec.cidr' },
+      { name: 'Node', type: 'string', jsonPath: '.spec.node' },
+      age,
+    ],
+  },
+];
+
+/** The CustomResourceDefinition object of one kind, as `kubectl apply` takes it. */
+export function crdManifest(d: CrdDef): Record<string, unknown> {
+  return {
+    apiVersion: 'apiextensions.k8s.io/v1',
+    kind: 'CustomResourceDefinition',
+    metadata: { name: `${d.plural}.${GROUP}` },
+    spec: {
+      group: GROUP,
+      scope: d.scope,
+      names: { kind: d.kind, listKind: `${d.kind}List`, plural: d.plural, singular: d.singular, shortNames: d.shortNames, categories: ['tether'] },
+      versions: [
+        {
+          name: VERSION,
+          served: true,
+          storage: true,
+          ...(d.status ? { subresources: { status: {} } } : {}),
+          additionalPrinterColumns: d.columns,
+          schema: { openAPIV3Schema: d.schema },
+        },
+      ],
+    },
+  };
+}

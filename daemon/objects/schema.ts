@@ -1,0 +1,193 @@
+// Validates an object against its kind's schema the way the API server does: the OpenAPI v3 structural
+// schema (with ajv) and the CEL rules in x-kubernetes-validations (with @bufbuild/cel), transition rules
+// (those naming oldSelf) only when a previous version is given. Unknown fields are errors, as with
+// kubectl's strict field validation. Every problem names the field, e.g. `spec.addresses.count`.
+import Ajv, { type ErrorObject, type ValidateFunction } from 'ajv';
+import addFormats from 'ajv-formats';
+import { run, type CelInput } from '@bufbuild/cel';
+import { isIP } from 'node:net';
+import { parseCidr } from '../common/ip-math';
+import { API_VERSION, DNS1123_LABEL, describe, isDnsSubdomain, isObject } from '../common/fields';
+import { CRDS, NODE_SCHEMA } from './crds';
+
+type Schema = Record<string, unknown>;
+interface Rule {
+  rule: string;
+  message?: string;
+}
+
+/** Kinds with a schema, and whether their objects live in a namespace. */
+const KINDS: Record<string, { schema: Schema; namespaced: boolean }> = {
+  ...Object.fromEntries(CRDS.map((d) => [d.kind, { schema: d.schema, namespaced: d.scope === 'Namespaced' }])),
+  Node: { schema: NODE_SCHEMA, namespaced: false },
+};
+
+export function schemaKinds(): string[] {
+  return Object.keys(KINDS);
+}
+
+const ajv = new Ajv({ allErrors: true, strict: false });
+addFormats(ajv, ['date-time', 'ipv4', 'ipv6']);
+ajv.addFormat('cidr', { type: 'string', validate: (s: string) => parseCidr(s) !== undefined && s.includes('/') });
+ajv.addFormat('ip', { type: 'string', validate: (s: string) => isIP(s) !== 0 });
+// int64 is how Kubernetes marks its integers; every JS number in range is accepted.
+ajv.addFormat('int64', { type: 'number', validate: (n: number) => Number.isSafeInteger(n) });
+
+const compiled = new Map<string, ValidateFunction>();
+
+/** The structural schema as JSON Schema: objects with properties reject unknown fields, x- keys dropped. */
+function toJsonSchema(s: unknown): unknown {
+  if (Array.isArray(s)) return s.map(toJsonSchema);
+  if (!isObject(s)) return s;
+  const out: Record<string, unknown> = {};
+  for (const [k, v] of Object.entries(s)) {
+    if (k.startsWith('x-kubernetes-') || k === 'description') continue;
+    out[k] = k === 'enum' || k === 'required' ? v : toJsonSchema(v);
+  }
+  if (s.type === 'object' && s.properties && s.additionalProperties === undefined && !s['x-kubernetes-preserve-unknown-fields']) {
+    out.additionalProperties = false;
+  }
+  return out;
+}
+
+function validatorFor(kind: string): ValidateFunction {
+  let v = compiled.get(kind);
+  if (!v) {
+    v = ajv.compile(toJsonSchema(KINDS[kind].schema) as object);
+    compiled.set(kind, v);
+  }
+  return v;
+}
+
+/** `/spec/addresses/count` → `spec.addresses.count`; list indexes as `[i]`. */
+function fieldOf(pointer: string): string {
+  return pointer
+    .split('/')
+    .slice(1)
+    .map((p) => p.replace(/~1/g, '/').replace(/~0/g, '~'))
+    .reduce((acc, p) => (/^\d+$/.test(p) ? `${acc}[${p}]` : acc ? `${acc}.${p}` : p), '');
+}
+
+function valueAt(obj: unknown, pointer: string): unknown {
+  let v = obj;
+  for (const p of pointer.split('/').slice(1)) v = isObject(v) || Array.isArray(v) ? (v as Record<string, unknown>)[p.replace(/~1/g, '/').replace(/~0/g, '~')] : undefined;
+  return v;
+}
+
+function ajvProblem(e: ErrorObject, obj: unknown): string {
+  const field = fieldOf(e.instancePath);
+  const at = field ? `${field} ` : '';
+  const value = valueAt(obj, e.instancePath);
+  switch (e.keyword) {
+    case 'required':
+      return `${field ? `${field}.` : ''}${(e.params as { missingProperty: string }).missingProperty} is missing`;
+    case 'additionalProperties': {
+      const extra = (e.params as { additionalProperty: string }).additionalProperty;
+      return `unknown field ${field ? `${field}.` : ''}${extra}`;
+    }
+    case 'enum':
+      return `${at}${describe(value)} must be one of ${((e.params as { allowedValues: unknown[] }).allowedValues).map((x) => JSON.stringify(x)).join(', ')}`;
+    case 'type':
+      return `${at}${describe(value)} must be ${(e.params as { type: string }).type === 'object' ? 'an object' : `of type ${(e.params as { type: string }).type}`}`;
+    case 'format':
+      return `${at}${describe(value)} is not ${({ cidr: 'a CIDR like "203.0.113.0/24"', ip: 'an IP address', ipv4: 'an IPv4 address', ipv6: 'an IPv6 address' } as Record<string, string>)[(e.params as { format: string }).format] ?? `in format ${(e.params as { format: string }).format}`}`;
+    case 'minItems':
+    case 'maxItems':
+      return `${at}must list ${e.keyword === 'minItems' ? 'at least' : 'at most'} ${(e.params as { limit: number }).limit} item(s)`;
+    default:
+      return `${at}${describe(value)} ${e.message ?? 'is invalid'}`;
+  }
+}
+
+/** CEL sees integers as int (bigint), as the API server does, so `self.count <= 16` and `x in [253]` compare ints. */
+function celValue(v: unknown, s: Schema | undefined): unknown {
+  if (!s) return v;
+  if (s.type === 'integer' && typeof v === 'number') return BigInt(v);
+  if (Array.isArray(v)) return v.map((x) => celValue(x, s.items as Schema | undefined));
+  if (isObject(v)) {
+    const props = (s.properties ?? {}) as Record<string, Schema>;
+    const extra = isObject(s.additionalProperties) ? (s.additionalProperties as Schema) : undefined;
+    return Object.fromEntries(Object.entries(v).map(([k, x]) => [k, celValue(x, props[k] ?? extra)]));
+  }
+  return v;
+}
+
+/** Runs the CEL rules of every schema node that has a value, depth first. */
+function celProblems(s: Schema, v: unknown, old: unknown, field: string, out: string[]): void {
+  if (v === undefined) return;
+  const rules = (s['x-kubernetes-validations'] ?? []) as Rule[];
+  for (const r of rules) {
+    const transition = /\boldSelf\b/.test(r.rule);
+    if (transition && old === undefined) continue;
+    let result: unknown;
+    try {
+      const vars = (transition ? { self: celValue(v, s), oldSelf: celValue(old, s) } : { self: celValue(v, s) }) as Record<string, CelInput>;
+      result = run(r.rule, vars);
+    } catch (e) {
+      result = e;
+    }
+    if (result !== true) {
+      const why = result instanceof Error ? ` (rule ${JSON.stringify(r.rule)} failed: ${result.message.split('\n')[0]})` : '';
+      out.push(`${field || 'object'}: ${r.message ?? `failed rule ${r.rule}`}${why}`);
+    }
+  }
+  if (isObject(v)) {
+    const props = (s.properties ?? {}) as Record<string, Schema>;
+    for (const [k, sub] of Object.entries(props)) {
+      celProblems(sub, v[k], isObject(old) ? old[k] : undefined, field ? `${field}.${k}` : k, out);
+    }
+  } else if (Array.isArray(v) && isObject(s.items)) {
+    // List items are matched by position for transition rules only when the list is not keyed.
+    v.forEach((x, i) => celProblems(s.items as Schema, x, undefined, `${field}[${i}]`, out));
+  }
+}
+
+/** metadata as the API server checks it: a name of the right shape; a namespace for namespaced kinds. */
+function metadataProblems(obj: Record<string, unknown>, namespaced: boolean, out: string[]): void {
+  const meta = obj.metadata;
+  if (!isObject(meta)) return void out.push('metadata must be an object with a name');
+  const name = meta.name;
+  if (name === undefined) out.push('metadata.name is missing');
+  else if (typeof name !== 'string' || !(namespaced || obj.kind === 'Node' ? isDnsSubdomain(name) : name.length <= 63 && DNS1123_LABEL.test(name))) {
+    out.push(`metadata.name ${describe(name)} must be a DNS-1123 ${namespaced || obj.kind === 'Node' ? 'subdomain' : 'label'}`);
+  }
+  if (namespaced && meta.namespace !== undefined && (typeof meta.namespace !== 'string' || meta.namespace.length > 63 || !DNS1123_LABEL.test(meta.namespace))) {
+    out.push(`metadata.namespace ${describe(meta.namespace)} must be a DNS-1123 label`);
+  }
+  if (!namespaced && meta.namespace !== undefined) out.push(`metadata.namespace: a ${String(obj.kind)} is cluster-scoped and has no namespace`);
+}
+
+/**
+ * Every problem of `obj` against its kind's schema (empty when valid). `old` is the version it replaces,
+ * for transition rules (immutable fields). Unknown kinds and a wrong apiVersion are problems too.
+ */
+export function schemaProblems(obj: unknown, old?: unknown): string[] {
+  if (!isObject(obj)) return [`must be an object, not ${describe(obj)}`];
+  const kind = typeof obj.kind === 'string' ? KINDS[obj.kind] : undefined;
+  if (!kind) return [`kind ${describe(obj.kind)} has no schema (one of ${Object.keys(KINDS).join(', ')})`];
+  const out: string[] = [];
+  if (obj.apiVersion !== API_VERSION) out.push(`apiVersion ${describe(obj.apiVersion)} must be ${JSON.stringify(API_VERSION)}`);
+  metadataProblems(obj, kind.namespaced, out);
+  const validate = validatorFor(obj.kind as string);
+  if (!validate(obj)) {
+    // ajv reports a failed `type` beside each of its siblings' errors; one line per field is enough.
+    const seen = new Set<string>();
+    for (const e of validate.errors ?? []) {
+      const line = ajvProblem(e, obj);
+      if (!seen.has(line)) out.push(line);
+      seen.add(line);
+    }
+  }
+  // CEL rules run on a structurally valid object only, as in the API server.
+  if (out.length === 0) celProblems(kind.schema, obj, old, '', out);
+  return out;
+}
+
+/** The object's name as messages show it: `Egress "shop/out"`, `AddressPool "blue"`. */
+export function objectLabel(obj: unknown): string {
+  const o = isObject(obj) ? obj : {};
+  const m = isObject(o.metadata) ? o.metadata : {};
+  const ns = typeof m.namespace === 'string' ? `${m.namespace}/` : '';
+  const name = typeof m.name === 'string' && m.name ? m.name : '(no name)';
+  return `${typeof o.kind === 'string' ? o.kind : 'object'} ${JSON.stringify(ns + name)}`;
+}
