@@ -13,7 +13,9 @@ import { ApiServer } from './server';
 import { PodStore } from './state/pod-store';
 import { AttachService } from './pod/attach-service';
 import { ErrorCode, TetherError } from './errors';
-import { loadConfig, type ConfigObjects } from './config/objects';
+import type { ConfigObjects } from './config/objects';
+import { EmptySource, FileSource, serialApply, type ConfigSource } from './config/source';
+import { EgressObjects } from './egress/egress-config';
 import { AllocationStore } from '../ipam/allocation-store';
 import { ClusterAddresses, type OwnerRequest } from '../ipam/cluster-addresses';
 import { IpamService } from '../ipam/ipam-service';
@@ -22,7 +24,7 @@ import { LazyStore } from '../ipam/store/lazy-store';
 import { RedisStore } from '../ipam/store/redis-store';
 import { parseRedisUrl } from './common/redis';
 import { EgressController, requireClusterKey } from './egress/egress-controller';
-import { validateEgress, type ResolvedEgress } from './egress/egress-spec';
+import type { ResolvedEgress } from './egress/egress-spec';
 import { OwnershipStore } from './egress/ownership-store';
 import { VERSION } from '../cni/about';
 import { validateCniRequest, type CniRequestFields } from '../cni/validate';
@@ -31,7 +33,8 @@ import { validateCniRequest, type CniRequestFields } from '../cni/validate';
 const USAGE = `usage: tetherd [--node-name NAME] [--socket PATH] [--state-dir DIR] [--bpf-pin-dir DIR] [--config FILE]
                [--redis URL] [--redis-prefix PREFIX] [--log-level LEVEL]
                [--node-address IP] [--uplink IF] [--cluster-key-file FILE] [--fou-port N] [--sync-port N]
-  --config FILE   YAML/JSON objects: AddressPool, Node (zone, labels)
+  --config FILE   YAML/JSON objects: AddressPool, Egress, Node (zone, labels), Pod (labels); watched,
+                  every valid edit applied live (an invalid one is refused whole, nothing changes)
   --redis URL     the cluster store for block claims and floating addresses:
                   redis://[:password@]host:port[/db] or unix:///path.sock[?password=…]
   Egress (objects of kind Egress in --config) also needs:
@@ -128,16 +131,22 @@ function requireLocalAddress(addr: string): void {
 
 /** Starts every part in order, registering each one's stop with `life` as soon as it runs. */
 async function start(opts: Options, nodeName: string, logger: Logger, life: Lifecycle): Promise<void> {
-  let config: ConfigObjects = { pools: [], nodes: {}, others: [] };
+  const source: ConfigSource = opts.config ? new FileSource(opts.config, logger) : new EmptySource();
+  let config: ConfigObjects;
   try {
-    if (opts.config) config = loadConfig(opts.config);
+    config = await source.start();
   } catch (e) {
+    await source.stop();
     throw new StartError(2, `config rejected: ${(e as Error).message}`);
   }
+  life.started('config source', () => source.stop());
   const fouPort = portOption('fou-port', opts['fou-port']);
   const syncPort = portOption('sync-port', opts['sync-port']);
-  const nodeConfig = config.nodes[nodeName] ?? { labels: {} };
+  let nodeConfig = config.nodes[nodeName] ?? { labels: {} };
   const egressObjects = config.others.filter((o) => o.kind === 'Egress');
+  const egressConfig = new EgressObjects(logger);
+  // Egress runs when it is configured at start, or when its options are given (Egresses may come later).
+  const egressWanted = egressObjects.length > 0 || (!!opts['node-address'] && !!opts['cluster-key-file'] && !!opts.redis);
   let egressSetup: { resolved: ResolvedEgress[]; clusterKey: Buffer; nodeAddress: string } | undefined;
   if (opts.redis) {
     try {
@@ -146,9 +155,11 @@ async function start(opts: Options, nodeName: string, logger: Logger, life: Life
       throw new StartError(2, `--redis rejected: ${(e as Error).message}`);
     }
   }
-  if (egressObjects.length) {
+  if (egressWanted) {
     try {
-      const resolved = egressObjects.map((o) => validateEgress(o, { pools: config.pools }));
+      const resolved = egressConfig.resolve(config);
+      const rejected = Object.values(egressConfig.problems());
+      if (rejected.length) throw new TetherError(ErrorCode.InvalidConfig, rejected.join('\n'));
       if (!opts.redis) throw new TetherError(ErrorCode.InvalidConfig, 'Egress objects need the cluster store: start tetherd with --redis');
       if (!opts['node-address']) throw new TetherError(ErrorCode.InvalidConfig, 'Egress objects need --node-address');
       let keyText: string | undefined;
@@ -219,6 +230,7 @@ async function start(opts: Options, nodeName: string, logger: Logger, life: Life
       syncPort,
       clusterKey: egressSetup.clusterKey,
       egresses: egressSetup.resolved,
+      podLabels: config.pods,
       ownership,
       addresses,
       attach,
@@ -308,5 +320,20 @@ async function start(opts: Options, nodeName: string, logger: Logger, life: Life
       throw new StartError(1, `egress controller failed to start: ${(err as Error).message}`, { cause: err });
     }
   }
+  // Every accepted configuration change reaches each subsystem, which converges to it.
+  const e = egress;
+  const apply = serialApply(
+    async (c) => {
+      config = c;
+      nodeConfig = c.nodes[nodeName] ?? { labels: {} };
+      pods.setPools(c.pools, nodeConfig);
+      addresses.setPools(c.pools);
+      const egresses = egressConfig.resolve(c);
+      if (e) await e.apply(egresses, c.pods);
+      else if (egresses.length) logger.error('egress: Egress objects need --node-address, --cluster-key-file and --redis; not served', { egresses: egresses.map((x) => x.key) });
+    },
+    (err) => logger.error('config: applying a change failed', { error: err.message, stack: err.stack }),
+  );
+  source.on('update', apply);
   logger.info('tetherd started', { version: VERSION, socket: opts.socket, stateDir, bpfPinDir: opts['bpf-pin-dir'], podsRecorded: loaded });
 }

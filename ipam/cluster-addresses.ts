@@ -32,6 +32,12 @@ export class ClusterAddresses {
     for (const p of pools) if (p.usage !== 'pod') this.pools.set(p.name, p);
   }
 
+  /** The configuration changed: cluster-wide pools are looked up in the new set from now on. */
+  setPools(pools: ResolvedPool[]): void {
+    this.pools.clear();
+    for (const p of pools) if (p.usage !== 'pod') this.pools.set(p.name, p);
+  }
+
   async allocate(req: OwnerRequest): Promise<{ pool: string; owner: string; addresses: string[] }> {
     const { pool, store } = this.resolve(req.pool);
     const owner = checkOwner(req.owner);

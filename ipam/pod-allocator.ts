@@ -69,6 +69,8 @@ export class PodAllocator {
   private readonly pools = new Map<string, PoolState>();
   private readonly byOwner = new Map<string, AllocationRecord[]>();
   private readonly mutex = new KeyedMutex();
+  /** Pools removed from the configuration that still hold allocations: released normally, never allocated from. */
+  private readonly retired = new Set<string>();
   private generationSeen?: string;
   private holdOffUntil = 0;
 
@@ -132,6 +134,41 @@ export class PodAllocator {
     const blocks = [...this.pools.values()].reduce((n, p) => n + p.blocks.size, 0);
     this.logger.info('ipam: started', { allocations: records.length, blocks, conflicts });
     return { allocations: records.length, blocks, conflicts };
+  }
+
+  /**
+   * The configuration changed (level-triggered): new pod pools serve at once; a changed pool's reserved
+   * ranges and node selector apply to new allocations (its subnet and usage are immutable, schema rule);
+   * a removed pool allocates no more, and is forgotten once its last allocation is released.
+   */
+  setPools(pools: ResolvedPool[], facts?: { zone?: string; labels: Record<string, string> }): void {
+    if (facts) {
+      this.node.zone = facts.zone;
+      this.node.labels = facts.labels;
+    }
+    const want = new Map(pools.filter((p) => p.usage === 'pod').map((p) => [p.name, p]));
+    for (const [name, pool] of want) {
+      const ps = this.pools.get(name);
+      if (!ps) {
+        this.pools.set(name, { pool, blocks: new Map(), pendingReturn: new Set(), lost: new Set() });
+        this.logger.info('ipam: pool added', { pool: name });
+      } else if (JSON.stringify(ps.pool.source) !== JSON.stringify(pool.source)) {
+        ps.pool = pool;
+        this.logger.info('ipam: pool updated', { pool: name });
+      }
+      if (this.retired.delete(name)) this.logger.info('ipam: removed pool configured again', { pool: name });
+    }
+    for (const [name, ps] of this.pools) {
+      if (want.has(name) || this.retired.has(name)) continue;
+      const inUse = [...ps.blocks.values()].some((b) => b.used.size > 0);
+      if (inUse) {
+        this.retired.add(name);
+        this.logger.warn('ipam: pool removed while addresses are allocated from it; no new allocations, existing ones stay until released', { pool: name });
+      } else {
+        this.pools.delete(name);
+        this.logger.info('ipam: pool removed', { pool: name, blocksReturned: 'by maintenance' });
+      }
+    }
   }
 
   /** Addresses for one attachment, one per family of the pool. Idempotent per attachment. */
@@ -233,8 +270,9 @@ export class PodAllocator {
   private podPool(name: string): PoolState {
     if (typeof name !== 'string' || !name) throw new TetherError(ErrorCode.InvalidConfig, 'ipam.pool: missing or not a string');
     const ps = this.pools.get(name);
-    if (!ps) {
-      throw new TetherError(ErrorCode.UnknownPool, `unknown pod pool "${name}" (this node knows: ${[...this.pools.keys()].join(', ') || 'none'})`);
+    if (!ps || this.retired.has(name)) {
+      const known = [...this.pools.keys()].filter((n) => !this.retired.has(n));
+      throw new TetherError(ErrorCode.UnknownPool, `${ps ? 'removed' : 'unknown'} pod pool "${name}" (this node knows: ${known.join(', ') || 'none'})`);
     }
     if (!poolMatchesNode(ps.pool, this.node)) {
       throw new TetherError(ErrorCode.InvalidConfig, `pool "${name}" does not serve node ${this.node.name} (its nodeSelector does not match)`);

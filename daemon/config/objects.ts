@@ -18,13 +18,21 @@ export interface ConfigObjects {
   pools: ResolvedPool[];
   /** Node name → facts. */
   nodes: Record<string, NodeFacts>;
-  /** Pod metadata ("namespace/name" → labels) for standalone use; in a cluster it comes from the API. */
-  pods?: Record<string, { labels: Record<string, string> }>;
+  /** Pod metadata ("namespace/name"): from Pod objects in a file (standalone), or this node's Pods from the API. */
+  pods?: Record<string, PodMeta>;
   /**
    * Objects resolved by their own subsystems (Egress, LoadBalancer), exactly as written; those with a
    * schema (Egress) passed it.
    */
   others: Array<Record<string, unknown>>;
+}
+
+export interface PodMeta {
+  labels: Record<string, string>;
+  /** The API's Ready condition; absent (file objects) means ready. */
+  ready?: boolean;
+  /** It has a deletionTimestamp: terminating. */
+  deleting?: boolean;
 }
 
 /** An empty configuration: no pools, nodes or objects. */
@@ -65,7 +73,7 @@ export function parseConfig(text: string, file: string, previous?: ConfigObjects
     for (const p of previous.pools) before.set(objectKey(p.source as unknown as Record<string, unknown>), p.source);
     for (const o of previous.others) before.set(objectKey(o), o);
   }
-  const pods: Record<string, { labels: Record<string, string> }> = {};
+  const pods: Record<string, PodMeta> = {};
   const problems: string[] = [];
   const poolRaws: unknown[] = [];
   const poolWheres: string[] = [];

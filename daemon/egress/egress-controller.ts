@@ -29,6 +29,7 @@ import { KeyedMutex } from '../util/keyed-mutex';
 import type { ClusterAddresses } from '../../ipam/cluster-addresses';
 import { decide, handoverTarget, orderCandidates, scoreOf, supersedes } from './candidates';
 import type { ResolvedEgress } from './egress-spec';
+import type { PodMeta } from '../config/objects';
 import { GatewayDatapath } from './gateway-datapath';
 import { NoticeChannel, type OwnershipNotice } from './ownership-notice';
 import type { GatewayInfo, Ownership, OwnershipStore } from './ownership-store';
@@ -42,6 +43,8 @@ export interface EgressControllerOptions {
   /** Shared cluster key (≥ 32 bytes): BFD keyed SHA1, conntrack sync and ownership notices derive from it. */
   clusterKey: Buffer;
   egresses: ResolvedEgress[];
+  /** Pod metadata from the config source ("namespace/name"): labels override pod records' own. */
+  podLabels?: Record<string, PodMeta>;
   ownership: OwnershipStore;
   addresses: ClusterAddresses;
   attach: AttachService;
@@ -54,6 +57,8 @@ interface LocalGateway {
   info: GatewayInfo;
   datapath: GatewayDatapath;
   egresses: Set<string>;
+  /** The destinations its guard and rules were last prepared for (JSON), so an unchanged set is not rewritten. */
+  guarded: string;
   netns: string;
 }
 
@@ -131,6 +136,10 @@ export class EgressController {
   private maps?: EgressMaps;
   private timers: NodeJS.Timeout[] = [];
   private watcher?: fs.FSWatcher;
+  /** Pod metadata from the config source ("namespace/name"); labels override a pod record's own. */
+  private podMeta = new Map<string, PodMeta>();
+  /** BFD timers in force (the fastest of the Egresses this node serves). */
+  private timers_: { intervalMs: number; detectMultiplier: number } | undefined;
   private stopped = false;
   private ticking = false;
   private tickAgain = false;
@@ -142,10 +151,11 @@ export class EgressController {
       this.egresses.set(e.key, e);
       this.egressIds.set(e.key, i + 1);
     });
+    this.podMeta = new Map(Object.entries(o.podLabels ?? {}));
   }
 
+  /** Starts every part, with or without Egresses: they may come later from the config source. */
   async start(): Promise<void> {
-    if (!this.egresses.size) return;
     this.endpoint = await BfdThread.open({ address: this.o.node.address });
     this.receiver = new SyncReceiver({
       key: this.o.clusterKey,
@@ -182,6 +192,118 @@ export class EgressController {
       setInterval(() => this.periodicResync(), RESYNC_EVERY_MS),
     ];
     await this.tick();
+  }
+
+  /**
+   * Level-triggered configuration: makes this node serve exactly `egresses`, with `podLabels` (from the
+   * config source) overriding pod records' labels. New Egresses start, removed ones are torn down (their
+   * addresses leave their gateways, clients stop being steered, the allocation is returned), changed ones
+   * are updated in place: destinations in the maps and the gateways' rules, failover timers through a BFD
+   * Poll Sequence, selectors by re-evaluating every pod's roles. A change of addresses or announcement
+   * mode replaces the Egress. Serialised with itself; never waits for the store.
+   */
+  async apply(egresses: ResolvedEgress[], podLabels?: Record<string, PodMeta>): Promise<void> {
+    if (this.stopped) return;
+    await this.work.run(() => this.mutex.run('config', () => this.reconcileConfig(egresses, podLabels)));
+  }
+
+  private async reconcileConfig(next: ResolvedEgress[], podLabels?: Record<string, PodMeta>): Promise<void> {
+    const want = new Map(next.map((e) => [e.key, e]));
+    for (const [key, cur] of [...this.egresses]) {
+      const e = want.get(key);
+      if (!e) await this.removeEgress(cur, 'Egress deleted');
+      else if (JSON.stringify(cur.addresses) !== JSON.stringify(e.addresses) || JSON.stringify(cur.announce) !== JSON.stringify(e.announce)) {
+        await this.removeEgress(cur, 'Egress addresses or announcement changed: replaced');
+      }
+    }
+    for (const e of next) {
+      const cur = this.egresses.get(e.key);
+      if (!cur) {
+        this.addEgress(e);
+        continue;
+      }
+      if (JSON.stringify(cur) === JSON.stringify(e)) continue;
+      const changed = (Object.keys(e) as Array<keyof ResolvedEgress>).filter((k) => JSON.stringify(cur[k]) !== JSON.stringify(e[k]));
+      this.egresses.set(e.key, e);
+      for (const st of this.addresses.values()) if (st.egress.key === e.key) st.egress = e;
+      if (changed.includes('destinations') || changed.includes('excluded')) this.maps?.setDestinations(this.egressIds.get(e.key)!, e.destinations, e.excluded);
+      this.o.logger.info('egress: Egress updated', { egress: e.key, changed });
+    }
+    if (podLabels) this.podMeta = new Map(Object.entries(podLabels));
+    this.applyBfdTimers();
+    // Selectors, labels or destinations may have changed: every pod's roles are evaluated again.
+    for (const r of this.o.attach.pods()) if (fs.existsSync(r.netns)) await this.podUp(r);
+    this.spawn(() => this.storePass());
+  }
+
+  private addEgress(e: ResolvedEgress): void {
+    const used = new Set(this.egressIds.values());
+    let id = 1;
+    while (used.has(id)) id++;
+    this.egresses.set(e.key, e);
+    this.egressIds.set(e.key, id);
+    this.maps?.setDestinations(id, e.destinations, e.excluded);
+    if ('explicit' in e.addresses) for (const a of e.addresses.explicit) this.track(e, a);
+    this.o.logger.info('egress: Egress added', { egress: e.key, id, destinations: e.destinations, addresses: e.addresses });
+  }
+
+  /** Tears down exactly what the Egress set up on this node, and returns its addresses to the pool. */
+  private async removeEgress(e: ResolvedEgress, cause: string): Promise<void> {
+    const released: string[] = [];
+    for (const st of [...this.addresses.values()].filter((x) => x.egress.key === e.key)) {
+      await this.mutex.run(streamOf(st), async () => {
+        if (st.holder) {
+          st.holder.datapath.release(st.address, e.announce);
+          st.holder = undefined;
+          released.push(st.address);
+        }
+        await this.stopStreaming(st);
+      });
+      this.addresses.delete(streamOf(st));
+    }
+    const id = this.egressIds.get(e.key);
+    if (id !== undefined) this.maps?.removeEgress(id);
+    for (const gw of this.gateways.values()) gw.egresses.delete(e.key);
+    for (const [pod, c] of [...this.clients]) {
+      if (id === undefined || !c.egressIds.includes(id)) continue;
+      c.egressIds = c.egressIds.filter((x) => x !== id);
+      if (c.egressIds.length) c.steer?.setClient(c.ip, c.egressIds);
+      else this.clientDown(pod, c);
+    }
+    this.egresses.delete(e.key);
+    this.egressIds.delete(e.key);
+    this.allocated.delete(e.key);
+    this.registry.delete(e.key);
+    this.steered.delete(e.key);
+    // The store's part (registrations, the allocation) is undone in the background: it may be down.
+    this.spawn(async () => {
+      try {
+        await this.o.ownership.registerGateways(e.key, this.o.node.name, [], REGISTRY_TTL_MS);
+        await this.o.addresses.release(e.addresses.pool, `egress/${e.key}`);
+      } catch (err) {
+        this.storeFailed(err);
+      }
+    });
+    this.o.logger.info('egress: Egress removed', { egress: e.key, cause, releasedHere: released });
+  }
+
+  /** BFD runs at the fastest failover timers of the Egresses this node serves; a change is a Poll Sequence, not a restart. */
+  private applyBfdTimers(): void {
+    const t = this.bfdTimers();
+    if (!t || (this.timers_ && this.timers_.intervalMs === t.intervalMs && this.timers_.detectMultiplier === t.detectMultiplier)) return;
+    const first = !this.timers_;
+    this.timers_ = t;
+    if (first) return;
+    for (const s of this.bfd.values()) s.setTimers({ desiredMinTxUs: t.intervalMs * 1000, requiredMinRxUs: t.intervalMs * 1000, detectMult: t.detectMultiplier });
+    this.o.logger.info('egress: BFD timers changed', { intervalMs: t.intervalMs, detectMultiplier: t.detectMultiplier, sessions: this.bfd.size });
+  }
+
+  private bfdTimers(): { intervalMs: number; detectMultiplier: number } | undefined {
+    const all = [...this.egresses.values()].map((e) => e.failover);
+    if (!all.length) return this.timers_;
+    const intervalMs = Math.min(...all.map((f) => f.intervalMs));
+    const detectMultiplier = Math.min(...all.filter((f) => f.intervalMs === intervalMs).map((f) => f.detectMultiplier));
+    return { intervalMs, detectMultiplier };
   }
 
   /**
@@ -287,53 +409,120 @@ export class EgressController {
     }
   }
 
+  /**
+   * Makes a pod's roles what its labels and the Egresses say now, in both directions: a pod that became a
+   * client is steered, one that stopped being one is not; a gateway that left an Egress hands its
+   * addresses over first (make-before-break). Nothing is re-attached.
+   */
   private async podRoles(r: PodRecord): Promise<void> {
     const pod = podKey(r);
     const ip = r.ips?.find((i) => !i.includes(':'));
     if (!pod || !ip || !r.hostIfName) return;
-    const labels = r.labels ?? {};
-    const gwOf = [...this.egresses.values()].filter((e) => selects(e.gateways, r.podNamespace!, labels));
+    const meta = this.podMeta.get(pod);
+    const labels = meta?.labels ?? r.labels ?? {};
+    // A gateway serves only while ready and not terminating: a terminating one hands over before its DEL.
+    const serving = meta?.ready !== false && !meta?.deleting;
+    const gwOf = serving ? [...this.egresses.values()].filter((e) => selects(e.gateways, r.podNamespace!, labels)) : [];
     const clientOf = [...this.egresses.values()].filter((e) => selects(e.clients, r.podNamespace!, labels));
-    if (gwOf.length) {
-      const info: GatewayInfo = { pod, node: this.o.node.name, nodeAddress: this.o.node.address, podIp: ip, zone: this.o.node.zone };
-      const datapath = new GatewayDatapath({ pod, netns: r.netns, podIp: ip, ifName: r.ifName, hostIfName: r.hostIfName }, { uplink: this.o.node.uplink, fouPort: this.o.fouPort, pinDir: this.o.pinDir });
-      datapath.prepare(this.nodes, { destinations: [...new Set(gwOf.flatMap((e) => e.destinations))], excluded: [...new Set(gwOf.flatMap((e) => e.excluded))] });
-      this.gateways.set(pod, { info, datapath, egresses: new Set(gwOf.map((e) => e.key)), netns: r.netns });
-      // Owners already streaming to this node sent their tables before this pod existed, and events bring
-      // only what changes: without a fresh resync the pod would lack every established flow and still
-      // count as in sync (sync is per node). A resync in progress takes the node out of the owner's
-      // in-sync set until it is applied to this pod too.
-      const keys = new Set(gwOf.map((e) => e.key));
-      const resyncs = this.receiver?.requestResync((stream) => keys.has(stream.split('|')[0])) ?? 0;
-      this.o.logger.info('egress: gateway pod ready', { pod, egresses: gwOf.map((e) => e.key), resyncsRequested: resyncs });
-      // The registry is told in the background: a store that hangs must not hold a pod's set-up.
-      this.spawn(() => this.register().catch((e) => this.storeFailed(e)));
-    }
-    if (clientOf.length) {
-      const egressIds = clientOf.map((e) => this.egressIds.get(e.key)!);
-      const steer = attachEgressSteer({ ifName: r.hostIfName, pinDir: this.o.pinDir, nodeAddress: this.o.node.address, port: this.o.fouPort });
-      steer.setClient(ip, egressIds);
-      this.clients.set(pod, { ip, hostIfName: r.hostIfName, egressIds, steer });
-      this.o.logger.info('egress: client pod steered', { pod, egresses: clientOf.map((e) => e.key) });
-    }
+    await this.gatewayRole(r, pod, ip, gwOf);
+    this.clientRole(r, pod, ip, clientOf);
     await this.tick();
+  }
+
+  private async gatewayRole(r: PodRecord, pod: string, ip: string, gwOf: ResolvedEgress[]): Promise<void> {
+    const cur = this.gateways.get(pod);
+    const keys = new Set(gwOf.map((e) => e.key));
+    const guarded = { destinations: [...new Set(gwOf.flatMap((e) => e.destinations))], excluded: [...new Set(gwOf.flatMap((e) => e.excluded))] };
+    if (!gwOf.length) {
+      if (cur) await this.gatewayDown(pod, cur, 'pod no longer selected as a gateway', DRAIN_MS);
+      return;
+    }
+    if (cur) {
+      const before = [...cur.egresses].sort().join();
+      const left = [...cur.egresses].filter((k) => !keys.has(k));
+      for (const st of this.addresses.values()) {
+        if (st.holder !== cur || !left.includes(st.egress.key)) continue;
+        await this.mutex.run(streamOf(st), async () => {
+          this.handOver(st, pod, `handover: ${pod} no longer a gateway of ${st.egress.key}`);
+          cur.datapath.withdrawAnnouncement(st.address);
+          void this.stopStreaming(st);
+        });
+        // Packets clients sent before they learned the new owner still leave NATed: release after a drain.
+        const release = () => {
+          if (st.holder !== cur) cur.datapath.release(st.address, st.egress.announce);
+        };
+        setTimeout(() => this.spawn(async () => release()), DRAIN_MS).unref();
+      }
+      cur.egresses = keys;
+      // Rules are replaced in place (owned addresses keep their SNAT): the guard follows new destinations.
+      if (JSON.stringify(guarded) !== cur.guarded) {
+        cur.datapath.prepare(this.nodes, guarded);
+        cur.guarded = JSON.stringify(guarded);
+      }
+      if ([...keys].sort().join() !== before) {
+        this.o.logger.info('egress: gateway pod roles changed', { pod, egresses: [...keys] });
+        this.spawn(() => this.register().catch((e) => this.storeFailed(e)));
+      }
+      return;
+    }
+    const info: GatewayInfo = { pod, node: this.o.node.name, nodeAddress: this.o.node.address, podIp: ip, zone: this.o.node.zone };
+    const datapath = new GatewayDatapath({ pod, netns: r.netns, podIp: ip, ifName: r.ifName, hostIfName: r.hostIfName! }, { uplink: this.o.node.uplink, fouPort: this.o.fouPort, pinDir: this.o.pinDir });
+    datapath.prepare(this.nodes, guarded);
+    this.gateways.set(pod, { info, datapath, egresses: keys, netns: r.netns, guarded: JSON.stringify(guarded) });
+    // Owners already streaming to this node sent their tables before this pod existed, and events bring
+    // only what changes: without a fresh resync the pod would lack every established flow and still
+    // count as in sync (sync is per node). A resync in progress takes the node out of the owner's
+    // in-sync set until it is applied to this pod too.
+    const resyncs = this.receiver?.requestResync((stream) => keys.has(stream.split('|')[0])) ?? 0;
+    this.o.logger.info('egress: gateway pod ready', { pod, egresses: [...keys], resyncsRequested: resyncs });
+    // The registry is told in the background: a store that hangs must not hold a pod's set-up.
+    this.spawn(() => this.register().catch((e) => this.storeFailed(e)));
+  }
+
+  private clientRole(r: PodRecord, pod: string, ip: string, clientOf: ResolvedEgress[]): void {
+    const cur = this.clients.get(pod);
+    const egressIds = clientOf.map((e) => this.egressIds.get(e.key)!).sort((a, b) => a - b);
+    if (!egressIds.length) {
+      if (cur) {
+        this.clientDown(pod, cur);
+        this.o.logger.info('egress: client pod no longer steered', { pod });
+      }
+      return;
+    }
+    if (cur) {
+      if (cur.egressIds.join() === egressIds.join()) return;
+      cur.steer?.setClient(ip, egressIds);
+      cur.egressIds = egressIds;
+    } else {
+      const steer = attachEgressSteer({ ifName: r.hostIfName!, pinDir: this.o.pinDir, nodeAddress: this.o.node.address, port: this.o.fouPort });
+      steer.setClient(ip, egressIds);
+      this.clients.set(pod, { ip, hostIfName: r.hostIfName!, egressIds, steer });
+    }
+    for (const e of clientOf) this.steered.delete(e.key);
+    this.o.logger.info('egress: client pod steered', { pod, egresses: clientOf.map((e) => e.key) });
+  }
+
+  private clientDown(pod: string, client: ClientPod): void {
+    this.maps?.removeClient(client.ip);
+    try {
+      client.steer?.detach();
+    } catch {
+      // the veth went with the pod
+    }
+    this.clients.delete(pod);
   }
 
   private async podDown(r: PodRecord, cause: string, drainMs = 0): Promise<void> {
     const pod = podKey(r);
     if (!pod) return;
     const client = this.clients.get(pod);
-    if (client) {
-      this.maps?.removeClient(client.ip);
-      try {
-        client.steer?.detach();
-      } catch {
-        // the veth went with the pod
-      }
-      this.clients.delete(pod);
-    }
+    if (client) this.clientDown(pod, client);
     const gw = this.gateways.get(pod);
-    if (!gw) return;
+    if (gw) await this.gatewayDown(pod, gw, cause, drainMs);
+  }
+
+  private async gatewayDown(pod: string, gw: LocalGateway, cause: string, drainMs = 0): Promise<void> {
+    if (this.gateways.get(pod) !== gw) return;
     this.gateways.delete(pod);
     // Hand every address it held to the next live candidate at once, instead of waiting for detection.
     for (const st of this.addresses.values()) {
@@ -766,13 +955,14 @@ export class EgressController {
     for (const st of this.addresses.values()) {
       if (involved.includes(st.egress) && st.own.ownerNodeAddress && st.own.ownerNode !== this.o.node.name) peers.add(st.own.ownerNodeAddress);
     }
-    const e0 = involved[0] ?? [...this.egresses.values()][0];
+    this.applyBfdTimers();
+    const t = this.timers_ ?? { intervalMs: 50, detectMultiplier: 3 };
     for (const peer of peers) {
       if (this.bfd.has(peer)) continue;
       const s = this.endpoint.session(peer, {
-        desiredMinTxUs: e0.failover.intervalMs * 1000,
-        requiredMinRxUs: e0.failover.intervalMs * 1000,
-        detectMult: e0.failover.detectMultiplier,
+        desiredMinTxUs: t.intervalMs * 1000,
+        requiredMinRxUs: t.intervalMs * 1000,
+        detectMult: t.detectMultiplier,
         auth: this.bfdAuth(),
       });
       const info = { createdAt: Date.now(), everUp: false };

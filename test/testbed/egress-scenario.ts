@@ -6,8 +6,8 @@ import type { Testbed } from './testbed';
 import type { Topology } from './topology';
 import { ECHO_SERVER, TRAFFIC_CLIENT, type TrafficReport } from '../lib/traffic';
 
-const FLOAT_POOL = '198.18.0.200/29';
-const PORT = 9000;
+export const FLOAT_POOL = '198.18.0.200/29';
+export const PORT = 9000;
 
 export function topology(extraArgs: string[] = []): Topology {
   return {

@@ -516,12 +516,23 @@ export class Testbed {
     return p;
   }
 
+  /**
+   * Replaces the config file every tetherd watches, atomically (temp file, rename), as an operator or a
+   * config-management tool would: the generated objects plus `extraObjects`, or `raw` text as given.
+   */
+  rewriteConfig(change: { extraObjects?: Record<string, unknown>[]; raw?: string }): void {
+    const tmp = `${this.ipamConfigPath}.tmp`;
+    const text = change.raw ?? JSON.stringify(this.ipamConfig(change.extraObjects), null, 2) + '\n';
+    fs.writeFileSync(tmp, text);
+    fs.renameSync(tmp, this.ipamConfigPath);
+  }
+
   /** The per-run tetherd config of tether-ipam mode: the pod pool and the nodes' facts. */
   get ipamConfigPath(): string {
     return path.join(this.runDir, 'tether-config.json');
   }
 
-  private ipamConfig(): Record<string, unknown> {
+  private ipamConfig(extraObjects = this.topology.extraObjects ?? []): Record<string, unknown> {
     const { podPool } = this.plan;
     const items: Record<string, unknown>[] = [
       {
@@ -531,7 +542,7 @@ export class Testbed {
         spec: { usage: 'pod', ipv4: { cidr: podPool.cidr, blockSize: podPool.blockSize } },
       },
       ...this.plan.nodes.map((n) => ({ apiVersion: 'tether.dev/v1alpha1', kind: 'Node', metadata: { name: n.name }, spec: n.zone ? { zone: n.zone } : {} })),
-      ...(this.topology.extraObjects ?? []),
+      ...extraObjects,
     ];
     return { apiVersion: 'v1', kind: 'List', items };
   }
