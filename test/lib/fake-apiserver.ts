@@ -1,0 +1,313 @@
+// A FAKE Kubernetes API server for tests: there is no kube-apiserver on these machines. It is small and
+// behaves like the real one only in the ways that break clients: a cluster-wide resourceVersion; list and
+// watch (chunked JSON lines) from a resourceVersion, 410 Gone (an ERROR event) once that version is
+// compacted away; watches it can drop on demand; create → 409 AlreadyExists; update with a stale
+// resourceVersion → 409 Conflict; a status subresource that changes only status (and the main resource
+// that never changes status); generation bumped on spec changes; label and field selectors (equality
+// only); Leases. Anything else (admission, CRD schemas, auth beyond one bearer token) is not modelled.
+import * as http from 'node:http';
+import { randomUUID } from 'node:crypto';
+
+type Obj = Record<string, any>;
+
+interface Resource {
+  group: string; // '' for core
+  version: string;
+  plural: string;
+  kind: string;
+  namespaced: boolean;
+  status: boolean;
+}
+
+export const RESOURCES: Resource[] = [
+  { group: '', version: 'v1', plural: 'nodes', kind: 'Node', namespaced: false, status: true },
+  { group: '', version: 'v1', plural: 'pods', kind: 'Pod', namespaced: true, status: true },
+  { group: 'tether.dev', version: 'v1alpha1', plural: 'addresspools', kind: 'AddressPool', namespaced: false, status: true },
+  { group: 'tether.dev', version: 'v1alpha1', plural: 'egresses', kind: 'Egress', namespaced: true, status: true },
+  { group: 'tether.dev', version: 'v1alpha1', plural: 'addressblocks', kind: 'AddressBlock', namespaced: false, status: false },
+  { group: 'coordination.k8s.io', version: 'v1', plural: 'leases', kind: 'Lease', namespaced: true, status: false },
+];
+
+interface Event {
+  rv: number;
+  type: 'ADDED' | 'MODIFIED' | 'DELETED';
+  res: Resource;
+  obj: Obj;
+}
+
+interface Watcher {
+  res: Resource;
+  ns?: string;
+  match: (o: Obj) => boolean;
+  res_: http.ServerResponse;
+}
+
+const apiVersionOf = (r: Resource) => (r.group ? `${r.group}/${r.version}` : r.version);
+
+export class FakeApiServer {
+  private rv = 1;
+  private readonly store = new Map<string, { res: Resource; obj: Obj }>();
+  private history: Event[] = [];
+  /** Events older than this resourceVersion are gone: a watch from before it gets 410. */
+  private compactedBefore = 0;
+  private readonly watchers = new Set<Watcher>();
+  private readonly servers: http.Server[] = [];
+  /** While true, watches receive nothing (a watch that stalls without an error, as client-node users see). */
+  muteWatches = false;
+  /** Requests seen, by "VERB path" (for assertions). */
+  readonly requests: string[] = [];
+
+  constructor(private readonly token?: string) {}
+
+  /** Listens on `port` of `host` (0: any free port) and/or a unix socket; returns the TCP URL. */
+  async listen(opts: { host?: string; port?: number; socketPath?: string }): Promise<string | undefined> {
+    const handler = (req: http.IncomingMessage, res: http.ServerResponse) => this.handle(req, res);
+    let url: string | undefined;
+    if (opts.host !== undefined || opts.port !== undefined) {
+      const s = http.createServer(handler);
+      await new Promise<void>((r) => s.listen(opts.port ?? 0, opts.host ?? '127.0.0.1', r));
+      const a = s.address() as { address: string; port: number };
+      url = `http://${a.address}:${a.port}`;
+      this.servers.push(s);
+    }
+    if (opts.socketPath) {
+      const s = http.createServer(handler);
+      await new Promise<void>((r) => s.listen(opts.socketPath, r));
+      this.servers.push(s);
+    }
+    return url;
+  }
+
+  async close(): Promise<void> {
+    this.dropWatches();
+    for (const s of this.servers) {
+      s.closeAllConnections();
+      await new Promise((r) => s.close(r));
+    }
+  }
+
+  /** Ends every open watch, as an API server restart or a load balancer timeout does. */
+  dropWatches(): number {
+    const n = this.watchers.size;
+    for (const w of this.watchers) w.res_.destroy();
+    this.watchers.clear();
+    return n;
+  }
+
+  /** Forgets the event history: watches resumed from an older resourceVersion get 410 Gone. */
+  compact(): void {
+    this.compactedBefore = this.rv + 1;
+    this.history = [];
+  }
+
+  get resourceVersion(): number {
+    return this.rv;
+  }
+
+  // ---- direct access for tests (same rules as HTTP) ------------------------------------------------
+
+  apply(obj: Obj): Obj {
+    const res = this.resourceOf(obj);
+    const cur = this.store.get(this.key(res, obj.metadata.namespace, obj.metadata.name));
+    if (!cur) return this.create(res, obj);
+    return this.update(res, { ...obj, metadata: { ...obj.metadata, resourceVersion: undefined } }, false);
+  }
+
+  get(kind: string, name: string, namespace?: string): Obj | undefined {
+    const res = RESOURCES.find((r) => r.kind === kind)!;
+    return structuredClone(this.store.get(this.key(res, namespace, name))?.obj);
+  }
+
+  list(kind: string): Obj[] {
+    return [...this.store.values()].filter((x) => x.res.kind === kind).map((x) => structuredClone(x.obj));
+  }
+
+  remove(kind: string, name: string, namespace?: string): boolean {
+    const res = RESOURCES.find((r) => r.kind === kind)!;
+    return this.delete(res, namespace, name) !== undefined;
+  }
+
+  // ---- HTTP ------------------------------------------------------------------------------------------
+
+  private resourceOf(obj: Obj): Resource {
+    const r = RESOURCES.find((x) => x.kind === obj.kind && apiVersionOf(x) === obj.apiVersion);
+    if (!r) throw new Error(`fake apiserver: no resource for ${obj.apiVersion} ${obj.kind}`);
+    return r;
+  }
+
+  private key(res: Resource, ns: string | undefined, name: string): string {
+    return `${res.plural}/${res.namespaced ? ns ?? '' : ''}/${name}`;
+  }
+
+  private handle(req: http.IncomingMessage, res: http.ServerResponse): void {
+    const url = new URL(req.url ?? '/', 'http://x');
+    this.requests.push(`${req.method} ${url.pathname}${url.searchParams.get('watch') ? ' (watch)' : ''}`);
+    if (this.token && req.headers.authorization !== `Bearer ${this.token}`) return this.status(res, 401, 'Unauthorized', 'bad or missing token');
+    const m = /^\/(?:api\/(v1)|apis\/([^/]+)\/([^/]+))(?:\/namespaces\/([^/]+))?\/([^/]+)(?:\/([^/]+))?(?:\/(status))?$/.exec(url.pathname);
+    if (!m) return this.status(res, 404, 'NotFound', `no route ${url.pathname}`);
+    const [, coreV, group = '', groupV, ns, plural, name, sub] = m;
+    const r = RESOURCES.find((x) => x.plural === plural && x.group === group && x.version === (coreV ?? groupV));
+    if (!r) return this.status(res, 404, 'NotFound', `the server could not find the requested resource ${url.pathname}`);
+    let body = '';
+    req.on('data', (c: Buffer) => (body += c.toString()));
+    req.on('end', () => {
+      try {
+        this.route(req.method ?? 'GET', r, ns, name, sub === 'status', url, body ? JSON.parse(body) : undefined, res);
+      } catch (e) {
+        const err = e as { code?: number; reason?: string; message: string };
+        this.status(res, err.code ?? 500, err.reason ?? 'InternalError', err.message);
+      }
+    });
+  }
+
+  private route(method: string, r: Resource, ns: string | undefined, name: string | undefined, status: boolean, url: URL, body: Obj | undefined, res: http.ServerResponse): void {
+    if (!name) {
+      if (method === 'GET' && (url.searchParams.get('watch') === 'true' || url.searchParams.get('watch') === '1')) return this.watch(r, ns, url, res);
+      if (method === 'GET') return this.send(res, 200, this.listBody(r, ns, url));
+      if (method === 'POST') return this.send(res, 201, this.create(r, { ...body, metadata: { ...body?.metadata, namespace: r.namespaced ? ns : undefined } }));
+      return this.status(res, 405, 'MethodNotAllowed', method);
+    }
+    const cur = this.store.get(this.key(r, ns, name));
+    if (method === 'GET') return cur ? this.send(res, 200, cur.obj) : this.notFound(res, r, name);
+    if (method === 'DELETE') {
+      const gone = this.delete(r, ns, name);
+      return gone ? this.send(res, 200, gone) : this.notFound(res, r, name);
+    }
+    if (!cur) return this.notFound(res, r, name);
+    if (method === 'PUT') return this.send(res, 200, this.update(r, { ...body, metadata: { ...body?.metadata, name, namespace: r.namespaced ? ns : undefined } }, status));
+    if (method === 'PATCH') {
+      // JSON merge patch (RFC 7386), enough for status and label patches.
+      const merged = mergePatch(structuredClone(cur.obj), body ?? {});
+      merged.metadata.resourceVersion = body?.metadata?.resourceVersion;
+      return this.send(res, 200, this.update(r, merged, status));
+    }
+    this.status(res, 405, 'MethodNotAllowed', method);
+  }
+
+  private matcher(url: URL): (o: Obj) => boolean {
+    const pairs = (s: string | null) => (s ? s.split(',').filter(Boolean).map((p) => p.split('=') as [string, string]) : []);
+    const labels = pairs(url.searchParams.get('labelSelector'));
+    const fields = pairs(url.searchParams.get('fieldSelector'));
+    return (o) =>
+      labels.every(([k, v]) => o.metadata?.labels?.[k] === v) &&
+      fields.every(([k, v]) => String(k.split('.').reduce((x: any, p) => x?.[p], o) ?? '') === v);
+  }
+
+  private listBody(r: Resource, ns: string | undefined, url: URL): Obj {
+    const match = this.matcher(url);
+    const items = [...this.store.values()]
+      .filter((x) => x.res === r && (!ns || x.obj.metadata.namespace === ns) && match(x.obj))
+      .map((x) => x.obj);
+    return { apiVersion: apiVersionOf(r), kind: `${r.kind}List`, metadata: { resourceVersion: String(this.rv) }, items };
+  }
+
+  private watch(r: Resource, ns: string | undefined, url: URL, res: http.ServerResponse): void {
+    const from = Number(url.searchParams.get('resourceVersion') || this.rv);
+    res.writeHead(200, { 'content-type': 'application/json', 'transfer-encoding': 'chunked' });
+    res.flushHeaders();
+    const match = this.matcher(url);
+    if (from < this.compactedBefore - 1) {
+      res.end(JSON.stringify({ type: 'ERROR', object: { kind: 'Status', apiVersion: 'v1', status: 'Failure', reason: 'Expired', code: 410, message: `too old resource version: ${from} (${this.compactedBefore})` } }) + '\n');
+      return;
+    }
+    const w: Watcher = { res: r, ns, match, res_: res };
+    for (const e of this.history) if (e.rv > from && e.res === r && (!ns || e.obj.metadata.namespace === ns) && match(e.obj)) res.write(JSON.stringify({ type: e.type, object: e.obj }) + '\n');
+    this.watchers.add(w);
+    res.on('close', () => this.watchers.delete(w));
+  }
+
+  private emit(type: Event['type'], res: Resource, obj: Obj): void {
+    this.history.push({ rv: this.rv, type, res, obj });
+    if (this.history.length > 10_000) this.history.shift();
+    for (const w of this.watchers) {
+      if (this.muteWatches) break;
+      if (w.res !== res || (w.ns && w.ns !== obj.metadata.namespace) || !w.match(obj)) continue;
+      w.res_.write(JSON.stringify({ type, object: obj }) + '\n');
+    }
+  }
+
+  private create(r: Resource, obj: Obj): Obj {
+    const name = obj.metadata?.name;
+    if (!name) throw Object.assign(new Error('metadata.name: Required value'), { code: 422, reason: 'Invalid' });
+    if (r.namespaced && !obj.metadata.namespace) throw Object.assign(new Error('namespace required'), { code: 422, reason: 'Invalid' });
+    const k = this.key(r, obj.metadata.namespace, name);
+    if (this.store.has(k)) throw Object.assign(new Error(`${r.plural}.${r.group} "${name}" already exists`), { code: 409, reason: 'AlreadyExists' });
+    this.rv++;
+    const stored: Obj = structuredClone({ ...obj, apiVersion: apiVersionOf(r), kind: r.kind });
+    stored.metadata = { ...stored.metadata, uid: randomUUID(), resourceVersion: String(this.rv), generation: 1, creationTimestamp: new Date().toISOString() };
+    this.store.set(k, { res: r, obj: stored });
+    this.emit('ADDED', r, stored);
+    return stored;
+  }
+
+  private update(r: Resource, obj: Obj, statusOnly: boolean): Obj {
+    const k = this.key(r, obj.metadata.namespace, obj.metadata.name);
+    const cur = this.store.get(k);
+    if (!cur) throw Object.assign(new Error('not found'), { code: 404, reason: 'NotFound' });
+    const want = obj.metadata.resourceVersion;
+    if (want !== undefined && want !== cur.obj.metadata.resourceVersion) {
+      throw Object.assign(new Error(`Operation cannot be fulfilled on ${r.plural}.${r.group} "${obj.metadata.name}": the object has been modified; please apply your changes to the latest version and try again`), { code: 409, reason: 'Conflict' });
+    }
+    const next: Obj = structuredClone(cur.obj);
+    if (statusOnly) next.status = obj.status;
+    else {
+      // With a status subresource the main resource never changes status.
+      for (const [key, v] of Object.entries(obj)) if (key !== 'metadata' && key !== 'status' && key !== 'apiVersion' && key !== 'kind') next[key] = v;
+      for (const key of Object.keys(next)) if (!(key in obj) && !['metadata', 'status', 'apiVersion', 'kind'].includes(key)) delete next[key];
+      if (!r.status && obj.status !== undefined) next.status = obj.status;
+      next.metadata.labels = obj.metadata.labels;
+      next.metadata.annotations = obj.metadata.annotations;
+      if (obj.metadata.deletionTimestamp) next.metadata.deletionTimestamp = obj.metadata.deletionTimestamp;
+      if (JSON.stringify(next.spec) !== JSON.stringify(cur.obj.spec)) next.metadata.generation = (cur.obj.metadata.generation ?? 1) + 1;
+    }
+    if (JSON.stringify(next) === JSON.stringify(cur.obj)) return cur.obj;
+    this.rv++;
+    next.metadata.resourceVersion = String(this.rv);
+    cur.obj = next;
+    this.emit('MODIFIED', r, next);
+    return next;
+  }
+
+  private delete(r: Resource, ns: string | undefined, name: string): Obj | undefined {
+    const k = this.key(r, ns, name);
+    const cur = this.store.get(k);
+    if (!cur) return undefined;
+    this.store.delete(k);
+    this.rv++;
+    const gone = { ...cur.obj, metadata: { ...cur.obj.metadata, resourceVersion: String(this.rv) } };
+    this.emit('DELETED', r, gone);
+    return gone;
+  }
+
+  private notFound(res: http.ServerResponse, r: Resource, name: string): void {
+    this.status(res, 404, 'NotFound', `${r.plural}.${r.group} "${name}" not found`);
+  }
+
+  private status(res: http.ServerResponse, code: number, reason: string, message: string): void {
+    this.send(res, code, { kind: 'Status', apiVersion: 'v1', metadata: {}, status: 'Failure', message, reason, code });
+  }
+
+  private send(res: http.ServerResponse, code: number, body: unknown): void {
+    res.writeHead(code, { 'content-type': 'application/json' });
+    res.end(JSON.stringify(body));
+  }
+}
+
+/** A kubeconfig for `url` (with the token, if any), as tetherd --kubeconfig reads it. */
+export function kubeconfigFor(url: string, token = 'fake-token'): string {
+  return [
+    'apiVersion: v1', 'kind: Config', 'current-context: fake',
+    'clusters:', `- name: fake`, `  cluster: { server: "${url}", insecure-skip-tls-verify: true }`,
+    'users:', `- name: fake`, `  user: { token: "${token}" }`,
+    'contexts:', '- name: fake', '  context: { cluster: fake, user: fake }', '',
+  ].join('\n');
+}
+
+function mergePatch(target: Obj, patch: Obj): Obj {
+  for (const [k, v] of Object.entries(patch)) {
+    if (v === null) delete target[k];
+    else if (typeof v === 'object' && !Array.isArray(v) && typeof target[k] === 'object' && target[k] !== null && !Array.isArray(target[k])) target[k] = mergePatch(target[k], v);
+    else target[k] = v;
+  }
+  return target;
+}
