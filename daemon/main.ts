@@ -15,6 +15,9 @@ import { AttachService } from './pod/attach-service';
 import { ErrorCode, TetherError } from './errors';
 import type { ConfigObjects } from './config/objects';
 import { EmptySource, FileSource, serialApply, type ConfigSource } from './config/source';
+import { KubeSource } from './config/kube-source';
+import { KubeBlockClaims } from './kube/block-claims';
+import type { ClusterStore } from '../ipam/types';
 import { EgressObjects } from './egress/egress-config';
 import { AllocationStore } from '../ipam/allocation-store';
 import { ClusterAddresses, type OwnerRequest } from '../ipam/cluster-addresses';
@@ -30,12 +33,14 @@ import { VERSION } from '../cni/about';
 import { validateCniRequest, type CniRequestFields } from '../cni/validate';
 
 
-const USAGE = `usage: tetherd [--node-name NAME] [--socket PATH] [--state-dir DIR] [--bpf-pin-dir DIR] [--config FILE]
+const USAGE = `usage: tetherd [--node-name NAME] [--socket PATH] [--state-dir DIR] [--bpf-pin-dir DIR] [--config FILE | --kubernetes | --kubeconfig FILE]
                [--redis URL] [--redis-prefix PREFIX] [--log-level LEVEL]
                [--node-address IP] [--uplink IF] [--cluster-key-file FILE] [--fou-port N] [--sync-port N]
   --config FILE   YAML/JSON objects: AddressPool, Egress, Node (zone, labels), Pod (labels); watched,
                   every valid edit applied live (an invalid one is refused whole, nothing changes)
-  --redis URL     the cluster store for block claims and floating addresses:
+  --kubernetes    objects from the Kubernetes API with the pod's service account (in a cluster):
+                  AddressPool and Egress resources, this node's Node and Pods; --kubeconfig FILE: same, from FILE
+  --redis URL     the cluster store for block claims (standalone) and floating addresses:
                   redis://[:password@]host:port[/db] or unix:///path.sock[?password=…]
   Egress (objects of kind Egress in --config) also needs:
   --node-address IP       this node's address: BFD, conntrack sync and FoU between nodes use it
@@ -56,6 +61,8 @@ export async function main(argv: string[]): Promise<number> {
         'state-dir': { type: 'string', default: '/var/lib/tether' },
         'bpf-pin-dir': { type: 'string', default: '/sys/fs/bpf/tether' },
         config: { type: 'string' },
+        kubernetes: { type: 'boolean', default: false },
+        kubeconfig: { type: 'string' },
         redis: { type: 'string', default: process.env.TETHER_REDIS_URL },
         'redis-prefix': { type: 'string', default: 'tether:' },
         'node-address': { type: 'string' },
@@ -106,6 +113,8 @@ type Options = {
   'state-dir': string;
   'bpf-pin-dir': string;
   config?: string;
+  kubernetes: boolean;
+  kubeconfig?: string;
   redis?: string;
   'redis-prefix': string;
   'node-address'?: string;
@@ -131,13 +140,20 @@ function requireLocalAddress(addr: string): void {
 
 /** Starts every part in order, registering each one's stop with `life` as soon as it runs. */
 async function start(opts: Options, nodeName: string, logger: Logger, life: Lifecycle): Promise<void> {
-  const source: ConfigSource = opts.config ? new FileSource(opts.config, logger) : new EmptySource();
+  const kube = opts.kubernetes || opts.kubeconfig !== undefined;
+  if (kube && opts.config) throw new StartError(2, '--config and --kubernetes/--kubeconfig are two config sources: give one');
+  let source: ConfigSource;
+  try {
+    source = kube ? new KubeSource({ kubeconfig: opts.kubeconfig, nodeName, logger }) : opts.config ? new FileSource(opts.config, logger) : new EmptySource();
+  } catch (e) {
+    throw new StartError(2, `config source: ${(e as Error).message}`);
+  }
   let config: ConfigObjects;
   try {
     config = await source.start();
   } catch (e) {
     await source.stop();
-    throw new StartError(2, `config rejected: ${(e as Error).message}`);
+    throw new StartError(kube ? 1 : 2, `config rejected: ${(e as Error).message}`);
   }
   life.started('config source', () => source.stop());
   const fouPort = portOption('fou-port', opts['fou-port']);
@@ -198,7 +214,10 @@ async function start(opts: Options, nodeName: string, logger: Logger, life: Life
   for (const b of broken) logger.error('state: unreadable pod record set aside', { file: b });
   const attach = new AttachService(podStore, logger);
   const node = { name: nodeName, zone: nodeConfig.zone, labels: nodeConfig.labels };
-  const pods = new PodAllocator(node, config.pools, store, new AllocationStore(stateDir), logger);
+  // In a cluster, block claims are AddressBlock resources (etcd is their durable record); Redis keeps
+  // only what can be rebuilt (cluster-wide addresses, ownership records).
+  const blocks: ClusterStore | undefined = source instanceof KubeSource ? new KubeBlockClaims(source.kc, store) : store;
+  const pods = new PodAllocator(node, config.pools, blocks, new AllocationStore(stateDir), logger);
   await pods.start();
   const addresses = new ClusterAddresses(config.pools, store, logger);
   const ipam = new IpamService(pods, logger);
