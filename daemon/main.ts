@@ -17,6 +17,8 @@ import type { ConfigObjects } from './config/objects';
 import { EmptySource, FileSource, serialApply, type ConfigSource } from './config/source';
 import { KubeSource } from './config/kube-source';
 import { KubeBlockClaims } from './kube/block-claims';
+import { LeaderElection } from './kube/leader';
+import { StatusController } from './kube/status-controller';
 import type { ClusterStore } from '../ipam/types';
 import { EgressObjects } from './egress/egress-config';
 import { AllocationStore } from '../ipam/allocation-store';
@@ -136,6 +138,27 @@ function requireLocalAddress(addr: string): void {
   if (!isIP(addr)) throw new StartError(2, `--node-address: ${JSON.stringify(addr)} is not an IP address`);
   const local = Object.values(os.networkInterfaces()).flatMap((l) => (l ?? []).map((a) => a.address));
   if (!local.includes(addr)) throw new StartError(2, `--node-address: ${addr} is not an address of any local interface (have: ${local.join(', ') || 'none'})`);
+}
+
+/**
+ * The cluster's controllers (status of AddressPools and Egresses, collection of dead nodes' block claims)
+ * run on one tetherd at a time, the holder of a Lease in tetherd's own namespace.
+ */
+function startControllers(source: KubeSource, nodeName: string, egress: EgressController | undefined, logger: Logger, life: Lifecycle): void {
+  const leader = new LeaderElection({ kc: source.kc, namespace: process.env.POD_NAMESPACE || 'tether-system', name: 'tether-controllers', identity: nodeName, logger });
+  const status = new StatusController({
+    kc: source.kc,
+    logger,
+    verdicts: () => source.currentVerdicts(),
+    egressAddresses: () => (egress?.status() ?? []).map((a) => ({ egress: String(a.egress), address: String(a.address), owner: String(a.owner ?? ''), ownerNode: a.ownerNode as string | undefined, epoch: Number(a.epoch) })),
+  });
+  leader.on('elected', () => status.start());
+  leader.on('lost', () => void status.stop());
+  leader.start();
+  life.started('controllers', async () => {
+    await status.stop();
+    await leader.stop();
+  });
 }
 
 /** Starts every part in order, registering each one's stop with `life` as soon as it runs. */
@@ -354,5 +377,6 @@ async function start(opts: Options, nodeName: string, logger: Logger, life: Life
     (err) => logger.error('config: applying a change failed', { error: err.message, stack: err.stack }),
   );
   source.on('update', apply);
+  if (source instanceof KubeSource) startControllers(source, nodeName, egress, logger, life);
   logger.info('tetherd started', { version: VERSION, socket: opts.socket, stateDir, bpfPinDir: opts['bpf-pin-dir'], podsRecorded: loaded });
 }

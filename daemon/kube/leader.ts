@@ -1,0 +1,125 @@
+// One leader among the tetherds, through a coordination.k8s.io Lease (client-node has no leader election):
+// acquire when the Lease is free or expired, renew well before leaseDurationSeconds, step down as soon as a
+// renewal cannot be confirmed within the lease duration (another node may then take it). Every write
+// carries the resourceVersion read, so two candidates racing for it get one success and one 409.
+import { EventEmitter } from 'node:events';
+import * as k8s from '@kubernetes/client-node';
+import type { Logger } from '../log';
+
+export interface LeaderOptions {
+  kc: k8s.KubeConfig;
+  namespace: string;
+  name: string;
+  identity: string;
+  logger: Logger;
+  leaseDurationSeconds?: number;
+  /** How often the Lease is tried or renewed. Default: a third of the duration. */
+  retryMs?: number;
+}
+
+type Lease = {
+  metadata?: { resourceVersion?: string };
+  spec?: { holderIdentity?: string; leaseDurationSeconds?: number; acquireTime?: string; renewTime?: string; leaseTransitions?: number };
+};
+
+function statusOf(e: unknown): number | undefined {
+  const x = e as { code?: number; statusCode?: number };
+  return x.code ?? x.statusCode;
+}
+
+/** Emits 'elected' and 'lost'. */
+export class LeaderElection extends EventEmitter {
+  private readonly api: k8s.CoordinationV1Api;
+  private timer?: NodeJS.Timeout;
+  private leader = false;
+  private lastRenew = 0;
+  private stopped = false;
+  private running?: Promise<void>;
+  private readonly durationS: number;
+
+  constructor(private readonly o: LeaderOptions) {
+    super();
+    this.api = o.kc.makeApiClient(k8s.CoordinationV1Api);
+    this.durationS = o.leaseDurationSeconds ?? 15;
+  }
+
+  isLeader(): boolean {
+    return this.leader;
+  }
+
+  start(): void {
+    const every = this.o.retryMs ?? Math.round((this.durationS * 1000) / 3);
+    const loop = () => {
+      if (this.stopped) return;
+      this.running = this.attempt().finally(() => {
+        if (!this.stopped) this.timer = setTimeout(loop, every);
+      });
+    };
+    loop();
+  }
+
+  /** Stops; a leader gives the Lease up (holder cleared) so another node takes over at once. */
+  async stop(): Promise<void> {
+    this.stopped = true;
+    clearTimeout(this.timer);
+    await this.running;
+    if (!this.leader) return;
+    try {
+      const cur = (await this.api.readNamespacedLease({ name: this.o.name, namespace: this.o.namespace })) as Lease;
+      if (cur.spec?.holderIdentity === this.o.identity) {
+        await this.api.replaceNamespacedLease({ name: this.o.name, namespace: this.o.namespace, body: { ...cur, spec: { ...cur.spec, holderIdentity: undefined, renewTime: undefined } } as k8s.V1Lease });
+      }
+    } catch {
+      // it expires on its own
+    }
+    this.setLeader(false, 'stopping');
+  }
+
+  private setLeader(v: boolean, why: string): void {
+    if (v === this.leader) return;
+    this.leader = v;
+    this.o.logger.info(v ? 'kube: elected leader' : 'kube: no longer leader', { lease: `${this.o.namespace}/${this.o.name}`, identity: this.o.identity, why });
+    this.emit(v ? 'elected' : 'lost');
+  }
+
+  private async attempt(): Promise<void> {
+    const now = new Date();
+    try {
+      let cur: Lease | undefined;
+      try {
+        cur = (await this.api.readNamespacedLease({ name: this.o.name, namespace: this.o.namespace })) as Lease;
+      } catch (e) {
+        if (statusOf(e) !== 404) throw e;
+      }
+      const spec = cur?.spec ?? {};
+      const mine = spec.holderIdentity === this.o.identity;
+      const renewed = spec.renewTime ? Date.parse(spec.renewTime) : 0;
+      const expired = !spec.holderIdentity || renewed + (spec.leaseDurationSeconds ?? this.durationS) * 1000 < now.getTime();
+      if (!mine && !expired) {
+        this.setLeader(false, `held by ${spec.holderIdentity}`);
+        return;
+      }
+      const body = {
+        apiVersion: 'coordination.k8s.io/v1',
+        kind: 'Lease',
+        metadata: { name: this.o.name, namespace: this.o.namespace, resourceVersion: cur?.metadata?.resourceVersion },
+        spec: {
+          holderIdentity: this.o.identity,
+          leaseDurationSeconds: this.durationS,
+          acquireTime: mine ? spec.acquireTime : now.toISOString(),
+          renewTime: now.toISOString(),
+          leaseTransitions: (spec.leaseTransitions ?? 0) + (mine || !cur ? 0 : 1),
+        },
+      } as unknown as k8s.V1Lease;
+      if (cur) await this.api.replaceNamespacedLease({ name: this.o.name, namespace: this.o.namespace, body });
+      else await this.api.createNamespacedLease({ namespace: this.o.namespace, body });
+      this.lastRenew = now.getTime();
+      this.setLeader(true, mine ? 'renewed' : cur ? `took over from ${spec.holderIdentity ?? 'nobody'}` : 'created the lease');
+    } catch (e) {
+      // A 409 is another candidate's write winning; anything else is the API being away.
+      // A leader steps down before its lease can expire (renew deadline: two thirds of it), so two never overlap.
+      if (this.leader && Date.now() - this.lastRenew > (this.durationS * 2000) / 3) this.setLeader(false, `renewal not confirmed within the renew deadline: ${(e as Error).message}`);
+      else if (statusOf(e) !== 409) this.o.logger.debug('kube: lease attempt failed', { error: (e as Error).message });
+    }
+  }
+}

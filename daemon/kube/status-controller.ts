@@ -1,0 +1,170 @@
+// The cluster's controllers, run by the leader only (leader.ts): status of AddressPools (Ready, or why a
+// pool is refused: invalid, overlapping) and of Egresses (each address with its owner node, pod and epoch;
+// Ready when every address has an owner, or why the Egress is refused), and garbage collection of the
+// block claims of nodes that no longer exist. Status is written through the status subresource with the
+// resourceVersion read (a 409 is retried on the next pass), and only when it changed, so conditions keep
+// their lastTransitionTime.
+import * as k8s from '@kubernetes/client-node';
+import type { Logger } from '../log';
+import { GROUP, VERSION } from '../objects/crds';
+import type { Verdicts } from '../config/kube-source';
+import { NODE_LABEL } from './block-claims';
+
+type Obj = Record<string, any>;
+
+export interface Condition {
+  type: string;
+  status: 'True' | 'False' | 'Unknown';
+  observedGeneration?: number;
+  lastTransitionTime: string;
+  reason: string;
+  message: string;
+}
+
+export interface EgressAddressStatus {
+  egress: string;
+  address: string;
+  owner: string;
+  ownerNode?: string;
+  epoch: number;
+}
+
+export interface StatusControllerOptions {
+  kc: k8s.KubeConfig;
+  logger: Logger;
+  verdicts: () => Verdicts;
+  /** Every floating address this node knows of, with its owner (the egress controller's view). */
+  egressAddresses: () => EgressAddressStatus[];
+  everyMs?: number;
+  gcEveryMs?: number;
+}
+
+/** `next` with each condition's lastTransitionTime kept from `prev` when its status did not change. */
+export function mergeConditions(prev: Condition[] | undefined, next: Array<Omit<Condition, 'lastTransitionTime'>>, now = new Date()): Condition[] {
+  return next.map((c) => {
+    const old = prev?.find((p) => p.type === c.type);
+    return { ...c, lastTransitionTime: old && old.status === c.status ? old.lastTransitionTime : now.toISOString() };
+  });
+}
+
+function statusOf(e: unknown): number | undefined {
+  const x = e as { code?: number; statusCode?: number };
+  return x.code ?? x.statusCode;
+}
+
+/** Condition messages are bounded by the API (32 KiB); ours name fields, so a few lines suffice. */
+const message = (problems: string[]) => problems.join('; ').slice(0, 4000);
+
+export class StatusController {
+  private readonly api: k8s.CustomObjectsApi;
+  private readonly core: k8s.CoreV1Api;
+  private timer?: NodeJS.Timeout;
+  private gcTimer?: NodeJS.Timeout;
+  private running = false;
+  private stopping = false;
+  private busy?: Promise<void>;
+  /** Counters for status and tests. */
+  readonly stats = { statusWrites: 0, conflicts: 0, claimsCollected: 0 };
+
+  constructor(private readonly o: StatusControllerOptions) {
+    this.api = o.kc.makeApiClient(k8s.CustomObjectsApi);
+    this.core = o.kc.makeApiClient(k8s.CoreV1Api);
+  }
+
+  start(): void {
+    if (this.running) return;
+    this.running = true;
+    this.stopping = false;
+    const pass = () => {
+      if (!this.running) return;
+      this.busy = this.pass().catch((e) => {
+        this.o.logger.warn('kube: status pass failed', { error: (e as Error).message });
+      });
+    };
+    pass();
+    this.timer = setInterval(pass, this.o.everyMs ?? 2000);
+    this.gcTimer = setInterval(() => void this.collectClaims().catch((e) => this.o.logger.warn('kube: block claim collection failed', { error: (e as Error).message })), this.o.gcEveryMs ?? 60_000);
+  }
+
+  async stop(): Promise<void> {
+    this.running = false;
+    this.stopping = true;
+    clearInterval(this.timer);
+    clearInterval(this.gcTimer);
+    await this.busy;
+  }
+
+  /** One pass: every AddressPool's and Egress's status as it should be now. */
+  async pass(): Promise<void> {
+    const verdicts = this.o.verdicts();
+    const addresses = this.o.egressAddresses();
+    for (const { obj, problems } of verdicts.values()) {
+      if (this.stopping) return;
+      if (obj.kind === 'AddressPool') await this.writePool(obj.metadata.name, problems);
+      else if (obj.kind === 'Egress') await this.writeEgress(obj.metadata.namespace, obj.metadata.name, problems, addresses.filter((a) => a.egress === `${obj.metadata.namespace}/${obj.metadata.name}`));
+    }
+  }
+
+  private async writePool(name: string, problems: string[]): Promise<void> {
+    const params = { group: GROUP, version: VERSION, plural: 'addresspools', name };
+    const cur = (await this.api.getClusterCustomObject(params)) as Obj;
+    const ready = problems.length
+      ? { type: 'Ready', status: 'False' as const, reason: problems.some((p) => p.includes(' overlaps ')) ? 'Overlaps' : 'Invalid', message: message(problems) }
+      : { type: 'Ready', status: 'True' as const, reason: 'Valid', message: 'the pool is in use' };
+    const status = { ...(cur.status ?? {}), observedGeneration: cur.metadata?.generation, conditions: mergeConditions(cur.status?.conditions, [{ ...ready, observedGeneration: cur.metadata?.generation }]) };
+    await this.write(cur, status, () => this.api.replaceClusterCustomObjectStatus({ ...params, body: { ...cur, status } }), `AddressPool ${name}`);
+  }
+
+  private async writeEgress(namespace: string, name: string, problems: string[], addrs: EgressAddressStatus[]): Promise<void> {
+    const params = { group: GROUP, version: VERSION, plural: 'egresses', namespace, name };
+    const cur = (await this.api.getNamespacedCustomObject(params)) as Obj;
+    const owned = addrs.filter((a) => a.owner);
+    const gen = cur.metadata?.generation;
+    const ready = problems.length
+      ? { type: 'Ready', status: 'False' as const, reason: 'Invalid', message: message(problems) }
+      : addrs.length === 0
+        ? { type: 'Ready', status: 'False' as const, reason: 'NoAddress', message: 'no floating address allocated yet' }
+        : owned.length < addrs.length
+          ? { type: 'Ready', status: 'False' as const, reason: 'NoOwner', message: `${addrs.length - owned.length} of ${addrs.length} addresses have no live gateway` }
+          : { type: 'Ready', status: 'True' as const, reason: 'Owned', message: `${owned.length} address(es), each held by a gateway` };
+    const status = {
+      observedGeneration: gen,
+      addresses: addrs.map((a) => ({ address: a.address, ...(a.ownerNode ? { ownerNode: a.ownerNode } : {}), ...(a.owner ? { ownerPod: a.owner } : {}), epoch: a.epoch })),
+      conditions: mergeConditions(cur.status?.conditions, [{ ...ready, observedGeneration: gen }]),
+    };
+    await this.write(cur, status, () => this.api.replaceNamespacedCustomObjectStatus({ ...params, body: { ...cur, status } }), `Egress ${namespace}/${name}`);
+  }
+
+  private async write(cur: Obj, status: Obj, put: () => Promise<unknown>, what: string): Promise<void> {
+    if (JSON.stringify(cur.status ?? {}) === JSON.stringify(status)) return;
+    try {
+      await put();
+      this.stats.statusWrites++;
+      const ready = (status.conditions as Condition[]).find((c) => c.type === 'Ready');
+      this.o.logger.info('kube: status written', { object: what, ready: ready?.status, reason: ready?.reason });
+    } catch (e) {
+      if (statusOf(e) === 409) this.stats.conflicts++;
+      else if (statusOf(e) !== 404) throw e;
+    }
+  }
+
+  /** Deletes the block claims of nodes that are gone (a node deleted while holding blocks). */
+  async collectClaims(): Promise<number> {
+    const nodes = new Set(((await this.core.listNode()) as Obj).items.map((n: Obj) => n.metadata.name));
+    const claims = ((await this.api.listClusterCustomObject({ group: GROUP, version: VERSION, plural: 'addressblocks' })) as Obj).items as Obj[];
+    let n = 0;
+    for (const c of claims) {
+      const node = c.spec?.node ?? c.metadata?.labels?.[NODE_LABEL];
+      if (!node || nodes.has(node)) continue;
+      try {
+        await this.api.deleteClusterCustomObject({ group: GROUP, version: VERSION, plural: 'addressblocks', name: c.metadata.name, body: { preconditions: { uid: c.metadata.uid } } });
+        n++;
+        this.o.logger.info('kube: block claim of a deleted node collected', { claim: c.metadata.name, node, block: c.spec?.cidr, pool: c.spec?.pool });
+      } catch (e) {
+        if (statusOf(e) !== 404 && statusOf(e) !== 409) throw e;
+      }
+    }
+    this.stats.claimsCollected += n;
+    return n;
+  }
+}
