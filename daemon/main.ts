@@ -17,6 +17,7 @@ import type { ConfigObjects } from './config/objects';
 import { EmptySource, FileSource, serialApply, type ConfigSource } from './config/source';
 import { KubeSource } from './config/kube-source';
 import { KubeBlockClaims } from './kube/block-claims';
+import { clusterKeyFromSecret } from './kube/cluster-key';
 import { LeaderElection } from './kube/leader';
 import { StatusController } from './kube/status-controller';
 import type { ClusterStore } from '../ipam/types';
@@ -48,6 +49,7 @@ const USAGE = `usage: tetherd [--node-name NAME] [--socket PATH] [--state-dir DI
   --node-address IP       this node's address: BFD, conntrack sync and FoU between nodes use it
   --uplink IF             the node's interface on the L2 segment (announcements); default: eth0
   --cluster-key-file FILE shared secret (≥ 32 bytes, hex or base64) authenticating tetherd-to-tetherd traffic
+  --cluster-key-secret NAME  in a cluster: the key from Secret NAME in $POD_NAMESPACE (created by the first tetherd)
   --fou-port N            UDP port of FoU encapsulation (default 5555); --sync-port N conntrack sync (default 3785)
   --help, --version`;
 
@@ -70,6 +72,7 @@ export async function main(argv: string[]): Promise<number> {
         'node-address': { type: 'string' },
         uplink: { type: 'string', default: 'eth0' },
         'cluster-key-file': { type: 'string' },
+        'cluster-key-secret': { type: 'string' },
         'fou-port': { type: 'string', default: '5555' },
         'sync-port': { type: 'string', default: '3785' },
         // Testing only: the negative control of the failover tests (takeover without conntrack state).
@@ -122,6 +125,7 @@ type Options = {
   'node-address'?: string;
   uplink: string;
   'cluster-key-file'?: string;
+  'cluster-key-secret'?: string;
   'fou-port': string;
   'sync-port': string;
   'no-conntrack-sync': boolean;
@@ -185,7 +189,7 @@ async function start(opts: Options, nodeName: string, logger: Logger, life: Life
   const egressObjects = config.others.filter((o) => o.kind === 'Egress');
   const egressConfig = new EgressObjects(logger);
   // Egress runs when it is configured at start, or when its options are given (Egresses may come later).
-  const egressWanted = egressObjects.length > 0 || (!!opts['node-address'] && !!opts['cluster-key-file'] && !!opts.redis);
+  const egressWanted = egressObjects.length > 0 || (!!opts['node-address'] && !!(opts['cluster-key-file'] || opts['cluster-key-secret']) && !!opts.redis);
   let egressSetup: { resolved: ResolvedEgress[]; clusterKey: Buffer; nodeAddress: string } | undefined;
   if (opts.redis) {
     try {
@@ -198,11 +202,19 @@ async function start(opts: Options, nodeName: string, logger: Logger, life: Life
     try {
       const resolved = egressConfig.resolve(config);
       const rejected = Object.values(egressConfig.problems());
-      if (rejected.length) throw new TetherError(ErrorCode.InvalidConfig, rejected.join('\n'));
+      // A file is refused whole at start; in a cluster each object is judged alone (its status says why).
+      if (rejected.length && !kube) throw new TetherError(ErrorCode.InvalidConfig, rejected.join('\n'));
       if (!opts.redis) throw new TetherError(ErrorCode.InvalidConfig, 'Egress objects need the cluster store: start tetherd with --redis');
       if (!opts['node-address']) throw new TetherError(ErrorCode.InvalidConfig, 'Egress objects need --node-address');
       let keyText: string | undefined;
-      if (opts['cluster-key-file']) {
+      if (opts['cluster-key-secret'] && source instanceof KubeSource) {
+        const ns = process.env.POD_NAMESPACE || 'tether-system';
+        try {
+          keyText = await clusterKeyFromSecret(source.kc, ns, opts['cluster-key-secret']);
+        } catch (e) {
+          throw new TetherError(ErrorCode.InvalidConfig, `--cluster-key-secret: Secret ${ns}/${opts['cluster-key-secret']}: ${(e as Error).message}`);
+        }
+      } else if (opts['cluster-key-file']) {
         try {
           keyText = fs.readFileSync(opts['cluster-key-file'], 'utf8');
         } catch (e) {

@@ -14,6 +14,7 @@ import { LeaderElection } from '../../daemon/kube/leader';
 import { StatusController, mergeConditions, type EgressAddressStatus } from '../../daemon/kube/status-controller';
 import type { Verdicts } from '../../daemon/config/kube-source';
 import { makeLogger } from '../../daemon/log';
+import { clusterKeyFromSecret } from '../../daemon/kube/cluster-key';
 
 const quiet = makeLogger({ level: 'error', stream: new Writable({ write: (_c, _e, cb) => cb() }) });
 const V = 'tether.dev/v1alpha1';
@@ -130,6 +131,21 @@ test('block claims of deleted nodes are collected; live nodes keep theirs', asyn
     const ctl = new StatusController({ kc, logger: quiet, verdicts: () => new Map(), egressAddresses: () => [] });
     assert.is(await ctl.collectClaims(), 1);
     assert.equal(api.list('AddressBlock').map((c) => c.spec.node), ['n1']);
+  } finally {
+    await done();
+  }
+});
+
+test('the cluster key Secret: nodes racing to create it all read one key; an existing Secret is used as is', async () => {
+  const { api, kc, done } = await setup();
+  try {
+    const keys = await Promise.all([1, 2, 3, 4].map(() => clusterKeyFromSecret(kc, 'tether-system', 'tether-cluster-key')));
+    assert.is(new Set(keys).size, 1, 'one key for every node');
+    assert.match(keys[0], /^[0-9a-f]{64}$/);
+    assert.is(api.list('Secret').length, 1);
+    api.remove('Secret', 'tether-cluster-key', 'tether-system');
+    api.apply({ apiVersion: 'v1', kind: 'Secret', metadata: { name: 'tether-cluster-key', namespace: 'tether-system' }, data: { key: Buffer.from('b'.repeat(64)).toString('base64') } });
+    assert.is(await clusterKeyFromSecret(kc, 'tether-system', 'tether-cluster-key'), 'b'.repeat(64));
   } finally {
     await done();
   }
