@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Installs what building, testing and the demo need on a fresh Debian machine, only when it is missing:
 # Debian packages (clang/llvm/libbpf/bpftool for eBPF, iproute2/nftables/conntrack for the kernel tests,
-# the reference CNI plugins, Redis, BIRD 2 for the route-export announcement test) and the npm dependencies
-# from the lock file.
+# the reference CNI plugins, Redis, BIRD 2 for the route-export announcement test, kubectl for the
+# manifests) and the npm dependencies from the lock file.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -11,6 +11,8 @@ missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
+# kubectl builds the install manifests (kubectl kustomize); Debian ships it as kubernetes-client.
+command -v kubectl >/dev/null 2>&1 || missing+=(kubernetes-client)
 if [ ${#missing[@]} -gt 0 ]; then
   echo "installing Debian packages: ${missing[*]}"
   export DEBIAN_FRONTEND=noninteractive

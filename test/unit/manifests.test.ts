@@ -1,0 +1,89 @@
+// The install manifests: each kustomization builds offline (`kubectl kustomize`), every object validates
+// against the Kubernetes object schemas (kubernetes-models), and the DaemonSet and RBAC keep the promises
+// the README makes (no privileged container, the capabilities and mounts tetherd needs, node-critical,
+// readiness tied to the socket and the conflist, least-privilege RBAC).
+import { test } from 'uvu';
+import * as assert from 'uvu/assert';
+import { execFileSync } from 'node:child_process';
+import * as path from 'node:path';
+import { parseAllDocuments } from 'yaml';
+import { generatedCrds } from '../../install/gen-crds';
+
+type Obj = Record<string, any>;
+const root = path.join(__dirname, '../..');
+
+function build(dir: string): Obj[] {
+  let out: string;
+  try {
+    out = execFileSync('kubectl', ['kustomize', path.join(root, dir)], { encoding: 'utf8', stdio: ['ignore', 'pipe', 'pipe'] });
+  } catch (e) {
+    throw new Error(`kubectl kustomize ${dir} failed (kubectl with kustomize v4+ is needed; install/deps.sh installs it): ${(e as { stderr?: string }).stderr ?? (e as Error).message}`);
+  }
+  return parseAllDocuments(out).map((d) => d.toJS() as Obj).filter(Boolean);
+}
+
+/** The kubernetes-models class for an object, e.g. apps/v1 DaemonSet → kubernetes-models/apps/v1/DaemonSet. */
+function validate(o: Obj): void {
+  const mod = require(`kubernetes-models/${o.apiVersion}/${o.kind}`) as Record<string, new (x: Obj) => { validate(): void }>;
+  const Model = mod[o.kind] ?? mod.default;
+  new Model(o).validate();
+}
+
+for (const dir of ['install', 'install/ha', 'install/uninstall']) {
+  test(`${dir} builds offline and every object validates against its Kubernetes schema`, () => {
+    const objs = build(dir);
+    assert.ok(objs.length >= 1);
+    for (const o of objs) {
+      try {
+        validate(o);
+      } catch (e) {
+        assert.unreachable(`${o.kind} ${o.metadata?.name}: ${(e as Error).message.slice(0, 400)}`);
+      }
+    }
+  });
+}
+
+test('a bad manifest fails the same validation (the check can fail)', () => {
+  assert.throws(() => validate({ apiVersion: 'apps/v1', kind: 'DaemonSet', metadata: { name: 'x' }, spec: { template: {} } }), /selector/);
+  assert.throws(() => validate({ apiVersion: 'v1', kind: 'ConfigMap', metadata: { name: 'x' }, data: { a: 5 } }), /data/);
+});
+
+test('the install holds the CRDs exactly as generated, the DaemonSet as promised, least-privilege RBAC', () => {
+  const objs = build('install');
+  const crds = objs.filter((o) => o.kind === 'CustomResourceDefinition');
+  assert.equal(crds.map((c) => c.metadata.name).sort(), ['addressblocks.tether.dev', 'addresspools.tether.dev', 'egresses.tether.dev']);
+  const gen = [...generatedCrds().entries()].filter(([f]) => f !== 'kustomization.yaml').map(([, t]) => parseAllDocuments(t)[0].toJS() as Obj);
+  for (const g of gen) assert.equal(crds.find((c) => c.metadata.name === g.metadata.name), g);
+
+  const ds = objs.find((o) => o.kind === 'DaemonSet' && o.metadata.name === 'tetherd')!;
+  const spec = ds.spec.template.spec;
+  assert.is(spec.priorityClassName, 'system-node-critical');
+  assert.is(spec.hostNetwork, true);
+  assert.equal(spec.tolerations, [{ operator: 'Exists' }]);
+  for (const c of [...spec.initContainers, ...spec.containers]) {
+    assert.not.ok(c.securityContext?.privileged, `${c.name} is not privileged`);
+    assert.is(c.securityContext?.allowPrivilegeEscalation, false, `${c.name}: no privilege escalation`);
+    assert.equal(c.securityContext?.capabilities?.drop, ['ALL'], `${c.name} drops every capability it does not add`);
+  }
+  const tetherd = spec.containers.find((c: Obj) => c.name === 'tetherd');
+  for (const cap of ['NET_ADMIN', 'NET_RAW', 'SYS_ADMIN', 'BPF', 'PERFMON']) assert.ok(tetherd.securityContext.capabilities.add.includes(cap), cap);
+  assert.ok(tetherd.command.includes('--kubernetes'));
+  assert.equal(tetherd.readinessProbe.exec.command.slice(0, 2), ['/usr/local/bin/tetherctl', 'ready']);
+  const mounts = Object.fromEntries(tetherd.volumeMounts.map((m: Obj) => [m.mountPath, m]));
+  assert.is(mounts['/run/netns'].mountPropagation, 'HostToContainer');
+  assert.ok(mounts['/sys/fs/bpf'] && mounts['/run/tether'] && mounts['/var/lib/tether']);
+  assert.equal(spec.initContainers[0].command.slice(0, 2), ['/usr/local/bin/tether-install', 'install']);
+  assert.ok(spec.containers.some((c: Obj) => c.command[1] === 'watch'), 'a container keeps tether in the conflist');
+  assert.ok(tetherd.image.startsWith('ghcr.io/tether-cni/tether:'), 'the image is pinned by kustomize');
+
+  for (const r of objs.filter((o) => o.kind === 'ClusterRole' || o.kind === 'Role')) {
+    for (const rule of r.rules) {
+      assert.not.ok(rule.verbs.includes('*') || rule.resources.includes('*') || (rule.apiGroups ?? []).includes('*'), `${r.kind} ${r.metadata.name}: no wildcards`);
+    }
+  }
+  const cluster = objs.find((o) => o.kind === 'ClusterRole')!;
+  assert.not.ok(cluster.rules.some((rule: Obj) => rule.resources.includes('secrets')), 'no cluster-wide access to Secrets');
+  assert.not.ok(cluster.rules.some((rule: Obj) => rule.resources.some((x: string) => ['addresspools', 'egresses'].includes(x)) && rule.verbs.some((v: string) => ['update', 'patch', 'create', 'delete'].includes(v))), 'the spec of AddressPools and Egresses is read-only to tetherd');
+});
+
+test.run();
