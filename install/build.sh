@@ -16,7 +16,7 @@ fi
 # 2. One CommonJS bundle. koffi stays external: its native module rides in the SEA as an asset and is
 #    loaded by daemon/sys/ffi.ts; under plain node it is required from node_modules.
 node_modules/.bin/esbuild cni/entry.ts --bundle --platform=node --target=node20 --format=cjs \
-  --external:koffi --external:esbuild --alias:supports-color=./install/stubs/supports-color.js --minify --legal-comments=none --log-level=warning --outfile="$out/tether.js"
+  --external:koffi --external:esbuild --alias:supports-color=./install/stubs/supports-color.js --alias:bufferutil=./install/stubs/absent-optional.js --alias:utf-8-validate=./install/stubs/absent-optional.js --alias:encoding=./install/stubs/absent-optional.js --minify --legal-comments=none --log-level=warning --outfile="$out/tether.js"
 # tetherd's BFD thread runs its own bundle (daemon/bfd/threaded.ts loads it from the SEA asset).
 node_modules/.bin/esbuild daemon/bfd/worker-main.ts --bundle --platform=node --target=node20 --format=cjs \
   --minify --legal-comments=none --log-level=warning --outfile="$out/bfd-worker.js"
