@@ -12,6 +12,7 @@ const DESCRIPTION: Record<string, string> = {
   'tether-ipam': 'CNI tether-ipam plugin (IPAM from tetherd\'s address pools)',
   tetherd: 'tetherd, the Tether node daemon',
   tetherctl: 'tetherctl, the command line of a node\'s tetherd',
+  'tether-install': 'tether-install, the installer of the CNI executables and configuration on a node',
 };
 
 const CNI_USAGE = (name: string) => `usage: ${name} --help | --version
@@ -22,7 +23,7 @@ const CNI_USAGE = (name: string) => `usage: ${name} --help | --version
 ${CNI_VERSIONS}`;
 
 export function isCniPlugin(name: string): boolean {
-  return name !== 'tetherd' && name !== 'tetherctl';
+  return name !== 'tetherd' && name !== 'tetherctl' && name !== 'tether-install';
 }
 
 /** The reference plugins' "about": name and version, then the spec versions. */

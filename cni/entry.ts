@@ -1,5 +1,5 @@
 // One executable, several names: dispatches on the name it was invoked by (the installer links
-// tether-ipam, tetherd and tetherctl to tether). Each branch is required lazily so the CNI client
+// tether-ipam, tetherd, tetherctl and tether-install to tether). Each branch is required lazily so the CNI client
 // never initialises daemon code (winston, koffi) and starts as fast as a bare Node.
 import * as path from 'node:path';
 import { answerCommandLine } from './about';
@@ -19,6 +19,8 @@ async function run(): Promise<number> {
       return (require('../daemon/main') as typeof import('../daemon/main')).main(args);
     case 'tetherctl':
       return (require('../daemon/ctl') as typeof import('../daemon/ctl')).main(args);
+    case 'tether-install':
+      return (require('../install/cni/main') as typeof import('../install/cni/main')).main(args);
     case 'tether-ipam':
       return (require('../ipam/main') as typeof import('../ipam/main')).main();
     default:

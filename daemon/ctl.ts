@@ -1,17 +1,22 @@
 // tetherctl: talks to a tetherd over its socket.
 //   tetherctl [--socket PATH] status | ping
+//   tetherctl [--socket PATH] ready --net-dir DIR
 //   tetherctl [--socket PATH] address allocate --pool P --owner O [--count N] [--address A]... [--family 4|6]
 //   tetherctl [--socket PATH] address release --pool P --owner O
 import { parseArgs } from 'node:util';
 import { call } from './api/client';
 import { DEFAULT_SOCKET_PATH, type Method } from './api/protocol';
+import { readiness } from '../install/cni/installer';
 
 const USAGE = `usage: tetherctl [--socket PATH] [--timeout MS] status | ping
+       tetherctl [--socket PATH] ready [--net-dir DIR]
        tetherctl [--socket PATH] address allocate --pool P --owner O [--count N] [--address A]... [--family 4|6]
        tetherctl [--socket PATH] address release --pool P --owner O
        tetherctl --help | --version
   status    what tetherd holds: pods, pools, Egress ownership and candidates, BFD, sync and security counters
   ping      whether tetherd answers
+  ready     exit 0 only when tetherd answers and the CNI configuration the runtime uses chains tether
+            (the DaemonSet's readiness probe; --net-dir default /etc/cni/net.d)
   --socket  tetherd's socket (default ${DEFAULT_SOCKET_PATH})\n`;
 
 export async function main(argv: string[]): Promise<number> {
@@ -28,6 +33,7 @@ export async function main(argv: string[]): Promise<number> {
         count: { type: 'string' },
         address: { type: 'string', multiple: true },
         family: { type: 'string' },
+        'net-dir': { type: 'string', default: '/etc/cni/net.d' },
         help: { type: 'boolean', short: 'h' },
       },
     });
@@ -43,6 +49,17 @@ export async function main(argv: string[]): Promise<number> {
   const [cmd = 'status', sub] = positionals;
   let method: Method;
   let params: Record<string, unknown> = {};
+  if (cmd === 'ready') {
+    try {
+      await call(v.socket as string, 'ping', {}, { timeoutMs: Number(v.timeout) });
+    } catch (e) {
+      process.stderr.write(`not ready: tetherd does not answer on ${v.socket}: ${(e as Error).message}\n`);
+      return 1;
+    }
+    const r = readiness(v['net-dir'] as string);
+    (r.ready ? process.stdout : process.stderr).write(`${r.ready ? 'ready' : 'not ready'}: ${r.why}\n`);
+    return r.ready ? 0 : 1;
+  }
   if (cmd === 'status' || cmd === 'ping') {
     method = cmd;
   } else if (cmd === 'address' && (sub === 'allocate' || sub === 'release')) {
