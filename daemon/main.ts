@@ -148,12 +148,13 @@ function requireLocalAddress(addr: string): void {
  * The cluster's controllers (status of AddressPools and Egresses, collection of dead nodes' block claims)
  * run on one tetherd at a time, the holder of a Lease in tetherd's own namespace.
  */
-function startControllers(source: KubeSource, nodeName: string, egress: EgressController | undefined, logger: Logger, life: Lifecycle): void {
+function startControllers(source: KubeSource, nodeName: string, egress: EgressController | undefined, egressConfig: EgressObjects, logger: Logger, life: Lifecycle): void {
   const leader = new LeaderElection({ kc: source.kc, namespace: process.env.POD_NAMESPACE || 'tether-system', name: 'tether-controllers', identity: nodeName, logger });
   const status = new StatusController({
     kc: source.kc,
     logger,
     verdicts: () => source.currentVerdicts(),
+    refused: () => egressConfig.problems(),
     egressAddresses: () => (egress?.status() ?? []).map((a) => ({ egress: String(a.egress), address: String(a.address), owner: String(a.owner ?? ''), ownerNode: a.ownerNode as string | undefined, epoch: Number(a.epoch) })),
   });
   leader.on('elected', () => status.start());
@@ -389,6 +390,6 @@ async function start(opts: Options, nodeName: string, logger: Logger, life: Life
     (err) => logger.error('config: applying a change failed', { error: err.message, stack: err.stack }),
   );
   source.on('update', apply);
-  if (source instanceof KubeSource) startControllers(source, nodeName, egress, logger, life);
+  if (source instanceof KubeSource) startControllers(source, nodeName, egress, egressConfig, logger, life);
   logger.info('tetherd started', { version: VERSION, socket: opts.socket, stateDir, bpfPinDir: opts['bpf-pin-dir'], podsRecorded: loaded });
 }

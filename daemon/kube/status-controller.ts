@@ -9,6 +9,7 @@ import type { Logger } from '../log';
 import { GROUP, VERSION } from '../objects/crds';
 import type { Verdicts } from '../config/kube-source';
 import { NODE_LABEL } from './block-claims';
+import { objectKey } from '../config/objects';
 
 type Obj = Record<string, any>;
 
@@ -33,6 +34,11 @@ export interface StatusControllerOptions {
   kc: k8s.KubeConfig;
   logger: Logger;
   verdicts: () => Verdicts;
+  /**
+   * Objects the schema accepts but their subsystem refuses (an Egress over an unknown pool), keyed like
+   * objectKey ("Egress ns/name"), with the reasons (one per line).
+   */
+  refused?: () => Record<string, string>;
   /** Every floating address this node knows of, with its owner (the egress controller's view). */
   egressAddresses: () => EgressAddressStatus[];
   everyMs?: number;
@@ -98,8 +104,11 @@ export class StatusController {
   async pass(): Promise<void> {
     const verdicts = this.o.verdicts();
     const addresses = this.o.egressAddresses();
-    for (const { obj, problems } of verdicts.values()) {
+    const refused = this.o.refused?.() ?? {};
+    for (const { obj, problems: schemaProblems } of verdicts.values()) {
       if (this.stopping) return;
+      const why = refused[objectKey(obj)];
+      const problems = why ? [...schemaProblems, ...why.split('\n')] : schemaProblems;
       if (obj.kind === 'AddressPool') await this.writePool(obj.metadata.name, problems);
       else if (obj.kind === 'Egress') await this.writeEgress(obj.metadata.namespace, obj.metadata.name, problems, addresses.filter((a) => a.egress === `${obj.metadata.namespace}/${obj.metadata.name}`));
     }

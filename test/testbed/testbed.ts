@@ -7,6 +7,7 @@ import * as fs from 'node:fs';
 import * as path from 'node:path';
 import Redis from 'ioredis';
 import { call } from '../../daemon/api/client';
+import { FakeApiServer, kubeconfigFor } from '../lib/fake-apiserver';
 import { startRedis, type TestRedis } from '../lib/redis';
 import { startSentinelSet, type SentinelSet } from '../lib/sentinel';
 import { Attachment, ChainOutcome, CniChain, CniResult, Conflist, PluginConf } from './cni-chain';
@@ -53,6 +54,8 @@ export class Testbed {
   /** Block routes installed by syncBlockRoutes(): block CIDR → owning node. */
   private readonly blockRoutes = new Map<string, string>();
   private routeSync: Promise<void> = Promise.resolve();
+  /** configSource 'kubernetes': the run's FAKE API server. */
+  private fakeApi?: FakeApiServer;
 
   private constructor(
     readonly plan: Plan,
@@ -204,7 +207,10 @@ export class Testbed {
     };
     const plugins: PluginConf[] = [ptp];
     if (this.tetherEnabled) {
-      plugins.push({ type: 'tether', socketPath: this.socketPath(node), ...n.tether, ...podTether });
+      const step: PluginConf = { type: 'tether', socketPath: this.socketPath(node), ...n.tether, ...podTether };
+      // In a cluster, labels come from the Pod object; the conflist field is for standalone use.
+      if (this.kube) delete step.labels;
+      plugins.push(step);
     }
     return { cniVersion: '1.0.0', name: NETWORK_NAME, plugins };
   }
@@ -232,6 +238,8 @@ export class Testbed {
     const chain = this.chain(node, plan.tether);
     const containerId = randomBytes(32).toString('hex');
     const att = this.attachment(plan, containerId);
+    // In a cluster the Pod object exists (scheduled, with its labels) before the runtime runs ADD.
+    if (this.kube) this.api.apply(this.podObject(plan));
     try {
       const add = await chain.add(att);
       const result = add.result as CniResult;
@@ -247,6 +255,7 @@ export class Testbed {
       // later (retryTeardowns), as containerd retries the teardown of a sandbox.
       await chain.del(att).catch(() => this.failedTeardowns.push({ chain, att }));
       await run(['ip', 'netns', 'delete', plan.ns]);
+      if (this.kube) this.api.remove('Pod', plan.name, plan.namespace);
       throw e;
     }
   }
@@ -269,9 +278,18 @@ export class Testbed {
   /** Runs the chain DEL for a pod and removes its namespace (the runtime's order); block routes follow. */
   async delPod(key: string): Promise<ChainOutcome> {
     const pod = this.pod(key);
+    // In a cluster the Pod object turns terminating (deletionTimestamp) before kubelet tears the pod down.
+    if (this.kube) {
+      const obj = this.podObject(pod) as { metadata: Record<string, unknown> };
+      const cur = this.api.get('Pod', pod.name, pod.namespace) as { metadata?: { labels?: Record<string, string> } } | undefined;
+      obj.metadata.labels = cur?.metadata?.labels ?? obj.metadata.labels;
+      obj.metadata.deletionTimestamp = new Date().toISOString();
+      this.api.apply(obj);
+    }
     const out = await pod.chain.del(this.attachment(pod, pod.containerId));
     this.pods.delete(key);
     await mustRun(['ip', 'netns', 'delete', pod.ns]);
+    if (this.kube) this.api.remove('Pod', pod.name, pod.namespace);
     await this.syncBlockRoutes();
     return out;
   }
@@ -294,6 +312,59 @@ export class Testbed {
 
   private nextPodName(node: string): string {
     for (let i = 1; ; i++) if (!this.pods.has(`${node}-p${i}`)) return `p${i}`;
+  }
+
+  // ---- the Kubernetes API (configSource 'kubernetes') -----------------------------------------------------
+
+  get kube(): boolean {
+    return this.topology.configSource === 'kubernetes';
+  }
+
+  /** The run's FAKE API server: create, change and delete objects here as kubectl would. */
+  get api(): FakeApiServer {
+    if (!this.fakeApi) throw new Error("no API server in this testbed (topology configSource: 'kubernetes')");
+    return this.fakeApi;
+  }
+
+  get kubeconfigPath(): string {
+    return path.join(this.runDir, 'kubeconfig');
+  }
+
+  /** A pod's Pod object as the API holds it once the pod is scheduled and running (Ready). */
+  podObject(pod: PodPlan, labels?: Record<string, string>): Record<string, unknown> {
+    const stepLabels = { ...(this.node(pod.node).tether?.labels as Record<string, string> | undefined), ...(pod.tether?.labels as Record<string, string> | undefined) };
+    return {
+      apiVersion: 'v1', kind: 'Pod',
+      metadata: { name: pod.name, namespace: pod.namespace, labels: labels ?? stepLabels },
+      spec: { nodeName: pod.node },
+      status: { phase: 'Running', conditions: [{ type: 'Ready', status: 'True' }] },
+    };
+  }
+
+  /**
+   * Starts the FAKE API server on a unix socket of the run, with the pod pool, the Nodes and the
+   * topology's objects, and a TCP forwarder in each node namespace (127.0.0.1:KUBE_API_PORT → the socket),
+   * so tetherd's client-node reaches it as it would reach an apiserver.
+   */
+  private async startApi(): Promise<void> {
+    const api = new FakeApiServer();
+    this.fakeApi = api;
+    const sock = path.join(this.runDir, 'apiserver.sock');
+    await api.listen({ socketPath: sock });
+    const { podPool } = this.plan;
+    api.apply({ apiVersion: 'tether.dev/v1alpha1', kind: 'AddressPool', metadata: { name: podPool.name }, spec: { usage: 'pod', ipv4: { cidr: podPool.cidr, blockSize: podPool.blockSize } } });
+    for (const n of this.plan.nodes) {
+      api.apply({ apiVersion: 'v1', kind: 'Node', metadata: { name: n.name, labels: n.zone ? { 'topology.kubernetes.io/zone': n.zone } : {} }, spec: {} });
+    }
+    for (const o of this.topology.extraObjects ?? []) api.apply(structuredClone(o));
+    fs.writeFileSync(this.kubeconfigPath, kubeconfigFor(`http://127.0.0.1:${KUBE_API_PORT}`), { mode: 0o600 });
+    await Promise.all(this.plan.nodes.map(async (n) => {
+      const child = this.spawn(n.name, [process.execPath, '-e', FORWARDER, String(KUBE_API_PORT), sock]);
+      await new Promise<void>((resolve, reject) => {
+        child.stdout?.on('data', (b: Buffer) => b.toString().includes('ready') && resolve());
+        child.once('exit', (code) => reject(new Error(`API forwarder on ${n.name} exited (${code})`)));
+      });
+    }));
   }
 
   // ---- tetherd -------------------------------------------------------------------------------------------
@@ -498,7 +569,8 @@ export class Testbed {
       this.testRedis = await startRedis();
       this.recordRedis();
       if (this.topology.redis === 'sentinel') this.sentinelSet = await startSentinelSet({ host: plan.router.fabricIp, netns: plan.router.ns });
-      fs.writeFileSync(this.ipamConfigPath, JSON.stringify(this.ipamConfig(), null, 2) + '\n');
+      if (this.kube) await this.startApi();
+      else fs.writeFileSync(this.ipamConfigPath, JSON.stringify(this.ipamConfig(), null, 2) + '\n');
     }
     if (this.tetherEnabled) {
       await Promise.all(plan.nodes.map((n) => this.startDaemon(n)));
@@ -521,6 +593,7 @@ export class Testbed {
    * config-management tool would: the generated objects plus `extraObjects`, or `raw` text as given.
    */
   rewriteConfig(change: { extraObjects?: Record<string, unknown>[]; raw?: string }): void {
+    if (this.kube) throw new Error('this testbed takes objects from its API server: change them through tb.api');
     const tmp = `${this.ipamConfigPath}.tmp`;
     const text = change.raw ?? JSON.stringify(this.ipamConfig(change.extraObjects), null, 2) + '\n';
     fs.writeFileSync(tmp, text);
@@ -558,10 +631,14 @@ export class Testbed {
       node: n.name,
       nsPath: `/run/netns/${n.ns}`,
       // A node's own config file wins over the generated one (it must then hold the pod pool itself).
-      config: n.tetherdConfig ?? (tetherIpam ? this.ipamConfigPath : undefined),
+      config: n.tetherdConfig ?? (tetherIpam && !this.kube ? this.ipamConfigPath : undefined),
       redis: tetherIpam ? { url: this.sentinelSet?.url ?? this.redis.url, prefix: this.redisPrefix } : undefined,
       // Every tetherd knows its node address and shares the run's cluster key: Egress needs both.
-      extraArgs: ['--node-address', n.fabricIp, '--uplink', 'eth0', '--cluster-key-file', this.clusterKeyPath(), ...(this.topology.tetherdArgs ?? [])],
+      extraArgs: [
+        '--node-address', n.fabricIp, '--uplink', 'eth0', '--cluster-key-file', this.clusterKeyPath(),
+        ...(this.kube && !n.tetherdConfig ? ['--kubeconfig', this.kubeconfigPath] : []),
+        ...(this.topology.tetherdArgs ?? []),
+      ],
       logLevel: this.topology.tetherdLogLevel,
       readyTimeoutMs: this.topology.tetherdReadyTimeoutMs ?? 15_000,
       paths: {
@@ -594,6 +671,7 @@ export class Testbed {
     if (this.opts.keepLogs || process.env.TETHER_TESTBED_KEEP_LOGS === '1') this.copyLogs();
     for (const c of this.children) c.kill('SIGKILL');
     await this.sentinelSet?.stop();
+    await this.fakeApi?.close();
     const left = teardownRunSync(this.prefix);
     await this.testRedis?.stop(); // teardown killed it already; this drops the helper's exit hook
     unregisterLive(this.prefix);
@@ -623,6 +701,20 @@ export class Testbed {
     return leftovers(this.prefix);
   }
 }
+
+/** The port tetherds reach the FAKE API server on, inside each node namespace. */
+const KUBE_API_PORT = 16443;
+
+/** TCP on 127.0.0.1:<port> of a namespace → the API server's unix socket (argv: port, socket path). */
+const FORWARDER = `
+const net = require('net');
+const [port, sock] = process.argv.slice(1);
+net.createServer((c) => {
+  const u = net.connect(sock);
+  c.pipe(u); u.pipe(c);
+  c.on('error', () => u.destroy()); u.on('error', () => c.destroy());
+  c.on('close', () => u.destroy()); u.on('close', () => c.destroy());
+}).listen(Number(port), '127.0.0.1', () => console.log('ready'));`;
 
 /** Brings a testbed up, runs fn on it and always tears it down, also when fn throws. */
 export async function withTestbed<T>(topo: Topology, fn: (tb: Testbed) => Promise<T>, opts?: UpOptions): Promise<T> {

@@ -71,6 +71,13 @@ export interface Topology {
    * set (primary, replica, three sentinels) on the router's fabric address, reached by redis+sentinel://.
    */
   redis?: 'single' | 'sentinel';
+  /**
+   * Where tetherds get their objects (tether-ipam mode): 'file' (default; one shared config file) or
+   * 'kubernetes': the run's FAKE API server (test/lib/fake-apiserver.ts; no kube-apiserver runs here), as
+   * in a cluster — AddressPools, Egresses, Nodes and each pod's Pod object (its labels, from the pod's
+   * tether.labels, which then stay out of the conflist), block claims as AddressBlock resources.
+   */
+  configSource?: 'file' | 'kubernetes';
 }
 
 export type IpamMode = 'host-local' | 'tether-ipam';

@@ -116,6 +116,17 @@ test('status: pools and Egresses, refused ones with the reason; unchanged status
     const e3 = api.get('Egress', 'out', 'shop')!.status.conditions[0];
     assert.equal([e3.status, e3.reason], ['False', 'NoOwner']);
     assert.is.not(e3.lastTransitionTime, t0);
+    // Accepted by the schema, refused by its subsystem (an unknown pool): the reason reaches status.
+    const typo = api.apply({ apiVersion: V, kind: 'Egress', metadata: { name: 'typo', namespace: 'shop' }, spec: { addresses: { pool: 'flaot' } } });
+    verdicts.set('Egress shop/typo', { obj: typo, problems: [] });
+    const ctl2 = new StatusController({
+      kc, logger: quiet, verdicts: () => verdicts, egressAddresses: () => [], everyMs: 3_600_000, gcEveryMs: 3_600_000,
+      refused: () => ({ 'Egress shop/typo': 'spec.addresses.pool "flaot" is not a floating pool (floating pools: float, late)' }),
+    });
+    await ctl2.pass();
+    const t = api.get('Egress', 'typo', 'shop')!.status.conditions[0];
+    assert.equal([t.status, t.reason], ['False', 'Invalid']);
+    assert.match(t.message, /"flaot" is not a floating pool/);
   } finally {
     await done();
   }

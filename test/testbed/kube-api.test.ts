@@ -1,0 +1,114 @@
+// The testbed driven through the Kubernetes API (the run's FAKE API server: no kube-apiserver runs on these
+// machines) instead of the config file: tetherd on every node runs with --kubeconfig, pods get their roles
+// from their Pod objects' labels, block claims are AddressBlock resources, and the leader writes status.
+// The same Egress scenario as the file source's tests must give the same results, and each change made
+// through the API (a label, an Egress deleted, a refused object) takes effect while tetherd runs.
+import { test } from 'uvu';
+import * as assert from 'uvu/assert';
+import { withTestbed, type Testbed } from './testbed';
+import { runTraffic, topology, waitOwner, waitStandbyReady } from './egress-scenario';
+import { CLIENT_SCRIPT } from './probe';
+
+const CONNS = Number(process.env.EGRESS_TEST_CONNS ?? 100);
+type Obj = Record<string, any>; // eslint-disable-line @typescript-eslint/no-explicit-any
+
+async function until<T>(what: string, fn: () => Promise<T | undefined | false> | T | undefined | false, timeoutMs = 15_000, why?: () => string): Promise<T> {
+  const end = Date.now() + timeoutMs;
+  for (;;) {
+    const v = await Promise.resolve().then(fn).catch(() => undefined);
+    if (v) return v;
+    if (Date.now() > end) throw new Error(`timed out after ${timeoutMs} ms waiting for ${what}${why ? `: ${why()}` : ''}`);
+    await new Promise((r) => setTimeout(r, 100));
+  }
+}
+
+async function sourceSeen(tb: Testbed, pod: string): Promise<string> {
+  const r = await tb.exec(pod, [process.execPath, '-e', CLIENT_SCRIPT, tb.externalIp('server'), '9100', '2000']);
+  return r.code === 0 ? r.stdout.trim() : `error ${r.stderr.trim()}`;
+}
+
+const ready = (o: Obj | undefined) => (o?.status?.conditions as Obj[] | undefined)?.find((c) => c.type === 'Ready');
+
+test('through the API: roles from Pod labels, steering, ownership and failover, claims as AddressBlocks, status written back, live changes', async () => {
+  await withTestbed({ ...topology(), configSource: 'kubernetes' }, async (tb) => {
+    // Block claims are resources: one per node with pods, and what each tetherd reports is what the API holds.
+    const blocks = await until('a block claimed by every node', () => {
+      const b = tb.api.list('AddressBlock');
+      return new Set(b.map((x) => x.spec?.node)).size === 3 && b;
+    });
+    for (const n of ['n1', 'n2', 'n3']) {
+      const mine = blocks.filter((b) => b.spec.node === n).map((b) => b.spec.cidr).sort();
+      assert.equal((await tb.nodeBlocks(n)).blocks.slice().sort(), mine, `${n}'s blocks are its AddressBlock resources`);
+    }
+
+    // Ownership from API labels (the conflist carries none here), and the leader writes it into status.
+    const first = await waitOwner(tb);
+    const egress = await until('Egress status with the owner', () => {
+      const e = tb.api.get('Egress', 'out', 'shop');
+      return e?.status?.addresses?.[0]?.ownerNode === first.node && ready(e)?.status === 'True' && e;
+    }, 15_000, () => JSON.stringify(tb.api.get('Egress', 'out', 'shop')?.status));
+    assert.equal(egress.status.addresses[0], { address: first.st.address, ownerNode: first.node, ownerPod: first.st.owner, epoch: first.st.epoch });
+    await until('AddressPool status Ready', () => ready(tb.api.get('AddressPool', 'float'))?.status === 'True');
+    assert.ok(tb.api.list('Lease').some((l) => l.metadata.name === 'tether-controllers' && l.spec?.holderIdentity), 'one leader holds the Lease');
+
+    // Failover under traffic, exactly as with the file source: the owner's gateway pod goes (its Pod
+    // object too, as kubelet and the API would), every connection survives, status follows.
+    const standby = first.node === 'n1' ? 'n2' : 'n1';
+    await waitStandbyReady(tb, first.node, standby);
+    const ownerPod = `${first.node}-gw${first.node.slice(1)}`;
+    const { report } = await runTraffic(tb, CONNS, 9000, async () => {
+      await tb.delPod(ownerPod);
+    });
+    const second = await waitOwner(tb, first.st.owner);
+    process.stdout.write(`  API-driven failover: ${first.st.owner} → ${second.st.owner}, ${report.intact}/${CONNS} intact, longest gap ${report.maxGapAfterMarkMs} ms\n`);
+    assert.is(report.intact, CONNS, `${report.intact}/${CONNS} intact; ${report.errors.slice(0, 4).join('; ')}`);
+    await until('Egress status names the new owner', () => tb.api.get('Egress', 'out', 'shop')?.status?.addresses?.[0]?.ownerNode === second.node,
+      15_000, () => JSON.stringify(tb.api.get('Egress', 'out', 'shop')?.status));
+
+    const server = tb.spawn('server', [process.execPath, '-e', "require('net').createServer((s) => s.end(s.remoteAddress + '\\n')).listen(9100, '0.0.0.0', () => console.log('ready'))"]);
+    try {
+      await until('web leaves from the floating address', async () => (await sourceSeen(tb, 'n3-web')) === first.st.address);
+      // A label changed on the Pod object: web is no longer a client, without being re-attached.
+      const web = tb.podObject(tb.pod('n3-web'), { app: 'other' });
+      tb.api.apply(web);
+      const without = await until('web no longer steered', async () => {
+        const s = await sourceSeen(tb, 'n3-web');
+        return s !== first.st.address && !s.startsWith('error') && s;
+      });
+      tb.api.apply(tb.podObject(tb.pod('n3-web'), { app: 'web' }));
+      await until('web steered again', async () => (await sourceSeen(tb, 'n3-web')) === first.st.address);
+
+      // A refused object: an Egress over a pool that does not exist. Status says why; nothing else moves.
+      const ownerBefore = (await waitOwner(tb, first.st.owner)).st;
+      tb.api.apply({
+        apiVersion: 'tether.dev/v1alpha1', kind: 'Egress', metadata: { name: 'typo', namespace: 'shop' },
+        spec: { clients: { podSelector: { matchLabels: { app: 'batch' } } }, gateways: { podSelector: { matchLabels: { role: 'egress-gw' } } }, destinations: ['198.19.0.0/16'], addresses: { pool: 'flaot', count: 1 } },
+      });
+      const refused = await until('the refused Egress has a reason in status', () => {
+        const c = ready(tb.api.get('Egress', 'typo', 'shop'));
+        return c?.status === 'False' && c;
+      }, 15_000, () => JSON.stringify(tb.api.get('Egress', 'typo', 'shop')?.status));
+      assert.match(refused.message, /flaot/, refused.message);
+      assert.is(await sourceSeen(tb, 'n3-web'), first.st.address, 'the running Egress is untouched');
+      const ownerAfter = (await waitOwner(tb, first.st.owner)).st;
+      assert.equal([ownerAfter.owner, ownerAfter.epoch], [ownerBefore.owner, ownerBefore.epoch]);
+
+      // The Egress deleted through the API: exactly its state goes (the address leaves its gateway, web
+      // leaves from its node again).
+      tb.api.remove('Egress', 'out', 'shop');
+      await until('the Egress gone from every node', async () => {
+        for (const n of ['n1', 'n2', 'n3']) if (((await tb.status(n)) as unknown as { egress: Obj[] }).egress.some((e) => e.egress === 'shop/out')) return false;
+        return true;
+      });
+      const after = await until('web leaves from its node', async () => {
+        const s = await sourceSeen(tb, 'n3-web');
+        return s !== first.st.address && !s.startsWith('error') && s;
+      });
+      process.stdout.write(`  label removed: seen as ${without}; Egress refused: "${refused.message}"; Egress deleted: seen as ${after}\n`);
+    } finally {
+      server.kill('SIGTERM');
+    }
+  });
+});
+
+test.run();
