@@ -1,7 +1,8 @@
 // The body every Tether CNI executable shares: check what the spec asks of a plugin (version,
 // environment, config shape), forward the request to the node's tetherd, print its answer or a CNI error.
 // `tether` and `tether-ipam` differ only in their ClientSpec.
-import { call } from '../daemon/api/client';
+import type { Connector } from '../daemon/api/call-core';
+import { callWith } from '../daemon/api/call-core';
 import type { CniParams, Method } from '../daemon/api/protocol';
 import { ErrorCode, TetherError } from '../daemon/errors';
 import { errorReply, parseNetConf, readEnv, readStdin, versionReply, type CniCommand, type NetConf } from './spec';
@@ -15,6 +16,16 @@ export interface ClientSpec {
   validate(conf: NetConf, command: CniCommand): void;
   /** Where this plugin's tetherd listens, from its config. */
   socketPath(conf: NetConf): string;
+}
+
+let connector: Connector | undefined;
+
+/**
+ * The transport to tetherd, set by the entry point before a client runs: Bun's sockets in the Bun-built
+ * CNI executable, Node's net in the Node single executable. (Importing either here would load it in both.)
+ */
+export function useConnector(c: Connector): void {
+  connector = c;
 }
 
 export async function runCniClient(spec: ClientSpec): Promise<number> {
@@ -39,7 +50,8 @@ export async function runCniClient(spec: ClientSpec): Promise<number> {
       args: env.args,
       config: conf,
     };
-    const result = await call(spec.socketPath(conf), spec.methods[env.command], params);
+    if (!connector) throw new TetherError(ErrorCode.Internal, 'no transport to tetherd (useConnector was not called)');
+    const result = await callWith(connector, spec.socketPath(conf), spec.methods[env.command], params);
     if (env.command === 'ADD') process.stdout.write(JSON.stringify(result));
     return 0;
   } catch (e) {

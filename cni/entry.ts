@@ -4,6 +4,12 @@
 import * as path from 'node:path';
 import { answerCommandLine } from './about';
 
+/** The CNI clients of this build reach tetherd through Node's net. */
+function useNodeConnector(): void {
+  const { useConnector } = require('./client-main') as typeof import('./client-main');
+  useConnector((require('../daemon/api/client') as typeof import('../daemon/api/client')).nodeConnector);
+}
+
 function calledAs(): { name: string; args: string[] } {
   const args = process.argv.slice(2);
   const name = process.env.TETHER_CALLED_AS || path.basename(process.argv0 || process.argv[1] || 'tether');
@@ -22,8 +28,10 @@ async function run(): Promise<number> {
     case 'tether-install':
       return (require('../install/cni/main') as typeof import('../install/cni/main')).main(args);
     case 'tether-ipam':
+      useNodeConnector();
       return (require('../ipam/main') as typeof import('../ipam/main')).main();
     default:
+      useNodeConnector();
       return (require('./main') as typeof import('./main')).main();
   }
 }

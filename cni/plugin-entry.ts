@@ -1,16 +1,24 @@
 // The CNI executables kubelet's runtime runs for every pod: `tether` and `tether-ipam` (one file, two names,
-// dispatched on the name it was run by). Compiled with Bun (`bun build --compile`, install/build.sh) for
-// start-up time; it holds only the thin client (cni/client-main.ts), never daemon code.
-import * as path from 'node:path';
+// dispatched on the name it was run by). Compiled with Bun (`bun build --compile --bytecode`,
+// install/build.sh) for start-up time; it holds only the thin client (cni/client-main.ts), never daemon
+// code, and reaches tetherd through Bun's own sockets. Bun loads every module a bundle imports at start,
+// so nothing here imports node:net or node:path.
 import { answerCommandLine } from './about';
+import { bunConnector, bunRuntime } from './bun-connector';
+import { useConnector } from './client-main';
+import { main as tetherMain } from './main';
+import { main as ipamMain } from '../ipam/main';
 
 async function run(): Promise<number> {
   const args = process.argv.slice(2);
-  const name = process.env.TETHER_CALLED_AS || path.basename(process.argv0 || process.argv[1] || 'tether');
+  const invoked = process.env.TETHER_CALLED_AS || process.argv0 || process.argv[1] || 'tether';
+  const name = invoked.slice(invoked.lastIndexOf('/') + 1);
   const answered = answerCommandLine(name === 'tether-ipam' ? name : 'tether', args, process.env);
   if (answered !== undefined) return answered;
-  if (name === 'tether-ipam') return (await import('../ipam/main')).main();
-  return (await import('./main')).main();
+  // Under Node (not how it ships) cni/entry.ts is the entry; this one speaks only through Bun.
+  if (!bunRuntime()) throw new Error('cni/plugin-entry.ts runs under Bun (the Node build starts at cni/entry.ts)');
+  useConnector(bunConnector);
+  return name === 'tether-ipam' ? ipamMain() : tetherMain();
 }
 
 run().then(

@@ -9,6 +9,7 @@ bash install/build.sh
 command -v conntrackd >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq conntrackd >/dev/null; }
 node_modules/.bin/tsx test/bench/cni-latency.ts
 node_modules/.bin/tsx test/bench/ipam.ts
+node_modules/.bin/tsx test/bench/config-latency.ts
 node_modules/.bin/tsx test/bench/egress-failover.ts
 node_modules/.bin/tsx test/bench/bfd-lag.ts
 node_modules/.bin/tsx test/bench/conntrack-sync-vs-conntrackd.ts

@@ -156,6 +156,18 @@ test('missing name/type, bad socketPath → code 7', () => {
   expectError(runCni(bin('tether'), env('DEL'), JSON.stringify({ cniVersion: '1.0.0', name: 'n', type: 'tether', socketPath: 'relative.sock' })), 7, /socketPath/, 'relative socket');
 });
 
+test('a 3 MB request (multi-byte characters) reaches tetherd whole: written across many socket writes, answered', () => {
+  // The socket takes a few hundred KB at a time: the rest of the request goes out as it drains.
+  const pad = 'é'.repeat(1_500_000);
+  const r = runCni(bin('tether'), env('DEL', { CNI_CONTAINERID: 'ctr-big' }), conf('1.0.0', { pad }));
+  assert.is(r.status, 0, `DEL with a 3 MB config: ${r.stdout.slice(0, 300)}`);
+  assert.is(r.stdout, '');
+  // Over tetherd's line limit (4 MiB): tetherd refuses it, by name, rather than the client hanging.
+  const tooBig = runCni(bin('tether'), env('DEL', { CNI_CONTAINERID: 'ctr-big' }), conf('1.0.0', { pad: 'x'.repeat(5 * 1024 * 1024) }));
+  assert.is.not(tooBig.status, 0);
+  assert.ok(tooBig.json, `stdout is a CNI error: ${tooBig.stdout.slice(0, 200)}`);
+});
+
 test('no case above left state behind', () => {
   assertNoState('final');
 });

@@ -1,0 +1,101 @@
+// One request to tetherd's socket over any transport: connect, send one request line, read one response
+// line, with the connect and answer timeouts and the error codes every caller relies on. The transport is
+// a Connector: Node's net (daemon/api/client.ts, for tetherctl and tetherd's tools) or Bun's own sockets
+// (cni/bun-connector.ts, for the CNI executables, where loading node:net costs more than the request).
+// This file imports no runtime module.
+import { TetherError, ErrorCode } from '../errors';
+import { MAX_LINE_BYTES, PROTOCOL_VERSION, type Method, type Response } from './protocol';
+
+export interface CallOptions {
+  /** Time to connect before tetherd counts as unreachable. */
+  connectTimeoutMs?: number;
+  /** Time for the whole request once connected. */
+  timeoutMs?: number;
+}
+
+export interface Connection {
+  write(text: string): void;
+  destroy(): void;
+}
+
+export interface ConnectionEvents {
+  open(): void;
+  data(text: string): void;
+  /** A failure, with the errno code when there is one (ENOENT, ECONNREFUSED…). */
+  error(e: { code?: string; message: string }): void;
+  close(): void;
+}
+
+/** Opens a unix socket connection and reports on `ev`; returns a handle for writing and closing. */
+export type Connector = (socketPath: string, ev: ConnectionEvents) => Connection;
+
+let seq = 0;
+
+export function callWith<R = unknown>(connect: Connector, socketPath: string, method: Method, params: unknown, opts: CallOptions = {}): Promise<R> {
+  // Unique enough to pair an answer with its request on one connection; avoids loading a crypto module.
+  const id = `${process.pid}-${Date.now().toString(36)}-${(++seq).toString(36)}`;
+  const line = JSON.stringify({ version: PROTOCOL_VERSION, id, method, params }) + '\n';
+  const connectTimeout = opts.connectTimeoutMs ?? 2000;
+  const timeout = opts.timeoutMs ?? 60_000;
+
+  return new Promise<R>((resolve, reject) => {
+    let connected = false;
+    let buf = '';
+    let settled = false;
+    let conn: Connection | undefined;
+    const finish = (err: Error | null, value?: R) => {
+      if (settled) return;
+      settled = true;
+      clearTimeout(timer);
+      conn?.destroy();
+      if (err) reject(err);
+      else resolve(value as R);
+    };
+    const unreachable = (why: string, cause?: unknown) =>
+      finish(new TetherError(ErrorCode.TryAgainLater, `tetherd is not reachable at ${socketPath}: ${why}`, { cause }));
+    let timer = setTimeout(() => unreachable(`no connection within ${connectTimeout} ms`), connectTimeout);
+
+    conn = connect(socketPath, {
+      open() {
+        connected = true;
+        clearTimeout(timer);
+        timer = setTimeout(
+          () => finish(new TetherError(ErrorCode.TryAgainLater, `tetherd at ${socketPath} did not answer ${method} within ${timeout} ms`)),
+          timeout,
+        );
+        conn!.write(line);
+      },
+      data(text) {
+        buf += text;
+        if (buf.length > MAX_LINE_BYTES) {
+          finish(new TetherError(ErrorCode.ProtocolVersion, `tetherd answered a line over ${MAX_LINE_BYTES} bytes`));
+          return;
+        }
+        const nl = buf.indexOf('\n');
+        if (nl < 0) return;
+        let resp: Response<R>;
+        try {
+          resp = JSON.parse(buf.slice(0, nl)) as Response<R>;
+        } catch (e) {
+          finish(new TetherError(ErrorCode.ProtocolVersion, `tetherd answered something that is not JSON`, { cause: e }));
+          return;
+        }
+        if (resp.id !== id) {
+          finish(new TetherError(ErrorCode.ProtocolVersion, `tetherd answered request ${resp.id}, expected ${id}`));
+        } else if (resp.error) {
+          finish(new TetherError(resp.error.code, resp.error.message, { details: resp.error.details }));
+        } else {
+          finish(null, resp.result as R);
+        }
+      },
+      error(e) {
+        if (!connected) unreachable(e.code ?? e.message, e);
+        else finish(new TetherError(ErrorCode.TryAgainLater, `connection to tetherd at ${socketPath} failed: ${e.message}`, { cause: e }));
+      },
+      close() {
+        if (connected) finish(new TetherError(ErrorCode.TryAgainLater, `tetherd at ${socketPath} closed the connection before answering ${method}`));
+      },
+    });
+    if (settled) conn.destroy();
+  });
+}
