@@ -142,3 +142,46 @@ export function serialApply(apply: (c: ConfigObjects) => Promise<void>, onError:
     if (!running) void next();
   };
 }
+
+/** A subsystem that converges to each complete configuration it is given (level-triggered). */
+export interface Reconciler {
+  readonly name: string;
+  apply(config: ConfigObjects): Promise<void> | void;
+}
+
+/**
+ * Feeds every accepted configuration of `source` to the reconcilers, in order, one configuration at a time
+ * (a newer one replaces one still waiting). stop() detaches and waits for the one being applied, so no
+ * reconciler is handed a configuration while it stops.
+ */
+export function feedReconcilers(source: ConfigSource, reconcilers: Reconciler[], logger: Logger): { stop(): Promise<void> } {
+  let stopped = false;
+  let current: Promise<void> = Promise.resolve();
+  const apply = serialApply(
+    (c) => {
+      current = (async () => {
+        for (const r of reconcilers) {
+          if (stopped) return;
+          try {
+            await r.apply(c);
+          } catch (e) {
+            logger.error('config: applying a change failed', { reconciler: r.name, error: (e as Error).message, stack: (e as Error).stack });
+          }
+        }
+      })();
+      return current;
+    },
+    (err) => logger.error('config: applying a change failed', { error: err.message, stack: err.stack }),
+  );
+  const onUpdate = (c: ConfigObjects) => {
+    if (!stopped) apply(c);
+  };
+  source.on('update', onUpdate);
+  return {
+    async stop() {
+      stopped = true;
+      source.off('update', onUpdate);
+      await current;
+    },
+  };
+}

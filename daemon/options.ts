@@ -1,0 +1,105 @@
+// tetherd's command line: the options, their defaults and the checks that need no subsystem.
+import * as os from 'node:os';
+import { isIP } from 'node:net';
+import { parseArgs } from 'node:util';
+import { DEFAULT_SOCKET_PATH } from './api/protocol';
+import { StartError } from './lifecycle';
+import { parseRedisUrl } from './common/redis';
+
+export const USAGE = `usage: tetherd [--node-name NAME] [--socket PATH] [--state-dir DIR] [--bpf-pin-dir DIR] [--config FILE | --kubernetes | --kubeconfig FILE]
+               [--redis URL] [--redis-prefix PREFIX] [--log-level LEVEL]
+               [--node-address IP] [--uplink IF] [--cluster-key-file FILE] [--fou-port N] [--sync-port N]
+  --config FILE   YAML/JSON objects: AddressPool, Egress, Node (zone, labels), Pod (labels); watched,
+                  every valid edit applied live (an invalid one is refused whole, nothing changes)
+  --kubernetes    objects from the Kubernetes API with the pod's service account (in a cluster):
+                  AddressPool and Egress resources, this node's Node and Pods; --kubeconfig FILE: same, from FILE
+  --redis URL     the cluster store for block claims (standalone) and floating addresses:
+                  redis://[:password@]host:port[/db] or unix:///path.sock[?password=…]
+  Egress (objects of kind Egress in --config) also needs:
+  --node-address IP       this node's address: BFD, conntrack sync and FoU between nodes use it
+  --uplink IF             the node's interface on the L2 segment (announcements); default: eth0
+  --cluster-key-file FILE shared secret (≥ 32 bytes, hex or base64) authenticating tetherd-to-tetherd traffic
+  --cluster-key-secret NAME  in a cluster: the key from Secret NAME in $POD_NAMESPACE (created by the first tetherd)
+  --fou-port N            UDP port of FoU encapsulation (default 5555); --sync-port N conntrack sync (default 3785)
+  --help, --version`;
+
+export type Options = {
+  'node-name'?: string;
+  socket: string;
+  'state-dir': string;
+  'bpf-pin-dir': string;
+  config?: string;
+  kubernetes: boolean;
+  kubeconfig?: string;
+  redis?: string;
+  'redis-prefix': string;
+  'node-address'?: string;
+  uplink: string;
+  'cluster-key-file'?: string;
+  'cluster-key-secret'?: string;
+  'fou-port': string;
+  'sync-port': string;
+  'no-conntrack-sync': boolean;
+  'log-level': string;
+  help?: boolean;
+};
+
+/** Parses the command line; throws what parseArgs says about an unknown or malformed option. */
+export function parseOptions(argv: string[]): Options {
+  return parseArgs({
+    args: argv,
+    options: {
+      'node-name': { type: 'string' },
+      socket: { type: 'string', default: DEFAULT_SOCKET_PATH },
+      'state-dir': { type: 'string', default: '/var/lib/tether' },
+      'bpf-pin-dir': { type: 'string', default: '/sys/fs/bpf/tether' },
+      config: { type: 'string' },
+      kubernetes: { type: 'boolean', default: false },
+      kubeconfig: { type: 'string' },
+      redis: { type: 'string', default: process.env.TETHER_REDIS_URL },
+      'redis-prefix': { type: 'string', default: 'tether:' },
+      'node-address': { type: 'string' },
+      uplink: { type: 'string', default: 'eth0' },
+      'cluster-key-file': { type: 'string' },
+      'cluster-key-secret': { type: 'string' },
+      'fou-port': { type: 'string', default: '5555' },
+      'sync-port': { type: 'string', default: '3785' },
+      // Testing only: the negative control of the failover tests (takeover without conntrack state).
+      'no-conntrack-sync': { type: 'boolean', default: false },
+      'log-level': { type: 'string', default: 'info' },
+      help: { type: 'boolean', short: 'h' },
+    },
+  }).values as Options;
+}
+
+export function nodeNameOf(opts: Options): string {
+  return opts['node-name'] ?? process.env.NODE_NAME ?? os.hostname();
+}
+
+/** Whether objects come from the Kubernetes API. */
+export function kubeMode(opts: Options): boolean {
+  return opts.kubernetes || opts.kubeconfig !== undefined;
+}
+
+export function portOption(name: string, raw: string): number {
+  const n = Number(raw);
+  if (!/^[0-9]+$/.test(raw) || n < 1 || n > 65535) throw new StartError(2, `--${name}: ${JSON.stringify(raw)} is not a port number (1-65535)`);
+  return n;
+}
+
+/** An address tetherd binds BFD and sync to must be one of this node's (namespace's) own. */
+export function requireLocalAddress(addr: string): void {
+  if (!isIP(addr)) throw new StartError(2, `--node-address: ${JSON.stringify(addr)} is not an IP address`);
+  const local = Object.values(os.networkInterfaces()).flatMap((l) => (l ?? []).map((a) => a.address));
+  if (!local.includes(addr)) throw new StartError(2, `--node-address: ${addr} is not an address of any local interface (have: ${local.join(', ') || 'none'})`);
+}
+
+/** --redis must be a store URL we understand (checked before anything starts). */
+export function checkRedisOption(opts: Options): void {
+  if (!opts.redis) return;
+  try {
+    parseRedisUrl(opts.redis);
+  } catch (e) {
+    throw new StartError(2, `--redis rejected: ${(e as Error).message}`);
+  }
+}

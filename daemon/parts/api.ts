@@ -1,0 +1,91 @@
+// tetherd's socket API: the methods the CNI clients and tetherctl call, and the status it reports.
+import type { CniParams } from '../api/protocol';
+import { ErrorCode, TetherError } from '../errors';
+import { ApiServer } from '../server';
+import type { Logger } from '../log';
+import type { PodStore } from '../state/pod-store';
+import type { AttachService } from '../pod/attach-service';
+import type { EgressController } from '../egress/egress-controller';
+import type { OwnerRequest } from '../../ipam/cluster-addresses';
+import type { LoopLag } from '../util/loop-lag';
+import { VERSION } from '../../cni/about';
+import { validateCniRequest, type CniRequestFields } from '../../cni/validate';
+import type { Ipam } from './ipam';
+import type { CurrentConfig } from './source';
+
+const asObject = <T>(p: unknown): T => {
+  if (!p || typeof p !== 'object' || Array.isArray(p)) throw new TetherError(ErrorCode.BadRequest, 'params must be an object');
+  return p as T;
+};
+
+const asCni = (p: unknown, requireNetns = true): CniParams => {
+  if (!p || typeof p !== 'object') throw new TetherError(ErrorCode.BadRequest, 'params must be an object');
+  const c = p as CniParams;
+  if (!c.config || typeof c.config !== 'object') throw new TetherError(ErrorCode.BadRequest, 'params.config must be an object');
+  if (c.args === undefined || c.args === null) c.args = {};
+  // The thin clients checked all of this; a request that bypassed them is checked the same way.
+  validateCniRequest(c as unknown as CniRequestFields, { requireNetns });
+  return c;
+};
+
+export interface ApiDeps {
+  socket: string;
+  nodeName: string;
+  stateDir: string;
+  bpfPinDir: string;
+  current: CurrentConfig;
+  podStore: PodStore;
+  attach: AttachService;
+  ipam: Ipam;
+  egress?: EgressController;
+  loopLag: LoopLag;
+  logger: Logger;
+}
+
+export function apiServer(d: ApiDeps): ApiServer {
+  const started = Date.now();
+  const { attach, ipam, egress } = d;
+  return new ApiServer(
+    d.socket,
+    {
+      ping: () => ({ pong: true, node: d.nodeName }),
+      'cni.add': (p) => attach.add(asCni(p)),
+      'cni.del': (p) => attach.del(asCni(p)),
+      'cni.check': (p) => attach.check(asCni(p)),
+      'cni.gc': (p) => attach.gc(asCni(p)),
+      'cni.status': () => ({ ready: true }),
+      'ipam.add': (p) => ipam.service.add(asCni(p, false)),
+      'ipam.del': (p) => ipam.service.del(asCni(p, false)),
+      'ipam.check': (p) => ipam.service.check(asCni(p, false)),
+      'ipam.gc': (p) => ipam.service.gc(asCni(p, false)),
+      'address.allocate': (p) => ipam.addresses.allocate(asObject<OwnerRequest>(p)),
+      'address.release': (p) => {
+        const r = asObject<{ pool: string; owner: string }>(p);
+        return ipam.addresses.release(r.pool, r.owner).then((released) => ({ released }));
+      },
+      status: async () => ({
+        node: d.nodeName,
+        zone: d.current.node.zone,
+        version: VERSION,
+        uptimeSeconds: Math.round((Date.now() - started) / 1000),
+        stateDir: d.stateDir,
+        bpfPinDir: d.bpfPinDir,
+        pools: d.current.config.pools.map((p) => p.name),
+        ipam: { pods: ipam.pods.usage(), cluster: await ipam.addresses.usage() },
+        egress: egress?.status() ?? [],
+        egressSecurity: egress?.security(),
+        bfd: egress?.bfdStatus(),
+        eventLoop: { lagMaxMs: d.loopLag.maxMs(), lagMaxPerSecondMs: d.loopLag.series() },
+        pods: d.podStore.all().map((r) => ({
+          network: r.network,
+          containerId: r.containerId,
+          ifName: r.ifName,
+          pod: r.podNamespace && r.podName ? `${r.podNamespace}/${r.podName}` : undefined,
+          netns: r.netns,
+          phase: r.phase,
+        })),
+      }),
+    },
+    d.logger,
+  );
+}

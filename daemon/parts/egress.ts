@@ -1,0 +1,108 @@
+// Egress: the checks made before anything starts (objects, options, the cluster key), the controller, and
+// its reconciler (Egresses added, changed, removed; pod roles from labels).
+import * as fs from 'node:fs';
+import type { Logger } from '../log';
+import { StartError } from '../lifecycle';
+import { ErrorCode, TetherError } from '../errors';
+import type { ConfigObjects } from '../config/objects';
+import type { ConfigSource, Reconciler } from '../config/source';
+import { KubeSource } from '../config/kube-source';
+import { clusterKeyFromSecret } from '../kube/cluster-key';
+import { EgressObjects } from '../egress/egress-config';
+import { EgressController, requireClusterKey } from '../egress/egress-controller';
+import type { ResolvedEgress } from '../egress/egress-spec';
+import { OwnershipStore } from '../egress/ownership-store';
+import type { ClusterAddresses } from '../../ipam/cluster-addresses';
+import type { AttachService } from '../pod/attach-service';
+import { kubeMode, requireLocalAddress, type Options } from '../options';
+
+export interface EgressPlan {
+  resolved: ResolvedEgress[];
+  clusterKey: Buffer;
+  nodeAddress: string;
+}
+
+async function clusterKeyText(opts: Options, source: ConfigSource): Promise<string | undefined> {
+  if (opts['cluster-key-secret'] && source instanceof KubeSource) {
+    const ns = process.env.POD_NAMESPACE || 'tether-system';
+    try {
+      return await clusterKeyFromSecret(source.kc, ns, opts['cluster-key-secret']);
+    } catch (e) {
+      throw new TetherError(ErrorCode.InvalidConfig, `--cluster-key-secret: Secret ${ns}/${opts['cluster-key-secret']}: ${(e as Error).message}`);
+    }
+  }
+  if (opts['cluster-key-file']) {
+    try {
+      return fs.readFileSync(opts['cluster-key-file'], 'utf8');
+    } catch (e) {
+      throw new TetherError(ErrorCode.InvalidConfig, `--cluster-key-file: cannot read ${opts['cluster-key-file']}: ${(e as NodeJS.ErrnoException).code ?? (e as Error).message}`);
+    }
+  }
+  return undefined;
+}
+
+/**
+ * Whether this node serves Egress, and with what: when Egresses are configured at start, or when the
+ * options for them are given (Egresses may come later). A bad Egress file, a missing option or an
+ * unreadable key stops the start (exit 2); in a cluster an invalid Egress is refused alone.
+ */
+export async function planEgress(opts: Options, source: ConfigSource, config: ConfigObjects, objects: EgressObjects): Promise<EgressPlan | undefined> {
+  const configured = config.others.some((o) => o.kind === 'Egress');
+  const optioned = !!opts['node-address'] && !!(opts['cluster-key-file'] || opts['cluster-key-secret']) && !!opts.redis;
+  if (!configured && !optioned) return undefined;
+  let plan: EgressPlan;
+  try {
+    const resolved = objects.resolve(config);
+    const rejected = Object.values(objects.problems());
+    // A file is refused whole at start; in a cluster each object is judged alone (its status says why).
+    if (rejected.length && !kubeMode(opts)) throw new TetherError(ErrorCode.InvalidConfig, rejected.join('\n'));
+    if (!opts.redis) throw new TetherError(ErrorCode.InvalidConfig, 'Egress objects need the cluster store: start tetherd with --redis');
+    if (!opts['node-address']) throw new TetherError(ErrorCode.InvalidConfig, 'Egress objects need --node-address');
+    plan = { resolved, clusterKey: requireClusterKey(await clusterKeyText(opts, source)), nodeAddress: opts['node-address'] };
+  } catch (e) {
+    throw new StartError(2, `egress configuration rejected: ${(e as Error).message}`);
+  }
+  requireLocalAddress(plan.nodeAddress);
+  return plan;
+}
+
+export async function createEgress(
+  opts: Options,
+  plan: EgressPlan,
+  o: { nodeName: string; config: ConfigObjects; fouPort: number; syncPort: number; addresses: ClusterAddresses; attach: AttachService; logger: Logger },
+  onOwnershipStarted: (close: () => Promise<void>) => void,
+): Promise<EgressController> {
+  let ownership: OwnershipStore;
+  try {
+    ownership = await OwnershipStore.connect(opts.redis!, { keyPrefix: opts['redis-prefix'] });
+  } catch (e) {
+    throw new StartError(1, `egress: ${(e as Error).message}`);
+  }
+  onOwnershipStarted(() => ownership.close());
+  const nodeConfig = o.config.nodes[o.nodeName] ?? { labels: {} };
+  return new EgressController({
+    node: { name: o.nodeName, zone: nodeConfig.zone, address: plan.nodeAddress, uplink: opts.uplink },
+    pinDir: opts['bpf-pin-dir'],
+    fouPort: o.fouPort,
+    syncPort: o.syncPort,
+    clusterKey: plan.clusterKey,
+    egresses: plan.resolved,
+    podLabels: o.config.pods,
+    ownership,
+    addresses: o.addresses,
+    attach: o.attach,
+    logger: o.logger,
+    conntrackSync: !opts['no-conntrack-sync'],
+  });
+}
+
+export function egressReconciler(objects: EgressObjects, controller: EgressController | undefined, logger: Logger): Reconciler {
+  return {
+    name: 'egress',
+    async apply(c) {
+      const egresses = objects.resolve(c);
+      if (controller) await controller.apply(egresses, c.pods);
+      else if (egresses.length) logger.error('egress: Egress objects need --node-address, --cluster-key-file and --redis; not served', { egresses: egresses.map((x) => x.key) });
+    },
+  };
+}
