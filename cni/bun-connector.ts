@@ -8,6 +8,7 @@ interface BunSocket {
 }
 
 interface BunRuntime {
+  stdin: { text(): Promise<string> };
   connect(o: {
     unix: string;
     socket: {
@@ -77,3 +78,12 @@ export const bunConnector: Connector = (socketPath, ev) => {
     },
   };
 };
+
+/** The request on stdin through Bun's API (no node:fs); a closed stdin reads as empty, as in readStdin. */
+export async function bunReadStdin(): Promise<string> {
+  try {
+    return await bunRuntime()!.stdin.text();
+  } catch {
+    return '';
+  }
+}

@@ -19,6 +19,12 @@ export interface ClientSpec {
 }
 
 let connector: Connector | undefined;
+let stdinReader: () => string | Promise<string> = readStdin;
+
+/** How the request's stdin is read (the Bun build reads it with Bun's own API). */
+export function useStdinReader(read: () => string | Promise<string>): void {
+  stdinReader = read;
+}
 
 /**
  * The transport to tetherd, set by the entry point before a client runs: Bun's sockets in the Bun-built
@@ -34,7 +40,7 @@ export async function runCniClient(spec: ClientSpec): Promise<number> {
   try {
     const env = readEnv(process.env);
     command = env.command;
-    const stdin = readStdin();
+    const stdin = await stdinReader();
     if (env.command === 'VERSION') {
       // VERSION answers whatever version was asked: the reply lists what we support.
       process.stdout.write(JSON.stringify(versionReply(stdin)));

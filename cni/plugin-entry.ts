@@ -4,8 +4,8 @@
 // code, and reaches tetherd through Bun's own sockets. Bun loads every module a bundle imports at start,
 // so nothing here imports node:net or node:path.
 import { answerCommandLine } from './about';
-import { bunConnector, bunRuntime } from './bun-connector';
-import { useConnector } from './client-main';
+import { bunConnector, bunReadStdin, bunRuntime } from './bun-connector';
+import { useConnector, useStdinReader } from './client-main';
 import { main as tetherMain } from './main';
 import { main as ipamMain } from '../ipam/main';
 
@@ -18,6 +18,7 @@ async function run(): Promise<number> {
   // Under Node (not how it ships) cni/entry.ts is the entry; this one speaks only through Bun.
   if (!bunRuntime()) throw new Error('cni/plugin-entry.ts runs under Bun (the Node build starts at cni/entry.ts)');
   useConnector(bunConnector);
+  useStdinReader(bunReadStdin);
   return name === 'tether-ipam' ? ipamMain() : tetherMain();
 }
 

@@ -1,6 +1,5 @@
 // What the CNI specification asks of every plugin executable: versions, environment, errors on stdout.
 // Shared by `tether` and `tether-ipam`; kept free of heavy imports so the executables start fast.
-import { readFileSync } from 'node:fs';
 import { cniCodeFor, TetherError, ErrorCode } from '../daemon/errors';
 import { parseCniArgs, validateContainerId, validateIfName, validateNetns, validateNetworkName } from './validate';
 
@@ -136,7 +135,8 @@ export function errorReply(err: unknown, cniVersion: string | undefined, codeOve
 /** Reads all of stdin synchronously: cheaper at start-up than a stream, and the runtime closes it. */
 export function readStdin(): string {
   try {
-    return readFileSync(0, 'utf8');
+    // Required here, not imported: a Bun-built executable loads every imported module at start.
+    return (require('node:fs') as typeof import('node:fs')).readFileSync(0, 'utf8');
   } catch (e) {
     // No stdin at all (closed descriptor) reads as empty; anything else is an I/O failure.
     if ((e as NodeJS.ErrnoException).code === 'EBADF' || (e as NodeJS.ErrnoException).code === 'EAGAIN') return '';
