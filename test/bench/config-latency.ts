@@ -68,7 +68,7 @@ async function main() {
 | file edit (config file replaced) | ${file.length} | ${result.fileEditMs.p50} | ${result.fileEditMs.p99} | ${result.fileEditMs.max} |
 | API event (Pod label updated) | ${api.length} | ${result.apiEventMs.p50} | ${result.apiEventMs.p99} | ${result.apiEventMs.max} |
 
-From the change to tetherd's steering map updated for the pod (a label that makes a pod a client of an Egress, or stops it), on the testbed (${m.cores ?? "?"} cores${m.kernel ? `, kernel ${m.kernel}` : ''}). The file source waits ${100} ms for a file to settle before reading it (editors and config tools write in steps), which is most of its figure. Raw figures: \`results/bench-config.json\`.`);
+From the change to tetherd's steering map updated for the pod (a label that makes a pod a client of an Egress, or stops it), on the testbed (${m.cores ?? "?"} cores${m.kernel ? `, kernel ${m.kernel}` : ''}). The file source waits ${100} ms for a file to settle before reading it (editors and config tools write in steps), which is most of its figure; the API source gathers the events of 50 ms into one update (a rollout changes many objects at once), which is most of its. Raw figures: \`results/bench-config.json\`.`);
 }
 
 main().catch((e) => {
