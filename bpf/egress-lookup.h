@@ -38,27 +38,102 @@ static __always_inline __u32 egress_classify4(const struct egress_client *client
 	return 0;
 }
 
-/* Copies the slot that takes a flow with this hash into *out; -1 when the count is out of range.
- * TODO(egress consistent hashing): hash % count moves most flows whenever count changes. The next step
- * replaces this with a consistent-hash table per Egress, prefers slots in the client's zone
- * (egress_slot.zone), and pins each flow to its floating address in an LRU map keyed by the 5-tuple so a
- * flow never moves while its address lives (egress_slot.floating is the pin's value). */
-static __always_inline int egress_pick_slot(const struct egress_gateways *gw, __u32 hash, struct egress_slot *out)
+/* Rendezvous score of a slot for a flow: the flow hash mixed with the slot's floating address
+ * (murmur3's finaliser). The highest score of the best tier wins, so adding a slot moves only the flows
+ * that now score best on it, and removing one moves only its own. */
+static __always_inline __u32 egress_score(__u32 flow_hash, __be32 floating)
+{
+	__u32 x = flow_hash ^ ((__u32)floating * 0x9e3779b1u);
+
+	x ^= x >> 16;
+	x *= 0x85ebca6bu;
+	x ^= x >> 13;
+	x *= 0xc2b2ae35u;
+	x ^= x >> 16;
+	return x;
+}
+
+#define EGRESS_PICK_PINNED 0 /* the flow's pinned address is still a slot */
+#define EGRESS_PICK_NEW 1    /* chosen now: lowest tier, then highest score */
+#define EGRESS_PICK_NONE -1  /* every slot is excluded for this node */
+#define EGRESS_PICK_BAD -2   /* slot count out of range */
+
+/* The slot that takes a flow: the one holding its pinned floating address (pinned != 0) whatever its tier
+ * (a live flow never moves), else the best by tier and rendezvous score. Copies it into *out. */
+static __always_inline int egress_pick_slot(const struct egress_gateways *gw, __u32 flow_hash, __be32 pinned,
+					    struct egress_slot *out)
 {
 	__u32 count = gw->count;
-	__u32 idx;
+	__u32 best_tier = EGRESS_TIER_EXCLUDED, best_score = 0;
+	int best = -1;
 
 	if (count == 0 || count > EGRESS_MAX_SLOTS)
-		return -1;
-	idx = hash % count;
-	/* clang turns the modulo into 64-bit div/mul/sub and, knowing idx < count <= MAX, drops a plain bound
-	 * check — leaving the verifier an unbounded index. The empty asm hides what clang knows, so the
-	 * check stays in the code and gives the verifier its bound. */
-	asm volatile("" : "+r"(idx));
-	if (idx >= EGRESS_MAX_SLOTS)
-		return -1;
-	__builtin_memcpy(out, &gw->slots[idx], sizeof(*out));
-	return 0;
+		return EGRESS_PICK_BAD;
+#pragma unroll
+	for (int i = 0; i < EGRESS_MAX_SLOTS; i++) {
+		const struct egress_slot *s = &gw->slots[i];
+		__u32 score;
+
+		if ((__u32)i >= count)
+			break;
+		if (pinned && s->floating == pinned) {
+			__builtin_memcpy(out, s, sizeof(*out));
+			return EGRESS_PICK_PINNED;
+		}
+		if (s->tier >= EGRESS_TIER_EXCLUDED)
+			continue;
+		score = egress_score(flow_hash, s->floating);
+		if (best < 0 || s->tier < best_tier || (s->tier == best_tier && score > best_score)) {
+			best = i;
+			best_tier = s->tier;
+			best_score = score;
+		}
+	}
+	if (best < 0)
+		return EGRESS_PICK_NONE;
+	/* Hide what clang knows about best from the verifier's view of the index (see the bound below). */
+	asm volatile("" : "+r"(best));
+	if (best >= EGRESS_MAX_SLOTS)
+		return EGRESS_PICK_BAD;
+	__builtin_memcpy(out, &gw->slots[best], sizeof(*out));
+	return EGRESS_PICK_NEW;
+}
+
+/* The flow key of an option-less IPv4 packet: ports for TCP and UDP (first fragments), 0 otherwise. */
+static __always_inline void egress_flow_key4(struct __sk_buff *skb, const struct iphdr *ip, __u32 egress_id,
+					     struct egress_flow_key *k)
+{
+	__be16 ports[2] = {};
+
+	__builtin_memset(k, 0, sizeof(*k));
+	k->saddr = ip->saddr;
+	k->daddr = ip->daddr;
+	k->proto = ip->protocol;
+	k->egress_id = egress_id;
+	if ((ip->protocol == 6 || ip->protocol == IPPROTO_UDP_) && !(ip->frag_off & bpf_htons(0x1fff)) &&
+	    bpf_skb_load_bytes(skb, ETH_HLEN + sizeof(*ip), ports, sizeof(ports)) == 0) {
+		k->sport = ports[0];
+		k->dport = ports[1];
+	}
+}
+
+/* Counts a packet (and a new flow) on its floating address. */
+static __always_inline void egress_count_addr(__be32 floating, __u32 bytes, int new_flow)
+{
+	struct egress_addr_stats *a = bpf_map_lookup_elem(&egress_addr_stats, &floating);
+
+	if (!a) {
+		struct egress_addr_stats zero = {};
+
+		bpf_map_update_elem(&egress_addr_stats, &floating, &zero, BPF_NOEXIST);
+		a = bpf_map_lookup_elem(&egress_addr_stats, &floating);
+		if (!a)
+			return;
+	}
+	a->packets++;
+	a->bytes += bytes;
+	if (new_flow)
+		a->flows++;
 }
 
 #endif

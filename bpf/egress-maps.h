@@ -14,6 +14,13 @@
 #ifndef EGRESS_MAX_EGRESSES
 #define EGRESS_MAX_EGRESSES 1024
 #endif
+/* Default size of the flow pin map; tetherd sets its own (--egress-flows) before loading. */
+#ifndef EGRESS_MAX_FLOWS
+#define EGRESS_MAX_FLOWS 65536
+#endif
+#ifndef EGRESS_MAX_ADDRESSES
+#define EGRESS_MAX_ADDRESSES 8192
+#endif
 
 /* Node settings (outer source, FoU port); key 0. */
 struct {
@@ -53,6 +60,24 @@ struct {
 	__type(key, __u32);
 	__type(value, struct egress_gateways);
 } egress_gateways SEC(".maps");
+
+/* Flow → the floating address it is pinned to, for the flow's life: least recently used flows go first
+ * when the map is full. Pinned on the bpffs like the others, so flows keep their address across a tetherd
+ * restart. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, EGRESS_MAX_FLOWS);
+	__type(key, struct egress_flow_key);
+	__type(value, struct egress_flow);
+} egress_flows SEC(".maps");
+
+/* Floating address → per-CPU flow, packet and byte counts of this node's clients. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
+	__uint(max_entries, EGRESS_MAX_ADDRESSES);
+	__type(key, __be32);
+	__type(value, struct egress_addr_stats);
+} egress_addr_stats SEC(".maps");
 
 /* Per-CPU counters; key 0. */
 struct {

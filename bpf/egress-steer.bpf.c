@@ -1,7 +1,8 @@
 /* egress-steer.bpf.c (tc ingress of a client pod's host-side veth, i.e. packets the pod sends): packets
  * of listed client pods to an Egress's destination prefixes are encapsulated in FoU to the gateway pod
- * that owns the floating address chosen for the flow, then continue into the node's stack, which routes
- * them to that pod. Everything else passes untouched. IPv4 only. */
+ * that owns the floating address of the flow, then continue into the node's stack, which routes them to
+ * that pod. A new flow picks an address by tier (zone policy) and rendezvous hash and is pinned to it in
+ * an LRU map for its life; everything else passes untouched. IPv4 only. */
 #include "common.h"
 #include "parse.h"
 #include "fou.h"
@@ -14,9 +15,12 @@ int egress_steer(struct __sk_buff *skb)
 	struct egress_gateways *gw;
 	struct egress_config *cfg;
 	struct egress_stats *st;
+	struct egress_flow_key fk;
+	struct egress_flow *pin, fresh = {};
 	struct egress_slot slot;
 	struct iphdr ip;
 	__u32 key = 0, id, hash;
+	int picked;
 
 	/* ARP, IPv6 and IPv4 with options are not steered (yet) and not counted. */
 	if (parse_ipv4(skb, &ip))
@@ -49,13 +53,35 @@ int egress_steer(struct __sk_buff *skb)
 	/* From here on the packet belongs to an Egress: leaving unencapsulated would send it out with the
 	 * wrong source address, so every failure drops it. */
 	hash = fou_flow_hash(skb);
-	if (!cfg->saddr || !cfg->dport || egress_pick_slot(gw, hash, &slot) || !slot.gateway ||
-	    fou_encap4_sport(skb, &ip, cfg->saddr, slot.gateway, cfg->dport, fou_sport_of(hash))) {
+	egress_flow_key4(skb, &ip, id, &fk);
+	pin = bpf_map_lookup_elem(&egress_flows, &fk);
+	picked = egress_pick_slot(gw, hash, pin ? pin->floating : 0, &slot);
+	if (picked == EGRESS_PICK_NONE) {
+		/* requireZone with no address in this node's zone: dropped, never sent elsewhere. */
+		st->excluded++;
+		return TC_ACT_SHOT;
+	}
+	if (picked < 0 || !cfg->saddr || !cfg->dport || !slot.gateway) {
+		st->errors++;
+		return TC_ACT_SHOT;
+	}
+	if (picked == EGRESS_PICK_NEW) {
+		/* A new flow, or one whose address was removed (it fails over to a new source address, which
+		 * the destination answers with a reset: a clean failure rather than a hang). */
+		fresh.floating = slot.floating;
+		bpf_map_update_elem(&egress_flows, &fk, &fresh, BPF_ANY);
+		if (pin)
+			st->repinned++;
+		else
+			st->pinned++;
+	}
+	if (fou_encap4_sport(skb, &ip, cfg->saddr, slot.gateway, cfg->dport, fou_sport_of(hash))) {
 		st->errors++;
 		return TC_ACT_SHOT;
 	}
 	st->steered++;
 	st->steered_bytes += bpf_ntohs(ip.tot_len);
+	egress_count_addr(slot.floating, bpf_ntohs(ip.tot_len), picked == EGRESS_PICK_NEW);
 	/* Continue into the node's stack: the outer destination routes to the gateway pod, here or on
 	 * another node. */
 	return TC_ACT_OK;

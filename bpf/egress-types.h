@@ -44,14 +44,47 @@ struct egress_client {
 	__u32 ids[EGRESS_MAX_PER_CLIENT];  /* egress ids, never 0 */
 };
 
+/* egress_slot.tier: a new flow takes a slot of the lowest tier present (0 before 1); EXCLUDED slots take
+ * no new flow (requireZone: out-of-zone addresses). The controller of each node computes the tiers from
+ * the Egress's zone policy and the node's own zone and node name. */
+#define EGRESS_TIER_PREFERRED 0
+#define EGRESS_TIER_FALLBACK 1
+#define EGRESS_TIER_EXCLUDED 255
+
 /* One floating address of an Egress and the gateway pod that currently owns it. Must match
  * daemon/bpf/egress-structs.ts. */
 struct egress_slot {
 	__be32 gateway;  /* gateway pod IPv4: outer destination of the FoU packet */
-	__be32 floating; /* the floating IPv4 the gateway SNATs to (flow pinning keys on it; unused by this program yet) */
+	__be32 floating; /* the floating IPv4 the gateway SNATs to: what a flow is pinned to */
 	__u64 epoch;     /* ownership epoch the controller wrote this slot with (diagnostics, fencing) */
-	__u32 zone;      /* zone id of the gateway's node, 0 = unknown (for zone preference; unused yet) */
-	__u32 flags;     /* reserved, 0 */
+	__u32 zone;      /* zone id of the gateway's node, 0 = unknown (diagnostics; the tier carries the policy) */
+	__u32 tier;      /* EGRESS_TIER_* for new flows from this node */
+};
+
+/* A flow of a client pod, for pinning: the 5-tuple (ports 0 for protocols without them, and for non-first
+ * fragments) and the Egress. Must match daemon/bpf/egress-structs.ts. */
+struct egress_flow_key {
+	__be32 saddr;
+	__be32 daddr;
+	__be16 sport;
+	__be16 dport;
+	__u8 proto;
+	__u8 pad[3];
+	__u32 egress_id;
+};
+
+/* Where a flow is pinned: its floating address (the owner may change; the address does not). Must match
+ * daemon/bpf/egress-structs.ts. */
+struct egress_flow {
+	__be32 floating;
+	__u32 pad;
+};
+
+/* Per-CPU counters of one floating address on this node. Must match daemon/bpf/egress-structs.ts. */
+struct egress_addr_stats {
+	__u64 flows;   /* flows pinned to it here */
+	__u64 packets; /* packets steered to it */
+	__u64 bytes;   /* inner bytes of those */
 };
 
 /* The gateways of one Egress, replaced as a whole on every ownership change. Must match
@@ -75,8 +108,11 @@ struct egress_stats {
 	__u64 steered_bytes; /* inner bytes of those */
 	__u64 bypassed;      /* client packets to a BYPASS prefix or to no destination of its Egresses */
 	__u64 not_client;    /* IPv4 packets from a source not in egress_clients */
-	__u64 no_gateway;    /* steerable packets of an Egress with no gateway slot (passed untouched) */
+	__u64 no_gateway;    /* steerable packets of an Egress with no gateway slot (dropped) */
 	__u64 errors;        /* unconfigured node settings, bad slot counts, failed helper calls */
+	__u64 pinned;        /* new flows pinned to an address */
+	__u64 repinned;      /* pinned flows whose address was removed, pinned again elsewhere */
+	__u64 excluded;      /* packets dropped: every slot of the Egress is excluded for this node (requireZone) */
 };
 
 #endif

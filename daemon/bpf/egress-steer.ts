@@ -13,16 +13,19 @@ import { attachTc, detachTc, type TcAttachment } from './tc';
 import {
   checkEgressId, decodeEgressClient, decodeEgressConfig, decodeEgressDest, decodeEgressDestKey, decodeEgressGateways,
   encodeEgressClient, encodeEgressConfig, encodeEgressDest, encodeEgressDestKey, encodeEgressGateways, parseIpv4Prefix,
-  sumEgressStats, EGRESS_ID_GLOBAL, type EgressAction, type EgressConfig, type EgressSlot, type EgressStats,
+  sumEgressStats, sumEgressAddressStats, decodeEgressFlow, EGRESS_ID_GLOBAL, type EgressAction, type EgressConfig, type EgressSlot,
+  type EgressStats, type EgressFlow, type EgressAddressStats,
 } from './egress-structs';
 import { TetherError, ErrorCode } from '../errors';
 
-export type { EgressSlot, EgressStats } from './egress-structs';
+export type { EgressSlot, EgressStats, EgressFlow, EgressAddressStats } from './egress-structs';
 
 /** tc filter id and object of the steering program; fixed so a restarted tetherd finds its filters. */
 export const EGRESS_TC = { handle: 1, priority: 0x110, object: 'egress-steer', program: 'egress_steer', pinName: 'egress' } as const;
 
-const MAP_NAMES = ['egress_cfg', 'egress_dest', 'egress_clients', 'egress_gateways', 'egress_stats'] as const;
+const MAP_NAMES = ['egress_cfg', 'egress_dest', 'egress_clients', 'egress_gateways', 'egress_stats', 'egress_flows', 'egress_addr_stats'] as const;
+/** Default size of the node's flow pin map (flows per node; least recently used ones go first). */
+export const DEFAULT_EGRESS_FLOWS = 65536;
 type MapName = (typeof MAP_NAMES)[number];
 const KEY0 = Buffer.alloc(4);
 
@@ -105,9 +108,10 @@ export class EgressMaps {
 
   /**
    * Replaces the gateway slots of one Egress in a single map update, which the datapath sees atomically
-   * (old set or new set, never a mix): the call to make on every ownership change. Flows are spread over
-   * slots by flow hash % slots.length for now. An empty list keeps the Egress but steers nothing: its
-   * clients' packets pass untouched (counted as noGateway) until slots come back.
+   * (old set or new set, never a mix): the call to make on every ownership change. A new flow takes the
+   * lowest tier present and, within it, the slot with the highest rendezvous score for its hash; it stays
+   * pinned to that floating address while the address is a slot. An empty list keeps the Egress but
+   * steers nothing: its clients' packets are dropped (counted as noGateway) until slots come back.
    */
   setGateways(egressId: number, slots: EgressSlot[]): void {
     this.mapOf('egress_gateways').update(egressKey(egressId), encodeEgressGateways(slots));
@@ -134,6 +138,27 @@ export class EgressMaps {
     this.mapOf('egress_cfg').update(KEY0, encodeEgressConfig(c));
   }
 
+  /** The pinned flows (a dump: for tests and diagnostics, not for a hot path). */
+  flows(): EgressFlow[] {
+    return this.mapOf('egress_flows').entries().map(([k, v]) => decodeEgressFlow(k, v));
+  }
+
+  /** Flow, packet and byte counts of each floating address this node's clients used. */
+  addressStats(): Map<string, EgressAddressStats> {
+    const m = this.mapOf('egress_addr_stats');
+    const out = new Map<string, EgressAddressStats>();
+    for (const k of m.keys()) {
+      const v = m.lookupPerCpu(k);
+      if (v) out.set(ipv4String(k), sumEgressAddressStats(v));
+    }
+    return out;
+  }
+
+  /** Forgets the counters of an address no Egress uses any more. */
+  forgetAddress(floatingIp: string): void {
+    this.mapOf('egress_addr_stats').delete(ipv4Bytes(floatingIp, 'floatingIp'));
+  }
+
   /** Counters summed over CPUs and over every attachment on the node (they share the map). */
   stats(): EgressStats {
     return sumEgressStats(this.mapOf('egress_stats').lookupPerCpu(KEY0) ?? []);
@@ -156,6 +181,8 @@ export interface EgressSteerOptions {
   /** Outer UDP destination port: the gateways' FoU decap port. */
   port: number;
   objectPath?: string;
+  /** Size of the node's flow pin map when it is created (default DEFAULT_EGRESS_FLOWS). */
+  maxFlows?: number;
 }
 
 export class EgressSteer extends EgressMaps {
@@ -175,8 +202,8 @@ export class EgressSteer extends EgressMaps {
   }
 }
 
-function load(pinDir: string, file?: string): BpfObject {
-  return BpfObject.load(objectPath(file), { pinDir, name: EGRESS_TC.pinName });
+function load(pinDir: string, file?: string, maxFlows = DEFAULT_EGRESS_FLOWS): BpfObject {
+  return BpfObject.load(objectPath(file), { pinDir, name: EGRESS_TC.pinName, maxEntries: { egress_flows: maxFlows } });
 }
 
 /**
@@ -195,7 +222,7 @@ function allowLocalSource(netns: string | null, ifName: string): void {
  * on first use, shared afterwards) and writing the node settings. Replaces an earlier attachment on ifName.
  */
 export function attachEgressSteer(o: EgressSteerOptions): EgressSteer {
-  const obj = load(o.pinDir, o.objectPath);
+  const obj = load(o.pinDir, o.objectPath, o.maxFlows);
   try {
     obj.map('egress_cfg').update(KEY0, encodeEgressConfig({ nodeAddress: o.nodeAddress, port: o.port }));
     allowLocalSource(o.netns ?? null, o.ifName);
@@ -215,9 +242,9 @@ export function attachEgressSteer(o: EgressSteerOptions): EgressSteer {
  * The node's egress maps from their pins (after a restart, or for the controller, which needs no
  * attachment). create: load the object once to create the pins when they do not exist yet.
  */
-export function openEgressMaps(pinDir: string, opts: { create?: boolean; objectPath?: string } = {}): EgressMaps {
+export function openEgressMaps(pinDir: string, opts: { create?: boolean; objectPath?: string; maxFlows?: number } = {}): EgressMaps {
   const dir = path.join(pinDir, EGRESS_TC.pinName);
-  if (opts.create && MAP_NAMES.some((m) => !fs.existsSync(path.join(dir, m)))) load(pinDir, opts.objectPath).close();
+  if (opts.create && MAP_NAMES.some((m) => !fs.existsSync(path.join(dir, m)))) load(pinDir, opts.objectPath, opts.maxFlows).close();
   const open = new Map<MapName, BpfMap>();
   const mapOf = (name: MapName) => {
     let m = open.get(name);

@@ -10,6 +10,9 @@ export const EGRESS_MAX_PER_CLIENT = 4;
 export const EGRESS_ID_GLOBAL = 0;
 export const EGRESS_ACT_STEER = 1;
 export const EGRESS_ACT_BYPASS = 2;
+export const EGRESS_TIER_PREFERRED = 0;
+export const EGRESS_TIER_FALLBACK = 1;
+export const EGRESS_TIER_EXCLUDED = 255;
 
 const SLOT_SIZE = 24;
 
@@ -25,16 +28,30 @@ export const EGRESS_LAYOUTS: Record<string, StructLayout> = {
       floating: { offset: 4, size: 4 },
       epoch: { offset: 8, size: 8 },
       zone: { offset: 16, size: 4 },
-      flags: { offset: 20, size: 4 },
+      tier: { offset: 20, size: 4 },
     },
   },
+  egress_flow_key: {
+    size: 20,
+    fields: {
+      saddr: { offset: 0, size: 4 },
+      daddr: { offset: 4, size: 4 },
+      sport: { offset: 8, size: 2 },
+      dport: { offset: 10, size: 2 },
+      proto: { offset: 12, size: 1 },
+      pad: { offset: 13, size: 3 },
+      egress_id: { offset: 16, size: 4 },
+    },
+  },
+  egress_flow: { size: 8, fields: { floating: { offset: 0, size: 4 }, pad: { offset: 4, size: 4 } } },
+  egress_addr_stats: { size: 24, fields: { flows: { offset: 0, size: 8 }, packets: { offset: 8, size: 8 }, bytes: { offset: 16, size: 8 } } },
   egress_gateways: {
     size: 8 + SLOT_SIZE * EGRESS_MAX_SLOTS,
     fields: { count: { offset: 0, size: 4 }, flags: { offset: 4, size: 4 }, slots: { offset: 8, size: SLOT_SIZE * EGRESS_MAX_SLOTS } },
   },
   egress_config: { size: 8, fields: { saddr: { offset: 0, size: 4 }, dport: { offset: 4, size: 2 }, flags: { offset: 6, size: 2 } } },
   egress_stats: {
-    size: 48,
+    size: 72,
     fields: {
       steered: { offset: 0, size: 8 },
       steered_bytes: { offset: 8, size: 8 },
@@ -42,6 +59,9 @@ export const EGRESS_LAYOUTS: Record<string, StructLayout> = {
       not_client: { offset: 24, size: 8 },
       no_gateway: { offset: 32, size: 8 },
       errors: { offset: 40, size: 8 },
+      pinned: { offset: 48, size: 8 },
+      repinned: { offset: 56, size: 8 },
+      excluded: { offset: 64, size: 8 },
     },
   },
 };
@@ -129,8 +149,10 @@ export interface EgressSlot {
   floatingIp: string;
   /** Ownership epoch (only grows). */
   epoch: number | bigint;
-  /** Zone id of the gateway's node; 0 or absent = unknown. Not used by the datapath yet. */
+  /** Zone id of the gateway's node; 0 or absent = unknown (diagnostics). */
   zone?: number;
+  /** New flows from this node take the lowest tier present (EGRESS_TIER_*; default preferred). */
+  tier?: number;
 }
 
 export function encodeEgressGateways(slots: EgressSlot[]): Buffer {
@@ -145,10 +167,13 @@ export function encodeEgressGateways(slots: EgressSlot[]): Buffer {
     if (epoch < 0n || epoch > 0xffffffffffffffffn) throw invalid(`slots[${i}].epoch: ${slot.epoch} is not a u64`);
     const zone = slot.zone ?? 0;
     if (!Number.isInteger(zone) || zone < 0 || zone > 0xffffffff) throw invalid(`slots[${i}].zone: ${zone} is not a u32`);
+    const tier = slot.tier ?? EGRESS_TIER_PREFERRED;
+    if (!Number.isInteger(tier) || tier < 0 || tier > EGRESS_TIER_EXCLUDED) throw invalid(`slots[${i}].tier: ${tier} is not a tier (0-255)`);
     ipv4Bytes(slot.gatewayIp, `slots[${i}].gatewayIp`).copy(b, at + s.gateway.offset);
     ipv4Bytes(slot.floatingIp, `slots[${i}].floatingIp`).copy(b, at + s.floating.offset);
     b.writeBigUInt64LE(epoch, at + s.epoch.offset);
     b.writeUInt32LE(zone, at + s.zone.offset);
+    b.writeUInt32LE(tier, at + s.tier.offset);
   });
   return b;
 }
@@ -164,6 +189,7 @@ export function decodeEgressGateways(b: Buffer): EgressSlot[] {
       floatingIp: ipv4String(b, at + s.floating.offset),
       epoch: b.readBigUInt64LE(at + s.epoch.offset),
       zone: b.readUInt32LE(at + s.zone.offset),
+      tier: b.readUInt32LE(at + s.tier.offset),
     };
   });
 }
@@ -196,12 +222,15 @@ export interface EgressStats {
   notClient: bigint;
   noGateway: bigint;
   errors: bigint;
+  pinned: bigint;
+  repinned: bigint;
+  excluded: bigint;
 }
 
 /** Sums per-CPU egress_stats slots into one total. */
 export function sumEgressStats(perCpu: Buffer[]): EgressStats {
   const f = L.egress_stats.fields;
-  const s: EgressStats = { steered: 0n, steeredBytes: 0n, bypassed: 0n, notClient: 0n, noGateway: 0n, errors: 0n };
+  const s: EgressStats = { steered: 0n, steeredBytes: 0n, bypassed: 0n, notClient: 0n, noGateway: 0n, errors: 0n, pinned: 0n, repinned: 0n, excluded: 0n };
   for (const b of perCpu) {
     s.steered += b.readBigUInt64LE(f.steered.offset);
     s.steeredBytes += b.readBigUInt64LE(f.steered_bytes.offset);
@@ -209,6 +238,49 @@ export function sumEgressStats(perCpu: Buffer[]): EgressStats {
     s.notClient += b.readBigUInt64LE(f.not_client.offset);
     s.noGateway += b.readBigUInt64LE(f.no_gateway.offset);
     s.errors += b.readBigUInt64LE(f.errors.offset);
+    s.pinned += b.readBigUInt64LE(f.pinned.offset);
+    s.repinned += b.readBigUInt64LE(f.repinned.offset);
+    s.excluded += b.readBigUInt64LE(f.excluded.offset);
+  }
+  return s;
+}
+
+export interface EgressFlow {
+  src: string;
+  dst: string;
+  sport: number;
+  dport: number;
+  proto: number;
+  egressId: number;
+  floatingIp: string;
+}
+
+export function decodeEgressFlow(k: Buffer, v: Buffer): EgressFlow {
+  const f = L.egress_flow_key.fields;
+  return {
+    src: ipv4String(k, f.saddr.offset),
+    dst: ipv4String(k, f.daddr.offset),
+    sport: k.readUInt16BE(f.sport.offset),
+    dport: k.readUInt16BE(f.dport.offset),
+    proto: k.readUInt8(f.proto.offset),
+    egressId: k.readUInt32LE(f.egress_id.offset),
+    floatingIp: ipv4String(v, L.egress_flow.fields.floating.offset),
+  };
+}
+
+export interface EgressAddressStats {
+  flows: bigint;
+  packets: bigint;
+  bytes: bigint;
+}
+
+export function sumEgressAddressStats(perCpu: Buffer[]): EgressAddressStats {
+  const f = L.egress_addr_stats.fields;
+  const s: EgressAddressStats = { flows: 0n, packets: 0n, bytes: 0n };
+  for (const b of perCpu) {
+    s.flows += b.readBigUInt64LE(f.flows.offset);
+    s.packets += b.readBigUInt64LE(f.packets.offset);
+    s.bytes += b.readBigUInt64LE(f.bytes.offset);
   }
   return s;
 }

@@ -22,6 +22,7 @@ export interface Libbpf {
   bpf_map__value_size(map: Ptr): number;
   bpf_map__type(map: Ptr): number;
   bpf_map__set_pin_path(map: Ptr, path: string | null): number;
+  bpf_map__set_max_entries(map: Ptr, n: number): number;
   bpf_map__pin(map: Ptr, path: string | null): number;
   bpf_map__unpin(map: Ptr, path: string | null): number;
   bpf_obj_get(path: string): number;
@@ -69,6 +70,7 @@ export function libbpf(): Libbpf {
     bpf_map__value_size: f('uint32_t bpf_map__value_size(void *map)'),
     bpf_map__type: f('int bpf_map__type(void *map)'),
     bpf_map__set_pin_path: f('int bpf_map__set_pin_path(void *map, const char *path)'),
+    bpf_map__set_max_entries: f('int bpf_map__set_max_entries(void *map, uint32_t max_entries)'),
     bpf_map__pin: f('int bpf_map__pin(void *map, const char *path)'),
     bpf_map__unpin: f('int bpf_map__unpin(void *map, const char *path)'),
     bpf_obj_get: f('int bpf_obj_get(const char *path)'),

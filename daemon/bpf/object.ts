@@ -11,6 +11,8 @@ export interface BpfObjectOptions {
   pinDir?: string;
   /** Object name used in pin paths; default: the file name without .bpf.o. */
   name?: string;
+  /** Map sizes set before loading (map name → max_entries); a pinned map of another size is a mismatch. */
+  maxEntries?: Record<string, number>;
 }
 
 export class BpfObject {
@@ -43,6 +45,10 @@ export class BpfObject {
           if (mapName.includes('.')) continue;
           check(lib.bpf_map__set_pin_path(m, path.join(pinDir, mapName)), 'bpf_map__set_pin_path', `${what} map ${mapName}`);
         }
+      }
+      for (const [mapName, n] of Object.entries(opts.maxEntries ?? {})) {
+        const m = checkPtr(lib.bpf_object__find_map_by_name(obj, mapName), 'bpf_object__find_map_by_name', `${what} map ${mapName}`);
+        check(lib.bpf_map__set_max_entries(m, n), 'bpf_map__set_max_entries', `${what} map ${mapName} (${n})`);
       }
       check(lib.bpf_object__load(obj), 'bpf_object__load', `${what} (libbpf's reasons, e.g. the verifier log or a pinned map mismatch, are logged just before)`);
       return new BpfObject(obj, name, pinDir);

@@ -260,7 +260,7 @@ test('steered: client reaches the server through the gateway, seen as the floati
     assert.is(readNetSysctl(nsPath(t.node), 'net/ipv4/conf/vcli/rp_filter'), '2', 'strict rp_filter loosened on the client veth');
     assert.equal(other.clients(), new Map([[CLIENT, [EGRESS]]]), 'attachments share the maps');
     assert.equal(s.destinations(EGRESS), new Map([['0.0.0.0/0', 'steer'], [`${NODE}/32`, 'bypass']]));
-    assert.equal(s.gateways(EGRESS), [{ gatewayIp: GWA, floatingIp: FLOATING, epoch: 1n, zone: 0 }]);
+    assert.equal(s.gateways(EGRESS), [{ gatewayIp: GWA, floatingIp: FLOATING, epoch: 1n, zone: 0, tier: 0 }]);
 
     const server = await echoServer(t, t.server);
     const nodeSrv = await echoServer(t, t.node);
@@ -365,6 +365,108 @@ test('gateway change: new connections follow setGateways; no slots drops; two sl
     assert.equal([...peers].sort(), [FLOATING, FLOATING2], 'both floating addresses carried flows');
     d = delta(s.stats(), before);
     assert.is(d.errors, 0n);
+  } finally {
+    teardown(t);
+  }
+});
+
+// Long-lived connections: each sends 64 bytes every 40 ms and checks the echo; prints one JSON report.
+const LONG_CLIENT_JS = `
+const net = require('net');
+const [host, port, conns, ms] = process.argv.slice(1).map((x, i) => (i ? Number(x) : x));
+let done = 0; const report = { intact: 0, broken: [] };
+for (let c = 0; c < conns; c++) {
+  const s = net.connect({ host, port });
+  let expect = 0, got = 0, seq = 0, dead = false;
+  const tick = setInterval(() => { if (!dead) { s.write(Buffer.alloc(64, seq++ % 256)); expect += 64; } }, 40);
+  s.on('data', (d) => { got += d.length; });
+  const finish = (why) => { if (dead) return; dead = true; clearInterval(tick); s.destroy();
+    if (why) report.broken.push(why); else report.intact++;
+    if (++done === conns) { console.log(JSON.stringify(report)); process.exit(0); } };
+  s.on('error', (e) => finish(e.code || e.message));
+  s.on('close', () => finish('closed by peer'));
+  setTimeout(() => finish(got >= expect - 64 * 4 ? undefined : 'echo behind: ' + got + '/' + expect), ms);
+}`;
+
+/** Starts long-lived connections from ns; the promise resolves with the report when they end. */
+function longConnections(ns: string, host: string, conns: number, ms: number): Promise<{ intact: number; broken: string[] }> {
+  return new Promise((resolve, reject) => {
+    const child = spawn('nsenter', [`--net=${nsPath(ns)}`, process.execPath, '-e', LONG_CLIENT_JS, host, String(TCP_PORT), String(conns), String(ms)], { stdio: ['ignore', 'pipe', 'pipe'] });
+    let out = '';
+    child.stdout.on('data', (d: Buffer) => (out += d));
+    child.on('error', reject);
+    child.on('close', () => {
+      const line = out.split('\n').find((l) => l.startsWith('{'));
+      if (line) resolve(JSON.parse(line));
+      else reject(new Error(`long client gave no report: ${out}`));
+    });
+  });
+}
+
+const FLOATING3 = '203.0.113.9';
+
+test('flows are pinned: adding an address moves no live flow, removing one moves only its flows; tiers; counters per address', async () => {
+  const t = build();
+  try {
+    // Gateway A SNATs to FLOATING, gateway B to FLOATING2; FLOATING3 (added later) is routed to A, which
+    // SNATs every flow to FLOATING: a flow that moved to FLOATING3's slot would change gateway or source
+    // and break, so a surviving connection proves it stayed.
+    gatewayNat(t.gwa, FLOATING);
+    gatewayNat(t.gwb, FLOATING2);
+    sh('ip', '-n', t.node, 'route', 'add', `${FLOATING}/32`, 'via', GWA);
+    sh('ip', '-n', t.node, 'route', 'add', `${FLOATING2}/32`, 'via', GWB);
+    gatewayDecap(t, t.gwa, GWA);
+    gatewayDecap(t, t.gwb, GWB);
+    const s = steer(t, 'vcli');
+    const two = [{ gatewayIp: GWA, floatingIp: FLOATING, epoch: 1 }, { gatewayIp: GWB, floatingIp: FLOATING2, epoch: 1 }];
+    configureEgress(s, two);
+    const server = await echoServer(t, t.server);
+
+    // 24 live connections; while they run, a third address (owned by gateway B, which SNATs to
+    // FLOATING2) joins: with rendezvous alone a third of the flows would move to it and break.
+    const live = longConnections(t.client, SERVER, 24, 2500);
+    await new Promise((r) => setTimeout(r, 800));
+    const pinsBefore = s.flows().filter((f) => f.dport === TCP_PORT);
+    assert.is(pinsBefore.length, 24, 'every connection pinned');
+    s.setGateways(EGRESS, [...two, { gatewayIp: GWB, floatingIp: FLOATING3, epoch: 1 }]);
+    const r1 = await live;
+    assert.equal(r1, { intact: 24, broken: [] }, 'no live connection moved when an address was added');
+    const pinsAfter = new Map(s.flows().map((f) => [`${f.sport}`, f.floatingIp]));
+    for (const p of pinsBefore) assert.is(pinsAfter.get(`${p.sport}`), p.floatingIp, `flow from port ${p.sport} kept its address`);
+    const perAddr = s.addressStats();
+    const onA = pinsBefore.filter((p) => p.floatingIp === FLOATING).length;
+    assert.ok(onA > 0 && onA < 24, `both addresses carried flows (${onA} on A)`);
+    assert.is(perAddr.get(FLOATING)?.flows, BigInt(onA), 'flows counted per address');
+    assert.ok((perAddr.get(FLOATING)?.bytes ?? 0n) > 0n);
+    await new Promise((r) => setTimeout(r, 300));
+    assert.ok(server().every((c) => c.peer === FLOATING || c.peer === FLOATING2), 'the server saw only the two floating addresses');
+
+    // Removing B's address: the flows on it are pinned again elsewhere (they break: a new source address
+    // is a stranger to the server, which resets them — a clean failure); the flows on A go on.
+    s.setGateways(EGRESS, two);
+    const live2 = longConnections(t.client, SERVER, 24, 3000);
+    await new Promise((r) => setTimeout(r, 800));
+    const pins2 = s.flows().filter((f) => f.dport === TCP_PORT && !pinsAfter.has(`${f.sport}`));
+    assert.is(pins2.length, 24, "this round's connections pinned");
+    const before = s.stats();
+    s.setGateways(EGRESS, [two[0]]);
+    const r2 = await live2;
+    const wereOnB = pins2.filter((p) => p.floatingIp === FLOATING2).length;
+    assert.ok(r2.broken.length <= wereOnB, `only flows on the removed address broke: ${r2.broken.length} broke, ${wereOnB} pins were on it`);
+    assert.ok(r2.intact >= 24 - wereOnB, `${r2.intact} intact`);
+    assert.ok(r2.broken.every((b) => !b.startsWith('echo behind')), `broken ones failed cleanly, not hung: ${r2.broken.join(', ')}`);
+    if (r2.broken.length) assert.ok(delta(s.stats(), before).repinned > 0n, 'their flows were pinned again');
+
+    // Tiers: new flows take the preferred tier; with every slot excluded they are dropped and counted.
+    s.setGateways(EGRESS, [{ gatewayIp: GWA, floatingIp: FLOATING, epoch: 2, tier: 1 }, { gatewayIp: GWB, floatingIp: FLOATING2, epoch: 2, tier: 0 }]);
+    for (let i = 0; i < 6; i++) assert.equal(await connect(t.client, SERVER, 2048, 5000), { sent: 2048, received: 2048, same: true });
+    await new Promise((r) => setTimeout(r, 200));
+    assert.ok(server().slice(-6).every((c) => c.peer === FLOATING2), 'every new flow took the preferred tier');
+    s.setGateways(EGRESS, [{ gatewayIp: GWA, floatingIp: FLOATING, epoch: 3, tier: 255 }, { gatewayIp: GWB, floatingIp: FLOATING2, epoch: 3, tier: 255 }]);
+    const b3 = s.stats();
+    assert.equal(await connect(t.client, SERVER, 2048, 1500), { error: 'timeout' });
+    const d3 = delta(s.stats(), b3);
+    assert.ok(d3.excluded > 0n && d3.steered === 0n, `excluded ${d3.excluded}, steered ${d3.steered}`);
   } finally {
     teardown(t);
   }

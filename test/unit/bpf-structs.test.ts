@@ -103,7 +103,7 @@ test('egress encoders: LPM keys, clients, gateway slots, config, stats', () => {
   assert.throws(() => encodeEgressClient([1, 2, 3, 4, 5]), /egressIds/);
   assert.throws(() => encodeEgressClient([1, 1]), /repeats/);
   assert.throws(() => encodeEgressClient([0]), /egressIds\[0\]/);
-  const slots = [{ gatewayIp: '10.0.0.2', floatingIp: '203.0.113.7', epoch: 5n, zone: 2 }, { gatewayIp: '10.0.0.3', floatingIp: '203.0.113.8', epoch: 1n, zone: 0 }];
+  const slots = [{ gatewayIp: '10.0.0.2', floatingIp: '203.0.113.7', epoch: 5n, zone: 2, tier: 1 }, { gatewayIp: '10.0.0.3', floatingIp: '203.0.113.8', epoch: 1n, zone: 0, tier: 0 }];
   const gw = encodeEgressGateways(slots);
   assert.is(gw.length, EGRESS_LAYOUTS.egress_gateways.size);
   assert.is(gw.subarray(0, 8 + 8).toString('hex'), '02000000' + '00000000' + '0a000002' + 'cb007107', 'count, flags, slot 0 addresses in network order');
@@ -111,16 +111,19 @@ test('egress encoders: LPM keys, clients, gateway slots, config, stats', () => {
   assert.is(encodeEgressGateways([]).readUInt32LE(0), 0);
   assert.throws(() => encodeEgressGateways(Array(9).fill(slots[0])), /slots/);
   assert.throws(() => encodeEgressGateways([{ ...slots[0], floatingIp: 'x' }]), /slots\[0\]\.floatingIp/);
+  assert.throws(() => encodeEgressGateways([{ ...slots[0], tier: 256 }]), /slots\[0\]\.tier/);
   assert.is(encodeEgressConfig({ nodeAddress: '192.0.2.1', port: 5555 }).toString('hex'), 'c0000201' + '15b3' + '0000');
   assert.throws(() => encodeEgressConfig({ nodeAddress: '192.0.2.1', port: 0 }), /port/);
-  const a = Buffer.alloc(48);
-  const b = Buffer.alloc(48);
+  const a = Buffer.alloc(EGRESS_LAYOUTS.egress_stats.size);
+  const b = Buffer.alloc(EGRESS_LAYOUTS.egress_stats.size);
   a.writeBigUInt64LE(2n, 0);
   b.writeBigUInt64LE(3n, 0);
   b.writeBigUInt64LE(4n, 32);
+  b.writeBigUInt64LE(6n, 64);
   const st = sumEgressStats([a, b]);
   assert.is(st.steered, 5n);
   assert.is(st.noGateway, 4n);
+  assert.is(st.excluded, 6n);
 });
 
 test.run();
