@@ -10,7 +10,7 @@ import { feedReconcilers } from './config/source';
 import { KubeSource } from './config/kube-source';
 import { EgressObjects } from './egress/egress-config';
 import { startControllers } from './kube/controllers';
-import { checkRedisOption, nodeNameOf, parseOptions, portOption, USAGE, type Options } from './options';
+import { checkRedisOption, flowsOption, nodeNameOf, parseOptions, portOption, USAGE, type Options } from './options';
 import { CurrentConfig, startSource } from './parts/source';
 import { openPodState, startIpam, startStore } from './parts/ipam';
 import { createEgress, egressReconciler, planEgress } from './parts/egress';
@@ -59,6 +59,7 @@ async function start(opts: Options, nodeName: string, logger: Logger, life: Life
   const current = new CurrentConfig(config, nodeName);
   const fouPort = portOption('fou-port', opts['fou-port']);
   const syncPort = portOption('sync-port', opts['sync-port']);
+  const maxFlows = flowsOption(opts['egress-flows']);
   checkRedisOption(opts);
   const egressObjects = new EgressObjects(logger);
   const egressPlan = await planEgress(opts, source, config, egressObjects);
@@ -68,7 +69,7 @@ async function start(opts: Options, nodeName: string, logger: Logger, life: Life
   const { podStore, attach, loaded } = openPodState(stateDir, logger);
   const ipam = await startIpam({ nodeName, config, source, store, stateDir, logger }, life);
   const egress = egressPlan
-    ? await createEgress(opts, egressPlan, { nodeName, config, fouPort, syncPort, addresses: ipam.addresses, attach, logger }, (close) => life.started('ownership store', close))
+    ? await createEgress(opts, egressPlan, { nodeName, config, fouPort, syncPort, maxFlows, addresses: ipam.addresses, attach, logger }, (close) => life.started('ownership store', close))
     : undefined;
   // The main event loop's worst delay since start (status): what a busy tetherd does to its timers.
   const loopLag = new LoopLag();

@@ -21,6 +21,7 @@ export const USAGE = `usage: tetherd [--node-name NAME] [--socket PATH] [--state
   --cluster-key-file FILE shared secret (≥ 32 bytes, hex or base64) authenticating tetherd-to-tetherd traffic
   --cluster-key-secret NAME  in a cluster: the key from Secret NAME in $POD_NAMESPACE (created by the first tetherd)
   --fou-port N            UDP port of FoU encapsulation (default 5555); --sync-port N conntrack sync (default 3785)
+  --egress-flows N        flows of this node's client pods pinned to their egress address (LRU; default 65536)
   --help, --version`;
 
 export type Options = {
@@ -39,6 +40,7 @@ export type Options = {
   'cluster-key-secret'?: string;
   'fou-port': string;
   'sync-port': string;
+  'egress-flows': string;
   'no-conntrack-sync': boolean;
   'log-level': string;
   help?: boolean;
@@ -64,6 +66,7 @@ export function parseOptions(argv: string[]): Options {
       'cluster-key-secret': { type: 'string' },
       'fou-port': { type: 'string', default: '5555' },
       'sync-port': { type: 'string', default: '3785' },
+      'egress-flows': { type: 'string', default: '65536' },
       // Testing only: the negative control of the failover tests (takeover without conntrack state).
       'no-conntrack-sync': { type: 'boolean', default: false },
       'log-level': { type: 'string', default: 'info' },
@@ -102,4 +105,11 @@ export function checkRedisOption(opts: Options): void {
   } catch (e) {
     throw new StartError(2, `--redis rejected: ${(e as Error).message}`);
   }
+}
+
+/** --egress-flows: the size of the flow pin map, 1024..16777216. */
+export function flowsOption(raw: string): number {
+  const n = Number(raw);
+  if (!/^[0-9]+$/.test(raw) || n < 1024 || n > 16_777_216) throw new StartError(2, `--egress-flows: ${JSON.stringify(raw)} is not a flow count (1024-16777216)`);
+  return n;
 }

@@ -69,6 +69,11 @@ export interface DecisionInput {
   now: number;
   /** How long a candidate that is not in sync waits after the owner went down (default 1000 ms). */
   holdDownMs?: number;
+  /**
+   * The placement's choice for this address (placeAddresses: anti-affinity, per-node cap, load), which
+   * replaces the first live candidate; `pod` undefined: no candidate may take it (every node at its cap).
+   */
+  choice?: { pod?: GatewayInfo };
 }
 
 const DEFAULT_HOLD_DOWN_MS = 1000;
@@ -86,7 +91,7 @@ export function decide(i: DecisionInput): Decision {
   if (own.owner && i.ownerAlive) return { action: 'keep' };
   const live = candidates.filter((c) => c.pod !== own.owner && i.alive(c));
   const ranked = [...live.filter((c) => i.inSync.has(c.node)), ...live.filter((c) => !i.inSync.has(c.node))];
-  const first = ranked[0];
+  const first = i.choice ? i.choice.pod : ranked[0];
   if (!first || !localPods.has(first.pod)) return { action: 'keep' };
   const owner = candidates.find((c) => c.pod === own.owner);
   const cause = own.owner === '' ? 'initial' : owner ? `failover: owner ${own.owner} on ${owner.node} is down` : `failover: owner ${own.owner} is no longer a live gateway`;
@@ -99,8 +104,57 @@ export function decide(i: DecisionInput): Decision {
   return { action: 'claim', pod: first.pod, cause };
 }
 
-/** The candidate a holder hands an address to (planned handover): in-sync first, then candidate order. */
-export function handoverTarget(candidates: GatewayInfo[], exceptPod: string, alive: (g: GatewayInfo) => boolean, inSync: ReadonlySet<string>): GatewayInfo | undefined {
-  const live = candidates.filter((c) => c.pod !== exceptPod && alive(c));
+/**
+ * The candidate a holder hands an address to (planned handover): among live candidates below their node's
+ * cap (when `load` is given), in-sync first, then the least loaded node, then candidate order.
+ */
+export function handoverTarget(
+  candidates: GatewayInfo[], exceptPod: string, alive: (g: GatewayInfo) => boolean, inSync: ReadonlySet<string>,
+  load?: { of: (node: string) => number; cap: (node: string) => number },
+): GatewayInfo | undefined {
+  let live = candidates.filter((c) => c.pod !== exceptPod && alive(c));
+  if (load) live = rank(live.filter((c) => load.of(c.node) < load.cap(c.node)), inSync, load.of);
   return live.find((c) => inSync.has(c.node)) ?? live[0];
+}
+
+/** Stable order: in-sync nodes first, then the least loaded, then the given (rendezvous) order. */
+function rank(live: GatewayInfo[], inSync: ReadonlySet<string>, load: (node: string) => number): GatewayInfo[] {
+  return live
+    .map((g, i) => ({ g, i }))
+    .sort((a, b) => Number(inSync.has(b.g.node)) - Number(inSync.has(a.g.node)) || load(a.g.node) - load(b.g.node) || a.i - b.i)
+    .map((x) => x.g);
+}
+
+export interface PlacedAddress {
+  address: string;
+  own: Ownership;
+  /** Whether this node sees the current owner alive. */
+  ownerAlive: boolean;
+  /** Nodes the owner last reported in sync. */
+  inSync: ReadonlySet<string>;
+}
+
+/**
+ * Where the addresses of one Egress without a live owner should go, computed the same way on every
+ * tetherd from the same views: addresses with a live owner stay where they are (no preemption, so nothing
+ * flaps back when a node returns) and count as their node's load; each address without one, in address
+ * order, goes to a live candidate whose node is below its cap — in-sync nodes first, then the least loaded
+ * node, then the address's rendezvous order — so the addresses of an Egress spread over as many nodes as
+ * there are. An address no node may take (every node at its cap) maps to undefined.
+ */
+export function placeAddresses(
+  addresses: PlacedAddress[], gateways: GatewayInfo[], alive: (g: GatewayInfo) => boolean, cap: (node: string) => number,
+): Map<string, GatewayInfo | undefined> {
+  const load = new Map<string, number>();
+  const of = (node: string) => load.get(node) ?? 0;
+  for (const a of addresses) if (a.own.owner && a.ownerAlive && a.own.ownerNode) load.set(a.own.ownerNode, of(a.own.ownerNode) + 1);
+  const out = new Map<string, GatewayInfo | undefined>();
+  for (const a of [...addresses].sort((x, y) => (x.address < y.address ? -1 : x.address > y.address ? 1 : 0))) {
+    if (a.own.owner && a.ownerAlive) continue;
+    const live = orderCandidates(a.address, gateways).filter((c) => c.pod !== a.own.owner && alive(c) && of(c.node) < cap(c.node));
+    const chosen = rank(live, a.inSync, of)[0];
+    out.set(a.address, chosen);
+    if (chosen) load.set(chosen.node, of(chosen.node) + 1);
+  }
+  return out;
 }

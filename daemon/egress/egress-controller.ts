@@ -27,15 +27,17 @@ import { ipToBytes } from '../netlink/ip-bytes';
 import { InFlight } from '../util/in-flight';
 import { KeyedMutex } from '../util/keyed-mutex';
 import type { ClusterAddresses } from '../../ipam/cluster-addresses';
-import { decide, handoverTarget, orderCandidates, scoreOf, supersedes } from './candidates';
-import type { ResolvedEgress } from './egress-spec';
+import { decide, handoverTarget, orderCandidates, placeAddresses, scoreOf, supersedes } from './candidates';
+import { addressSlots, slotOwner, type AddressSlot, type ResolvedEgress } from './egress-spec';
+import { EGRESS_TIER_EXCLUDED, EGRESS_TIER_FALLBACK, EGRESS_TIER_PREFERRED } from '../bpf/egress-structs';
 import type { PodMeta } from '../config/objects';
 import { GatewayDatapath } from './gateway-datapath';
 import { NoticeChannel, type OwnershipNotice } from './ownership-notice';
 import type { GatewayInfo, Ownership, OwnershipStore } from './ownership-store';
 
 export interface EgressControllerOptions {
-  node: { name: string; zone?: string; address: string; uplink: string };
+  /** maxEgressAddresses: this node's cap on the addresses of one Egress (over the Egress's own). */
+  node: { name: string; zone?: string; address: string; uplink: string; maxEgressAddresses?: number };
   pinDir: string;
   fouPort: number;
   /** TCP: conntrack sync; UDP on the same number: ownership notices. */
@@ -51,6 +53,8 @@ export interface EgressControllerOptions {
   logger: Logger;
   /** For the negative control in tests: without sync, takeover loses the connections. */
   conntrackSync?: boolean;
+  /** Size of the node's flow pin map (flows of client pods on this node). */
+  maxFlows?: number;
 }
 
 interface LocalGateway {
@@ -72,6 +76,9 @@ interface ClientPod {
 interface AddressState {
   egress: ResolvedEgress;
   address: string;
+  /** The slot of spec.addresses it fills, and its allocation owner in the cluster store. */
+  slot: AddressSlot;
+  slotOwner: string;
   own: Ownership;
   candidates: GatewayInfo[];
   /** The local gateway holding it, when this node owns it. */
@@ -124,7 +131,8 @@ export class EgressController {
   /** Last known registry and node list: kept while the store is unreachable. */
   private readonly registry = new Map<string, GatewayInfo[]>();
   private nodes: string[] = [];
-  private readonly allocated = new Set<string>();
+  /** Why an Egress has fewer addresses than it asks for (allocation failures), by Egress. */
+  private readonly shortfall = new Map<string, string>();
   private readonly mutex = new KeyedMutex();
   /** Every piece of work started by a timer or an event; stop() waits for it. */
   private readonly work = new InFlight();
@@ -145,6 +153,8 @@ export class EgressController {
   private tickAgain = false;
   private storeBusy = false;
   private storeDown = false;
+  /** Placement of ownerless addresses per Egress, for the tick under way. */
+  private readonly placements = new Map<string, Map<string, GatewayInfo | undefined>>();
 
   constructor(private readonly o: EgressControllerOptions) {
     o.egresses.forEach((e, i) => {
@@ -168,12 +178,11 @@ export class EgressController {
     await this.receiver.listen();
     this.notices = await NoticeChannel.open({ clusterKey: this.o.clusterKey, node: this.o.node.name, address: this.o.node.address, port: this.o.syncPort });
     this.notices.on('notice', (n: OwnershipNotice, from: string) => this.spawn(() => this.onNotice(n, from)));
-    this.maps = openEgressMaps(this.o.pinDir, { create: true });
+    this.maps = openEgressMaps(this.o.pinDir, { create: true, maxFlows: this.o.maxFlows });
     for (const e of this.egresses.values()) {
       const id = this.egressIds.get(e.key)!;
       this.maps.setDestinations(id, e.destinations, e.excluded);
-      // Explicit addresses are known without the store: they can be owned even if it is down now.
-      if ('explicit' in e.addresses) for (const a of e.addresses.explicit) this.track(e, a);
+      this.trackExplicit(e);
     }
     this.o.ownership.on('change', (c: Ownership) => this.spawn(() => this.onStoreNotice(c)));
     this.o.ownership.on('resync', () => this.spawn(() => this.storePass()));
@@ -212,8 +221,8 @@ export class EgressController {
     for (const [key, cur] of [...this.egresses]) {
       const e = want.get(key);
       if (!e) await this.removeEgress(cur, 'Egress deleted');
-      else if (JSON.stringify(cur.addresses) !== JSON.stringify(e.addresses) || JSON.stringify(cur.announce) !== JSON.stringify(e.announce)) {
-        await this.removeEgress(cur, 'Egress addresses or announcement changed: replaced');
+      else if (JSON.stringify(cur.announce) !== JSON.stringify(e.announce)) {
+        await this.removeEgress(cur, 'Egress announcement changed: replaced');
       }
     }
     for (const e of next) {
@@ -227,7 +236,15 @@ export class EgressController {
       this.egresses.set(e.key, e);
       for (const st of this.addresses.values()) if (st.egress.key === e.key) st.egress = e;
       if (changed.includes('destinations') || changed.includes('excluded')) this.maps?.setDestinations(this.egressIds.get(e.key)!, e.destinations, e.excluded);
+      if (changed.includes('addresses')) {
+        // Addresses come and go one by one while traffic flows: a removed one takes only its own flows.
+        const want = new Set(addressSlots(e).map((x) => slotOwner(e.key, x)));
+        for (const st of [...this.addresses.values()]) if (st.egress.key === e.key && !want.has(st.slotOwner)) await this.removeAddress(st, 'address removed from the Egress');
+        this.trackExplicit(e);
+        this.shortfall.delete(e.key);
+      }
       this.o.logger.info('egress: Egress updated', { egress: e.key, changed });
+      if (changed.includes('zonePolicy') || changed.includes('addresses')) for (const st of this.addresses.values()) if (st.egress.key === e.key) this.updateClients(st);
     }
     if (podLabels) this.podMeta = new Map(Object.entries(podLabels));
     this.applyBfdTimers();
@@ -243,7 +260,7 @@ export class EgressController {
     this.egresses.set(e.key, e);
     this.egressIds.set(e.key, id);
     this.maps?.setDestinations(id, e.destinations, e.excluded);
-    if ('explicit' in e.addresses) for (const a of e.addresses.explicit) this.track(e, a);
+    this.trackExplicit(e);
     this.o.logger.info('egress: Egress added', { egress: e.key, id, destinations: e.destinations, addresses: e.addresses });
   }
 
@@ -272,19 +289,50 @@ export class EgressController {
     }
     this.egresses.delete(e.key);
     this.egressIds.delete(e.key);
-    this.allocated.delete(e.key);
+    this.shortfall.delete(e.key);
     this.registry.delete(e.key);
     this.steered.delete(e.key);
-    // The store's part (registrations, the allocation) is undone in the background: it may be down.
+    // The store's part (registrations, the allocations) is undone in the background: it may be down.
     this.spawn(async () => {
       try {
         await this.o.ownership.registerGateways(e.key, this.o.node.name, [], REGISTRY_TTL_MS);
-        await this.o.addresses.release(e.addresses.pool, `egress/${e.key}`);
+        for (const slot of addressSlots(e)) await this.o.addresses.release(slot.pool, slotOwner(e.key, slot));
       } catch (err) {
         this.storeFailed(err);
       }
     });
     this.o.logger.info('egress: Egress removed', { egress: e.key, cause, releasedHere: released });
+  }
+
+  /** Explicit addresses are known without the store: they can be owned even if it is down now. */
+  private trackExplicit(e: ResolvedEgress): void {
+    for (const slot of addressSlots(e)) if ('explicit' in slot) this.track(e, slot.explicit, slot);
+  }
+
+  /**
+   * One address leaves its Egress (spec.addresses shrank): its holder here releases it, its stream stops,
+   * clients stop choosing it (flows pinned to it are pinned again elsewhere and fail cleanly), and its
+   * allocation is returned in the background. The other addresses and their flows are untouched.
+   */
+  private async removeAddress(st: AddressState, cause: string): Promise<void> {
+    await this.mutex.run(streamOf(st), async () => {
+      if (st.holder) {
+        st.holder.datapath.release(st.address, st.egress.announce);
+        st.holder = undefined;
+      }
+      await this.stopStreaming(st);
+    });
+    this.addresses.delete(streamOf(st));
+    this.updateClients(st);
+    this.maps?.forgetAddress(st.address);
+    this.o.logger.info('egress: address removed', { egress: st.egress.key, address: st.address, cause });
+    this.spawn(async () => {
+      try {
+        await this.o.addresses.release(st.slot.pool, st.slotOwner);
+      } catch (err) {
+        this.storeFailed(err);
+      }
+    });
   }
 
   /** BFD runs at the fastest failover timers of the Egresses this node serves; a change is a Poll Sequence, not a restart. */
@@ -361,12 +409,24 @@ export class EgressController {
 
   /** Status per floating address: owner, epoch, candidates with their liveness, sync counters, last takeover. */
   status(): Array<Record<string, unknown>> {
+    let counters = new Map<string, { flows: bigint; packets: bigint; bytes: bigint }>();
+    try {
+      counters = this.maps?.addressStats() ?? counters;
+    } catch {
+      // counters are diagnostics: status answers without them
+    }
     return [...this.addresses.values()].map((st) => ({
       egress: st.egress.key,
       address: st.address,
+      pool: st.slot.pool,
       owner: st.own.owner,
       ownerNode: st.own.ownerNode,
+      ownerZone: this.liveRegistry(st.egress.key).find((x) => x.pod === st.own.owner)?.zone,
       epoch: st.own.epoch,
+      // This node's clients' use of the address (flows pinned, packets and bytes steered to it).
+      flows: Number(counters.get(st.address)?.flows ?? 0n),
+      packets: Number(counters.get(st.address)?.packets ?? 0n),
+      bytes: Number(counters.get(st.address)?.bytes ?? 0n),
       ownedHere: !!st.holder,
       recorded: st.recorded,
       storeReachable: !this.storeDown,
@@ -382,17 +442,47 @@ export class EgressController {
     }));
   }
 
+  /**
+   * Per Egress, what its status conditions need: how many addresses it asks for, has and has owned; why
+   * it has fewer (allocation failures); whether a per-node cap keeps an address without an owner although
+   * live candidates exist; and a zone policy this node cannot apply (no zone of its own).
+   */
+  egressSummary(): Record<string, { asked: number; allocated: number; owned: number; ownerNodes: number; shortfall?: string; capLimited: boolean; zoneProblem?: string }> {
+    const out: ReturnType<EgressController['egressSummary']> = {};
+    for (const e of this.egresses.values()) {
+      const mine = [...this.addresses.values()].filter((x) => x.egress.key === e.key);
+      const owned = mine.filter((x) => x.own.owner);
+      const live = this.liveRegistry(e.key).filter((g) => this.alive(g));
+      const placement = this.placementOf(e);
+      const capLimited = live.length > 0 && mine.some((x) => !x.own.owner && placement.has(x.address) && placement.get(x.address) === undefined)
+        || (e.maxAddressesPerNode !== undefined && new Set(owned.map((x) => x.own.ownerNode)).size < Math.min(owned.length, new Set(live.map((g) => g.node)).size));
+      const zoneProblem = (e.zonePolicy === 'preferZone' || e.zonePolicy === 'requireZone') && !this.o.node.zone
+        ? `node ${this.o.node.name} has no topology.kubernetes.io/zone label: ${e.zonePolicy === 'requireZone' ? 'its clients\' traffic is dropped' : 'no zone is preferred'}`
+        : e.zonePolicy === 'requireZone' && owned.length > 0 && !owned.some((x) => this.liveRegistry(e.key).find((g) => g.pod === x.own.owner)?.zone === this.o.node.zone)
+          ? `no address is held in zone ${this.o.node.zone}: clients on ${this.o.node.name} are dropped (requireZone)`
+          : undefined;
+      out[e.key] = {
+        asked: addressSlots(e).length, allocated: mine.length, owned: owned.length, ownerNodes: new Set(owned.map((x) => x.own.ownerNode)).size,
+        ...(this.shortfall.has(e.key) ? { shortfall: this.shortfall.get(e.key) } : {}), capLimited, ...(zoneProblem ? { zoneProblem } : {}),
+      };
+    }
+    return out;
+  }
+
   /** Runs event- or timer-driven work unless stopping; its failure is logged, never thrown. */
   private spawn(fn: () => Promise<void>): void {
     if (this.stopped) return;
     void this.work.run(fn).catch((e) => this.o.logger.error('egress: work failed', { error: (e as Error).message, stack: (e as Error).stack }));
   }
 
-  private track(e: ResolvedEgress, address: string, own?: Ownership): AddressState {
+  private track(e: ResolvedEgress, address: string, slot: AddressSlot, own?: Ownership): AddressState {
     const key = `${e.key}|${address}`;
     let st = this.addresses.get(key);
     if (!st) {
-      st = { egress: e, address, own: own ?? { egress: e.key, address, owner: '', epoch: 0 }, candidates: [], senders: new Map(), inSync: new Set(), recorded: !!own };
+      st = {
+        egress: e, address, slot, slotOwner: slotOwner(e.key, slot), own: own ?? { egress: e.key, address, owner: '', epoch: 0 },
+        candidates: [], senders: new Map(), inSync: new Set(), recorded: !!own,
+      };
       this.addresses.set(key, st);
     }
     return st;
@@ -465,7 +555,10 @@ export class EgressController {
       }
       return;
     }
-    const info: GatewayInfo = { pod, node: this.o.node.name, nodeAddress: this.o.node.address, podIp: ip, zone: this.o.node.zone };
+    const info: GatewayInfo = {
+      pod, node: this.o.node.name, nodeAddress: this.o.node.address, podIp: ip, zone: this.o.node.zone,
+      ...(this.o.node.maxEgressAddresses !== undefined ? { maxAddresses: this.o.node.maxEgressAddresses } : {}),
+    };
     const datapath = new GatewayDatapath({ pod, netns: r.netns, podIp: ip, ifName: r.ifName, hostIfName: r.hostIfName! }, { uplink: this.o.node.uplink, fouPort: this.o.fouPort, pinDir: this.o.pinDir });
     datapath.prepare(this.nodes, guarded);
     this.gateways.set(pod, { info, datapath, egresses: keys, netns: r.netns, guarded: JSON.stringify(guarded) });
@@ -585,6 +678,7 @@ export class EgressController {
         this.tickAgain = false;
         await this.dropVanishedGateways();
         this.ensureBfd();
+        this.placements.clear();
         for (const st of this.addresses.values()) {
           if (this.stopped) return;
           await this.mutex.run(streamOf(st), () => this.evaluate(st));
@@ -593,6 +687,39 @@ export class EgressController {
     } finally {
       this.ticking = false;
     }
+  }
+
+  /** This node's cap on one Egress's addresses for `node` (the node's own override, else the Egress's). */
+  private capOf(e: ResolvedEgress, node: string): number {
+    const g = this.liveRegistry(e.key).find((x) => x.node === node);
+    return g?.maxAddresses ?? e.maxAddressesPerNode ?? Infinity;
+  }
+
+  /**
+   * Where each address of the Egress without a live owner goes (placeAddresses), computed once per tick
+   * from this node's views, which every candidate shares: anti-affinity, the per-node caps, least load.
+   */
+  private placementOf(e: ResolvedEgress): Map<string, GatewayInfo | undefined> {
+    let p = this.placements.get(e.key);
+    if (!p) {
+      const mine = [...this.addresses.values()].filter((x) => x.egress.key === e.key);
+      p = placeAddresses(
+        mine.map((x) => ({ address: x.address, own: x.own, ownerAlive: this.ownerAlive(x), inSync: x.inSync })),
+        this.liveRegistry(e.key), (g) => this.alive(g), (node) => this.capOf(e, node),
+      );
+      this.placements.set(e.key, p);
+    }
+    return p;
+  }
+
+  /** The addresses of an Egress each node holds now (live owners), for load-aware handovers. */
+  private loadOf(e: ResolvedEgress, except: AddressState): { of: (node: string) => number; cap: (node: string) => number } {
+    const load = new Map<string, number>();
+    for (const x of this.addresses.values()) {
+      if (x === except || x.egress.key !== e.key || !x.own.owner || !x.own.ownerNode || !this.ownerAlive(x)) continue;
+      load.set(x.own.ownerNode, (load.get(x.own.ownerNode) ?? 0) + 1);
+    }
+    return { of: (n) => load.get(n) ?? 0, cap: (n) => this.capOf(e, n) };
   }
 
   private async evaluate(st: AddressState): Promise<void> {
@@ -611,9 +738,10 @@ export class EgressController {
     const now = Date.now();
     if (ownerAlive || !st.own.owner) st.ownerDownSince = undefined;
     else st.ownerDownSince ??= now;
+    const placed = ownerAlive && st.own.owner ? undefined : { pod: this.placementOf(st.egress).get(st.address) };
     const d = decide({
       own: st.own, candidates: st.candidates, localPods: local, alive: (g) => this.alive(g), ownerAlive, holdingLocally: !!st.holder,
-      inSync: st.inSync, ownerDownSince: st.ownerDownSince, now,
+      inSync: st.inSync, ownerDownSince: st.ownerDownSince, now, choice: placed,
     });
     if (d.action !== 'wait') st.waiting = false;
     if (d.action === 'claim' && st.own.epoch === 0 && !this.storeDown) {
@@ -662,7 +790,7 @@ export class EgressController {
    */
   private handOver(st: AddressState, fromPod: string, cause: string): GatewayInfo | undefined {
     st.candidates = orderCandidates(st.address, this.liveRegistry(st.egress.key));
-    const next = handoverTarget(st.candidates, fromPod, (g) => this.alive(g) && g.pod !== fromPod, st.inSync);
+    const next = handoverTarget(st.candidates, fromPod, (g) => this.alive(g) && g.pod !== fromPod, st.inSync, this.loadOf(st.egress, st));
     st.holder = undefined;
     if (!next) return undefined;
     const from = st.own.owner;
@@ -805,20 +933,41 @@ export class EgressController {
   private updateClients(st: AddressState): void {
     if (!this.maps || ![...this.clients.values()].some((c) => c.egressIds.includes(this.egressIds.get(st.egress.key)!))) return;
     const id = this.egressIds.get(st.egress.key)!;
-    const slots: Array<{ gatewayIp: string; floatingIp: string; epoch: number }> = [];
-    for (const a of this.addresses.values()) {
+    const slots: Array<{ gatewayIp: string; floatingIp: string; epoch: number; tier: number }> = [];
+    for (const a of [...this.addresses.values()].sort((x, y) => (x.address < y.address ? -1 : 1))) {
       if (a.egress.key !== st.egress.key || !a.own.owner) continue;
-      const gatewayIp = a.own.ownerPodIp || this.liveRegistry(a.egress.key).find((x) => x.pod === a.own.owner)?.podIp;
+      const reg = this.liveRegistry(a.egress.key).find((x) => x.pod === a.own.owner);
+      const gatewayIp = a.own.ownerPodIp || reg?.podIp;
       // Not known yet (a record without the pod's address): keep the previous slots; dropped at worst,
       // never sent unNATed. The owner's heartbeat brings it within a second.
       if (!gatewayIp) return;
-      slots.push({ gatewayIp, floatingIp: a.address, epoch: a.own.epoch });
+      slots.push({ gatewayIp, floatingIp: a.address, epoch: a.own.epoch, tier: this.tierOf(a.egress, a.own.ownerNode, reg?.zone) });
     }
     this.maps.setGateways(id, slots);
-    const now = slots.map((x) => `${x.floatingIp}→${x.gatewayIp}@${x.epoch}`).join(',');
+    const now = slots.map((x) => `${x.floatingIp}→${x.gatewayIp}@${x.epoch}/${x.tier}`).join(',');
     if (this.steered.get(st.egress.key) !== now) {
       this.steered.set(st.egress.key, now);
       this.o.logger.info('egress: client steering updated', { egress: st.egress.key, slots });
+    }
+  }
+
+  /**
+   * The tier of an address for new flows of this node's clients, from the Egress's zone policy: its owner
+   * on this node (preferLocalNode) or in this node's zone (preferZone, requireZone) is preferred; the
+   * others are the fallback, or excluded under requireZone. Without a zone on this node, preferZone
+   * prefers nothing and requireZone excludes everything (status says why).
+   */
+  private tierOf(e: ResolvedEgress, ownerNode: string | undefined, ownerZone: string | undefined): number {
+    const zone = this.o.node.zone;
+    switch (e.zonePolicy) {
+      case 'preferLocalNode':
+        return ownerNode === this.o.node.name ? EGRESS_TIER_PREFERRED : EGRESS_TIER_FALLBACK;
+      case 'preferZone':
+        return !zone || ownerZone === zone ? EGRESS_TIER_PREFERRED : EGRESS_TIER_FALLBACK;
+      case 'requireZone':
+        return zone && ownerZone === zone ? EGRESS_TIER_PREFERRED : EGRESS_TIER_EXCLUDED;
+      default:
+        return EGRESS_TIER_PREFERRED;
     }
   }
 
@@ -869,18 +1018,37 @@ export class EgressController {
     this.o.logger.warn('egress: cluster store unreachable; ownership is decided between tetherds meanwhile', { error: (e as Error).message });
   }
 
+  /**
+   * Every address slot of every Egress allocated and tracked: a new slot (count raised, a pool added) gets
+   * its address now; a failure (pool exhausted, address held by another owner) is kept as the Egress's
+   * shortfall for status and retried on the next pass. Each slot has its own owner in the store, so an
+   * address is allocated and returned alone.
+   */
   private async ensureAddresses(): Promise<void> {
+    const held = new Set([...this.addresses.values()].map((st) => st.slotOwner));
     for (const e of this.egresses.values()) {
-      if (this.allocated.has(e.key)) continue;
-      const req = 'explicit' in e.addresses ? { pool: e.addresses.pool, owner: `egress/${e.key}`, addresses: e.addresses.explicit } : { pool: e.addresses.pool, owner: `egress/${e.key}`, count: e.addresses.count };
-      const { addresses } = await this.o.addresses.allocate(req);
-      for (const a of addresses) {
-        const rec = await this.o.ownership.get(e.key, a);
-        const st = this.track(e, a, rec);
-        if (supersedes(rec, st.own)) await this.mutex.run(streamOf(st), () => this.adopt(st, rec, 'store'));
+      const problems: string[] = [];
+      for (const slot of addressSlots(e)) {
+        const owner = slotOwner(e.key, slot);
+        if (held.has(owner)) continue;
+        try {
+          const req = 'explicit' in slot ? { pool: slot.pool, owner, addresses: [slot.explicit] } : { pool: slot.pool, owner, count: 1 };
+          const { addresses } = await this.o.addresses.allocate(req);
+          const a = addresses[0];
+          if (!a) continue;
+          const rec = await this.o.ownership.get(e.key, a);
+          const st = this.track(e, a, slot, rec);
+          if (supersedes(rec, st.own)) await this.mutex.run(streamOf(st), () => this.adopt(st, rec, 'store'));
+          this.o.logger.info('egress: floating address', { egress: e.key, address: a, pool: slot.pool, owner });
+        } catch (err) {
+          if (err instanceof TetherError && (err.code === ErrorCode.PoolExhausted || err.code === ErrorCode.AddressConflict || err.code === ErrorCode.UnknownPool)) problems.push(err.message);
+          else throw err;
+        }
       }
-      this.allocated.add(e.key);
-      this.o.logger.info('egress: floating addresses', { egress: e.key, addresses });
+      const why = problems.join('; ');
+      if (why && this.shortfall.get(e.key) !== why) this.o.logger.warn('egress: fewer addresses than asked', { egress: e.key, asked: addressSlots(e).length, problems });
+      if (why) this.shortfall.set(e.key, why);
+      else this.shortfall.delete(e.key);
     }
   }
 

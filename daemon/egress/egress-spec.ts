@@ -1,12 +1,17 @@
 // The Egress object (file config now, custom resource later) and its validation. Every problem names the
 // Egress and the field; all problems are reported at once; an invalid Egress changes nothing.
-// Designed for N floating addresses from the start (addresses.count / addresses.explicit).
+// N floating addresses: a count from one pool, a count from each of several pools, or explicit addresses.
 import { ErrorCode, TetherError } from '../errors';
 import { formatCidr, parseCidr, parseIp, sizeOf } from '../common/ip-math';
 import { API_VERSION, describe, isLabelKey, isLabelValue, isObject } from '../common/fields';
 import type { ResolvedPool } from '../../ipam/types';
 
 export type AnnounceMode = 'l2' | 'routeTable';
+export type ZonePolicy = 'any' | 'preferLocalNode' | 'preferZone' | 'requireZone';
+export const ZONE_POLICIES: ZonePolicy[] = ['any', 'preferLocalNode', 'preferZone', 'requireZone'];
+
+/** One floating address an Egress asks for: `count` addresses from a pool are slots pool#0..#count-1. */
+export type AddressSlot = { pool: string; index: number } | { pool: string; explicit: string };
 
 export interface PodSelection {
   namespace: string;
@@ -25,13 +30,18 @@ export interface ResolvedEgress {
   destinations: string[];
   /** CIDRs never steered (cluster pod and service ranges, plus spec.excludeDestinations). */
   excluded: string[];
-  addresses: { pool: string; count: number } | { pool: string; explicit: string[] };
+  /** What spec.addresses asks for: counts from pools, or explicit addresses (each with its pool). */
+  addresses: Array<{ pool: string; count: number } | { pool: string; explicit: string[] }>;
+  /** How clients choose among the addresses (default any). */
+  zonePolicy: ZonePolicy;
+  /** At most this many of the Egress's addresses on one node (default: no cap). */
+  maxAddressesPerNode?: number;
   failover: { intervalMs: number; detectMultiplier: number };
   announce: { mode: AnnounceMode; table?: number };
 }
 
 const NAME = /^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$/;
-const SPEC_FIELDS = new Set(['clients', 'gateways', 'destinations', 'excludeDestinations', 'addresses', 'failover', 'announce']);
+const SPEC_FIELDS = new Set(['clients', 'gateways', 'destinations', 'excludeDestinations', 'addresses', 'zonePolicy', 'maxAddressesPerNode', 'failover', 'announce']);
 const RESERVED_TABLES = new Set([0, 253, 254, 255]);
 
 export interface EgressContext {
@@ -66,6 +76,9 @@ export function validateEgress(raw: unknown, ctx: EgressContext): ResolvedEgress
   const extraExcluded = spec.excludeDestinations === undefined ? [] : cidrList(spec.excludeDestinations, 'spec.excludeDestinations', bad);
   if (Array.isArray(spec.destinations) && spec.destinations.length === 0) bad('spec.destinations must not be empty (omit it to mean everything outside the cluster)');
 
+  const zonePolicy = spec.zonePolicy === undefined ? 'any' : ZONE_POLICIES.includes(spec.zonePolicy as ZonePolicy) ? (spec.zonePolicy as ZonePolicy) : (bad(`spec.zonePolicy ${describe(spec.zonePolicy)} must be one of ${ZONE_POLICIES.join(', ')}`), 'any');
+  const maxAddressesPerNode = spec.maxAddressesPerNode === undefined ? undefined : intIn(spec.maxAddressesPerNode, 1, 16, 'spec.maxAddressesPerNode', bad);
+
   const fo = spec.failover === undefined ? {} : isObject(spec.failover) ? spec.failover : (bad('spec.failover must be an object'), {});
   for (const k of Object.keys(fo)) if (k !== 'intervalMs' && k !== 'detectMultiplier') bad(`spec.failover.${k} is not a field (intervalMs, detectMultiplier)`);
   const intervalMs = intIn(fo.intervalMs ?? 50, 10, 10_000, 'spec.failover.intervalMs', bad);
@@ -93,6 +106,8 @@ export function validateEgress(raw: unknown, ctx: EgressContext): ResolvedEgress
     destinations,
     excluded: [...podRanges, ...(ctx.serviceCidrs ?? []), ...extraExcluded],
     addresses: addresses!,
+    zonePolicy,
+    ...(maxAddressesPerNode !== undefined ? { maxAddressesPerNode } : {}),
     failover: { intervalMs, detectMultiplier },
     announce,
   };
@@ -123,39 +138,72 @@ function selection(raw: unknown, field: string, defaultNs: string, bad: (m: stri
 
 function checkAddresses(raw: unknown, floating: ResolvedPool[], bad: (m: string) => void): ResolvedEgress['addresses'] | undefined {
   if (!isObject(raw)) {
-    bad('spec.addresses must be an object: {pool, count} or {explicit: [...]}');
+    bad('spec.addresses must be an object: {pool, count}, {pools: [{pool, count}]} or {explicit: [...]}');
     return undefined;
   }
-  for (const k of Object.keys(raw)) if (!['pool', 'count', 'explicit'].includes(k)) bad(`spec.addresses.${k} is not a field (pool, count, explicit)`);
+  for (const k of Object.keys(raw)) if (!['pool', 'count', 'pools', 'explicit'].includes(k)) bad(`spec.addresses.${k} is not a field (pool, count, pools, explicit)`);
+  const forms = ['explicit', 'pools', 'count'].filter((k) => raw[k] !== undefined);
+  if (forms.length > 1) bad(`spec.addresses: give one of count, pools, explicit (got ${forms.join(' and ')})`);
+  const poolNamed = (name: unknown, field: string): ResolvedPool | undefined => {
+    if (typeof name !== 'string' || !name) {
+      bad(`${field} must name a floating AddressPool`);
+      return undefined;
+    }
+    const p = floating.find((fp) => fp.name === name);
+    if (!p) bad(`${field} "${name}" is not a floating pool (floating pools: ${floating.map((f) => f.name).join(', ') || 'none defined'})`);
+    return p;
+  };
   if (raw.explicit !== undefined) {
-    if (raw.count !== undefined) bad('spec.addresses: give either count or explicit, not both');
     if (!Array.isArray(raw.explicit) || raw.explicit.length === 0 || raw.explicit.length > 16) {
       bad('spec.addresses.explicit must list 1..16 addresses');
       return undefined;
     }
-    let pool: ResolvedPool | undefined;
-    const explicit: string[] = [];
+    const byPool = new Map<string, string[]>();
     raw.explicit.forEach((a, i) => {
       const ip = typeof a === 'string' ? parseIp(a) : undefined;
       if (!ip) return bad(`spec.addresses.explicit[${i}] ${describe(a)} is not an IP address`);
       const p = floating.find((fp) => fp.families.some((f) => f.family === ip.family && ip.value >= f.base && ip.value < f.base + sizeOf(f.family, f.prefix)));
       if (!p) return bad(`spec.addresses.explicit[${i}] ${a} is outside every floating pool (${floating.map((f) => f.name).join(', ') || 'none defined'})`);
       if (raw.pool !== undefined && raw.pool !== p.name) return bad(`spec.addresses.explicit[${i}] ${a} is in pool "${p.name}", not "${String(raw.pool)}"`);
-      if (pool && pool.name !== p.name) return bad(`spec.addresses.explicit[${i}] ${a} is in pool "${p.name}" while the others are in "${pool.name}"`);
-      pool = p;
-      explicit.push(a as string);
+      byPool.set(p.name, [...(byPool.get(p.name) ?? []), a as string]);
     });
-    if (new Set(explicit).size !== explicit.length) bad('spec.addresses.explicit lists an address twice');
-    return pool ? { pool: pool.name, explicit } : undefined;
+    const all = [...byPool.values()].flat();
+    if (new Set(all).size !== all.length) bad('spec.addresses.explicit lists an address twice');
+    return [...byPool].map(([pool, explicit]) => ({ pool, explicit }));
   }
-  if (typeof raw.pool !== 'string' || !raw.pool) {
-    bad('spec.addresses.pool must name a floating AddressPool');
-    return undefined;
+  if (raw.pools !== undefined) {
+    if (!Array.isArray(raw.pools) || raw.pools.length === 0 || raw.pools.length > 16) {
+      bad('spec.addresses.pools must list 1..16 {pool, count}');
+      return undefined;
+    }
+    const out: Array<{ pool: string; count: number }> = [];
+    raw.pools.forEach((x, i) => {
+      if (!isObject(x)) return bad(`spec.addresses.pools[${i}] must be {pool, count}`);
+      for (const k of Object.keys(x)) if (k !== 'pool' && k !== 'count') bad(`spec.addresses.pools[${i}].${k} is not a field (pool, count)`);
+      const p = poolNamed(x.pool, `spec.addresses.pools[${i}].pool`);
+      const count = intIn(x.count ?? 1, 1, 16, `spec.addresses.pools[${i}].count`, bad);
+      if (p && out.some((o) => o.pool === p.name)) return bad(`spec.addresses.pools[${i}].pool "${p.name}" is listed twice`);
+      if (p) out.push({ pool: p.name, count });
+    });
+    const total = out.reduce((n, o) => n + o.count, 0);
+    if (total > 16) bad(`spec.addresses.pools ask for ${total} addresses; an Egress has at most 16`);
+    return out;
   }
-  const p = floating.find((fp) => fp.name === raw.pool);
-  if (!p) bad(`spec.addresses.pool "${raw.pool}" is not a floating pool (floating pools: ${floating.map((f) => f.name).join(', ') || 'none defined'})`);
+  const p = poolNamed(raw.pool, 'spec.addresses.pool');
   const count = intIn(raw.count ?? 1, 1, 16, 'spec.addresses.count', bad);
-  return { pool: raw.pool, count };
+  return p ? [{ pool: p.name, count }] : undefined;
+}
+
+/** The address slots an Egress asks for, each allocated under its own owner so one can come and go alone. */
+export function addressSlots(e: Pick<ResolvedEgress, 'addresses'>): AddressSlot[] {
+  return e.addresses.flatMap((a): AddressSlot[] =>
+    'explicit' in a ? a.explicit.map((x) => ({ pool: a.pool, explicit: x })) : Array.from({ length: a.count }, (_, index) => ({ pool: a.pool, index })),
+  );
+}
+
+/** The allocation owner of a slot in the cluster store: egress/<ns>/<name>#<pool>/<index or address>. */
+export function slotOwner(egressKey: string, s: AddressSlot): string {
+  return `egress/${egressKey}#${s.pool}/${'explicit' in s ? s.explicit : s.index}`;
 }
 
 function cidrList(raw: unknown, field: string, bad: (m: string) => void): string[] {

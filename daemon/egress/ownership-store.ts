@@ -19,6 +19,8 @@ export interface GatewayInfo {
   nodeAddress: string;
   podIp: string;
   zone?: string;
+  /** The node's cap on the addresses of one Egress (its tether.dev/max-egress-addresses label). */
+  maxAddresses?: number;
 }
 
 export interface Ownership {

@@ -15,7 +15,10 @@ export function startControllers(source: KubeSource, nodeName: string, egress: E
     logger,
     verdicts: () => source.currentVerdicts(),
     refused: () => egressObjects.problems(),
-    egressAddresses: () => (egress?.status() ?? []).map((a) => ({ egress: String(a.egress), address: String(a.address), owner: String(a.owner ?? ''), ownerNode: a.ownerNode as string | undefined, epoch: Number(a.epoch) })),
+    egressAddresses: () => (egress?.status() ?? []).map((a) => ({
+      egress: String(a.egress), address: String(a.address), owner: String(a.owner ?? ''), ownerNode: a.ownerNode as string | undefined, ownerZone: a.ownerZone as string | undefined, epoch: Number(a.epoch),
+    })),
+    egressSummary: () => egress?.egressSummary() ?? {},
   });
   leader.on('elected', () => status.start());
   leader.on('lost', () => void status.stop());

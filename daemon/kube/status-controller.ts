@@ -27,7 +27,19 @@ export interface EgressAddressStatus {
   address: string;
   owner: string;
   ownerNode?: string;
+  ownerZone?: string;
   epoch: number;
+}
+
+/** What the egress controller says of one Egress as a whole (EgressController.egressSummary). */
+export interface EgressSummary {
+  asked: number;
+  allocated: number;
+  owned: number;
+  ownerNodes: number;
+  shortfall?: string;
+  capLimited: boolean;
+  zoneProblem?: string;
 }
 
 export interface StatusControllerOptions {
@@ -41,6 +53,8 @@ export interface StatusControllerOptions {
   refused?: () => Record<string, string>;
   /** Every floating address this node knows of, with its owner (the egress controller's view). */
   egressAddresses: () => EgressAddressStatus[];
+  /** Per Egress ("ns/name"): addresses asked, allocated and owned, and what limits them. */
+  egressSummary?: () => Record<string, EgressSummary>;
   everyMs?: number;
   gcEveryMs?: number;
 }
@@ -105,12 +119,16 @@ export class StatusController {
     const verdicts = this.o.verdicts();
     const addresses = this.o.egressAddresses();
     const refused = this.o.refused?.() ?? {};
+    const summaries = this.o.egressSummary?.() ?? {};
     for (const { obj, problems: schemaProblems } of verdicts.values()) {
       if (this.stopping) return;
       const why = refused[objectKey(obj)];
       const problems = why ? [...schemaProblems, ...why.split('\n')] : schemaProblems;
       if (obj.kind === 'AddressPool') await this.writePool(obj.metadata.name, problems);
-      else if (obj.kind === 'Egress') await this.writeEgress(obj.metadata.namespace, obj.metadata.name, problems, addresses.filter((a) => a.egress === `${obj.metadata.namespace}/${obj.metadata.name}`));
+      else if (obj.kind === 'Egress') {
+        const key = `${obj.metadata.namespace}/${obj.metadata.name}`;
+        await this.writeEgress(obj.metadata.namespace, obj.metadata.name, problems, addresses.filter((a) => a.egress === key), summaries[key]);
+      }
     }
   }
 
@@ -124,7 +142,7 @@ export class StatusController {
     await this.write(cur, status, () => this.api.replaceClusterCustomObjectStatus({ ...params, body: { ...cur, status } }), `AddressPool ${name}`);
   }
 
-  private async writeEgress(namespace: string, name: string, problems: string[], addrs: EgressAddressStatus[]): Promise<void> {
+  private async writeEgress(namespace: string, name: string, problems: string[], addrs: EgressAddressStatus[], sum?: EgressSummary): Promise<void> {
     const params = { group: GROUP, version: VERSION, plural: 'egresses', namespace, name };
     const cur = (await this.api.getNamespacedCustomObject(params)) as Obj;
     const owned = addrs.filter((a) => a.owner);
@@ -136,10 +154,21 @@ export class StatusController {
         : owned.length < addrs.length
           ? { type: 'Ready', status: 'False' as const, reason: 'NoOwner', message: `${addrs.length - owned.length} of ${addrs.length} addresses have no live gateway` }
           : { type: 'Ready', status: 'True' as const, reason: 'Owned', message: `${owned.length} address(es), each held by a gateway` };
+    const more: Array<Omit<Condition, 'lastTransitionTime'>> = [];
+    if (sum && !problems.length) {
+      const short = sum.allocated < sum.asked || sum.owned < sum.asked;
+      more.push(short
+        ? { type: 'AddressesComplete', status: 'False', reason: 'FewerAddresses', message: `${sum.owned} of ${sum.asked} addresses held${sum.allocated < sum.asked ? ` (${sum.asked - sum.allocated} not allocated${sum.shortfall ? `: ${sum.shortfall}` : ''})` : ''}`.slice(0, 4000), observedGeneration: gen }
+        : { type: 'AddressesComplete', status: 'True', reason: 'AllHeld', message: `${sum.asked} address(es) on ${sum.ownerNodes} node(s)`, observedGeneration: gen });
+      more.push(sum.capLimited
+        ? { type: 'Spread', status: 'False', reason: 'CapPreventsSpread', message: 'the per-node cap (maxAddressesPerNode, or a node\'s tether.dev/max-egress-addresses) keeps addresses off live nodes or without an owner', observedGeneration: gen }
+        : { type: 'Spread', status: 'True', reason: 'Spread', message: `addresses on ${sum.ownerNodes} node(s)`, observedGeneration: gen });
+      if (sum.zoneProblem) more.push({ type: 'ZonePolicy', status: 'False', reason: 'NoZone', message: sum.zoneProblem, observedGeneration: gen });
+    }
     const status = {
       observedGeneration: gen,
-      addresses: addrs.map((a) => ({ address: a.address, ...(a.ownerNode ? { ownerNode: a.ownerNode } : {}), ...(a.owner ? { ownerPod: a.owner } : {}), epoch: a.epoch })),
-      conditions: mergeConditions(cur.status?.conditions, [{ ...ready, observedGeneration: gen }]),
+      addresses: addrs.map((a) => ({ address: a.address, ...(a.ownerNode ? { ownerNode: a.ownerNode } : {}), ...(a.ownerZone ? { zone: a.ownerZone } : {}), ...(a.owner ? { ownerPod: a.owner } : {}), epoch: a.epoch })),
+      conditions: mergeConditions(cur.status?.conditions, [{ ...ready, observedGeneration: gen }, ...more]),
     };
     await this.write(cur, status, () => this.api.replaceNamespacedCustomObjectStatus({ ...params, body: { ...cur, status } }), `Egress ${namespace}/${name}`);
   }

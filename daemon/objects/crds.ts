@@ -115,16 +115,35 @@ const egressSchema: Schema = {
         excludeDestinations: { type: 'array', items: { type: 'string', format: 'cidr' }, maxItems: 64 },
         addresses: {
           type: 'object',
+          description: 'The floating addresses: count from pool, a count from each of several pools, or explicit addresses. Changed live: an address added or removed moves no other flow.',
           properties: {
             pool: { type: 'string', maxLength: 63, description: 'A floating AddressPool.' },
             count: { type: 'integer', minimum: 1, maximum: 16, description: 'How many addresses (default 1).' },
+            pools: {
+              type: 'array',
+              minItems: 1,
+              maxItems: 16,
+              description: 'A count from each of several floating pools (e.g. one pool per zone).',
+              items: {
+                type: 'object',
+                required: ['pool'],
+                properties: { pool: { type: 'string', maxLength: 63 }, count: { type: 'integer', minimum: 1, maximum: 16 } },
+              },
+            },
             explicit: { type: 'array', items: { type: 'string', format: 'ipv4' }, minItems: 1, maxItems: 16, description: 'Egress is IPv4 so far.' },
           },
           'x-kubernetes-validations': [
-            { rule: '!(has(self.count) && has(self.explicit))', message: 'give either count or explicit, not both' },
-            { rule: 'has(self.pool) || has(self.explicit)', message: 'name a floating pool, or explicit addresses' },
+            { rule: '[has(self.count), has(self.explicit), has(self.pools)].filter(x, x).size() <= 1', message: 'give one of count, pools, explicit' },
+            { rule: 'has(self.pool) || has(self.explicit) || has(self.pools)', message: 'name a floating pool, pools, or explicit addresses' },
+            { rule: '!(has(self.pools) && has(self.pool))', message: 'pool and pools are two ways to name pools: give one' },
           ],
         },
+        zonePolicy: {
+          type: 'string',
+          enum: ['any', 'preferLocalNode', 'preferZone', 'requireZone'],
+          description: "How a client's new flows choose among the addresses (default any): those held on its own node, or in its node's zone (topology.kubernetes.io/zone) first; requireZone drops traffic when its zone holds none.",
+        },
+        maxAddressesPerNode: { type: 'integer', minimum: 1, maximum: 16, description: "At most this many of the Egress's addresses on one node (a node's tether.dev/max-egress-addresses label overrides it)." },
         failover: {
           type: 'object',
           properties: {
@@ -161,6 +180,7 @@ const egressSchema: Schema = {
               address: { type: 'string' },
               ownerNode: { type: 'string' },
               ownerPod: { type: 'string' },
+              zone: { type: 'string' },
               epoch: { type: 'integer', format: 'int64' },
             },
           },

@@ -16,6 +16,9 @@ import type { ClusterAddresses } from '../../ipam/cluster-addresses';
 import type { AttachService } from '../pod/attach-service';
 import { kubeMode, requireLocalAddress, type Options } from '../options';
 
+/** A node's cap on the addresses of one Egress it holds (overrides the Egress's maxAddressesPerNode). */
+export const MAX_EGRESS_ADDRESSES_LABEL = 'tether.dev/max-egress-addresses';
+
 export interface EgressPlan {
   resolved: ResolvedEgress[];
   clusterKey: Buffer;
@@ -69,7 +72,7 @@ export async function planEgress(opts: Options, source: ConfigSource, config: Co
 export async function createEgress(
   opts: Options,
   plan: EgressPlan,
-  o: { nodeName: string; config: ConfigObjects; fouPort: number; syncPort: number; addresses: ClusterAddresses; attach: AttachService; logger: Logger },
+  o: { nodeName: string; config: ConfigObjects; fouPort: number; syncPort: number; maxFlows: number; addresses: ClusterAddresses; attach: AttachService; logger: Logger },
   onOwnershipStarted: (close: () => Promise<void>) => void,
 ): Promise<EgressController> {
   let ownership: OwnershipStore;
@@ -80,8 +83,12 @@ export async function createEgress(
   }
   onOwnershipStarted(() => ownership.close());
   const nodeConfig = o.config.nodes[o.nodeName] ?? { labels: {} };
+  const cap = nodeConfig.labels[MAX_EGRESS_ADDRESSES_LABEL];
+  const maxEgressAddresses = cap !== undefined && /^[1-9][0-9]{0,2}$/.test(cap) ? Number(cap) : undefined;
+  if (cap !== undefined && maxEgressAddresses === undefined) o.logger.warn('egress: node label ignored: not a count 1..999', { label: MAX_EGRESS_ADDRESSES_LABEL, value: cap });
   return new EgressController({
-    node: { name: o.nodeName, zone: nodeConfig.zone, address: plan.nodeAddress, uplink: opts.uplink },
+    node: { name: o.nodeName, zone: nodeConfig.zone, address: plan.nodeAddress, uplink: opts.uplink, maxEgressAddresses },
+    maxFlows: o.maxFlows,
     pinDir: opts['bpf-pin-dir'],
     fouPort: o.fouPort,
     syncPort: o.syncPort,

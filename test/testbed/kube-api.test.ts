@@ -47,7 +47,9 @@ test('through the API: roles from Pod labels, steering, ownership and failover, 
       const e = tb.api.get('Egress', 'out', 'shop');
       return e?.status?.addresses?.[0]?.ownerNode === first.node && ready(e)?.status === 'True' && e;
     }, 15_000, () => JSON.stringify(tb.api.get('Egress', 'out', 'shop')?.status));
-    assert.equal(egress.status.addresses[0], { address: first.st.address, ownerNode: first.node, ownerPod: first.st.owner, epoch: first.st.epoch });
+    assert.equal(egress.status.addresses[0], { address: first.st.address, ownerNode: first.node, zone: first.node === 'n1' ? 'a' : 'b', ownerPod: first.st.owner, epoch: first.st.epoch });
+    const complete = (egress.status.conditions as Obj[]).find((c) => c.type === 'AddressesComplete');
+    assert.equal([complete?.status, complete?.reason], ['True', 'AllHeld'], JSON.stringify(egress.status.conditions));
     await until('AddressPool status Ready', () => ready(tb.api.get('AddressPool', 'float'))?.status === 'True');
     assert.ok(tb.api.list('Lease').some((l) => l.metadata.name === 'tether-controllers' && l.spec?.holderIdentity), 'one leader holds the Lease');
 

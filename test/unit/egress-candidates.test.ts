@@ -1,7 +1,7 @@
 // Candidate order for floating addresses (deterministic, node-diverse) and the ownership decision table.
 import { test } from 'uvu';
 import * as assert from 'uvu/assert';
-import { decide, handoverTarget, orderCandidates, scoreOf, supersedes } from '../../daemon/egress/candidates';
+import { decide, handoverTarget, orderCandidates, placeAddresses, scoreOf, supersedes } from '../../daemon/egress/candidates';
 import type { GatewayInfo } from '../../daemon/egress/ownership-store';
 
 const gw = (pod: string, node: string): GatewayInfo => ({ pod, node, nodeAddress: `198.18.0.${node.slice(1)}`, podIp: '10.0.0.1' });
@@ -95,6 +95,58 @@ test('handover target: in-sync first, then candidate order, never the pod handin
   assert.is(handoverTarget(cands, first.pod, () => true, new Set())?.pod, second.pod);
   assert.is(handoverTarget(cands, first.pod, () => true, new Set([third.node]))?.pod, third.pod);
   assert.is(handoverTarget(cands, first.pod, (g) => g.pod === first.pod, new Set()), undefined);
+});
+
+const ADDRS = ['198.51.100.1', '198.51.100.2', '198.51.100.3'];
+const none = new Set<string>();
+const unowned = (a: string) => ({ address: a, own: { egress: 'e', address: a, owner: '', epoch: 0 }, ownerAlive: false, inSync: none });
+const ownedBy = (a: string, g: GatewayInfo, alive = true) => ({ address: a, own: { egress: 'e', address: a, owner: g.pod, epoch: 2, ownerNode: g.node }, ownerAlive: alive, inSync: none });
+
+test('placement: 3 addresses over 3 gateway nodes land on 3 distinct nodes, whatever the input order', () => {
+  const gws = [gw('ns/a1', 'n1'), gw('ns/b1', 'n2'), gw('ns/c1', 'n3')];
+  const p = placeAddresses(ADDRS.map(unowned), gws, () => true, () => Infinity);
+  assert.is(new Set([...p.values()].map((g) => g!.node)).size, 3);
+  const q = placeAddresses([...ADDRS].reverse().map(unowned), [...gws].reverse(), () => true, () => Infinity);
+  assert.equal([...q].sort(), [...p].sort(), 'every tetherd computes the same placement');
+});
+
+test('placement: over 2 nodes with cap 2 → 2 + 1; with cap 1 the third address has no owner', () => {
+  const gws = [gw('ns/a1', 'n1'), gw('ns/a2', 'n1'), gw('ns/b1', 'n2'), gw('ns/b2', 'n2')];
+  const p = placeAddresses(ADDRS.map(unowned), gws, () => true, () => 2);
+  const perNode = [...p.values()].reduce((m, g) => m.set(g!.node, (m.get(g!.node) ?? 0) + 1), new Map<string, number>());
+  assert.equal([...perNode.values()].sort(), [1, 2]);
+  const q = placeAddresses(ADDRS.map(unowned), gws, () => true, () => 1);
+  assert.is([...q.values()].filter((g) => g === undefined).length, 1, 'cap 1 on 2 nodes: one address stays without owner');
+  // A node-level cap: n1 takes at most 1.
+  const r = placeAddresses(ADDRS.map(unowned), gws, () => true, (node) => (node === 'n1' ? 1 : 16));
+  assert.is([...r.values()].filter((g) => g?.node === 'n1').length, 1);
+});
+
+test('placement: a lost node moves only its address, to the least-loaded live node; nothing flaps back when it returns', () => {
+  const [a, b, c, d] = [gw('ns/a1', 'n1'), gw('ns/b1', 'n2'), gw('ns/c1', 'n3'), gw('ns/d1', 'n4')];
+  // n1 holds .1, n2 holds .2 and .3 (cap allows 2), n3 and n4 hold nothing of this Egress.
+  const state = [ownedBy(ADDRS[0], a, false), ownedBy(ADDRS[1], b), ownedBy(ADDRS[2], b)];
+  const alive = (g: GatewayInfo) => g.node !== 'n1';
+  const p = placeAddresses(state, [a, b, c, d], alive, () => 2);
+  assert.equal([...p.keys()], [ADDRS[0]], 'only the lost node\'s address is placed');
+  assert.ok(['n3', 'n4'].includes(p.get(ADDRS[0])!.node), `to an empty node, not loaded n2: ${p.get(ADDRS[0])!.node}`);
+  // n1 returns: every address has a live owner, so nothing moves.
+  const back = placeAddresses([ownedBy(ADDRS[0], p.get(ADDRS[0])!), ownedBy(ADDRS[1], b), ownedBy(ADDRS[2], b)], [a, b, c, d], () => true, () => 2);
+  assert.is(back.size, 0);
+});
+
+test('placement: in-sync candidates before load', () => {
+  const [a, b, c] = [gw('ns/a1', 'n1'), gw('ns/b1', 'n2'), gw('ns/c1', 'n3')];
+  const lost = { ...ownedBy(ADDRS[0], a, false), inSync: new Set(['n2']) };
+  const p = placeAddresses([lost, ownedBy(ADDRS[1], b)], [a, b, c], (g) => g.node !== 'n1', () => 16);
+  assert.is(p.get(ADDRS[0])!.node, 'n2', 'the in-sync node, although it holds more');
+});
+
+test('handover respects load and caps', () => {
+  const [a, b, c] = [gw('ns/a1', 'n1'), gw('ns/b1', 'n2'), gw('ns/c1', 'n3')];
+  const t = handoverTarget([b, c], a.pod, () => true, new Set(), { of: (n) => (n === 'n2' ? 1 : 0), cap: () => 1 });
+  assert.is(t?.node, 'n3', 'n2 is at its cap');
+  assert.is(handoverTarget([b], a.pod, () => true, new Set(), { of: () => 1, cap: () => 1 }), undefined);
 });
 
 test.run();

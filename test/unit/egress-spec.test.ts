@@ -2,7 +2,7 @@
 // and good objects resolved with their defaults.
 import { test } from 'uvu';
 import * as assert from 'uvu/assert';
-import { validateEgress } from '../../daemon/egress/egress-spec';
+import { addressSlots, slotOwner, validateEgress } from '../../daemon/egress/egress-spec';
 import { validatePools } from '../../ipam/pool';
 import { TetherError } from '../../daemon/errors';
 
@@ -30,7 +30,9 @@ test('a good Egress resolves with defaults: everything outside the cluster, l2, 
   assert.equal(e.gateways, { namespace: 'shop', matchLabels: { app: 'gw' } });
   assert.equal(e.destinations, ['0.0.0.0/0']);
   assert.equal(e.excluded, ['10.244.0.0/16', '10.96.0.0/12']);
-  assert.equal(e.addresses, { pool: 'float', count: 2 });
+  assert.equal(e.addresses, [{ pool: 'float', count: 2 }]);
+  assert.is(e.zonePolicy, 'any');
+  assert.is(e.maxAddressesPerNode, undefined);
   assert.equal(e.failover, { intervalMs: 50, detectMultiplier: 3 });
   assert.equal(e.announce, { mode: 'l2' });
 });
@@ -47,7 +49,7 @@ test('explicit addresses, routeTable announce, matchLabels form, other namespace
     ctx,
   );
   assert.equal(e.gateways, { namespace: 'egress', matchLabels: { role: 'gw' } });
-  assert.equal(e.addresses, { pool: 'float', explicit: ['198.51.100.3', '198.51.100.4'] });
+  assert.equal(e.addresses, [{ pool: 'float', explicit: ['198.51.100.3', '198.51.100.4'] }]);
   assert.equal(e.announce, { mode: 'routeTable', table: 300 });
   assert.equal(e.failover, { intervalMs: 50, detectMultiplier: 4 });
 });
@@ -58,9 +60,15 @@ const BAD: Array<[string, Record<string, unknown>, RegExp]> = [
   ['lb pool used as floating', good({ addresses: { pool: 'lbs' } }), /spec\.addresses\.pool "lbs" is not a floating pool/],
   ['address outside pools', good({ addresses: { explicit: ['192.0.2.1'] } }), /spec\.addresses\.explicit\[0\] 192\.0\.2\.1 is outside every floating pool/],
   ['explicit not an IP', good({ addresses: { explicit: ['gw1'] } }), /spec\.addresses\.explicit\[0\] "gw1" is not an IP address/],
-  ['explicit across pools', good({ addresses: { explicit: ['198.51.100.3', '198.51.100.20'] } }), /explicit\[1\] 198\.51\.100\.20 is in pool "float2" while the others are in "float"/],
+  ['explicit in the wrong named pool', good({ addresses: { pool: 'float', explicit: ['198.51.100.20'] } }), /explicit\[0\] 198\.51\.100\.20 is in pool "float2", not "float"/],
+  ['pools and count', good({ addresses: { pools: [{ pool: 'float', count: 1 }], count: 2 } }), /give one of count, pools, explicit \(got pools and count\)/],
+  ['a pool listed twice in pools', good({ addresses: { pools: [{ pool: 'float' }, { pool: 'float', count: 2 }] } }), /pools\[1\]\.pool "float" is listed twice/],
+  ['pools asking for more than 16', good({ addresses: { pools: [{ pool: 'float', count: 9 }, { pool: 'float2', count: 9 }] } }), /ask for 18 addresses; an Egress has at most 16/],
+  ['unknown pool in pools', good({ addresses: { pools: [{ pool: 'nope', count: 1 }] } }), /spec\.addresses\.pools\[0\]\.pool "nope" is not a floating pool/],
+  ['zone policy', good({ zonePolicy: 'nearest' }), /spec\.zonePolicy "nearest" must be one of any, preferLocalNode, preferZone, requireZone/],
+  ['cap of 0', good({ maxAddressesPerNode: 0 }), /spec\.maxAddressesPerNode 0 must be an integer 1\.\.16/],
   ['explicit twice', good({ addresses: { explicit: ['198.51.100.3', '198.51.100.3'] } }), /lists an address twice/],
-  ['count and explicit', good({ addresses: { explicit: ['198.51.100.3'], count: 2 } }), /either count or explicit/],
+  ['count and explicit', good({ addresses: { explicit: ['198.51.100.3'], count: 2 } }), /give one of count, pools, explicit/],
   ['count 0', good({ addresses: { pool: 'float', count: 0 } }), /spec\.addresses\.count 0 must be an integer 1\.\.16/],
   ['no addresses', good({ addresses: undefined }), /spec\.addresses must be an object/],
   ['no gateways', good({ gateways: undefined }), /spec\.gateways must be an object .*without gateways cannot work/],
@@ -95,6 +103,17 @@ for (const [what, raw, re] of BAD) {
     }
   });
 }
+
+test('several pools, explicit across pools, zone policy and cap; slots and their owners', () => {
+  const e = validateEgress(good({ addresses: { pools: [{ pool: 'float', count: 2 }, { pool: 'float2' }] }, zonePolicy: 'preferZone', maxAddressesPerNode: 1 }), ctx);
+  assert.equal(e.addresses, [{ pool: 'float', count: 2 }, { pool: 'float2', count: 1 }]);
+  assert.is(e.zonePolicy, 'preferZone');
+  assert.is(e.maxAddressesPerNode, 1);
+  assert.equal(addressSlots(e).map((x) => slotOwner(e.key, x)), ['egress/shop/out#float/0', 'egress/shop/out#float/1', 'egress/shop/out#float2/0']);
+  const x = validateEgress(good({ addresses: { explicit: ['198.51.100.3', '198.51.100.20'] } }), ctx);
+  assert.equal(x.addresses, [{ pool: 'float', explicit: ['198.51.100.3'] }, { pool: 'float2', explicit: ['198.51.100.20'] }]);
+  assert.equal(addressSlots(x).map((s) => slotOwner(x.key, s)), ['egress/shop/out#float/198.51.100.3', 'egress/shop/out#float2/198.51.100.20']);
+});
 
 test('all problems are reported at once', () => {
   try {

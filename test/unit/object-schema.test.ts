@@ -55,8 +55,10 @@ test('good objects pass: count, explicit, routeTable, dual-stack pod pool, block
 // Each bad object fails with one line naming the field (ajv for structure, CEL for the rules).
 const BAD: Array<[string, unknown, string]> = [
   ['count above 16', egress({ addresses: { pool: 'float', count: 20 } }), 'spec.addresses.count 20 must be <= 16'],
-  ['count and explicit (CEL one-of)', egress({ addresses: { pool: 'float', count: 1, explicit: ['198.51.100.3'] } }), 'spec.addresses: give either count or explicit, not both'],
-  ['neither pool nor explicit (CEL)', egress({ addresses: { count: 2 } }), 'spec.addresses: name a floating pool, or explicit addresses'],
+  ['pools and count (CEL one-of)', egress({ addresses: { pools: [{ pool: 'float' }], count: 2 } }), 'spec.addresses: give one of count, pools, explicit'],
+  ['a zone policy that is not one (enum)', egress({ zonePolicy: 'nearest', addresses: { pool: 'float' } }), 'spec.zonePolicy "nearest" must be one of "any", "preferLocalNode", "preferZone", "requireZone"'],
+  ['count and explicit (CEL one-of)', egress({ addresses: { pool: 'float', count: 1, explicit: ['198.51.100.3'] } }), 'spec.addresses: give one of count, pools, explicit'],
+  ['neither pool nor explicit (CEL)', egress({ addresses: { count: 2 } }), 'spec.addresses: name a floating pool, pools, or explicit addresses'],
   ['explicit not an address', egress({ addresses: { explicit: ['gw1'] } }), 'spec.addresses.explicit[0] "gw1" is not an IPv4 address'],
   ['destination not a CIDR', egress({ destinations: ['203.0.113.0/33'] }), 'spec.destinations[0] "203.0.113.0/33" is not a CIDR like "203.0.113.0/24"'],
   ['empty destinations', egress({ destinations: [] }), 'spec.destinations must list at least 1 item(s)'],
