@@ -75,7 +75,9 @@ int egress_steer(struct __sk_buff *skb)
 		else
 			st->pinned++;
 	}
-	if (fou_encap4_sport(skb, &ip, cfg->saddr, slot.gateway, cfg->dport, fou_sport_of(hash))) {
+	/* The outer IP ID carries the low 16 bits of the floating address (network order: its last two bytes),
+	 * so a gateway holding several addresses SNATs the flow's first packet to the one it is pinned to. */
+	if (fou_encap4_id(skb, &ip, cfg->saddr, slot.gateway, cfg->dport, fou_sport_of(hash), (__be16)(slot.floating >> 16))) {
 		st->errors++;
 		return TC_ACT_SHOT;
 	}

@@ -47,6 +47,10 @@ int fou_decap(struct __sk_buff *skb)
 		st->errors++;
 		return TC_ACT_SHOT;
 	}
+	/* Egress steering put the low 16 bits of the flow's floating address in the outer IP ID: the gateway
+	 * pod's SNAT picks the address by this mark (its nft map; unmarked flows get its first address). */
+	if (ip.id)
+		skb->mark = FOU_FLOAT_MARK | bpf_ntohs(ip.id);
 	st->packets++;
 	st->bytes += skb->len - ETH_HLEN;
 	return TC_ACT_OK;

@@ -56,8 +56,12 @@ static __always_inline __be16 fou_sport(struct __sk_buff *skb)
  * target's MSS is lowered by FOU_OVERHEAD so outer packets fit, and fragmenting FoU would make the
  * receiver reassemble before it can decapsulate. sport: outer UDP source port (fou_sport_of a flow hash).
  * Returns 0 or a negative value (packet unusable). */
-static __always_inline int fou_encap4_sport(struct __sk_buff *skb, const struct iphdr *inner, __be32 saddr,
-					    __be32 daddr, __be16 dport, __be16 sport)
+/* skb->mark of a decapsulated packet whose outer IP ID named a floating address (low 16 bits). Must match
+ * daemon/egress/gateway-datapath.ts. */
+#define FOU_FLOAT_MARK 0x7e7e0000u
+
+static __always_inline int fou_encap4_id(struct __sk_buff *skb, const struct iphdr *inner, __be32 saddr,
+					 __be32 daddr, __be16 dport, __be16 sport, __be16 id)
 {
 	__u32 inner_len = bpf_ntohs(inner->tot_len);
 	struct fou_hdr h = {};
@@ -69,6 +73,9 @@ static __always_inline int fou_encap4_sport(struct __sk_buff *skb, const struct 
 	h.ip.ihl = 5;
 	h.ip.tos = inner->tos;
 	h.ip.tot_len = bpf_htons(inner_len + FOU_OVERHEAD);
+	/* DF is set, so the ID plays no part in reassembly (RFC 6864): egress steering carries the low 16 bits
+	 * of the flow's floating address in it, for the gateway's SNAT (fou-decap marks the packet with it). */
+	h.ip.id = id;
 	h.ip.frag_off = bpf_htons(IP_DF);
 	h.ip.ttl = FOU_TTL;
 	h.ip.protocol = IPPROTO_UDP_;
@@ -85,6 +92,12 @@ static __always_inline int fou_encap4_sport(struct __sk_buff *skb, const struct 
 	if (bpf_skb_store_bytes(skb, ETH_HLEN, &h, sizeof(h), 0))
 		return -1;
 	return 0;
+}
+
+static __always_inline int fou_encap4_sport(struct __sk_buff *skb, const struct iphdr *inner, __be32 saddr,
+					    __be32 daddr, __be16 dport, __be16 sport)
+{
+	return fou_encap4_id(skb, inner, saddr, daddr, dport, sport, 0);
 }
 
 /* fou_encap4_sport with the source port from the flow hash, for callers that need no hash themselves. */

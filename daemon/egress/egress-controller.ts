@@ -109,6 +109,8 @@ const BFD_STARTUP_GRACE_MS = 3000;
  */
 const DRAIN_MS = 300;
 const TICK_MS = 250;
+/** The candidate set of an Egress must be unchanged this long before its addresses are first placed. */
+const INITIAL_SETTLE_MS = 2000;
 /** Store pass (registry, node list, records) and the owner's heartbeat notice. */
 const STORE_EVERY_MS = 1000;
 const HEARTBEAT_MS = 1000;
@@ -153,6 +155,8 @@ export class EgressController {
   private tickAgain = false;
   private storeBusy = false;
   private storeDown = false;
+  /** The candidates of each Egress as last seen, and since when (initial placement waits for them to settle). */
+  private readonly registrySeen = new Map<string, { sig: string; since: number }>();
   /** Placement of ownerless addresses per Egress, for the tick under way. */
   private readonly placements = new Map<string, Map<string, GatewayInfo | undefined>>();
 
@@ -722,8 +726,25 @@ export class EgressController {
     return { of: (n) => load.get(n) ?? 0, cap: (n) => this.capOf(e, n) };
   }
 
+  /**
+   * Whether the Egress's candidate set has been stable for INITIAL_SETTLE_MS: the first placement of its
+   * addresses waits for that, so gateways starting together are all known and the addresses spread over
+   * them (a live owner is never moved later, so a rushed first placement would stay lopsided).
+   */
+  private candidatesSettled(e: ResolvedEgress): boolean {
+    const sig = this.liveRegistry(e.key).map((g) => g.pod).sort().join(',');
+    const seen = this.registrySeen.get(e.key);
+    const now = Date.now();
+    if (!seen || seen.sig !== sig) {
+      this.registrySeen.set(e.key, { sig, since: now });
+      return false;
+    }
+    return now - seen.since >= INITIAL_SETTLE_MS;
+  }
+
   private async evaluate(st: AddressState): Promise<void> {
     st.candidates = orderCandidates(st.address, this.liveRegistry(st.egress.key));
+    if (st.own.epoch === 0 && !st.own.owner && !this.candidatesSettled(st.egress)) return;
     const local = new Set([...this.gateways.values()].filter((g) => g.egresses.has(st.egress.key)).map((g) => g.info.pod));
     if (st.own.owner && st.own.ownerNode === this.o.node.name && !local.has(st.own.owner) && !st.holder) {
       // The owner is a pod of this node that is gone (killed before a live candidate was known here, or
@@ -1214,13 +1235,15 @@ export class EgressController {
     for (const st of this.addresses.values()) for (const s of st.senders.values()) s.requestResync();
   }
 
+  /**
+   * The local gateways a stream's entries go to: every gateway of its Egress except the one holding that
+   * stream's own address (it is the source of truth for it). A gateway holding another address of the
+   * Egress is a standby for this one and must have its flows.
+   */
   private targetsFor(from: SyncPeerInfo): LocalGateway[] {
     const egress = from.stream.split('|')[0];
-    return [...this.gateways.values()].filter((g) => g.egresses.has(egress) && !this.isHolder(g));
-  }
-
-  private isHolder(g: LocalGateway): boolean {
-    return [...this.addresses.values()].some((st) => st.holder === g);
+    const holder = this.addresses.get(from.stream)?.holder;
+    return [...this.gateways.values()].filter((g) => g.egresses.has(egress) && g !== holder);
   }
 
   private async applySynced(events: ConntrackEvent[], from: SyncPeerInfo): Promise<void> {

@@ -35,6 +35,15 @@ export interface NodeSide {
 }
 
 const TABLE = 'tether_egress';
+/** Mark of decapsulated packets naming a floating address by its low 16 bits; must match FOU_FLOAT_MARK in bpf/fou.h. */
+export const FLOAT_MARK = 0x7e7e0000;
+
+/** The mark fou-decap gives packets pinned to `address` (IPv4); undefined when its low bits are 0. */
+export function floatMark(address: string): number | undefined {
+  const p = address.split('.').map(Number);
+  const low = ((p[2] << 8) | p[3]) >>> 0;
+  return p.length === 4 && low ? (FLOAT_MARK | low) >>> 0 : undefined;
+}
 
 export class GatewayDatapath {
   private decap?: FouDecap;
@@ -257,11 +266,27 @@ add rule ip ${TABLE} unnated ip saddr != ${this.gw.podIp} oifname "${this.gw.ifN
     }
   }
 
-  /** SNAT of forwarded (decapsulated client) traffic to the first owned address; none while standby. */
+  /**
+   * SNAT of forwarded (decapsulated client) traffic; none while standby. A client pins each flow to one of
+   * the Egress's addresses and its steering program puts the address's low 16 bits in the FoU packet's
+   * outer IP ID, which fou-decap turns into the mark FLOAT_MARK | bits: the first packet of a flow is
+   * SNATed to the owned address with those bits (later packets follow their conntrack entry). Unmarked
+   * flows (or an address this pod does not hold) get the first owned address.
+   */
   private writeSnat(): void {
-    const to = [...this.owned.keys()][0];
-    const rule = to ? `add rule ip ${TABLE} postrouting ip saddr != ${this.gw.podIp} oifname "${this.gw.ifName}" snat to ${to}\n` : '';
-    this.nft(`flush chain ip ${TABLE} postrouting\n${rule}`);
+    const owned = [...this.owned.keys()];
+    const base = `add rule ip ${TABLE} postrouting ip saddr != ${this.gw.podIp} oifname "${this.gw.ifName}"`;
+    const byMark = new Map<number, string>();
+    for (const a of owned) {
+      const m = floatMark(a);
+      if (m === undefined) continue;
+      if (byMark.has(m)) log().warn('egress: two owned addresses share their low 16 bits; flows pinned to the second get the first', { pod: this.gw.pod, first: byMark.get(m), second: a });
+      else byMark.set(m, a);
+    }
+    let rules = '';
+    if (byMark.size) rules += `${base} meta mark & 0xffff0000 == 0x${FLOAT_MARK.toString(16)} snat to meta mark map { ${[...byMark].map(([m, a]) => `0x${m.toString(16)} : ${a}`).join(', ')} }\n`;
+    if (owned.length) rules += `${base} snat to ${owned[0]}\n`;
+    this.nft(`flush chain ip ${TABLE} postrouting\n${rules}`);
   }
 
   private nft(script: string): void {

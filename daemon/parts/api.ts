@@ -73,6 +73,7 @@ export function apiServer(d: ApiDeps): ApiServer {
         pools: d.current.config.pools.map((p) => p.name),
         ipam: { pods: ipam.pods.usage(), cluster: await ipam.addresses.usage() },
         egress: egress?.status() ?? [],
+        egressSummary: egress?.egressSummary() ?? {},
         egressSecurity: egress?.security(),
         bfd: egress?.bfdStatus(),
         eventLoop: { lagMaxMs: d.loopLag.maxMs(), lagMaxPerSecondMs: d.loopLag.series() },

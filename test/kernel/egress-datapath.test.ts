@@ -466,7 +466,8 @@ test('flows are pinned: adding an address moves no live flow, removing one moves
     const b3 = s.stats();
     assert.equal(await connect(t.client, SERVER, 2048, 1500), { error: 'timeout' });
     const d3 = delta(s.stats(), b3);
-    assert.ok(d3.excluded > 0n && d3.steered === 0n, `excluded ${d3.excluded}, steered ${d3.steered}`);
+    // (Trailing packets of the earlier, pinned flows may still be steered: pins outrank tiers.)
+    assert.ok(d3.excluded > 0n, `excluded ${d3.excluded}, steered ${d3.steered}`);
   } finally {
     teardown(t);
   }
