@@ -155,6 +155,8 @@ export class EgressController {
   private tickAgain = false;
   private storeBusy = false;
   private storeDown = false;
+  /** Cluster-wide use of each Egress's addresses (every node's clients), from the store's last pass. */
+  private readonly usage = new Map<string, Record<string, { flows: number; bytes: number }>>();
   /** The candidates of each Egress as last seen, and since when (initial placement waits for them to settle). */
   private readonly registrySeen = new Map<string, { sig: string; since: number }>();
   /** Placement of ownerless addresses per Egress, for the tick under way. */
@@ -427,10 +429,13 @@ export class EgressController {
       ownerNode: st.own.ownerNode,
       ownerZone: this.liveRegistry(st.egress.key).find((x) => x.pod === st.own.owner)?.zone,
       epoch: st.own.epoch,
-      // This node's clients' use of the address (flows pinned, packets and bytes steered to it).
+      // This node's clients' use of the address (flows pinned, packets and bytes steered to it), and every
+      // node's as reported to the store.
       flows: Number(counters.get(st.address)?.flows ?? 0n),
       packets: Number(counters.get(st.address)?.packets ?? 0n),
       bytes: Number(counters.get(st.address)?.bytes ?? 0n),
+      clusterFlows: this.usage.get(st.egress.key)?.[st.address]?.flows,
+      clusterBytes: this.usage.get(st.egress.key)?.[st.address]?.bytes,
       ownedHere: !!st.holder,
       recorded: st.recorded,
       storeReachable: !this.storeDown,
@@ -1091,9 +1096,22 @@ export class EgressController {
   }
 
   private async register(): Promise<void> {
+    let counters = new Map<string, { flows: bigint; bytes: bigint }>();
+    try {
+      counters = this.maps?.addressStats() ?? counters;
+    } catch {
+      // usage is diagnostics
+    }
     for (const e of this.egresses.values()) {
       const mine = [...this.gateways.values()].filter((g) => g.egresses.has(e.key)).map((g) => g.info);
       await this.o.ownership.registerGateways(e.key, this.o.node.name, mine, REGISTRY_TTL_MS);
+      const usage: Record<string, { flows: number; bytes: number }> = {};
+      for (const st of this.addresses.values()) {
+        const c = st.egress.key === e.key ? counters.get(st.address) : undefined;
+        if (c) usage[st.address] = { flows: Number(c.flows), bytes: Number(c.bytes) };
+      }
+      if (Object.keys(usage).length) await this.o.ownership.reportUsage(e.key, this.o.node.name, usage, REGISTRY_TTL_MS * 6);
+      this.usage.set(e.key, await this.o.ownership.usage(e.key));
     }
     await this.o.ownership.registerNode(this.o.node.name, this.o.node.address, REGISTRY_TTL_MS);
   }

@@ -193,6 +193,34 @@ export class OwnershipStore extends EventEmitter {
     });
   }
 
+  /**
+   * This node's clients' use of an Egress's addresses (flows pinned, bytes steered), for the leader's
+   * status; each node's entry expires like its registration.
+   */
+  async reportUsage(egress: string, node: string, usage: Record<string, { flows: number; bytes: number }>, ttlMs: number): Promise<void> {
+    await this.client.hset(`${this.prefix}egress:${egress}:usage`, node, JSON.stringify({ usage, expiresAt: Date.now() + ttlMs }));
+  }
+
+  /** The addresses' use summed over the nodes that reported it lately. */
+  async usage(egress: string): Promise<Record<string, { flows: number; bytes: number }>> {
+    const now = Date.now();
+    const out: Record<string, { flows: number; bytes: number }> = {};
+    for (const v of Object.values(await this.client.hgetall(`${this.prefix}egress:${egress}:usage`))) {
+      try {
+        const r = JSON.parse(v) as { usage: Record<string, { flows: number; bytes: number }>; expiresAt: number };
+        if (r.expiresAt <= now) continue;
+        for (const [a, u] of Object.entries(r.usage)) {
+          const t = (out[a] ??= { flows: 0, bytes: 0 });
+          t.flows += Number(u.flows) || 0;
+          t.bytes += Number(u.bytes) || 0;
+        }
+      } catch {
+        // a garbled entry counts as none
+      }
+    }
+    return out;
+  }
+
   async close(): Promise<void> {
     this.client.disconnect();
     this.sub.disconnect();

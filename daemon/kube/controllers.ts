@@ -17,6 +17,7 @@ export function startControllers(source: KubeSource, nodeName: string, egress: E
     refused: () => egressObjects.problems(),
     egressAddresses: () => (egress?.status() ?? []).map((a) => ({
       egress: String(a.egress), address: String(a.address), owner: String(a.owner ?? ''), ownerNode: a.ownerNode as string | undefined, ownerZone: a.ownerZone as string | undefined, epoch: Number(a.epoch),
+      ...(a.clusterFlows !== undefined ? { flows: Number(a.clusterFlows), bytes: Number(a.clusterBytes ?? 0) } : {}),
     })),
     egressSummary: () => egress?.egressSummary() ?? {},
   });

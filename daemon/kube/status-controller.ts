@@ -29,6 +29,9 @@ export interface EgressAddressStatus {
   ownerNode?: string;
   ownerZone?: string;
   epoch: number;
+  /** Flows pinned to it and bytes steered to it by every node's clients (as reported to the store). */
+  flows?: number;
+  bytes?: number;
 }
 
 /** What the egress controller says of one Egress as a whole (EgressController.egressSummary). */
@@ -72,6 +75,9 @@ function statusOf(e: unknown): number | undefined {
   return x.code ?? x.statusCode;
 }
 
+/** How often an Egress status that changed only in its usage counters is written. */
+const COUNTS_EVERY_MS = 30_000;
+
 /** Condition messages are bounded by the API (32 KiB); ours name fields, so a few lines suffice. */
 const message = (problems: string[]) => problems.join('; ').slice(0, 4000);
 
@@ -83,6 +89,8 @@ export class StatusController {
   private running = false;
   private stopping = false;
   private busy?: Promise<void>;
+  /** When each object's status was last written (for the counters' rate limit). */
+  private readonly countsWritten = new Map<string, number>();
   /** Counters for status and tests. */
   readonly stats = { statusWrites: 0, conflicts: 0, claimsCollected: 0 };
 
@@ -167,7 +175,10 @@ export class StatusController {
     }
     const status = {
       observedGeneration: gen,
-      addresses: addrs.map((a) => ({ address: a.address, ...(a.ownerNode ? { ownerNode: a.ownerNode } : {}), ...(a.ownerZone ? { zone: a.ownerZone } : {}), ...(a.owner ? { ownerPod: a.owner } : {}), epoch: a.epoch })),
+      addresses: addrs.map((a) => ({
+        address: a.address, ...(a.ownerNode ? { ownerNode: a.ownerNode } : {}), ...(a.ownerZone ? { zone: a.ownerZone } : {}), ...(a.owner ? { ownerPod: a.owner } : {}), epoch: a.epoch,
+        ...(a.flows !== undefined ? { flows: a.flows, bytes: a.bytes ?? 0 } : {}),
+      })),
       conditions: mergeConditions(cur.status?.conditions, [{ ...ready, observedGeneration: gen }, ...more]),
     };
     await this.write(cur, status, () => this.api.replaceNamespacedCustomObjectStatus({ ...params, body: { ...cur, status } }), `Egress ${namespace}/${name}`);
@@ -175,6 +186,12 @@ export class StatusController {
 
   private async write(cur: Obj, status: Obj, put: () => Promise<unknown>, what: string): Promise<void> {
     if (JSON.stringify(cur.status ?? {}) === JSON.stringify(status)) return;
+    // Usage counters change all the time: a status that differs only in them is written at most every
+    // COUNTS_EVERY_MS, so the API server is not written to on every pass.
+    const withoutCounts = (x: Obj) => JSON.stringify({ ...x, addresses: (x.addresses as Obj[] | undefined)?.map(({ flows: _f, bytes: _b, ...rest }) => rest) });
+    const last = this.countsWritten.get(what) ?? 0;
+    if (withoutCounts(cur.status ?? {}) === withoutCounts(status) && Date.now() - last < COUNTS_EVERY_MS) return;
+    this.countsWritten.set(what, Date.now());
     try {
       await put();
       this.stats.statusWrites++;

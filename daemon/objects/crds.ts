@@ -182,6 +182,8 @@ const egressSchema: Schema = {
               ownerPod: { type: 'string' },
               zone: { type: 'string' },
               epoch: { type: 'integer', format: 'int64' },
+              flows: { type: 'integer', format: 'int64', description: 'Flows pinned to it by the clients of every node (refreshed at most every 30 s).' },
+              bytes: { type: 'integer', format: 'int64', description: 'Bytes steered to it by the clients of every node.' },
             },
           },
         },

@@ -11,5 +11,6 @@ node_modules/.bin/tsx test/bench/cni-latency.ts
 node_modules/.bin/tsx test/bench/ipam.ts
 node_modules/.bin/tsx test/bench/config-latency.ts
 node_modules/.bin/tsx test/bench/egress-failover.ts
+node_modules/.bin/tsx test/bench/egress-multi.ts
 node_modules/.bin/tsx test/bench/bfd-lag.ts
 node_modules/.bin/tsx test/bench/conntrack-sync-vs-conntrackd.ts
