@@ -154,6 +154,8 @@ async function main() {
 | plain pod (again) | ${r(steering.plainAgain, steering.plainAgain)} |
 | steered, Egress with 8 addresses | ${r(steering.eight, steering.plainAgain)} |
 
+The steering program costs throughput (the FoU headers, a second node and the gateway pod on the path); its flow-map lookup per packet does not grow with the number of addresses (1 and 8 alike). The 64-byte round trips are dominated by the Node processes at both ends on 2 cores: compare them within a run, not across.
+
 Flow pin map: ${result.flowMap.bytesPer100kFlows} bytes of kernel memory per 100 000 flows (bpftool's memlock for the LRU map created with ${memory.entries} entries; size it with \`tetherd --egress-flows N\`, default 65 536).
 
 Moving one address when a node holding 1 of 3 is lost (tetherd killed, uplink down), loss → the new owner holds it, BFD 50 ms × 3: p50 ${result.moveMs.p50} ms, p95 ${result.moveMs.p95} ms, max ${result.moveMs.max} ms over ${moves.length} trials. Raw figures: \`results/bench-egress-multi.json\`.`;

@@ -9,7 +9,8 @@ import { TRAFFIC_CLIENT, type TrafficReport } from '../lib/traffic';
 
 export const V = 'tether.dev/v1alpha1';
 const GW = { tether: { labels: { role: 'egress-gw' } }, namespace: 'shop' };
-const WEB = { tether: { labels: { app: 'web' } }, namespace: 'shop' };
+// Client pods' MTU leaves room for the FoU headers their steered packets get (as tether's encapOverhead does).
+const WEB = { tether: { labels: { app: 'web' }, encapOverhead: 28 }, namespace: 'shop' };
 
 export function egress(spec: Record<string, unknown> = {}): Record<string, unknown> {
   return {
