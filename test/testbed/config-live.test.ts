@@ -105,7 +105,7 @@ async function sourceSeen(tb: Testbed, pod: string): Promise<string> {
 test("a client pod's label removed and restored (Pod object): its flows leave the Egress and come back, without re-attaching", async () => {
   await withTestbed(topology(), async (tb) => {
     const first = await waitOwner(tb);
-    const server = tb.spawn('server', [process.execPath, '-e', "require('net').createServer((s) => s.end(s.remoteAddress + '\\n')).listen(9100, '0.0.0.0', () => console.log('ready'))"]);
+    const server = tb.spawn('server', [process.execPath, '-e', "require('net').createServer((s) => { s.on('error', () => {}); s.end(s.remoteAddress + '\\n'); }).listen(9100, '0.0.0.0', () => console.log('ready'))"]);
     try {
       await until('the probe server', async () => (await sourceSeen(tb, 'n3-web')) === first.st.address);
       const objects = baseObjects();

@@ -86,7 +86,7 @@ function one() {
 }
 for (let i = 0; i < 40; i++) one();`;
 
-const SOURCE_SERVER = "require('net').createServer((s) => s.end(s.remoteAddress + '\\n')).listen(9100, '0.0.0.0', () => console.log('ready'))";
+const SOURCE_SERVER = "require('net').createServer((s) => { s.on('error', () => {}); s.end(s.remoteAddress + '\\n'); }).listen(9100, '0.0.0.0', () => console.log('ready'))";
 
 export async function shortFlows(tb: Testbed, pod: string, n: number): Promise<{ seen: Record<string, number>; errors: number }> {
   const r = await tb.exec(pod, [process.execPath, '-e', FLOW_CLIENT, tb.externalIp('server'), '9100', String(n)], { timeoutMs: 120_000 });
