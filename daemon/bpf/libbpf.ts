@@ -158,3 +158,47 @@ export function possibleCpus(): number {
   if (cpus === undefined) cpus = check(libbpf().libbpf_num_possible_cpus(), 'libbpf_num_possible_cpus', 'cpu count');
   return cpus;
 }
+
+/** A BPF ring buffer read with libbpf's ring_buffer__consume: each record is handed to onRecord (copied). */
+export class RingBufferReader {
+  private rb: Ptr | null;
+  private cb: unknown;
+  private static fns?: {
+    create(fd: number, cb: unknown, ctx: null, opts: null): Ptr | null;
+    consume(rb: Ptr): number;
+    free(rb: Ptr): void;
+  };
+
+  constructor(mapFd: number, onRecord: (data: Buffer) => void, what: string) {
+    const k = koffi();
+    if (!RingBufferReader.fns) {
+      libbpf();
+      const so = k.load('libbpf.so.1');
+      k.proto('int tether_ring_buffer_sample_fn(void *ctx, void *data, size_t size)');
+      RingBufferReader.fns = {
+        create: so.func('void *ring_buffer__new(int map_fd, tether_ring_buffer_sample_fn *cb, void *ctx, void *opts)'),
+        consume: so.func('int ring_buffer__consume(void *rb)'),
+        free: so.func('void ring_buffer__free(void *rb)'),
+      };
+    }
+    this.cb = k.register((_ctx: unknown, data: unknown, size: number | bigint) => {
+      // The record lives in the ring only during the callback: copy it out.
+      onRecord(Buffer.from(k.view(data, Number(size)) as ArrayBuffer).subarray(0, Number(size)));
+      return 0;
+    }, k.pointer(k.resolve('tether_ring_buffer_sample_fn')));
+    this.rb = checkPtr(RingBufferReader.fns.create(mapFd, this.cb, null, null), 'ring_buffer__new', what);
+  }
+
+  /** Hands every record waiting now to onRecord, on this thread; returns how many there were. */
+  consume(): number {
+    if (!this.rb) return 0;
+    return check(RingBufferReader.fns!.consume(this.rb), 'ring_buffer__consume', 'lb events');
+  }
+
+  close(): void {
+    if (this.rb) RingBufferReader.fns!.free(this.rb);
+    this.rb = null;
+    if (this.cb) koffi().unregister(this.cb as Parameters<ReturnType<typeof koffi>['unregister']>[0]);
+    this.cb = undefined;
+  }
+}

@@ -10,6 +10,7 @@ import {
   EGRESS_LAYOUTS, decodeEgressClient, decodeEgressDestKey, decodeEgressGateways, encodeEgressClient, encodeEgressConfig, encodeEgressDestKey,
   encodeEgressGateways, parseIpv4Prefix, sumEgressStats,
 } from '../../daemon/bpf/egress-structs';
+import { LB_LAYOUTS, PROTO, decodeEvent, decodeMapKey, decodeMapping, encodeMapKey, encodeMapping, encodeServiceKey } from '../../daemon/bpf/lb-structs';
 
 const root = path.resolve(__dirname, '../..');
 const objects = ['fou-encap', 'fou-decap'].map((n) => path.join(root, 'dist/bpf', `${n}.bpf.o`));
@@ -75,21 +76,36 @@ test('per-CPU stats are summed', () => {
   assert.is(s.rejectedSource, 9n);
 });
 
-// Egress steering mirrors (daemon/bpf/egress-structs.ts) against egress-steer.bpf.o.
-test('every egress mirror matches the BTF of egress-steer.bpf.o', () => {
-  const obj = path.join(root, 'dist/bpf/egress-steer.bpf.o');
+/** Every mirror in layouts matches the BTF of dist/bpf/<object>.bpf.o, and each is found there. */
+function checkMirrors(object: string, layouts: Record<string, { size: number; fields: unknown }>, notInBtf: string[] = []): void {
+  const obj = path.join(root, 'dist/bpf', `${object}.bpf.o`);
   if (!fs.existsSync(obj)) execFileSync('bash', [path.join(root, 'bpf/build.sh')], { stdio: 'inherit' });
   const types = btfOf(obj);
   const seen = new Set<string>();
   for (const t of types.values()) {
-    if (t.kind !== 'STRUCT' || !t.name || !(t.name in EGRESS_LAYOUTS)) continue;
+    if (t.kind !== 'STRUCT' || !t.name || !(t.name in layouts)) continue;
     seen.add(t.name);
-    const mirror = EGRESS_LAYOUTS[t.name];
+    const mirror = layouts[t.name];
     assert.is(mirror.size, t.size, `${t.name} size`);
     const btfFields = Object.fromEntries(t.members!.map((m) => [m.name, { offset: m.bits_offset / 8, size: sizeOf(types, m.type_id) }]));
     assert.equal(mirror.fields, btfFields, `${t.name} fields (name → offset, size)`);
   }
-  assert.equal([...seen].sort(), Object.keys(EGRESS_LAYOUTS).sort(), 'each egress mirror is in the object');
+  assert.equal([...seen].sort(), Object.keys(layouts).filter((n) => !notInBtf.includes(n)).sort(), `each mirror is in ${object}.bpf.o`);
+}
+
+// Egress steering mirrors (daemon/bpf/egress-structs.ts) against egress-steer.bpf.o.
+test('every egress mirror matches the BTF of egress-steer.bpf.o', () => checkMirrors('egress-steer', EGRESS_LAYOUTS));
+
+// Load balancer mirrors (daemon/bpf/lb-structs.ts) against lb.bpf.o.
+test('every load balancer mirror matches the BTF of lb.bpf.o', () => checkMirrors('lb', LB_LAYOUTS, ['lb_event'])); // ring buffer records have no BTF; lb-types.h asserts its size
+
+test('load balancer encoders: service keys, mapping keys and values, events', () => {
+  assert.is(encodeServiceKey('10.0.0.1', 443, PROTO.TCP).toString('hex'), '0a000001' + '01bb' + '06' + '00');
+  const k = { vip: '10.0.0.1', client: '192.0.2.7', vport: 443, cport: 40000, proto: PROTO.UDP };
+  assert.equal(decodeMapKey(encodeMapKey(k)), k);
+  assert.equal(decodeMapping(encodeMapping('10.244.1.5', 7n)), { target: '10.244.1.5', lastNs: 7n });
+  const ev = Buffer.concat([encodeMapKey(k), Buffer.from([10, 244, 0, 9]), Buffer.from([1, 0, 0, 0])]);
+  assert.equal(decodeEvent(ev), { key: k, target: '10.244.0.9', kind: 1 });
 });
 
 test('egress encoders: LPM keys, clients, gateway slots, config, stats', () => {

@@ -1,0 +1,89 @@
+/* lb-types.h: structs and constants of the load balancer program shared with user space (TS mirrors in
+ * daemon/bpf/lb-structs.ts). Addresses and ports are in network byte order, as in the packet. */
+#ifndef TETHER_LB_TYPES_H
+#define TETHER_LB_TYPES_H
+
+/* VIP slots (one per VIP of the node's LB pods) and the Maglev table size; the table map holds
+ * LB_MAX_VIPS_DEFAULT * size entries unless user space sizes it before loading. */
+#define LB_MAX_VIPS_DEFAULT 16
+#define LB_MAGLEV_DEFAULT 65537
+
+/* lb_service.flags */
+#define LB_F_PER_FLOW 0x1 /* the mapping key is the 5-tuple; default: the client address */
+
+/* lb_target.state: both keep their existing mappings; only active ones are in the Maglev table. */
+#define LB_TARGET_ACTIVE 1
+#define LB_TARGET_TERMINATING 2
+
+/* lb_event.kind */
+#define LB_EV_NEW 1 /* a mapping was chosen by Maglev on this LB pod */
+
+/* Settings, key 0. */
+struct lb_config {
+	__be32 saddr;       /* outer source: this node's address (registered, so targets accept it) */
+	__be16 dport;       /* FoU UDP port at the targets */
+	__u16 pad;
+	__u32 maglev_size;  /* entries per VIP slot in lb_maglev (a prime) */
+	__u32 seed;         /* flow-hash seed, identical on every node */
+};
+
+/* One service port of a VIP. */
+struct lb_service_key {
+	__be32 vip;
+	__be16 port;
+	__u8 proto;
+	__u8 pad;
+};
+
+struct lb_service {
+	__u32 slot;  /* the VIP's slot: Maglev table row and counters index */
+	__u32 flags; /* LB_F_* */
+};
+
+/* A client's mapping. Client affinity: vport, cport and proto are 0, so every port of the VIP goes to
+ * the same target for that client. Per flow: the full tuple. */
+struct lb_map_key {
+	__be32 vip;
+	__be32 client;
+	__be16 vport;
+	__be16 cport;
+	__u8 proto;
+	__u8 pad[3];
+};
+
+struct lb_mapping {
+	__be32 target;
+	__u32 pad;
+	__u64 last_ns; /* bpf_ktime_get_ns of the last packet (refreshed at most every LB_TOUCH_NS) */
+};
+
+/* A target of a VIP. */
+struct lb_target_key {
+	__be32 vip;
+	__be32 target;
+};
+
+/* Reported on the ring buffer for every mapping this node chose. */
+struct lb_event {
+	struct lb_map_key key;
+	__be32 target;
+	__u32 kind;
+};
+/* A ring buffer carries no BTF of its records, so the mirror test cannot see this one: pin its size here. */
+_Static_assert(sizeof(struct lb_event) == 24, "lb_event must match daemon/bpf/lb-structs.ts");
+
+/* Per-CPU counters per VIP slot. Must match daemon/bpf/lb-structs.ts LbStats. */
+struct lb_stats {
+	__u64 packets;          /* forwarded to a target */
+	__u64 bytes;            /* inner bytes forwarded */
+	__u64 misses;           /* no valid mapping: picked from the Maglev table */
+	__u64 icmp_forwarded;   /* ICMP errors sent to the target holding the flow */
+	__u64 drop_no_target;   /* the VIP has no active target */
+	__u64 drop_no_port;     /* addressed to the VIP on a port it does not serve */
+	__u64 drop_icmp_no_flow;/* ICMP error about a flow no target holds here */
+	__u64 drop_fragment;    /* a non-first fragment (no ports to look up) */
+	__u64 drop_error;       /* failed encapsulation or redirect */
+	__u64 report_lost;      /* new mapping not reported: ring buffer full */
+};
+
+#endif

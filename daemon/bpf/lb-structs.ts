@@ -1,0 +1,137 @@
+// TypeScript mirrors of the structs in bpf/lb-types.h (checked against the compiled object's BTF by
+// test/unit/bpf-structs.test.ts). Addresses and ports travel in network order, as in the packet.
+import type { StructLayout } from './fou-structs';
+import { ipv4Bytes, ipv4String } from './fou-structs';
+
+export const LB_LAYOUTS: Record<string, StructLayout> = {
+  lb_config: {
+    size: 16,
+    fields: { saddr: { offset: 0, size: 4 }, dport: { offset: 4, size: 2 }, pad: { offset: 6, size: 2 }, maglev_size: { offset: 8, size: 4 }, seed: { offset: 12, size: 4 } },
+  },
+  lb_service_key: { size: 8, fields: { vip: { offset: 0, size: 4 }, port: { offset: 4, size: 2 }, proto: { offset: 6, size: 1 }, pad: { offset: 7, size: 1 } } },
+  lb_service: { size: 8, fields: { slot: { offset: 0, size: 4 }, flags: { offset: 4, size: 4 } } },
+  lb_map_key: {
+    size: 16,
+    fields: {
+      vip: { offset: 0, size: 4 }, client: { offset: 4, size: 4 }, vport: { offset: 8, size: 2 }, cport: { offset: 10, size: 2 },
+      proto: { offset: 12, size: 1 }, pad: { offset: 13, size: 3 },
+    },
+  },
+  lb_mapping: { size: 16, fields: { target: { offset: 0, size: 4 }, pad: { offset: 4, size: 4 }, last_ns: { offset: 8, size: 8 } } },
+  lb_target_key: { size: 8, fields: { vip: { offset: 0, size: 4 }, target: { offset: 4, size: 4 } } },
+  lb_event: { size: 24, fields: { key: { offset: 0, size: 16 }, target: { offset: 16, size: 4 }, kind: { offset: 20, size: 4 } } },
+  lb_stats: {
+    size: 80,
+    fields: Object.fromEntries(
+      ['packets', 'bytes', 'misses', 'icmp_forwarded', 'drop_no_target', 'drop_no_port', 'drop_icmp_no_flow', 'drop_fragment', 'drop_error', 'report_lost']
+        .map((n, i) => [n, { offset: i * 8, size: 8 }]),
+    ),
+  },
+};
+
+// must match bpf/lb-types.h
+export const LB_F_PER_FLOW = 0x1;
+export const LB_TARGET_ACTIVE = 1;
+export const LB_TARGET_TERMINATING = 2;
+export const LB_MAX_VIPS_DEFAULT = 16;
+export const LB_MAGLEV_DEFAULT = 65537;
+
+export const PROTO = { TCP: 6, UDP: 17 } as const;
+export type Protocol = keyof typeof PROTO;
+
+const L = LB_LAYOUTS;
+
+export function encodeLbConfig(c: { outerSource: string; port: number; maglevSize: number; seed: number }): Buffer {
+  const b = Buffer.alloc(L.lb_config.size);
+  ipv4Bytes(c.outerSource, 'outerSource').copy(b, 0);
+  b.writeUInt16BE(c.port, 4);
+  b.writeUInt32LE(c.maglevSize, 8);
+  b.writeUInt32LE(c.seed >>> 0, 12);
+  return b;
+}
+
+/** A service port of a VIP; port 0 / proto 0 is the VIP's own entry (refuses its other ports). */
+export function encodeServiceKey(vip: string, port: number, proto: number): Buffer {
+  const b = Buffer.alloc(L.lb_service_key.size);
+  ipv4Bytes(vip, 'vip').copy(b, 0);
+  b.writeUInt16BE(port, 4);
+  b.writeUInt8(proto, 6);
+  return b;
+}
+
+export function encodeService(slot: number, flags: number): Buffer {
+  const b = Buffer.alloc(L.lb_service.size);
+  b.writeUInt32LE(slot, 0);
+  b.writeUInt32LE(flags, 4);
+  return b;
+}
+
+/** A mapping key; client affinity leaves vport, cport and proto 0. */
+export interface MapKey {
+  vip: string;
+  client: string;
+  vport: number;
+  cport: number;
+  proto: number;
+}
+
+export function encodeMapKey(k: MapKey): Buffer {
+  const b = Buffer.alloc(L.lb_map_key.size);
+  ipv4Bytes(k.vip, 'vip').copy(b, 0);
+  ipv4Bytes(k.client, 'client').copy(b, 4);
+  b.writeUInt16BE(k.vport, 8);
+  b.writeUInt16BE(k.cport, 10);
+  b.writeUInt8(k.proto, 12);
+  return b;
+}
+
+export function decodeMapKey(b: Buffer, off = 0): MapKey {
+  return { vip: ipv4String(b, off), client: ipv4String(b, off + 4), vport: b.readUInt16BE(off + 8), cport: b.readUInt16BE(off + 10), proto: b.readUInt8(off + 12) };
+}
+
+export function encodeMapping(target: string, lastNs = 0n): Buffer {
+  const b = Buffer.alloc(L.lb_mapping.size);
+  ipv4Bytes(target, 'target').copy(b, 0);
+  b.writeBigUInt64LE(lastNs, 8);
+  return b;
+}
+
+export function decodeMapping(b: Buffer): { target: string; lastNs: bigint } {
+  return { target: ipv4String(b, 0), lastNs: b.readBigUInt64LE(8) };
+}
+
+export function encodeTargetKey(vip: string, target: string): Buffer {
+  const b = Buffer.alloc(L.lb_target_key.size);
+  ipv4Bytes(vip, 'vip').copy(b, 0);
+  ipv4Bytes(target, 'target').copy(b, 4);
+  return b;
+}
+
+export function decodeTargetKey(b: Buffer): { vip: string; target: string } {
+  return { vip: ipv4String(b, 0), target: ipv4String(b, 4) };
+}
+
+export function decodeEvent(b: Buffer): { key: MapKey; target: string; kind: number } {
+  return { key: decodeMapKey(b, 0), target: ipv4String(b, 16), kind: b.readUInt32LE(20) };
+}
+
+export interface LbStats {
+  packets: bigint;
+  bytes: bigint;
+  misses: bigint;
+  icmpForwarded: bigint;
+  dropNoTarget: bigint;
+  dropNoPort: bigint;
+  dropIcmpNoFlow: bigint;
+  dropFragment: bigint;
+  dropError: bigint;
+  reportLost: bigint;
+}
+
+const STAT_NAMES: Array<keyof LbStats> = ['packets', 'bytes', 'misses', 'icmpForwarded', 'dropNoTarget', 'dropNoPort', 'dropIcmpNoFlow', 'dropFragment', 'dropError', 'reportLost'];
+
+export function sumLbStats(perCpu: Buffer[]): LbStats {
+  const s = Object.fromEntries(STAT_NAMES.map((n) => [n, 0n])) as unknown as LbStats;
+  for (const b of perCpu) STAT_NAMES.forEach((n, i) => { s[n] += b.readBigUInt64LE(i * 8); });
+  return s;
+}

@@ -1,0 +1,67 @@
+// Maglev consistent hashing (Eisenbud et al., NSDI 2016, section 3.4): a lookup table of prime size M in
+// which every target gets ~M/N entries, and a change of the target set moves few entries. Every tetherd
+// computes the same table for the same target set: targets are ordered by address and hashed with fixed
+// seeds, so LB pods on different nodes send a new client to the same target.
+
+/** Is n prime (trial division; table sizes are at most a few million). */
+export function isPrime(n: number): boolean {
+  if (!Number.isInteger(n) || n < 2) return false;
+  if (n % 2 === 0) return n === 2;
+  for (let d = 3; d * d <= n; d += 2) if (n % d === 0) return false;
+  return true;
+}
+
+/** FNV-1a, 32 bits, over the UTF-8 bytes of s, from a given basis. */
+function fnv1a(s: string, basis: number): number {
+  let h = basis >>> 0;
+  for (const b of Buffer.from(s)) {
+    h ^= b;
+    h = Math.imul(h, 0x01000193) >>> 0;
+  }
+  // Final avalanche (murmur3 fmix32): FNV alone leaves similar names (10.0.0.1, 10.0.0.2) correlated.
+  h ^= h >>> 16;
+  h = Math.imul(h, 0x85ebca6b) >>> 0;
+  h ^= h >>> 13;
+  h = Math.imul(h, 0xc2b2ae35) >>> 0;
+  h ^= h >>> 16;
+  return h >>> 0;
+}
+
+function ipv4ToUint(addr: string): number {
+  const p = addr.split('.').map(Number);
+  return ((p[0] << 24) | (p[1] << 16) | (p[2] << 8) | p[3]) >>> 0;
+}
+
+/**
+ * The Maglev table of size m (a prime) over targets (IPv4 addresses): entry i is the index into the
+ * returned `targets` (sorted, deduplicated) of the target owning slot i, or -1 for all when there are none.
+ */
+export function maglevTable(targetsIn: readonly string[], m: number): { targets: string[]; table: Int32Array } {
+  if (!isPrime(m)) throw new Error(`maglev table size ${m} is not a prime`);
+  const targets = [...new Set(targetsIn)].sort((a, b) => ipv4ToUint(a) - ipv4ToUint(b));
+  const table = new Int32Array(m).fill(-1);
+  const n = targets.length;
+  if (n === 0) return { targets, table };
+  const offset = new Uint32Array(n);
+  const skip = new Uint32Array(n);
+  const next = new Uint32Array(n);
+  targets.forEach((t, i) => {
+    offset[i] = fnv1a(t, 0x811c9dc5) % m;
+    skip[i] = (fnv1a(t, 0x9747b28c) % (m - 1)) + 1;
+  });
+  let filled = 0;
+  for (;;) {
+    for (let i = 0; i < n; i++) {
+      // (offset + next * skip) mod m without overflow: next < m and skip < m, both < 2^26 for real sizes,
+      // but the product can pass 2^53 for huge m; use the running form instead.
+      let c = (offset[i] + ((next[i] * skip[i]) % m)) % m;
+      while (table[c] >= 0) {
+        next[i]++;
+        c = (offset[i] + ((next[i] * skip[i]) % m)) % m;
+      }
+      table[c] = i;
+      next[i]++;
+      if (++filled === m) return { targets, table };
+    }
+  }
+}

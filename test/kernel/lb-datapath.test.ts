@@ -1,0 +1,297 @@
+// The load balancer datapath (bpf/lb.bpf.c through daemon/bpf/lb.ts) on the real kernel. Topology, each a
+// namespace:
+//   client ── router ── lbnode ── lbpod        client 10.92.1.2-.20, lbnode 10.92.2.2, lbpod 10.92.20.2
+//               ├── t1 (10.92.3.2)             targets hold the VIP on lo and decapsulate FoU from the
+//               └── t2 (10.92.4.2)             LB node's address only
+// The router sends the VIP to the LB node, which routes it to its LB pod; the program there picks the
+// client's target and sends the packet back out encapsulated (outer source: the node's address). Targets
+// answer the client directly (DSR).
+import { test } from 'uvu';
+import * as assert from 'uvu/assert';
+import { execFileSync, spawn } from 'node:child_process';
+import * as fs from 'node:fs';
+import * as path from 'node:path';
+import { LbDatapath } from '../../daemon/bpf/lb';
+import { attachFouDecap, type FouDecap } from '../../daemon/bpf/fou';
+import { ensureBpffs } from '../../daemon/bpf/bpffs';
+import { PROTO } from '../../daemon/bpf/lb-structs';
+import { maglevTable } from '../../daemon/lb/maglev';
+import { addNetns, delNetns, uniqueName } from '../lib/netns';
+import { waitFor } from '../lib/wait';
+
+const root = path.resolve(__dirname, '../..');
+const VIP = '10.92.100.10';
+const NODE = '10.92.2.2';
+const LBPOD = '10.92.20.2';
+const T1 = '10.92.3.2';
+const T2 = '10.92.4.2';
+const PORT = 8080;
+const FOU_PORT = 5556;
+const M = 251; // a small prime keeps the test's table writes short; the default size is covered by the bench
+const clients = Array.from({ length: 12 }, (_, i) => `10.92.1.${i + 2}`);
+
+const sh = (cmd: string, ...args: string[]) => execFileSync(cmd, args, { encoding: 'utf8', stdio: ['ignore', 'pipe', 'pipe'] });
+const inNs = (ns: string, ...cmd: string[]) => sh('nsenter', `--net=/run/netns/${ns}`, ...cmd);
+
+interface Bed {
+  client: string; router: string; lbnode: string; lbpod: string; t1: string; t2: string;
+  pinDir: string;
+  lb?: LbDatapath;
+  decaps: FouDecap[];
+  servers: Array<ReturnType<typeof spawn>>;
+}
+
+let bed: Bed;
+
+// Target server: answers each connection with "<name> <peer>\n" after the first line; "big" gets 400 KB first.
+const SERVER_JS = `
+const net = require('net');
+const name = process.argv[1];
+net.createServer((s) => {
+  s.on('error', () => {});
+  s.once('data', (d) => {
+    if (String(d).startsWith('big')) s.write(Buffer.alloc(400 * 1024, 120));
+    s.end(name + ' ' + s.remoteAddress + '\\n');
+  });
+}).listen(Number(process.argv[2]), '0.0.0.0', () => console.log('listening'));
+`;
+
+// Client: one connection per (source, request); prints {src, ok, who, peer, bytes} per connection.
+const CLIENT_JS = `
+const net = require('net');
+const [host, port, srcs, req, timeout] = process.argv.slice(1);
+let left = 0;
+for (const src of srcs.split(',')) {
+  left++;
+  const chunks = [];
+  const s = net.connect({ host, port: Number(port), localAddress: src });
+  const t = setTimeout(() => { console.log(JSON.stringify({ src, ok: false, error: 'timeout' })); s.destroy(); if (--left === 0) process.exit(0); }, Number(timeout));
+  s.on('connect', () => s.write(req + '\\n'));
+  s.on('data', (d) => chunks.push(d));
+  s.on('error', (e) => { clearTimeout(t); console.log(JSON.stringify({ src, ok: false, error: e.code })); if (--left === 0) process.exit(0); });
+  s.on('end', () => {
+    clearTimeout(t);
+    const all = Buffer.concat(chunks);
+    const line = all.toString().split('\\n').filter(Boolean).pop() || '';
+    const [who, peer] = line.replace(/^x+/, '').split(' ');
+    console.log(JSON.stringify({ src, ok: true, who, peer, bytes: all.length }));
+    if (--left === 0) process.exit(0);
+  });
+}
+`;
+
+interface Answer { src: string; ok: boolean; who?: string; peer?: string; bytes?: number; error?: string }
+
+function connect(srcs: string[], opts: { port?: number; req?: string; timeoutMs?: number } = {}): Answer[] {
+  const out = inNs(bed.client, process.execPath, '-e', CLIENT_JS, VIP, String(opts.port ?? PORT), srcs.join(','), opts.req ?? 'hi', String(opts.timeoutMs ?? 5000));
+  return out.trim().split('\n').filter(Boolean).map((l) => JSON.parse(l) as Answer);
+}
+
+function build(): Bed {
+  const b: Bed = {
+    client: uniqueName('tlb-client'), router: uniqueName('tlb-router'), lbnode: uniqueName('tlb-node'), lbpod: uniqueName('tlb-pod'),
+    t1: uniqueName('tlb-t1'), t2: uniqueName('tlb-t2'), pinDir: `/sys/fs/bpf/tether-test/${uniqueName('lb')}`, decaps: [], servers: [],
+  };
+  bed = b;
+  for (const ns of [b.client, b.router, b.lbnode, b.lbpod, b.t1, b.t2]) addNetns(ns);
+  for (const ns of [b.router, b.lbnode]) {
+    for (const k of ['net.ipv4.ip_forward=1', 'net.ipv4.conf.all.rp_filter=0', 'net.ipv4.conf.default.rp_filter=0', 'net.ipv4.conf.all.send_redirects=0']) inNs(ns, 'sysctl', '-qw', k);
+  }
+  const link = (ns: string, ifName: string, addr: string, routerIf: string, routerAddr: string) => {
+    sh('ip', '-n', b.router, 'link', 'add', routerIf, 'type', 'veth', 'peer', 'name', ifName, 'netns', ns);
+    sh('ip', '-n', b.router, 'addr', 'add', `${routerAddr}/24`, 'dev', routerIf);
+    sh('ip', '-n', b.router, 'link', 'set', routerIf, 'up');
+    sh('ip', '-n', ns, 'addr', 'add', `${addr}/24`, 'dev', ifName);
+    sh('ip', '-n', ns, 'link', 'set', ifName, 'up');
+    sh('ip', '-n', ns, 'route', 'add', 'default', 'via', routerAddr);
+  };
+  link(b.client, 'c0', clients[0], 'rc', '10.92.1.1');
+  for (const c of clients.slice(1)) sh('ip', '-n', b.client, 'addr', 'add', `${c}/24`, 'dev', 'c0');
+  link(b.lbnode, 'n0', NODE, 'rn', '10.92.2.1');
+  link(b.t1, 'eth0', T1, 'r1', '10.92.3.1');
+  link(b.t2, 'eth0', T2, 'r2', '10.92.4.1');
+  sh('ip', '-n', b.router, 'route', 'add', `${VIP}/32`, 'via', NODE);
+
+  // The LB pod as ptp wires one: a veth whose host side holds the gateway address, a /32 route to the pod.
+  sh('ip', '-n', b.lbnode, 'link', 'add', 'lbv', 'type', 'veth', 'peer', 'name', 'eth0', 'netns', b.lbpod);
+  sh('ip', '-n', b.lbnode, 'addr', 'add', '10.92.20.1/32', 'dev', 'lbv');
+  sh('ip', '-n', b.lbnode, 'link', 'set', 'lbv', 'up');
+  sh('ip', '-n', b.lbnode, 'route', 'add', `${LBPOD}/32`, 'dev', 'lbv');
+  sh('ip', '-n', b.lbpod, 'addr', 'add', `${LBPOD}/32`, 'dev', 'eth0');
+  sh('ip', '-n', b.lbpod, 'link', 'set', 'eth0', 'up');
+  sh('ip', '-n', b.lbpod, 'route', 'add', '10.92.20.1/32', 'dev', 'eth0');
+  sh('ip', '-n', b.lbpod, 'route', 'add', 'default', 'via', '10.92.20.1', 'dev', 'eth0');
+  // What tetherd does for an LB pod: the VIP routed to it, and the node accepting its own address as the
+  // source of what the pod sends back (the encapsulated packets).
+  sh('ip', '-n', b.lbnode, 'route', 'add', `${VIP}/32`, 'via', LBPOD, 'dev', 'lbv', 'onlink');
+  inNs(b.lbnode, 'sysctl', '-qw', 'net.ipv4.conf.lbv.accept_local=1', 'net.ipv4.conf.lbv.rp_filter=0');
+
+  ensureBpffs(b.pinDir);
+  for (const [ns, name, addr] of [[b.t1, 't1', T1], [b.t2, 't2', T2]] as const) {
+    sh('ip', '-n', ns, 'addr', 'add', `${VIP}/32`, 'dev', 'lo');
+    for (const k of ['all', 'eth0']) inNs(ns, 'sysctl', '-qw', `net.ipv4.conf.${k}.arp_ignore=1`, `net.ipv4.conf.${k}.arp_announce=2`);
+    sh('ip', '-n', ns, 'link', 'set', 'eth0', 'mtu', '1472');
+    b.decaps.push(attachFouDecap({ netns: `/run/netns/${ns}`, ifName: 'eth0', port: FOU_PORT, localAddress: addr, allowedSources: [NODE] }));
+    const srv = spawn('nsenter', [`--net=/run/netns/${ns}`, process.execPath, '-e', SERVER_JS, name, String(PORT)], { stdio: ['ignore', 'pipe', 'ignore'] });
+    b.servers.push(srv);
+  }
+  b.lb = LbDatapath.load({ pinDir: b.pinDir, maxVips: 4, maglevSize: M });
+  b.lb.configure(NODE, FOU_PORT);
+  b.lb.attach(`/run/netns/${b.lbpod}`, 'eth0');
+  return b;
+}
+
+function setTargets(targets: string[], terminating: string[] = []): void {
+  const lb = bed.lb!;
+  lb.setTargets(VIP, new Map([...targets.map((t) => [t, 'active'] as const), ...terminating.map((t) => [t, 'terminating'] as const)]));
+  const mg = maglevTable(targets, M);
+  lb.setMaglevRow(0, mg.table, mg.targets);
+}
+
+const whoIs = (target: string) => (target === T1 ? 't1' : 't2');
+
+test.before(async () => {
+  if (!fs.existsSync(path.join(root, 'dist/bpf/lb.bpf.o'))) execFileSync('bash', [path.join(root, 'bpf/build.sh')], { stdio: 'inherit' });
+  build();
+  bed.lb!.setService(VIP, 0, [{ port: PORT, proto: PROTO.TCP }], 0);
+  setTargets([T1, T2]);
+  // Servers are up once both answer on their own addresses.
+  await waitFor(() => {
+    try {
+      inNs(bed.client, 'bash', '-c', `exec 3<>/dev/tcp/${T1}/${PORT} && exec 4<>/dev/tcp/${T2}/${PORT}`);
+      return true;
+    } catch {
+      return false;
+    }
+  }, 'target servers listening', { timeoutMs: 10000, intervalMs: 100 });
+});
+
+test.after(() => {
+  if (!bed) return;
+  for (const s of bed.servers) s.kill('SIGKILL');
+  try {
+    bed.lb?.close({ unpin: true });
+  } catch {
+    // namespaces go next
+  }
+  for (const d of bed.decaps) {
+    try {
+      d.detach();
+    } catch {
+      // ditto
+    }
+  }
+  delNetns(bed.client, bed.router, bed.lbnode, bed.lbpod, bed.t1, bed.t2);
+  fs.rmSync(bed.pinDir, { recursive: true, force: true });
+});
+
+test('each client sticks to one target, targets see the client, new mappings are recorded and reported', () => {
+  const events: Array<{ client: string; target: string }> = [];
+  bed.lb!.onEvents((e) => events.push({ client: e.key.client, target: e.target }));
+  const first = connect(clients);
+  const second = connect(clients);
+  for (const a of [...first, ...second]) {
+    assert.ok(a.ok, `connection from ${a.src}: ${a.error}`);
+    assert.is(a.peer, a.src, 'the target saw the real client address');
+  }
+  const byClient = new Map(first.map((a) => [a.src, a.who]));
+  for (const a of second) assert.is(a.who, byClient.get(a.src), `client ${a.src} went to the same target twice`);
+  const used = new Set(first.map((a) => a.who));
+  assert.equal([...used].sort(), ['t1', 't2'], `12 clients spread over both targets (got ${[...used]})`);
+
+  const maps = bed.lb!.mappings();
+  assert.is(maps.length, clients.length, 'one mapping per client (client affinity)');
+  for (const m of maps) {
+    assert.is(m.vport, 0);
+    assert.is(whoIs(m.target), byClient.get(m.client), `mapping of ${m.client} names the target that answered`);
+  }
+  bed.lb!.pollEvents();
+  assert.is(events.length, clients.length, 'each new mapping reported once on the ring buffer');
+  for (const e of events) assert.is(whoIs(e.target), byClient.get(e.client));
+  const st = bed.lb!.stats(0);
+  assert.is(st.misses, BigInt(clients.length));
+  assert.ok(st.packets > 0n && st.dropError === 0n && st.reportLost === 0n, JSON.stringify(st, (_k, v) => (typeof v === 'bigint' ? String(v) : v)));
+});
+
+test('an installed mapping (from the store) decides over the Maglev table', () => {
+  const c = '10.92.1.13';
+  const other = '10.92.1.12';
+  const natural = connect([c])[0].who; // the mapping Maglev chose
+  const forced = natural === 't1' ? T2 : T1;
+  bed.lb!.installMappings([{ key: { vip: VIP, client: c, vport: 0, cport: 0, proto: 0 }, target: forced }]);
+  const after = connect([c, c, c]);
+  for (const a of after) assert.is(a.who, whoIs(forced), 'the installed mapping is followed');
+  assert.ok(connect([other])[0].ok);
+});
+
+test('a removed target voids its mappings: its clients move, the others stay', () => {
+  const before = new Map(connect(clients).map((a) => [a.src, a.who]));
+  setTargets([T2]);
+  const after = connect(clients);
+  for (const a of after) {
+    assert.ok(a.ok, `${a.src}: ${a.error}`);
+    assert.is(a.who, 't2', `${a.src} now on the remaining target`);
+  }
+  // Those that were on t2 never moved (same mapping); those on t1 were re-picked and recorded anew.
+  const maps = new Map(bed.lb!.mappings().map((m) => [m.client, m.target]));
+  for (const c of clients) assert.is(maps.get(c), T2);
+  assert.ok([...before.values()].includes('t1'), 'some clients were on t1 before');
+  setTargets([T1, T2], []);
+});
+
+test('a terminating target keeps its clients; new clients go to active targets only', () => {
+  const onT1 = clients.slice(0, 4);
+  bed.lb!.installMappings(onT1.map((client) => ({ key: { vip: VIP, client, vport: 0, cport: 0, proto: 0 }, target: T1 })));
+  const fresh = Array.from({ length: 6 }, (_, i) => `10.92.1.${30 + i}`);
+  for (const f of fresh) sh('ip', '-n', bed.client, 'addr', 'add', `${f}/24`, 'dev', 'c0');
+  setTargets([T2], [T1]);
+  for (const a of connect(onT1)) assert.is(a.who, 't1', `${a.src} stays on the terminating target`);
+  for (const a of connect(fresh)) assert.is(a.who, 't2', `new client ${a.src} goes to an active target`);
+  setTargets([T1, T2]);
+});
+
+test('replies bypass the LB pod (DSR): a 400 KB download passes ~no reply bytes through it', () => {
+  const before = bed.lb!.stats(0);
+  const a = connect([clients[0]], { req: 'big', timeoutMs: 10000 })[0];
+  assert.ok(a.ok, a.error);
+  assert.ok((a.bytes ?? 0) > 400 * 1024, `downloaded ${a.bytes}`);
+  const after = bed.lb!.stats(0);
+  const through = Number(after.bytes - before.bytes);
+  assert.ok(through < 40 * 1024, `only client-to-target bytes pass the LB pod (${through} B for a 400 KB download)`);
+});
+
+test('a port the VIP does not serve is dropped and counted', () => {
+  const before = bed.lb!.stats(0).dropNoPort;
+  const a = connect([clients[0]], { port: 9999, timeoutMs: 1500 })[0];
+  assert.not.ok(a.ok, 'no answer on an unserved port');
+  assert.ok(bed.lb!.stats(0).dropNoPort > before);
+});
+
+test('a path MTU drop behind the target: the ICMP error reaches the target holding the flow', () => {
+  // The router's link to the client shrinks: the target's full-size replies now need fragmenting, and the
+  // router's "fragmentation needed" goes to the VIP, i.e. to the LB node.
+  sh('ip', '-n', bed.router, 'link', 'set', 'rc', 'mtu', '1100');
+  try {
+    const before = bed.lb!.stats(0).icmpForwarded;
+    const a = connect([clients[1]], { req: 'big', timeoutMs: 15000 })[0];
+    assert.ok(a.ok, `download through the smaller MTU: ${a.error}`);
+    assert.ok((a.bytes ?? 0) > 400 * 1024);
+    assert.ok(bed.lb!.stats(0).icmpForwarded > before, 'the LB pod forwarded the ICMP error');
+  } finally {
+    sh('ip', '-n', bed.router, 'link', 'set', 'rc', 'mtu', '1500');
+  }
+});
+
+test('no active target: new clients are dropped and counted', () => {
+  setTargets([]);
+  try {
+    const before = bed.lb!.stats(0).dropNoTarget;
+    const a = connect(['10.92.1.35'], { timeoutMs: 1500 })[0];
+    assert.not.ok(a.ok);
+    assert.ok(bed.lb!.stats(0).dropNoTarget > before);
+  } finally {
+    setTargets([T1, T2]);
+  }
+});
+
+test.run();
