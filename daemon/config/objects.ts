@@ -21,8 +21,8 @@ export interface ConfigObjects {
   /** Pod metadata ("namespace/name"): from Pod objects in a file (standalone), or this node's Pods from the API. */
   pods?: Record<string, PodMeta>;
   /**
-   * Objects resolved by their own subsystems (Egress, LoadBalancer), exactly as written; those with a
-   * schema (Egress) passed it.
+   * Objects resolved by their own subsystems (Egress; Service and EndpointSlice for the load balancer),
+   * exactly as written, each having passed its kind's schema.
    */
   others: Array<Record<string, unknown>>;
 }
@@ -47,7 +47,7 @@ export function objectKey(obj: Record<string, unknown>): string {
 }
 
 /** Kinds this loader hands on untouched; any other unknown kind is an error, so a misspelt kind is caught. */
-export const PASSED_ON_KINDS = ['Egress', 'LoadBalancer'];
+export const PASSED_ON_KINDS = ['Egress', 'Service', 'EndpointSlice'];
 const KNOWN_KINDS = ['AddressPool', 'Node', 'Pod', ...PASSED_ON_KINDS, 'List'];
 const NODE_FIELDS = new Set(['apiVersion', 'kind', 'metadata', 'spec', 'status']);
 

@@ -9,6 +9,7 @@ import { isIP } from 'node:net';
 import { parseCidr } from '../common/ip-math';
 import { API_VERSION, DNS1123_LABEL, describe, isDnsSubdomain, isObject } from '../common/fields';
 import { CRDS, NODE_SCHEMA } from './crds';
+import { CORE_KINDS } from './core-kinds';
 
 type Schema = Record<string, unknown>;
 interface Rule {
@@ -17,9 +18,10 @@ interface Rule {
 }
 
 /** Kinds with a schema, and whether their objects live in a namespace. */
-const KINDS: Record<string, { schema: Schema; namespaced: boolean }> = {
+const KINDS: Record<string, { schema: Schema; namespaced: boolean; apiVersion?: string }> = {
   ...Object.fromEntries(CRDS.map((d) => [d.kind, { schema: d.schema, namespaced: d.scope === 'Namespaced' }])),
   Node: { schema: NODE_SCHEMA, namespaced: false },
+  ...CORE_KINDS,
 };
 
 export function schemaKinds(): string[] {
@@ -166,7 +168,8 @@ export function schemaProblems(obj: unknown, old?: unknown): string[] {
   const kind = typeof obj.kind === 'string' ? KINDS[obj.kind] : undefined;
   if (!kind) return [`kind ${describe(obj.kind)} has no schema (one of ${Object.keys(KINDS).join(', ')})`];
   const out: string[] = [];
-  if (obj.apiVersion !== API_VERSION) out.push(`apiVersion ${describe(obj.apiVersion)} must be ${JSON.stringify(API_VERSION)}`);
+  const apiVersion = kind.apiVersion ?? API_VERSION;
+  if (obj.apiVersion !== apiVersion) out.push(`apiVersion ${describe(obj.apiVersion)} must be ${JSON.stringify(apiVersion)}`);
   metadataProblems(obj, kind.namespaced, out);
   const validate = validatorFor(obj.kind as string);
   if (!validate(obj)) {

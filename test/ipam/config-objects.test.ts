@@ -54,13 +54,13 @@ test('multi-document YAML with a List, kinds passed on as written, empty documen
   const text = [
     POOL('a', '10.1.0.0/16'),
     `kind: List\napiVersion: v1\nitems:\n  - ${JSON.stringify(egress)}\n  - apiVersion: tether.dev/v1alpha1\n    kind: Node\n    metadata: { name: n1.example, labels: { topology.kubernetes.io/zone: z1, rack: r7 } }\n`,
-    'apiVersion: tether.dev/v1alpha1\nkind: LoadBalancer\nmetadata: { name: web }\nspec: { whatever: true }\n',
+    'apiVersion: v1\nkind: Service\nmetadata: { name: web, namespace: shop }\nspec: { type: LoadBalancer, loadBalancerClass: tether.dev/lb, ports: [{ port: 80 }] }\n',
     '',
   ].join('---\n');
   const c = parseConfig(text, 'mixed.yaml');
   assert.equal(c.pools.map((p) => p.name), ['a']);
   assert.equal(c.nodes, { 'n1.example': { zone: 'z1', labels: { 'topology.kubernetes.io/zone': 'z1', rack: 'r7' } } });
-  assert.equal(c.others.map((o) => o.kind), ['Egress', 'LoadBalancer']);
+  assert.equal(c.others.map((o) => o.kind), ['Egress', 'Service']);
   assert.equal(c.others[0], egress);
 });
 
@@ -85,7 +85,7 @@ test('errors name the file and the document (and the list item), all collected',
   ].join('---\n');
   const e = configError(() => parseConfig(text, '/etc/tether/pools.yaml'));
   assert.equal(e.message.split('\n'), [
-    '/etc/tether/pools.yaml document 2: kind "AdressPool" is not one of AddressPool, Node, Pod, Egress, LoadBalancer, List',
+    '/etc/tether/pools.yaml document 2: kind "AdressPool" is not one of AddressPool, Node, Pod, Egress, Service, EndpointSlice, List',
     '/etc/tether/pools.yaml document 4 items[0]: must be an object, not 7',
     '/etc/tether/pools.yaml document 4 items[1]: Node "n": unknown field spec.zon',
     '/etc/tether/pools.yaml document 3: AddressPool "blue": spec.ipv4.cidr "10.2.3.4/16" is not a network address (did you mean 10.2.0.0/16?)',
@@ -125,7 +125,7 @@ test('Node objects: zone from spec or label, contradictions, duplicates, bad nam
 
 test('a document with neither kind nor the legacy form is rejected', () => {
   const e = configError(() => parseConfig('metadata: { name: x }\nspec: { usage: pod }\n', 'k.yaml'));
-  assert.is(e.message, 'k.yaml document 1: kind is missing (one of AddressPool, Node, Pod, Egress, LoadBalancer, List)');
+  assert.is(e.message, 'k.yaml document 1: kind is missing (one of AddressPool, Node, Pod, Egress, Service, EndpointSlice, List)');
 });
 
 test('loadNodeConfig: legacy JSON still works; Node objects work; absent file or node means no facts', () => {

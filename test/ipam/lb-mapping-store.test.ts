@@ -1,0 +1,105 @@
+// The load balancer's mapping store against a real Redis: first writer wins, notices reach other LB pods,
+// idle mappings expire by last use, a removed target's mappings go, and garbled data is refused by name.
+import { test } from 'uvu';
+import * as assert from 'uvu/assert';
+import Redis from 'ioredis';
+import { MappingStore, fieldOf, keyOf, type StoredMapping } from '../../daemon/lb/mapping-store';
+import { startRedis, type TestRedis } from '../lib/redis';
+import { waitFor } from '../lib/wait';
+
+const VIP = '192.0.2.10';
+const key = (client: string) => ({ vip: VIP, client, vport: 0, cport: 0, proto: 0 });
+let redis: TestRedis;
+let a: MappingStore;
+let b: MappingStore;
+
+test.before(async () => {
+  redis = await startRedis();
+  a = await MappingStore.connect(redis.url);
+  b = await MappingStore.connect(redis.url);
+});
+
+test.after(async () => {
+  await a?.close();
+  await b?.close();
+  await redis?.stop();
+});
+
+test('fields name the client, or the whole tuple per flow, and read back', () => {
+  assert.is(fieldOf(key('10.0.0.1')), 'c:10.0.0.1');
+  const flow = { vip: VIP, client: '10.0.0.1', vport: 443, cport: 40000, proto: 6 };
+  assert.is(fieldOf(flow), 'f:10.0.0.1:6:443:40000');
+  assert.equal(keyOf(VIP, fieldOf(flow)), flow);
+  for (const bad of ['x:10.0.0.1', 'c:10.0.0', 'f:10.0.0.1:6:443', 'f:10.0.0.1:6:70000:1', 'c:10.0.0.1:5']) assert.is(keyOf(VIP, bad), undefined, bad);
+});
+
+test('the first writer wins; the loser learns the winner; others get a notice', async () => {
+  const heard: StoredMapping[] = [];
+  b.on('mapping', (m: StoredMapping) => heard.push(m));
+  await waitFor(() => a.connected && b.connected, 'both connected');
+  await new Promise((r) => setTimeout(r, 100)); // the subscription is set up on ready
+  const won = await a.claim(VIP, [{ key: key('10.0.0.1'), target: '10.244.0.5' }]);
+  assert.equal(won, [{ key: key('10.0.0.1'), target: '10.244.0.5' }]);
+  const lost = await b.claim(VIP, [{ key: key('10.0.0.1'), target: '10.244.0.9' }, { key: key('10.0.0.2'), target: '10.244.0.9' }]);
+  assert.equal(lost.map((m) => m.target), ['10.244.0.5', '10.244.0.9'], 'the existing mapping stays; the new one is recorded');
+  await waitFor(() => heard.length >= 2, 'notices of both recorded mappings');
+  assert.equal(heard.map((m) => `${m.key.client}>${m.target}`).sort(), ['10.0.0.1>10.244.0.5', '10.0.0.2>10.244.0.9']);
+  const { mappings } = await a.load(VIP);
+  assert.is(mappings.length, 2);
+});
+
+test('idle mappings expire by last use; touched ones stay', async () => {
+  const t0 = Date.now();
+  await a.claim(VIP, [{ key: key('10.0.1.1'), target: '10.244.0.5' }, { key: key('10.0.1.2'), target: '10.244.0.5' }], t0 - 60_000);
+  await a.touch(VIP, [key('10.0.1.2')], t0);
+  const gone = await a.expire(VIP, 30, t0);
+  assert.equal(gone.map((k) => k.client), ['10.0.1.1']);
+  const left = (await a.load(VIP)).mappings.map((m) => m.key.client);
+  assert.ok(left.includes('10.0.1.2') && !left.includes('10.0.1.1'));
+});
+
+test('a removed target takes only its own mappings', async () => {
+  const n = await a.dropTarget(VIP, '10.244.0.9');
+  assert.is(n, 1);
+  const left = (await a.load(VIP)).mappings;
+  assert.ok(left.every((m) => m.target !== '10.244.0.9') && left.length >= 2);
+});
+
+test('garbled notices and fields are refused, not installed', async () => {
+  const garbled: string[] = [];
+  const heard: StoredMapping[] = [];
+  b.on('garbled', (m: string) => garbled.push(m));
+  b.on('mapping', (m: StoredMapping) => heard.push(m));
+  const raw = new Redis({ path: redis.socketPath });
+  try {
+    await raw.publish('tether:lb:mappings', 'not json');
+    await raw.publish('tether:lb:mappings', JSON.stringify({ vip: VIP, field: 'c:10.0.0.300', target: '10.244.0.5' }));
+    await raw.hset(`tether:lb:{${VIP}}:map`, 'c:bogus', '10.244.0.5');
+    await waitFor(() => garbled.length === 2, 'both garbled notices seen');
+    assert.is(heard.length, 0);
+    const { garbled: bad } = await a.load(VIP);
+    assert.is(bad, 1);
+  } finally {
+    raw.disconnect();
+  }
+});
+
+test('with Redis gone, calls fail fast instead of hanging; after a restart (empty) the store works again', async () => {
+  await redis.kill();
+  const t0 = Date.now();
+
+  let failed = false;
+  try {
+    await a.claim(VIP, [{ key: key('10.0.2.1'), target: '10.244.0.5' }]);
+  } catch {
+    failed = true;
+  }
+  assert.ok(failed && Date.now() - t0 < 3000, 'a claim without Redis fails within the command timeout');
+  await redis.restart();
+  await waitFor(() => a.connected, 'reconnected', { timeoutMs: 5000 });
+  assert.is((await a.load(VIP)).mappings.length, 0, 'the restarted Redis is empty');
+  await a.claim(VIP, [{ key: key('10.0.2.1'), target: '10.244.0.5' }]);
+  assert.is((await a.load(VIP)).mappings.length, 1);
+});
+
+test.run();
