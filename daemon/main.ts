@@ -15,6 +15,8 @@ import { CurrentConfig, startSource } from './parts/source';
 import { openPodState, startIpam, startStore } from './parts/ipam';
 import { createEgress, egressReconciler, planEgress } from './parts/egress';
 import { apiServer } from './parts/api';
+import { createLb, lbReconciler } from './parts/lb';
+import { resolveLoadBalancers } from './lb/lb-spec';
 import { VERSION } from '../cni/about';
 
 export async function main(argv: string[]): Promise<number> {
@@ -71,14 +73,16 @@ async function start(opts: Options, nodeName: string, logger: Logger, life: Life
   const egress = egressPlan
     ? await createEgress(opts, egressPlan, { nodeName, config, fouPort, syncPort, maxFlows, addresses: ipam.addresses, attach, logger }, (close) => life.started('ownership store', close))
     : undefined;
+  const lb = await createLb(opts, { config, fouPort, addresses: ipam.addresses, attach, nodeName, logger }, (close) => life.started('lb mapping store', close));
   // The main event loop's worst delay since start (status): what a busy tetherd does to its timers.
   const loopLag = new LoopLag();
   life.started('event loop monitor', () => loopLag.stop());
 
-  const server = apiServer({ socket: opts.socket, nodeName, stateDir, bpfPinDir: opts['bpf-pin-dir'], current, podStore, attach, ipam, egress, loopLag, logger });
+  const server = apiServer({ socket: opts.socket, nodeName, stateDir, bpfPinDir: opts['bpf-pin-dir'], current, podStore, attach, ipam, egress, lb, loopLag, logger });
   // Egress stops after the socket (a CNI ADD under way still finds its roles), and also when its own start
   // fails half-way, so whatever it set up is undone.
   if (egress) life.started('egress', () => egress.stop(), 15_000);
+  if (lb) life.started('load balancer', () => lb.stop(), 15_000);
   try {
     await server.listen();
   } catch (e) {
@@ -94,8 +98,16 @@ async function start(opts: Options, nodeName: string, logger: Logger, life: Life
       throw new StartError(1, `egress controller failed to start: ${(err as Error).message}`, { cause: err });
     }
   }
+  if (lb) {
+    try {
+      await lb.apply(resolveLoadBalancers(config.others, config.pools), config.pods);
+      await lb.start();
+    } catch (err) {
+      throw new StartError(1, `load balancer failed to start: ${(err as Error).message}`, { cause: err });
+    }
+  }
   // Every accepted configuration change reaches each subsystem, which converges to it.
-  const feed = feedReconcilers(source, [current, ipam.reconciler, egressReconciler(egressObjects, egress, logger)], logger);
+  const feed = feedReconcilers(source, [current, ipam.reconciler, egressReconciler(egressObjects, egress, logger), lbReconciler(lb, logger)], logger);
   life.started('config updates', () => feed.stop());
   if (source instanceof KubeSource) startControllers(source, nodeName, egress, egressObjects, logger, life);
   logger.info('tetherd started', { version: VERSION, socket: opts.socket, stateDir, bpfPinDir: opts['bpf-pin-dir'], podsRecorded: loaded });

@@ -5,6 +5,7 @@ import { parseArgs } from 'node:util';
 import { DEFAULT_SOCKET_PATH } from './api/protocol';
 import { StartError } from './lifecycle';
 import { parseRedisUrl } from './common/redis';
+import { isPrime } from './lb/maglev';
 
 export const USAGE = `usage: tetherd [--node-name NAME] [--socket PATH] [--state-dir DIR] [--bpf-pin-dir DIR] [--config FILE | --kubernetes | --kubeconfig FILE]
                [--redis URL] [--redis-prefix PREFIX] [--log-level LEVEL]
@@ -22,6 +23,9 @@ export const USAGE = `usage: tetherd [--node-name NAME] [--socket PATH] [--state
   --cluster-key-secret NAME  in a cluster: the key from Secret NAME in $POD_NAMESPACE (created by the first tetherd)
   --fou-port N            UDP port of FoU encapsulation (default 5555); --sync-port N conntrack sync (default 3785)
   --egress-flows N        flows of this node's client pods pinned to their egress address (LRU; default 65536)
+  Load balancer (Services of type LoadBalancer, loadBalancerClass tether.dev/lb) needs --node-address and --redis:
+  --lb-export-table N     route-export table the node's BGP speaker advertises VIPs from (default 0: none)
+  --lb-max-vips N         VIPs this node can serve (default 16); --lb-maglev-size P  Maglev table size, a prime (65537)
   --help, --version`;
 
 export type Options = {
@@ -41,6 +45,9 @@ export type Options = {
   'fou-port': string;
   'sync-port': string;
   'egress-flows': string;
+  'lb-export-table': string;
+  'lb-max-vips': string;
+  'lb-maglev-size': string;
   'no-conntrack-sync': boolean;
   'log-level': string;
   help?: boolean;
@@ -67,6 +74,9 @@ export function parseOptions(argv: string[]): Options {
       'fou-port': { type: 'string', default: '5555' },
       'sync-port': { type: 'string', default: '3785' },
       'egress-flows': { type: 'string', default: '65536' },
+      'lb-export-table': { type: 'string', default: '0' },
+      'lb-max-vips': { type: 'string', default: '16' },
+      'lb-maglev-size': { type: 'string', default: '65537' },
       // Testing only: the negative control of the failover tests (takeover without conntrack state).
       'no-conntrack-sync': { type: 'boolean', default: false },
       'log-level': { type: 'string', default: 'info' },
@@ -112,4 +122,19 @@ export function flowsOption(raw: string): number {
   const n = Number(raw);
   if (!/^[0-9]+$/.test(raw) || n < 1024 || n > 16_777_216) throw new StartError(2, `--egress-flows: ${JSON.stringify(raw)} is not a flow count (1024-16777216)`);
   return n;
+}
+
+/** --lb-export-table, --lb-max-vips and --lb-maglev-size, checked. */
+export function lbOptions(opts: Options): { exportTable: number; maxVips: number; maglevSize: number } {
+  const int = (name: keyof Options, min: number, max: number): number => {
+    const raw = String(opts[name]);
+    const n = Number(raw);
+    if (!/^[0-9]+$/.test(raw) || n < min || n > max) throw new StartError(2, `--${name}: ${JSON.stringify(raw)} must be an integer ${min}..${max}`);
+    return n;
+  };
+  const exportTable = int('lb-export-table', 0, 0xffffffff);
+  if ([253, 254, 255].includes(exportTable)) throw new StartError(2, `--lb-export-table: ${exportTable} is a kernel table (local/main/default); pick another`);
+  const maglevSize = int('lb-maglev-size', 7, 1_000_003);
+  if (!isPrime(maglevSize)) throw new StartError(2, `--lb-maglev-size: ${maglevSize} is not a prime`);
+  return { exportTable, maxVips: int('lb-max-vips', 1, 256), maglevSize };
 }

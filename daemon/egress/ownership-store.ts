@@ -9,6 +9,7 @@ import Redis from 'ioredis';
 import { EventEmitter } from 'node:events';
 import { log } from '../log';
 import { parseRedisUrl } from '../common/redis';
+import { listNodes, registerNode } from '../common/node-registry';
 
 /** A gateway pod that can hold an Egress's floating addresses. */
 export interface GatewayInfo {
@@ -178,19 +179,11 @@ export class OwnershipStore extends EventEmitter {
 
   /** Publishes this node's address (gateways accept FoU only from registered nodes). */
   async registerNode(node: string, address: string, ttlMs: number): Promise<void> {
-    await this.client.hset(`${this.prefix}nodes`, node, JSON.stringify({ address, expiresAt: Date.now() + ttlMs }));
+    await registerNode(this.client, this.prefix, node, address, ttlMs);
   }
 
   async listNodes(): Promise<string[]> {
-    const now = Date.now();
-    return Object.values(await this.client.hgetall(`${this.prefix}nodes`)).flatMap((v) => {
-      try {
-        const r = JSON.parse(v) as { address: string; expiresAt: number };
-        return r.expiresAt > now ? [r.address] : [];
-      } catch {
-        return [];
-      }
-    });
+    return listNodes(this.client, this.prefix);
   }
 
   /**

@@ -9,6 +9,7 @@ import { EventEmitter } from 'node:events';
 import { isIPv4 } from 'node:net';
 import { log } from '../log';
 import { parseRedisUrl } from '../common/redis';
+import { listNodes, registerNode } from '../common/node-registry';
 import type { MapKey } from '../bpf/lb-structs';
 
 /** A mapping as stored: the hash field names the client (and, per flow, the tuple). */
@@ -216,6 +217,15 @@ export class MappingStore extends EventEmitter {
   /** Removes all of vip's mappings (the Service is gone). */
   async dropVip(vip: string): Promise<void> {
     await this.client.del(...this.keys(vip));
+  }
+
+  /** Publishes this node's address: targets accept FoU only from registered nodes. */
+  async registerNode(node: string, address: string, ttlMs: number): Promise<void> {
+    await registerNode(this.client, this.prefix, node, address, ttlMs);
+  }
+
+  async listNodes(): Promise<string[]> {
+    return listNodes(this.client, this.prefix);
   }
 
   async close(): Promise<void> {

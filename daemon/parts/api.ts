@@ -6,6 +6,7 @@ import type { Logger } from '../log';
 import type { PodStore } from '../state/pod-store';
 import type { AttachService } from '../pod/attach-service';
 import type { EgressController } from '../egress/egress-controller';
+import type { LbController } from '../lb/lb-controller';
 import type { OwnerRequest } from '../../ipam/cluster-addresses';
 import type { LoopLag } from '../util/loop-lag';
 import { VERSION } from '../../cni/about';
@@ -38,6 +39,7 @@ export interface ApiDeps {
   attach: AttachService;
   ipam: Ipam;
   egress?: EgressController;
+  lb?: LbController;
   loopLag: LoopLag;
   logger: Logger;
 }
@@ -76,6 +78,7 @@ export function apiServer(d: ApiDeps): ApiServer {
         egressSummary: egress?.egressSummary() ?? {},
         egressSecurity: egress?.security(),
         bfd: egress?.bfdStatus(),
+        loadBalancers: d.lb?.status() ?? [],
         eventLoop: { lagMaxMs: d.loopLag.maxMs(), lagMaxPerSecondMs: d.loopLag.series() },
         pods: d.podStore.all().map((r) => ({
           network: r.network,

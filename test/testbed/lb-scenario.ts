@@ -1,0 +1,206 @@
+// The load balancer on the testbed: LB pods on n1..n3 (n3's added during a test), target pods on n4 and n5,
+// one Service of type LoadBalancer of tether's class with its EndpointSlice, real BIRD 2 on the LB nodes
+// (each advertising its route-export table) and on the router (ECMP over the nodes that advertise the VIP,
+// hashing on L4 so each connection takes one path and a change of paths rehashes them), Redis as the
+// mapping store, and long-lived traffic from the external client through the VIP.
+import type { ChildProcess } from 'node:child_process';
+import type { Testbed } from './testbed';
+import type { Topology } from './topology';
+import { exportTableSpeakerConfig, startBird, waitBgpEstablished, type TestBird } from '../lib/bird';
+import { TRAFFIC_CLIENT, type TrafficReport } from '../lib/traffic';
+
+export const LB_POOL = '198.51.100.0/28';
+export const EXPORT_TABLE = 100;
+export const PORT = 9000;
+const ROUTER_AS = 65000;
+const NODE_AS = 65001;
+const LB = { tether: { labels: { 'tether.dev/role': 'lb' } }, namespace: 'shop' };
+const APP = { tether: { labels: { app: 'db' } }, namespace: 'shop' };
+export const LB_NODES = ['n1', 'n2', 'n3'];
+
+export function topology(): Topology {
+  return {
+    nodes: [
+      { name: 'n1', pods: [{ name: 'lb', ...LB }] },
+      { name: 'n2', pods: [{ name: 'lb', ...LB }] },
+      { name: 'n3', pods: [] },
+      { name: 'n4', pods: [{ name: 't1', ...APP }, { name: 't2', ...APP }] },
+      { name: 'n5', pods: [{ name: 't3', ...APP }] },
+    ],
+    tether: true,
+    ipam: 'tether-ipam',
+    tetherdArgs: ['--lb-export-table', String(EXPORT_TABLE)],
+    extraObjects: [pool],
+  };
+}
+
+export const lbPodSpec = { name: 'lb', ...LB };
+export const targetSpec = (name: string) => ({ name, ...APP });
+
+export const pool = { apiVersion: 'tether.dev/v1alpha1', kind: 'AddressPool', metadata: { name: 'lb' }, spec: { usage: 'loadBalancer', ipv4: { cidr: LB_POOL } } };
+
+export function service(annotations: Record<string, string> = { 'lb.tether.dev/affinity': 'flow' }, spec: Record<string, unknown> = {}): Record<string, unknown> {
+  return {
+    apiVersion: 'v1', kind: 'Service', metadata: { name: 'db', namespace: 'shop', annotations },
+    spec: { type: 'LoadBalancer', loadBalancerClass: 'tether.dev/lb', allocateLoadBalancerNodePorts: false, ports: [{ name: 'tcp', port: PORT, protocol: 'TCP' }, { name: 'udp', port: PORT, protocol: 'UDP' }], ...spec },
+  };
+}
+
+/** The EndpointSlice of the Service: the given target pods, ready unless listed as terminating. */
+export function slice(tb: Testbed, targets: string[], terminating: string[] = []): Record<string, unknown> {
+  return {
+    apiVersion: 'discovery.k8s.io/v1', kind: 'EndpointSlice',
+    metadata: { name: 'db-1', namespace: 'shop', labels: { 'kubernetes.io/service-name': 'db' } },
+    addressType: 'IPv4',
+    ports: [{ name: 'tcp', port: PORT, protocol: 'TCP' }],
+    endpoints: [
+      ...targets.map((k) => ({ addresses: [tb.podIp(k)], conditions: { ready: true }, nodeName: tb.pod(k).node, targetRef: { kind: 'Pod', namespace: 'shop', name: tb.pod(k).name } })),
+      ...terminating.map((k) => ({ addresses: [tb.podIp(k)], conditions: { ready: false, serving: true, terminating: true }, nodeName: tb.pod(k).node })),
+    ],
+  };
+}
+
+export function configure(tb: Testbed, targets: string[], opts: { terminating?: string[]; service?: Record<string, unknown> } = {}): void {
+  tb.rewriteConfig({ extraObjects: [pool, opts.service ?? service(), slice(tb, targets, opts.terminating)] });
+}
+
+export interface LbStatus {
+  service: string;
+  vip?: string;
+  announced: boolean;
+  mappings: number;
+  localLbPods: string[];
+  localTargets: string[];
+  problem?: string;
+  refused?: string[];
+  counters?: Record<string, number>;
+}
+
+export async function lbStatus(tb: Testbed, node: string): Promise<LbStatus | undefined> {
+  return ((await tb.status(node)) as unknown as { loadBalancers: LbStatus[] }).loadBalancers.find((l) => l.service === 'shop/db');
+}
+
+export async function until<T>(what: string, fn: () => Promise<T | undefined | false>, timeoutMs = 20_000): Promise<T> {
+  const end = Date.now() + timeoutMs;
+  let last: unknown;
+  for (;;) {
+    try {
+      const v = await fn();
+      if (v) return v;
+    } catch (e) {
+      last = e;
+    }
+    if (Date.now() > end) throw new Error(`timed out after ${timeoutMs} ms waiting for ${what}${last ? ` (last error: ${(last as Error).message})` : ''}`);
+    await new Promise((r) => setTimeout(r, 150));
+  }
+}
+
+/** BIRD on the router (ECMP into its kernel table) and on each LB node (advertising the export table). */
+export async function startBgp(tb: Testbed): Promise<{ birds: TestBird[]; stop: () => Promise<void> }> {
+  const routerIp = '198.18.0.1';
+  await tb.mustExec('router', ['sysctl', '-qw', 'net.ipv4.fib_multipath_hash_policy=1']);
+  const nodes = LB_NODES.map((n) => tb.node(n));
+  const routerConf = `router id ${routerIp};
+log stderr all;
+protocol device { scan time 10; }
+protocol kernel fib {
+  merge paths on;
+  ipv4 { import none; export where source = RTS_BGP; };
+}
+${nodes.map((n) => `protocol bgp ${n.name} {
+  local as ${ROUTER_AS};
+  neighbor ${n.fabricIp} as ${NODE_AS};
+  connect delay time 1;
+  connect retry time 1;
+  error wait time 1, 5;
+  hold time 3;
+  ipv4 { import all; export none; };
+}
+`).join('')}`;
+  const birds: TestBird[] = [];
+  try {
+    birds.push(await startBird(tb.ns('router'), routerConf));
+    for (const n of nodes) {
+      birds.push(await startBird(tb.ns(n.name), exportTableSpeakerConfig({ routerId: n.fabricIp, as: NODE_AS, table: EXPORT_TABLE, peers: [{ name: 'upstream', address: routerIp, as: ROUTER_AS }] })));
+    }
+    await waitBgpEstablished(birds);
+  } catch (e) {
+    await Promise.all(birds.map((b) => b.stop()));
+    throw e;
+  }
+  return { birds, stop: async () => void (await Promise.all(birds.map((b) => b.stop()))) };
+}
+
+/** The router's next hops for the VIP (the nodes it spreads connections over). */
+export async function routerPaths(tb: Testbed, vip: string): Promise<string[]> {
+  const r = await tb.exec('router', ['ip', '-j', 'route', 'show', `${vip}/32`]);
+  const routes = JSON.parse(r.stdout || '[]') as Array<{ gateway?: string; nexthops?: Array<{ gateway: string }> }>;
+  return routes.flatMap((x) => (x.nexthops ? x.nexthops.map((h) => h.gateway) : x.gateway ? [x.gateway] : [])).sort();
+}
+
+// Target server: echoes numbered lines (TCP) and datagrams (UDP, answered from the VIP the client used);
+// on SIGTERM prints the TCP peers it saw and how many it saw close early.
+const TARGET_SERVER = `
+const net = require('net'), dgram = require('dgram');
+const [port, vip, name] = process.argv.slice(1);
+const peers = new Set();
+net.createServer((s) => {
+  peers.add(s.remoteAddress + ':' + s.remotePort);
+  s.setNoDelay(true);
+  s.on('data', (b) => s.write(b));
+  s.on('error', () => {});
+}).listen(Number(port), '0.0.0.0', () => process.stdout.write('ready\\n'));
+const u = dgram.createSocket('udp4');
+u.on('message', (m, r) => u.send(m, r.port, r.address));
+u.bind(Number(port), vip);
+process.on('SIGTERM', () => { process.stdout.write(JSON.stringify({ name, peers: [...peers] }) + '\\n'); process.exit(0); });
+`;
+
+export interface Servers {
+  stop(): Promise<Map<string, string[]>>;
+  add(pod: string): Promise<void>;
+}
+
+/** Echo servers in the target pods; stop() tells, per pod, the TCP peers it served. */
+export async function startTargets(tb: Testbed, pods: string[], vip: string): Promise<Servers> {
+  const running = new Map<string, { child: ChildProcess; out: Promise<string> }>();
+  const add = async (pod: string) => {
+    const child = tb.spawn(pod, [process.execPath, '-e', TARGET_SERVER, String(PORT), vip, pod]);
+    let text = '';
+    const out = new Promise<string>((resolve) => {
+      child.stdout?.on('data', (b: Buffer) => (text += b.toString()));
+      child.on('exit', () => resolve(text));
+    });
+    await until(`server in ${pod}`, async () => text.includes('ready'), 10_000);
+    running.set(pod, { child, out });
+  };
+  for (const p of pods) await add(p);
+  return {
+    add,
+    async stop() {
+      const res = new Map<string, string[]>();
+      for (const [pod, r] of running) {
+        r.child.kill('SIGTERM');
+        const line = (await r.out).split('\n').find((l) => l.startsWith('{'));
+        res.set(pod, line ? (JSON.parse(line).peers as string[]) : []);
+      }
+      return res;
+    },
+  };
+}
+
+/** Long-lived connections (and a UDP stream) from the external client to the VIP while `during` runs. */
+export async function traffic(tb: Testbed, vip: string, conns: number, durationMs: number, during: () => Promise<void>): Promise<TrafficReport> {
+  const client = tb.spawn('client', [process.execPath, '-e', TRAFFIC_CLIENT, vip, String(PORT), String(conns), String(durationMs), '50', '1']);
+  let out = '';
+  client.stdout?.on('data', (b: Buffer) => (out += b.toString()));
+  const exited = new Promise<void>((r) => client.on('exit', () => r()));
+  await until('traffic client ready', async () => out.includes('ready'), 10_000);
+  await new Promise((r) => setTimeout(r, 3000));
+  client.kill('SIGUSR2');
+  await during();
+  await exited;
+  const line = out.split('\n').find((l) => l.startsWith('{'));
+  if (!line) throw new Error(`traffic client printed no report: ${out.slice(0, 400)}`);
+  return JSON.parse(line) as TrafficReport;
+}
