@@ -643,6 +643,11 @@ export class LbController {
         targets: { active: lb.targets.filter((t) => t.state === 'active').length, terminating: lb.targets.filter((t) => t.state === 'terminating').length },
         localLbPods: [...this.lbPods.values()].filter((p) => st?.vip && p.vips.has(st.vip)).map((p) => p.pod),
         localTargets: [...this.targets.values()].filter((t) => st?.vip && t.vips.has(st.vip)).map((t) => t.pod),
+        // FoU arriving at local targets: decapsulated, and refused for coming from an unregistered source.
+        targetFou: Object.fromEntries([...this.targets.values()].filter((t) => st?.vip && t.vips.has(st.vip)).map((t) => {
+          const f = t.decap?.stats();
+          return [t.pod, f && { packets: Number(f.packets), rejectedSource: Number(f.rejectedSource), errors: Number(f.errors) }];
+        })),
         announced: st?.announced ?? false,
         mappings: st?.vip ? counts.get(st.vip)?.length ?? 0 : 0,
         problem: st?.problem ?? (lb.targets.length === 0 ? 'no targets: accepted, nothing announced' : undefined),

@@ -190,8 +190,8 @@ export async function startTargets(tb: Testbed, pods: string[], vip: string): Pr
 }
 
 /** Long-lived connections (and a UDP stream) from the external client to the VIP while `during` runs. */
-export async function traffic(tb: Testbed, vip: string, conns: number, durationMs: number, during: () => Promise<void>): Promise<TrafficReport> {
-  const client = tb.spawn('client', [process.execPath, '-e', TRAFFIC_CLIENT, vip, String(PORT), String(conns), String(durationMs), '50', '1']);
+export async function traffic(tb: Testbed, vip: string, conns: number, durationMs: number, during: () => Promise<void>, udp = true): Promise<TrafficReport> {
+  const client = tb.spawn('client', [process.execPath, '-e', TRAFFIC_CLIENT, vip, String(PORT), String(conns), String(durationMs), '50', udp ? '1' : '0']);
   let out = '';
   client.stdout?.on('data', (b: Buffer) => (out += b.toString()));
   const exited = new Promise<void>((r) => client.on('exit', () => r()));
@@ -203,4 +203,24 @@ export async function traffic(tb: Testbed, vip: string, conns: number, durationM
   const line = out.split('\n').find((l) => l.startsWith('{'));
   if (!line) throw new Error(`traffic client printed no report: ${out.slice(0, 400)}`);
   return JSON.parse(line) as TrafficReport;
+}
+
+/**
+ * The stateless baseline (what MetalLB with kube-proxy gives): a node that announces the VIP DNATs each new
+ * connection to a random target and masquerades it (kube-proxy's Cluster policy); no state is shared, so a
+ * connection that ECMP moves to another node is picked up there as new and broken.
+ */
+export async function baselineAnnounce(tb: Testbed, node: string, vip: string, targets: string[]): Promise<void> {
+  const map = targets.map((t, i) => `${i} : ${tb.podIp(t)}`).join(', ');
+  const rules = `table ip kubeproxy {
+  chain pre { type nat hook prerouting priority dstnat; ip daddr ${vip} tcp dport ${PORT} dnat to numgen random mod ${targets.length} map { ${map} }; }
+  chain post { type nat hook postrouting priority srcnat; ct status dnat masquerade; }
+}
+`;
+  await tb.mustExec(node, ['nft', '-f', '-'], { input: rules });
+  await tb.mustExec(node, ['ip', 'route', 'replace', `${vip}/32`, 'dev', 'lo', 'table', String(EXPORT_TABLE)]);
+}
+
+export async function baselineWithdraw(tb: Testbed, node: string, vip: string): Promise<void> {
+  await tb.mustExec(node, ['ip', 'route', 'del', `${vip}/32`, 'table', String(EXPORT_TABLE)]);
 }

@@ -5,12 +5,17 @@ import { test } from 'uvu';
 import * as assert from 'uvu/assert';
 import { withTestbed, type Testbed } from './testbed';
 import {
-  LB_NODES, PORT, configure, lbPodSpec, lbStatus, routerPaths, service, startBgp, startTargets, targetSpec, topology, traffic, until,
+  baselineAnnounce, baselineWithdraw, PORT, configure, lbPodSpec, pool, slice, lbStatus, routerPaths, service, startBgp, startTargets, targetSpec, topology, traffic, until,
 } from './lb-scenario';
 
 const CONNS = Number(process.env.LB_TEST_CONNS ?? 200);
 const only = process.env.LB_ONLY;
 const scenario = (name: string, fn: () => Promise<void>) => (only && !name.includes(only) ? test.skip(name, fn) : test(name, fn));
+
+async function announcedOnVip(tb: Testbed, vip: string, nodes: string[]): Promise<void> {
+  const want = nodes.map((n) => tb.node(n).fabricIp).sort().join();
+  await until(`${vip} routed over exactly ${nodes.join(', ')}`, async () => (await routerPaths(tb, vip)).join() === want, 30_000);
+}
 
 async function announcedOn(tb: Testbed, nodes: string[]): Promise<string> {
   return until(`VIP announced by exactly ${nodes.join(', ')}`, async () => {
@@ -82,6 +87,152 @@ scenario('through the VIP: targets see the client, replies bypass the LB pods, a
       } finally {
         await servers.stop().catch(() => undefined);
       }
+
+      // Removing a target breaks only the connections it held, and they fail at once (reset), not hang.
+      const again = await startTargets(tb, ['n4-t1', 'n4-t2', 'n5-t3', 'n5-t4'], vip);
+      let onT1 = 0;
+      const report = await traffic(tb, vip, CONNS, 12_000, async () => {
+        configure(tb, ['n4-t2', 'n5-t3', 'n5-t4']);
+        await until('t1 no longer a target', async () => !(await lbStatus(tb, 'n4'))?.localTargets.includes('shop/t1'));
+      });
+      const served = await again.stop();
+      onT1 = served.get('n4-t1')?.filter((p) => !p.startsWith('udp')).length ?? 0;
+      process.stdout.write(`  target t1 removed: it held ${onT1} connections; ${report.intact}/${CONNS} intact; errors: ${report.errors.slice(0, 2).join('; ')}\n`);
+      assert.ok(onT1 > 0, 't1 held some connections');
+      assert.is(report.intact, CONNS - onT1, 'exactly the connections on the removed target broke');
+      assert.not.ok(report.errors.some((e) => e.startsWith('watchdog')), 'the broken ones failed, none hung');
+    } finally {
+      await bgp.stop();
+    }
+  });
+});
+
+
+const BIG_CLIENT = `
+const net = require('net'), crypto = require('crypto'), dgram = require('dgram');
+const [host, port, mb, dgrams] = process.argv.slice(1);
+const payload = crypto.randomBytes(Number(mb) * 1024 * 1024);
+const want = crypto.createHash('sha256').update(payload).digest('hex');
+const h = crypto.createHash('sha256'); let got = 0;
+const s = net.connect({ host, port: Number(port) });
+const t = setTimeout(() => { console.log(JSON.stringify({ error: 'timeout', got })); process.exit(1); }, 60000);
+s.on('connect', () => s.write(payload));
+s.on('data', (b) => { h.update(b); got += b.length; if (got >= payload.length) { s.destroy(); udp(); } });
+s.on('error', (e) => { console.log(JSON.stringify({ error: e.code, got })); process.exit(1); });
+function udp() {
+  const u = dgram.createSocket('udp4'); let back = 0, sent = 0;
+  u.on('message', (m) => { if (m.length === 1400) back++; });
+  const iv = setInterval(() => { if (sent === Number(dgrams)) { clearInterval(iv); setTimeout(() => { clearTimeout(t); console.log(JSON.stringify({ same: h.digest('hex') === want, bytes: got, udpSent: sent, udpBack: back })); process.exit(0); }, 1000); return; } u.send(crypto.randomBytes(1400), Number(port), host); sent++; }, 5);
+}`;
+
+// A FoU packet to a target from an address that is no registered node: an inner SYN to the VIP.
+const FORGE = `
+const dgram = require('dgram');
+const [target, fouPort, vip, src] = process.argv.slice(1);
+const ip = (a) => Buffer.from(a.split('.').map(Number));
+const inner = Buffer.alloc(40);
+inner[0] = 0x45; inner.writeUInt16BE(40, 2); inner[8] = 64; inner[9] = 6; ip(src).copy(inner, 12); ip(vip).copy(inner, 16);
+inner.writeUInt16BE(4242, 20); inner.writeUInt16BE(9000, 22); inner[32] = 0x50; inner[33] = 0x02;
+const u = dgram.createSocket('udp4');
+let n = 0; const iv = setInterval(() => { u.send(inner, Number(fouPort), target); if (++n === 20) { clearInterval(iv); setTimeout(() => process.exit(0), 200); } }, 10);`;
+
+scenario('bad input programs nothing and disturbs nothing; forged FoU is dropped and counted; large transfers, 1400-byte datagrams and a path MTU drop pass', async () => {
+  await withTestbed(topology(), async (tb) => {
+    const bgp = await startBgp(tb);
+    try {
+      configure(tb, ['n4-t1', 'n4-t2', 'n5-t3']);
+      const vip = await announcedOn(tb, ['n1', 'n2']);
+      const servers = await startTargets(tb, ['n4-t1', 'n4-t2', 'n5-t3'], vip);
+      try {
+        // Bad input beside the working Service.
+        const bad = (name: string, annotations: Record<string, string>, spec: Record<string, unknown> = {}) => ({ ...service(annotations, spec), metadata: { name, namespace: 'shop', annotations } });
+        tb.rewriteConfig({ extraObjects: [
+          pool, service(), slice(tb, ['n4-t1', 'n4-t2', 'n5-t3']),
+          bad('outside', { 'lb.tether.dev/vip': '192.0.2.77' }),
+          bad('taken', { 'lb.tether.dev/vip': vip }),
+          bad('clash', {}, { ports: [{ port: 80, protocol: 'TCP' }, { port: 80, protocol: 'TCP' }] }),
+          bad('empty', {}),
+        ] });
+        const all = async () => ((await tb.status('n1')) as unknown as { loadBalancers: Array<Record<string, unknown>> }).loadBalancers;
+        const lbs = await until('bad Services reported', async () => {
+          const l = await all();
+          const taken = l.find((x) => x.service === 'shop/taken');
+          const empty = l.find((x) => x.service === 'shop/empty');
+          return taken?.problem && empty?.vip ? l : undefined;
+        });
+        const by = (k: string) => lbs.find((x) => x.service === `shop/${k}`)!;
+        process.stdout.write(`  outside: ${JSON.stringify(by('outside').refused)}\n  taken: ${by('taken').problem}\n  clash: ${JSON.stringify(by('clash').refused)}\n  empty: ${by('empty').problem}\n`);
+        assert.match(String(by('outside').refused), /192\.0\.2\.77 is outside every loadBalancer pool/);
+        assert.match(String(by('taken').problem), /held by lb\/shop\/db/);
+        assert.match(String(by('clash').refused), /TCP port 80 clashes with spec\.ports\[0\]/);
+        assert.match(String(by('empty').problem), /no targets/);
+        assert.is(by('empty').announced, false);
+        assert.equal(await routerPaths(tb, String(by('empty').vip)), [], 'a Service without targets is not announced');
+        assert.is(by('db').announced, true, 'the good Service is undisturbed');
+
+        // Large transfer through the LB (uploads pass it; the echo comes back direct) and 1400-byte datagrams.
+        const big = await tb.exec('client', [process.execPath, '-e', BIG_CLIENT, vip, String(PORT), '16', '300'], { timeoutMs: 90_000 });
+        const r = JSON.parse(big.stdout.trim().split('\n').pop()!);
+        process.stdout.write(`  16 MB echoed through the VIP: ${JSON.stringify(r)}\n`);
+        assert.ok(r.same, `16 MB came back intact: ${big.stdout}`);
+        assert.ok(r.udpBack >= r.udpSent * 0.99, `1400-byte datagrams: ${r.udpBack}/${r.udpSent}`);
+
+        // A path MTU drop behind the targets (towards the client): the router's "fragmentation needed" goes
+        // to the VIP, i.e. to an LB pod, which forwards it to the target holding the flow.
+        const rport = tb.plan.externals.find((x) => x.name === 'client')!.routerPort;
+        await tb.mustExec('router', ['ip', 'link', 'set', rport, 'mtu', '1200']);
+        const before = (await Promise.all(['n1', 'n2'].map((n) => lbStatus(tb, n)))).reduce((a, st) => a + (st?.counters?.icmpForwarded ?? 0), 0);
+        const pm = await tb.exec('client', [process.execPath, '-e', BIG_CLIENT, vip, String(PORT), '4', '0'], { timeoutMs: 90_000 });
+        await tb.mustExec('router', ['ip', 'link', 'set', rport, 'mtu', '1500']);
+        const after = (await Promise.all(['n1', 'n2'].map((n) => lbStatus(tb, n)))).reduce((a, st) => a + (st?.counters?.icmpForwarded ?? 0), 0);
+        const pr = JSON.parse(pm.stdout.trim().split('\n').pop()!);
+        process.stdout.write(`  path MTU 1200 behind the targets: ${JSON.stringify(pr)}, ICMP errors forwarded to targets: ${after - before}\n`);
+        assert.ok(pr.same, 'the transfer completed through the smaller MTU');
+        assert.ok(after > before, 'the ICMP error reached the target through an LB pod');
+
+        // Forged FoU from the external client (not a registered node) to a target: dropped, counted.
+        const target = tb.podIp('n4-t1');
+        const fou0 = (await lbStatus(tb, 'n4'))!;
+        const rej0 = Object.values((fou0 as unknown as { targetFou: Record<string, { rejectedSource: number }> }).targetFou).reduce((a, x) => a + (x?.rejectedSource ?? 0), 0);
+        await tb.mustExec('client', [process.execPath, '-e', FORGE, target, '5555', vip, '203.0.113.66']);
+        const fou1 = (await lbStatus(tb, 'n4'))!;
+        const rej1 = Object.values((fou1 as unknown as { targetFou: Record<string, { rejectedSource: number }> }).targetFou).reduce((a, x) => a + (x?.rejectedSource ?? 0), 0);
+        process.stdout.write(`  forged FoU from the client: ${rej1 - rej0} of 20 dropped as unregistered\n`);
+        assert.is(rej1 - rej0, 20);
+      } finally {
+        await servers.stop().catch(() => undefined);
+      }
+    } finally {
+      await bgp.stop();
+    }
+  });
+});
+
+scenario('baseline in the same run: the same LB changes through a stateless ECMP + kube-proxy DNAT path (what MetalLB gives) lose connections', async () => {
+  await withTestbed(topology(), async (tb) => {
+    const bgp = await startBgp(tb);
+    try {
+      const vip = '198.51.100.200';
+      const targets = ['n4-t1', 'n4-t2', 'n5-t3'];
+      for (const n of ['n1', 'n2']) await baselineAnnounce(tb, n, vip, targets);
+      await announcedOnVip(tb, vip, ['n1', 'n2']);
+      const servers = await startTargets(tb, targets, '0.0.0.0');
+      try {
+        const report = await traffic(tb, vip, CONNS, 25_000, async () => {
+          await baselineAnnounce(tb, 'n3', vip, targets);
+          await announcedOnVip(tb, vip, ['n1', 'n2', 'n3']);
+          await new Promise((r) => setTimeout(r, 2000));
+          await baselineWithdraw(tb, 'n1', vip);
+          await announcedOnVip(tb, vip, ['n2', 'n3']);
+          await new Promise((r) => setTimeout(r, 2000));
+          await tb.mustExec('n2', ['ip', 'link', 'set', 'eth0', 'down']);
+          await announcedOnVip(tb, vip, ['n3']);
+        }, false);
+        process.stdout.write(`  stateless baseline: ${report.intact}/${CONNS} intact, ${CONNS - report.intact} lost (LB node added, one withdrawn, one lost)\n`);
+        assert.ok(report.intact < CONNS, 'the stateless path loses connections when ECMP moves them');
+      } finally {
+        await servers.stop().catch(() => undefined);
+      }
     } finally {
       await bgp.stop();
     }
@@ -89,5 +240,3 @@ scenario('through the VIP: targets see the client, replies bypass the LB pods, a
 });
 
 test.run();
-void LB_NODES;
-void service;

@@ -79,7 +79,12 @@ const BAD: Array<[string, unknown, string]> = [
   ['pool with a namespace', { ...pool({ usage: 'pod', ipv4: { cidr: '10.0.0.0/16' } }), metadata: { name: 'p', namespace: 'x' } }, 'metadata.namespace: a AddressPool is cluster-scoped and has no namespace'],
   ['block without node', block({ pool: 'default', cidr: '10.244.0.0/26' }), 'spec.node is missing'],
   ['wrong apiVersion', { ...egress(), apiVersion: 'tether.dev/v1' }, 'apiVersion "tether.dev/v1" must be "tether.dev/v1alpha1"'],
-  ['unknown kind', { apiVersion: V, kind: 'Egres', metadata: { name: 'x' } }, 'kind "Egres" has no schema (one of AddressPool, Egress, AddressBlock, Node)'],
+  ['unknown kind', { apiVersion: V, kind: 'Egres', metadata: { name: 'x' } }, 'kind "Egres" has no schema (one of AddressPool, Egress, AddressBlock, Node, Service, EndpointSlice)'],
+  ['Service with the CRD apiVersion', { apiVersion: V, kind: 'Service', metadata: { name: 'db', namespace: 's' }, spec: {} }, 'apiVersion "tether.dev/v1alpha1" must be "v1"'],
+  ['Service port out of range', { apiVersion: 'v1', kind: 'Service', metadata: { name: 'db', namespace: 's' }, spec: { type: 'LoadBalancer', ports: [{ port: 70000 }] } }, 'spec.ports[0].port 70000 must be <= 65535'],
+  ['Service class on a ClusterIP (CEL)', { apiVersion: 'v1', kind: 'Service', metadata: { name: 'db', namespace: 's' }, spec: { type: 'ClusterIP', loadBalancerClass: 'tether.dev/lb' } }, 'spec: loadBalancerClass may only be set on a Service of type LoadBalancer'],
+  ['Service affinity timeout', { apiVersion: 'v1', kind: 'Service', metadata: { name: 'db', namespace: 's' }, spec: { sessionAffinityConfig: { clientIP: { timeoutSeconds: 90000 } } } }, 'spec.sessionAffinityConfig.clientIP.timeoutSeconds 90000 must be <= 86400'],
+  ['EndpointSlice address type', { apiVersion: 'discovery.k8s.io/v1', kind: 'EndpointSlice', metadata: { name: 'x', namespace: 's' }, addressType: 'IPv5', endpoints: [] }, 'addressType "IPv5" must be one of "IPv4", "IPv6", "FQDN"'],
 ];
 
 test(`bad objects: ${BAD.length} rows, each rejected naming the field`, () => {
