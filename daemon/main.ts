@@ -109,6 +109,6 @@ async function start(opts: Options, nodeName: string, logger: Logger, life: Life
   // Every accepted configuration change reaches each subsystem, which converges to it.
   const feed = feedReconcilers(source, [current, ipam.reconciler, egressReconciler(egressObjects, egress, logger), lbReconciler(lb, logger)], logger);
   life.started('config updates', () => feed.stop());
-  if (source instanceof KubeSource) startControllers(source, nodeName, egress, egressObjects, logger, life);
+  if (source instanceof KubeSource) startControllers(source, nodeName, egress, egressObjects, logger, life, lb);
   logger.info('tetherd started', { version: VERSION, socket: opts.socket, stateDir, bpfPinDir: opts['bpf-pin-dir'], podsRecorded: loaded });
 }

@@ -16,6 +16,7 @@ import { checkPools } from '../../ipam/pool';
 import type { ResolvedPool } from '../../ipam/types';
 import { objectKey, type ConfigObjects, type NodeFacts, type PodMeta } from './objects';
 import type { ConfigSource } from './source';
+import { isTetherService } from '../lb/lb-spec';
 
 type Obj = Record<string, any>;
 
@@ -135,6 +136,7 @@ export class KubeSource extends EventEmitter implements ConfigSource {
   async start(): Promise<ConfigObjects> {
     const custom = this.kc.makeApiClient(k8s.CustomObjectsApi);
     const core = this.kc.makeApiClient(k8s.CoreV1Api);
+    const discovery = this.kc.makeApiClient(k8s.DiscoveryV1Api);
     const changed = () => this.soon();
     const crd = (plural: string) =>
       new Reflector(plural, this.kc, `/apis/${GROUP}/${VERSION}/${plural}`, () => custom.listClusterCustomObject({ group: GROUP, version: VERSION, plural }), undefined, changed, this.o.logger);
@@ -145,6 +147,9 @@ export class KubeSource extends EventEmitter implements ConfigSource {
       crd('egresses'),
       new Reflector('nodes', this.kc, '/api/v1/nodes', () => core.listNode({ fieldSelector: nodeSel }) as Promise<Obj>, nodeSel, changed, this.o.logger),
       new Reflector('pods', this.kc, '/api/v1/pods', () => core.listPodForAllNamespaces({ fieldSelector: podSel }) as Promise<Obj>, podSel, changed, this.o.logger),
+      // The load balancer's objects: Services (those of tether's class are used) and their EndpointSlices.
+      new Reflector('services', this.kc, '/api/v1/services', () => core.listServiceForAllNamespaces() as Promise<Obj>, undefined, changed, this.o.logger),
+      new Reflector('endpointslices', this.kc, '/apis/discovery.k8s.io/v1/endpointslices', () => discovery.listEndpointSliceForAllNamespaces() as Promise<Obj>, undefined, changed, this.o.logger),
     );
     await Promise.all(this.reflectors.map((r) => r.start()));
     const deadline = Date.now() + (this.o.syncTimeoutMs ?? 30_000);
@@ -235,6 +240,15 @@ export class KubeSource extends EventEmitter implements ConfigSource {
       live.add(objectKey(obj));
       const use = judge(obj, schemaProblems(obj));
       if (use) others.push(use);
+    }
+    // Services of tether's class and the EndpointSlices naming them, as the API server validated them
+    // (lb-spec.ts judges tether's own meaning; a refused one is reported in the Service's status).
+    const services: Obj[] = this.objectsOf('services').map((o) => ({ ...o, apiVersion: 'v1', kind: 'Service' })).filter((o) => isTetherService(o));
+    const named = new Set(services.map((o) => `${o.metadata?.namespace}/${o.metadata?.name}`));
+    others.push(...services);
+    for (const o of this.objectsOf('endpointslices')) {
+      const svc = o.metadata?.labels?.['kubernetes.io/service-name'];
+      if (svc && named.has(`${o.metadata?.namespace}/${svc}`)) others.push({ ...o, apiVersion: 'discovery.k8s.io/v1', kind: 'EndpointSlice' });
     }
     for (const key of [...this.accepted.keys()]) if (!live.has(key)) this.accepted.delete(key);
     for (const key of [...this.reported.keys()]) if (!live.has(key)) this.reported.delete(key);

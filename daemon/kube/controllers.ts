@@ -3,12 +3,13 @@
 import type { Logger } from '../log';
 import type { Lifecycle } from '../lifecycle';
 import type { KubeSource } from '../config/kube-source';
+import type { LbController } from '../lb/lb-controller';
 import type { EgressController } from '../egress/egress-controller';
 import type { EgressObjects } from '../egress/egress-config';
 import { LeaderElection } from './leader';
 import { StatusController } from './status-controller';
 
-export function startControllers(source: KubeSource, nodeName: string, egress: EgressController | undefined, egressObjects: EgressObjects, logger: Logger, life: Lifecycle): void {
+export function startControllers(source: KubeSource, nodeName: string, egress: EgressController | undefined, egressObjects: EgressObjects, logger: Logger, life: Lifecycle, lb?: LbController): void {
   const leader = new LeaderElection({ kc: source.kc, namespace: process.env.POD_NAMESPACE || 'tether-system', name: 'tether-controllers', identity: nodeName, logger });
   const status = new StatusController({
     kc: source.kc,
@@ -20,6 +21,7 @@ export function startControllers(source: KubeSource, nodeName: string, egress: E
       ...(a.clusterFlows !== undefined ? { flows: Number(a.clusterFlows), bytes: Number(a.clusterBytes ?? 0) } : {}),
     })),
     egressSummary: () => egress?.egressSummary() ?? {},
+    loadBalancers: () => lb?.status() ?? [],
   });
   leader.on('elected', () => status.start());
   leader.on('lost', () => void status.stop());

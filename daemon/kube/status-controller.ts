@@ -58,6 +58,8 @@ export interface StatusControllerOptions {
   egressAddresses: () => EgressAddressStatus[];
   /** Per Egress ("ns/name"): addresses asked, allocated and owned, and what limits them. */
   egressSummary?: () => Record<string, EgressSummary>;
+  /** The load balancer's view of each tether Service (LbController.status()). */
+  loadBalancers?: () => Array<Record<string, unknown>>;
   everyMs?: number;
   gcEveryMs?: number;
 }
@@ -137,6 +139,48 @@ export class StatusController {
         const key = `${obj.metadata.namespace}/${obj.metadata.name}`;
         await this.writeEgress(obj.metadata.namespace, obj.metadata.name, problems, addresses.filter((a) => a.egress === key), summaries[key]);
       }
+    }
+    for (const lb of this.o.loadBalancers?.() ?? []) {
+      if (this.stopping) return;
+      await this.writeService(lb);
+    }
+  }
+
+  /**
+   * A tether Service's status: its VIP in status.loadBalancer.ingress with ipMode Proxy (kube-proxy then
+   * leaves VIP traffic to tether's datapath), and a tether.dev/Ready condition saying why not when it is not.
+   */
+  private async writeService(lb: Record<string, unknown>): Promise<void> {
+    const [namespace, name] = String(lb.service).split('/');
+    let cur: Obj;
+    try {
+      cur = (await this.core.readNamespacedServiceStatus({ name, namespace })) as unknown as Obj;
+    } catch (e) {
+      if (statusOf(e) === 404) return;
+      throw e;
+    }
+    const refused = lb.refused as string[] | undefined;
+    const gen = cur.metadata?.generation;
+    const ready = refused
+      ? { type: 'tether.dev/Ready', status: 'False' as const, reason: 'Invalid', message: message(refused) }
+      : !lb.vip
+        ? { type: 'tether.dev/Ready', status: 'False' as const, reason: 'NoVIP', message: String(lb.problem ?? 'no VIP allocated yet') }
+        : lb.problem
+          ? { type: 'tether.dev/Ready', status: 'False' as const, reason: 'NoTargets', message: String(lb.problem) }
+          : { type: 'tether.dev/Ready', status: 'True' as const, reason: 'Serving', message: `VIP ${String(lb.vip)} served by tether's load balancer` };
+    const status: Obj = {
+      ...(cur.status ?? {}),
+      loadBalancer: lb.vip && !refused ? { ingress: [{ ip: lb.vip, ipMode: 'Proxy' }] } : {},
+      conditions: mergeConditions(cur.status?.conditions, [{ ...ready, observedGeneration: gen }]),
+    };
+    if (JSON.stringify(cur.status ?? {}) === JSON.stringify(status)) return;
+    try {
+      await this.core.replaceNamespacedServiceStatus({ name, namespace, body: { ...cur, status } as k8s.V1Service });
+      this.stats.statusWrites++;
+      this.o.logger.info('kube: status written', { object: `Service ${namespace}/${name}`, vip: lb.vip, ready: ready.status, reason: ready.reason });
+    } catch (e) {
+      if (statusOf(e) === 409) this.stats.conflicts++;
+      else if (statusOf(e) !== 404) throw e;
     }
   }
 

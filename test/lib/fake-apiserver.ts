@@ -23,6 +23,8 @@ export const RESOURCES: Resource[] = [
   { group: '', version: 'v1', plural: 'nodes', kind: 'Node', namespaced: false, status: true },
   { group: '', version: 'v1', plural: 'pods', kind: 'Pod', namespaced: true, status: true },
   { group: '', version: 'v1', plural: 'secrets', kind: 'Secret', namespaced: true, status: false },
+  { group: '', version: 'v1', plural: 'services', kind: 'Service', namespaced: true, status: true },
+  { group: 'discovery.k8s.io', version: 'v1', plural: 'endpointslices', kind: 'EndpointSlice', namespaced: true, status: false },
   { group: 'tether.dev', version: 'v1alpha1', plural: 'addresspools', kind: 'AddressPool', namespaced: false, status: true },
   { group: 'tether.dev', version: 'v1alpha1', plural: 'egresses', kind: 'Egress', namespaced: true, status: true },
   { group: 'tether.dev', version: 'v1alpha1', plural: 'addressblocks', kind: 'AddressBlock', namespaced: false, status: false },

@@ -228,11 +228,43 @@ scenario('baseline in the same run: the same LB changes through a stateless ECMP
           await tb.mustExec('n2', ['ip', 'link', 'set', 'eth0', 'down']);
           await announcedOnVip(tb, vip, ['n3']);
         }, false);
-        process.stdout.write(`  stateless baseline: ${report.intact}/${CONNS} intact, ${CONNS - report.intact} lost (LB node added, one withdrawn, one lost)\n`);
+        process.stdout.write(`  stateless baseline: ${report.intact}/${CONNS} intact, ${CONNS - report.intact} lost (LB node added, one withdrawn, one lost); ${report.echoes} echoes; first errors: ${report.errors.slice(0, 3).join("; ")}\n`);
         assert.ok(report.intact < CONNS, 'the stateless path loses connections when ECMP moves them');
       } finally {
         await servers.stop().catch(() => undefined);
       }
+    } finally {
+      await bgp.stop();
+    }
+  });
+});
+
+scenario('in a cluster (fake API server): the Service and its EndpointSlice come from the API; the VIP is written to status.loadBalancer.ingress with ipMode Proxy; traffic flows', async () => {
+  await withTestbed({ ...topology(), configSource: 'kubernetes' }, async (tb) => {
+    const bgp = await startBgp(tb);
+    try {
+      tb.api.apply(structuredClone(service()));
+      tb.api.apply(structuredClone(slice(tb, ['n4-t1', 'n4-t2', 'n5-t3'])));
+      const vip = await announcedOn(tb, ['n1', 'n2']);
+      const st = await until('Service status written by the leader', async () => {
+        const s = tb.api.get('Service', 'db', 'shop') as { status?: { loadBalancer?: { ingress?: Array<{ ip: string; ipMode: string }> }; conditions?: Array<{ type: string; status: string }> } } | undefined;
+        return s?.status?.loadBalancer?.ingress?.length ? s.status : undefined;
+      });
+      process.stdout.write(`  Service status: ${JSON.stringify(st.loadBalancer)} ${JSON.stringify(st.conditions?.map((c) => `${c.type}=${c.status}`))}\n`);
+      assert.equal(st.loadBalancer?.ingress, [{ ip: vip, ipMode: 'Proxy' }]);
+      assert.ok(st.conditions?.some((c) => c.type === 'tether.dev/Ready' && c.status === 'True'));
+      const servers = await startTargets(tb, ['n4-t1', 'n4-t2', 'n5-t3'], vip);
+      try {
+        const probe = await tb.exec('client', [process.execPath, '-e', SOURCE_CLIENT, vip, String(PORT)]);
+        assert.match(probe.stdout, /"echo":"0 0"/);
+      } finally {
+        await servers.stop();
+      }
+      // Another class's Service is left alone: no VIP, no status from tether.
+      tb.api.apply({ ...structuredClone(service()), metadata: { name: 'other', namespace: 'shop' }, spec: { ...(service().spec as object), loadBalancerClass: 'example.com/lb' } });
+      await new Promise((r) => setTimeout(r, 3000));
+      const other = tb.api.get('Service', 'other', 'shop') as { status?: unknown };
+      assert.equal(other.status ?? {}, {}, 'a Service of another class gets no status from tether');
     } finally {
       await bgp.stop();
     }
