@@ -1,4 +1,4 @@
-/* fou-decap.bpf.c (tc ingress): strips outer IPv4 + UDP from FoU packets addressed to this interface's
+/* fou-decap.bpf.c (tc ingress, or egress of a pod's host-side veth): strips outer IPv4 + UDP from FoU packets addressed to this interface's
  * configured address and port, from allowed sources only, and passes the inner packet up the stack. */
 #include "common.h"
 #include "parse.h"

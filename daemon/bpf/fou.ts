@@ -122,6 +122,12 @@ export interface FouDecapOptions {
   /** bpffs directory for <pinDir>/fou-decap/<map>; absent: nothing pinned (state dies with the filter). */
   pinDir?: string;
   objectPath?: string;
+  /**
+   * ingress (default): packets arriving on ifName (a pod's own interface). egress: packets leaving
+   * ifName, e.g. a pod's host-side veth — decapsulated before the pod, so full-size encapsulated frames
+   * never meet the pod interface's lowered MTU (a veth drops frames longer than its peer's MTU).
+   */
+  direction?: TcDirection;
 }
 
 export class FouDecap {
@@ -151,18 +157,18 @@ export class FouDecap {
   }
 }
 
-/** Loads fou-decap, configures port / address / allow-list, and attaches it at ifName's ingress. */
+/** Loads fou-decap, configures port / address / allow-list, and attaches it at ifName (ingress by default). */
 export function attachFouDecap(o: FouDecapOptions): FouDecap {
   const obj = BpfObject.load(o.objectPath ?? path.join(bpfObjectDir(), `${FOU_TC.decap.object}.bpf.o`), { pinDir: o.pinDir });
   try {
     const config = { port: o.port, localAddress: o.localAddress };
     const attachment = attachTc({
-      netns: o.netns, ifName: o.ifName, direction: 'ingress', progFd: obj.programFd(FOU_TC.decap.program),
+      netns: o.netns, ifName: o.ifName, direction: o.direction ?? 'ingress', progFd: obj.programFd(FOU_TC.decap.program),
       handle: FOU_TC.decap.handle, priority: FOU_TC.decap.priority,
     });
     const decap = new FouDecap(obj, attachment, config);
     decap.setAllowedSources(o.allowedSources ?? []); // also writes the config, which arms the program
-    log().info('fou decap attached', { netns: o.netns, ifName: o.ifName, port: o.port, allowedSources: o.allowedSources?.length ?? 0 });
+    log().info('fou decap attached', { netns: o.netns, ifName: o.ifName, direction: o.direction ?? 'ingress', port: o.port, allowedSources: o.allowedSources?.length ?? 0 });
     return decap;
   } catch (e) {
     obj.close();

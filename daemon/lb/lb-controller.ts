@@ -16,7 +16,7 @@ import type { Logger } from '../log';
 import { NetlinkHandle, isNetlinkError } from '../netlink';
 import { readNetSysctl, writeNetSysctl } from '../sys/netns';
 import { LbDatapath, type LbMapping } from '../bpf/lb';
-import { attachFouDecap, detachFou, type FouDecap } from '../bpf/fou';
+import { attachFouDecap, type FouDecap } from '../bpf/fou';
 import { LB_F_PER_FLOW, type LbStats, type MapKey } from '../bpf/lb-structs';
 import { ErrorCode, TetherError } from '../errors';
 import type { ClusterAddresses } from '../../ipam/cluster-addresses';
@@ -445,7 +445,7 @@ export class LbController {
         const link = h.requireLink(r.ifName);
         const host = r.hostIfName ? NetlinkHandle.with(undefined, (hh) => hh.getLink(r.hostIfName!)) : undefined;
         const want = (host?.mtu ?? link.mtu) - FOU_OVERHEAD;
-        if (link.mtu > want) {
+        if (host && link.mtu > want) {
           tt.mtuBefore = link.mtu;
           h.setLinkMtu(link.index, want);
         }
@@ -454,7 +454,12 @@ export class LbController {
         writeNetSysctl(r.netns, `net/ipv4/conf/${dev}/arp_ignore`, '1');
         writeNetSysctl(r.netns, `net/ipv4/conf/${dev}/arp_announce`, '2');
       }
-      t.decap = attachFouDecap({ netns: r.netns, ifName: r.ifName, port: this.o.fouPort, localAddress: ip, allowedSources: this.nodes.length ? this.nodes : [this.o.node.address] });
+      // Decapsulated on the host side, before the pod: a full-size encapsulated frame would exceed the
+      // pod interface's lowered MTU, and a veth drops what is longer than its peer's MTU.
+      const sources = this.nodes.length ? this.nodes : [this.o.node.address];
+      t.decap = r.hostIfName
+        ? attachFouDecap({ ifName: r.hostIfName, direction: 'egress', port: this.o.fouPort, localAddress: ip, allowedSources: sources })
+        : attachFouDecap({ netns: r.netns, ifName: r.ifName, port: this.o.fouPort, localAddress: ip, allowedSources: sources });
       this.targets.set(pod, t);
       this.o.logger.info('lb: target pod ready for DSR', { pod, ip, vipDev: t.vipDev, mtuLoweredFrom: t.mtuBefore });
     }
@@ -477,7 +482,7 @@ export class LbController {
     try {
       t.decap?.detach();
     } catch {
-      detachFou({ which: 'decap', netns: t.netns, ifName: t.ifName });
+      // the pod (and its veth, with the filter) is gone
     }
     if (fs.existsSync(t.netns)) {
       try {

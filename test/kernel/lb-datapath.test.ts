@@ -47,9 +47,16 @@ let bed: Bed;
 const SERVER_JS = `
 const net = require('net');
 const name = process.argv[1];
-net.createServer((s) => {
+net.createServer({ allowHalfOpen: true }, (s) => {
   s.on('error', () => {});
   s.once('data', (d) => {
+    if (String(d).startsWith('up')) {
+      // An upload: count bytes until the client half-closes, then answer with the count.
+      let n = d.length - 3;
+      s.on('data', (x) => (n += x.length));
+      s.on('end', () => s.end(name + ' ' + n + '\\n'));
+      return;
+    }
     if (String(d).startsWith('big')) s.write(Buffer.alloc(400 * 1024, 120));
     s.end(name + ' ' + s.remoteAddress + '\\n');
   });
@@ -131,7 +138,9 @@ function build(): Bed {
     sh('ip', '-n', ns, 'addr', 'add', `${VIP}/32`, 'dev', 'lo');
     for (const k of ['all', 'eth0']) inNs(ns, 'sysctl', '-qw', `net.ipv4.conf.${k}.arp_ignore=1`, `net.ipv4.conf.${k}.arp_announce=2`);
     sh('ip', '-n', ns, 'link', 'set', 'eth0', 'mtu', '1472');
-    b.decaps.push(attachFouDecap({ netns: `/run/netns/${ns}`, ifName: 'eth0', port: FOU_PORT, localAddress: addr, allowedSources: [NODE] }));
+    // Decapsulated before the target, at the egress of the link into it (as tetherd does on a target
+    // pod's host-side veth): the 1500-byte encapsulated frame never meets the target's 1472-byte MTU.
+    b.decaps.push(attachFouDecap({ netns: `/run/netns/${b.router}`, ifName: name === 't1' ? 'r1' : 'r2', direction: 'egress', port: FOU_PORT, localAddress: addr, allowedSources: [NODE] }));
     const srv = spawn('nsenter', [`--net=/run/netns/${ns}`, process.execPath, '-e', SERVER_JS, name, String(PORT)], { stdio: ['ignore', 'pipe', 'ignore'] });
     b.servers.push(srv);
   }
@@ -291,6 +300,26 @@ test('no active target: new clients are dropped and counted', () => {
     assert.ok(bed.lb!.stats(0).dropNoTarget > before);
   } finally {
     setTargets([T1, T2]);
+  }
+});
+
+const UPLOAD_JS = `
+const net = require('net');
+const [host, port, mb] = process.argv.slice(1);
+const s = net.connect({ host, port: Number(port), allowHalfOpen: true });
+let got = '';
+const t = setTimeout(() => { console.log(JSON.stringify({ error: 'timeout' })); process.exit(1); }, 30000);
+s.on('connect', () => { s.write('up\\n'); s.end(Buffer.alloc(Number(mb) * 1024 * 1024, 7)); });
+s.on('data', (d) => (got += d));
+s.on('end', () => { clearTimeout(t); console.log(JSON.stringify({ answer: got.trim() })); process.exit(0); });
+s.on('error', (e) => { console.log(JSON.stringify({ error: e.code })); process.exit(1); });`;
+
+test('uploads through the LB pod (GSO super-packets encapsulated): 3 x 16 MB arrive whole', () => {
+  for (let i = 0; i < 3; i++) {
+    const out = inNs(bed.client, process.execPath, '-e', UPLOAD_JS, VIP, String(PORT), '16');
+    const r = JSON.parse(out.trim().split('\n').pop()!);
+    assert.ok(r.answer, `upload ${i + 1}: ${out}`);
+    assert.is(Number(r.answer.split(' ')[1]), 16 * 1024 * 1024, `upload ${i + 1} byte count`);
   }
 });
 
