@@ -505,8 +505,13 @@ export class LbController {
   private pollEvents(): void {
     try {
       this.dp?.pollEvents();
+      if (this.learnt.length) {
+        const batch = this.learnt;
+        this.learnt = [];
+        this.installValid(batch);
+      }
     } catch (e) {
-      this.o.logger.warn('lb: reading new mappings failed', { error: (e as Error).message });
+      this.o.logger.warn('lb: reading or installing mappings failed', { error: (e as Error).message });
     }
     if (this.pending.size && this.o.store?.connected) void this.flushPending();
   }
@@ -539,18 +544,26 @@ export class LbController {
     }
   }
 
-  /** Another LB pod recorded a mapping: install it when this node serves the VIP and knows the target. */
+  /**
+   * Another LB pod recorded a mapping: queued, and installed in one batch with the others of the next
+   * poll — only on a node with a local LB pod for the VIP (others load the VIP's mappings from the store
+   * when an LB pod of theirs starts serving it).
+   */
   private learned(m: StoredMapping): void {
-    if (!this.dp) return;
-    this.installValid([m]);
+    if (!this.dp || ![...this.lbPods.values()].some((p) => p.vips.has(m.key.vip))) return;
+    this.learnt.push(m);
   }
+
+  private learnt: StoredMapping[] = [];
 
   /** Installs mappings whose VIP this node serves and whose target the VIP still has. */
   private installValid(list: StoredMapping[]): number {
-    const ok = list.filter((m) => {
-      const lb = [...this.lbs.values()].find((l) => this.vips.get(l.key)?.vip === m.key.vip);
-      return lb?.targets.some((t) => t.address === m.target);
-    });
+    const targets = new Map<string, Set<string>>();
+    for (const l of this.lbs.values()) {
+      const vip = this.vips.get(l.key)?.vip;
+      if (vip) targets.set(vip, new Set(l.targets.map((t) => t.address)));
+    }
+    const ok = list.filter((m) => targets.get(m.key.vip)?.has(m.target));
     this.dp?.installMappings(ok);
     return ok.length;
   }

@@ -7,10 +7,13 @@ bash install/deps.sh
 bash install/build.sh
 # The sync benchmark compares with conntrackd (FTFW), which only the benchmark needs.
 command -v conntrackd >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq conntrackd >/dev/null; }
+# The load balancer benchmark measures throughput with iperf3.
+command -v iperf3 >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq iperf3 >/dev/null; }
 node_modules/.bin/tsx test/bench/cni-latency.ts
 node_modules/.bin/tsx test/bench/ipam.ts
 node_modules/.bin/tsx test/bench/config-latency.ts
 node_modules/.bin/tsx test/bench/egress-failover.ts
 node_modules/.bin/tsx test/bench/egress-multi.ts
+node_modules/.bin/tsx test/bench/lb.ts
 node_modules/.bin/tsx test/bench/bfd-lag.ts
 node_modules/.bin/tsx test/bench/conntrack-sync-vs-conntrackd.ts

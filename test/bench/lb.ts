@@ -1,0 +1,260 @@
+// Benchmark (not a test): the stateful load balancer on the testbed, in one run.
+//  1. Throughput (iperf3, 1 and 8 streams, client → target, the direction that passes the LB) and packets
+//     per second (iperf3 UDP, 64-byte datagrams) through tether's VIP, through a kube-proxy-style iptables
+//     DNAT path (nft DNAT + masquerade on an LB node, same target), and by plain routing to the target (the
+//     floor). All three reach the same target pod from the same external client.
+//  2. Time to load 100k mappings into a new LB pod: from the store (Redis HGETALL) into the node's maps.
+//  3. New connections per second through the VIP while each new flow's mapping is written to Redis
+//     (per-flow affinity), against the same connections straight to a target; the mappings in Redis after.
+//  4. The survival table: 200 long-lived connections through each change, tether and the stateless
+//     ECMP + kube-proxy baseline.
+// Writes results/bench-lb.json and the README section.
+import * as fs from 'node:fs';
+import * as path from 'node:path';
+import type { ChildProcess } from 'node:child_process';
+import Redis from 'ioredis';
+import { withTestbed, type Testbed } from '../testbed/testbed';
+import {
+  EXPORT_TABLE, PORT, baselineAnnounce, baselineWithdraw, configure, lbPodSpec, lbStatus, pool, routerPaths, service, slice, startBgp, startTargets, targetSpec, topology, traffic, until,
+} from '../testbed/lb-scenario';
+import { LbDatapath } from '../../daemon/bpf/lb';
+import { ensureBpffs } from '../../daemon/bpf/bpffs';
+import { MappingStore } from '../../daemon/lb/mapping-store';
+import { startRedis } from '../lib/redis';
+import { machine, updateReadme } from './stats';
+
+const repo = path.resolve(__dirname, '../..');
+const CONNS = Number(process.env.BENCH_LB_CONNS ?? 200);
+const SECS = Number(process.env.BENCH_LB_SECS ?? 5);
+const MAPPINGS = Number(process.env.BENCH_LB_MAPPINGS ?? 100_000);
+const STORM = Number(process.env.BENCH_LB_STORM ?? 4000);
+const PERF_PORT = 5201;
+/** The tether path's iperf3 server is bound to the VIP, so its UDP handshake answers from the VIP (DSR). */
+const VIP_PERF_PORT = 5202;
+const DNAT_VIP = '198.51.100.200';
+
+function perfService(): Record<string, unknown> {
+  const s = service({ 'lb.tether.dev/affinity': 'flow' }) as { metadata: Record<string, unknown>; spec: Record<string, unknown> };
+  return { ...s, metadata: { ...s.metadata, name: 'perf' }, spec: { ...s.spec, ports: [{ name: 'tcp', port: VIP_PERF_PORT, protocol: 'TCP' }, { name: 'udp', port: VIP_PERF_PORT, protocol: 'UDP' }] } };
+}
+
+function perfSlice(tb: Testbed): Record<string, unknown> {
+  const s = slice(tb, ['n4-t1']) as { metadata: Record<string, unknown> };
+  return { ...s, metadata: { ...s.metadata, name: 'perf-1', labels: { 'kubernetes.io/service-name': 'perf' } } };
+}
+
+async function iperf(tb: Testbed, host: string, port: number, args: string[]): Promise<{ mbps: number; pps?: number }> {
+  const r = await tb.exec('client', ['iperf3', '-J', '-c', host, '-p', String(port), '-t', String(SECS), ...args], { timeoutMs: (SECS + 20) * 1000 });
+  const j = JSON.parse(r.stdout) as { end: { sum_received?: { bits_per_second: number }; sum?: { bits_per_second: number; packets: number; lost_packets: number; seconds: number } }; error?: string };
+  if (j.error) throw new Error(`iperf3 to ${host}: ${j.error}`);
+  if (j.end.sum?.packets !== undefined) {
+    const s = j.end.sum;
+    return { mbps: s.bits_per_second / 1e6, pps: (s.packets - s.lost_packets) / s.seconds };
+  }
+  return { mbps: (j.end.sum_received?.bits_per_second ?? 0) / 1e6 };
+}
+
+// Short connections, 40 at a time, each answered once by the target; prints the rate.
+const STORM_CLIENT = `
+const net = require('net');
+const [host, port, n] = process.argv.slice(1);
+let done = 0, started = 0, errors = 0; const t0 = Date.now();
+function one() {
+  if (started >= Number(n)) return; started++;
+  const s = net.connect({ host, port: Number(port) });
+  s.setTimeout(5000, () => s.destroy(new Error('timeout')));
+  s.on('connect', () => s.end('0 0\\n'));
+  s.on('data', () => {});
+  s.on('error', () => errors++);
+  s.on('close', () => { if (++done === Number(n)) { console.log(JSON.stringify({ perSecond: n / ((Date.now() - t0) / 1000), errors })); process.exit(0); } else one(); });
+}
+for (let i = 0; i < 40; i++) one();`;
+
+async function storm(tb: Testbed, host: string, n: number): Promise<{ perSecond: number; errors: number }> {
+  const r = await tb.exec('client', [process.execPath, '-e', STORM_CLIENT, host, String(PORT), String(n)], { timeoutMs: 300_000 });
+  return JSON.parse(r.stdout.trim().split('\n').pop()!) as { perSecond: number; errors: number };
+}
+
+async function announced(tb: Testbed, vip: string, nodes: string[]): Promise<void> {
+  const want = nodes.map((n) => tb.node(n).fabricIp).sort().join();
+  await until(`${vip} over ${nodes.join(',')}`, async () => (await routerPaths(tb, vip)).join() === want, 30_000);
+}
+
+async function loadMappings(): Promise<{ written: number; loadMs: number; installMs: number; totalMs: number }> {
+  const redis = await startRedis();
+  const pinDir = `/sys/fs/bpf/tether-bench/lb-${process.pid}`;
+  ensureBpffs(pinDir);
+  const store = await MappingStore.connect(redis.url);
+  const dp = LbDatapath.load({ pinDir, maxVips: 2 });
+  try {
+    const vip = '198.51.100.1';
+    const list = Array.from({ length: MAPPINGS }, (_, i) => ({
+      key: { vip, client: `10.${(i >> 16) & 255}.${(i >> 8) & 255}.${i & 255}`, vport: 0, cport: 0, proto: 0 },
+      target: `10.244.0.${(i % 50) + 2}`,
+    }));
+    await store.claim(vip, list);
+    const t0 = process.hrtime.bigint();
+    const { mappings } = await store.load(vip);
+    const t1 = process.hrtime.bigint();
+    dp.installMappings(mappings);
+    const t2 = process.hrtime.bigint();
+    if (dp.mappings().length !== MAPPINGS) throw new Error(`installed ${dp.mappings().length} of ${MAPPINGS}`);
+    return { written: mappings.length, loadMs: Number(t1 - t0) / 1e6, installMs: Number(t2 - t1) / 1e6, totalMs: Number(t2 - t0) / 1e6 };
+  } finally {
+    dp.close({ unpin: true });
+    fs.rmSync(pinDir, { recursive: true, force: true });
+    await store.close();
+    await redis.stop();
+  }
+}
+
+async function main(): Promise<void> {
+  const result: Record<string, unknown> = { machine: machine() };
+  process.stdout.write('lb bench: loading mappings\n');
+  result.load = await loadMappings();
+  process.stdout.write(`  ${JSON.stringify(result.load)}\n`);
+
+  await withTestbed(topology(), async (tb) => {
+    const bgp = await startBgp(tb);
+    const servers: ChildProcess[] = [];
+    try {
+      tb.rewriteConfig({ extraObjects: [pool, service(), slice(tb, ['n4-t1', 'n4-t2', 'n5-t3']), perfService(), perfSlice(tb)] });
+      const st = await until('both VIPs announced', async () => {
+        const l = ((await tb.status('n1')) as unknown as { loadBalancers: Array<{ service: string; vip?: string; announced: boolean }> }).loadBalancers;
+        const db = l.find((x) => x.service === 'shop/db');
+        const perf = l.find((x) => x.service === 'shop/perf');
+        return db?.announced && perf?.announced ? { db: db.vip!, perf: perf.vip! } : undefined;
+      }, 30_000);
+      await announced(tb, st.perf, ['n1', 'n2']);
+      // The DNAT path: one LB node (n1) DNATs a second VIP to the same target and masquerades.
+      await tb.mustExec('n1', ['nft', '-f', '-'], { input: `table ip kubeproxy {
+  chain pre { type nat hook prerouting priority dstnat; ip daddr ${DNAT_VIP} tcp dport ${PERF_PORT} dnat to ${tb.podIp('n4-t1')}; ip daddr ${DNAT_VIP} udp dport ${PERF_PORT} dnat to ${tb.podIp('n4-t1')}; }
+  chain post { type nat hook postrouting priority srcnat; ct status dnat masquerade; }
+}
+` });
+      await tb.mustExec('n1', ['ip', 'route', 'replace', `${DNAT_VIP}/32`, 'dev', 'lo', 'table', String(EXPORT_TABLE)]);
+      await announced(tb, DNAT_VIP, ['n1']);
+      servers.push(tb.spawn('n4-t1', ['iperf3', '-s', '-p', String(PERF_PORT)]));
+      servers.push(tb.spawn('n4-t1', ['iperf3', '-s', '-p', String(VIP_PERF_PORT), '-B', st.perf]));
+      await new Promise((r) => setTimeout(r, 500));
+
+      const paths: Record<string, [string, number]> = { tether: [st.perf, VIP_PERF_PORT], dnat: [DNAT_VIP, PERF_PORT], plain: [tb.podIp('n4-t1'), PERF_PORT] };
+      const tput: Record<string, Record<string, number>> = {};
+      for (const [name, [host, port]] of Object.entries(paths)) {
+        const one = await iperf(tb, host, port, []);
+        const eight = await iperf(tb, host, port, ['-P', '8']);
+        const pps = await iperf(tb, host, port, ['-u', '-l', '64', '-b', '0']);
+        tput[name] = { mbps1: Math.round(one.mbps), mbps8: Math.round(eight.mbps), pps64: Math.round(pps.pps ?? 0) };
+        process.stdout.write(`  ${name}: ${JSON.stringify(tput[name])}\n`);
+      }
+      result.throughput = tput;
+      result.ratios = {
+        tetherVsPlain1: +(tput.tether.mbps1 / tput.plain.mbps1).toFixed(2),
+        tetherVsPlain8: +(tput.tether.mbps8 / tput.plain.mbps8).toFixed(2),
+        tetherVsDnat1: +(tput.tether.mbps1 / tput.dnat.mbps1).toFixed(2),
+        tetherVsDnat8: +(tput.tether.mbps8 / tput.dnat.mbps8).toFixed(2),
+        ppsVsPlain: +(tput.tether.pps64 / tput.plain.pps64).toFixed(2),
+        ppsVsDnat: +(tput.tether.pps64 / tput.dnat.pps64).toFixed(2),
+      };
+
+      // New connections per second while their mappings are written (per-flow affinity).
+      const targets = await startTargets(tb, ['n4-t1', 'n4-t2', 'n5-t3'], st.db);
+      try {
+        const direct = await storm(tb, tb.podIp('n4-t2'), STORM);
+        const through = await storm(tb, st.db, STORM);
+        await new Promise((r) => setTimeout(r, 1500));
+        const raw = new Redis({ path: tb.redis.socketPath });
+        const stored = await raw.hlen(`${tb.redisPrefix}lb:{${st.db}}:map`);
+        raw.disconnect();
+        result.connections = { throughVipPerSecond: Math.round(through.perSecond), directPerSecond: Math.round(direct.perSecond), ratio: +(through.perSecond / direct.perSecond).toFixed(2), errors: through.errors, mappingsInRedis: stored, connections: STORM };
+        process.stdout.write(`  connections: ${JSON.stringify(result.connections)}\n`);
+
+        // Survival, one change at a time, 200 connections each.
+        const survival: Array<{ path: string; change: string; intact: number; of: number; longestGapMs?: number }> = [];
+        const run = async (change: string, fn: () => Promise<void>) => {
+          const r = await traffic(tb, st.db, CONNS, 9000, fn, false);
+          survival.push({ path: 'tether', change, intact: r.intact, of: CONNS, longestGapMs: r.maxGapAfterMarkMs });
+          process.stdout.write(`  tether, ${change}: ${r.intact}/${CONNS}\n`);
+        };
+        await run('LB pod added on a new node (ECMP rehash)', async () => {
+          await tb.addPod('n3', lbPodSpec);
+          await announced(tb, st.db, ['n1', 'n2', 'n3']);
+        });
+        await run('LB pod removed gracefully', async () => {
+          await tb.delPod('n1-lb');
+          await announced(tb, st.db, ['n2', 'n3']);
+        });
+        await run('targets scaled out', async () => {
+          await tb.addPod('n5', targetSpec('t4'));
+          configure(tb, ['n4-t1', 'n4-t2', 'n5-t3', 'n5-t4']);
+          await until('t4 a target', async () => (await lbStatus(tb, 'n5'))?.localTargets.includes('shop/t4'));
+          await targets.add('n5-t4');
+        });
+        await run('tetherd restarted on an LB node', () => tb.restartTetherd('n3'));
+        await run('Redis restarted empty', () => tb.restartRedis());
+        await run('LB node killed', async () => {
+          await tb.killTetherd('n2', 'SIGKILL');
+          await tb.mustExec('n2', ['ip', 'link', 'set', 'eth0', 'down']);
+          await announced(tb, st.db, ['n3']);
+        });
+        // The stateless baseline on the nodes still up (n1 has no LB pod now; n3 and n4 can announce).
+        await tb.mustExec('n2', ['ip', 'link', 'set', 'eth0', 'up']).catch(() => undefined);
+        const base = '198.51.100.201';
+        const tgs = ['n4-t1', 'n4-t2', 'n5-t3'];
+        await baselineAnnounce(tb, 'n1', base, tgs);
+        await announced(tb, base, ['n1']);
+        const baseRun = async (change: string, fn: () => Promise<void>) => {
+          const r = await traffic(tb, base, CONNS, 9000, fn, false);
+          survival.push({ path: 'stateless ECMP + DNAT', change, intact: r.intact, of: CONNS });
+          process.stdout.write(`  baseline, ${change}: ${r.intact}/${CONNS}\n`);
+        };
+        await baseRun('LB node added (ECMP rehash)', async () => {
+          await baselineAnnounce(tb, 'n3', base, tgs);
+          await announced(tb, base, ['n1', 'n3']);
+        });
+        await baseRun('LB node withdrawn', async () => {
+          await baselineWithdraw(tb, 'n1', base);
+          await announced(tb, base, ['n3']);
+        });
+        result.survival = survival;
+      } finally {
+        await targets.stop().catch(() => undefined);
+      }
+    } finally {
+      for (const s of servers) s.kill('SIGKILL');
+      await bgp.stop();
+    }
+  });
+
+  fs.mkdirSync(path.join(repo, 'results'), { recursive: true });
+  fs.writeFileSync(path.join(repo, 'results/bench-lb.json'), JSON.stringify(result, null, 2) + '\n');
+  const t = result.throughput as Record<string, Record<string, number>>;
+  const r = result.ratios as Record<string, number>;
+  const l = result.load as { totalMs: number; loadMs: number; installMs: number; written: number };
+  const c = result.connections as Record<string, number>;
+  const s = result.survival as Array<{ path: string; change: string; intact: number; of: number }>;
+  const md = `Measured by \`test/bench/lb.ts\` (part of \`npm run bench\`) on ${String((result.machine as Record<string, unknown>).cpu ?? 'this machine')}; raw numbers in \`results/bench-lb.json\`.
+
+| path (client → same target pod) | 1 stream | 8 streams | 64-byte UDP |
+|---|---|---|---|
+| tether VIP (ECMP → LB pod, eBPF, FoU, DSR) | ${t.tether.mbps1} Mbit/s | ${t.tether.mbps8} Mbit/s | ${t.tether.pps64} pkt/s |
+| iptables DNAT (kube-proxy style, one node) | ${t.dnat.mbps1} Mbit/s | ${t.dnat.mbps8} Mbit/s | ${t.dnat.pps64} pkt/s |
+| plain routing (the floor) | ${t.plain.mbps1} Mbit/s | ${t.plain.mbps8} Mbit/s | ${t.plain.pps64} pkt/s |
+
+Ratios: tether / plain ${r.tetherVsPlain1} (1 stream), ${r.tetherVsPlain8} (8 streams), ${r.ppsVsPlain} (packets); tether / DNAT ${r.tetherVsDnat1}, ${r.tetherVsDnat8}, ${r.ppsVsDnat}.
+
+- ${l.written} mappings loaded into a new LB pod's maps in ${l.totalMs.toFixed(0)} ms (Redis ${l.loadMs.toFixed(0)} ms, maps ${l.installMs.toFixed(0)} ms).
+- New connections: ${c.throughVipPerSecond}/s through the VIP with each mapping written to Redis, against ${c.directPerSecond}/s straight to a target (${c.ratio}×); ${c.mappingsInRedis} mappings in Redis after ${c.connections} connections (plus earlier ones), ${c.errors} errors.
+
+| path | change | connections intact |
+|---|---|---|
+${s.map((x) => `| ${x.path} | ${x.change} | ${x.intact}/${x.of} |`).join('\n')}
+`;
+  updateReadme(path.join(repo, 'README.md'), 'lb', md);
+  process.stdout.write(md);
+}
+
+main().then(() => process.exit(0), (e) => {
+  process.stderr.write(`lb bench failed: ${(e as Error).stack}\n`);
+  process.exit(1);
+});
