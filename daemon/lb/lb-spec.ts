@@ -55,6 +55,8 @@ export interface ResolvedLoadBalancer {
   /** Targets by address: ready ones are active; terminating ones still serving keep their clients. */
   targets: LbTarget[];
   externalTrafficPolicy: 'Cluster' | 'Local';
+  /** With Local: the node port answering health checks (kube-proxy's contract). */
+  healthCheckNodePort?: number;
 }
 
 export interface LbResolution {
@@ -124,6 +126,8 @@ export function resolveLoadBalancers(objects: Array<Record<string, unknown>>, po
     const key = `${m.namespace}/${m.name}`;
     const problems: string[] = [];
     const r = resolveOne(o, key, slices.get(key) ?? [], lbPools, problems);
+    const holder = r?.healthCheckNodePort !== undefined ? out.loadBalancers.find((l) => l.healthCheckNodePort === r.healthCheckNodePort) : undefined;
+    if (holder) problems.push(`spec.healthCheckNodePort: ${r!.healthCheckNodePort} is already the health-check port of Service ${holder.key}`);
     if (problems.length || !r) out.refused.push({ key, problems });
     else out.loadBalancers.push(r);
   }
@@ -220,6 +224,15 @@ function resolveOne(o: Record<string, unknown>, key: string, slices: Array<Recor
     }
   }
 
+  // Local traffic policy: external load balancers probe each node's health-check port. In a cluster the API
+  // server allocates it; in a file it is given.
+  let healthCheckNodePort: number | undefined;
+  if (spec.externalTrafficPolicy === 'Local') {
+    const hc = spec.healthCheckNodePort;
+    if (typeof hc !== 'number' || !Number.isInteger(hc) || hc < 1 || hc > 65535) bad('spec.healthCheckNodePort', `${JSON.stringify(hc)}: externalTrafficPolicy Local needs a health-check port 1..65535`);
+    else healthCheckNodePort = hc;
+  }
+
   if (problems.length || !vip) return undefined;
   return {
     key, namespace: m.namespace, name: m.name, ports,
@@ -228,5 +241,6 @@ function resolveOne(o: Record<string, unknown>, key: string, slices: Array<Recor
     idleTimeoutS, vip,
     targets: [...targets.values()].sort((x, y) => (x.address < y.address ? -1 : 1)),
     externalTrafficPolicy: spec.externalTrafficPolicy === 'Local' ? 'Local' : 'Cluster',
+    ...(healthCheckNodePort !== undefined ? { healthCheckNodePort } : {}),
   };
 }
