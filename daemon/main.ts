@@ -15,7 +15,7 @@ import { CurrentConfig, startSource } from './parts/source';
 import { openPodState, startIpam, startStore } from './parts/ipam';
 import { createEgress, egressReconciler, planEgress } from './parts/egress';
 import { apiServer } from './parts/api';
-import { createLb, lbReconciler } from './parts/lb';
+import { createHealth, createLb, lbReconciler } from './parts/lb';
 import { resolveLoadBalancers } from './lb/lb-spec';
 import { VERSION } from '../cni/about';
 
@@ -78,7 +78,8 @@ async function start(opts: Options, nodeName: string, logger: Logger, life: Life
   const loopLag = new LoopLag();
   life.started('event loop monitor', () => loopLag.stop());
 
-  const server = apiServer({ socket: opts.socket, nodeName, stateDir, bpfPinDir: opts['bpf-pin-dir'], current, podStore, attach, ipam, egress, lb, loopLag, logger });
+  let healthStatus: (() => Record<string, unknown>) | undefined;
+  const server = apiServer({ socket: opts.socket, nodeName, stateDir, bpfPinDir: opts['bpf-pin-dir'], current, podStore, attach, ipam, egress, lb, health: () => healthStatus?.(), loopLag, logger });
   // Egress stops after the socket (a CNI ADD under way still finds its roles), and also when its own start
   // fails half-way, so whatever it set up is undone.
   if (egress) life.started('egress', () => egress.stop(), 15_000);
@@ -105,6 +106,10 @@ async function start(opts: Options, nodeName: string, logger: Logger, life: Life
     } catch (err) {
       throw new StartError(1, `load balancer failed to start: ${(err as Error).message}`, { cause: err });
     }
+    const health = createHealth(opts, { lb, nodeName, eligible: () => current.node.eligible !== false, logger });
+    await health.start();
+    healthStatus = () => health.status();
+    life.started('health checks', () => health.stop());
   }
   // Every accepted configuration change reaches each subsystem, which converges to it.
   const feed = feedReconcilers(source, [current, ipam.reconciler, egressReconciler(egressObjects, egress, logger), lbReconciler(lb, logger)], logger);

@@ -26,6 +26,8 @@ export const USAGE = `usage: tetherd [--node-name NAME] [--socket PATH] [--state
   Load balancer (Services of type LoadBalancer, loadBalancerClass tether.dev/lb) needs --node-address and --redis:
   --lb-export-table N     route-export table the node's BGP speaker advertises VIPs from (default 0: none)
   --lb-max-vips N         VIPs this node can serve (default 16); --lb-maglev-size P  Maglev table size, a prime (65537)
+  --health-port N         the node's /healthz and /livez, kube-proxy's contract (default 10266; 0: off); Services
+                          with externalTrafficPolicy Local answer on their healthCheckNodePort
   --help, --version`;
 
 export type Options = {
@@ -48,6 +50,7 @@ export type Options = {
   'lb-export-table': string;
   'lb-max-vips': string;
   'lb-maglev-size': string;
+  'health-port': string;
   'no-conntrack-sync': boolean;
   'log-level': string;
   help?: boolean;
@@ -77,6 +80,7 @@ export function parseOptions(argv: string[]): Options {
       'lb-export-table': { type: 'string', default: '0' },
       'lb-max-vips': { type: 'string', default: '16' },
       'lb-maglev-size': { type: 'string', default: '65537' },
+      'health-port': { type: 'string', default: '10266' },
       // Testing only: the negative control of the failover tests (takeover without conntrack state).
       'no-conntrack-sync': { type: 'boolean', default: false },
       'log-level': { type: 'string', default: 'info' },

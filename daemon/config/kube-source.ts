@@ -17,6 +17,7 @@ import type { ResolvedPool } from '../../ipam/types';
 import { objectKey, type ConfigObjects, type NodeFacts, type PodMeta } from './objects';
 import type { ConfigSource } from './source';
 import { isTetherService } from '../lb/lb-spec';
+import { TO_BE_DELETED_TAINT } from '../health/health-server';
 
 type Obj = Record<string, any>;
 
@@ -257,7 +258,9 @@ export class KubeSource extends EventEmitter implements ConfigSource {
     const nodes: Record<string, NodeFacts> = {};
     for (const n of this.objectsOf('nodes')) {
       const labels = (n.metadata?.labels ?? {}) as Record<string, string>;
-      nodes[n.metadata.name] = labels[ZONE_LABEL] ? { zone: labels[ZONE_LABEL], labels } : { labels };
+      // kube-proxy's node eligibility (KEP-3836): not deleted, not tainted for removal by the autoscaler.
+      const leaving = !!n.metadata?.deletionTimestamp || ((n.spec?.taints ?? []) as Obj[]).some((t) => t.key === TO_BE_DELETED_TAINT);
+      nodes[n.metadata.name] = { ...(labels[ZONE_LABEL] ? { zone: labels[ZONE_LABEL] } : {}), labels, ...(leaving ? { eligible: false } : {}) };
     }
     const pods: Record<string, PodMeta> = {};
     for (const p of this.objectsOf('pods')) {

@@ -12,6 +12,8 @@ import type { ResolvedPool } from '../../ipam/types';
 export interface NodeFacts {
   zone?: string;
   labels: Record<string, string>;
+  /** false when the Node is being deleted or tainted ToBeDeletedByClusterAutoscaler (absent: eligible). */
+  eligible?: boolean;
 }
 
 export interface ConfigObjects {

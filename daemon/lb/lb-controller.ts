@@ -107,8 +107,28 @@ export class LbController {
   private lastTouchNs = 0n;
   private storeWasDown = false;
   private readonly draining = new Set<string>();
+  /** When the last reconcile pass completed without an error (programming is fresh while recent). */
+  private lastGoodPass = 0;
 
   constructor(private readonly o: LbControllerOptions) {}
+
+  /**
+   * The Services as last programmed (after the pass that converged to them): health checks answer from
+   * this, so a node that lost its last local target withdraws its route before its health check fails.
+   */
+  current(): ResolvedLoadBalancer[] {
+    return this.programmed;
+  }
+
+  private programmed: ResolvedLoadBalancer[] = [];
+
+  /**
+   * tether's programming is not stale: a pass converged within the last 5 s (passes run every second and
+   * on every change; kube-proxy's own threshold is its healthz timeout, 2 × its sync period).
+   */
+  fresh(): boolean {
+    return Date.now() - this.lastGoodPass < 5000;
+  }
 
   async start(): Promise<void> {
     this.o.attach.on('attached', () => this.kick());
@@ -149,6 +169,7 @@ export class LbController {
         this.again = false;
         try {
           await this.pass();
+          this.lastGoodPass = Date.now();
         } catch (e) {
           this.o.logger.error('lb: reconcile pass failed', { error: (e as Error).message, stack: (e as Error).stack });
         }
@@ -178,6 +199,7 @@ export class LbController {
     if (this.dp) this.programServices(served);
     await this.lbPodRoles(served);
     this.targetRoles(served);
+    this.programmed = served;
     await this.syncMappings(served);
   }
 
@@ -268,7 +290,10 @@ export class LbController {
         if (removed.length) this.o.logger.info('lb: targets removed; their clients move', { service: lb.key, vip, targets: removed, mappingsDropped: dropped });
         st.targets = tkey;
       }
-      const active = lb.targets.filter((t) => t.state === 'active').map((t) => t.address).sort();
+      // Local policy: new clients go to this node's own targets only (the node announces the VIP only while
+      // it has one); existing mappings to any listed target stay valid, so flows that ECMP moves here from
+      // a node that withdrew keep their (possibly terminating) target.
+      const active = this.pickable(lb).map((t) => t.address).sort();
       if (active.join() !== st.row) {
         const mg = maglevTable(active, dp.maglevSize);
         dp.setMaglevRow(st.slot!, mg.table, mg.targets);
@@ -345,9 +370,14 @@ export class LbController {
       const st = this.vips.get(lb.key)!;
       const pods = [...this.lbPods.values()].filter((p) => p.vips.has(st.vip!));
       if (pods.length && !st.loaded) await this.loadMappings(lb, st);
-      const announce = pods.length > 0 && st.loaded && lb.targets.some((t) => t.state === 'active');
+      const announce = pods.length > 0 && st.loaded && this.pickable(lb).length > 0;
       this.route(st, announce ? pods : []);
     }
+  }
+
+  /** Targets new clients may be given here: active ones, and with Local policy only this node's. */
+  private pickable(lb: ResolvedLoadBalancer): ResolvedLoadBalancer['targets'] {
+    return lb.targets.filter((t) => t.state === 'active' && (lb.externalTrafficPolicy !== 'Local' || t.node === this.o.node.name));
   }
 
   private route(st: VipState, pods: LbPod[]): void {

@@ -40,6 +40,8 @@ export interface ApiDeps {
   ipam: Ipam;
   egress?: EgressController;
   lb?: LbController;
+  /** Health checks' status (absent until they start). */
+  health?: () => Record<string, unknown> | undefined;
   loopLag: LoopLag;
   logger: Logger;
 }
@@ -79,6 +81,7 @@ export function apiServer(d: ApiDeps): ApiServer {
         egressSecurity: egress?.security(),
         bfd: egress?.bfdStatus(),
         loadBalancers: d.lb?.status() ?? [],
+        health: d.health?.(),
         eventLoop: { lagMaxMs: d.loopLag.maxMs(), lagMaxPerSecondMs: d.loopLag.series() },
         pods: d.podStore.all().map((r) => ({
           network: r.network,

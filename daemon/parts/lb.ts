@@ -5,6 +5,7 @@ import { StartError } from '../lifecycle';
 import type { ConfigObjects } from '../config/objects';
 import type { Reconciler } from '../config/source';
 import { LbController } from '../lb/lb-controller';
+import { HealthController } from '../health/health-controller';
 import { MappingStore } from '../lb/mapping-store';
 import { isTetherService, resolveLoadBalancers } from '../lb/lb-spec';
 import type { ClusterAddresses } from '../../ipam/cluster-addresses';
@@ -53,4 +54,12 @@ export function lbReconciler(controller: LbController | undefined, logger: Logge
       else if (r.loadBalancers.length || r.refused.length) logger.error('lb: load balancer Services need --node-address and --redis; not served', { services: [...r.loadBalancers.map((l) => l.key)] });
     },
   };
+}
+
+/** Health checks for the load balancer's Services with Local policy, and the node's health port. */
+export function createHealth(opts: Options, o: { lb: LbController; nodeName: string; eligible: () => boolean; logger: Logger }): HealthController {
+  const raw = opts['health-port'];
+  const port = Number(raw);
+  if (!/^[0-9]+$/.test(raw) || port > 65535) throw new StartError(2, `--health-port: ${JSON.stringify(raw)} is not a port (0 turns it off)`);
+  return new HealthController({ node: o.nodeName, port, services: () => o.lb.current(), healthy: () => o.lb.fresh(), eligible: o.eligible, logger: o.logger });
 }

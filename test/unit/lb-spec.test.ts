@@ -103,6 +103,18 @@ test('bad input is refused with the field: VIP outside every pool, VIP in anothe
   assert.match(none.refused[0].problems.join(), /no AddressPool with usage loadBalancer/);
 });
 
+test('externalTrafficPolicy Local needs a healthCheckNodePort, and two Services cannot share one', () => {
+  const none = resolveLoadBalancers([svc({ spec: { externalTrafficPolicy: 'Local' } })], pools);
+  assert.match(none.refused[0].problems.join(), /spec\.healthCheckNodePort: undefined: externalTrafficPolicy Local needs a health-check port/);
+  const r = resolveLoadBalancers([
+    svc({ spec: { externalTrafficPolicy: 'Local', healthCheckNodePort: 32000 } }),
+    svc({ name: 'twin', spec: { externalTrafficPolicy: 'Local', healthCheckNodePort: 32000 } }),
+    svc({ name: 'cluster', spec: { healthCheckNodePort: 32000 } }),
+  ], pools);
+  assert.equal(r.loadBalancers.map((l) => [l.key, l.externalTrafficPolicy, l.healthCheckNodePort]), [['shop/db', 'Local', 32000], ['shop/cluster', 'Cluster', undefined]]);
+  assert.match(r.refused[0].problems.join(), /32000 is already the health-check port of Service shop\/db/);
+});
+
 test('no targets is accepted (the status says so, nothing is announced)', () => {
   const r = resolveLoadBalancers([svc()], pools);
   assert.equal([r.loadBalancers.length, r.loadBalancers[0].targets.length], [1, 0]);
