@@ -6,7 +6,8 @@
 import { test } from 'uvu';
 import * as assert from 'uvu/assert';
 import { withTestbed, type Testbed } from './testbed';
-import { pool, service, slice, topology, until } from './lb-scenario';
+import { PORT, pool, routerPaths, service, slice, startBgp, startTargets, topology, traffic, until } from './lb-scenario';
+import type { Topology } from './topology';
 
 const HC = 32100;
 
@@ -82,6 +83,79 @@ test('health-check node port: 200 exactly on nodes with a ready local target, fl
       assert.is((await probe(tb, 'n4')).status, 200, 'the first Service still answers');
     } finally {
       squatter.kill('SIGKILL');
+    }
+  });
+});
+
+const LBP = { tether: { labels: { 'tether.dev/role': 'lb' } }, namespace: 'shop' };
+const APP = { tether: { labels: { app: 'db' } }, namespace: 'shop' };
+
+function colocated(): Topology {
+  return {
+    nodes: [
+      { name: 'n1', pods: [{ name: 'lb', ...LBP }] },
+      { name: 'n2', pods: [{ name: 'c', namespace: 'shop' }] },
+      { name: 'n4', pods: [{ name: 'lb', ...LBP }, { name: 't1', ...APP }, { name: 't2', ...APP }] },
+      { name: 'n5', pods: [{ name: 'lb', ...LBP }, { name: 't3', ...APP }] },
+    ],
+    tether: true,
+    ipam: 'tether-ipam',
+    tetherdArgs: ['--lb-export-table', '100'],
+    extraObjects: [pool],
+  };
+}
+
+const SRC = `
+const net = require('net');
+const [host, port] = process.argv.slice(1);
+const s = net.connect({ host, port: Number(port) });
+let got = '';
+s.on('connect', () => s.write('0 0\\n'));
+s.on('data', (b) => { got += b; if (got.includes('\\n')) { console.log(JSON.stringify({ ok: got.trim() === '0 0', local: s.localAddress })); s.destroy(); process.exit(0); } });
+s.on('error', (e) => { console.log(JSON.stringify({ error: e.code })); process.exit(1); });
+setTimeout(() => { console.log(JSON.stringify({ error: 'timeout' })); process.exit(1); }, 5000);`;
+
+test('Local policy in tether\'s load balancer: only nodes with a ready local target announce; targets see the client; a node whose last target is terminating withdraws and its flows keep that target; Cluster beside Local; pods on other nodes reach the VIP', async () => {
+  await withTestbed(colocated(), async (tb) => {
+    const bgp = await startBgp(tb, ['n1', 'n4', 'n5']);
+    try {
+      const cluster = { ...service(), metadata: { name: 'web', namespace: 'shop', annotations: { 'lb.tether.dev/affinity': 'flow' } } };
+      const webSlice = { ...(slice(tb, ['n4-t1', 'n5-t3']) as Record<string, unknown>), metadata: { name: 'web-1', namespace: 'shop', labels: { 'kubernetes.io/service-name': 'web' } } };
+      tb.rewriteConfig({ extraObjects: [pool, local(), slice(tb, ['n4-t1', 'n4-t2', 'n5-t3']), cluster, webSlice] });
+      const vips = await until('both VIPs allocated', async () => {
+        const l = ((await tb.status('n1')) as unknown as { loadBalancers: Array<{ service: string; vip?: string }> }).loadBalancers;
+        const db = l.find((x) => x.service === 'shop/db')?.vip;
+        const web = l.find((x) => x.service === 'shop/web')?.vip;
+        return db && web ? { db, web } : undefined;
+      });
+      const ip = (n: string) => tb.node(n).fabricIp;
+      await until('Local VIP over exactly n4 and n5', async () => (await routerPaths(tb, vips.db)).join() === [ip('n4'), ip('n5')].sort().join());
+      await until('Cluster VIP over n1, n4 and n5', async () => (await routerPaths(tb, vips.web)).join() === [ip('n1'), ip('n4'), ip('n5')].sort().join());
+      process.stdout.write(`  Local VIP ${vips.db} via ${(await routerPaths(tb, vips.db)).join(', ')}; Cluster VIP ${vips.web} via ${(await routerPaths(tb, vips.web)).join(', ')}\n`);
+
+      const servers = await startTargets(tb, ['n4-t1', 'n4-t2', 'n5-t3'], vips.db);
+      try {
+        // From a pod on a node without local targets (n2): through the router to an announcing node.
+        const fromPod = JSON.parse((await tb.exec('n2-c', [process.execPath, '-e', SRC, vips.db, String(PORT)])).stdout.trim().split('\n').pop()!);
+        assert.ok(fromPod.ok, `a pod on n2 reaches the Local VIP: ${JSON.stringify(fromPod)}`);
+        // Long-lived connections while n5's only target turns terminating: n5 withdraws (its health check
+        // fails), ECMP moves its flows to n4, which still honours their mappings to the terminating t3.
+        const report = await traffic(tb, vips.db, 100, 12_000, async () => {
+          tb.rewriteConfig({ extraObjects: [pool, local(), slice(tb, ['n4-t1', 'n4-t2'], ['n5-t3']), cluster, webSlice] });
+          await until('n5 withdrawn', async () => (await routerPaths(tb, vips.db)).join() === ip('n4'), 10_000);
+        }, false);
+        const peers = await servers.stop();
+        const onT3 = peers.get('n5-t3')?.length ?? 0;
+        process.stdout.write(`  n5's only target terminating: n5 withdrew; ${report.intact}/100 intact (${onT3} on t3); targets saw ${[...new Set([...peers.values()].flat().map((p) => p.split(':')[0]))].join(', ')}\n`);
+        assert.ok(onT3 > 0, 'some connections were on t3');
+        assert.is(report.intact, 100, `every connection kept: ${report.errors.slice(0, 3).join('; ')}`);
+        // Targets saw the real source: the external client, and the in-cluster pod's own address for its probe.
+        for (const list of peers.values()) for (const p of list) assert.ok([tb.externalIp('client'), tb.podIp('n2-c')].includes(p.split(':')[0]), `a target saw ${p}`);
+      } finally {
+        await servers.stop().catch(() => undefined);
+      }
+    } finally {
+      await bgp.stop();
     }
   });
 });

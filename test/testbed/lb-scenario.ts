@@ -96,10 +96,10 @@ export async function until<T>(what: string, fn: () => Promise<T | undefined | f
 }
 
 /** BIRD on the router (ECMP into its kernel table) and on each LB node (advertising the export table). */
-export async function startBgp(tb: Testbed): Promise<{ birds: TestBird[]; stop: () => Promise<void> }> {
+export async function startBgp(tb: Testbed, speakers: string[] = LB_NODES): Promise<{ birds: TestBird[]; stop: () => Promise<void> }> {
   const routerIp = '198.18.0.1';
   await tb.mustExec('router', ['sysctl', '-qw', 'net.ipv4.fib_multipath_hash_policy=1']);
-  const nodes = LB_NODES.map((n) => tb.node(n));
+  const nodes = speakers.map((n) => tb.node(n));
   const routerConf = `router id ${routerIp};
 log stderr all;
 protocol device { scan time 10; }
