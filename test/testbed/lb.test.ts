@@ -81,7 +81,10 @@ scenario('through the VIP: targets see the client, replies bypass the LB pods, a
         const clientIp = tb.externalIp('client');
         for (const [pod, list] of peers) for (const peer of list) assert.ok(peer.startsWith(`${clientIp}:`), `${pod} saw ${peer}, not the client's address`);
         assert.is(report.intact, CONNS, `${report.intact}/${CONNS} intact; ${report.errors.slice(0, 4).join('; ')}`);
-        assert.ok((report.udp?.received ?? 0) >= (report.udp?.sent ?? 1) * 0.9, `UDP ${report.udp?.received}/${report.udp?.sent}`);
+        // The UDP stream keeps flowing: it loses at most what was in flight to the killed node until BGP's
+        // 3 s hold time withdrew it (~70 datagrams at 50 ms when the stream hashed to that node).
+        assert.ok((report.udp?.maxGapMs ?? 1e9) < 5000, `the UDP stream resumed (longest gap ${report.udp?.maxGapMs} ms)`);
+        assert.ok((report.udp?.received ?? 0) >= (report.udp?.sent ?? 1) * 0.85, `UDP ${report.udp?.received}/${report.udp?.sent}`);
         const st = await lbStatus(tb, 'n3');
         process.stdout.write(`  n3 LB counters: ${JSON.stringify(st?.counters)}\n`);
       } finally {
