@@ -250,11 +250,13 @@ export class LbController {
       st ??= { key: lb.key, pool: lb.vip.pool, loaded: false, announced: false };
       this.vips.set(lb.key, st);
       try {
+        // A VIP slot first: a node out of slots serves nothing more (and allocates nothing for it).
+        const slot = this.freeSlot();
         const req = lb.vip.address ? { pool: lb.vip.pool, owner: ownerOf(lb.key), addresses: [lb.vip.address] } : { pool: lb.vip.pool, owner: ownerOf(lb.key), count: 1 };
         const { addresses } = await this.o.addresses.allocate(req);
         st.vip = addresses[0];
         st.problem = undefined;
-        st.slot = this.freeSlot();
+        st.slot = slot;
         this.o.logger.info('lb: VIP allocated', { service: lb.key, vip: st.vip, pool: lb.vip.pool, slot: st.slot });
       } catch (e) {
         const msg = e instanceof TetherError && (e.code === ErrorCode.AddressConflict || e.code === ErrorCode.PoolExhausted || e.code === ErrorCode.UnknownPool)
