@@ -3,7 +3,7 @@
 // frees all of its addresses; explicitly requested addresses are honoured or refused with the holder named.
 import { ErrorCode, TetherError } from '../daemon/errors';
 import type { Logger } from '../daemon/log';
-import { formatIp, parseIp, sizeOf } from '../daemon/common/ip-math';
+import { formatIp, inSubnet, parseIp, sizeOf } from '../daemon/common/ip-math';
 import type { ClusterStore, IpFamily, ResolvedFamily, ResolvedPool } from './types';
 
 export interface OwnerRequest {
@@ -105,7 +105,7 @@ export class ClusterAddresses {
   private inPool(pool: ResolvedPool, a: unknown, field: string): string {
     const ip = typeof a === 'string' ? parseIp(a) : undefined;
     if (!ip) throw bad(`${field}: ${JSON.stringify(a)} is not an IP address`);
-    const fam = pool.families.find((f) => f.family === ip.family && ip.value >= f.base && ip.value < f.base + sizeOf(f.family, f.prefix));
+    const fam = pool.families.find((f) => inSubnet(ip, f));
     if (!fam) throw bad(`${field}: ${a} is outside pool "${pool.name}" (${pool.families.map((f) => f.cidr).join(', ')})`);
     if (fam.reserved.some(([lo, hi]) => ip.value >= lo && ip.value <= hi)) throw bad(`${field}: ${a} is reserved in pool "${pool.name}"`);
     return formatIp(ip.family, ip.value);

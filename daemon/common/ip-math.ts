@@ -64,6 +64,11 @@ export function formatCidr(family: IpFamily, base: bigint, prefix: number): stri
   return `${formatIp(family, base)}/${prefix}`;
 }
 
+/** Whether ip lies in the subnet base/prefix (of the same family). */
+export function inSubnet(ip: { family: IpFamily; value: bigint }, s: { family: IpFamily; base: bigint; prefix: number }): boolean {
+  return s.family === ip.family && ip.value >= s.base && ip.value < s.base + sizeOf(s.family, s.prefix);
+}
+
 /** Inclusive [first, last] of a prefix. */
 export function rangeOf(family: IpFamily, base: bigint, prefix: number): [bigint, bigint] {
   return [base, base + sizeOf(family, prefix) - 1n];

@@ -2,7 +2,7 @@
 // Egress and the field; all problems are reported at once; an invalid Egress changes nothing.
 // N floating addresses: a count from one pool, a count from each of several pools, or explicit addresses.
 import { ErrorCode, TetherError } from '../errors';
-import { formatCidr, parseCidr, parseIp, sizeOf } from '../common/ip-math';
+import { formatCidr, inSubnet, parseCidr, parseIp } from '../common/ip-math';
 import { API_VERSION, describe, isLabelKey, isLabelValue, isObject } from '../common/fields';
 import type { ResolvedPool } from '../../ipam/types';
 
@@ -162,7 +162,7 @@ function checkAddresses(raw: unknown, floating: ResolvedPool[], bad: (m: string)
     raw.explicit.forEach((a, i) => {
       const ip = typeof a === 'string' ? parseIp(a) : undefined;
       if (!ip) return bad(`spec.addresses.explicit[${i}] ${describe(a)} is not an IP address`);
-      const p = floating.find((fp) => fp.families.some((f) => f.family === ip.family && ip.value >= f.base && ip.value < f.base + sizeOf(f.family, f.prefix)));
+      const p = floating.find((fp) => fp.families.some((f) => inSubnet(ip, f)));
       if (!p) return bad(`spec.addresses.explicit[${i}] ${a} is outside every floating pool (${floating.map((f) => f.name).join(', ') || 'none defined'})`);
       if (raw.pool !== undefined && raw.pool !== p.name) return bad(`spec.addresses.explicit[${i}] ${a} is in pool "${p.name}", not "${String(raw.pool)}"`);
       byPool.set(p.name, [...(byPool.get(p.name) ?? []), a as string]);

@@ -13,7 +13,7 @@
 // and the field; a Service with problems programs nothing (its status says why).
 import { isIPv4 } from 'node:net';
 import { isObject, isLabelKey, isLabelValue } from '../common/fields';
-import { parseCidr, parseIp, prefixMask } from '../common/ip-math';
+import { inSubnet, parseIp } from '../common/ip-math';
 import type { ResolvedPool } from '../../ipam/types';
 import { PROTO, type Protocol } from '../bpf/lb-structs';
 
@@ -101,10 +101,7 @@ export function parseSelector(text: string): Record<string, string> {
 function poolHolding(pools: ResolvedPool[], address: string): ResolvedPool | undefined {
   const ip = parseIp(address);
   if (!ip) return undefined;
-  return pools.find((p) => p.families.some((f) => {
-    const c = parseCidr(f.cidr);
-    return c !== undefined && c.family === ip.family && (ip.value & prefixMask(c.family, c.prefix)) === c.base;
-  }));
+  return pools.find((p) => p.families.some((f) => inSubnet(ip, f)));
 }
 
 /** Resolves every tether Service of `objects` with its EndpointSlices. */
