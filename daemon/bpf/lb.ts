@@ -164,11 +164,14 @@ export class LbDatapath {
 
   /** Deletes the mappings matching pred; returns how many went. */
   deleteMappings(pred: (m: LbMapping) => boolean): number {
+    return this.deleteMappingKeys(this.mappings().filter(pred));
+  }
+
+  /** Deletes these mappings (e.g. picked from a mappings() read already made); returns how many went. */
+  deleteMappingKeys(keys: MapKey[]): number {
     const map = this.o().map('lb_mappings');
     let n = 0;
-    for (const [k, v] of map.entries()) {
-      if (pred({ ...decodeMapKey(k), ...decodeMapping(v) }) && map.delete(k)) n++;
-    }
+    for (const k of keys) if (map.delete(encodeMapKey(k))) n++;
     return n;
   }
 

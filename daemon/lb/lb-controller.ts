@@ -634,17 +634,18 @@ export class LbController {
     const s = this.o.store;
     const dp = this.dp;
     if (!dp) return;
-    const all = dp.mappings();
     const now = nowNs();
-    // Local idle expiry by each VIP's timeout.
+    // Local idle expiry by each VIP's timeout, from the one read of the map this pass makes.
     const idle = new Map(served.map((l) => [this.vips.get(l.key)!.vip!, BigInt(l.idleTimeoutS) * 1_000_000_000n]));
-    const expired = dp.deleteMappings((m) => {
+    const isIdle = (m: LbMapping) => {
       const limit = idle.get(m.vip);
       return limit !== undefined && m.lastNs > 0n && now - m.lastNs > limit;
-    });
+    };
+    const all = dp.mappings();
+    const expired = dp.deleteMappingKeys(all.filter(isIdle));
     if (expired) this.o.logger.info('lb: idle mappings expired', { count: expired });
     if (!s || !s.connected) return;
-    const byVip = groupByVip(all);
+    const byVip = groupByVip(all.filter((m) => !isIdle(m)));
     try {
       if (this.storeWasDown) {
         let written = 0;
