@@ -17,3 +17,22 @@ export async function waitFor(cond: () => boolean, what: string, opts: { timeout
   }
   return Date.now() - t0;
 }
+
+/**
+ * Resolves with fn's first truthy value, polling every 150 ms (a throw counts as not yet); rejects after
+ * timeoutMs naming what was awaited and the last error seen. For async conditions (status over a socket).
+ */
+export async function until<T>(what: string, fn: () => Promise<T | undefined | false>, timeoutMs = 20_000): Promise<T> {
+  const end = Date.now() + timeoutMs;
+  let last: unknown;
+  for (;;) {
+    try {
+      const v = await fn();
+      if (v) return v;
+    } catch (e) {
+      last = e;
+    }
+    if (Date.now() > end) throw new Error(`timed out after ${timeoutMs} ms waiting for ${what}${last ? ` (last error: ${(last as Error).message})` : ''}`);
+    await sleep(150);
+  }
+}

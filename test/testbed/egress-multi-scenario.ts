@@ -6,6 +6,7 @@ import type { Testbed } from './testbed';
 import type { Topology } from './topology';
 import { FLOAT_POOL, startServer, PORT } from './egress-scenario';
 import { TRAFFIC_CLIENT, type TrafficReport } from '../lib/traffic';
+import { until } from '../lib/wait';
 
 export const V = 'tether.dev/v1alpha1';
 const GW = { tether: { labels: { role: 'egress-gw' } }, namespace: 'shop' };
@@ -45,15 +46,7 @@ export function topology(spec: Record<string, unknown> = {}): Topology {
 export type Addr = { egress: string; address: string; owner: string; ownerNode?: string; epoch: number; ownedHere: boolean };
 export const addrs = async (tb: Testbed, node: string) => ((await tb.status(node)) as unknown as { egress: Addr[] }).egress;
 
-export async function until<T>(what: string, fn: () => Promise<T | undefined | false>, timeoutMs = 20_000): Promise<T> {
-  const end = Date.now() + timeoutMs;
-  for (;;) {
-    const v = await fn().catch(() => undefined);
-    if (v) return v;
-    if (Date.now() > end) throw new Error(`timed out after ${timeoutMs} ms waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 150));
-  }
-}
+export { until } from '../lib/wait';
 
 /** address → node holding it, once `n` addresses are held and every client node knows all owners. */
 export async function owners(tb: Testbed, n: number, gatewayNodes = ['n1', 'n2', 'n3']): Promise<Map<string, string>> {

@@ -8,6 +8,7 @@ import type { Testbed } from './testbed';
 import type { Topology } from './topology';
 import { exportTableSpeakerConfig, startBird, waitBgpEstablished, type TestBird } from '../lib/bird';
 import { TRAFFIC_CLIENT, type TrafficReport } from '../lib/traffic';
+import { until } from '../lib/wait';
 
 export const LB_POOL = '198.51.100.0/28';
 export const EXPORT_TABLE = 100;
@@ -80,20 +81,7 @@ export async function lbStatus(tb: Testbed, node: string): Promise<LbStatus | un
   return ((await tb.status(node)) as unknown as { loadBalancers: LbStatus[] }).loadBalancers.find((l) => l.service === 'shop/db');
 }
 
-export async function until<T>(what: string, fn: () => Promise<T | undefined | false>, timeoutMs = 20_000): Promise<T> {
-  const end = Date.now() + timeoutMs;
-  let last: unknown;
-  for (;;) {
-    try {
-      const v = await fn();
-      if (v) return v;
-    } catch (e) {
-      last = e;
-    }
-    if (Date.now() > end) throw new Error(`timed out after ${timeoutMs} ms waiting for ${what}${last ? ` (last error: ${(last as Error).message})` : ''}`);
-    await new Promise((r) => setTimeout(r, 150));
-  }
-}
+export { until } from '../lib/wait';
 
 /** BIRD on the router (ECMP into its kernel table) and on each LB node (advertising the export table). */
 export async function startBgp(tb: Testbed, speakers: string[] = LB_NODES): Promise<{ birds: TestBird[]; stop: () => Promise<void> }> {
