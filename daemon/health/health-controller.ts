@@ -6,8 +6,31 @@
 import type { Logger } from '../log';
 import type { ResolvedLoadBalancer } from '../lb/lb-spec';
 import { HealthListener, countLocalEndpoints, nodeAnswer, serviceAnswer } from './health-server';
+import { portHolder } from '../sys/port-holder';
 
 const TICK_MS = 250;
+/** This node's answers are reported (for the Services' status) on every change and at least this often. */
+const REPORT_EVERY_MS = 10_000;
+/** A node's report counts this long (a node that stopped reporting drops out of the status). */
+export const REPORT_TTL_MS = 3 * REPORT_EVERY_MS;
+
+/** One Service's health check on one node, as reported for its status. */
+export interface ServiceHealthReport {
+  port: number;
+  open: boolean;
+  problem?: string;
+  /** The process holding the port when it is in use on the node (kube-proxy answers Local Services too). */
+  heldBy?: string;
+  localEndpoints: number;
+  status: number;
+}
+
+/** One node's health answers: its own (healthz) and each Local Service's. */
+export interface NodeHealthReport {
+  eligible: boolean;
+  healthy: boolean;
+  services: Record<string, ServiceHealthReport>;
+}
 
 export interface HealthControllerOptions {
   node: string;
@@ -19,6 +42,8 @@ export interface HealthControllerOptions {
   healthy: () => boolean;
   /** The node is not being deleted nor tainted for removal. */
   eligible: () => boolean;
+  /** Publishes this node's answers (to the store, for the leader's Service status); errors are retried. */
+  report?: (r: NodeHealthReport) => Promise<void>;
   logger: Logger;
 }
 
@@ -27,6 +52,7 @@ interface Check {
   listener: HealthListener;
   open: boolean;
   problem?: string;
+  heldBy?: string;
   lastStatus?: number;
   lastLocal?: number;
 }
@@ -38,6 +64,10 @@ export class HealthController {
   private lastUpdated = new Date();
   private timer?: NodeJS.Timeout;
   private busy = false;
+  private lastReport = '';
+  private lastReportAt = 0;
+  private reporting = false;
+  private stopped = false;
 
   constructor(private readonly o: HealthControllerOptions) {}
 
@@ -94,9 +124,12 @@ export class HealthController {
             await c.listener.listen(c.port);
             c.open = true;
             c.problem = undefined;
+            c.heldBy = undefined;
             this.o.logger.info('health: service health check open', { service: key, port: c.port });
           } catch (e) {
-            const why = `health-check port ${c.port}: ${(e as NodeJS.ErrnoException).code === 'EADDRINUSE' ? 'in use on this node' : (e as Error).message}`;
+            const holder = (e as NodeJS.ErrnoException).code === 'EADDRINUSE' ? portHolderOf(c.port) : undefined;
+            const why = `health-check port ${c.port}: ${(e as NodeJS.ErrnoException).code === 'EADDRINUSE' ? `in use on this node${holder ? ` by ${holder.name} (pid ${holder.pid})` : ''}` : (e as Error).message}`;
+            c.heldBy = holder?.name;
             if (c.problem !== why) this.o.logger.error('health: service health check not opened; retried', { service: key, problem: why });
             c.problem = why;
             continue;
@@ -110,9 +143,37 @@ export class HealthController {
           c.lastLocal = local;
         }
       }
+      this.publish(want);
     } finally {
       this.busy = false;
     }
+  }
+
+  /** This node's answers now, as reported. */
+  report(services?: Map<string, ResolvedLoadBalancer>): NodeHealthReport {
+    const out: NodeHealthReport = { eligible: this.o.eligible(), healthy: this.o.healthy(), services: {} };
+    for (const [key, c] of this.checks) {
+      const lb = services?.get(key);
+      const local = lb ? this.local(lb) : c.lastLocal ?? 0;
+      out.services[key] = { port: c.port, open: c.open, ...(c.problem ? { problem: c.problem } : {}), ...(c.heldBy ? { heldBy: c.heldBy } : {}), localEndpoints: local, status: c.open && local > 0 && out.healthy ? 200 : 503 };
+    }
+    return out;
+  }
+
+  /** Reports on a change, and every REPORT_EVERY_MS so the report does not expire; never waits for it. */
+  private publish(services: Map<string, ResolvedLoadBalancer>): void {
+    if (!this.o.report || this.reporting || this.stopped) return;
+    const r = this.report(services);
+    const text = JSON.stringify(r);
+    if (text === this.lastReport && Date.now() - this.lastReportAt < REPORT_EVERY_MS) return;
+    this.reporting = true;
+    this.o.report(r).then(
+      () => {
+        this.lastReport = text;
+        this.lastReportAt = Date.now();
+      },
+      (e) => this.o.logger.debug('health: report not stored; retried', { error: (e as Error).message }),
+    ).finally(() => (this.reporting = false));
   }
 
   status(): Record<string, unknown> {
@@ -126,9 +187,19 @@ export class HealthController {
   }
 
   async stop(): Promise<void> {
+    this.stopped = true;
     clearInterval(this.timer);
     for (const c of this.checks.values()) await c.listener.close();
     this.checks.clear();
     await this.node?.close();
+  }
+}
+
+/** The process holding a port on this node, when it can be told. */
+function portHolderOf(port: number): { name: string; pid: number } | undefined {
+  try {
+    return portHolder(port);
+  } catch {
+    return undefined;
   }
 }

@@ -22,6 +22,7 @@ export function startControllers(source: KubeSource, nodeName: string, egress: E
     })),
     egressSummary: () => egress?.egressSummary() ?? {},
     loadBalancers: () => lb?.status() ?? [],
+    healthReports: lb?.store && (() => lb.store!.healthReports()),
   });
   leader.on('elected', () => status.start());
   leader.on('lost', () => void status.stop());

@@ -10,6 +10,7 @@ import { GROUP, VERSION } from '../objects/crds';
 import type { Verdicts } from '../config/kube-source';
 import { NODE_LABEL } from './block-claims';
 import { objectKey } from '../config/objects';
+import type { NodeHealthReport } from '../health/health-controller';
 
 type Obj = Record<string, any>;
 
@@ -60,6 +61,8 @@ export interface StatusControllerOptions {
   egressSummary?: () => Record<string, EgressSummary>;
   /** The load balancer's view of each tether Service (LbController.status()). */
   loadBalancers?: () => Array<Record<string, unknown>>;
+  /** Every node's health-check answers (from the store), for the Local Services' status. */
+  healthReports?: () => Promise<Record<string, NodeHealthReport>>;
   everyMs?: number;
   gcEveryMs?: number;
 }
@@ -79,6 +82,33 @@ function statusOf(e: unknown): number | undefined {
 
 /** How often an Egress status that changed only in its usage counters is written. */
 const COUNTS_EVERY_MS = 30_000;
+
+export const HEALTH_CONDITION = 'tether.dev/HealthCheck';
+
+/**
+ * A Local Service's health-check condition from every node's report: True (Answering) when every node that
+ * reports it has its port open, with each node's answer and local endpoint count; False (PortUnavailable)
+ * naming each node that cannot open the port and why; Unknown while no node has reported it.
+ */
+export function healthCondition(service: string, reports: Record<string, NodeHealthReport>): Omit<Condition, 'lastTransitionTime'> {
+  const nodes = Object.keys(reports).sort().flatMap((n) => (reports[n].services?.[service] ? [[n, reports[n].services[service]] as const] : []));
+  if (!nodes.length) return { type: HEALTH_CONDITION, status: 'Unknown', reason: 'NoReports', message: 'no node has reported its health check yet' };
+  const port = nodes[0][1].port;
+  // kube-proxy opens the healthCheckNodePort of every Local LoadBalancer Service, whatever its class, and
+  // answers with its own count of the same ready local endpoints: such a node is answered, by kube-proxy.
+  const byKubeProxy = nodes.filter(([, r]) => !r.open && r.heldBy === KUBE_PROXY).map(([n]) => n);
+  const closed = nodes.filter(([, r]) => !r.open && r.heldBy !== KUBE_PROXY);
+  const up = nodes.filter(([, r]) => r.open && r.status === 200).map(([n, r]) => `${n} (${r.localEndpoints} local endpoint${r.localEndpoints === 1 ? '' : 's'})`);
+  const down = nodes.filter(([, r]) => r.open && r.status !== 200).map(([n, r]) => (r.localEndpoints > 0 ? `${n} (${r.localEndpoints} local, tether's programming stale)` : n));
+  const answers = [`200 on ${up.length ? up.join(', ') : 'no node'}; 503 on ${down.length ? down.join(', ') : 'no node'}`];
+  if (byKubeProxy.length) answers.push(`kube-proxy answers on ${byKubeProxy.join(', ')}`);
+  if (closed.length) {
+    return { type: HEALTH_CONDITION, status: 'False', reason: 'PortUnavailable', message: message([`not answered on ${closed.length} of ${nodes.length} nodes: ${closed.map(([n, r]) => `${n}: ${r.problem ?? `port ${r.port} not open`}`).join(', ')}`, ...answers]) };
+  }
+  return { type: HEALTH_CONDITION, status: 'True', reason: 'Answering', message: message([`port ${port} answered on ${nodes.length} node${nodes.length === 1 ? '' : 's'}: ${answers[0]}`, ...answers.slice(1)]) };
+}
+
+const KUBE_PROXY = 'kube-proxy';
 
 /** Condition messages are bounded by the API (32 KiB); ours name fields, so a few lines suffice. */
 const message = (problems: string[]) => problems.join('; ').slice(0, 4000);
@@ -140,9 +170,17 @@ export class StatusController {
         await this.writeEgress(obj.metadata.namespace, obj.metadata.name, problems, addresses.filter((a) => a.egress === key), summaries[key]);
       }
     }
-    for (const lb of this.o.loadBalancers?.() ?? []) {
+    const lbs = this.o.loadBalancers?.() ?? [];
+    let health: Record<string, NodeHealthReport> | undefined;
+    if (this.o.healthReports && lbs.some((l) => l.externalTrafficPolicy === 'Local')) {
+      health = await this.o.healthReports().catch((e: Error) => {
+        this.o.logger.debug('kube: health reports not read; health conditions kept', { error: e.message });
+        return undefined;
+      });
+    }
+    for (const lb of lbs) {
       if (this.stopping) return;
-      await this.writeService(lb);
+      await this.writeService(lb, health);
     }
   }
 
@@ -150,7 +188,7 @@ export class StatusController {
    * A tether Service's status: its VIP in status.loadBalancer.ingress with ipMode Proxy (kube-proxy then
    * leaves VIP traffic to tether's datapath), and a tether.dev/Ready condition saying why not when it is not.
    */
-  private async writeService(lb: Record<string, unknown>): Promise<void> {
+  private async writeService(lb: Record<string, unknown>, health?: Record<string, NodeHealthReport>): Promise<void> {
     const [namespace, name] = String(lb.service).split('/');
     let cur: Obj;
     try {
@@ -168,10 +206,16 @@ export class StatusController {
         : lb.problem
           ? { type: 'tether.dev/Ready', status: 'False' as const, reason: 'NoTargets', message: String(lb.problem) }
           : { type: 'tether.dev/Ready', status: 'True' as const, reason: 'Serving', message: `VIP ${String(lb.vip)} served by tether's load balancer` };
+    const conditions: Array<Omit<Condition, 'lastTransitionTime'>> = [{ ...ready, observedGeneration: gen }];
+    if (lb.externalTrafficPolicy === 'Local' && !refused) {
+      // Read failed: the condition stays as it was rather than flapping away.
+      const hc = health ? healthCondition(String(lb.service), health) : (cur.status?.conditions as Condition[] | undefined)?.find((c) => c.type === HEALTH_CONDITION);
+      if (hc) conditions.push({ type: hc.type, status: hc.status, reason: hc.reason, message: hc.message, observedGeneration: gen });
+    }
     const status: Obj = {
       ...(cur.status ?? {}),
       loadBalancer: lb.vip && !refused ? { ingress: [{ ip: lb.vip, ipMode: 'Proxy' }] } : {},
-      conditions: mergeConditions(cur.status?.conditions, [{ ...ready, observedGeneration: gen }]),
+      conditions: mergeConditions(cur.status?.conditions, conditions),
     };
     if (JSON.stringify(cur.status ?? {}) === JSON.stringify(status)) return;
     try {

@@ -130,6 +130,11 @@ export class LbController {
     return Date.now() - this.lastGoodPass < 5000;
   }
 
+  /** The mapping store (health checks report there too). */
+  get store(): MappingStore | undefined {
+    return this.o.store;
+  }
+
   async start(): Promise<void> {
     this.o.attach.on('attached', () => this.kick());
     this.o.attach.onBeforeDetach((r: PodRecord) => this.podLeaving(r));
@@ -690,6 +695,8 @@ export class LbController {
         pool: lb.vip.pool,
         ports: lb.ports.map((p) => `${p.port}/${p.protocol}`),
         affinity: lb.affinity,
+        externalTrafficPolicy: lb.externalTrafficPolicy,
+        ...(lb.healthCheckNodePort ? { healthCheckNodePort: lb.healthCheckNodePort } : {}),
         idleTimeoutSeconds: lb.idleTimeoutS,
         targets: { active: lb.targets.filter((t) => t.state === 'active').length, terminating: lb.targets.filter((t) => t.state === 'terminating').length },
         localLbPods: [...this.lbPods.values()].filter((p) => st?.vip && p.vips.has(st.vip)).map((p) => p.pod),

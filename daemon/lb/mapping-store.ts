@@ -11,6 +11,7 @@ import { log } from '../log';
 import { parseRedisUrl } from '../common/redis';
 import { listNodes, registerNode } from '../common/node-registry';
 import type { MapKey } from '../bpf/lb-structs';
+import type { NodeHealthReport } from '../health/health-controller';
 
 /** A mapping as stored: the hash field names the client (and, per flow, the tuple). */
 export interface StoredMapping {
@@ -226,6 +227,33 @@ export class MappingStore extends EventEmitter {
 
   async listNodes(): Promise<string[]> {
     return listNodes(this.client, this.prefix);
+  }
+
+  /** This node's health-check answers, for the Services' status (the leader reads every node's). */
+  async reportHealth(node: string, report: NodeHealthReport, ttlMs: number): Promise<void> {
+    await this.client.hset(`${this.prefix}lb:health`, node, JSON.stringify({ report, expiresAt: Date.now() + ttlMs }));
+  }
+
+  /** Every node's latest health report that has not expired; expired and garbled entries are removed. */
+  async healthReports(nowMs = Date.now()): Promise<Record<string, NodeHealthReport>> {
+    const key = `${this.prefix}lb:health`;
+    const out: Record<string, NodeHealthReport> = {};
+    const stale: string[] = [];
+    for (const [node, v] of Object.entries(await this.client.hgetall(key))) {
+      let r: { report?: NodeHealthReport; expiresAt?: number } | undefined;
+      try {
+        r = JSON.parse(v) as typeof r;
+      } catch {
+        r = undefined;
+      }
+      if (!r || typeof r.expiresAt !== 'number' || typeof r.report?.services !== 'object' || r.report.services === null) {
+        log().warn('lb mapping store: garbled health report removed', { node, report: v.slice(0, 200) });
+        stale.push(node);
+      } else if (r.expiresAt <= nowMs) stale.push(node);
+      else out[node] = r.report;
+    }
+    if (stale.length) await this.client.hdel(key, ...stale);
+    return out;
   }
 
   async close(): Promise<void> {

@@ -5,7 +5,7 @@ import { StartError } from '../lifecycle';
 import type { ConfigObjects } from '../config/objects';
 import type { Reconciler } from '../config/source';
 import { LbController } from '../lb/lb-controller';
-import { HealthController } from '../health/health-controller';
+import { HealthController, REPORT_TTL_MS } from '../health/health-controller';
 import { MappingStore } from '../lb/mapping-store';
 import { isTetherService, resolveLoadBalancers } from '../lb/lb-spec';
 import type { ClusterAddresses } from '../../ipam/cluster-addresses';
@@ -61,5 +61,9 @@ export function createHealth(opts: Options, o: { lb: LbController; nodeName: str
   const raw = opts['health-port'];
   const port = Number(raw);
   if (!/^[0-9]+$/.test(raw) || port > 65535) throw new StartError(2, `--health-port: ${JSON.stringify(raw)} is not a port (0 turns it off)`);
-  return new HealthController({ node: o.nodeName, port, services: () => o.lb.current(), healthy: () => o.lb.fresh(), eligible: o.eligible, logger: o.logger });
+  const store = o.lb.store;
+  return new HealthController({
+    node: o.nodeName, port, services: () => o.lb.current(), healthy: () => o.lb.fresh(), eligible: o.eligible, logger: o.logger,
+    report: store && ((r) => store.reportHealth(o.nodeName, r, REPORT_TTL_MS)),
+  });
 }

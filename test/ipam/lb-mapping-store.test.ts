@@ -84,6 +84,25 @@ test('garbled notices and fields are refused, not installed', async () => {
   }
 });
 
+test('health reports: each node\'s latest one is read back; expired and garbled ones are dropped (and removed)', async () => {
+  const report = (local: number) => ({ eligible: true, healthy: true, services: { 'shop/db': { port: 32100, open: true, localEndpoints: local, status: local ? 200 : 503 } } });
+  await a.reportHealth('n1', report(2), 30_000);
+  await b.reportHealth('n2', report(0), 30_000);
+  await a.reportHealth('n1', report(1), 30_000); // the latest counts
+  await b.reportHealth('n3', report(1), -1); // expired
+  const raw = new Redis({ path: redis.socketPath });
+  try {
+    await raw.hset('tether:lb:health', 'n4', 'not json', 'n5', JSON.stringify({ expiresAt: Date.now() + 30_000 }));
+    const got = await a.healthReports();
+    assert.equal(Object.keys(got).sort(), ['n1', 'n2']);
+    assert.is(got.n1.services['shop/db'].localEndpoints, 1);
+    assert.is(got.n2.services['shop/db'].status, 503);
+    assert.equal((await raw.hkeys('tether:lb:health')).sort(), ['n1', 'n2'], 'expired and garbled entries removed');
+  } finally {
+    raw.disconnect();
+  }
+});
+
 test('with Redis gone, calls fail fast instead of hanging; after a restart (empty) the store works again', async () => {
   await redis.kill();
   const t0 = Date.now();

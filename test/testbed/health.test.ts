@@ -2,7 +2,8 @@
 // externalTrafficPolicy Local answers on its healthCheckNodePort on every node — 200 where the node has a
 // ready local target, 503 elsewhere — and flips within a second when the EndpointSlice changes; the node's
 // /healthz and /livez answer on the health port; a port clash and a port in use are reported, nothing
-// else disturbed. Probed from the router, as an external load balancer would.
+// else disturbed. Probed from the router, as an external load balancer would. In a cluster (fake API server):
+// the Service's tether.dev/HealthCheck condition per node, and node eligibility from a taint.
 import { test } from 'uvu';
 import * as assert from 'uvu/assert';
 import { withTestbed, type Testbed } from './testbed';
@@ -79,11 +80,64 @@ test('health-check node port: 200 exactly on nodes with a ready local target, fl
       }, 10_000);
       process.stdout.write(`  twin: ${st.twin}\n  taken: ${st.taken}\n`);
       assert.match(st.twin, /32100 is already the health-check port of Service shop\/db/);
-      assert.match(st.taken, /32101: in use on this node/);
+      assert.match(st.taken, /32101: in use on this node by node \(pid \d+\)$/);
       assert.is((await probe(tb, 'n4')).status, 200, 'the first Service still answers');
     } finally {
       squatter.kill('SIGKILL');
     }
+  });
+});
+
+type Cond = { type: string; status: string; reason: string; message: string };
+
+/** The Service's tether.dev/HealthCheck condition once `ok` holds for it (written by the leader). */
+async function healthCondition(tb: Testbed, what: string, ok: (c: Cond) => boolean): Promise<Cond> {
+  return until(what, async () => {
+    const s = tb.api.get('Service', 'db', 'shop') as { status?: { conditions?: Cond[] } } | undefined;
+    const c = s?.status?.conditions?.find((x) => x.type === 'tether.dev/HealthCheck');
+    return c && ok(c) ? c : undefined;
+  }, 20_000);
+}
+
+test('in a cluster: the Service status says per node the local endpoint count and the answer, and names the node whose port is taken and by what; a Node tainted for removal fails /healthz (not /livez) until the taint goes', async () => {
+  await withTestbed({ ...topology(), configSource: 'kubernetes' }, async (tb) => {
+    // n3's health-check port is taken before the Service exists.
+    const squatter = tb.spawn('n3', [process.execPath, '-e', `require('net').createServer().listen(${HC}, '0.0.0.0')`]);
+    try {
+      await new Promise((r) => setTimeout(r, 500));
+      tb.api.apply(structuredClone(local()));
+      tb.api.apply(structuredClone(slice(tb, ['n4-t1', 'n5-t3'])));
+      const taken = await healthCondition(tb, 'PortUnavailable naming n3', (c) => c.reason === 'PortUnavailable' && c.message.endsWith('200 on n4 (1 local endpoint), n5 (1 local endpoint); 503 on n1, n2'));
+      process.stdout.write(`  ${taken.status} ${taken.reason}: ${taken.message}\n`);
+      assert.is(taken.status, 'False');
+      assert.match(taken.message, new RegExp(`^not answered on 1 of 5 nodes: n3: health-check port ${HC}: in use on this node by node \\(pid \\d+\\)`));
+      assert.match(taken.message, /200 on n4 \(1 local endpoint\), n5 \(1 local endpoint\); 503 on n1, n2$/);
+      assert.is((await probe(tb, 'n4')).status, 200, 'the other nodes answer meanwhile');
+    } finally {
+      squatter.kill('SIGKILL');
+    }
+    // The port freed: n3 takes it (retried) and the condition turns True.
+    const ok = await healthCondition(tb, 'Answering on every node', (c) => c.status === 'True');
+    process.stdout.write(`  ${ok.status} ${ok.reason}: ${ok.message}\n`);
+    assert.is(ok.message, `port ${HC} answered on 5 nodes: 200 on n4 (1 local endpoint), n5 (1 local endpoint); 503 on n1, n2, n3`);
+    // n5's last target goes: the flip reaches the status.
+    const t0 = Date.now();
+    tb.api.apply(structuredClone(slice(tb, ['n4-t1', 'n4-t2'])));
+    const flipped = await healthCondition(tb, 'n5 503 in status', (c) => c.message.endsWith('503 on n1, n2, n3, n5'));
+    process.stdout.write(`  after the EndpointSlice change (${Date.now() - t0} ms): ${flipped.message}\n`);
+    assert.match(flipped.message, /200 on n4 \(2 local endpoints\)/);
+
+    // Node eligibility (KEP-3836): n2 tainted ToBeDeletedByClusterAutoscaler fails /healthz, /livez stays 200.
+    const n2 = tb.api.get('Node', 'n2') as { spec?: Record<string, unknown> };
+    tb.api.apply({ ...n2, spec: { ...(n2.spec ?? {}), taints: [{ key: 'ToBeDeletedByClusterAutoscaler', value: '1732500000', effect: 'NoSchedule' }] } });
+    await until('n2 /healthz 503', async () => (await probe(tb, 'n2', 10266, '/healthz')).status === 503, 10_000);
+    const hz = await probe(tb, 'n2', 10266, '/healthz');
+    assert.is(JSON.parse(hz.body!).nodeEligible, false);
+    assert.is((await probe(tb, 'n2', 10266, '/livez')).status, 200, '/livez ignores eligibility');
+    assert.is((await probe(tb, 'n1', 10266, '/healthz')).status, 200, 'other nodes stay eligible');
+    const tainted = tb.api.get('Node', 'n2') as { spec?: Record<string, unknown> };
+    tb.api.apply({ ...tainted, spec: { ...(tainted.spec ?? {}), taints: [] } });
+    await until('n2 /healthz 200 again', async () => (await probe(tb, 'n2', 10266, '/healthz')).status === 200, 10_000);
   });
 });
 

@@ -4,7 +4,17 @@
 import { test } from 'uvu';
 import * as assert from 'uvu/assert';
 import * as http from 'node:http';
+import * as net from 'node:net';
+import { spawn } from 'node:child_process';
+import { mkdtempSync, rmSync, symlinkSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { HealthListener, countLocalEndpoints, goTime, nodeAnswer, serviceAnswer } from '../../daemon/health/health-server';
+import { HealthController, type NodeHealthReport } from '../../daemon/health/health-controller';
+import { healthCondition } from '../../daemon/kube/status-controller';
+import { portHolder } from '../../daemon/sys/port-holder';
+import type { ResolvedLoadBalancer } from '../../daemon/lb/lb-spec';
+import { log } from '../../daemon/log';
 
 function get(port: number, path: string): Promise<{ status: number; headers: http.IncomingHttpHeaders; body: string }> {
   return new Promise((resolve, reject) => {
@@ -80,6 +90,95 @@ test('a port in use is refused with EADDRINUSE (reported by the caller, nothing 
   } finally {
     await a.close();
     await b.close();
+  }
+});
+
+test('a port in use names the process holding it (from /proc); a free port names none', async () => {
+  const srv = net.createServer();
+  await new Promise<void>((r) => srv.listen(0, '127.0.0.1', () => r()));
+  const port = (srv.address() as net.AddressInfo).port;
+  try {
+    assert.is(portHolder(port)?.pid, process.pid);
+  } finally {
+    await new Promise((r) => srv.close(r));
+  }
+  assert.is(portHolder(port), undefined);
+  // A process named kube-proxy (node under that name: the kernel names a process after the path it ran).
+  const dir = mkdtempSync(join(tmpdir(), 'tether-holder-'));
+  symlinkSync(process.execPath, join(dir, 'kube-proxy'));
+  const child = spawn(join(dir, 'kube-proxy'), ['-e', "const s = require('net').createServer().listen(0, '127.0.0.1', () => process.stdout.write(s.address().port + '\\n'))"], { stdio: ['ignore', 'pipe', 'inherit'] });
+  try {
+    const p = await new Promise<number>((resolve) => child.stdout!.once('data', (d) => resolve(Number(String(d).trim()))));
+    assert.equal(portHolder(p), { name: 'kube-proxy', pid: child.pid });
+  } finally {
+    child.kill('SIGKILL');
+    rmSync(dir, { recursive: true, force: true });
+  }
+});
+
+const svc = (port: number, open: boolean, localEndpoints: number, status: number, problem?: string) => ({ port, open, localEndpoints, status, ...(problem ? { problem } : {}) });
+const node = (services: NodeHealthReport['services']): NodeHealthReport => ({ eligible: true, healthy: true, services });
+
+test('Service health condition from the nodes\' reports: answers and local counts per node, ports not open named, none reported', () => {
+  const ok = healthCondition('shop/db', {
+    n2: node({ 'shop/db': svc(32100, true, 0, 503) }),
+    n1: node({ 'shop/db': svc(32100, true, 2, 200) }),
+    n3: node({ 'shop/db': svc(32100, true, 1, 503) }),
+    n4: node({ 'shop/other': svc(32101, true, 1, 200) }),
+  });
+  assert.is(ok.status, 'True');
+  assert.is(ok.reason, 'Answering');
+  assert.is(ok.message, "port 32100 answered on 3 nodes: 200 on n1 (2 local endpoints); 503 on n2, n3 (1 local, tether's programming stale)");
+  const bad = healthCondition('shop/db', {
+    n1: node({ 'shop/db': svc(32100, true, 1, 200) }),
+    n2: node({ 'shop/db': svc(32100, false, 0, 503, 'health-check port 32100: in use on this node by kube-proxy (pid 7)') }),
+  });
+  assert.is(bad.status, 'False');
+  assert.is(bad.reason, 'PortUnavailable');
+  assert.is(bad.message, 'not answered on 1 of 2 nodes: n2: health-check port 32100: in use on this node by kube-proxy (pid 7); 200 on n1 (1 local endpoint); 503 on no node');
+  const kp = healthCondition('shop/db', {
+    n1: node({ 'shop/db': svc(32100, true, 1, 200) }),
+    n2: node({ 'shop/db': { ...svc(32100, false, 0, 503, 'health-check port 32100: in use on this node by kube-proxy (pid 7)'), heldBy: 'kube-proxy' } }),
+  });
+  assert.is(kp.status, 'True', 'kube-proxy answering a node is not a failure');
+  assert.is(kp.message, 'port 32100 answered on 2 nodes: 200 on n1 (1 local endpoint); 503 on no node; kube-proxy answers on n2');
+  const none = healthCondition('shop/db', { n1: node({}) });
+  assert.is(none.status, 'Unknown');
+  assert.is(none.reason, 'NoReports');
+});
+
+test('the health controller reports its answers on a change (and only then, within the report period); a port in use is reported with its holder', async () => {
+  const squat = net.createServer();
+  await new Promise<void>((r) => squat.listen(0, '0.0.0.0', () => r()));
+  const taken = (squat.address() as net.AddressInfo).port;
+  const free = await new Promise<number>((r) => { const s = net.createServer().listen(0, () => { const p = (s.address() as net.AddressInfo).port; s.close(() => r(p)); }); });
+  const lb = (name: string, hc: number, local: number) => ({
+    key: `shop/${name}`, externalTrafficPolicy: 'Local', healthCheckNodePort: hc,
+    targets: Array.from({ length: local }, (_, i) => ({ address: `10.244.0.${i + 1}`, state: 'active', node: 'n1' })),
+  }) as unknown as ResolvedLoadBalancer;
+  let services = [lb('db', free, 1), lb('web', taken, 1)];
+  const reports: NodeHealthReport[] = [];
+  const hc = new HealthController({ node: 'n1', port: 0, services: () => services, healthy: () => true, eligible: () => true, report: async (r) => void reports.push(structuredClone(r)), logger: log() });
+  try {
+    await hc.start();
+    await hc.reconcile();
+    await new Promise((r) => setImmediate(r));
+    const first = reports.at(-1)!;
+    assert.equal(first.services['shop/db'], { port: free, open: true, localEndpoints: 1, status: 200 });
+    assert.is(first.services['shop/web'].open, false);
+    assert.match(first.services['shop/web'].problem!, new RegExp(`^health-check port ${taken}: in use on this node by .+ \\(pid ${process.pid}\\)$`));
+    assert.ok(first.services['shop/web'].heldBy, 'the holder is reported');
+    const n = reports.length;
+    await hc.reconcile();
+    await new Promise((r) => setImmediate(r));
+    assert.is(reports.length, n, 'nothing changed: no new report');
+    services = [lb('db', free, 0), lb('web', taken, 1)];
+    await hc.reconcile();
+    await new Promise((r) => setImmediate(r));
+    assert.equal(reports.at(-1)!.services['shop/db'], { port: free, open: true, localEndpoints: 0, status: 503 }, 'the flip is reported');
+  } finally {
+    await hc.stop();
+    await new Promise((r) => squat.close(r));
   }
 });
 
