@@ -49,6 +49,16 @@ function one() {
 }
 for (let c = 0; c < 32; c++) { live++; one(); }`;
 
+// The baseline: a bare Node HTTP server, one process (one event loop, like tetherd's), on n ports from
+// base, answering every request 200 with a fixed body of the same shape: the ceiling tether is held to.
+const PLAIN = `
+const http = require('http');
+const [base, n] = process.argv.slice(1).map(Number);
+const body = JSON.stringify({ service: { namespace: 'shop', name: 's' }, localEndpoints: 1, serviceProxyHealthy: true });
+let open = 0;
+for (let i = 0; i < n; i++) http.createServer((req, res) => { res.writeHead(200, { 'Content-Type': 'application/json', 'Content-Length': body.length }); res.end(body); })
+  .listen(base + i, '0.0.0.0', () => { if (++open === n) console.log('ready'); });`;
+
 // Polls one port every 10 ms until it answers `want`; prints when.
 const POLL = `
 const http = require('http');
@@ -72,6 +82,20 @@ async function main(): Promise<void> {
     const load = await tb.exec('router', [process.execPath, '-e', LOAD, host, String(BASE_PORT), String(SERVICES), String(SECS)], { timeoutMs: (SECS + 30) * 1000 });
     result.answers = JSON.parse(load.stdout.trim().split('\n').pop()!);
     process.stdout.write(`  answers: ${JSON.stringify(result.answers)}\n`);
+    // Same load against the bare server in the same run.
+    const plain = tb.spawn('n1', [process.execPath, '-e', PLAIN, String(BASE_PORT + 1000), String(SERVICES)]);
+    try {
+      await new Promise<void>((resolve, reject) => {
+        let out = '';
+        plain.stdout?.on('data', (d: Buffer) => { out += d; if (out.includes('ready')) resolve(); });
+        plain.on('exit', () => reject(new Error('baseline server exited')));
+      });
+      const base = await tb.exec('router', [process.execPath, '-e', LOAD, host, String(BASE_PORT + 1000), String(SERVICES), String(SECS)], { timeoutMs: (SECS + 30) * 1000 });
+      result.baseline = JSON.parse(base.stdout.trim().split('\n').pop()!);
+      process.stdout.write(`  baseline: ${JSON.stringify(result.baseline)}\n`);
+    } finally {
+      plain.kill('SIGKILL');
+    }
 
     const down: number[] = [];
     const up: number[] = [];
@@ -97,10 +121,11 @@ async function main(): Promise<void> {
   });
   fs.writeFileSync(path.join(repo, 'results/bench-health.json'), JSON.stringify(result, null, 2) + '\n');
   const a = result.answers as { perSecond: number; bad: number };
+  const b = result.baseline as { perSecond: number; bad: number };
   const f = result.flip as { to503: Record<string, number>; to200: Record<string, number>; trials: number };
   const md = `Measured by \`test/bench/health.ts\` (in \`npm run bench\`); raw numbers in \`results/bench-health.json\`.
 
-- One node, ${SERVICES} Services with externalTrafficPolicy Local: ${Math.round(a.perSecond)} health-check answers per second over keep-alive connections from the router (32 clients), ${a.bad} not 200.
+- One node, ${SERVICES} Services with externalTrafficPolicy Local: ${Math.round(a.perSecond)} health-check answers per second over keep-alive connections from the router (32 clients), ${a.bad} not 200; a bare Node HTTP server answering a fixed body on as many ports, same load, same run: ${Math.round(b.perSecond)}/s, so tether answers at ${(a.perSecond / b.perSecond).toFixed(2)}× the bare server (the load generator shares the machine's 2 cores with the server, so both rates are bounded by it too; two runs here gave 0.91× and 1.22×).
 - Endpoint change (EndpointSlice written to the config file) → answer flipped, over ${f.trials} trials: to 503 p50 ${f.to503.p50} ms, p99 ${f.to503.p99} ms; back to 200 p50 ${f.to200.p50} ms, p99 ${f.to200.p99} ms. The file source's settle time (100 ms) is part of it. kube-proxy applies an endpoint change at its next sync, rate-limited by \`--iptables-min-sync-period\` (default 1 s), so its answer can lag a change by up to about a second plus the sync.
 `;
   updateReadme(path.join(repo, 'README.md'), 'health', md);
