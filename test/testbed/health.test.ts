@@ -35,8 +35,11 @@ function local(extra: Record<string, unknown> = {}, name = 'db'): Record<string,
 test('health-check node port: 200 exactly on nodes with a ready local target, flips within 1 s, terminating-only is 503; node /healthz and /livez; clashes reported', async () => {
   await withTestbed(topology(), async (tb) => {
     tb.rewriteConfig({ extraObjects: [pool, local(), slice(tb, ['n4-t1', 'n5-t3'])] });
-    await until('health checks answer', async () => (await probe(tb, 'n4')).status === 200, 20_000);
-    const answers = Object.fromEntries(await Promise.all(['n1', 'n2', 'n3', 'n4', 'n5'].map(async (n) => [n, await probe(tb, n)] as const)));
+    // Each node opens its listener when its own tetherd has programmed the Service: wait for all five.
+    const answers = await until('every node answers its health check', async () => {
+      const a = Object.fromEntries(await Promise.all(['n1', 'n2', 'n3', 'n4', 'n5'].map(async (n) => [n, await probe(tb, n)] as const)));
+      return Object.values(a).every((x) => x.status !== undefined) ? a : undefined;
+    }, 20_000);
     process.stdout.write(`  ${Object.entries(answers).map(([n, a]) => `${n} ${a.status} (${a.weight})`).join(', ')}\n`);
     for (const n of ['n1', 'n2', 'n3']) assert.is(answers[n].status, 503, `${n} has no local target`);
     for (const n of ['n4', 'n5']) assert.is(answers[n].status, 200, `${n} has a local target`);
