@@ -94,6 +94,8 @@ interface AddressState {
   /** The store holds `own` (this node decided or learned it there). */
   recorded: boolean;
   lastTakeover?: { at: string; cause: string; ms: number; epoch: number; from: string; to: string; decidedBy: string };
+  /** Clients re-steer when the new owner confirms (or at this timer): see adopt(). */
+  steerTimer?: NodeJS.Timeout;
 }
 
 const REGISTRY_TTL_MS = 5000;
@@ -108,6 +110,15 @@ const BFD_STARTUP_GRACE_MS = 3000;
  * through instead of waiting for a TCP retransmission timeout.
  */
 const DRAIN_MS = 300;
+/** Clients told of a new owner by another node re-steer on the owner's confirmation, or after this. */
+const CONFIRM_WAIT_MS = 150;
+/**
+ * The cause of a planned handover whose old gateway keeps forwarding through a drain: its clients can wait
+ * for the new owner's confirmation. (When the old gateway is gone, they switch at once: every packet
+ * still sent to it is lost.)
+ */
+const draining = (cause: string) => `${cause} (old gateway draining)`;
+const isDraining = (cause: string | undefined) => !!cause?.endsWith(' (old gateway draining)');
 const TICK_MS = 250;
 /** The candidate set of an Egress must be unchanged this long before its addresses are first placed. */
 const INITIAL_SETTLE_MS = 2000;
@@ -375,7 +386,7 @@ export class EgressController {
     for (const st of held) {
       await this.mutex.run(streamOf(st), async () => {
         const gw = st.holder!;
-        const next = this.handOver(st, gw.info.pod, 'tetherd stopping');
+        const next = this.handOver(st, gw.info.pod, draining('tetherd stopping'));
         if (!next) {
           this.o.logger.info('egress: stopping; the address stays on its gateway (no other live candidate)', { egress: st.egress.key, address: st.address, pod: gw.info.pod, epoch: st.own.epoch });
           return;
@@ -542,7 +553,7 @@ export class EgressController {
       for (const st of this.addresses.values()) {
         if (st.holder !== cur || !left.includes(st.egress.key)) continue;
         await this.mutex.run(streamOf(st), async () => {
-          this.handOver(st, pod, `handover: ${pod} no longer a gateway of ${st.egress.key}`);
+          this.handOver(st, pod, draining(`handover: ${pod} no longer a gateway of ${st.egress.key}`));
           cur.datapath.withdrawAnnouncement(st.address);
           void this.stopStreaming(st);
         });
@@ -630,7 +641,7 @@ export class EgressController {
     for (const st of this.addresses.values()) {
       if (st.holder !== gw) continue;
       await this.mutex.run(streamOf(st), async () => {
-        this.handOver(st, pod, `handover: ${cause} (${pod})`);
+        this.handOver(st, pod, drainMs ? draining(`handover: ${cause} (${pod})`) : `handover: ${cause} (${pod})`);
         gw.datapath.withdrawAnnouncement(st.address);
         // Closing the event reader waits out its receive timeout: not on the handover's critical path.
         void this.stopStreaming(st);
@@ -828,7 +839,8 @@ export class EgressController {
     this.o.logger.info('egress: ownership changed', { egress: st.egress.key, address: st.address, from, to: next.pod, epoch: st.own.epoch, cause, decidedBy: this.o.node.name });
     const local = this.gateways.get(next.pod);
     if (local) this.spawn(() => this.mutex.run(streamOf(st), () => this.become(st, local, cause)));
-    this.updateClients(st);
+    else if (isDraining(cause)) this.steerOnConfirmation(st);
+    else this.updateClients(st);
     this.recordLater(st);
     return next;
   }
@@ -852,6 +864,7 @@ export class EgressController {
   private async adopt(st: AddressState, c: Ownership, via: string, inSync?: string[]): Promise<void> {
     const same = c.epoch === st.own.epoch && c.owner === st.own.owner;
     if (same) {
+      if (inSync && st.steerTimer) this.steerNow(st); // the owner confirmed: clients go to it now
       if (inSync && !st.holder) {
         st.inSync = new Set(inSync);
         // The owner itself just spoke: whatever BFD says from here, an out-of-sync candidate's hold-down
@@ -876,6 +889,25 @@ export class EgressController {
       // become() confirms to every node (and to the decider) that the named gateway holds it now.
       st.lastTakeover = { at: new Date().toISOString(), cause: c.cause ?? '', ms: 0, epoch: c.epoch, from: prev.owner, to: c.owner, decidedBy: via };
     }
+    // Told by another node (the old owner's node, or the store) of a planned handover to a pod elsewhere:
+    // the new owner needs a few ms to take the address (until then its node's guard drops what its pod
+    // sends from it), while the old one still forwards through its drain. So clients move on the owner's
+    // own confirmation (become() broadcasts it), or after CONFIRM_WAIT_MS if that notice is lost. Seen on the testbed: clients switched 1 ms before the owner could send, and a
+    // handful of segments waited out TCP's 200 ms retransmission timeout.
+    if (!inSync && !gw && c.owner && c.ownerNode !== this.o.node.name && isDraining(c.cause)) this.steerOnConfirmation(st);
+    else this.steerNow(st);
+  }
+
+  /** Clients move to the new owner on its confirmation (adopt), or after CONFIRM_WAIT_MS. */
+  private steerOnConfirmation(st: AddressState): void {
+    clearTimeout(st.steerTimer);
+    st.steerTimer = setTimeout(() => this.spawn(() => this.mutex.run(streamOf(st), async () => this.steerNow(st))), CONFIRM_WAIT_MS);
+    st.steerTimer.unref();
+  }
+
+  private steerNow(st: AddressState): void {
+    clearTimeout(st.steerTimer);
+    st.steerTimer = undefined;
     this.updateClients(st);
   }
 
