@@ -1,11 +1,17 @@
-// The demo, in two parts. First: a two-zone testbed with one tetherd per node, pods attached through the real CNI chain
+// The demo, in three parts. First: a two-zone testbed with one tetherd per node, pods attached through the real CNI chain
 // (Debian's ptp + tether-ipam, then tether), what tether did to each pod, traffic across nodes and to the
 // outside, a tetherd killed with -9 and restarted, and a clean DEL. Second: Egress — live connections
-// through a floating address while the owning gateway is killed, and the counters after. Tears down.
+// through a floating address while the owning gateway is killed, and the counters after. Third: the load
+// balancer with externalTrafficPolicy Local — each node's health-check answer as an external load balancer
+// sees it, the VIP announced (BGP) only by nodes with a ready local target, and live connections kept while
+// a node's last target turns terminating and the node withdraws. Each part tears its testbed down.
 import { execFileSync } from 'node:child_process';
+import { readFileSync } from 'node:fs';
 import { withTestbed, type Testbed } from './testbed/testbed';
 import { bin } from './lib/binaries';
 import { runTraffic, topology, waitOwner } from './testbed/egress-scenario';
+import { pool, routerPaths, slice, startBgp, startTargets, traffic, until } from './testbed/lb-scenario';
+import { HC, colocated, local, probe as healthProbe } from './testbed/health-scenario';
 
 const say = (s = '') => process.stdout.write(s + '\n');
 const ipj = (ns: string, args: string[]) => JSON.parse(execFileSync('ip', ['-n', ns, '-j', ...args], { encoding: 'utf8' }) || '[]');
@@ -77,6 +83,7 @@ async function main() {
   say('\n8. testbed torn down: no namespaces, state or pins left.');
 
   await egressDemo();
+  await localPolicyDemo();
 }
 
 /** Egress that survives its gateway: live connections through the floating address, the owner killed. */
@@ -100,6 +107,65 @@ async function egressDemo() {
     say(`  connections kept: ${report.intact}/${report.connections}; echoes checked: ${report.echoes}; errors: ${report.errors.length}`);
     say(`  longest gap on any connection during the takeover: ${report.maxGapAfterMarkMs ?? report.maxGapMs} ms; UDP ${report.udp?.received}/${report.udp?.sent} datagrams answered`);
     say(`  the server saw ${new Set(tcpPeers.map((p) => p.split(':')[0])).size} source address(es): ${[...new Set(tcpPeers.map((p) => p.split(':')[0]))].join(', ')}`);
+  });
+  say('  testbed torn down.');
+}
+
+/** The load balancer with externalTrafficPolicy Local: health checks, announcements, a node's last target going. */
+async function localPolicyDemo() {
+  const CONNS = 50;
+  const NODES = ['n1', 'n2', 'n4', 'n5'];
+  say('\nLoad balancer with externalTrafficPolicy: Local: LB pods on n1, n4, n5; targets t1, t2 on n4 and t3 on n5; n2 has neither');
+  await withTestbed(colocated(), async (tb) => {
+    const bgp = await startBgp(tb, ['n1', 'n4', 'n5']);
+    try {
+      tb.rewriteConfig({ extraObjects: [pool, local(), slice(tb, ['n4-t1', 'n4-t2', 'n5-t3'])] });
+      const vip = await until('VIP allocated', async () => ((await tb.status('n1')) as unknown as { loadBalancers: Array<{ service: string; vip?: string }> }).loadBalancers.find((l) => l.service === 'shop/db')?.vip);
+      const ip = (n: string) => tb.node(n).fabricIp;
+      const answers = async () => Object.fromEntries(await Promise.all(NODES.map(async (n) => [n, await healthProbe(tb, n)] as const)));
+      const show = async (what: string) => {
+        const a = await answers();
+        say(`  ${what}: health-check port ${HC} probed from the router: ${NODES.map((n) => `${n} ${a[n].status ?? a[n].error}`).join(', ')}`);
+        return a;
+      };
+      await until('every node answers', async () => Object.values(await answers()).every((x) => x.status !== undefined), 20_000);
+      await until('VIP over n4 and n5', async () => (await routerPaths(tb, vip)).join() === [ip('n4'), ip('n5')].sort().join(), 20_000);
+      say(`  Service shop/db got VIP ${vip}`);
+      const a = await show('answers');
+      say(`  n4's answer, kube-proxy's contract: ${a.n4.type}, X-Load-Balancing-Endpoint-Weight ${a.n4.weight}, ${JSON.stringify(JSON.parse(a.n4.body ?? '{}'))}`);
+      say(`  the router reaches the VIP over: ${(await routerPaths(tb, vip)).map((g) => NODES.find((n) => ip(n) === g)).join(', ')} (n1 has an LB pod but no local target: it does not announce)`);
+
+      const servers = await startTargets(tb, ['n4-t1', 'n4-t2', 'n5-t3'], vip);
+      try {
+        say(`  ${CONNS} TCP connections from the external client to the VIP (request/response every 50 ms)…`);
+        const t0 = Date.now();
+        const report = await traffic(tb, vip, CONNS, 10_000, async () => {
+          tb.rewriteConfig({ extraObjects: [pool, local(), slice(tb, ['n4-t1', 'n4-t2'], ['n5-t3'])] });
+          say(`  ${Date.now() - t0} ms in: n5's only target t3 turns terminating (EndpointSlice: ready false, serving true)`);
+          // Both watched at once (tether takes the route out of the export table before its answer flips; the
+          // router sees the withdrawal once BGP has carried it).
+          const seen: { withdrawn?: number; failed?: number } = {};
+          await until('n5 withdrawn and answering 503', async () => {
+            const [paths, answer] = await Promise.all([routerPaths(tb, vip), healthProbe(tb, 'n5')]);
+            if (seen.withdrawn === undefined && paths.join() === ip('n4')) seen.withdrawn = Date.now() - t0;
+            if (seen.failed === undefined && answer.status === 503) seen.failed = Date.now() - t0;
+            return seen.withdrawn !== undefined && seen.failed !== undefined;
+          }, 10_000);
+          say(`  seen from the router, polling both: n5's route withdrawn ${seen.withdrawn} ms in, its health check 503 ${seen.failed} ms in; the router sends everything to n4`);
+        }, false);
+        const peers = await servers.stop();
+        const sources = [...new Set([...peers.values()].flat().map((p) => p.split(':')[0]))];
+        await show('after');
+        say(`  connections kept: ${report.intact}/${report.connections} (${peers.get('n5-t3')?.length ?? 0} of them on the terminating t3, now reached through n4); errors: ${report.errors.length}`);
+        say(`  the targets saw the client's own address: ${sources.join(', ')} (the external client is ${tb.externalIp('client')})`);
+      } finally {
+        await servers.stop().catch(() => undefined);
+      }
+      const flip = readFileSync(tb.tetherdLog('n5'), 'utf8').split('\n').filter((l) => l.includes('health: service health answer') && l.includes('"status":503')).pop() ?? '(none)';
+      say(`  n5's log of the flip: ${flip.length > 300 ? flip.slice(0, 300) + '…' : flip}`);
+    } finally {
+      await bgp.stop();
+    }
   });
   say('  testbed torn down.');
 }

@@ -8,29 +8,7 @@ import { test } from 'uvu';
 import * as assert from 'uvu/assert';
 import { withTestbed, type Testbed } from './testbed';
 import { PORT, pool, routerPaths, service, slice, startBgp, startTargets, topology, traffic, until } from './lb-scenario';
-import type { Topology } from './topology';
-
-const HC = 32100;
-
-const PROBE = `
-const http = require('http');
-const [host, port, path] = process.argv.slice(1);
-http.get({ host, port: Number(port), path, timeout: 2000 }, (res) => {
-  let body = ''; res.on('data', (d) => (body += d));
-  res.on('end', () => console.log(JSON.stringify({ status: res.statusCode, weight: res.headers['x-load-balancing-endpoint-weight'], type: res.headers['content-type'], body })));
-}).on('error', (e) => console.log(JSON.stringify({ error: e.code })));`;
-
-interface Probe { status?: number; weight?: string; type?: string; body?: string; error?: string }
-
-async function probe(tb: Testbed, node: string, port = HC, path = '/'): Promise<Probe> {
-  const r = await tb.exec('router', [process.execPath, '-e', PROBE, tb.node(node).fabricIp, String(port), path]);
-  return JSON.parse(r.stdout.trim().split('\n').pop() ?? '{}') as Probe;
-}
-
-function local(extra: Record<string, unknown> = {}, name = 'db'): Record<string, unknown> {
-  const s = service() as { metadata: Record<string, unknown>; spec: Record<string, unknown> };
-  return { ...s, metadata: { ...s.metadata, name }, spec: { ...s.spec, externalTrafficPolicy: 'Local', healthCheckNodePort: HC, ...extra } };
-}
+import { HC, colocated, local, probe } from './health-scenario';
 
 test('health-check node port: 200 exactly on nodes with a ready local target, flips within 1 s, terminating-only is 503; node /healthz and /livez; clashes reported', async () => {
   await withTestbed(topology(), async (tb) => {
@@ -143,24 +121,6 @@ test('in a cluster: the Service status says per node the local endpoint count an
     await until('n2 /healthz 200 again', async () => (await probe(tb, 'n2', 10266, '/healthz')).status === 200, 10_000);
   });
 });
-
-const LBP = { tether: { labels: { 'tether.dev/role': 'lb' } }, namespace: 'shop' };
-const APP = { tether: { labels: { app: 'db' } }, namespace: 'shop' };
-
-function colocated(): Topology {
-  return {
-    nodes: [
-      { name: 'n1', pods: [{ name: 'lb', ...LBP }] },
-      { name: 'n2', pods: [{ name: 'c', namespace: 'shop' }] },
-      { name: 'n4', pods: [{ name: 'lb', ...LBP }, { name: 't1', ...APP }, { name: 't2', ...APP }] },
-      { name: 'n5', pods: [{ name: 'lb', ...LBP }, { name: 't3', ...APP }] },
-    ],
-    tether: true,
-    ipam: 'tether-ipam',
-    tetherdArgs: ['--lb-export-table', '100'],
-    extraObjects: [pool],
-  };
-}
 
 const SRC = `
 const net = require('net');
