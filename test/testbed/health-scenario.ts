@@ -33,13 +33,16 @@ export function local(extra: Record<string, unknown> = {}, name = 'db'): Record<
 const LBP = { tether: { labels: { 'tether.dev/role': 'lb' } }, namespace: 'shop' };
 const APP = { tether: { labels: { app: 'db' } }, namespace: 'shop' };
 
-/** LB pods on n1, n4 and n5; targets t1, t2 on n4 and t3 on n5; a plain pod c on n2 (no LB pod, no target). */
+/**
+ * LB pods on n1, n4 and n5; targets t1, t2 on n4 and t3 on n5; a plain client pod c on n1 (an LB pod but no
+ * target), n2 (neither) and n4 (both).
+ */
 export function colocated(): Topology {
   return {
     nodes: [
-      { name: 'n1', pods: [{ name: 'lb', ...LBP }] },
+      { name: 'n1', pods: [{ name: 'lb', ...LBP }, { name: 'c', namespace: 'shop' }] },
       { name: 'n2', pods: [{ name: 'c', namespace: 'shop' }] },
-      { name: 'n4', pods: [{ name: 'lb', ...LBP }, { name: 't1', ...APP }, { name: 't2', ...APP }] },
+      { name: 'n4', pods: [{ name: 'lb', ...LBP }, { name: 't1', ...APP }, { name: 't2', ...APP }, { name: 'c', namespace: 'shop' }] },
       { name: 'n5', pods: [{ name: 'lb', ...LBP }, { name: 't3', ...APP }] },
     ],
     tether: true,

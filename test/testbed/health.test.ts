@@ -122,6 +122,8 @@ test('in a cluster: the Service status says per node the local endpoint count an
   });
 });
 
+const CLIENT_PODS = ['n1-c', 'n2-c', 'n4-c'];
+
 const SRC = `
 const net = require('net');
 const [host, port] = process.argv.slice(1);
@@ -153,8 +155,19 @@ test('Local policy in tether\'s load balancer: only nodes with a ready local tar
       const servers = await startTargets(tb, ['n4-t1', 'n4-t2', 'n5-t3'], vips.db);
       try {
         // From a pod on a node without local targets (n2): through the router to an announcing node.
-        const fromPod = JSON.parse((await tb.exec('n2-c', [process.execPath, '-e', SRC, vips.db, String(PORT)])).stdout.trim().split('\n').pop()!);
-        assert.ok(fromPod.ok, `a pod on n2 reaches the Local VIP: ${JSON.stringify(fromPod)}`);
+        // From pods on every kind of node: n1 (an LB pod but no local target: the VIP is not routed there, so
+        // through the router), n2 (neither: through the router) and n4 (its own LB pod and targets).
+        for (const c of CLIENT_PODS) {
+          const fromPod = JSON.parse((await tb.exec(c, [process.execPath, '-e', SRC, vips.db, String(PORT)])).stdout.trim().split('\n').pop()!);
+          assert.ok(fromPod.ok, `pod ${c} reaches the Local VIP: ${JSON.stringify(fromPod)}`);
+          assert.is(fromPod.local, tb.podIp(c), `${c} spoke from its own address`);
+        }
+        // The Cluster Service beside it serves too: from the external client and from the same pods (n1's
+        // own LB pod forwards to targets on other nodes).
+        for (const c of ['client', ...CLIENT_PODS]) {
+          const r = JSON.parse((await tb.exec(c, [process.execPath, '-e', SRC, vips.web, String(PORT)])).stdout.trim().split('\n').pop()!);
+          assert.ok(r.ok, `${c} reaches the Cluster VIP: ${JSON.stringify(r)}`);
+        }
         // Long-lived connections while n5's only target turns terminating: n5 withdraws (its health check
         // fails), ECMP moves its flows to n4, which still honours their mappings to the terminating t3.
         const report = await traffic(tb, vips.db, 100, 12_000, async () => {
@@ -166,8 +179,10 @@ test('Local policy in tether\'s load balancer: only nodes with a ready local tar
         process.stdout.write(`  n5's only target terminating: n5 withdrew; ${report.intact}/100 intact (${onT3} on t3); targets saw ${[...new Set([...peers.values()].flat().map((p) => p.split(':')[0]))].join(', ')}\n`);
         assert.ok(onT3 > 0, 'some connections were on t3');
         assert.is(report.intact, 100, `every connection kept: ${report.errors.slice(0, 3).join('; ')}`);
-        // Targets saw the real source: the external client, and the in-cluster pod's own address for its probe.
-        for (const list of peers.values()) for (const p of list) assert.ok([tb.externalIp('client'), tb.podIp('n2-c')].includes(p.split(':')[0]), `a target saw ${p}`);
+        // Targets saw the real source: the external client, and the in-cluster pods' own addresses for their probes.
+        const sources = [...peers.values()].flat().map((p) => p.split(':')[0]);
+        for (const s of sources) assert.ok([tb.externalIp('client'), ...CLIENT_PODS.map((c) => tb.podIp(c))].includes(s), `a target saw ${s}`);
+        for (const c of CLIENT_PODS) assert.ok(sources.includes(tb.podIp(c)), `a target saw ${c}'s own address`);
       } finally {
         await servers.stop().catch(() => undefined);
       }
