@@ -10,7 +10,7 @@ import { readFileSync } from 'node:fs';
 import { withTestbed, type Testbed } from './testbed/testbed';
 import { bin } from './lib/binaries';
 import { runTraffic, topology, waitOwner } from './testbed/egress-scenario';
-import { pool, routerPaths, slice, startBgp, startTargets, traffic, until } from './testbed/lb-scenario';
+import { lbStatus, pool, routerPaths, slice, startBgp, startTargets, traffic, until } from './testbed/lb-scenario';
 import { HC, colocated, local, probe as healthProbe } from './testbed/health-scenario';
 
 const say = (s = '') => process.stdout.write(s + '\n');
@@ -120,7 +120,7 @@ async function localPolicyDemo() {
     const bgp = await startBgp(tb, ['n1', 'n4', 'n5']);
     try {
       tb.rewriteConfig({ extraObjects: [pool, local(), slice(tb, ['n4-t1', 'n4-t2', 'n5-t3'])] });
-      const vip = await until('VIP allocated', async () => ((await tb.status('n1')) as unknown as { loadBalancers: Array<{ service: string; vip?: string }> }).loadBalancers.find((l) => l.service === 'shop/db')?.vip);
+      const vip = await until('VIP allocated', async () => (await lbStatus(tb, 'n1'))?.vip);
       const ip = (n: string) => tb.node(n).fabricIp;
       const answers = async () => Object.fromEntries(await Promise.all(NODES.map(async (n) => [n, await healthProbe(tb, n)] as const)));
       const show = async (what: string) => {

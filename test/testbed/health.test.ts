@@ -134,6 +134,11 @@ s.on('data', (b) => { got += b; if (got.includes('\\n')) { console.log(JSON.stri
 s.on('error', (e) => { console.log(JSON.stringify({ error: e.code })); process.exit(1); });
 setTimeout(() => { console.log(JSON.stringify({ error: 'timeout' })); process.exit(1); }, 5000);`;
 
+/** One TCP exchange from a namespace to vip:PORT: ok when the echo came back, and the local address used. */
+async function connectOnce(tb: Testbed, from: string, vip: string): Promise<{ ok?: boolean; local?: string; error?: string }> {
+  return JSON.parse((await tb.exec(from, [process.execPath, '-e', SRC, vip, String(PORT)])).stdout.trim().split('\n').pop()!);
+}
+
 test('Local policy in tether\'s load balancer: only nodes with a ready local target announce; targets see the client; a node whose last target is terminating withdraws and its flows keep that target; Cluster beside Local; pods on other nodes reach the VIP', async () => {
   await withTestbed(colocated(), async (tb) => {
     const bgp = await startBgp(tb, ['n1', 'n4', 'n5']);
@@ -154,18 +159,17 @@ test('Local policy in tether\'s load balancer: only nodes with a ready local tar
 
       const servers = await startTargets(tb, ['n4-t1', 'n4-t2', 'n5-t3'], vips.db);
       try {
-        // From a pod on a node without local targets (n2): through the router to an announcing node.
         // From pods on every kind of node: n1 (an LB pod but no local target: the VIP is not routed there, so
         // through the router), n2 (neither: through the router) and n4 (its own LB pod and targets).
         for (const c of CLIENT_PODS) {
-          const fromPod = JSON.parse((await tb.exec(c, [process.execPath, '-e', SRC, vips.db, String(PORT)])).stdout.trim().split('\n').pop()!);
+          const fromPod = await connectOnce(tb, c, vips.db);
           assert.ok(fromPod.ok, `pod ${c} reaches the Local VIP: ${JSON.stringify(fromPod)}`);
           assert.is(fromPod.local, tb.podIp(c), `${c} spoke from its own address`);
         }
         // The Cluster Service beside it serves too: from the external client and from the same pods (n1's
         // own LB pod forwards to targets on other nodes).
         for (const c of ['client', ...CLIENT_PODS]) {
-          const r = JSON.parse((await tb.exec(c, [process.execPath, '-e', SRC, vips.web, String(PORT)])).stdout.trim().split('\n').pop()!);
+          const r = await connectOnce(tb, c, vips.web);
           assert.ok(r.ok, `${c} reaches the Cluster VIP: ${JSON.stringify(r)}`);
         }
         // Long-lived connections while n5's only target turns terminating: n5 withdraws (its health check
