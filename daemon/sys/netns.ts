@@ -47,19 +47,43 @@ export function netnsExists(nsPath: string): boolean {
   }
 }
 
+/**
+ * Where net sysctls are written. In the DaemonSet's container /proc/sys is read-only (the OCI default
+ * readonlyPaths), so the host's /proc/sys/net is mounted elsewhere (TETHER_PROC_SYS_NET, e.g.
+ * /host/proc/sys/net). A net sysctl file resolves against the network namespace of the thread that opens
+ * it, not the namespace of the mount, so the same path serves the node and, after setns, a pod.
+ */
+export function procSysNet(): string {
+  return process.env.TETHER_PROC_SYS_NET || '/proc/sys/net';
+}
+
+/** The file of a net sysctl key (slash path, starting with net/). */
+function sysctlFile(key: string): string {
+  if (!key.startsWith('net/')) throw new TetherError(ErrorCode.Internal, `sysctl ${key}: only net/ sysctls are written`);
+  return `${procSysNet()}/${key.slice('net/'.length)}`;
+}
+
 /** Writes a sysctl (slash path under /proc/sys, e.g. net/ipv4/conf/eth0/arp_ignore, since interface names may hold dots) inside a namespace; returns the previous value. */
 export function writeNetSysctl(nsPath: string | null, key: string, value: string): string {
-  const file = `/proc/sys/${key}`;
+  const file = sysctlFile(key);
   const work = () => {
     const prev = fs.readFileSync(file, 'utf8').trim();
-    if (prev !== value) fs.writeFileSync(file, value);
+    if (prev !== value) {
+      try {
+        fs.writeFileSync(file, value);
+      } catch (e) {
+        const code = (e as NodeJS.ErrnoException).code;
+        const hint = code === 'EROFS' ? ` (read-only: mount the host's /proc/sys/net elsewhere and set TETHER_PROC_SYS_NET to it)` : '';
+        throw new TetherError(ErrorCode.Internal, `sysctl ${key}=${value} in ${nsPath ?? 'the node namespace'}: ${(e as Error).message}${hint}`, { cause: e });
+      }
+    }
     return prev;
   };
   return nsPath ? inNetns(nsPath, work) : work();
 }
 
 export function readNetSysctl(nsPath: string | null, key: string): string {
-  const file = `/proc/sys/${key}`;
+  const file = sysctlFile(key);
   const work = () => fs.readFileSync(file, 'utf8').trim();
   return nsPath ? inNetns(nsPath, work) : work();
 }
