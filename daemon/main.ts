@@ -14,7 +14,8 @@ import { checkRedisOption, flowsOption, nodeNameOf, parseOptions, portOption, US
 import { CurrentConfig, startSource } from './parts/source';
 import { openPodState, startIpam, startStore } from './parts/ipam';
 import { createEgress, egressReconciler, planEgress } from './parts/egress';
-import { apiServer } from './parts/api';
+import { apiServer, startProbes } from './parts/api';
+import { ensureBpffs, setBpffsMode } from './bpf/bpffs';
 import { createHealth, createLb, lbReconciler } from './parts/lb';
 import { resolveLoadBalancers } from './lb/lb-spec';
 import { VERSION } from '../cni/about';
@@ -57,6 +58,13 @@ export async function main(argv: string[]): Promise<number> {
 
 /** Starts every part in order, registering each one's stop with `life` as soon as it runs. */
 async function start(opts: Options, nodeName: string, logger: Logger, life: Lifecycle): Promise<void> {
+  try {
+    setBpffsMode(opts.bpffs);
+    // In a container the host's bpffs must already be there: say so before anything starts.
+    if (opts.bpffs === 'host') ensureBpffs(opts['bpf-pin-dir']);
+  } catch (e) {
+    throw new StartError(2, (e as Error).message);
+  }
   const { source, config } = await startSource(opts, nodeName, logger, life);
   const current = new CurrentConfig(config, nodeName);
   const fouPort = portOption('fou-port', opts['fou-port']);
@@ -69,6 +77,7 @@ async function start(opts: Options, nodeName: string, logger: Logger, life: Life
   const store = await startStore(opts, logger, life);
   const stateDir = opts['state-dir'];
   const { podStore, attach, loaded } = openPodState(stateDir, logger);
+  const probes = await startProbes(opts, attach, logger, (name, close) => life.started(name, close));
   const ipam = await startIpam({ nodeName, config, source, store, stateDir, logger }, life);
   const egress = egressPlan
     ? await createEgress(opts, egressPlan, { nodeName, config, fouPort, syncPort, maxFlows, addresses: ipam.addresses, attach, logger }, (close) => life.started('ownership store', close))
@@ -115,5 +124,6 @@ async function start(opts: Options, nodeName: string, logger: Logger, life: Life
   const feed = feedReconcilers(source, [current, ipam.reconciler, egressReconciler(egressObjects, egress, logger), lbReconciler(lb, logger)], logger);
   life.started('config updates', () => feed.stop());
   if (source instanceof KubeSource) startControllers(source, nodeName, egress, egressObjects, logger, life, lb);
+  probes.markStarted();
   logger.info('tetherd started', { version: VERSION, socket: opts.socket, stateDir, bpfPinDir: opts['bpf-pin-dir'], podsRecorded: loaded });
 }

@@ -28,6 +28,10 @@ export const USAGE = `usage: tetherd [--node-name NAME] [--socket PATH] [--state
   --lb-max-vips N         VIPs this node can serve (default 16); --lb-maglev-size P  Maglev table size, a prime (65537)
   --health-port N         the node's /healthz and /livez, kube-proxy's contract (default 10266; 0: off); Services
                           with externalTrafficPolicy Local answer on their healthCheckNodePort
+  --probe-port N          kubelet's probes on 127.0.0.1: /livez, /readyz (default 0: off; the DaemonSet uses 10267)
+  --cni-net-dir DIR       the runtime's CNI configuration directory: /readyz is 503 while it does not chain tether
+  --bpffs MODE            mount: mount a bpffs at /sys/fs/bpf when there is none (default); host: the host's
+                          bpffs must be there already (in a container: mounted by the DaemonSet's init container)
   --help, --version`;
 
 export type Options = {
@@ -51,6 +55,9 @@ export type Options = {
   'lb-max-vips': string;
   'lb-maglev-size': string;
   'health-port': string;
+  'probe-port': string;
+  'cni-net-dir'?: string;
+  bpffs: string;
   'no-conntrack-sync': boolean;
   'log-level': string;
   help?: boolean;
@@ -81,6 +88,9 @@ export function parseOptions(argv: string[]): Options {
       'lb-max-vips': { type: 'string', default: '16' },
       'lb-maglev-size': { type: 'string', default: '65537' },
       'health-port': { type: 'string', default: '10266' },
+      'probe-port': { type: 'string', default: '0' },
+      'cni-net-dir': { type: 'string' },
+      bpffs: { type: 'string', default: 'mount' },
       // Testing only: the negative control of the failover tests (takeover without conntrack state).
       'no-conntrack-sync': { type: 'boolean', default: false },
       'log-level': { type: 'string', default: 'info' },

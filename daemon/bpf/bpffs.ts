@@ -37,6 +37,20 @@ export function isBpffs(p: string): boolean {
 }
 
 /**
+ * 'mount' (the default, a node without a container): mount a bpffs at /sys/fs/bpf when there is none.
+ * 'host' (the DaemonSet): never mount. A bpffs mounted inside tetherd's own container lives in the
+ * container's mount namespace only: the host would see no pins and a restarted container would start with
+ * empty maps (flow pins lost), so a missing host bpffs is an error naming the init container that mounts it.
+ */
+export type BpffsMode = 'mount' | 'host';
+let mode: BpffsMode = 'mount';
+
+export function setBpffsMode(m: string): void {
+  if (m !== 'mount' && m !== 'host') throw new TetherError(ErrorCode.InvalidConfig, `--bpffs: ${JSON.stringify(m)} is not mount or host`);
+  mode = m;
+}
+
+/**
  * Ensures pinDir is on a bpffs and exists. When it sits under /sys/fs/bpf and that is not a bpffs yet,
  * mounts one there (idempotent). Other roots must already be bpffs mounts.
  */
@@ -44,6 +58,9 @@ export function ensureBpffs(pinDir: string): void {
   const dir = path.resolve(pinDir);
   const underDefault = dir === BPFFS_ROOT || dir.startsWith(`${BPFFS_ROOT}/`);
   if (underDefault && !isBpffs(BPFFS_ROOT)) {
+    if (mode === 'host') {
+      throw new TetherError(ErrorCode.Bpf, `${BPFFS_ROOT} is not a bpffs: the host's bpffs must be mounted there (the DaemonSet's init container mount-bpf-fs does it, with Bidirectional propagation) and reach tetherd's container (HostToContainer); tetherd does not mount one of its own, whose pins would die with the container`);
+    }
     if (libc().mount('bpf', BPFFS_ROOT, 'bpf', 0, null) < 0) {
       const e = koffi().errno();
       throw new TetherError(ErrorCode.Bpf, `mount -t bpf bpf ${BPFFS_ROOT} failed: ${errnoName(e)} (errno ${e})`);

@@ -16,7 +16,7 @@ import { createHmac } from 'node:crypto';
 import * as fs from 'node:fs';
 import type { Logger } from '../log';
 import { ErrorCode, TetherError } from '../errors';
-import type { PodRecord } from '../state/pod-store';
+import { podKeyOf as podKey, type PodRecord } from '../state/pod-store';
 import type { AttachService } from '../pod/attach-service';
 import { attachEgressSteer, openEgressMaps, type EgressMaps, type EgressSteer } from '../bpf/egress-steer';
 import { BfdAuthType, BfdState, type BfdAuthConfig } from '../bfd';
@@ -214,6 +214,7 @@ export class EgressController {
     this.timers = [
       setInterval(() => this.requestTick(), TICK_MS),
       setInterval(() => this.spawn(() => this.storePass()), STORE_EVERY_MS),
+      setInterval(() => this.spawn(() => this.retryFailedRoles()), STORE_EVERY_MS),
       setInterval(() => this.heartbeat(), HEARTBEAT_MS),
       setInterval(() => this.periodicResync(), RESYNC_EVERY_MS),
     ];
@@ -511,12 +512,24 @@ export class EgressController {
   // ---- pods ------------------------------------------------------------------------------------------
 
   private async podUp(r: PodRecord): Promise<void> {
+    const pod = podKey(r) ?? r.containerId;
     try {
       await this.podRoles(r);
+      this.o.attach.roleProblems.ok(pod, 'egress');
     } catch (e) {
-      // One pod that cannot take its role (gone meanwhile, broken namespace) must not stop the others.
-      this.o.logger.error('egress: pod role setup failed', { pod: podKey(r), error: (e as Error).message });
+      // One pod that cannot take its role (gone meanwhile, broken namespace) must not stop the others; it is
+      // reported (status, /readyz) until a later pass sets it up.
+      if (this.o.attach.roleProblems.failed(pod, 'egress', (e as Error).message)) {
+        this.o.logger.error('egress: pod role setup failed', { pod, error: (e as Error).message });
+      }
     }
+  }
+
+  /** Pods whose egress role failed are tried again (a transient netlink or sysctl error heals itself). */
+  private async retryFailedRoles(): Promise<void> {
+    const failed = new Set(this.o.attach.roleProblems.list().filter((p) => p.role === 'egress').map((p) => p.pod));
+    if (failed.size === 0) return;
+    for (const r of this.o.attach.pods()) if (failed.has(podKey(r) ?? r.containerId) && fs.existsSync(r.netns)) await this.podUp(r);
   }
 
   /**
@@ -1325,10 +1338,6 @@ export class EgressController {
 /** One floating address of one Egress: its sync stream name and its lock key. */
 function streamOf(st: AddressState): string {
   return `${st.egress.key}|${st.address}`;
-}
-
-function podKey(r: Pick<PodRecord, 'podNamespace' | 'podName'>): string | undefined {
-  return r.podNamespace && r.podName ? `${r.podNamespace}/${r.podName}` : undefined;
 }
 
 function selects(sel: { namespace: string; matchLabels: Record<string, string> }, ns: string, labels: Record<string, string>): boolean {

@@ -21,7 +21,7 @@ import { LB_F_PER_FLOW, type LbStats, type MapKey } from '../bpf/lb-structs';
 import { ErrorCode, TetherError } from '../errors';
 import type { ClusterAddresses } from '../../ipam/cluster-addresses';
 import type { AttachService } from '../pod/attach-service';
-import type { PodRecord } from '../state/pod-store';
+import { podKeyOf, type PodRecord } from '../state/pod-store';
 import type { PodMeta } from '../config/objects';
 import { maglevTable } from './maglev';
 import { fieldOf, type MappingStore, type StoredMapping } from './mapping-store';
@@ -357,8 +357,10 @@ export class LbController {
         this.dp!.attach(p.netns, p.ifName);
         this.lbPods.set(pod, p);
         this.o.logger.info('lb: LB pod serving', { pod, vips: [...p.vips], hostIfName: p.hostIfName });
+        this.o.attach.roleProblems.ok(pod, 'lb pod');
       } catch (e) {
-        this.o.logger.error('lb: LB pod setup failed', { pod, error: (e as Error).message });
+        // Retried on the next pass; reported (status, /readyz) meanwhile, logged once.
+        if (this.o.attach.roleProblems.failed(pod, 'lb pod', (e as Error).message)) this.o.logger.error('lb: LB pod setup failed', { pod, error: (e as Error).message });
       }
     }
     for (const [pod, p] of this.lbPods) {
@@ -460,8 +462,9 @@ export class LbController {
       seen.add(pod);
       try {
         this.targetUp(pod, r, ip, vips);
+        this.o.attach.roleProblems.ok(pod, 'lb target');
       } catch (e) {
-        this.o.logger.error('lb: target setup failed', { pod, error: (e as Error).message });
+        if (this.o.attach.roleProblems.failed(pod, 'lb target', (e as Error).message)) this.o.logger.error('lb: target setup failed', { pod, error: (e as Error).message });
       }
     }
     for (const [pod, t] of this.targets) if (!seen.has(pod)) this.targetDown(pod, t);
@@ -719,10 +722,6 @@ export class LbController {
 
 function ownerOf(key: string): string {
   return `lb/${key}`;
-}
-
-function podKeyOf(r: Pick<PodRecord, 'podNamespace' | 'podName'>): string | undefined {
-  return r.podNamespace && r.podName ? `${r.podNamespace}/${r.podName}` : undefined;
 }
 
 function groupByVip(all: LbMapping[]): Map<string, LbMapping[]> {

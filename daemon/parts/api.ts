@@ -13,6 +13,10 @@ import { VERSION } from '../../cni/about';
 import { validateCniRequest, type CniRequestFields } from '../../cni/validate';
 import type { Ipam } from './ipam';
 import type { CurrentConfig } from './source';
+import { ProbeServer } from '../health/probe-server';
+import { readiness } from '../../install/cni/installer';
+import { portOption } from '../options';
+import { StartError } from '../lifecycle';
 
 const asObject = <T>(p: unknown): T => {
   if (!p || typeof p !== 'object' || Array.isArray(p)) throw new TetherError(ErrorCode.BadRequest, 'params must be an object');
@@ -82,6 +86,7 @@ export function apiServer(d: ApiDeps): ApiServer {
         bfd: egress?.bfdStatus(),
         loadBalancers: d.lb?.status() ?? [],
         health: d.health?.(),
+        roleProblems: attach.roleProblems.list(),
         eventLoop: { lagMaxMs: d.loopLag.maxMs(), lagMaxPerSecondMs: d.loopLag.series() },
         pods: d.podStore.all().map((r) => ({
           network: r.network,
@@ -95,4 +100,36 @@ export function apiServer(d: ApiDeps): ApiServer {
     },
     d.logger,
   );
+}
+
+/**
+ * kubelet's probes (--probe-port on 127.0.0.1): opened first, so a startupProbe sees a starting tetherd
+ * (/livez 200, /readyz 503 "starting") rather than a refused connection; `markStarted` flips /readyz on.
+ */
+export async function startProbes(
+  opts: { 'probe-port': string; 'cni-net-dir'?: string },
+  attach: AttachService,
+  logger: Logger,
+  started: (name: string, stop: () => Promise<void>) => void,
+): Promise<{ markStarted: () => void }> {
+  let isStarted = false;
+  const markStarted = () => {
+    isStarted = true;
+  };
+  if (opts['probe-port'] === '0') return { markStarted };
+  const port = portOption('probe-port', opts['probe-port']);
+  const netDir = opts['cni-net-dir'];
+  const probes = new ProbeServer({
+    started: () => isStarted,
+    cniConfig: netDir ? () => readiness(netDir) : undefined,
+    roleProblems: () => attach.roleProblems.list(),
+  });
+  try {
+    await probes.listen(port);
+  } catch (e) {
+    throw new StartError(1, `--probe-port ${port}: cannot listen on 127.0.0.1: ${(e as Error).message}`);
+  }
+  started('probes', () => probes.close());
+  logger.info('probes listening', { address: `127.0.0.1:${port}`, paths: ['/livez', '/readyz'], cniNetDir: netDir });
+  return { markStarted };
 }

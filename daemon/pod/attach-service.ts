@@ -7,7 +7,7 @@ import { TetherError, ErrorCode } from '../errors';
 import type { Logger } from '../log';
 import type { CniParams } from '../api/protocol';
 import { netnsExists } from '../sys/netns';
-import { keyString, type AttachmentKey, type PodRecord, type PodStore } from '../state/pod-store';
+import { keyString, podKeyOf, type AttachmentKey, type PodRecord, type PodStore } from '../state/pod-store';
 import {
   addedInterfaces,
   applyPodNetwork,
@@ -16,6 +16,7 @@ import {
   validatePodNetConfig,
   type AppliedPodNetwork,
 } from './pod-network';
+import { RoleProblems } from './role-problems';
 
 type Json = Record<string, unknown>;
 
@@ -27,6 +28,9 @@ interface CniInterface {
 
 /** Emits 'attached' and 'detached' with the PodRecord, so role controllers (egress…) follow pods. */
 export class AttachService extends EventEmitter {
+  /** Roles the controllers could not set up on attached pods (reported, retried by their owners). */
+  readonly roleProblems = new RoleProblems();
+
   constructor(
     private readonly store: PodStore,
     private readonly logger: Logger,
@@ -119,6 +123,7 @@ export class AttachService extends EventEmitter {
       await fn(rec).catch((e) => this.logger.error('pod role teardown failed; detaching anyway', { ...who, error: (e as Error).message }));
     }
     this.emit('detached', rec);
+    this.roleProblems.forget(podKeyOf(rec) ?? rec.containerId);
     this.undoRecord(rec, who);
     this.store.remove(key);
     this.logger.info('pod detached', { ...who, durationMs: msSince(t0) });

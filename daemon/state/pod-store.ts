@@ -35,6 +35,11 @@ export interface PodRecord extends AttachmentKey {
   createdAt: string;
 }
 
+/** The Kubernetes name of a recorded pod (namespace/name), when the runtime passed it. */
+export function podKeyOf(r: Pick<PodRecord, 'podNamespace' | 'podName'>): string | undefined {
+  return r.podNamespace && r.podName ? `${r.podNamespace}/${r.podName}` : undefined;
+}
+
 export function keyString(k: AttachmentKey): string {
   return `${k.network}/${k.containerId}/${k.ifName}`;
 }
