@@ -60,19 +60,39 @@ test('the install holds the CRDs exactly as generated, the DaemonSet as promised
   assert.is(spec.priorityClassName, 'system-node-critical');
   assert.is(spec.hostNetwork, true);
   assert.equal(spec.tolerations, [{ operator: 'Exists' }]);
-  for (const c of [...spec.initContainers, ...spec.containers]) {
+  assert.not.ok(spec.hostPID, 'no host PID namespace');
+  // Only the bpffs mount may be privileged (Bidirectional propagation needs it), and it runs once, first.
+  const bpffsInit = spec.initContainers[0];
+  assert.is(bpffsInit.name, 'mount-bpf-fs');
+  assert.is(bpffsInit.securityContext.privileged, true);
+  assert.equal(bpffsInit.volumeMounts, [{ name: 'bpffs', mountPath: '/sys/fs/bpf', mountPropagation: 'Bidirectional' }]);
+  assert.not.ok(spec.containers.some((c: Obj) => c.securityContext?.privileged), 'no long-running container is privileged');
+  for (const c of [...spec.initContainers.slice(1), ...spec.containers]) {
     assert.not.ok(c.securityContext?.privileged, `${c.name} is not privileged`);
     assert.is(c.securityContext?.allowPrivilegeEscalation, false, `${c.name}: no privilege escalation`);
     assert.equal(c.securityContext?.capabilities?.drop, ['ALL'], `${c.name} drops every capability it does not add`);
   }
   const tetherd = spec.containers.find((c: Obj) => c.name === 'tetherd');
   for (const cap of ['NET_ADMIN', 'NET_RAW', 'SYS_ADMIN', 'BPF', 'PERFMON']) assert.ok(tetherd.securityContext.capabilities.add.includes(cap), cap);
+  assert.not.ok(tetherd.securityContext.capabilities.add.includes('SYS_PTRACE'), 'no SYS_PTRACE');
+  assert.equal(tetherd.securityContext.seccompProfile, { type: 'RuntimeDefault' });
+  assert.equal(tetherd.securityContext.appArmorProfile, { type: 'Unconfined' });
   assert.ok(tetherd.command.includes('--kubernetes'));
-  assert.equal(tetherd.readinessProbe.exec.command.slice(0, 2), ['/usr/local/bin/tetherctl', 'ready']);
+  assert.ok(tetherd.command.includes('--bpffs=host'), 'tetherd never mounts a bpffs of its own in the container');
+  // Probes are httpGet to tetherd's loopback probe port, not execs of a 100 MB executable.
+  const probePort = Number(tetherd.command.find((a: string) => a.startsWith('--probe-port=')).split('=')[1]);
+  for (const [probe, p] of [['startupProbe', '/livez'], ['readinessProbe', '/readyz'], ['livenessProbe', '/livez']]) {
+    assert.equal(tetherd[probe].httpGet, { host: '127.0.0.1', port: probePort, path: p }, probe);
+  }
+  assert.equal(tetherd.ports.map((p: Obj) => `${p.hostPort}/${p.protocol}`).sort(), ['10266/TCP', '10267/TCP', '3784/UDP', '3785/TCP', '5555/UDP']);
+  assert.is(tetherd.env.find((e: Obj) => e.name === 'TETHER_PROC_SYS_NET').value, '/host/proc/sys/net');
+  assert.equal(spec.nodeSelector, { 'kubernetes.io/os': 'linux' });
   const mounts = Object.fromEntries(tetherd.volumeMounts.map((m: Obj) => [m.mountPath, m]));
   assert.is(mounts['/run/netns'].mountPropagation, 'HostToContainer');
   assert.ok(mounts['/sys/fs/bpf'] && mounts['/run/tether'] && mounts['/var/lib/tether']);
-  assert.equal(spec.initContainers[0].command.slice(0, 2), ['/usr/local/bin/tether-install', 'install']);
+  assert.is(mounts['/sys/fs/bpf'].mountPropagation, 'HostToContainer');
+  assert.not.ok(mounts['/host/proc/sys/net'].readOnly, 'the host\'s net sysctls are writable through their own mount');
+  assert.equal(spec.initContainers[1].command.slice(0, 2), ['/usr/local/bin/tether-install', 'install']);
   assert.ok(spec.containers.some((c: Obj) => c.command[1] === 'watch'), 'a container keeps tether in the conflist');
   assert.ok(tetherd.image.startsWith('ghcr.io/tether-cni/tether:'), 'the image is pinned by kustomize');
 
