@@ -10,6 +10,7 @@ command -v conntrackd >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noni
 # The load balancer benchmark measures throughput with iperf3.
 command -v iperf3 >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq iperf3 >/dev/null; }
 node_modules/.bin/tsx test/bench/cni-latency.ts
+node_modules/.bin/tsx test/bench/cri.ts
 node_modules/.bin/tsx test/bench/ipam.ts
 node_modules/.bin/tsx test/bench/config-latency.ts
 node_modules/.bin/tsx test/bench/egress-failover.ts
