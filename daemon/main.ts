@@ -3,6 +3,7 @@
 // This file only wires the parts (daemon/parts/) together: the config source feeds each subsystem's
 // reconciler, and every part that starts registers its stop, so a stop (or a failed start) undoes them in
 // reverse order before the logger ends.
+import * as path from 'node:path';
 import { makeLogger, setLogger, type Logger } from './log';
 import { endLogger, Lifecycle, StartError, stopSignal } from './lifecycle';
 import { LoopLag } from './util/loop-lag';
@@ -19,6 +20,7 @@ import { ensureBpffs, setBpffsMode } from './bpf/bpffs';
 import { createHealth, createLb, lbReconciler } from './parts/lb';
 import { resolveLoadBalancers } from './lb/lb-spec';
 import { VERSION } from '../cni/about';
+import { useSysctlJournal } from './sys/sysctl-journal';
 
 export async function main(argv: string[]): Promise<number> {
   let opts: Options;
@@ -76,6 +78,8 @@ async function start(opts: Options, nodeName: string, logger: Logger, life: Life
 
   const store = await startStore(opts, logger, life);
   const stateDir = opts['state-dir'];
+  // The node sysctls tetherd changes are journalled here before each change, for uninstall to restore.
+  useSysctlJournal(path.join(stateDir, 'sysctl-journal.json'));
   const { podStore, attach, loaded } = openPodState(stateDir, logger);
   const probes = await startProbes(opts, attach, logger, (name, close) => life.started(name, close));
   const ipam = await startIpam({ nodeName, config, source, store, stateDir, logger }, life);

@@ -4,6 +4,7 @@
 import * as fs from 'node:fs';
 import { CLONE_NEWNET, setns } from './libc';
 import { TetherError, ErrorCode } from '../errors';
+import { journalHostSysctl } from './sysctl-journal';
 
 /** Runs fn synchronously inside the network namespace at nsPath (e.g. /run/netns/x or /proc/PID/ns/net). */
 export function inNetns<T>(nsPath: string, fn: () => T): T {
@@ -69,6 +70,8 @@ export function writeNetSysctl(nsPath: string | null, key: string, value: string
   const work = () => {
     const prev = fs.readFileSync(file, 'utf8').trim();
     if (prev !== value) {
+      // The node's own sysctls outlive tetherd: remember the original first, so an uninstall can restore it.
+      if (!nsPath) journalHostSysctl(key, prev, value);
       try {
         fs.writeFileSync(file, value);
       } catch (e) {

@@ -294,11 +294,28 @@ export class Installer {
 
   /** Removes only our entry (restoring the files we changed) and then our executables and state. */
   uninstall(): void {
+    this.uninstallConfig();
+    this.removeExecutables();
+  }
+
+  /**
+   * Takes tether out of the CNI configuration only. The executables stay: a DEL of a pod created with
+   * tether runs the configuration the runtime cached for that pod, which still names tether, and fails
+   * when the executable is gone (istio/istio#58572). The state keeps listing them for removeExecutables.
+   */
+  uninstallConfig(): void {
     const state = this.loadState();
     for (const [name, rec] of Object.entries(state.files)) this.undoFile(name, rec);
     for (const f of readConfDir(this.o.netDir)) {
       if (isOwnListName(f.name) && holdsTether(f.bytes)) this.removeOwn(f.name, 'uninstall');
     }
+    if (Object.keys(state.files).length > 0) this.saveState({ ...state, files: {} });
+    this.o.log.info('uninstall: no CNI configuration chains tether any more', { netDir: this.o.netDir });
+  }
+
+  /** Removes our executables, leftover temp files and the installer's state. */
+  removeExecutables(): void {
+    const state = this.loadState();
     for (const name of new Set([...state.executables, ...EXECUTABLES])) {
       const file = path.join(this.o.binDir, name);
       let present = true;

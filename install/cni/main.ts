@@ -1,22 +1,41 @@
 // tether-install: the DaemonSet's installer.
 //   install    executables into --bin-dir, tether chained into the primary in --net-dir; waits for a primary
 //   watch      the same, then keeps it so (the primary's agent rewrote its file, an executable was deleted)
-//   uninstall  takes out only what install added (run by install/uninstall, never on an upgrade)
+//   uninstall  writes the uninstall tombstone, then takes tether out of the CNI configuration (run by
+//              install/uninstall, never on an upgrade); the executables stay for pods created with tether
+//   clean-node once tetherd is gone: takes what it left off the node (clean-node.ts), then the executables
+//   hold       keeps the tombstone live until SIGTERM, then removes it (the uninstall DaemonSet's main container)
 //   ready      exit 0 when the configuration the runtime uses chains tether and the executables exist
-//   sleep      waits for SIGTERM (the uninstall DaemonSet's main container)
+//   sleep      waits for SIGTERM
+// While a live tombstone is there (tombstone.ts), install and watch leave everything alone.
 import * as fs from 'node:fs';
 import { parseArgs } from 'node:util';
 import type { Logger } from 'winston';
 import { makeLogger } from '../../daemon/log';
 import { Installer, readiness, type InstallerOptions, type Outcome } from './installer';
+import { RUNTIMES, type Runtime } from './libcni';
+import { cleanNode, tetherdAnswers } from './clean-node';
+import { holdTombstone, tombstoneState, uninstallInProgress, writeTombstone } from './tombstone';
 
-const USAGE = `usage: tether-install install|watch|uninstall|ready|sleep [options]
+const USAGE = `usage: tether-install install|watch|uninstall|clean-node|hold|ready|sleep [options]
   --net-dir DIR       the runtime's CNI configuration directory (default /host/etc/cni/net.d)
   --bin-dir DIR       the runtime's CNI executable directory (default /host/opt/cni/bin)
   --src-bin-dir DIR   where the executables to install are (default /usr/local/bin)
   --state-dir DIR     what the installer changed, for uninstall (default /host/var/lib/tether/cni-install)
   --entry-file FILE   the JSON of tether's entry in the conflist (default {"type":"tether","socketPath":"/run/tether/tetherd.sock"})
-  --check-interval MS periodic check besides the file watches (default 5000)\n`;
+  --check-interval MS periodic check besides the file watches (default 5000)
+  --runtime containerd|crio  whose rules pick the configuration and decide readiness (default containerd):
+                      containerd (go-cni) loads the files in name order and fails the whole directory at the
+                      first one libcni cannot load, so the node has no network until it is fixed; crio (ocicni)
+                      skips such files and uses the first that loads
+clean-node:
+  --tetherd-state-dir DIR  tetherd's --state-dir as mounted here (default /host/var/lib/tether)
+  --socket PATH       tetherd's socket (default /host/run/tether/tetherd.sock)
+  --run-dir DIR       tetherd's runtime directory, emptied (default /host/run/tether)
+  --pin-dir DIR       tetherd's --bpf-pin-dir, removed (default /sys/fs/bpf/tether)
+  --wait              first wait until tetherd has not answered for --gone-for MS (default 15000),
+                      keeping the tombstone live meanwhile
+  --force             clean even though tetherd answers\n`;
 
 /** More than this many writes within WINDOW_MS means something fights us over the file: back off. */
 const MAX_WRITES = 5;
@@ -45,6 +64,7 @@ export function watch(opts: InstallerOptions, intervalMs = 5000): Watching {
   let writes: number[] = [];
   let backoffUntil = 0;
   let waitingLogged = false;
+  let tombstoneLogged = false;
   let resolveInstalled!: (o: Outcome) => void;
   const installed = new Promise<Outcome>((r) => (resolveInstalled = r));
 
@@ -73,9 +93,16 @@ export function watch(opts: InstallerOptions, intervalMs = 5000): Watching {
     if (now < backoffUntil) return schedule(backoffUntil - now);
     arm();
     try {
+      if (keepOut(opts, log, tombstoneLogged)) {
+        tombstoneLogged = true;
+        return schedule(intervalMs);
+      }
+      if (tombstoneLogged) log.info('uninstall tombstone gone: installing again', { stateDir: opts.stateDir });
+      tombstoneLogged = false;
       const out = inst.reconcile();
       if (out.state === 'waiting') {
-        if (!waitingLogged) log.info('waiting for a primary CNI configuration', { netDir: opts.netDir, skipped: out.skipped });
+        // A refusal or a directory the runtime cannot load needs someone to act: say so loudly, once.
+        if (!waitingLogged) (out.refused || /loads no network/.test(out.why) ? log.error : log.info).call(log, 'waiting for a primary CNI configuration', { netDir: opts.netDir, why: out.why, skipped: out.skipped });
         waitingLogged = true;
       } else {
         waitingLogged = false;
@@ -117,6 +144,36 @@ export function watch(opts: InstallerOptions, intervalMs = 5000): Watching {
   };
 }
 
+/**
+ * True while a live uninstall tombstone says to keep out (logged the first time only, as `logged` says).
+ * A stale one is removed and does not block: an upgrade never waits on an uninstall pod that is gone.
+ */
+function keepOut(opts: InstallerOptions, log: Logger, logged: boolean): boolean {
+  const t = uninstallInProgress(opts.stateDir, log);
+  if (t.block && !logged) log.info('uninstall in progress on this node (live tombstone): leaving the CNI configuration alone', { file: t.state === 'live' ? t.file : undefined });
+  return t.block;
+}
+
+/** Waits until tetherd has not answered for goneForMs in a row, keeping the tombstone live; false when signalled. */
+async function waitTetherdGone(socket: string, goneForMs: number, stop: Promise<void>, log: Logger): Promise<boolean> {
+  let stopped = false;
+  void stop.then(() => (stopped = true));
+  let since: number | undefined;
+  let logged = false;
+  while (!stopped) {
+    if (await tetherdAnswers(socket)) {
+      since = undefined;
+      if (!logged) log.info('clean-node: waiting until tetherd is gone (delete the tetherd DaemonSet)', { socket });
+      logged = true;
+    } else {
+      since ??= Date.now();
+      if (Date.now() - since >= goneForMs) return true;
+    }
+    await Promise.race([new Promise((r) => setTimeout(r, 500)), stop]);
+  }
+  return false;
+}
+
 function parse(argv: string[]) {
   return parseArgs({
     args: argv,
@@ -128,6 +185,14 @@ function parse(argv: string[]) {
       'state-dir': { type: 'string', default: '/host/var/lib/tether/cni-install' },
       'entry-file': { type: 'string' },
       'check-interval': { type: 'string', default: '5000' },
+      runtime: { type: 'string', default: 'containerd' },
+      'tetherd-state-dir': { type: 'string', default: '/host/var/lib/tether' },
+      socket: { type: 'string', default: '/host/run/tether/tetherd.sock' },
+      'run-dir': { type: 'string', default: '/host/run/tether' },
+      'pin-dir': { type: 'string', default: '/sys/fs/bpf/tether' },
+      'gone-for': { type: 'string', default: '15000' },
+      wait: { type: 'boolean', default: false },
+      force: { type: 'boolean', default: false },
       help: { type: 'boolean', short: 'h' },
     },
   });
@@ -139,6 +204,11 @@ function entryFrom(file: string | undefined): Record<string, unknown> | undefine
   if (typeof json !== 'object' || json === null || Array.isArray(json)) throw new Error(`${file}: the entry must be a JSON object`);
   if ((json as Record<string, unknown>).type !== 'tether') throw new Error(`${file}: the entry's type must be "tether"`);
   return json as Record<string, unknown>;
+}
+
+function runtimeFrom(s: string): Runtime {
+  if (!(RUNTIMES as readonly string[]).includes(s)) throw new Error(`--runtime ${s}: must be one of ${RUNTIMES.join(', ')}`);
+  return s as Runtime;
 }
 
 function untilSignal(): Promise<void> {
@@ -172,6 +242,7 @@ export async function main(argv: string[], logger?: Logger): Promise<number> {
       srcBinDir: v['src-bin-dir'] as string,
       stateDir: v['state-dir'] as string,
       entry: entryFrom(v['entry-file'] as string | undefined),
+      runtime: runtimeFrom(v.runtime as string),
       log,
     };
   } catch (e) {
@@ -195,10 +266,46 @@ export async function main(argv: string[], logger?: Logger): Promise<number> {
         return 0; // a stop (upgrade, node drain) never uninstalls
       }
       case 'uninstall':
-        new Installer({ ...opts, srcBinDir: undefined }).uninstall();
+        // The tombstone first: from here on no watch on this node puts tether back.
+        writeTombstone(opts.stateDir, log);
+        new Installer({ ...opts, srcBinDir: undefined }).uninstallConfig();
         return 0;
+      case 'clean-node': {
+        const stop = untilSignal();
+        let hold: ReturnType<typeof holdTombstone> | undefined;
+        if (v.wait) {
+          hold = holdTombstone(opts.stateDir, log);
+          const gone = await waitTetherdGone(v.socket as string, Number(v['gone-for']), stop, log);
+          if (!gone) {
+            // The uninstall pod is being deleted before it cleaned: an aborted uninstall, tether may come back.
+            hold.stop(true);
+            return 1;
+          }
+        }
+        try {
+          const r = await cleanNode({
+            tetherdStateDir: v['tetherd-state-dir'] as string, socket: v.socket as string, runDir: v['run-dir'] as string,
+            pinDir: v['pin-dir'] as string, binDir: opts.binDir, netDir: opts.netDir, installerStateDir: opts.stateDir, log, force: v.force as boolean,
+          });
+          process.stdout.write(JSON.stringify(r) + '\n');
+        } finally {
+          hold?.stop(false);
+        }
+        return 0;
+      }
+      case 'hold': {
+        const hold = holdTombstone(opts.stateDir, log);
+        await untilSignal();
+        hold.stop(true);
+        return 0;
+      }
       case 'ready': {
-        const r = readiness(opts.netDir, opts.binDir);
+        const t = tombstoneState(opts.stateDir);
+        if (t.state === 'live') {
+          process.stderr.write(`not ready: tether is being uninstalled from this node (${t.file})\n`);
+          return 1;
+        }
+        const r = readiness(opts.netDir, opts.binDir, opts.runtime);
         (r.ready ? process.stdout : process.stderr).write(`${r.ready ? 'ready' : 'not ready'}: ${r.why}\n`);
         return r.ready ? 0 : 1;
       }
