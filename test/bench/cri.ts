@@ -63,7 +63,8 @@ async function main(): Promise<void> {
     };
     fs.mkdirSync(path.join(repo, 'results'), { recursive: true });
     fs.writeFileSync(path.join(repo, 'results/bench-cri.json'), JSON.stringify(result, null, 2) + '\n');
-    const m = result.machine;
+    // machine() is loosely typed (Record<string, unknown>); name the fields the text uses.
+    const m = result.machine as { cpu: string; cores: number; date: string; loadAverage: number[] };
     const row = (name: string, x: { p50: number; p90: number }) => `| ${name} | ${x.p50} | ${x.p90} |`;
     const md = `RunPodSandbox through containerd ${result.runtime}'s CRI, as kubelet calls it (\`test/bench/cri.ts\`), on ${m.cpu} (${m.cores} cores), ${m.date.slice(0, 10)}, load average ${m.loadAverage[0]}→${m.loadAverage[1]}; ${PODS} pods per configuration, one at a time, alternating between two containerds that differ only in their conflist.
 
