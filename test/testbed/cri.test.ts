@@ -4,7 +4,7 @@
 // plugin directly: every pod comes and goes as a kubelet would make it.
 import { test } from 'uvu';
 import * as assert from 'uvu/assert';
-import { spawnSync } from 'node:child_process';
+import { spawn, spawnSync } from 'node:child_process';
 import * as fs from 'node:fs';
 import * as os from 'node:os';
 import * as path from 'node:path';
@@ -53,6 +53,13 @@ function hostTraces(): string[] {
 function linkExists(dev: string): boolean {
   return spawnSync('ip', ['link', 'show', 'dev', dev], { stdio: 'ignore' }).status === 0;
 }
+
+// One connection: the server greets the client with the address it sees, then exits.
+const SERVER = `const s = require('net').createServer((c) => { c.end('hello ' + c.remoteAddress.replace('::ffff:', '')); s.close(); });
+s.listen(8080, () => process.stdout.write('listening\\n'));`;
+const CLIENT = `const c = require('net').connect(8080, process.argv[1]); let b = ''; c.on('data', (d) => (b += d));
+c.on('end', () => process.stdout.write(b)); c.setTimeout(5000, () => { console.error('timeout'); process.exit(1); });
+c.on('error', (e) => { console.error(e.message); process.exit(1); });`;
 
 interface Pod {
   name: string;
@@ -182,6 +189,30 @@ test('containerd restarts under running pods: the sandboxes survive with their a
   await Promise.all(pods.map((p) => c.removePod(p.id)));
   await assertNoTrace(pods, 'after a containerd restart');
   assert.equal(c.shimPids(), [], 'no shim outlives its removed sandbox');
+});
+
+test('two pods made through CRI reach each other over ptp + tether, as tetherd recorded them', async () => {
+  const c = cd as Containerd;
+  const [a, b] = await runPods('pair', 2);
+  const records = new Map(tetherPods().map((r) => [r.containerId, r]));
+  for (const p of [a, b]) assert.is(records.get(p.id)?.netns, p.netns, `tetherd's record of ${p.name} names its sandbox netns`);
+  const ping = spawnSync('nsenter', [`--net=${a.netns}`, 'ping', '-c', '2', '-W', '2', b.ip], { encoding: 'utf8', timeout: 20_000 });
+  assert.is(ping.status, 0, `ping ${b.ip} from ${a.name}: ${ping.stdout}${ping.stderr}`);
+  // A TCP exchange too: B serves in its own netns, A connects; B sees A's own address (no NAT between pods).
+  const server = spawn('nsenter', [`--net=${b.netns}`, process.execPath, '-e', SERVER], { stdio: ['ignore', 'pipe', 'inherit'] });
+  try {
+    await new Promise<void>((resolve, reject) => {
+      server.stdout.once('data', () => resolve());
+      server.once('exit', (code) => reject(new Error(`server in ${b.name} exited ${code}`)));
+    });
+    const client = spawnSync('nsenter', [`--net=${a.netns}`, process.execPath, '-e', CLIENT, b.ip], { encoding: 'utf8', timeout: 20_000 });
+    assert.is(client.status, 0, client.stderr);
+    assert.is(client.stdout.trim(), `hello ${a.ip}`);
+  } finally {
+    server.kill('SIGKILL');
+  }
+  await Promise.all([a, b].map((p) => c.removePod(p.id)));
+  await assertNoTrace([a, b], 'after the pair');
 });
 
 test('an ADD that fails (tetherd stopped) fails RunPodSandbox with the reason; nothing is left', async () => {
