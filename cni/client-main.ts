@@ -2,7 +2,8 @@
 // environment, config shape), forward the request to the node's tetherd, print its answer or a CNI error.
 // `tether` and `tether-ipam` differ only in their ClientSpec.
 import type { Connector } from '../daemon/api/call-core';
-import { callWith } from '../daemon/api/call-core';
+import { callWith, TetherdUnreachable } from '../daemon/api/call-core';
+import { queueDelete, type QueuedMethod } from '../daemon/api/delete-queue';
 import type { CniParams, Method } from '../daemon/api/protocol';
 import { ErrorCode, TetherError } from '../daemon/errors';
 import { errorReply, parseNetConf, readEnv, readStdin, versionReply, type CniCommand, type NetConf } from './spec';
@@ -16,6 +17,8 @@ export interface ClientSpec {
   validate(conf: NetConf, command: CniCommand): void;
   /** Where this plugin's tetherd listens, from its config. */
   socketPath(conf: NetConf): string;
+  /** Where a DEL goes when tetherd is unreachable (daemon/api/delete-queue.ts), from its config. */
+  deleteQueueDir(conf: NetConf): string;
 }
 
 let connector: Connector | undefined;
@@ -57,7 +60,16 @@ export async function runCniClient(spec: ClientSpec): Promise<number> {
       config: conf,
     };
     if (!connector) throw new TetherError(ErrorCode.Internal, 'no transport to tetherd (useConnector was not called)');
-    const result = await callWith(connector, spec.socketPath(conf), spec.methods[env.command], params);
+    // Read before the call: a bad field fails the DEL now, not after tetherd turned out to be away.
+    const queueDir = env.command === 'DEL' ? spec.deleteQueueDir(conf) : '';
+    let result: unknown;
+    try {
+      result = await callWith(connector, spec.socketPath(conf), spec.methods[env.command], params);
+    } catch (e) {
+      if (env.command !== 'DEL' || !(e instanceof TetherdUnreachable)) throw e;
+      queueForTetherd(queueDir, spec.methods.DEL as QueuedMethod, params, e);
+      return 0;
+    }
     if (env.command === 'ADD') process.stdout.write(JSON.stringify(result));
     return 0;
   } catch (e) {
@@ -67,8 +79,24 @@ export async function runCniClient(spec: ClientSpec): Promise<number> {
   }
 }
 
-/** An absolute socket path from a config field, or the default. */
-export function socketPathField(value: unknown, field: string, fallback: string): string {
+/**
+ * DEL with tetherd away: recorded for tetherd to replay when it starts, and answered with success so the
+ * chain's DEL goes on to the primary plugin (ADD, CHECK, STATUS and GC still fail: nothing may start
+ * without tetherd, and the others are not needed to tear a pod down). One stderr line says what was done.
+ */
+function queueForTetherd(dir: string, method: QueuedMethod, params: CniParams, e: TetherdUnreachable): void {
+  const out = queueDelete(dir, { method, queuedAt: new Date().toISOString(), reason: e.message, params });
+  const pod = params.args.K8S_POD_NAMESPACE && params.args.K8S_POD_NAME ? ` (pod ${params.args.K8S_POD_NAMESPACE}/${params.args.K8S_POD_NAME})` : '';
+  const what = `DEL of container ${params.containerId} ${params.ifName}${pod}`;
+  process.stderr.write(
+    out.queued
+      ? `${e.message}; ${what} queued in ${out.file} for tetherd to finish when it starts\n`
+      : `${e.message}; ${what} answered without tetherd and not queued: ${out.why}\n`,
+  );
+}
+
+/** An absolute path (the socket, the deletion queue) from a config field, or the default. */
+export function absolutePathField(value: unknown, field: string, fallback: string): string {
   if (value === undefined) return fallback;
   if (typeof value !== 'string' || !value.startsWith('/')) throw new TetherError(ErrorCode.InvalidConfig, `${field}: must be an absolute path`);
   return value;

@@ -2,8 +2,9 @@
 // primary plugin), forwards the request to the node's tetherd and prints the answer. All pod work happens
 // in tetherd (daemon/pod).
 import { DEFAULT_SOCKET_PATH } from '../daemon/api/protocol';
+import { DEFAULT_DELETE_QUEUE_DIR } from '../daemon/api/delete-queue';
 import { ErrorCode, TetherError } from '../daemon/errors';
-import { runCniClient, socketPathField } from './client-main';
+import { runCniClient, absolutePathField } from './client-main';
 
 export function main(): Promise<number> {
   return runCniClient({
@@ -13,6 +14,7 @@ export function main(): Promise<number> {
         throw new TetherError(ErrorCode.InvalidConfig, 'prevResult: missing; tether is a chained plugin and must follow a primary plugin in a conflist');
       }
     },
-    socketPath: (conf) => socketPathField(conf.socketPath, 'socketPath', DEFAULT_SOCKET_PATH),
+    socketPath: (conf) => absolutePathField(conf.socketPath, 'socketPath', DEFAULT_SOCKET_PATH),
+    deleteQueueDir: (conf) => absolutePathField(conf.deleteQueueDir, 'deleteQueueDir', DEFAULT_DELETE_QUEUE_DIR),
   });
 }

@@ -14,6 +14,7 @@ import { startControllers } from './kube/controllers';
 import { checkRedisOption, flowsOption, nodeNameOf, parseOptions, portOption, USAGE, type Options } from './options';
 import { CurrentConfig, startSource } from './parts/source';
 import { openPodState, startIpam, startStore } from './parts/ipam';
+import { startDeleteQueue } from './pod/delete-queue';
 import { createEgress, egressReconciler, planEgress } from './parts/egress';
 import { apiServer, startProbes } from './parts/api';
 import { ensureBpffs, setBpffsMode } from './bpf/bpffs';
@@ -83,6 +84,8 @@ async function start(opts: Options, nodeName: string, logger: Logger, life: Life
   const { podStore, attach, loaded } = openPodState(stateDir, logger);
   const probes = await startProbes(opts, attach, logger, (name, close) => life.started(name, close));
   const ipam = await startIpam({ nodeName, config, source, store, stateDir, logger }, life);
+  // DELs the CNI clients queued while tetherd was away are replayed before roles start and the socket serves.
+  await startDeleteQueue({ stateDir, attach, ipam: ipam.service, logger }, life);
   const egress = egressPlan
     ? await createEgress(opts, egressPlan, { nodeName, config, fouPort, syncPort, maxFlows, addresses: ipam.addresses, attach, logger }, (close) => life.started('ownership store', close))
     : undefined;

@@ -2,8 +2,9 @@
 // A thin client like `tether`: it checks the `ipam` section's shape and forwards to tetherd, which owns
 // the pools, the node's blocks and the allocations (ipam/pod-allocator.ts).
 import { DEFAULT_SOCKET_PATH } from '../daemon/api/protocol';
+import { DEFAULT_DELETE_QUEUE_DIR } from '../daemon/api/delete-queue';
 import { ErrorCode, TetherError } from '../daemon/errors';
-import { runCniClient, socketPathField } from '../cni/client-main';
+import { runCniClient, absolutePathField } from '../cni/client-main';
 
 export function main(): Promise<number> {
   return runCniClient({
@@ -18,7 +19,12 @@ export function main(): Promise<number> {
     },
     socketPath: (conf) => {
       const ipam = (conf.ipam ?? {}) as Record<string, unknown>;
-      return socketPathField(ipam.socketPath, 'ipam.socketPath', DEFAULT_SOCKET_PATH);
+      return absolutePathField(ipam.socketPath, 'ipam.socketPath', DEFAULT_SOCKET_PATH);
+    },
+    // The primary's DEL releases the pod's address in tetherd's allocator: queued like tether's own.
+    deleteQueueDir: (conf) => {
+      const ipam = (conf.ipam ?? {}) as Record<string, unknown>;
+      return absolutePathField(ipam.deleteQueueDir, 'ipam.deleteQueueDir', DEFAULT_DELETE_QUEUE_DIR);
     },
   });
 }

@@ -29,6 +29,28 @@ export interface ConnectionEvents {
 /** Opens a unix socket connection and reports on `ev`; returns a handle for writing and closing. */
 export type Connector = (socketPath: string, ev: ConnectionEvents) => Connection;
 
+/**
+ * tetherd is not there to answer: nothing listens at the socket (ENOENT: never started, stopped or
+ * uninstalled; ECONNREFUSED: a socket file its killed process left), no connection within the connect
+ * timeout, or the connection ended before a whole answer came (tetherd died while handling the request).
+ * A tetherd that answers, even with an error or late, is not unreachable. The CNI clients queue a DEL
+ * on this error instead of failing it (daemon/api/delete-queue.ts); the code on the wire stays 11.
+ */
+export class TetherdUnreachable extends TetherError {
+  constructor(
+    message: string,
+    /** What was seen: the errno code, 'connect-timeout' or 'lost' (the connection ended before an answer). */
+    readonly reason: string,
+    cause?: unknown,
+  ) {
+    super(ErrorCode.TryAgainLater, message, { cause });
+    this.name = 'TetherdUnreachable';
+  }
+}
+
+/** Connect errors that mean nobody serves the socket; any other (EACCES, ENOTSOCK…) is a setup fault. */
+const NOBODY_LISTENS = new Set(['ENOENT', 'ECONNREFUSED']);
+
 let seq = 0;
 
 export function callWith<R = unknown>(connect: Connector, socketPath: string, method: Method, params: unknown, opts: CallOptions = {}): Promise<R> {
@@ -51,9 +73,11 @@ export function callWith<R = unknown>(connect: Connector, socketPath: string, me
       if (err) reject(err);
       else resolve(value as R);
     };
-    const unreachable = (why: string, cause?: unknown) =>
-      finish(new TetherError(ErrorCode.TryAgainLater, `tetherd is not reachable at ${socketPath}: ${why}`, { cause }));
-    let timer = setTimeout(() => unreachable(`no connection within ${connectTimeout} ms`), connectTimeout);
+    const unreachable = (why: string, reason: string | undefined, cause?: unknown) => {
+      const message = `tetherd is not reachable at ${socketPath}: ${why}`;
+      finish(reason ? new TetherdUnreachable(message, reason, cause) : new TetherError(ErrorCode.TryAgainLater, message, { cause }));
+    };
+    let timer = setTimeout(() => unreachable(`no connection within ${connectTimeout} ms`, 'connect-timeout'), connectTimeout);
 
     conn = connect(socketPath, {
       open() {
@@ -89,11 +113,11 @@ export function callWith<R = unknown>(connect: Connector, socketPath: string, me
         }
       },
       error(e) {
-        if (!connected) unreachable(e.code ?? e.message, e);
-        else finish(new TetherError(ErrorCode.TryAgainLater, `connection to tetherd at ${socketPath} failed: ${e.message}`, { cause: e }));
+        if (!connected) unreachable(e.code ?? e.message, e.code && NOBODY_LISTENS.has(e.code) ? e.code : undefined, e);
+        else finish(new TetherdUnreachable(`connection to tetherd at ${socketPath} failed: ${e.message}`, 'lost', e));
       },
       close() {
-        if (connected) finish(new TetherError(ErrorCode.TryAgainLater, `tetherd at ${socketPath} closed the connection before answering ${method}`));
+        if (connected) finish(new TetherdUnreachable(`tetherd at ${socketPath} closed the connection before answering ${method}`, 'lost'));
       },
     });
     if (settled) conn.destroy();
