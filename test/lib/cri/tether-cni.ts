@@ -27,6 +27,8 @@ export interface NodeCniOptions {
   subnet: string;
   /** tetherd's socket; without it only the primary is installed (the baseline without tether). */
   tetherdSocket?: string;
+  /** More fields of tether's conflist entry (e.g. deleteQueueDir for a tetherd with its own state dir). */
+  tetherEntry?: Record<string, unknown>;
 }
 
 export function prepareNodeCni(o: NodeCniOptions): NodeCni {
@@ -48,7 +50,7 @@ export function prepareNodeCni(o: NodeCniOptions): NodeCni {
   fs.writeFileSync(path.join(confDir, '10-ptp.conflist'), JSON.stringify(primary, null, 2));
   if (o.tetherdSocket) {
     const entry = path.join(o.dir, 'tether-entry.json');
-    fs.writeFileSync(entry, JSON.stringify({ type: 'tether', socketPath: o.tetherdSocket }));
+    fs.writeFileSync(entry, JSON.stringify({ type: 'tether', socketPath: o.tetherdSocket, ...o.tetherEntry }));
     const r = spawnSync(
       path.join(BIN_DIR, 'tether-install'),
       ['install', '--src-bin-dir', BIN_DIR, '--bin-dir', binDir, '--net-dir', confDir, '--state-dir', stateDir, '--entry-file', entry],
