@@ -117,12 +117,19 @@ for (const v of VERSIONS) {
     });
   }
 
-  test(`${v}: tetherd down → ADD/DEL/CHECK/GC code 11, STATUS code 50`, () => {
-    const down = JSON.stringify({ cniVersion: v, name: 'n', type: 'tether', socketPath: path.join(d.dir, 'nobody.sock'), prevResult: prevResult(v) });
+  test(`${v}: tetherd down → ADD/CHECK/GC code 11, STATUS code 50, DEL queued and answered with success`, () => {
+    const queue = path.join(d.dir, 'down-queue');
+    const down = JSON.stringify({ cniVersion: v, name: 'n', type: 'tether', socketPath: path.join(d.dir, 'nobody.sock'), deleteQueueDir: queue, prevResult: prevResult(v) });
     for (const cmd of ['ADD', 'DEL', 'CHECK', 'STATUS', 'GC']) {
       const r = runCni(bin('tether'), env(cmd), down);
       const needs = cmd === 'CHECK' ? '0.4.0' : cmd === 'STATUS' || cmd === 'GC' ? '1.1.0' : '0.0.0';
       if (v.localeCompare(needs, undefined, { numeric: true }) < 0) continue;
+      if (cmd === 'DEL') {
+        // The chain's DEL must go on to the primary plugin (test/cni/del-queue.test.ts covers the queue).
+        assert.is(r.status, 0, `DEL ${v} down: ${r.stdout}`);
+        assert.ok(fs.readdirSync(queue).some((n) => n.startsWith('cni.del:')), `DEL ${v} down: queued`);
+        continue;
+      }
       expectError(r, cmd === 'STATUS' ? 50 : 11, /tetherd is not reachable at .*nobody\.sock/, `${cmd} ${v} down`);
     }
   });

@@ -135,10 +135,13 @@ test('GC (1.1.0) releases attachments the runtime no longer lists, keeps the res
   assert.is(allocated('v4only'), 0);
 });
 
-test('tetherd down → 11; STATUS → 50', () => {
-  const down = JSON.stringify({ cniVersion: '1.1.0', name: 'n', type: 'ptp', ipam: { type: 'tether-ipam', pool: 'default', socketPath: '/tmp/nobody-here.sock' } });
+test('tetherd down → ADD 11, DEL queued with success; STATUS → 50', () => {
+  const queue = path.join(d.dir, 'down-queue');
+  const down = JSON.stringify({ cniVersion: '1.1.0', name: 'n', type: 'ptp', ipam: { type: 'tether-ipam', pool: 'default', socketPath: '/tmp/nobody-here.sock', deleteQueueDir: queue } });
   expectError(ipam('ADD', 'x', down), 11, /tetherd is not reachable/);
-  expectError(ipam('DEL', 'x', down), 11, /tetherd is not reachable/);
+  // The primary's DEL must still release the veth (test/cni/del-queue.test.ts covers the queue).
+  assert.is(ipam('DEL', 'x', down).status, 0);
+  assert.equal(fs.readdirSync(queue), ['ipam.del:x:eth0.json']);
   expectError(runCni(bin('tether-ipam'), { CNI_COMMAND: 'STATUS' }, down), 50, /not reachable/);
 });
 

@@ -191,7 +191,7 @@ export class Testbed {
     const n = this.node(node);
     const ipam =
       this.ipam === 'tether-ipam'
-        ? { type: 'tether-ipam', pool: this.plan.podPool.name, socketPath: this.socketPath(node), routes: [{ dst: '0.0.0.0/0' }] }
+        ? { type: 'tether-ipam', pool: this.plan.podPool.name, socketPath: this.socketPath(node), deleteQueueDir: this.deleteQueueDir(node), routes: [{ dst: '0.0.0.0/0' }] }
         : {
             type: 'host-local',
             // Per node and per run, so nothing lands in /var/lib/cni and teardown removes it with the run dir.
@@ -207,7 +207,7 @@ export class Testbed {
     };
     const plugins: PluginConf[] = [ptp];
     if (this.tetherEnabled) {
-      const step: PluginConf = { type: 'tether', socketPath: this.socketPath(node), ...n.tether, ...podTether };
+      const step: PluginConf = { type: 'tether', socketPath: this.socketPath(node), deleteQueueDir: this.deleteQueueDir(node), ...n.tether, ...podTether };
       // In a cluster, labels come from the Pod object; the conflist field is for standalone use.
       if (this.kube) delete step.labels;
       plugins.push(step);
@@ -375,6 +375,11 @@ export class Testbed {
 
   socketPath(node: string): string {
     return this.nodeDir(node, 'tetherd.sock');
+  }
+
+  /** Where the node's CNI executables queue a DEL while its tetherd is away: <its --state-dir>/delete-queue. */
+  deleteQueueDir(node: string): string {
+    return this.nodeDir(node, 'state', 'delete-queue');
   }
 
   /** File holding tetherd's stderr/stdout for a node (kept across restarts, appended). */
