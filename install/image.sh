@@ -43,7 +43,10 @@ export CONTAINERS_CONF="$CACHE/containers.conf"
 : >"$CACHE/registries.conf"
 export CONTAINERS_REGISTRIES_CONF="$CACHE/registries.conf"
 export BUILDAH_ISOLATION=chroot
-bh() { buildah --root "$CACHE/storage" --runroot /run/tether-image --storage-driver overlay "$@"; }
+# overlay where the kernel has it (fast, layers shared); vfs (full copies) otherwise.
+driver=vfs
+grep -qw overlay /proc/filesystems && driver=overlay
+bh() { buildah --root "$CACHE/storage" --runroot /run/tether-image --storage-driver "$driver" "$@"; }
 
 # The base image is re-imported only when the tarball changed: its label carries the tarball's key.
 exec 9>"$CACHE/buildah.lock"
@@ -64,7 +67,9 @@ inputs() { find dist/bin dist/bpf -maxdepth 1 \( -type f -o -type l \) -printf '
 before=$(inputs)
 # chroot isolation: the one RUN (symlinks) needs no namespaces of its own; buildah refuses --network none
 # with it, so the step shares the host's network, and nothing in the Dockerfile fetches anything.
-bh bud --quiet --isolation chroot --pull-never --layers=false \
+# --no-hosts and --dns=none: otherwise the RUN step leaves empty /etc/hosts and /etc/resolv.conf (its
+# mount points) in the layer, where the runtime's own must be the only ones.
+bh bud --quiet --isolation chroot --pull-never --layers=false --no-hosts --dns=none \
   --timestamp "$SOURCE_DATE_EPOCH" --label "org.opencontainers.image.version=$VERSION" -f install/Dockerfile -t "$IMAGE" . >/dev/null
 [ "$(inputs)" = "$before" ] || fail "dist/bin or dist/bpf changed during the build (install/build.sh running at the same time?): run again"
 # Pushed as an OCI layout and tarred here rather than pushed as oci-archive: buildah's archive carries

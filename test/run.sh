@@ -7,6 +7,8 @@ cd "$(dirname "$0")/.."
 if [ "$(id -u)" != 0 ]; then echo "tests need root (network namespaces, eBPF)"; echo "0 passed, 1 failed"; exit 1; fi
 bash install/deps.sh || { echo "setup failed"; echo "0 passed, 1 failed"; exit 1; }
 bash install/build.sh || { echo "build failed"; echo "0 passed, 1 failed"; exit 1; }
+# The image (dist/image/tether.oci.tar) the unit image test unpacks and the container tests run.
+bash install/image.sh || { echo "image failed"; echo "0 passed, 1 failed"; exit 1; }
 node_modules/.bin/tsc --noEmit -p . || { echo "type check failed"; echo "0 passed, 1 failed"; exit 1; }
 
 # Leftovers of an earlier run that was killed would confuse kernel tests: remove them first.
