@@ -10,6 +10,7 @@ import { bpfObjectDir } from './fou';
 import { ipv4Bytes, ipv4String } from './fou-structs';
 import { parseIpv4Prefix } from './egress-structs';
 import { attachTc, detachTc, type TcAttachment } from './tc';
+import type { MapLayout } from './map-layout';
 
 /** tc filter id of the guard: after steering (0x110) in priority order, though the two never share a veth. */
 export const GUARD_TC = { handle: 1, priority: 0x120, object: 'egress-guard', program: 'egress_guard' } as const;
@@ -17,6 +18,14 @@ export const GUARD_TC = { handle: 1, priority: 0x120, object: 'egress-guard', pr
 const ACTION_GUARD = 1;
 const ACTION_BYPASS = 2;
 const KEY0 = Buffer.alloc(4);
+
+/** Layout versions of the guard's maps (bpf/egress-guard.bpf.c) and how an older pin is carried over (map-layout.ts). */
+export const GUARD_MAP_LAYOUTS: Record<string, MapLayout> = {
+  guard_dest: { version: 1, convert: 'copy' },
+  guard_owned: { version: 1, convert: 'copy' }, // what the pod owns: its SNAT keeps working across an upgrade
+  guard_cfg: { version: 1, convert: 'prefix' },
+  guard_stats: { version: 1, convert: 'prefix' },
+};
 // must match struct guard_stats in bpf/egress-guard.bpf.c
 export const GUARD_STATS_FIELDS = ['allowed', 'notGuarded', 'notIpv4', 'droppedPodSource', 'droppedOtherSource', 'droppedTruncated'] as const;
 export type GuardStats = Record<(typeof GUARD_STATS_FIELDS)[number], number>;
@@ -60,13 +69,14 @@ export class EgressGuard {
    */
   static attach(o: EgressGuardOptions): EgressGuard {
     const file = o.objectPath ?? path.join(bpfObjectDir(), `${GUARD_TC.object}.bpf.o`);
-    const obj = BpfObject.load(file, { pinDir: o.pinDir, name: pinName(o.hostIfName) });
+    const obj = BpfObject.load(file, { pinDir: o.pinDir, name: pinName(o.hostIfName), layouts: GUARD_MAP_LAYOUTS });
     try {
       const cfg = Buffer.alloc(4);
       ipv4Bytes(o.podIp, 'podIp').copy(cfg, 0);
       obj.map('guard_cfg').update(KEY0, cfg);
       setDestinations(obj, o.destinations, o.excluded);
       const attachment = attachTc({ netns: o.netns, ifName: o.hostIfName, direction: 'ingress', progFd: obj.programFd(GUARD_TC.program), handle: GUARD_TC.handle, priority: GUARD_TC.priority });
+      obj.settle();
       log().info('egress guard attached', { ifName: o.hostIfName, podIp: o.podIp, destinations: o.destinations, excluded: o.excluded.length });
       return new EgressGuard(obj, attachment, o);
     } catch (e) {
@@ -101,6 +111,11 @@ export class EgressGuard {
       GUARD_STATS_FIELDS.forEach((f, i) => (out[f] += Number(v.readBigUInt64LE(i * 8))));
     }
     return out;
+  }
+
+  /** Releases this process's hold on the object; the filter and its pins stay (tetherd stopping or restarting). */
+  close(): void {
+    this.obj.close();
   }
 
   /** Removes the filter (the veth may already be gone with its pod), the pins and the object. Idempotent. */

@@ -14,7 +14,7 @@ import {
   checkEgressId, decodeEgressClient, decodeEgressConfig, decodeEgressDest, decodeEgressDestKey, decodeEgressGateways,
   encodeEgressClient, encodeEgressConfig, encodeEgressDest, encodeEgressDestKey, encodeEgressGateways, parseIpv4Prefix,
   sumEgressStats, sumEgressAddressStats, decodeEgressFlow, EGRESS_ID_GLOBAL, type EgressAction, type EgressConfig, type EgressSlot,
-  type EgressStats, type EgressFlow, type EgressAddressStats,
+  type EgressStats, type EgressFlow, type EgressAddressStats, EGRESS_MAP_LAYOUTS,
 } from './egress-structs';
 import { TetherError, ErrorCode } from '../errors';
 
@@ -203,7 +203,7 @@ export class EgressSteer extends EgressMaps {
 }
 
 function load(pinDir: string, file?: string, maxFlows = DEFAULT_EGRESS_FLOWS): BpfObject {
-  return BpfObject.load(objectPath(file), { pinDir, name: EGRESS_TC.pinName, maxEntries: { egress_flows: maxFlows } });
+  return BpfObject.load(objectPath(file), { pinDir, name: EGRESS_TC.pinName, maxEntries: { egress_flows: maxFlows }, layouts: EGRESS_MAP_LAYOUTS });
 }
 
 /**
@@ -230,6 +230,7 @@ export function attachEgressSteer(o: EgressSteerOptions): EgressSteer {
       netns: o.netns, ifName: o.ifName, direction: 'ingress', progFd: obj.programFd(EGRESS_TC.program),
       handle: EGRESS_TC.handle, priority: EGRESS_TC.priority,
     });
+    obj.settle();
     log().info('egress steer attached', { netns: o.netns, ifName: o.ifName, nodeAddress: o.nodeAddress, port: o.port });
     return new EgressSteer(obj, attachment, o.pinDir);
   } catch (e) {
@@ -240,11 +241,12 @@ export function attachEgressSteer(o: EgressSteerOptions): EgressSteer {
 
 /**
  * The node's egress maps from their pins (after a restart, or for the controller, which needs no
- * attachment). create: load the object once to create the pins when they do not exist yet.
+ * attachment). create: load the object once first, which creates missing pins and migrates pins of an
+ * older layout (an upgraded tetherd), so the maps opened here are the ones its programs will use.
  */
 export function openEgressMaps(pinDir: string, opts: { create?: boolean; objectPath?: string; maxFlows?: number } = {}): EgressMaps {
   const dir = path.join(pinDir, EGRESS_TC.pinName);
-  if (opts.create && MAP_NAMES.some((m) => !fs.existsSync(path.join(dir, m)))) load(pinDir, opts.objectPath, opts.maxFlows).close();
+  if (opts.create) load(pinDir, opts.objectPath, opts.maxFlows).close();
   const open = new Map<MapName, BpfMap>();
   const mapOf = (name: MapName) => {
     let m = open.get(name);

@@ -3,6 +3,7 @@
 // order, ids, counts and epochs in host (little-endian) order.
 import { TetherError, ErrorCode } from '../errors';
 import { ipv4Bytes, ipv4String, type StructLayout } from './fou-structs';
+import type { MapLayout } from './map-layout';
 
 // must match bpf/egress-types.h constants
 export const EGRESS_MAX_SLOTS = 8;
@@ -67,6 +68,23 @@ export const EGRESS_LAYOUTS: Record<string, StructLayout> = {
 };
 
 const L = EGRESS_LAYOUTS;
+
+/**
+ * Layout versions of the maps in bpf/egress-maps.h and how an older pin is carried over (map-layout.ts).
+ * Bump a version when a map keeps its sizes but changes meaning, and give a converter from the old one.
+ * Pins from before versioning (egress_stats of 48 bytes, no egress_flows) differ in shape: 'prefix' widens
+ * the counters; missing maps are simply created.
+ */
+export const EGRESS_MAP_LAYOUTS: Record<string, MapLayout> = {
+  egress_cfg: { version: 1, convert: 'prefix' },
+  egress_dest: { version: 1, convert: 'copy' },
+  egress_clients: { version: 1, convert: 'copy' },
+  egress_gateways: { version: 1, convert: 'copy' },
+  egress_stats: { version: 1, convert: 'prefix' },
+  // Live flows keep their floating address only if their pin survives: copied, and caught up after each attach.
+  egress_flows: { version: 1, convert: 'copy', catchUp: true },
+  egress_addr_stats: { version: 1, convert: 'prefix' },
+};
 
 function invalid(msg: string): TetherError {
   return new TetherError(ErrorCode.InvalidConfig, msg);

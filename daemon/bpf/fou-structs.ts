@@ -2,6 +2,7 @@
 // compiled objects' BTF by test/unit/bpf-structs.test.ts). Addresses and ports travel in network order.
 import * as net from 'node:net';
 import { TetherError, ErrorCode } from '../errors';
+import type { MapLayout } from './map-layout';
 
 export interface FieldLayout {
   offset: number;
@@ -34,6 +35,16 @@ export const FOU_ENCAP_F_REDIRECT_BACK = 0x1;
 export const FOU_DECAP_F_CHECK_SOURCES = 0x1;
 
 const L = FOU_LAYOUTS;
+
+/** Layout versions of the maps in bpf/fou-encap-maps.h and bpf/fou-decap-maps.h (map-layout.ts). */
+export const FOU_MAP_LAYOUTS: Record<string, MapLayout> = {
+  fou_encap_cfg: { version: 1, convert: 'prefix' },
+  fou_dests: { version: 1, convert: 'copy' },
+  fou_encap_stats: { version: 1, convert: 'prefix' },
+  fou_decap_cfg: { version: 1, convert: 'prefix' },
+  fou_sources: { version: 1, convert: 'copy' },
+  fou_decap_stats: { version: 1, convert: 'prefix' },
+};
 
 /** An IPv4 address as 4 bytes in network order (map keys and address fields). */
 export function ipv4Bytes(addr: string, field = 'address'): Buffer {

@@ -8,7 +8,7 @@ import { BpfMap } from './map';
 import { attachTc, detachTc, type TcAttachment, type TcDirection } from './tc';
 import {
   FOU_DECAP_F_CHECK_SOURCES, FOU_ENCAP_F_REDIRECT_BACK, decodeFouDest, encodeFouDecapConfig, encodeFouDest,
-  encodeFouEncapConfig, ipv4Bytes, ipv4String, sumFouStats, type FouDest, type FouStats,
+  encodeFouEncapConfig, ipv4Bytes, ipv4String, sumFouStats, FOU_MAP_LAYOUTS, type FouDest, type FouStats,
 } from './fou-structs';
 
 export type { FouStats } from './fou-structs';
@@ -94,7 +94,7 @@ export class FouEncap {
 
 /** Loads fou-encap (reusing pinned maps), writes its config and attaches it. Replaces an earlier attachment. */
 export function attachFouEncap(o: FouEncapOptions): FouEncap {
-  const obj = BpfObject.load(o.objectPath ?? path.join(bpfObjectDir(), `${FOU_TC.encap.object}.bpf.o`), { pinDir: o.pinDir });
+  const obj = BpfObject.load(o.objectPath ?? path.join(bpfObjectDir(), `${FOU_TC.encap.object}.bpf.o`), { pinDir: o.pinDir, layouts: FOU_MAP_LAYOUTS });
   try {
     const redirect = o.redirectBack ?? o.direction === 'ingress';
     obj.map('fou_encap_cfg').update(KEY0, encodeFouEncapConfig({ outerSource: o.outerSource, port: o.port, flags: redirect ? FOU_ENCAP_F_REDIRECT_BACK : 0 }));
@@ -159,7 +159,7 @@ export class FouDecap {
 
 /** Loads fou-decap, configures port / address / allow-list, and attaches it at ifName (ingress by default). */
 export function attachFouDecap(o: FouDecapOptions): FouDecap {
-  const obj = BpfObject.load(o.objectPath ?? path.join(bpfObjectDir(), `${FOU_TC.decap.object}.bpf.o`), { pinDir: o.pinDir });
+  const obj = BpfObject.load(o.objectPath ?? path.join(bpfObjectDir(), `${FOU_TC.decap.object}.bpf.o`), { pinDir: o.pinDir, layouts: FOU_MAP_LAYOUTS });
   try {
     const config = { port: o.port, localAddress: o.localAddress };
     const attachment = attachTc({

@@ -2,6 +2,7 @@
 // test/unit/bpf-structs.test.ts). Addresses and ports travel in network order, as in the packet.
 import type { StructLayout } from './fou-structs';
 import { ipv4Bytes, ipv4String } from './fou-structs';
+import type { MapLayout } from './map-layout';
 
 export const LB_LAYOUTS: Record<string, StructLayout> = {
   lb_config: {
@@ -40,6 +41,20 @@ export const PROTO = { TCP: 6, UDP: 17 } as const;
 export type Protocol = keyof typeof PROTO;
 
 const L = LB_LAYOUTS;
+
+/** Layout versions of the maps in bpf/lb-maps.h and how an older pin is carried over (map-layout.ts). */
+export const LB_MAP_LAYOUTS: Record<string, MapLayout> = {
+  lb_cfg: { version: 1, convert: 'prefix' },
+  lb_services: { version: 1, convert: 'copy' },
+  // Client → target: a live client keeps its target only if its mapping survives (the store may hold it too).
+  lb_mappings: { version: 1, convert: 'copy', catchUp: true },
+  lb_targets: { version: 1, convert: 'copy' },
+  // Rows of maglev_size entries per slot: a resize may change the row length, and the controller writes
+  // every served VIP's row before it attaches an LB pod, so the rows are rebuilt rather than copied.
+  lb_maglev: { version: 1, convert: 'replace' },
+  lb_events: { version: 1, convert: 'replace' }, // a ring buffer: nothing to carry
+  lb_stats: { version: 1, convert: 'prefix' }, // per-slot counters; slots keep their index
+};
 
 export function encodeLbConfig(c: { outerSource: string; port: number; maglevSize: number; seed: number }): Buffer {
   const b = Buffer.alloc(L.lb_config.size);

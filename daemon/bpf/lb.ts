@@ -12,7 +12,7 @@ import { attachTc, detachTc, type TcAttachment } from './tc';
 import { bpfObjectDir } from './fou';
 import {
   LB_MAGLEV_DEFAULT, LB_MAX_VIPS_DEFAULT, LB_TARGET_ACTIVE, LB_TARGET_TERMINATING, decodeEvent, decodeMapKey, decodeMapping, decodeTargetKey,
-  encodeLbConfig, encodeMapKey, encodeMapping, encodeService, encodeServiceKey, encodeTargetKey, sumLbStats, type LbStats, type MapKey,
+  encodeLbConfig, encodeMapKey, encodeMapping, encodeService, encodeServiceKey, encodeTargetKey, sumLbStats, LB_MAP_LAYOUTS, type LbStats, type MapKey,
 } from './lb-structs';
 import { ipv4Bytes } from './fou-structs';
 
@@ -59,6 +59,7 @@ export class LbDatapath {
     const obj = BpfObject.load(o.objectPath ?? path.join(bpfObjectDir(), `${LB_TC.object}.bpf.o`), {
       pinDir: o.pinDir,
       maxEntries: { lb_maglev: maxVips * maglevSize, lb_stats: maxVips },
+      layouts: LB_MAP_LAYOUTS,
     });
     return new LbDatapath(obj, maxVips, maglevSize);
   }
@@ -77,6 +78,7 @@ export class LbDatapath {
   attach(netns: string, ifName: string): TcAttachment {
     const a = attachTc({ netns, ifName, direction: 'ingress', progFd: this.o().programFd(LB_TC.program), handle: LB_TC.handle, priority: LB_TC.priority });
     this.attached.set(`${netns} ${ifName}`, a);
+    this.o().settle();
     return a;
   }
 

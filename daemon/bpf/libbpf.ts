@@ -21,6 +21,8 @@ export interface Libbpf {
   bpf_map__key_size(map: Ptr): number;
   bpf_map__value_size(map: Ptr): number;
   bpf_map__type(map: Ptr): number;
+  bpf_map__max_entries(map: Ptr): number;
+  bpf_map__map_flags(map: Ptr): number;
   bpf_map__set_pin_path(map: Ptr, path: string | null): number;
   bpf_map__set_max_entries(map: Ptr, n: number): number;
   bpf_map__pin(map: Ptr, path: string | null): number;
@@ -69,6 +71,8 @@ export function libbpf(): Libbpf {
     bpf_map__key_size: f('uint32_t bpf_map__key_size(void *map)'),
     bpf_map__value_size: f('uint32_t bpf_map__value_size(void *map)'),
     bpf_map__type: f('int bpf_map__type(void *map)'),
+    bpf_map__max_entries: f('uint32_t bpf_map__max_entries(void *map)'),
+    bpf_map__map_flags: f('uint32_t bpf_map__map_flags(void *map)'),
     bpf_map__set_pin_path: f('int bpf_map__set_pin_path(void *map, const char *path)'),
     bpf_map__set_max_entries: f('int bpf_map__set_max_entries(void *map, uint32_t max_entries)'),
     bpf_map__pin: f('int bpf_map__pin(void *map, const char *path)'),
@@ -93,6 +97,8 @@ export function libbpf(): Libbpf {
 }
 
 let quiet = 0;
+/** Warnings of the innermost capturing() call under way, held back instead of logged. */
+let held: string[] | undefined;
 
 /** Runs fn with libbpf's warnings dropped: for probes whose failure is an expected answer. */
 export function quietly<T>(fn: () => T): T {
@@ -101,6 +107,21 @@ export function quietly<T>(fn: () => T): T {
     return fn();
   } finally {
     quiet--;
+  }
+}
+
+/**
+ * Runs fn with libbpf's warnings held back and hands them to the caller, which decides: drop them when
+ * the failure was the expected answer (e.g. EEXIST), or put them into the error it raises otherwise.
+ */
+export function capturing<T>(fn: () => T): { value: T; warnings: string[] } {
+  const outer = held;
+  const mine: string[] = [];
+  held = mine;
+  try {
+    return { value: fn(), warnings: mine };
+  } finally {
+    held = outer;
   }
 }
 
@@ -118,7 +139,9 @@ function routePrints(so: ReturnType<ReturnType<typeof koffi>['load']>): void {
     if (level !== 0 || quiet > 0) return 0;
     const buf = Buffer.alloc(16384);
     const n = vsnprintf(buf, buf.length, fmt, ap);
-    log().warn(buf.subarray(0, Math.max(0, Math.min(n, buf.length - 1))).toString().trimEnd()); // already prefixed "libbpf: "
+    const text = buf.subarray(0, Math.max(0, Math.min(n, buf.length - 1))).toString().trimEnd(); // already prefixed "libbpf: "
+    if (held) held.push(text);
+    else log().warn(text);
     return 0;
   }, k.pointer(proto));
   setPrint(printCb);

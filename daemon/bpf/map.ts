@@ -20,6 +20,7 @@ export interface MapInfo {
   keySize: number;
   valueSize: number;
   maxEntries: number;
+  flags: number;
   name: string;
 }
 
@@ -37,6 +38,7 @@ export function mapInfoByFd(fd: number, what: string): MapInfo {
     keySize: info.readUInt32LE(8),
     valueSize: info.readUInt32LE(12),
     maxEntries: info.readUInt32LE(16),
+    flags: info.readUInt32LE(20),
     name: raw.subarray(0, nul < 0 ? 16 : nul).toString('latin1'),
   };
 }

@@ -4,7 +4,8 @@
 // restart without the fds that attached it.
 import { koffi } from '../sys/ffi';
 import { inNetns } from '../sys/netns';
-import { BpfCallError, check, libbpf, quietly } from './libbpf';
+import { BpfCallError, capturing, check, libbpf, quietly } from './libbpf';
+import { log } from '../log';
 
 export type TcDirection = 'ingress' | 'egress';
 
@@ -95,10 +96,17 @@ function here<T>(netns: string | null | undefined, fn: () => T): T {
   return netns ? inNetns(netns, fn) : fn();
 }
 
-/** Creates the clsact qdisc unless it exists (idempotent). Must run in the target namespace. */
+/**
+ * Creates the clsact qdisc unless it exists (idempotent). Must run in the target namespace. libbpf asks
+ * for the qdisc with NLM_F_EXCL, so on an interface that has one (every re-attach, every restart) the
+ * kernel answers EEXIST with the extack "Exclusivity flag on, cannot modify", which libbpf prints as a
+ * warning: that answer is the expected one and its text is dropped; any other failure carries it.
+ */
 function ensureClsactHere(ifindex: number, what: string): void {
-  const ret = libbpf().bpf_tc_hook_create(hookBuf(ifindex, BPF_TC_INGRESS));
-  if (ret !== -EEXIST) check(ret, 'bpf_tc_hook_create', what);
+  const { value: ret, warnings } = capturing(() => libbpf().bpf_tc_hook_create(hookBuf(ifindex, BPF_TC_INGRESS)));
+  if (ret === -EEXIST) return;
+  if (ret < 0) throw new BpfCallError('bpf_tc_hook_create', warnings.length ? `${what}; ${warnings.join('; ')}` : what, -ret);
+  for (const w of warnings) log().warn(w);
 }
 
 /** Creates the clsact qdisc on the interface unless it exists (idempotent). */
@@ -113,7 +121,12 @@ function requireIfindex(t: TcTarget): number {
   return ifindex;
 }
 
-/** Attaches progFd as a direct-action filter on the interface's clsact hook, creating clsact if needed. */
+/**
+ * Attaches progFd as a direct-action filter on the interface's clsact hook, creating clsact if needed.
+ * With replace (the default) a filter already at (handle, priority) gets the new program in place: the
+ * kernel swaps the program of that one filter under RCU, so every packet meets either the old program or
+ * the new one and none passes unprocessed, which detaching first and attaching again could not promise.
+ */
 export function attachTc(o: TcAttachOptions): TcAttachment {
   const what = `tc ${describe(o)}`;
   return here(o.netns, () => {
