@@ -111,7 +111,11 @@ export class BpfObject {
       }
       check(lib.bpf_object__load(obj), 'bpf_object__load', `${what} (libbpf's reasons, e.g. the verifier log, are logged just before)`);
       const loaded = new BpfObject(obj, name, pinDir);
-      for (const mig of migrations.splice(0)) loaded.migrate(mig);
+      // Each one done leaves the list: its old map is retired and its pin replaced, nothing to undo.
+      while (migrations.length) {
+        loaded.migrate(migrations[0]);
+        migrations.shift();
+      }
       if (pinDir) loaded.recordLayouts(opts.layouts ?? {});
       return loaded;
     } catch (e) {

@@ -4,14 +4,17 @@
 // Every write is atomic (a hidden temp file in the same directory, fsync, rename, fsync of the directory);
 // identical bytes are never rewritten; other projects' files are never renamed or deleted. What was in a
 // file before we changed it is kept in the state directory, so an uninstall restores it byte for byte.
+// A file we rewrite keeps its mode and owner (a 0600 primary may hold credentials), and a primary that is
+// a symbolic link stays one: the write goes to the file it points to.
 import * as crypto from 'node:crypto';
 import * as fs from 'node:fs';
 import * as path from 'node:path';
 import type { Logger } from 'winston';
 import {
-  TEMP_PREFIX, TEMP_SUFFIX, holdsTether, insertEntry, isConfName, isOwnListName, parseConf, pickPrimary,
-  removeEntry, type DirFile,
+  TEMP_PREFIX, TEMP_SUFFIX, chainsTether, holdsTether, insertEntry, isOwnListName, pickPrimary, removeEntry,
+  versionProblem, type DirFile,
 } from './conflist';
+import { runtimeFiles, runtimeLoad, type Runtime } from './libcni';
 
 /** The CNI executables: `tether` is one file; `tether-ipam` is the same program under its own name (a link). */
 export const EXECUTABLES = ['tether', 'tether-ipam'] as const;
@@ -25,6 +28,8 @@ export interface InstallerOptions {
   srcBinDir?: string;
   stateDir: string;
   entry?: Record<string, unknown>;
+  /** Whose loading rules decide the primary and readiness (default containerd, the strict one). */
+  runtime?: Runtime;
   log: Logger;
 }
 
@@ -43,7 +48,8 @@ interface State {
 
 export type Outcome =
   | { state: 'installed'; primary: string; target: string; wrote: boolean }
-  | { state: 'waiting'; skipped: Array<{ name: string; why: string }> };
+  /** Nothing chained: no primary yet, the runtime loads nothing, or the primary is refused (`refused`). */
+  | { state: 'waiting'; why: string; refused?: boolean; skipped: Array<{ name: string; why: string }> };
 
 const sha256 = (b: Buffer) => crypto.createHash('sha256').update(b).digest('hex');
 
@@ -56,12 +62,22 @@ function fsyncDir(dir: string): void {
   }
 }
 
-/** Atomic replace: `.tether-<random>.tmp` in the same directory, fsync, rename over, fsync the directory. */
-export function writeAtomic(dir: string, name: string, bytes: Buffer, mode = 0o644, mtime?: Date): void {
+/**
+ * Atomic replace: `.tether-<random>.tmp` in the same directory, fsync, rename over, fsync the directory.
+ * `owner`: the file gets this uid/gid before it appears under its name.
+ */
+export function writeAtomic(dir: string, name: string, bytes: Buffer, mode = 0o644, mtime?: Date, owner?: { uid: number; gid: number }): void {
   const tmp = path.join(dir, `${TEMP_PREFIX}${crypto.randomBytes(6).toString('hex')}${TEMP_SUFFIX}`);
   const fd = fs.openSync(tmp, 'wx', mode);
   try {
     fs.writeSync(fd, bytes);
+    if (owner) {
+      try {
+        fs.fchownSync(fd, owner.uid, owner.gid);
+      } catch (e) {
+        throw new Error(`${path.join(dir, name)}: cannot keep its owner (uid ${owner.uid}, gid ${owner.gid}): ${(e as Error).message}`);
+      }
+    }
     fs.fchmodSync(fd, mode);
     fs.fsyncSync(fd);
   } catch (e) {
@@ -89,47 +105,66 @@ function readIf(file: string): Buffer | undefined {
   }
 }
 
+/**
+ * The directory as libcni's ConfFiles lists it: every entry with a CNI extension that is not a directory
+ * (a link counts, even to a directory or to nothing: the runtime then fails to read it, and so do we).
+ */
 export function readConfDir(dir: string): DirFile[] {
-  let names: string[];
+  let entries: fs.Dirent[];
   try {
-    names = fs.readdirSync(dir);
+    entries = fs.readdirSync(dir, { withFileTypes: true });
   } catch (e) {
     if ((e as NodeJS.ErrnoException).code === 'ENOENT') return [];
     throw e;
   }
   const out: DirFile[] = [];
-  for (const name of names) {
-    if (!isConfName(name)) continue;
-    let st: fs.Stats;
+  for (const e of runtimeFiles(entries)) {
+    if (e.isDirectory()) continue;
     try {
-      st = fs.statSync(path.join(dir, name));
-    } catch {
-      continue; // gone between readdir and stat
+      out.push({ name: e.name, bytes: fs.readFileSync(path.join(dir, e.name)) });
+    } catch (err) {
+      const code = (err as NodeJS.ErrnoException).code ?? (err as Error).message;
+      // Gone between readdir and read: the runtime's next load will not see it either.
+      if (code === 'ENOENT' && !isLink(path.join(dir, e.name))) continue;
+      out.push({ name: e.name, bytes: Buffer.alloc(0), readError: code });
     }
-    if (!st.isFile()) continue;
-    const bytes = readIf(path.join(dir, name));
-    if (bytes) out.push({ name, bytes });
   }
   return out;
 }
 
-/** The configuration the runtime uses now (ours included): the first valid one in name order. */
-export function runtimeChoice(files: DirFile[]): DirFile | undefined {
-  const sorted = files.filter((f) => isConfName(f.name)).sort((a, b) => Buffer.compare(Buffer.from(a.name), Buffer.from(b.name)));
-  return sorted.find((f) => parseConf(f.name, f.bytes).ok);
+function isLink(file: string): boolean {
+  try {
+    return fs.lstatSync(file).isSymbolicLink();
+  } catch {
+    return false;
+  }
 }
 
-/** Ready: the configuration the runtime uses chains tether, and every executable is in place. */
-export function readiness(netDir: string, binDir?: string): { ready: boolean; why: string } {
-  const choice = runtimeChoice(readConfDir(netDir));
-  if (!choice) return { ready: false, why: `no CNI configuration in ${netDir}` };
-  if (!holdsTether(choice.bytes)) return { ready: false, why: `${choice.name} (the runtime's choice) does not chain tether` };
+/**
+ * Ready: the network `runtime` loads from `netDir` runs tether after its primary plugin at a version
+ * tether speaks, and every executable is in place. Otherwise the file and the reason, as the runtime
+ * would give them.
+ */
+export function readiness(netDir: string, binDir?: string, runtime: Runtime = 'containerd'): { ready: boolean; why: string } {
+  const r = runtimeLoad(readConfDir(netDir), runtime);
+  const skipped = r.skipped.length ? ` (${runtime} skips ${r.skipped.map((s) => `${s.file}: ${s.why}`).join('; ')})` : '';
+  if (r.failed) return { ready: false, why: `containerd loads no network: ${r.failed.error}` };
+  const l = r.loaded;
+  if (!l) return { ready: false, why: `no CNI configuration in ${netDir} that ${runtime} loads${skipped}` };
+  if (!l.plugins.some((p) => p.type === 'tether')) {
+    // Say why the installer will not chain it, when that is the reason.
+    const version = versionProblem(l);
+    return { ready: false, why: `${l.file} (the runtime's choice) does not chain tether${version ? `: ${version}` : ''}${skipped}` };
+  }
+  if (!chainsTether(l)) return { ready: false, why: `${l.file} (the runtime's choice) holds tether, but not as the last plugin after a primary (${l.plugins.map((p) => p.type).join(', ')})` };
+  const version = versionProblem(l);
+  if (version) return { ready: false, why: version };
   if (binDir) {
     for (const name of EXECUTABLES) {
       if (!fs.existsSync(path.join(binDir, name))) return { ready: false, why: `${path.join(binDir, name)} is missing` };
     }
   }
-  return { ready: true, why: `${choice.name} chains tether` };
+  return { ready: true, why: `${l.file} chains tether (${runtime} loads ${l.plugins.map((p) => p.type).join(' → ')})${skipped}` };
 }
 
 export class Installer {
@@ -219,9 +254,11 @@ export class Installer {
   /** Chains tether into the primary as it is now; waits (returns 'waiting') when there is none. */
   reconcileConfig(): Outcome {
     const files = readConfDir(this.o.netDir);
-    const { primary, skipped } = pickPrimary(files);
+    const { primary, why, skipped } = pickPrimary(files, this.o.runtime ?? 'containerd');
     const state = this.loadState();
-    if (!primary) return { state: 'waiting', skipped };
+    if (!primary) return { state: 'waiting', why: why!, skipped };
+    const refused = versionProblem(primary.list);
+    if (refused) return { state: 'waiting', why: `tether is not chained: ${refused}`, refused: true, skipped };
     const ins = insertEntry(primary, this.entry);
     const current = files.find((f) => f.name === ins.target)?.bytes;
     let wrote = false;
@@ -233,7 +270,8 @@ export class Installer {
       const original = ownFile ? null : prev && current && sha256(current) === prev.written ? prev.original : (current ?? Buffer.alloc(0)).toString('base64');
       state.files[ins.target] = { original, written: sha256(ins.bytes) };
       this.saveState(state); // before the write: a crash in between still knows the original
-      writeAtomic(this.o.netDir, ins.target, ins.bytes);
+      // Our own list beside a .conf takes the .conf's mode and owner: it holds the .conf's whole text.
+      this.writeConfig(ins.target, ins.bytes, primary.name);
       wrote = true;
       this.o.log.info(current ? 'chained tether into the CNI configuration' : 'wrote the chained CNI configuration', {
         file: path.join(this.o.netDir, ins.target), primary: primary.name,
@@ -255,6 +293,31 @@ export class Installer {
     }
     if (changed) this.saveState(state);
     return { state: 'installed', primary: primary.name, target: ins.target, wrote };
+  }
+
+  /**
+   * Writes a configuration file atomically with the mode and owner of `like` (a file in the directory),
+   * through a symbolic link when `name` is one: the link stays, the file it points to gets the bytes.
+   */
+  private writeConfig(name: string, bytes: Buffer, like: string): void {
+    let [dir, base] = [this.o.netDir, name];
+    const file = path.join(this.o.netDir, name);
+    if (isLink(file)) {
+      const real = fs.realpathSync(file);
+      [dir, base] = [path.dirname(real), path.basename(real)];
+    }
+    let st: fs.Stats | undefined;
+    try {
+      st = fs.statSync(path.join(this.o.netDir, like));
+    } catch {
+      st = undefined; // the primary went away meanwhile: a new file gets the usual 0644 root
+    }
+    try {
+      writeAtomic(dir, base, bytes, st ? st.mode & 0o7777 : 0o644, undefined, st ? { uid: st.uid, gid: st.gid } : undefined);
+    } catch (e) {
+      const via = dir === this.o.netDir ? '' : ` (through the link ${file})`;
+      throw new Error(`cannot write ${path.join(dir, base)}${via}: ${(e as Error).message}`);
+    }
   }
 
   private removeOwn(name: string, why: string): void {
@@ -282,7 +345,7 @@ export class Installer {
       restored = removeEntry(current); // rewritten by someone since: take out only our entry
     }
     if (!restored || restored.equals(current)) return;
-    writeAtomic(this.o.netDir, name, restored);
+    this.writeConfig(name, restored, name);
     this.o.log.info('took tether out of the CNI configuration', { file, restored: sha256(current) === rec.written ? 'original bytes' : 'entry removed' });
   }
 

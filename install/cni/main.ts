@@ -102,7 +102,8 @@ export function watch(opts: InstallerOptions, intervalMs = 5000): Watching {
       const out = inst.reconcile();
       if (out.state === 'waiting') {
         // A refusal or a directory the runtime cannot load needs someone to act: say so loudly, once.
-        if (!waitingLogged) (out.refused || /loads no network/.test(out.why) ? log.error : log.info).call(log, 'waiting for a primary CNI configuration', { netDir: opts.netDir, why: out.why, skipped: out.skipped });
+        const level = out.refused || /loads no network/.test(out.why) ? 'error' : 'info';
+        if (!waitingLogged) log.log(level, 'waiting for a primary CNI configuration', { netDir: opts.netDir, why: out.why, skipped: out.skipped });
         waitingLogged = true;
       } else {
         waitingLogged = false;

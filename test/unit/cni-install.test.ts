@@ -10,7 +10,8 @@ import * as fs from 'node:fs';
 import * as os from 'node:os';
 import * as path from 'node:path';
 import { makeLogger } from '../../daemon/log';
-import { insertEntry, parseConf, pickPrimary } from '../../install/cni/conflist';
+import { insertEntry, pickPrimary } from '../../install/cni/conflist';
+import { loadFile } from '../../install/cni/libcni';
 import { Installer, readiness, type InstallerOptions } from '../../install/cni/installer';
 import { watch } from '../../install/cni/main';
 import { waitFor } from '../lib/wait';
@@ -64,10 +65,10 @@ function withDirs(fixture: string | undefined, body: (d: Dirs) => Promise<void> 
   };
 }
 
-test('the primary is the file the runtime would pick: sorted, unparsable, typeless, empty and list-in-.conf files skipped', () => {
+test('the primary is the file the runtime would pick: CRI-O passes over what libcni cannot load, containerd stops there', () => {
   const f = (name: string, s: string) => ({ name, bytes: Buffer.from(s) });
-  const r = pickPrimary([
-    f('30-last.conflist', '{"name":"z","plugins":[{"type":"ptp"}]}'),
+  const files = [
+    f('30-last.conflist', '{"name":"z","cniVersion":"1.0.0","plugins":[{"type":"ptp"}]}'),
     f('00-broken.conf', '{"name":'),
     f('01-notype.conf', '{"name":"n"}'),
     f('02-empty.conflist', '{"name":"e","plugins":[]}'),
@@ -78,27 +79,49 @@ test('the primary is the file the runtime would pick: sorted, unparsable, typele
     f('10-bridge-tether.conflist', '{"name":"b","plugins":[{"type":"bridge"},{"type":"tether"}]}'),
     f('10-bridge.conf', '{"name":"b","type":"bridge"}'),
     f('20-ptp.conflist', '{"name":"p","plugins":[{"type":"ptp"}]}'),
-  ]);
-  assert.is(r.primary?.name, '10-bridge.conf');
-  assert.equal(r.skipped.map((s) => s.name), ['00-broken.conf', '01-notype.conf', '02-empty.conflist', '03-list.conf', '04-ours.conflist']);
-  assert.match(r.skipped[3].why, /list in a single-plugin file/);
-  assert.is(pickPrimary([f('00-broken.conf', '{')]).primary, undefined);
+  ];
+  const crio = pickPrimary(files, 'crio');
+  assert.is(crio.primary?.name, '10-bridge.conf');
+  assert.equal(crio.skipped.map((s) => s.name), ['00-broken.conf', '01-notype.conf', '02-empty.conflist', '03-list.conf', '04-ours.conflist', '10-bridge-tether.conflist']);
+  assert.is(crio.skipped[3].why, "failed to load CNI config file 03-list.conf: error parsing configuration: missing 'type'");
+  const containerd = pickPrimary(files, 'containerd');
+  assert.is(containerd.primary, undefined, 'containerd loads nothing: the first file fails the directory');
+  assert.is(containerd.why, 'containerd loads no network: failed to load CNI config file 00-broken.conf: error parsing configuration: unexpected end of JSON input');
+  assert.is(pickPrimary([f('00-broken.conf', '{')], 'crio').primary, undefined);
 });
 
-test('a single-plugin primary becomes a list in a file of ours that sorts just before it and keeps the network name', () => {
-  const primary = { name: '10-flannel.conf', bytes: Buffer.from(''), parsed: parseConf('10-flannel.conf', Buffer.from('{"cniVersion":"0.3.1","name":"cbr0","type":"flannel"}')) as never };
-  const ins = insertEntry(primary, { type: 'tether' });
+test('fields libcni reads as Go does: "Type" is the type, a numeric cniVersion or string disableCheck fails the file', () => {
+  const f = (name: string, s: string) => loadFile({ name, bytes: Buffer.from(s) });
+  const typeCap = f('10-a.conf', '{"cniVersion":"0.3.1","Name":"n","Type":"bridge"}');
+  assert.ok(typeCap.ok && typeCap.value.plugins[0].type === 'bridge' && typeCap.value.name === 'n');
+  assert.ok(f('10-a.conflist', '{"cniVersion":"1.0.0","name":"","plugins":[{"type":"ptp"}]}').ok, '"name": "" loads');
+  const num = f('10-a.conflist', '{"cniVersion":0.3,"name":"x","plugins":[{"type":"ptp"}]}');
+  assert.is(!num.ok && num.error, 'failed to load CNI config list file 10-a.conflist: error parsing configuration list: invalid cniVersion type float64');
+  const dc = f('10-a.conflist', '{"cniVersion":"1.0.0","name":"x","disableCheck":"true","plugins":[{"type":"ptp"}]}');
+  assert.is(!dc.ok && dc.error, 'failed to load CNI config list file 10-a.conflist: error parsing configuration list: invalid disableCheck type string');
+});
+
+test('a single-plugin primary becomes a list in a file of ours that sorts just before it, holding the original text verbatim', () => {
+  const text = '{"cniVersion":"0.3.1","name":"cbr0","type":"flannel","n":123456789012345678}\n';
+  const l = loadFile({ name: '10-flannel.conf', bytes: Buffer.from(text) });
+  assert.ok(l.ok);
+  const ins = insertEntry({ name: '10-flannel.conf', bytes: Buffer.from(text), list: l.value }, { type: 'tether' });
   assert.is(ins.target, '10-flannel-tether.conflist');
   assert.ok(Buffer.compare(Buffer.from(ins.target), Buffer.from('10-flannel.conf')) < 0, 'sorts before the original');
-  assert.equal(JSON.parse(ins.bytes.toString()), { cniVersion: '0.3.1', name: 'cbr0', plugins: [{ cniVersion: '0.3.1', name: 'cbr0', type: 'flannel' }, { type: 'tether' }] });
-  assert.ok(parseConf(ins.target, ins.bytes).ok, 'the runtime loads it');
+  assert.ok(ins.bytes.includes(text.trim()), 'the original text, byte for byte');
+  const chained = loadFile({ name: ins.target, bytes: ins.bytes });
+  assert.ok(chained.ok, 'the runtime loads it');
+  assert.equal([chained.value.name, chained.value.cniVersion, chained.value.plugins.map((p) => p.type)], ['cbr0', '0.3.1', ['flannel', 'tether']]);
 });
 
 for (const c of CASES) {
   test(`${c}: golden result, idempotent, reversible byte for byte`, withDirs(c, (d) => {
     const before = snapshot(d.netDir);
+    // CRI-O's rules, under which every fixture has a primary (under containerd's, calico, debian-ptp and
+    // flannel-conf load nothing: cni-install-libcni.test.ts checks both against libcni).
+    d.runtime = 'crio';
     const out = new Installer(d).reconcile();
-    assert.is(out.state, 'installed');
+    assert.is(out.state, 'installed', JSON.stringify(out));
     const after = snapshot(d.netDir);
     const goldenDir = path.join(FIXTURES, c, 'out');
     if (process.env.UPDATE_GOLDEN) {
@@ -111,7 +134,7 @@ for (const c of CASES) {
       if (!(n in after)) assert.unreachable(`${n} was renamed or deleted`);
       if (out.state === 'installed' && n !== out.target) assert.is(after[n], s, `${n} is not ours to change`);
     }
-    assert.ok(readiness(d.netDir, d.binDir).ready, readiness(d.netDir, d.binDir).why);
+    assert.ok(readiness(d.netDir, d.binDir, 'crio').ready, readiness(d.netDir, d.binDir, 'crio').why);
     assert.is(fs.readFileSync(path.join(d.binDir, 'tether'), 'utf8'), fs.readFileSync(path.join(d.srcBinDir!, 'tether'), 'utf8'));
     assert.is(fs.statSync(path.join(d.binDir, 'tether')).mode & 0o777, 0o755);
     assert.is(fs.readlinkSync(path.join(d.binDir, 'tether-ipam')), 'tether', 'tether-ipam is tether under its own name');
@@ -139,6 +162,7 @@ for (const c of CASES) {
 }
 
 test('a reader looping on the directory during installs and uninstalls never sees an unparsable file', withDirs('calico', async (d) => {
+  d.runtime = 'crio'; // the calico fixture's broken files would stop containerd before 10-calico.conflist
   // Runtimes parse every .conf/.conflist/.json: this one does so as fast as it can, in another process.
   const reader = spawn(process.execPath, ['-e', `
     const fs = require('fs'), path = require('path'); const dir = process.argv[1];
@@ -179,6 +203,7 @@ test('a reader looping on the directory during installs and uninstalls never see
 }));
 
 test('watch: a primary rewritten by its agent gets tether back; a renamed primary moves tether with it; a deleted executable is reinstalled', withDirs('flannel-conf', async (d) => {
+  d.runtime = 'crio'; // 01-list-in-conf.conf fails containerd's whole directory
   const w = watch(d, 1000);
   try {
     const first = await w.installed;
@@ -188,18 +213,18 @@ test('watch: a primary rewritten by its agent gets tether back; a renamed primar
     const conf = JSON.parse(fs.readFileSync(path.join(d.netDir, '10-flannel.conf'), 'utf8'));
     conf.delegate.mtu = 1400;
     fs.writeFileSync(path.join(d.netDir, '10-flannel.conf'), JSON.stringify(conf));
-    await waitFor(() => fs.readFileSync(ours, 'utf8').includes('"mtu": 1400'), 'our list follows the rewritten .conf', { timeoutMs: 10_000 });
+    await waitFor(() => /"mtu":\s*1400/.test(fs.readFileSync(ours, 'utf8')), 'our list follows the rewritten .conf', { timeoutMs: 10_000 });
     // Its agent replaces the .conf by a .conflist (istio/cni#85): tether goes into the new primary, our own
     // list goes away, and the agent's files are left as it made them.
     const list = { name: 'cbr0', cniVersion: '0.3.1', plugins: [{ type: 'flannel', delegate: { isDefaultGateway: true } }, { type: 'portmap', capabilities: { portMappings: true } }] };
     fs.writeFileSync(path.join(d.netDir, '10-flannel.conflist'), JSON.stringify(list));
     fs.rmSync(path.join(d.netDir, '10-flannel.conf'));
     const newPrimary = path.join(d.netDir, '10-flannel.conflist');
-    await waitFor(() => /"type": "tether"/.test(fs.readFileSync(newPrimary, 'utf8')) && !fs.existsSync(ours), 'tether chained into the new primary', { timeoutMs: 10_000 });
+    await waitFor(() => /"type":\s*"tether"/.test(fs.readFileSync(newPrimary, 'utf8')) && !fs.existsSync(ours), 'tether chained into the new primary', { timeoutMs: 10_000 });
     assert.equal(JSON.parse(fs.readFileSync(newPrimary, 'utf8')).plugins.map((p: { type: string }) => p.type), ['flannel', 'portmap', 'tether']);
     // Its agent rewrites the list without us (as Cilium does on every restart).
     fs.writeFileSync(newPrimary, JSON.stringify(list));
-    await waitFor(() => readiness(d.netDir, d.binDir).ready, 'tether chained again', { timeoutMs: 10_000 });
+    await waitFor(() => readiness(d.netDir, d.binDir, 'crio').ready, 'tether chained again', { timeoutMs: 10_000 });
     // Someone deletes our executables.
     fs.rmSync(path.join(d.binDir, 'tether'));
     fs.rmSync(path.join(d.binDir, 'tether-ipam'));
@@ -214,7 +239,8 @@ test('watch: a primary rewritten by its agent gets tether back; a renamed primar
   assert.is(fs.readFileSync(path.join(d.netDir, '10-flannel.conflist'), 'utf8'), JSON.stringify({ name: 'cbr0', cniVersion: '0.3.1', plugins: [{ type: 'flannel', delegate: { isDefaultGateway: true } }, { type: 'portmap', capabilities: { portMappings: true } }] }));
 }));
 
-test('no primary yet: install waits, then inserts when the primary appears', withDirs(undefined, async (d) => {
+test('no primary yet (CRI-O): install waits, then inserts when the primary appears beside a broken file', withDirs(undefined, async (d) => {
+  d.runtime = 'crio';
   fs.writeFileSync(path.join(d.netDir, '00-broken.conflist'), '{"name": "x", "plugins": [');
   const w = watch(d, 1000);
   try {
@@ -222,15 +248,92 @@ test('no primary yet: install waits, then inserts when the primary appears', wit
     void w.installed.then(() => (done = true));
     await new Promise((r) => setTimeout(r, 300));
     assert.not.ok(done, 'nothing to chain into yet');
-    assert.not.ok(readiness(d.netDir).ready);
+    assert.not.ok(readiness(d.netDir, undefined, 'crio').ready);
     assert.equal(fs.readdirSync(d.netDir), ['00-broken.conflist'], 'nothing written while waiting');
     fs.copyFileSync(path.join(FIXTURES, 'debian-bridge/in/10-bridge.conf'), path.join(d.netDir, '10-bridge.conf'));
     const out = await w.installed;
     assert.is(out.state === 'installed' && out.target, '10-bridge-tether.conflist');
-    assert.ok(readiness(d.netDir, d.binDir).ready);
+    assert.ok(readiness(d.netDir, d.binDir, 'crio').ready);
+    assert.not.ok(readiness(d.netDir, d.binDir, 'containerd').ready, 'containerd would still stop at the broken file');
   } finally {
     await w.stop();
   }
+}));
+
+test('containerd: a broken file before the primary — not ready naming it, nothing written, chained once it is fixed', withDirs('calico', async (d) => {
+  const lines: string[] = [];
+  const { createLogger, transports } = await import('winston');
+  const { Writable } = await import('node:stream');
+  d.log = createLogger({ level: 'info', transports: [new transports.Stream({ stream: new Writable({ write(c, _e, cb) { lines.push(String(c)); cb(); } }) })] });
+  const before = snapshot(d.netDir);
+  const r = readiness(d.netDir, d.binDir, 'containerd');
+  assert.not.ok(r.ready);
+  assert.is(r.why, "containerd loads no network: failed to load CNI config file 05-no-type.conf: error parsing configuration: missing 'type'");
+  const w = watch(d, 500);
+  try {
+    await waitFor(() => lines.some((l) => l.includes('05-no-type.conf')), 'the reason logged', { timeoutMs: 5000 });
+    assert.ok(lines.some((l) => /"level":"error"/.test(l) && l.includes("missing 'type'")), lines.join(''));
+    assert.equal(snapshot(d.netDir), before, 'nothing written while containerd loads nothing');
+    fs.rmSync(path.join(d.netDir, '05-no-type.conf'));
+    await new Promise((res) => setTimeout(res, 700));
+    assert.match(readiness(d.netDir, d.binDir, 'containerd').why, /06-empty\.conflist: error parsing configuration list: no plugins in list/);
+    fs.rmSync(path.join(d.netDir, '06-empty.conflist'));
+    const out = await w.installed;
+    assert.is(out.state === 'installed' && out.target, '10-calico.conflist');
+    const ready = readiness(d.netDir, d.binDir, 'containerd');
+    assert.ok(ready.ready, ready.why);
+  } finally {
+    await w.stop();
+  }
+}));
+
+test('a primary below CNI 0.3.1 is refused, visibly: not ready with the reason, logged, nothing written', withDirs(undefined, (d) => {
+  for (const [text, re] of [
+    ['{"name":"podnet","type":"bridge"}', /10-bridge\.conf has no cniVersion: libcni runs it as CNI 0\.1\.0/],
+    ['{"cniVersion":"0.2.0","name":"podnet","type":"bridge"}', /10-bridge\.conf has cniVersion "0\.2\.0", older than chained plugins/],
+  ] as const) {
+    fs.writeFileSync(path.join(d.netDir, '10-bridge.conf'), text);
+    const out = new Installer(d).reconcile();
+    assert.ok(out.state === 'waiting' && out.refused, JSON.stringify(out));
+    assert.match(out.state === 'waiting' ? out.why : '', re);
+    assert.equal(fs.readdirSync(d.netDir), ['10-bridge.conf'], 'nothing written');
+    const r = readiness(d.netDir, d.binDir);
+    assert.not.ok(r.ready);
+    assert.match(r.why, re);
+  }
+}));
+
+test('a rewritten primary keeps its mode, owner and symbolic link; uninstall gives the bytes back', withDirs(undefined, (d) => {
+  const real = path.join(d.root, 'agent');
+  fs.mkdirSync(real);
+  const text = '{"cniVersion":"1.0.0","name":"podnet","plugins":[{"type":"ptp","mtu":123456789012345678}]}';
+  fs.writeFileSync(path.join(real, 'ptp.conflist'), text, { mode: 0o600 });
+  fs.chmodSync(path.join(real, 'ptp.conflist'), 0o600);
+  fs.chownSync(path.join(real, 'ptp.conflist'), 1000, 1000);
+  fs.symlinkSync(path.join(real, 'ptp.conflist'), path.join(d.netDir, '10-ptp.conflist'));
+  // And a .conf of the same kind: our list beside it takes its mode and owner (it holds its whole text).
+  fs.writeFileSync(path.join(d.netDir, '20-bridge.conf'), '{"cniVersion":"1.0.0","name":"b","type":"bridge"}', { mode: 0o640 });
+  fs.chownSync(path.join(d.netDir, '20-bridge.conf'), 1000, 1001);
+  const out = new Installer(d).reconcile();
+  assert.is(out.state === 'installed' && out.target, '10-ptp.conflist');
+  assert.ok(fs.lstatSync(path.join(d.netDir, '10-ptp.conflist')).isSymbolicLink(), 'still a link');
+  const st = fs.statSync(path.join(real, 'ptp.conflist'));
+  assert.equal([st.mode & 0o777, st.uid, st.gid], [0o600, 1000, 1000]);
+  const after = fs.readFileSync(path.join(real, 'ptp.conflist'), 'utf8');
+  assert.is(after, text.replace(']}', ', {"type":"tether","socketPath":"/run/tether/tetherd.sock"}]}'));
+  assert.equal(fs.readdirSync(real), ['ptp.conflist'], 'no temp file left beside the target');
+  assert.ok(readiness(d.netDir, d.binDir).ready);
+  new Installer({ ...d, srcBinDir: undefined }).uninstall();
+  assert.is(fs.readFileSync(path.join(real, 'ptp.conflist'), 'utf8'), text);
+  assert.ok(fs.lstatSync(path.join(d.netDir, '10-ptp.conflist')).isSymbolicLink());
+  const st2 = fs.statSync(path.join(real, 'ptp.conflist'));
+  assert.equal([st2.mode & 0o777, st2.uid, st2.gid], [0o600, 1000, 1000]);
+
+  fs.rmSync(path.join(d.netDir, '10-ptp.conflist'));
+  const out2 = new Installer(d).reconcile();
+  assert.is(out2.state === 'installed' && out2.target, '20-bridge-tether.conflist');
+  const own = fs.statSync(path.join(d.netDir, '20-bridge-tether.conflist'));
+  assert.equal([own.mode & 0o777, own.uid, own.gid], [0o640, 1000, 1001]);
 }));
 
 test.run();
