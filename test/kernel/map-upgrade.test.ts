@@ -230,11 +230,12 @@ async function mapGone(id: number): Promise<boolean> {
 
 /** The old tetherd: its object loaded over <pinDir>/egress as it did (libbpf's own pinning), its filter on ifName. */
 function attachLegacySteer(t: Topology, ifName: string): () => void {
-  const obj = path.join(t.pinDir, 'fixture-egress-steer-v0.bpf.o');
-  execFileSync('clang', ['-O2', '-g', '-target', 'bpf', '-D__TARGET_ARCH_x86', '-Wall', '-Werror', `-I${path.join(root, 'bpf')}`, '-c', path.join(FIXTURE, 'egress-steer.bpf.c'), '-o', `/tmp/${path.basename(t.pinDir)}-v0.o`]);
+  // Compiled as bpf/build.sh does, against the running kernel's vmlinux.h that build.sh just wrote.
+  const objFile = `/tmp/${path.basename(t.pinDir)}-egress-steer-v0.bpf.o`;
+  execFileSync('clang', ['-O2', '-g', '-target', 'bpf', '-D__TARGET_ARCH_x86', '-Wall', '-Werror', `-I${path.join(root, 'bpf')}`, '-c', path.join(FIXTURE, 'egress-steer.bpf.c'), '-o', objFile]);
   const lib = libbpf();
-  const o = checkPtr(lib.bpf_object__open_file(`/tmp/${path.basename(t.pinDir)}-v0.o`, null), 'bpf_object__open_file', obj);
-  fs.rmSync(`/tmp/${path.basename(t.pinDir)}-v0.o`);
+  const o = checkPtr(lib.bpf_object__open_file(objFile, null), 'bpf_object__open_file', objFile);
+  fs.rmSync(objFile); // libbpf has read it
   ensureBpffs(path.join(t.pinDir, 'egress'));
   for (let m = lib.bpf_object__next_map(o, null); m; m = lib.bpf_object__next_map(o, m)) {
     const name = lib.bpf_map__name(m);
