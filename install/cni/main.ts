@@ -12,7 +12,8 @@ import * as fs from 'node:fs';
 import { parseArgs } from 'node:util';
 import type { Logger } from 'winston';
 import { makeLogger } from '../../daemon/log';
-import { Installer, readiness, type InstallerOptions, type Outcome } from './installer';
+import { Installer, readConfDir, readiness, type InstallerOptions, type Outcome } from './installer';
+import { holdsTether } from './conflist';
 import { RUNTIMES, type Runtime } from './libcni';
 import { cleanNode, tetherdAnswers } from './clean-node';
 import { holdTombstone, tombstoneState, uninstallInProgress, writeTombstone } from './tombstone';
@@ -99,7 +100,14 @@ export function watch(opts: InstallerOptions, intervalMs = 5000): Watching {
       }
       if (tombstoneLogged) log.info('uninstall tombstone gone: installing again', { stateDir: opts.stateDir });
       tombstoneLogged = false;
-      const out = inst.reconcile();
+      // Copying the executables can take a while (100 MB compared): look at the tombstone again right
+      // before the configuration is written, so an uninstall that started meanwhile is not undone.
+      if (opts.srcBinDir) inst.installExecutables();
+      if (keepOut(opts, log, false)) {
+        tombstoneLogged = true;
+        return schedule(intervalMs);
+      }
+      const out = inst.reconcileConfig();
       if (out.state === 'waiting') {
         // A refusal or a directory the runtime cannot load needs someone to act: say so loudly, once.
         const level = out.refused || /loads no network/.test(out.why) ? 'error' : 'info';
@@ -173,6 +181,25 @@ async function waitTetherdGone(socket: string, goneForMs: number, stop: Promise<
     await Promise.race([new Promise((r) => setTimeout(r, 500)), stop]);
   }
   return false;
+}
+
+/** How long a watch check that began before the tombstone may still write (it looks just before writing). */
+const SETTLE_MS = 1000;
+
+/**
+ * Takes tether out of the configuration and makes sure it stays out: a watch check already past its look
+ * at the tombstone can still write once, so look again after SETTLE_MS and take it out again if so.
+ */
+async function takeTetherOut(inst: Installer, opts: InstallerOptions, log: Logger): Promise<void> {
+  await new Promise((r) => setTimeout(r, SETTLE_MS));
+  for (let pass = 1; ; pass++) {
+    inst.uninstallConfig();
+    await new Promise((r) => setTimeout(r, SETTLE_MS));
+    const back = readConfDir(opts.netDir).filter((f) => holdsTether(f.bytes)).map((f) => f.name);
+    if (back.length === 0) return;
+    if (pass === 5) throw new Error(`tether keeps coming back into ${back.join(', ')}: something other than tether-install watch writes it`);
+    log.warn('uninstall: tether was put back by a check that started before the tombstone; taking it out again', { files: back });
+  }
 }
 
 function parse(argv: string[]) {
@@ -269,7 +296,7 @@ export async function main(argv: string[], logger?: Logger): Promise<number> {
       case 'uninstall':
         // The tombstone first: from here on no watch on this node puts tether back.
         writeTombstone(opts.stateDir, log);
-        new Installer({ ...opts, srcBinDir: undefined }).uninstallConfig();
+        await takeTetherOut(new Installer({ ...opts, srcBinDir: undefined }), opts, log);
         return 0;
       case 'clean-node': {
         const stop = untilSignal();
