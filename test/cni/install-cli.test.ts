@@ -3,12 +3,13 @@
 // probe needs, `uninstall` leaves the node as it was. tetherctl ready runs against a real tetherd.
 import { test } from 'uvu';
 import * as assert from 'uvu/assert';
-import { spawnSync } from 'node:child_process';
+import { spawn, spawnSync } from 'node:child_process';
 import * as fs from 'node:fs';
 import * as os from 'node:os';
 import * as path from 'node:path';
 import { BIN_DIR, bin } from '../lib/binaries';
 import { removeDaemonDir, startDaemon, type TestDaemon } from '../lib/daemon';
+import { waitFor } from '../lib/wait';
 
 const installer = path.join(BIN_DIR, 'tether-install');
 const BRIDGE = JSON.stringify({ cniVersion: '1.0.0', name: 'podnet', type: 'bridge', bridge: 'cni0', ipam: { type: 'host-local', subnet: '10.88.0.0/16' } }, null, 2);
@@ -35,11 +36,56 @@ test.after(async () => {
 test('tether-install --help and a bad command: usage; exit 0 and 2', () => {
   const h = run(installer, ['--help']);
   assert.is(h.status, 0, h.stderr);
-  assert.match(h.stdout, /usage: tether-install install\|watch\|uninstall\|ready\|sleep/);
+  assert.match(h.stdout, /usage: tether-install install\|watch\|uninstall\|.*ready/);
   assert.is(h.stderr, '');
   const bad = run(installer, ['reinstall']);
   assert.is(bad.status, 2);
   assert.match(bad.stderr, /usage: tether-install/);
+  assert.match(h.stdout, /--runtime containerd\|crio/);
+  const badRuntime = run(installer, ['ready', '--runtime=docker', `--net-dir=${root}`]);
+  assert.is(badRuntime.status, 2);
+  assert.match(badRuntime.stderr, /--runtime docker: must be one of containerd, crio/);
+});
+
+test('a file libcni cannot load before the primary: containerd loads nothing, so install writes nothing and says why; CRI-O skips it', async () => {
+  const net = path.join(root, 'broken.d');
+  const common = [`--net-dir=${net}`, `--bin-dir=${path.join(root, 'broken-bin')}`, `--state-dir=${path.join(root, 'broken-state')}`, `--src-bin-dir=${BIN_DIR}`];
+  fs.mkdirSync(net);
+  fs.writeFileSync(path.join(net, '05-no-type.conf'), '{"cniVersion":"1.0.0","name":"no-type"}');
+  fs.writeFileSync(path.join(net, '10-bridge.conf'), BRIDGE);
+  const why = "failed to load CNI config file 05-no-type.conf: error parsing configuration: missing 'type'";
+  const ready = run(installer, ['ready', ...common]);
+  assert.is(ready.status, 1);
+  assert.is(ready.stderr, `not ready: containerd loads no network: ${why}\n`);
+  // install waits for a primary; it logs why at error level and writes nothing until stopped.
+  const child = spawn(installer, ['install', '--check-interval=200', ...common], { stdio: ['ignore', 'ignore', 'pipe'] });
+  let err = '';
+  child.stderr!.on('data', (b) => (err += b));
+  await waitFor(() => err.includes('05-no-type.conf'), 'install logs the reason', { timeoutMs: 20_000 });
+  child.kill('SIGTERM');
+  const code = await new Promise((r) => child.on('exit', r));
+  assert.is(code, 1, 'stopped before anything was installed');
+  const line = JSON.parse(err.trim().split('\n').find((l) => l.includes('05-no-type.conf'))!) as { level: string; why: string };
+  assert.is(line.level, 'error');
+  assert.is(line.why, `containerd loads no network: ${why}`);
+  assert.equal(fs.readdirSync(net).sort(), ['05-no-type.conf', '10-bridge.conf'], 'nothing written');
+
+  const crio = run(installer, ['install', '--runtime=crio', ...common]);
+  assert.is(crio.status, 0, crio.stderr);
+  const ok = run(installer, ['ready', '--runtime=crio', ...common]);
+  assert.is(ok.status, 0, ok.stderr);
+  assert.match(ok.stdout, /^ready: 10-bridge-tether\.conflist chains tether \(crio loads bridge → tether\) \(crio skips 05-no-type\.conf: /);
+  assert.is(run(installer, ['ready', ...common]).status, 1, 'containerd would still load nothing');
+  assert.is(run(installer, ['uninstall', ...common]).status, 0);
+});
+
+test('a primary below CNI 0.3.1: ready says why tether is not chained', () => {
+  const net = path.join(root, 'old.d');
+  fs.mkdirSync(net);
+  fs.writeFileSync(path.join(net, '10-bridge.conf'), '{"cniVersion":"0.2.0","name":"podnet","type":"bridge"}');
+  const r = run(installer, ['ready', `--net-dir=${net}`, `--bin-dir=${path.join(root, 'old-bin')}`]);
+  assert.is(r.status, 1);
+  assert.match(r.stderr, /^not ready: 10-bridge\.conf \(the runtime's choice\) does not chain tether: 10-bridge\.conf has cniVersion "0\.2\.0", older than chained plugins/);
 });
 
 test('install, ready, uninstall with the real executables on a temporary node', () => {
@@ -73,7 +119,9 @@ test('install, ready, uninstall with the real executables on a temporary node', 
   const un = run(installer, ['uninstall', ...common]);
   assert.is(un.status, 0, un.stderr);
   assert.equal(fs.readdirSync(net), ['10-bridge.conf']);
-  assert.equal(fs.readdirSync(binDir), []);
+  // uninstall keeps the executables (a DEL of a pod created with tether still runs them); clean-node
+  // removes them once no such pod is left.
+  assert.equal(fs.readdirSync(binDir), ['tether', 'tether-ipam']);
 });
 
 test('tetherctl ready: false while tetherd does not answer or the conflist lacks tether, true with both', async () => {
