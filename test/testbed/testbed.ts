@@ -15,6 +15,8 @@ import { bpfDir, claimPrefix, leftovers, recordRedis, registerLive, runDir, swee
 import { CLIENT_SCRIPT, ProbeResult, SERVER_SCRIPT } from './probe';
 import { mustRun, nsenterArgv, run, RunOptions, RunResult } from './proc';
 import { binDir, ensureBpffs, ExitStatus, Tetherd, tetherBinariesPresent } from './tetherd';
+import { NodeRuntime } from '../lib/container/node-runtime';
+import { tetherdPodSpec, type PodSpec as ManifestPodSpec } from '../lib/container/pod-spec';
 import { addrOf, IpamMode, NodePlan, Plan, planPod, PodPlan, PodSpec, resolveTopology, TetherStepConfig, Topology } from './topology';
 
 /** Debian's reference plugins (ptp, bridge, host-local…); CNI_PLUGIN_DIR overrides. */
@@ -41,6 +43,11 @@ export interface UpOptions {
   keepLogs?: boolean;
   /** Skip removing stale runs of dead processes before building (default: sweep). */
   noSweep?: boolean;
+  /**
+   * Run every node's tetherd in the DaemonSet's container (install/'s pod spec, the image from
+   * install/image.sh, containerd + runc) instead of as a plain process. Default: TETHER_TESTBED_CONTAINERS=1.
+   */
+  containers?: boolean;
 }
 
 export class Testbed {
@@ -56,6 +63,8 @@ export class Testbed {
   private routeSync: Promise<void> = Promise.resolve();
   /** configSource 'kubernetes': the run's FAKE API server. */
   private fakeApi?: FakeApiServer;
+  /** containers: the runtime of the nodes' tetherd containers and the manifest's pod spec. */
+  private nodeRuntime?: { runtime: NodeRuntime; pod: ManifestPodSpec };
 
   private constructor(
     readonly plan: Plan,
@@ -88,6 +97,7 @@ export class Testbed {
       return tb;
     } catch (e) {
       if (tb) tb.isDown = true;
+      await tb?.nodeRuntime?.runtime.destroy();
       teardownRunSync(prefix, 1000);
       await tb?.testRedis?.stop();
       unregisterLive(prefix);
@@ -578,6 +588,12 @@ export class Testbed {
       else fs.writeFileSync(this.ipamConfigPath, JSON.stringify(this.ipamConfig(), null, 2) + '\n');
     }
     if (this.tetherEnabled) {
+      // Stand-in binaries (TETHER_BIN_DIR) are not in the image: only the real tetherd runs in its container.
+      if (this.opts.containers ?? (process.env.TETHER_TESTBED_CONTAINERS === '1' && !process.env.TETHER_BIN_DIR)) {
+        const runtime = new NodeRuntime();
+        this.nodeRuntime = { runtime, pod: tetherdPodSpec() };
+        await runtime.start();
+      }
       await Promise.all(plan.nodes.map((n) => this.startDaemon(n)));
     }
     // Nodes attach their pods in parallel, each node one pod at a time (as a kubelet would, roughly).
@@ -646,6 +662,7 @@ export class Testbed {
       ],
       logLevel: this.topology.tetherdLogLevel,
       readyTimeoutMs: this.topology.tetherdReadyTimeoutMs ?? 15_000,
+      container: this.nodeRuntime,
       paths: {
         socket: this.socketPath(n.name),
         stateDir: this.nodeDir(n.name, 'state'),
@@ -675,12 +692,15 @@ export class Testbed {
     this.isDown = true;
     if (this.opts.keepLogs || process.env.TETHER_TESTBED_KEEP_LOGS === '1') this.copyLogs();
     for (const c of this.children) c.kill('SIGKILL');
+    // Containers first (SIGKILL through containerd, as the plain tetherds are killed by the teardown).
+    const rtLeft = (await this.nodeRuntime?.runtime.destroy()) ?? [];
     await this.sentinelSet?.stop();
     await this.fakeApi?.close();
     const left = teardownRunSync(this.prefix);
     await this.testRedis?.stop(); // teardown killed it already; this drops the helper's exit hook
     unregisterLive(this.prefix);
     if (left.length > 0) throw new Error(`testbed ${this.prefix} teardown left: ${left.join(', ')}`);
+    if (rtLeft.length > 0) throw new Error(`testbed ${this.prefix} node containers left: ${rtLeft.join(', ')}`);
   }
 
   /** Where keepLogs copies the logs to. */

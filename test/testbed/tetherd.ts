@@ -4,6 +4,8 @@ import { ChildProcess, spawn } from 'node:child_process';
 import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { nsenterArgv, run, sleep } from './proc';
+import type { NodeContainer, NodeRuntime } from '../lib/container/node-runtime';
+import { containerOf, type PodSpec } from '../lib/container/pod-spec';
 
 /** Where tether, tetherd and tetherctl live (TETHER_BIN_DIR overrides <repo>/dist/bin); read at each use. */
 export function binDir(): string {
@@ -29,7 +31,12 @@ export interface TetherdOptions {
   extraArgs?: string[];
   logLevel?: string;
   readyTimeoutMs: number;
+  /** Run tetherd in the DaemonSet's container (the manifest's pod spec) on this runtime, not as a plain process. */
+  container?: { runtime: NodeRuntime; pod: PodSpec };
 }
+
+/** Flags of the manifest's command that need a cluster (its service account, Secrets): the testbed gives its own. */
+const CLUSTER_ONLY_FLAGS = ['--kubernetes', '--cluster-key-secret', '--node-name', '--node-address', '--cni-net-dir'];
 
 export interface ExitStatus {
   code: number | null;
@@ -38,16 +45,24 @@ export interface ExitStatus {
 
 export class Tetherd {
   private child?: ChildProcess;
+  private box?: NodeContainer;
   private exited?: Promise<ExitStatus>;
 
   constructor(readonly opts: TetherdOptions) {}
 
   get pid(): number | undefined {
+    if (this.box) return this.box.pid;
     return this.running ? this.child?.pid : undefined;
   }
 
   get running(): boolean {
+    if (this.box) return this.box.running;
     return this.child !== undefined && this.child.exitCode === null && this.child.signalCode === null;
+  }
+
+  /** The container tetherd runs in (undefined when it runs as a plain process). */
+  get container(): NodeContainer | undefined {
+    return this.box;
   }
 
   /** Starts tetherd and resolves once it answers ping; rejects with the log's tail if it dies or times out. */
@@ -67,6 +82,11 @@ export class Tetherd {
       ...(this.opts.redis ? ['--redis', this.opts.redis.url, '--redis-prefix', this.opts.redis.prefix] : []),
       ...(this.opts.extraArgs ?? []),
     ];
+    if (this.opts.container) {
+      this.startContainer(argv);
+      await this.waitReady();
+      return;
+    }
     const fd = fs.openSync(paths.log, 'a');
     fs.writeSync(fd, `# ${new Date().toISOString()} testbed: starting ${argv.join(' ')}\n`);
     // nsenter execs tetherd in place (no --fork), so the child's pid is tetherd's pid.
@@ -78,6 +98,57 @@ export class Tetherd {
     child.once('error', () => undefined); // surfaced by the readiness wait below
     if (child.pid !== undefined) fs.writeFileSync(paths.pidFile, String(child.pid));
     await this.waitReady();
+  }
+
+  /**
+   * The DaemonSet's tetherd container on this node: the manifest's security context, volumes and flags,
+   * with the node's own directories behind the hostPath volumes and the testbed's flags (node name and
+   * address, config file, store, key) in place of those that need a cluster.
+   */
+  private startContainer(argv: string[]): void {
+    const { runtime, pod } = this.opts.container!;
+    const { paths } = this.opts;
+    const spec = containerOf(pod, 'tetherd');
+    const cniDir = path.join(paths.stateDir, '..', 'cni-net.d');
+    fs.mkdirSync(cniDir, { recursive: true });
+    const nodeDirs: Record<string, string> = { 'run-tether': path.dirname(paths.socket), state: paths.stateDir, 'cni-net': cniDir };
+    const inContainer = new Map<string, string>(); // host dir → its path in the container
+    for (const m of spec.volumeMounts ?? []) if (nodeDirs[m.name]) inContainer.set(nodeDirs[m.name], m.mountPath);
+    const translate = (p: string): string | undefined => {
+      for (const [host, ctr] of inContainer) if (p === host || p.startsWith(`${host}/`)) return ctr + p.slice(host.length);
+      return undefined;
+    };
+    const extraDirs = new Set<string>();
+    const testbedArgs = argv.slice(1).map((a) => {
+      const unix = /^unix:\/\/(\/[^?]*)/.exec(a)?.[1];
+      if (unix) extraDirs.add(path.dirname(unix));
+      if (!a.startsWith('/')) return a;
+      const t = translate(a);
+      if (t !== undefined) return t;
+      if (!a.startsWith('/sys/fs/bpf/')) extraDirs.add(path.dirname(a));
+      return a;
+    });
+    const given = new Set(testbedArgs.filter((a) => a.startsWith('--')).map((a) => a.split('=')[0]));
+    const manifestFlags = spec.command.slice(1).filter((a) => {
+      const name = a.split('=')[0];
+      return !CLUSTER_ONLY_FLAGS.includes(name) && !given.has(name);
+    });
+    const log = paths.log;
+    fs.appendFileSync(log, `# ${new Date().toISOString()} testbed: starting in the DaemonSet's container: ${[spec.command[0], ...manifestFlags, ...testbedArgs].join(' ')}\n`);
+    this.box = runtime.run(`tetherd-${this.opts.node}`, {
+      pod,
+      container: spec,
+      nodeNetns: this.opts.nsPath,
+      hostPath: (volume, p) => {
+        const d = nodeDirs[volume] ?? p;
+        fs.mkdirSync(d, { recursive: true });
+        return d;
+      },
+      argv: [spec.command[0], ...manifestFlags, ...testbedArgs],
+      env: { NODE_NAME: this.opts.node, POD_NAMESPACE: 'tether-system' },
+      extraReadOnlyDirs: [...extraDirs].filter((d) => translate(d) === undefined),
+    }, log);
+    this.exited = this.box.exited;
   }
 
   private async waitReady(): Promise<void> {
@@ -99,6 +170,15 @@ export class Tetherd {
 
   /** Sends signal and resolves with how the process ended; resolves at once if it is not running. */
   async kill(signal: NodeJS.Signals = 'SIGKILL', timeoutMs = 5000): Promise<ExitStatus> {
+    if (this.box) {
+      const box = this.box;
+      if (!box.running) return box.exited;
+      box.kill(signal);
+      const st = await Promise.race([box.exited, sleep(timeoutMs).then(() => undefined)]);
+      if (st) return st;
+      box.kill('SIGKILL');
+      return box.exited;
+    }
     if (!this.running || !this.child) return (await this.exited) ?? { code: null, signal: null };
     this.child.kill(signal);
     const timeout = sleep(timeoutMs).then(() => undefined);
