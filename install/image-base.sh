@@ -16,6 +16,8 @@ PACKAGES=(libbpf1 nftables util-linux iproute2)
 SUITE=bookworm
 ARCH=${TETHER_IMAGE_ARCH:-$(dpkg --print-architecture)}
 SDE=${SOURCE_DATE_EPOCH:-0}
+# Exported so the tools that honour it (dpkg, shadow's pwconv) see the same value however this is called.
+export SOURCE_DATE_EPOCH=$SDE
 CACHE=${TETHER_IMAGE_CACHE:-/var/cache/tether-image}
 
 fail() { echo "image-base: $*" >&2; exit 1; }
@@ -89,9 +91,9 @@ rm -rf "$root"/tmp/* "$root"/var/tmp/* "$root"/run/*
 # The runtime provides hostname and resolv.conf; empty machine-id as systemd expects in images.
 : >"$root/etc/hostname"
 [ ! -e "$root/etc/machine-id" ] || : >"$root/etc/machine-id"
-# shadow's third field is the day the password last changed: the build day. Pin it to SOURCE_DATE_EPOCH.
-day=$((SDE / 86400))
-sed -i -E "s/^([^:]*:[^:]*:)[0-9]+:/\1$day:/" "$root/etc/shadow"
+# shadow's third field is the day the password last changed: the build day, or empty when pwconv saw
+# SOURCE_DATE_EPOCH=0. Empty (no password aging; every account here is locked) whichever way it ran.
+sed -i -E "s/^([^:]*:[^:]*:)[0-9]*:/\1:/" "$root/etc/shadow"
 mkdir -p "$root/usr/share/tether"
 cp "$work/packages.txt" "$root/usr/share/tether/base-packages.txt"
 
@@ -101,5 +103,9 @@ tar -C "$root" --sort=name --format=posix --numeric-owner \
   --mtime="@$SDE" -cf "$work/base.tar" .
 mv -f "$work/packages.txt" "${out%.tar}.packages"
 mv -f "$work/base.tar" "$out"
+# Bases of earlier keys (an older script or package list) are dead weight: keep only this one.
+for old in "$CACHE/base-$SUITE-$ARCH-"*.tar; do
+  [ "$old" = "$out" ] || rm -f "$old" "${old%.tar}.packages"
+done
 echo "image-base: $out ($(du -h "$out" | cut -f1), sha256 $(sha256sum "$out" | cut -c1-16), $(($(date +%s) - t0)) s)" >&2
 echo "$out"

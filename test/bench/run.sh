@@ -9,6 +9,8 @@ bash install/build.sh
 command -v conntrackd >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq conntrackd >/dev/null; }
 # The load balancer benchmark measures throughput with iperf3.
 command -v iperf3 >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq iperf3 >/dev/null; }
+# The image's size (and build time): builds dist/image/tether.oci.tar as the tests do.
+node_modules/.bin/tsx test/bench/image.ts
 node_modules/.bin/tsx test/bench/cni-latency.ts
 node_modules/.bin/tsx test/bench/cri.ts
 node_modules/.bin/tsx test/bench/ipam.ts
