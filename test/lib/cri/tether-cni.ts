@@ -29,6 +29,11 @@ export interface NodeCniOptions {
   tetherdSocket?: string;
   /** More fields of tether's conflist entry (e.g. deleteQueueDir for a tetherd with its own state dir). */
   tetherEntry?: Record<string, unknown>;
+  /**
+   * The primary's IPAM instead of host-local (e.g. `{type: 'tether-ipam', pool, socketPath, deleteQueueDir}`):
+   * written into the ptp entry as a network add-on using tetherd's pools would. host-local stays unused.
+   */
+  ipam?: Record<string, unknown>;
 }
 
 export function prepareNodeCni(o: NodeCniOptions): NodeCni {
@@ -45,7 +50,7 @@ export function prepareNodeCni(o: NodeCniOptions): NodeCni {
   const primary = {
     cniVersion: '1.0.0',
     name: NETWORK_NAME,
-    plugins: [{ type: 'ptp', ipMasq: false, ipam: { type: 'host-local', dataDir: ipamDir, ranges: [[{ subnet: o.subnet }]], routes: [{ dst: '0.0.0.0/0' }] } }],
+    plugins: [{ type: 'ptp', ipMasq: false, ipam: o.ipam ?? { type: 'host-local', dataDir: ipamDir, ranges: [[{ subnet: o.subnet }]], routes: [{ dst: '0.0.0.0/0' }] } }],
   };
   fs.writeFileSync(path.join(confDir, '10-ptp.conflist'), JSON.stringify(primary, null, 2));
   if (o.tetherdSocket) {
