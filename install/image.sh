@@ -26,7 +26,8 @@ for f in dist/bin/tetherd dist/bin/tether; do [ -x "$f" ] || fail "$f is missing
 ls dist/bpf/*.o >/dev/null 2>&1 || fail "dist/bpf holds no eBPF objects (install/build.sh compiles them)"
 
 base_tar=$(bash install/image-base.sh)
-base_key=$(basename "$base_tar" .tar)
+# The tarball's key and its content hash: TETHER_IMAGE_REBUILD_BASE=1 changes the content under one key.
+base_key="$(basename "$base_tar" .tar)-$(sha256sum "$base_tar" | cut -c1-12)"
 
 # buildah gets its own storage and configuration under the cache: nothing is shared with other buildah
 # users on the machine, and its network configuration (buildah would otherwise create cni.lock in
@@ -58,6 +59,8 @@ if [ "$have" != "$base_key" ]; then
   bh config --env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
     --label "io.tether.base=$base_key" --created-by "install/image-base.sh ($base_key)" "$ctr"
   bh commit --quiet --timestamp "$SOURCE_DATE_EPOCH" --rm "$ctr" "$BASE" >/dev/null
+  # The base it replaces (now untagged) would otherwise stay in the cache's storage for good.
+  bh rmi --prune >/dev/null 2>&1 || true
   echo "image: imported $base_key as $BASE"
 fi
 
