@@ -86,6 +86,27 @@ function ourNetns(): string[] {
     });
 }
 
+function isMountPoint(p: string): boolean {
+  return fs
+    .readFileSync('/proc/self/mountinfo', 'utf8')
+    .split('\n')
+    .some((l) => l.split(' ')[4] === p);
+}
+
+/** /run/netns/cni-* files made since `since` that are no netns at all (nothing mounted on them). */
+function deadNetnsFiles(since: Set<string>): string[] {
+  return cniNetnsNames()
+    .filter((n) => !since.has(n))
+    .map((n) => `/run/netns/${n}`)
+    .filter((p) => {
+      try {
+        return fs.statSync(p).isFile() && !isMountPoint(p);
+      } catch {
+        return false;
+      }
+    });
+}
+
 /** Empty netns a test proved to be its own (created in its window, by its containerd): sweep() removes them. */
 const ownedNetns = new Set<string>();
 
@@ -99,6 +120,7 @@ function leaks(): string[] {
   const out: string[] = [];
   for (const r of ourRoutes()) out.push(`route ${r.dst} via ${r.dev}`);
   for (const ns of ourNetns()) out.push(`netns ${ns}`);
+  for (const f of deadNetnsFiles(netnsBefore)) out.push(`netns file ${f} (nothing mounted)`);
   for (const a of hostLocalAllocations(hl)) out.push(`host-local ${a}`);
   const s = status();
   for (const p of s.pods) out.push(`tetherd record ${p.containerId} (${p.pod ?? '?'})`);
@@ -112,6 +134,7 @@ function sweep(): void {
   for (const r of ourRoutes()) spawnSync('ip', ['link', 'del', 'dev', r.dev], { stdio: 'ignore' });
   // Only netns holding our addresses or proven ours: an empty one may be a concurrent test's, mid-ADD.
   for (const ns of ourNetns()) if (ownedNetns.has(ns) || netnsContent(ns)?.addrs.some(ours)) removeNetns(ns);
+  for (const f of deadNetnsFiles(netnsBefore)) if (ownedNetns.has(f)) removeNetns(f);
 }
 
 interface Pod {
@@ -380,20 +403,26 @@ test('containerd SIGKILLed as soon as the first of 10 ADDs starts (sandboxes at 
 
   const left = leaks();
   // What is left may only be containerd's own: netns made in this window with nothing of CNI's in them
-  // (no interface but lo), at most one per sandbox recovered without its netns path.
-  const strandedNetns = left.filter((l) => l.startsWith('netns ')).map((l) => l.slice('netns '.length));
-  assert.equal(left.filter((l) => !l.startsWith('netns ')), [], 'veths, addresses, records or queued DELs left after containerd was killed as its ADDs began');
-  for (const p of strandedNetns) {
+  // (no interface but lo), and files in /run/netns made in this window with no netns mounted on them; at
+  // most one of either per sandbox recovered without its netns path.
+  const strandedNetns = left.filter((l) => l.startsWith('netns /')).map((l) => l.slice('netns '.length));
+  const deadFiles = deadNetnsFiles(nsBefore);
+  assert.equal(left.filter((l) => !l.startsWith('netns /') && !l.startsWith('netns file ')), [], 'veths, addresses, records or queued DELs left after containerd was killed as its ADDs began');
+  for (const p of [...strandedNetns, ...deadFiles]) {
     assert.ok(nsAtKill.includes(path.basename(p)), `${p} left, not made by this containerd in this window`);
-    assert.equal(netnsContent(p)?.links, [], `${p} left holding interfaces`);
     ownedNetns.add(p);
   }
-  assert.ok(strandedNetns.length <= pathless, `${strandedNetns.length} netns left but only ${pathless} sandboxes lost their netns path`);
-  if (strandedNetns.length) {
-    console.log(`  containerd 1.6 leaked ${strandedNetns.length} empty netns (sandboxes recovered without their netns path): ${strandedNetns.join(' ')}`);
-    for (const p of strandedNetns) removeNetns(p);
+  for (const p of strandedNetns) assert.equal(netnsContent(p)?.links, [], `${p} left holding interfaces`);
+  const stranded = strandedNetns.length + deadFiles.length;
+  assert.ok(stranded <= pathless, `${stranded} netns or netns files left but only ${pathless} sandboxes lost their netns path`);
+  if (stranded) {
+    console.log(
+      `  containerd 1.6 left ${strandedNetns.length} empty netns and ${deadFiles.length} unmounted netns files (of sandboxes recovered without their netns path): ${[...strandedNetns, ...deadFiles].join(' ')}`,
+    );
+    for (const p of [...strandedNetns, ...deadFiles]) removeNetns(p);
   }
   assert.equal(leaks(), []);
+  assert.equal(deadNetnsFiles(nsBefore), []);
 });
 
 test('tetherd SIGKILLed while 10 pods (tether-ipam) are removed in parallel through containerd: every remove succeeds; after restart nothing is left', async () => {
