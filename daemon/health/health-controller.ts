@@ -127,8 +127,9 @@ export class HealthController {
             c.heldBy = undefined;
             this.o.logger.info('health: service health check open', { service: key, port: c.port });
           } catch (e) {
-            const holder = (e as NodeJS.ErrnoException).code === 'EADDRINUSE' ? portHolderOf(c.port) : undefined;
-            const why = `health-check port ${c.port}: ${(e as NodeJS.ErrnoException).code === 'EADDRINUSE' ? `in use on this node${holder ? ` by ${holder.name} (pid ${holder.pid})` : ''}` : (e as Error).message}`;
+            const inUse = (e as NodeJS.ErrnoException).code === 'EADDRINUSE';
+            const holder = inUse ? await holderOf(c.port, key) : undefined;
+            const why = `health-check port ${c.port}: ${inUse ? `in use on this node ${holder?.text ?? ''}`.trimEnd() : (e as Error).message}`;
             c.heldBy = holder?.name;
             if (c.problem !== why) this.o.logger.error('health: service health check not opened; retried', { service: key, problem: why });
             c.problem = why;
@@ -195,11 +196,27 @@ export class HealthController {
   }
 }
 
-/** The process holding a port on this node, when it can be told. */
-function portHolderOf(port: number): { name: string; pid: number } | undefined {
+/**
+ * Who holds a Service's health-check port on this node. By /proc when tetherd sees the node's processes
+ * (run as a plain process); in the DaemonSet's container (no hostPID) it cannot, so it asks the port: an
+ * answer in kube-proxy's layout naming this very Service is kube-proxy serving it.
+ */
+export async function holderOf(port: number, service: string, proc = '/proc'): Promise<{ name?: string; text: string } | undefined> {
+  let seen: { name: string; pid: number } | undefined;
   try {
-    return portHolder(port);
+    seen = portHolder(port, proc);
   } catch {
-    return undefined;
+    // /proc unreadable: fall through to asking the port
   }
+  if (seen) return { name: seen.name, text: `by ${seen.name} (pid ${seen.pid})` };
+  try {
+    const res = await fetch(`http://127.0.0.1:${port}/`, { signal: AbortSignal.timeout(500) });
+    const body = (await res.json()) as { service?: { namespace?: string; name?: string }; localEndpoints?: unknown };
+    if (`${body.service?.namespace}/${body.service?.name}` === service && typeof body.localEndpoints === 'number') {
+      return { name: 'kube-proxy', text: 'by kube-proxy (its answer names this Service)' };
+    }
+  } catch {
+    // not HTTP, or not kube-proxy's answer
+  }
+  return { text: '(the holder is not visible from tetherd\'s container)' };
 }

@@ -10,7 +10,7 @@ import { mkdtempSync, rmSync, symlinkSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { HealthListener, countLocalEndpoints, goTime, nodeAnswer, serviceAnswer } from '../../daemon/health/health-server';
-import { HealthController, type NodeHealthReport } from '../../daemon/health/health-controller';
+import { HealthController, holderOf, type NodeHealthReport } from '../../daemon/health/health-controller';
 import { healthCondition } from '../../daemon/kube/status-controller';
 import { portHolder } from '../../daemon/sys/port-holder';
 import type { ResolvedLoadBalancer } from '../../daemon/lb/lb-spec';
@@ -179,6 +179,24 @@ test('the health controller reports its answers on a change (and only then, with
   } finally {
     await hc.stop();
     await new Promise((r) => squat.close(r));
+  }
+});
+
+test('without the host\'s processes (the DaemonSet\'s container, no hostPID) kube-proxy is recognised by its answer naming the Service; anything else is "not visible"', async () => {
+  const noProc = mkdtempSync(join(tmpdir(), 'tether-noproc-'));
+  const kubeProxy = http.createServer((_q, res) => res.end(serviceAnswer('shop', 'web', 1, true).body));
+  const other = http.createServer((_q, res) => res.end('{"hello": 1}'));
+  try {
+    const port = (s: http.Server) => new Promise<number>((r) => s.listen(0, '127.0.0.1', () => r((s.address() as net.AddressInfo).port)));
+    const [kp, ot] = [await port(kubeProxy), await port(other)];
+    assert.equal(await holderOf(kp, 'shop/web', noProc), { name: 'kube-proxy', text: 'by kube-proxy (its answer names this Service)' });
+    assert.equal(await holderOf(kp, 'shop/db', noProc), { text: "(the holder is not visible from tetherd's container)" }, 'an answer for another Service is not kube-proxy serving this one');
+    assert.equal(await holderOf(ot, 'shop/web', noProc), { text: "(the holder is not visible from tetherd's container)" });
+    assert.match((await holderOf(ot, 'shop/web'))!.text, new RegExp(`^by .+ \\(pid ${process.pid}\\)$`), 'with /proc the process is named');
+  } finally {
+    kubeProxy.close();
+    other.close();
+    rmSync(noProc, { recursive: true, force: true });
   }
 });
 
