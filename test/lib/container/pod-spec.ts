@@ -42,14 +42,19 @@ export interface PodSpec {
 
 const root = path.join(__dirname, '../../..');
 
-/** The tetherd DaemonSet's pod spec, built from install/ with kustomize exactly as `kubectl apply -k install/` would. */
-export function tetherdPodSpec(dir = 'install'): PodSpec {
+/** A DaemonSet's pod spec, built from a kustomization with kustomize exactly as `kubectl apply -k DIR` would. */
+export function daemonSetPodSpec(dir: string, name: string): PodSpec {
   const out = execFileSync('kubectl', ['kustomize', path.join(root, dir)], { encoding: 'utf8', stdio: ['ignore', 'pipe', 'pipe'] });
   const ds = parseAllDocuments(out)
     .map((d) => d.toJS() as Obj)
-    .find((o) => o?.kind === 'DaemonSet' && o.metadata?.name === 'tetherd');
-  if (!ds) throw new Error(`kubectl kustomize ${dir}: no DaemonSet tetherd`);
+    .find((o) => o?.kind === 'DaemonSet' && o.metadata?.name === name);
+  if (!ds) throw new Error(`kubectl kustomize ${dir}: no DaemonSet ${name}`);
   return ds.spec.template.spec as PodSpec;
+}
+
+/** The tetherd DaemonSet's pod spec (`kubectl apply -k install/`). */
+export function tetherdPodSpec(): PodSpec {
+  return daemonSetPodSpec('install', 'tetherd');
 }
 
 export function containerOf(pod: PodSpec, name: string): ContainerSpec {
