@@ -4,7 +4,7 @@
 import { execFileSync } from 'node:child_process';
 import { sweepStale } from './cleanup';
 
-const KERNEL_TEST_NS = /^(tmu|tgd|tnl|tfou|tct|tbfd|teg|tch|tchp|tchk|tchg|tchc|tl2|trt|tbs|smk)-[0-9a-f]+(-.*)?$/;
+const KERNEL_TEST_NS = /^(tnc|tmu|tgd|tnl|tfou|tct|tbfd|teg|tch|tchp|tchk|tchg|tchc|tl2|trt|tbs|smk)-[0-9a-f]+(-.*)?$/;
 
 const removed = sweepStale();
 const names = execFileSync('ip', ['netns', 'list'], { encoding: 'utf8' })

@@ -48,6 +48,8 @@ export interface UpOptions {
    * install/image.sh, containerd + runc) instead of as a plain process. Default: TETHER_TESTBED_CONTAINERS=1.
    */
   containers?: boolean;
+  /** Env for the tetherd containers beyond the manifest's (a test that overrides it, e.g. TETHER_PROC_SYS_NET). */
+  containerEnv?: Record<string, string>;
 }
 
 export class Testbed {
@@ -64,7 +66,7 @@ export class Testbed {
   /** configSource 'kubernetes': the run's FAKE API server. */
   private fakeApi?: FakeApiServer;
   /** containers: the runtime of the nodes' tetherd containers and the manifest's pod spec. */
-  private nodeRuntime?: { runtime: NodeRuntime; pod: ManifestPodSpec };
+  private nodeRuntime?: { runtime: NodeRuntime; pod: ManifestPodSpec; env?: Record<string, string> };
 
   private constructor(
     readonly plan: Plan,
@@ -591,7 +593,7 @@ export class Testbed {
       // Stand-in binaries (TETHER_BIN_DIR) are not in the image: only the real tetherd runs in its container.
       if (this.opts.containers ?? (process.env.TETHER_TESTBED_CONTAINERS === '1' && !process.env.TETHER_BIN_DIR)) {
         const runtime = new NodeRuntime();
-        this.nodeRuntime = { runtime, pod: tetherdPodSpec() };
+        this.nodeRuntime = { runtime, pod: tetherdPodSpec(), env: this.opts.containerEnv };
         await runtime.start();
       }
       await Promise.all(plan.nodes.map((n) => this.startDaemon(n)));

@@ -32,7 +32,7 @@ export interface TetherdOptions {
   logLevel?: string;
   readyTimeoutMs: number;
   /** Run tetherd in the DaemonSet's container (the manifest's pod spec) on this runtime, not as a plain process. */
-  container?: { runtime: NodeRuntime; pod: PodSpec };
+  container?: { runtime: NodeRuntime; pod: PodSpec; env?: Record<string, string> };
 }
 
 /** Flags of the manifest's command that need a cluster (its service account, Secrets): the testbed gives its own. */
@@ -145,7 +145,7 @@ export class Tetherd {
         return d;
       },
       argv: [spec.command[0], ...manifestFlags, ...testbedArgs],
-      env: { NODE_NAME: this.opts.node, POD_NAMESPACE: 'tether-system' },
+      env: { NODE_NAME: this.opts.node, POD_NAMESPACE: 'tether-system', ...(this.opts.container!.env ?? {}) },
       extraReadOnlyDirs: [...extraDirs].filter((d) => translate(d) === undefined),
     }, log);
     this.exited = this.box.exited;
