@@ -7,9 +7,10 @@ import { parseArgs } from 'node:util';
 import { call } from './api/client';
 import { DEFAULT_SOCKET_PATH, type Method } from './api/protocol';
 import { readiness } from '../install/cni/installer';
+import { RUNTIMES, type Runtime } from '../install/cni/libcni';
 
 const USAGE = `usage: tetherctl [--socket PATH] [--timeout MS] status | ping
-       tetherctl [--socket PATH] ready [--net-dir DIR]
+       tetherctl [--socket PATH] ready [--net-dir DIR] [--runtime containerd|crio]
        tetherctl [--socket PATH] address allocate --pool P --owner O [--count N] [--address A]... [--family 4|6]
        tetherctl [--socket PATH] address release --pool P --owner O
        tetherctl --help | --version
@@ -34,6 +35,7 @@ export async function main(argv: string[]): Promise<number> {
         address: { type: 'string', multiple: true },
         family: { type: 'string' },
         'net-dir': { type: 'string', default: '/etc/cni/net.d' },
+        runtime: { type: 'string', default: 'containerd' },
         help: { type: 'boolean', short: 'h' },
       },
     });
@@ -56,7 +58,12 @@ export async function main(argv: string[]): Promise<number> {
       process.stderr.write(`not ready: tetherd does not answer on ${v.socket}: ${(e as Error).message}\n`);
       return 1;
     }
-    const r = readiness(v['net-dir'] as string);
+    const runtime = v.runtime as Runtime;
+    if (!RUNTIMES.includes(runtime)) {
+      process.stderr.write(`tetherctl: --runtime ${runtime}: must be one of ${RUNTIMES.join(', ')}\n`);
+      return 2;
+    }
+    const r = readiness(v['net-dir'] as string, undefined, runtime);
     (r.ready ? process.stdout : process.stderr).write(`${r.ready ? 'ready' : 'not ready'}: ${r.why}\n`);
     return r.ready ? 0 : 1;
   }

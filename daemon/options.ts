@@ -30,6 +30,7 @@ export const USAGE = `usage: tetherd [--node-name NAME] [--socket PATH] [--state
                           with externalTrafficPolicy Local answer on their healthCheckNodePort
   --probe-port N          kubelet's probes on 127.0.0.1: /livez, /readyz (default 0: off; the DaemonSet uses 10267)
   --cni-net-dir DIR       the runtime's CNI configuration directory: /readyz is 503 while it does not chain tether
+  --cni-runtime NAME      containerd (default) or crio: whose rules decide which file of --cni-net-dir is loaded
   --bpffs MODE            mount: mount a bpffs at /sys/fs/bpf when there is none (default); host: the host's
                           bpffs must be there already (in a container: mounted by the DaemonSet's init container)
   --help, --version`;
@@ -57,6 +58,7 @@ export type Options = {
   'health-port': string;
   'probe-port': string;
   'cni-net-dir'?: string;
+  'cni-runtime': string;
   bpffs: string;
   'no-conntrack-sync': boolean;
   'log-level': string;
@@ -90,6 +92,7 @@ export function parseOptions(argv: string[]): Options {
       'health-port': { type: 'string', default: '10266' },
       'probe-port': { type: 'string', default: '0' },
       'cni-net-dir': { type: 'string' },
+      'cni-runtime': { type: 'string', default: 'containerd' },
       bpffs: { type: 'string', default: 'mount' },
       // Testing only: the negative control of the failover tests (takeover without conntrack state).
       'no-conntrack-sync': { type: 'boolean', default: false },

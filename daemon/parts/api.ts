@@ -15,6 +15,7 @@ import type { Ipam } from './ipam';
 import type { CurrentConfig } from './source';
 import { ProbeServer } from '../health/probe-server';
 import { readiness } from '../../install/cni/installer';
+import { RUNTIMES, type Runtime } from '../../install/cni/libcni';
 import { portOption } from '../options';
 import { StartError } from '../lifecycle';
 
@@ -107,7 +108,7 @@ export function apiServer(d: ApiDeps): ApiServer {
  * (/livez 200, /readyz 503 "starting") rather than a refused connection; `markStarted` flips /readyz on.
  */
 export async function startProbes(
-  opts: { 'probe-port': string; 'cni-net-dir'?: string },
+  opts: { 'probe-port': string; 'cni-net-dir'?: string; 'cni-runtime': string },
   attach: AttachService,
   logger: Logger,
   started: (name: string, stop: () => Promise<void>) => void,
@@ -119,9 +120,11 @@ export async function startProbes(
   if (opts['probe-port'] === '0') return { markStarted };
   const port = portOption('probe-port', opts['probe-port']);
   const netDir = opts['cni-net-dir'];
+  const runtime = opts['cni-runtime'] as Runtime;
+  if (!RUNTIMES.includes(runtime)) throw new StartError(2, `--cni-runtime ${runtime}: must be one of ${RUNTIMES.join(', ')}`);
   const probes = new ProbeServer({
     started: () => isStarted,
-    cniConfig: netDir ? () => readiness(netDir) : undefined,
+    cniConfig: netDir ? () => readiness(netDir, undefined, runtime) : undefined,
     roleProblems: () => attach.roleProblems.list(),
   });
   try {

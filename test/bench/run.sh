@@ -13,6 +13,7 @@ command -v iperf3 >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninter
 node_modules/.bin/tsx test/bench/image.ts
 node_modules/.bin/tsx test/bench/cni-latency.ts
 node_modules/.bin/tsx test/bench/cri.ts
+node_modules/.bin/tsx test/bench/node-container.ts
 node_modules/.bin/tsx test/bench/ipam.ts
 node_modules/.bin/tsx test/bench/config-latency.ts
 node_modules/.bin/tsx test/bench/egress-failover.ts
