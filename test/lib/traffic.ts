@@ -42,14 +42,17 @@ export interface TrafficReport {
 /**
  * argv: host port connections durationMs intervalMs udp(0|1). Each connection sends "<conn> <seq>\\n" every
  * intervalMs once the previous echo arrived; a reply out of order, a reset or a close is an error.
- * Prints "ready" once SIGUSR2 (the mark, see TrafficReport.maxGapAfterMarkMs) is handled.
+ * Prints "ready" once SIGUSR2 (the mark, see TrafficReport.maxGapAfterMarkMs) and SIGINT (end now) are handled.
  */
 export const TRAFFIC_CLIENT = `
 let markAt = 0;
 process.on('SIGUSR2', () => { if (!markAt) markAt = Date.now(); });
+// SIGINT ends the run early (the caller's event is over): each connection ends at its next exchange, and one
+// still stalled 5 s later is reported by the watchdog as not finished.
+process.on('SIGINT', () => { duration = Math.min(duration, Date.now() - start); clearTimeout(watchdog); watchdog = setTimeout(onWatchdog, 5000); });
 process.stdout.write('ready\\n');
 const net = require('net'), dgram = require('dgram');
-const [host, port, n, duration, interval, udpOn] = process.argv.slice(1).map((v, i) => (i === 0 ? v : Number(v)));
+let [host, port, n, duration, interval, udpOn] = process.argv.slice(1).map((v, i) => (i === 0 ? v : Number(v)));
 const errors = []; const gaps = []; const marked = []; let echoes = 0; let intact = 0; let done = 0;
 const start = Date.now();
 function conn(i) {
@@ -92,5 +95,6 @@ function report() {
 const finishers = [];
 for (let i = 0; i < n; i++) conn(i);
 // Watchdog: a connection that never connects or never ends must not hang the report.
-setTimeout(() => { errors.push('watchdog: ' + (n - done) + ' connections did not finish'); gaps.push(duration); process.stdout.write(JSON.stringify({ connections: n, intact, errors: errors.slice(0, 20), maxGapMs: Math.max(0, ...gaps), gaps, echoes, udp }) + '\\n'); process.exit(0); }, duration + 5000);
+function onWatchdog() { errors.push('watchdog: ' + (n - done) + ' connections did not finish'); gaps.push(duration); process.stdout.write(JSON.stringify({ connections: n, intact, errors: errors.slice(0, 20), maxGapMs: Math.max(0, ...gaps), gaps, echoes, udp }) + '\\n'); process.exit(0); }
+let watchdog = setTimeout(onWatchdog, duration + 5000);
 `;

@@ -112,7 +112,11 @@ export async function startServer(tb: Testbed): Promise<{ stop: () => Promise<st
   };
 }
 
-export async function runTraffic(tb: Testbed, conns: number, durationMs: number, during: () => Promise<void>): Promise<{ report: TrafficReport; peers: string[] }> {
+/**
+ * Long-lived connections (and a UDP stream) from the client pod n3-web to the server through the Egress
+ * while `during` runs; with endWhenDone, durationMs is an upper bound and the run ends when `during` does.
+ */
+export async function runTraffic(tb: Testbed, conns: number, durationMs: number, during: () => Promise<void>, opts: { endWhenDone?: boolean } = {}): Promise<{ report: TrafficReport; peers: string[] }> {
   // The client's node must know the owner first: until it does, its steering drops the Egress's packets
   // (never out un-NATed), and every first SYN would wait out TCP's 1 s initial retransmission timeout.
   const known = Date.now() + 10_000;
@@ -132,6 +136,7 @@ export async function runTraffic(tb: Testbed, conns: number, durationMs: number,
   // Gaps that end from here on are the event's (report.maxGapAfterMarkMs); set-up stalls are not.
   client.kill('SIGUSR2');
   await during();
+  if (opts.endWhenDone) client.kill('SIGINT');
   const text = await out;
   const peers = await server.stop();
   const line = text.split('\n').find((l) => l.startsWith('{'));

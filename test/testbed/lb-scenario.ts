@@ -177,8 +177,11 @@ export async function startTargets(tb: Testbed, pods: string[], vip: string): Pr
   };
 }
 
-/** Long-lived connections (and a UDP stream) from the external client to the VIP while `during` runs. */
-export async function traffic(tb: Testbed, vip: string, conns: number, durationMs: number, during: () => Promise<void>, udp = true): Promise<TrafficReport> {
+/**
+ * Long-lived connections (and a UDP stream) from the external client to the VIP while `during` runs; with
+ * endWhenDone, durationMs is an upper bound and the run ends when `during` does.
+ */
+export async function traffic(tb: Testbed, vip: string, conns: number, durationMs: number, during: () => Promise<void>, udp = true, opts: { endWhenDone?: boolean } = {}): Promise<TrafficReport> {
   const client = tb.spawn('client', [process.execPath, '-e', TRAFFIC_CLIENT, vip, String(PORT), String(conns), String(durationMs), '50', udp ? '1' : '0']);
   let out = '';
   client.stdout?.on('data', (b: Buffer) => (out += b.toString()));
@@ -187,6 +190,7 @@ export async function traffic(tb: Testbed, vip: string, conns: number, durationM
   await new Promise((r) => setTimeout(r, 3000));
   client.kill('SIGUSR2');
   await during();
+  if (opts.endWhenDone) client.kill('SIGINT');
   await exited;
   const line = out.split('\n').find((l) => l.startsWith('{'));
   if (!line) throw new Error(`traffic client printed no report: ${out.slice(0, 400)}`);
