@@ -13,6 +13,7 @@ import { startSentinelSet, type SentinelSet } from '../lib/sentinel';
 import { Attachment, ChainOutcome, CniChain, CniResult, Conflist, PluginConf } from './cni-chain';
 import { bpfDir, claimPrefix, leftovers, recordRedis, registerLive, runDir, sweepStale, teardownRunSync, unregisterLive } from './cleanup';
 import { CLIENT_SCRIPT, ProbeResult, SERVER_SCRIPT } from './probe';
+import { CriNode, type CriSandbox } from './cri-nodes';
 import { mustRun, nsenterArgv, run, RunOptions, RunResult } from './proc';
 import { binDir, ensureBpffs, ExitStatus, Tetherd, tetherBinariesPresent } from './tetherd';
 import { NodeRuntime } from '../lib/container/node-runtime';
@@ -36,6 +37,8 @@ export interface Pod extends PodPlan {
   /** Timings of the ADD that attached it. */
   add: ChainOutcome;
   chain: CniChain;
+  /** runtime 'cri': the pod's sandbox (add has no invocations: containerd ran the plugins). */
+  sandbox?: CriSandbox;
 }
 
 export interface UpOptions {
@@ -50,6 +53,14 @@ export interface UpOptions {
   containers?: boolean;
   /** Env for the tetherd containers beyond the manifest's (a test that overrides it, e.g. TETHER_PROC_SYS_NET). */
   containerEnv?: Record<string, string>;
+  /**
+   * 'cri': pods are made as kubelet makes them: every node runs its own containerd in its namespace, over
+   * the node's CNI directory that `tether-install install` chained (cri-nodes.ts); addPod is RunPodSandbox,
+   * delPod StopPodSandbox + RemovePodSandbox. Pod labels reach tetherd as Pod objects (the config file or
+   * the API server); other per-pod tether fields are refused (set them node-wide: NodeSpec.tether).
+   * Default: the testbed runs the chain itself.
+   */
+  runtime?: 'cri';
 }
 
 export class Testbed {
@@ -67,6 +78,9 @@ export class Testbed {
   private fakeApi?: FakeApiServer;
   /** containers: the runtime of the nodes' tetherd containers and the manifest's pod spec. */
   private nodeRuntime?: { runtime: NodeRuntime; pod: ManifestPodSpec; env?: Record<string, string> };
+  /** runtime 'cri': each node's containerd, and (file config) the Pod objects that carry pods' labels. */
+  private readonly criNodes = new Map<string, CriNode>();
+  private readonly criPodObjects = new Map<string, Record<string, unknown>>();
 
   private constructor(
     readonly plan: Plan,
@@ -99,6 +113,7 @@ export class Testbed {
       return tb;
     } catch (e) {
       if (tb) tb.isDown = true;
+      await tb?.destroyCri();
       await tb?.nodeRuntime?.runtime.destroy();
       teardownRunSync(prefix, 1000);
       await tb?.testRedis?.stop();
@@ -244,6 +259,7 @@ export class Testbed {
     const plan = planPod(this.prefix, node, typeof spec === 'string' ? { name: spec } : spec);
     this.node(node);
     if (this.pods.has(plan.key)) throw new Error(`pod ${plan.key} exists`);
+    if (this.cri) return this.addCriPod(plan);
     const nsPath = `/run/netns/${plan.ns}`;
     await mustRun(['ip', 'netns', 'add', plan.ns]);
     await mustRun(['ip', '-n', plan.ns, 'link', 'set', 'lo', 'up']);
@@ -290,6 +306,7 @@ export class Testbed {
   /** Runs the chain DEL for a pod and removes its namespace (the runtime's order); block routes follow. */
   async delPod(key: string): Promise<ChainOutcome> {
     const pod = this.pod(key);
+    if (pod.sandbox) return this.delCriPod(pod, pod.sandbox);
     // In a cluster the Pod object turns terminating (deletionTimestamp) before kubelet tears the pod down.
     if (this.kube) {
       const obj = this.podObject(pod) as { metadata: Record<string, unknown> };
@@ -309,6 +326,7 @@ export class Testbed {
   /** Runs the chain CHECK for a pod. */
   checkPod(key: string): Promise<ChainOutcome> {
     const pod = this.pod(key);
+    if (pod.sandbox) throw new Error(`pod ${key} was made through CRI, which has no CHECK call`);
     return pod.chain.check(this.attachment(pod, pod.containerId));
   }
 
@@ -549,6 +567,161 @@ export class Testbed {
     for (const [b, owner] of want) this.blockRoutes.set(b, owner);
   }
 
+  // ---- pods through containerd's CRI (UpOptions.runtime 'cri') ----------------------------------------------
+
+  get cri(): boolean {
+    return this.opts.runtime === 'cri';
+  }
+
+  /** A node's containerd and CNI directories (runtime 'cri'). */
+  criNode(node: string): CriNode {
+    const c = this.criNodes.get(node);
+    if (!c) throw new Error(`no containerd on ${node} (UpOptions.runtime: 'cri')`);
+    return c;
+  }
+
+  /** The labels of a pod's Pod object: its node's and its own tether.labels. */
+  private podLabels(pod: PodPlan): Record<string, string> {
+    return (this.podObject(pod) as { metadata: { labels: Record<string, string> } }).metadata.labels;
+  }
+
+  /** File config: the Pod objects of the topology's pods are in the config file before tetherd first reads it. */
+  private planCriPodObjects(): void {
+    if (!this.cri || this.kube) return;
+    for (const n of this.plan.nodes) for (const p of n.pods) this.setCriPodObject(p, false);
+  }
+
+  /** File config: puts a pod's Pod object (its labels) into the config file every tetherd watches. */
+  private setCriPodObject(pod: PodPlan, write = true): void {
+    const labels = this.podLabels(pod);
+    if (Object.keys(labels).length === 0) return;
+    if (this.ipam !== 'tether-ipam' || this.node(pod.node).tetherdConfig) {
+      throw new Error(`pod ${pod.key}: its labels need a Pod object in tetherd's config, which this testbed does not generate (host-local IPAM or the node's own config file); use configSource 'kubernetes'`);
+    }
+    this.criPodObjects.set(pod.key, { apiVersion: 'v1', kind: 'Pod', metadata: { name: pod.name, namespace: pod.namespace, labels } });
+    if (write) this.writeCriPodObjects();
+  }
+
+  private dropCriPodObject(pod: PodPlan): void {
+    if (this.criPodObjects.delete(pod.key)) this.writeCriPodObjects();
+  }
+
+  /**
+   * Rewrites the config file's Pod objects of pods made through CRI (atomically, as rewriteConfig does),
+   * keeping every other object as the file holds it now (a test may have rewritten it).
+   */
+  private writeCriPodObjects(): void {
+    if (!fs.existsSync(this.ipamConfigPath)) return; // build() writes it with the planned pods' objects
+    const cur = JSON.parse(fs.readFileSync(this.ipamConfigPath, 'utf8')) as { items: Record<string, unknown>[] };
+    const ours = new Set(this.plan.nodes.flatMap((n) => [...n.pods, ...this.listPods(n.name)]).map((p) => `${p.namespace}/${p.name}`));
+    for (const o of this.criPodObjects.values()) {
+      const m = o.metadata as { name: string; namespace: string };
+      ours.add(`${m.namespace}/${m.name}`);
+    }
+    const isOurs = (o: Record<string, unknown>) => {
+      const m = o.metadata as { name?: string; namespace?: string } | undefined;
+      return o.kind === 'Pod' && ours.has(`${m?.namespace}/${m?.name}`);
+    };
+    const text = JSON.stringify({ ...cur, items: [...cur.items.filter((o) => !isOurs(o)), ...this.criPodObjects.values()] }, null, 2) + '\n';
+    if (text === fs.readFileSync(this.ipamConfigPath, 'utf8')) return;
+    const tmp = `${this.ipamConfigPath}.tmp`;
+    fs.writeFileSync(tmp, text);
+    fs.renameSync(tmp, this.ipamConfigPath);
+  }
+
+  /** Every node's containerd in its namespace, over the node's CNI directory chained by tether-install. */
+  private async startCri(): Promise<void> {
+    await Promise.all(
+      this.plan.nodes.map(async (n) => {
+        // What conflist() builds for the node without a pod: ptp with its IPAM, tether with node-wide fields.
+        const full = this.conflist(n.name);
+        const [primary, step] = full.plugins;
+        let tetherEntry: Record<string, unknown> | undefined;
+        if (step) {
+          tetherEntry = { ...step };
+          delete tetherEntry.labels; // a Pod object's, never the node's conflist's
+        }
+        const c = new CriNode({
+          node: n.name,
+          dir: this.nodeDir(n.name, 'cri'),
+          nsPath: `/run/netns/${n.ns}`,
+          primary: { cniVersion: full.cniVersion, name: full.name, plugins: [primary] },
+          tetherEntry,
+          systemCniDir: SYSTEM_CNI_DIR,
+          tetherBinDir: binDir(),
+        });
+        this.criNodes.set(n.name, c); // before start: destroyCri() must find a half-started one too
+        await c.start();
+      }),
+    );
+  }
+
+  /** RunPodSandbox on the pod's node; the Pod record as addPod keeps it, its address read back from its netns. */
+  private async addCriPod(plan: PodPlan): Promise<Pod> {
+    const perPod = Object.keys(plan.tether ?? {}).filter((k) => k !== 'labels');
+    if (perPod.length) {
+      throw new Error(`pod ${plan.key}: ${perPod.join(', ')} cannot reach tether through the runtime (kubelet passes no per-pod CNI configuration); set them node-wide (NodeSpec.tether)`);
+    }
+    const cri = this.criNode(plan.node);
+    // In a cluster the Pod object exists (scheduled, with its labels) before kubelet asks the runtime.
+    if (this.kube) this.api.apply(this.podObject(plan));
+    else this.setCriPodObject(plan);
+    let sb: CriSandbox | undefined;
+    let pod: Pod;
+    try {
+      sb = await cri.runPod({ name: plan.name, namespace: plan.namespace, labels: this.podLabels(plan) }, `/run/netns/${plan.ns}`);
+      const addrs = JSON.parse((await mustRun(['ip', '-n', plan.ns, '-j', 'addr', 'show', 'dev', IFNAME])).stdout) as Array<{ address?: string; mtu?: number; addr_info: Array<{ family: string; local: string; prefixlen: number }> }>;
+      const inet = addrs[0]?.addr_info.find((a) => a.family === 'inet');
+      if (!inet || inet.local !== sb.ip) throw new Error(`sandbox of ${plan.key}: containerd reports ${sb.ip || 'no address'}, its ${IFNAME} holds ${inet?.local ?? 'none'}`);
+      const routes = JSON.parse((await mustRun(['ip', '-n', plan.ns, '-j', 'route', 'show', 'default'])).stdout) as Array<{ gateway?: string }>;
+      const result: CniResult = {
+        cniVersion: '1.0.0',
+        interfaces: [{ name: IFNAME, mac: addrs[0].address, mtu: addrs[0].mtu, sandbox: sb.criNetns }],
+        ips: [{ address: `${inet.local}/${inet.prefixlen}`, gateway: routes[0]?.gateway, interface: 0 }],
+      };
+      pod = {
+        ...plan, nsPath: sb.alias, containerId: sb.id, ifName: IFNAME, ip: inet.local, prefixLength: inet.prefixlen, result,
+        add: { result, invocations: [], ms: sb.ms }, chain: this.chain(plan.node), sandbox: sb,
+      };
+    } catch (e) {
+      // containerd itself ran DEL after a failed ADD; a sandbox that came up unusable goes as kubelet removes it.
+      if (sb) await cri.removePod(sb).catch(() => undefined);
+      if (this.kube) this.api.remove('Pod', plan.name, plan.namespace);
+      else this.dropCriPodObject(plan);
+      throw e;
+    }
+    this.pods.set(plan.key, pod);
+    await this.syncBlockRoutes();
+    return pod;
+  }
+
+  /** StopPodSandbox + RemovePodSandbox (CNI DEL inside), then the Pod object goes; block routes follow. */
+  private async delCriPod(pod: Pod, sb: CriSandbox): Promise<ChainOutcome> {
+    if (this.kube) {
+      // The Pod object turns terminating (deletionTimestamp) before kubelet tears the pod down.
+      const obj = this.podObject(pod) as { metadata: Record<string, unknown> };
+      const cur = this.api.get('Pod', pod.name, pod.namespace) as { metadata?: { labels?: Record<string, string> } } | undefined;
+      obj.metadata.labels = cur?.metadata?.labels ?? obj.metadata.labels;
+      obj.metadata.deletionTimestamp = new Date().toISOString();
+      this.api.apply(obj);
+    }
+    const t0 = Date.now();
+    await this.criNode(pod.node).removePod(sb);
+    const ms = Date.now() - t0;
+    this.pods.delete(pod.key);
+    if (this.kube) this.api.remove('Pod', pod.name, pod.namespace);
+    else this.dropCriPodObject(pod);
+    await this.syncBlockRoutes();
+    return { invocations: [], ms };
+  }
+
+  /** Destroys every node's containerd (sandboxes through CRI first); what could not be removed. */
+  private async destroyCri(): Promise<string[]> {
+    const nodes = [...this.criNodes.values()];
+    this.criNodes.clear();
+    return (await Promise.all(nodes.map((c) => c.destroy()))).flat();
+  }
+
   // ---- lifecycle -------------------------------------------------------------------------------------------
 
   private async build(): Promise<void> {
@@ -582,6 +755,7 @@ export class Testbed {
       await ipBatch(x.ns, ['link set lo up', `addr add ${x.ip}/24 dev eth0`, 'link set eth0 up', `route add default via ${x.routerIp}`]);
     }
 
+    this.planCriPodObjects();
     if (this.ipam === 'tether-ipam') {
       this.testRedis = await startRedis();
       this.recordRedis();
@@ -598,6 +772,7 @@ export class Testbed {
       }
       await Promise.all(plan.nodes.map((n) => this.startDaemon(n)));
     }
+    if (this.cri) await this.startCri();
     // Nodes attach their pods in parallel, each node one pod at a time (as a kubelet would, roughly).
     await Promise.all(plan.nodes.map(async (n) => {
       for (const p of n.pods) await this.addPod(n.name, p);
@@ -639,6 +814,7 @@ export class Testbed {
       },
       ...this.plan.nodes.map((n) => ({ apiVersion: 'tether.dev/v1alpha1', kind: 'Node', metadata: { name: n.name }, spec: n.zone ? { zone: n.zone } : {} })),
       ...extraObjects,
+      ...this.criPodObjects.values(),
     ];
     return { apiVersion: 'v1', kind: 'List', items };
   }
@@ -693,6 +869,8 @@ export class Testbed {
     if (this.isDown) return;
     this.isDown = true;
     if (this.opts.keepLogs || process.env.TETHER_TESTBED_KEEP_LOGS === '1') this.copyLogs();
+    // Sandboxes go through CRI while tetherd still answers their DEL; containerds before the namespaces.
+    const criLeft = await this.destroyCri();
     for (const c of this.children) c.kill('SIGKILL');
     // Containers first (SIGKILL through containerd, as the plain tetherds are killed by the teardown).
     const rtLeft = (await this.nodeRuntime?.runtime.destroy()) ?? [];
@@ -703,6 +881,7 @@ export class Testbed {
     unregisterLive(this.prefix);
     if (left.length > 0) throw new Error(`testbed ${this.prefix} teardown left: ${left.join(', ')}`);
     if (rtLeft.length > 0) throw new Error(`testbed ${this.prefix} node containers left: ${rtLeft.join(', ')}`);
+    if (criLeft.length > 0) throw new Error(`testbed ${this.prefix} containerd teardown: ${criLeft.join('; ')}`);
   }
 
   /** Where keepLogs copies the logs to. */

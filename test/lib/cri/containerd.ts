@@ -20,6 +20,11 @@ export interface ContainerdOptions {
   snapshotter?: 'overlayfs' | 'native';
   logLevel?: string;
   readyTimeoutMs?: number;
+  /**
+   * Run containerd (and so the CNI plugins and shims it starts) inside this network namespace, as a node's
+   * containerd runs in the node's host network (the testbed's nodes are namespaces). Default: ours.
+   */
+  netns?: string;
 }
 
 const SHIM = 'containerd-shim-runc-v2';
@@ -95,7 +100,7 @@ export class Containerd {
   private image?: PauseImage;
   /** Netns paths seen for this instance's sandboxes: destroy() removes any containerd left behind. */
   private readonly netnsSeen = new Set<string>();
-  private readonly opts: Required<Omit<ContainerdOptions, 'dir'>>;
+  private readonly opts: Required<Omit<ContainerdOptions, 'dir' | 'netns'>> & Pick<ContainerdOptions, 'netns'>;
 
   constructor(opts: ContainerdOptions) {
     this.dir = opts.dir ?? fs.mkdtempSync(path.join(os.tmpdir(), 'tether-cri-'));
@@ -122,7 +127,10 @@ export class Containerd {
     const conf = path.join(this.dir, 'config.toml');
     fs.writeFileSync(conf, configToml(this.dir, this.opts, this.image.ref));
     const fd = fs.openSync(this.logFile, 'a');
-    const child = spawn('containerd', ['--config', conf, '--log-level', this.opts.logLevel], { stdio: ['ignore', fd, fd] });
+    const argv = ['containerd', '--config', conf, '--log-level', this.opts.logLevel];
+    // nsenter --net alone does not fork: the child is containerd itself, so stop() signals it directly.
+    if (this.opts.netns) argv.unshift('nsenter', `--net=${this.opts.netns}`, '--');
+    const child = spawn(argv[0], argv.slice(1), { stdio: ['ignore', fd, fd] });
     fs.closeSync(fd);
     this.child = child;
     this.exited = new Promise((resolve) => child.once('exit', (code) => resolve(code)));
