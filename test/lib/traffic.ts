@@ -35,6 +35,8 @@ export interface TrafficReport {
    * under test starts, so connection set-up and warm-up stalls do not count.
    */
   maxGapAfterMarkMs?: number;
+  /** When that longest gap ended (Date.now() of the client, which shares the caller's clock). */
+  maxGapAfterMarkEndedAt?: number;
   echoes: number;
   udp?: { sent: number; received: number; maxGapMs: number };
 }
@@ -53,11 +55,14 @@ process.on('SIGINT', () => { duration = Math.min(duration, Date.now() - start); 
 process.stdout.write('ready\\n');
 const net = require('net'), dgram = require('dgram');
 let [host, port, n, duration, interval, udpOn] = process.argv.slice(1).map((v, i) => (i === 0 ? v : Number(v)));
-const errors = []; const gaps = []; const marked = []; let echoes = 0; let intact = 0; let done = 0;
+const errors = []; const gaps = []; const marked = []; let longest = { ms: 0, endedAt: 0 }; let echoes = 0; let intact = 0; let done = 0;
 const start = Date.now();
 function conn(i) {
   let seq = 0, expect = 0, last = Date.now(), maxGap = 0, maxMarked = 0, buf = '', ok = true, waiting = false;
-  const gapEnds = (now) => { maxGap = Math.max(maxGap, now - last); if (markAt && now >= markAt) maxMarked = Math.max(maxMarked, now - last); };
+  const gapEnds = (now) => {
+    maxGap = Math.max(maxGap, now - last);
+    if (markAt && now >= markAt) { maxMarked = Math.max(maxMarked, now - last); if (now - last > longest.ms) longest = { ms: now - last, endedAt: now }; }
+  };
   const s = net.connect({ host, port });
   s.setNoDelay(true);
   const send = () => { if (Date.now() - start > duration) { finish(); return; } s.write(i + ' ' + seq++ + '\\n'); waiting = true; };
@@ -90,7 +95,7 @@ if (udpOn) {
   const t = setInterval(() => { if (Date.now() - start > duration) { clearInterval(t); udp = { sent, received, maxGapMs: maxGap }; u.close(); return; } u.send(String(sent++), port, host); }, interval);
 }
 function report() {
-  setTimeout(() => process.stdout.write(JSON.stringify({ connections: n, intact, errors: errors.slice(0, 20), maxGapMs: Math.max(0, ...gaps), gaps, maxGapAfterMarkMs: markAt ? Math.max(0, ...marked) : undefined, echoes, udp }) + '\\n'), interval * 2);
+  setTimeout(() => process.stdout.write(JSON.stringify({ connections: n, intact, errors: errors.slice(0, 20), maxGapMs: Math.max(0, ...gaps), gaps, maxGapAfterMarkMs: markAt ? Math.max(0, ...marked) : undefined, maxGapAfterMarkEndedAt: markAt ? longest.endedAt : undefined, echoes, udp }) + '\\n'), interval * 2);
 }
 const finishers = [];
 for (let i = 0; i < n; i++) conn(i);

@@ -27,7 +27,10 @@ const GRACE_MS = 30_000;
 /** How long the traffic keeps running after the last node is ready (bytes must keep flowing). */
 const AFTER_MS = 3000;
 const NODES = ['n1', 'n2', 'n3', 'n4', 'n5'];
+const GATEWAYS = ['n1', 'n2'];
 const LB_NODES = ['n1', 'n2'];
+/** Where the egress connections' ends live (the client pod, the external server). */
+const EGRESS_HOSTS = ['n3-web', 'server'];
 const TARGETS: Record<string, string[]> = { n4: ['n4-t1', 'n4-t2'], n5: ['n5-t3'] };
 
 /** The egress topology's nodes and objects merged with the load balancer's (same node names). */
@@ -47,7 +50,7 @@ function configure(tb: Testbed): void {
   tb.rewriteConfig({ extraObjects: [...(egress.topology().extraObjects ?? []), lb.pool, lb.service(), lb.slice(tb, targets)] });
 }
 
-const other = (gw: string) => (gw === 'n1' ? 'n2' : 'n1');
+const other = (gw: string) => GATEWAYS.find((g) => g !== gw)!;
 
 /** The VIP once it is routed over exactly the LB nodes. */
 async function vipServed(tb: Testbed, timeoutMs = 30_000): Promise<string> {
@@ -59,11 +62,11 @@ async function vipServed(tb: Testbed, timeoutMs = 30_000): Promise<string> {
 }
 
 /** The egress side is whole: one gateway owns the address, the other is Up and in sync, n3 knows the owner. */
-async function egressReady(tb: Testbed): Promise<{ owner: string; address: string }> {
+async function egressReady(tb: Testbed): Promise<{ node: string; owner: string; address: string }> {
   const o = await egress.waitOwner(tb, undefined, 30_000);
   await egress.waitStandbyReady(tb, o.node, other(o.node), 30_000);
   await until('n3 knows the owner', async () => (await egress.egressOf(tb, 'n3').catch(() => undefined))?.owner === o.st.owner, 15_000);
-  return { owner: o.st.owner, address: o.st.address };
+  return { node: o.node, owner: o.st.owner, address: o.st.address };
 }
 
 /** What the readiness of a node means here: its probe, then the roles the scenario gives it. */
@@ -92,6 +95,17 @@ async function pinnedMaps(tb: Testbed): Promise<{ maps: Map<string, number>; oth
   return { maps, others };
 }
 
+/** TCP segments retransmitted so far in each of these namespaces (their /proc/net/snmp), summed. */
+async function retransmits(tb: Testbed, hosts: string[]): Promise<number> {
+  let sum = 0;
+  for (const h of hosts) {
+    const lines = (await tb.mustExec(h, ['cat', '/proc/net/snmp'])).stdout.split('\n').filter((l) => l.startsWith('Tcp:'));
+    const [names, values] = lines.map((l) => l.trim().split(/\s+/));
+    sum += Number(values[names.indexOf('RetransSegs')]);
+  }
+  return sum;
+}
+
 interface Step {
   node: string;
   exit: ExitStatus;
@@ -102,6 +116,17 @@ interface Step {
   newContainer?: string;
   /** Where the node's log stood when SIGTERM was sent. */
   logFrom: number;
+  /** When SIGTERM was sent and when the node was ready again (Date.now()). */
+  at: number;
+  readyAt: number;
+}
+
+/** Which part of the roll a moment falls in (where a gap ended). */
+function phaseOf(steps: Step[], t: number | undefined): string {
+  if (t === undefined || !steps.length) return 'unknown';
+  const s = [...steps].reverse().find((x) => x.at <= t);
+  if (!s) return 'before the first restart';
+  return t <= s.readyAt ? `while ${s.node} restarted` : `after ${s.node} was ready`;
 }
 
 /** One node's turn: SIGTERM, wait for the exit (SIGKILL after the grace period), a new container, ready. */
@@ -116,7 +141,8 @@ async function restartNode(tb: Testbed, node: string, vip: string): Promise<Step
   const t2 = Date.now();
   await tb.syncBlockRoutes();
   await nodeReady(tb, node, vip);
-  const step: Step = { node, exit, stopMs: t1 - t0, startMs: t2 - t1, readyMs: Date.now() - t2, oldContainer, newContainer: d.container?.id, logFrom };
+  const t3 = Date.now();
+  const step: Step = { node, exit, stopMs: t1 - t0, startMs: t2 - t1, readyMs: t3 - t2, oldContainer, newContainer: d.container?.id, logFrom, at: t0, readyAt: t3 };
   process.stdout.write(`  ${node}: exit ${JSON.stringify(exit)} after ${step.stopMs} ms, new container answered ping after ${step.startMs} ms, ready ${step.readyMs} ms later\n`);
   return step;
 }
@@ -130,6 +156,9 @@ test('rolling restart of every node\'s tetherd container under traffic: 200/200 
       const vip = await vipServed(tb);
       for (const n of NODES) await nodeReady(tb, n, vip);
       const before = await egressReady(tb);
+      // The owner's node goes first: its address is handed over, then handed back when the other gateway's
+      // node restarts (a DaemonSet's order is arbitrary; this one makes both gateways hand over).
+      const order = [before.node, other(before.node), ...NODES.filter((n) => !GATEWAYS.includes(n))];
       const servers = await lb.startTargets(tb, Object.values(TARGETS).flat(), vip);
       const pinsBefore = await pinnedMaps(tb);
       process.stdout.write(`  VIP ${vip}, floating ${before.address} owned by ${before.owner}; ${pinsBefore.maps.size} pinned maps (${pinsBefore.others.length} other pins)\n`);
@@ -139,14 +168,19 @@ test('rolling restart of every node\'s tetherd container under traffic: 200/200 
       let eg: Awaited<ReturnType<typeof egress.runTraffic>> | undefined;
       const t0 = Date.now();
       let rollMs = 0;
+      let retrans = { egress: 0, lb: 0, total: [0, 0] };
+      const lbHosts = ['client', ...Object.values(TARGETS).flat()];
       let lbPeers = new Map<string, string[]>();
       let lbReport: Awaited<ReturnType<typeof lb.traffic>>;
       try {
         lbReport = await lb.traffic(tb, vip, CONNS, TRAFFIC_MAX_MS, async () => {
           eg = await egress.runTraffic(tb, CONNS, TRAFFIC_MAX_MS, async () => {
+            const rt0 = await Promise.all([retransmits(tb, EGRESS_HOSTS), retransmits(tb, lbHosts)]);
             const r0 = Date.now();
-            for (const n of NODES) steps.push(await restartNode(tb, n, vip));
+            for (const n of order) steps.push(await restartNode(tb, n, vip));
             rollMs = Date.now() - r0;
+            const rt1 = await Promise.all([retransmits(tb, EGRESS_HOSTS), retransmits(tb, lbHosts)]);
+            retrans = { egress: rt1[0] - rt0[0], lb: rt1[1] - rt0[1], total: rt1 };
             await new Promise((r) => setTimeout(r, AFTER_MS));
           }, { endWhenDone: true });
         }, true, { endWhenDone: true });
@@ -155,12 +189,12 @@ test('rolling restart of every node\'s tetherd container under traffic: 200/200 
       }
       const egReport = eg!.report;
       const after = await egressReady(tb);
-      process.stdout.write(`  rolling restart of ${NODES.length} nodes: ${rollMs} ms (traffic ${Date.now() - t0} ms in all)\n`);
-      process.stdout.write(`  egress: ${egReport.intact}/${CONNS} intact, longest gap ${egReport.maxGapAfterMarkMs} ms during the restarts (${egReport.maxGapMs} ms over the run), ${egReport.echoes} echoes, UDP ${egReport.udp?.received}/${egReport.udp?.sent} (longest gap ${egReport.udp?.maxGapMs} ms); owner ${before.owner} → ${after.owner}\n`);
-      process.stdout.write(`  LB: ${lbReport.intact}/${CONNS} intact, longest gap ${lbReport.maxGapAfterMarkMs} ms during the restarts (${lbReport.maxGapMs} ms over the run), ${lbReport.echoes} echoes, UDP ${lbReport.udp?.received}/${lbReport.udp?.sent} (longest gap ${lbReport.udp?.maxGapMs} ms); per target ${[...lbPeers].map(([k, v]) => `${k} ${v.length}`).join(', ')}\n`);
+      process.stdout.write(`  rolling restart of ${NODES.length} nodes: ${rollMs} ms (traffic ${Date.now() - t0} ms in all); TCP segments retransmitted during the roll: egress ${retrans.egress} (client pod + server), LB ${retrans.lb} (client + targets); since the hosts started ${retrans.total.join(', ')}\n`);
+      process.stdout.write(`  egress: ${egReport.intact}/${CONNS} intact, longest gap ${egReport.maxGapAfterMarkMs} ms during the restarts, ended ${phaseOf(steps, egReport.maxGapAfterMarkEndedAt)} (${egReport.maxGapMs} ms over the run), ${egReport.echoes} echoes, UDP ${egReport.udp?.received}/${egReport.udp?.sent} (longest gap ${egReport.udp?.maxGapMs} ms); owner ${before.owner} → ${after.owner}\n`);
+      process.stdout.write(`  LB: ${lbReport.intact}/${CONNS} intact, longest gap ${lbReport.maxGapAfterMarkMs} ms during the restarts, ended ${phaseOf(steps, lbReport.maxGapAfterMarkEndedAt)} (${lbReport.maxGapMs} ms over the run), ${lbReport.echoes} echoes, UDP ${lbReport.udp?.received}/${lbReport.udp?.sent} (longest gap ${lbReport.udp?.maxGapMs} ms); per target ${[...lbPeers].map(([k, v]) => `${k} ${v.length}`).join(', ')}\n`);
 
       // Every node was restarted gracefully, in a new container.
-      assert.equal(steps.map((s) => s.node), NODES);
+      assert.equal(steps.map((s) => s.node).sort(), NODES);
       for (const s of steps) {
         assert.equal(s.exit, { code: 0, signal: null }, `${s.node}'s tetherd stopped by itself on SIGTERM`);
         assert.ok(s.newContainer && s.newContainer !== s.oldContainer, `${s.node} runs in a new container (${s.oldContainer} → ${s.newContainer})`);
@@ -178,6 +212,10 @@ test('rolling restart of every node\'s tetherd container under traffic: 200/200 
       const clientIp = tb.externalIp('client');
       for (const [pod, list] of lbPeers) for (const p of list) assert.ok(p.startsWith(`${clientIp}:`), `${pod} saw ${p}, not the client`);
       assert.ok((egReport.udp?.received ?? 0) > 0 && (lbReport.udp?.received ?? 0) > 0, 'both UDP streams flowed');
+      // Bytes kept flowing: no connection waited out more than a couple of TCP retransmissions (1 s, 2 s).
+      for (const [kind, r] of [['egress', egReport], ['LB', lbReport]] as const) {
+        assert.ok(r.maxGapAfterMarkMs !== undefined && r.maxGapAfterMarkMs < 3000, `${kind}: longest gap during the restarts ${r.maxGapAfterMarkMs} ms`);
+      }
 
       // Still served to new connections, by the same VIP and floating address.
       assert.is(await vipServed(tb), vip, 'the same VIP, announced by both LB nodes');
@@ -205,6 +243,11 @@ test('rolling restart of every node\'s tetherd container under traffic: 200/200 
         const bad = text.split('\n').filter((l) => /libbpf:|bpf map migrated|bpf map replaced/.test(l));
         assert.equal(bad, [], `${s.node}'s log since its restart`);
         assert.match(text, /tetherd started/, `${s.node}'s log holds the new start`);
+        // The first two (the owner's node, then the other gateway's, which owned the address by then) handed
+        // the address over on SIGTERM.
+        if (steps.indexOf(s) < 2) {
+          assert.ok(text.split('\n').some((l) => l.includes('"egress: ownership changed"') && l.includes('tetherd stopping')), `${s.node} handed its address over as it stopped`);
+        }
         // An LB node's new tetherd finds the connections' mappings in the pinned map (200 TCP + the UDP flow).
         const reused = /"message":"lb: datapath loaded".*?"reusedMappings":(\d+)/.exec(text)?.[1];
         if (LB_NODES.includes(s.node)) {
