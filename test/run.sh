@@ -22,7 +22,9 @@ for group in test/unit test/cni test/ipam test/kernel test/testbed; do
   ls "$group"/*.test.ts >/dev/null 2>&1 || continue
   name=$(basename "$group")
   echo "== $group"
-  NODE_DISABLE_COLORS=1 FORCE_COLOR=0 node_modules/.bin/uvu -r tsx/cjs "$group" '\.test\.ts$' 2>&1 | tee "$logdir/$name.log"
+  # Testbed nodes run tetherd in the DaemonSet's container (install/'s manifest, the image, containerd + runc).
+  containers=0; [ "$name" = testbed ] && containers=1
+  TETHER_TESTBED_CONTAINERS=$containers NODE_DISABLE_COLORS=1 FORCE_COLOR=0 node_modules/.bin/uvu -r tsx/cjs "$group" '\.test\.ts$' 2>&1 | tee "$logdir/$name.log"
   total=$(sed -n 's/^ *Total: *\([0-9]*\).*/\1/p' "$logdir/$name.log" | tail -1)
   ok=$(sed -n 's/^ *Passed: *\([0-9]*\).*/\1/p' "$logdir/$name.log" | tail -1)
   skipped=$(sed -n 's/^ *Skipped: *\([0-9]*\).*/\1/p' "$logdir/$name.log" | tail -1)
