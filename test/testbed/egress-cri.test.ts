@@ -131,7 +131,7 @@ test('CRI pods: owner gateway killed abruptly: every TCP connection continues fr
       assert.ok(report.udp && report.udp.received > report.udp.sent * 0.8, `UDP continued: ${JSON.stringify(report.udp)}`);
       process.stdout.write(
         `  CRI failover: longest gap ${report.maxGapAfterMarkMs} ms during the failover (${report.maxGapMs} ms over the whole run) over ${CONNS} connections, ` +
-          `UDP ${report.udp?.received}/${report.udp?.sent}, takeover ${JSON.stringify(next.st.lastTakeover)}\n`,
+          `UDP ${report.udp?.received}/${report.udp?.sent}, epoch ${first.st.epoch} → ${next.st.epoch}, takeover ${JSON.stringify(next.st.lastTakeover)}\n`,
       );
 
       // kubelet then finds the sandbox dead and deletes the pod: StopPodSandbox + RemovePodSandbox. Nothing
@@ -175,6 +175,20 @@ test('CRI pods: owner gateway pod deleted through StopPodSandbox: no connection 
       const left = { pods: await tetherdPods(tb, first.node), allocated: (await tb.nodeBlocks(first.node)).allocated };
       assert.not.ok(left.pods.includes(first.st.owner), `${first.node}'s tetherd keeps no record of ${first.st.owner}`);
       assert.is(left.allocated, 0, `${first.node}'s pod addresses all released`);
+      // Negative control: the gateways' labels reach tetherd only through the Pod objects (containerd passes
+      // none to CNI); with them gone from the config file no node has a gateway candidate left.
+      const cfg = JSON.parse(fs.readFileSync(tb.ipamConfigPath, 'utf8')) as { items: Array<{ kind: string }> };
+      assert.ok(cfg.items.some((o) => o.kind === 'Pod'), 'the config file holds the pods\' Pod objects');
+      fs.writeFileSync(`${tb.ipamConfigPath}.tmp`, JSON.stringify({ ...cfg, items: cfg.items.filter((o) => o.kind !== 'Pod') }));
+      fs.renameSync(`${tb.ipamConfigPath}.tmp`, tb.ipamConfigPath);
+      const end = Date.now() + 10_000;
+      let seen: string[] = [];
+      for (;;) {
+        seen = (await Promise.all(['n1', 'n2', 'n3'].map(async (n) => ((await egressOf(tb, n)) as { candidates?: unknown[] } | undefined)?.candidates?.length ?? 0))).map(String);
+        if (seen.every((c) => c === '0') || Date.now() > end) break;
+        await new Promise((r) => setTimeout(r, 200));
+      }
+      assert.equal(seen, ['0', '0', '0'], 'without Pod objects no gateway candidate on n1, n2, n3');
       process.stdout.write(
         `  CRI planned handover: StopPodSandbox + RemovePodSandbox ${stopMs} ms, longest gap ${report.maxGapAfterMarkMs} ms during the handover ` +
           `(${report.maxGapMs} ms over the whole run) over ${CONNS} connections, takeover ${JSON.stringify(next.st.lastTakeover)}\n`,
