@@ -287,7 +287,7 @@ export async function cleanNode(o: CleanNodeOptions): Promise<CleanReport> {
       if (!liveFiles.has(path.basename(f))) fs.rmSync(f, { force: true });
     }
     keepInState.add('pods').add('delete-queue');
-    log.warn('clean-node: pods created with tether still run on this node: the tether executables stay until they are gone; delete or restart them, then apply install/uninstall again', { pods: report.livePods });
+    log.warn('clean-node: pods created with tether still run on this node: the tether executables stay until they are gone; delete or restart them, then delete this node\'s tether-uninstall pod (the DaemonSet starts a new one, which cleans again)', { pods: report.livePods });
   } else {
     if (report.queuedDeletes > 0) {
       // Nothing is left to release: the cleanup above covers what each queued DEL would have undone.
