@@ -45,7 +45,10 @@ const inNs = (ns: string, ...cmd: string[]) => sh('nsenter', `--net=${nsPath(ns)
 
 // What the process logs, as JSON lines: migrations and libbpf's warnings are read from here.
 const logLines: string[] = [];
-setLogger(makeLogger({ stream: new Writable({ write(c, _e, cb) { logLines.push(...String(c).split('\n').filter(Boolean)); cb(); } }) }));
+// Set when this suite starts, not at import: uvu imports every file of a group before running any, and a
+// later file's own logger (pod-network's) would otherwise be the one in force here.
+test.before(() => setLogger(makeLogger({ stream: new Writable({ write(c, _e, cb) { logLines.push(...String(c).split('\n').filter(Boolean)); cb(); } }) })));
+test.after(() => setLogger(makeLogger()));
 const logged = (from: number) => logLines.slice(from).map((l) => JSON.parse(l) as Record<string, unknown>);
 const libbpfWarnings = (from: number) => logged(from).filter((l) => String(l.message).startsWith('libbpf:'));
 
@@ -193,6 +196,9 @@ setTimeout(() => { console.log(JSON.stringify({ error: 'timeout', sent: 0, recei
       else reject(new Error(`stream client gave no result: ${out}`));
     });
   });
+  // A test that fails before awaiting done kills the client in its cleanup: that rejection must not end
+  // the whole run as an unhandled one (the test's own failure is what is reported).
+  done.catch(() => undefined);
   return { connected, done };
 }
 
