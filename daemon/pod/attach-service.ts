@@ -6,7 +6,7 @@ import { isLabelKey, isLabelValue } from '../common/fields';
 import { TetherError, ErrorCode } from '../errors';
 import type { Logger } from '../log';
 import type { CniParams } from '../api/protocol';
-import { netnsExists } from '../sys/netns';
+import { isOwnNetns, netnsExists } from '../sys/netns';
 import { keyString, podKeyOf, type AttachmentKey, type PodRecord, type PodStore } from '../state/pod-store';
 import {
   addedInterfaces,
@@ -61,8 +61,17 @@ export class AttachService extends EventEmitter {
       return buildResult(prev, conf.cniVersion as string, addedInterfaces(existing.applied as AppliedPodNetwork));
     }
     if (existing) this.undoRecord(existing, who);
+    // In the DaemonSet's container tetherd has no host PID namespace: a /proc/<pid> path names one of the
+    // container's own processes, or none. A pod never lives in the node's namespace (hostNetwork pods get no
+    // CNI call), so that is always a wrong path, and configuring it would change the node itself.
+    const procHint = p.netns.startsWith('/proc/')
+      ? ' (tetherd reaches pod namespaces through /run/netns, as containerd and CRI-O name them; a runtime that names them /proc/<pid>/ns/net needs tetherd run with hostPID and SYS_PTRACE)'
+      : '';
     if (!netnsExists(p.netns)) {
-      throw new TetherError(ErrorCode.NetnsGone, `network namespace ${p.netns} of container ${p.containerId} does not exist`);
+      throw new TetherError(ErrorCode.NetnsGone, `network namespace ${p.netns} of container ${p.containerId} does not exist${procHint}`);
+    }
+    if (isOwnNetns(p.netns)) {
+      throw new TetherError(ErrorCode.InvalidEnvironment, `CNI_NETNS ${p.netns} of container ${p.containerId} is the node's own network namespace, not a pod's: nothing done${procHint}`);
     }
 
     const base: PodRecord = {

@@ -38,6 +38,17 @@ export function inNetns<T>(nsPath: string, fn: () => T): T {
   }
 }
 
+/** True when nsPath is the network namespace this thread is in (the node's, for tetherd). */
+export function isOwnNetns(nsPath: string): boolean {
+  try {
+    const a = fs.statSync(nsPath);
+    const b = fs.statSync('/proc/thread-self/ns/net');
+    return a.dev === b.dev && a.ino === b.ino;
+  } catch {
+    return false;
+  }
+}
+
 /** True when nsPath exists and is a network namespace handle. */
 export function netnsExists(nsPath: string): boolean {
   try {

@@ -183,6 +183,28 @@ test('DEL when the pod namespace is already gone succeeds and forgets the pod', 
   });
 });
 
+test('an ADD naming the node\'s own namespace (a /proc/<pid> path seen from a container without the host PID namespace) is refused and changes nothing on the node', async () => {
+  await withNode(async (f) => {
+    const nodeNs = `/run/netns/${f.node}`;
+    const before = nsSysctl(f.node, 'net/ipv4/conf/all/arp_ignore');
+    const conf = {
+      type: 'tether', name: 'tether-chain-test', cniVersion: '1.0.0', socketPath: f.daemon.socket, vips: VIPS,
+      prevResult: { cniVersion: '1.0.0', interfaces: [{ name: 'eth0', sandbox: nodeNs }], ips: [{ address: '10.99.9.2/24', interface: 0 }] },
+    };
+    // tetherd's own namespace, named by its /run/netns path and, as a container's /proc/<pid> would, by
+    // tetherd's own /proc entry.
+    for (const netns of [nodeNs, `/proc/${f.daemon.proc.pid}/ns/net`]) {
+      const r = runCni(bin('tether'), { CNI_COMMAND: 'ADD', CNI_CONTAINERID: 'ctr-own-ns', CNI_NETNS: netns, CNI_IFNAME: 'eth0', CNI_PATH: BIN_DIR }, JSON.stringify(conf), { netns: nodeNs });
+      assert.is(r.status, 1, r.stdout);
+      assert.is((r.json as { code: number }).code, 4, r.stdout);
+      assert.match(String((r.json as { msg: string }).msg), /is the node's own network namespace, not a pod's: nothing done/);
+    }
+    assert.is(nsSysctl(f.node, 'net/ipv4/conf/all/arp_ignore'), before, 'the node\'s ARP sysctls untouched');
+    const status = JSON.parse(execFileSync(bin('tetherctl'), ['--socket', f.daemon.socket, 'status'], { encoding: 'utf8' }));
+    assert.equal(status.pods, [], 'nothing recorded');
+  });
+});
+
 test('1.1.0: tether ADD/CHECK/STATUS after ptp, then GC removes an attachment the runtime no longer lists', async () => {
   await withNode(async (f) => {
     const pod = uniqueName('tchc');
