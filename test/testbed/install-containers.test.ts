@@ -23,7 +23,7 @@ import { sleep } from './proc';
 import { until } from '../lib/wait';
 import { imageRootfs, type ExitStatus, type NodeContainer, type NodeRuntime } from '../lib/container/node-runtime';
 import { containerOf, daemonSetPodSpec, type ContainerSpec, type PodSpec } from '../lib/container/pod-spec';
-import { dirBytes, filesUnder, podRoundTrip, snapshotNode, writePrimary, type NodeDirs } from './uninstall-steps';
+import { dirBytes, filesUnder, podRoundTrip, putTetherToWork, snapshotNode, writePrimary, type NodeDirs } from './uninstall-steps';
 
 const NODE = 'n1';
 /** The primary's owner and mode, as its agent left them: install and uninstall must keep both. */
@@ -234,20 +234,7 @@ test('install-cni, cni-watch, then the uninstall DaemonSet, each in its manifest
     await step('installed', true);
 
     // Tether at work: a gateway and a client on the node, the floating address owned here.
-    await tb.addPod(NODE, { name: 'gw1', namespace: 'shop', tether: { labels: { role: 'egress-gw' } } });
-    await tb.addPod(NODE, { name: 'web', namespace: 'shop', tether: { labels: { app: 'web' }, encapOverhead: 28 } });
-    const owned = await until('n1 owns the floating address', async () => {
-      const st = (await tb.status(NODE)) as unknown as { egress: Array<{ address: string; ownedHere: boolean }> };
-      return st.egress[0]?.ownedHere ? st.egress[0].address : undefined;
-    });
-    const working = await snapshotNode(tb, NODE);
-    assert.ok(filesUnder(d.pinDir).length > 0, 'pins exist');
-    assert.match(working.routes, new RegExp(`^${owned.replace(/\./g, '\\.')} dev `, 'm'), 'the floating address is routed to the gateway');
-    assert.ok(Object.entries(working.tc).some(([k, v]) => !before.tc[k] && /egress_guard|egress_steer/.test(v)), 'our tc filters are attached');
-    assert.match((await tb.mustExec('n1-gw1', ['nft', 'list', 'tables'])).stdout, /tether_egress/);
-    assert.is.not(working.sysctls['net/ipv4/neigh/eth0/proxy_delay'], before.sysctls['net/ipv4/neigh/eth0/proxy_delay'], 'tetherd (in its container) changed a node sysctl');
-    assert.ok(fs.existsSync(path.join(d.tetherdState, 'sysctl-journal.json')), 'tetherd journalled it');
-    assert.ok(filesUnder(path.join(d.tetherdState, 'pods')).length >= 2, 'pod records');
+    await putTetherToWork(tb, NODE, d, before);
     assert.ok(watch.c.running, `cni-watch runs: ${fs.readFileSync(watch.log, 'utf8').slice(-2000)}`);
 
     const runLib = tb.nodeDir(NODE, 'lib');

@@ -3,6 +3,7 @@
 // directories, a pod created and deleted "as the runtime would" through whatever configuration the node's
 // CNI directory holds at that moment, and a snapshot of what tether can leave on a node. Kept apart from
 // the test so the container harness can call the same steps.
+import * as assert from 'uvu/assert';
 import type { ChildProcess } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
 import * as fs from 'node:fs';
@@ -11,6 +12,7 @@ import { CniChain, type Conflist } from './cni-chain';
 import { bpfDir } from './cleanup';
 import { mustRun, run, type RunResult } from './proc';
 import { binDir } from './tetherd';
+import { until } from '../lib/wait';
 import { SYSTEM_CNI_DIR, type Testbed } from './testbed';
 
 export interface NodeDirs {
@@ -177,6 +179,29 @@ export async function snapshotNode(tb: Testbed, node: string): Promise<NodeSnaps
     for (const dir of ['ingress', 'egress']) tc[`${l} ${dir}`] = (await mustRun(['tc', '-n', ns, 'filter', 'show', 'dev', l, dir])).stdout.trim();
   }
   return { sysctls, routes, rules, nft, tc, links };
+}
+
+/**
+ * Puts tether to work on the node (an egress gateway and a client, the floating address owned here) and
+ * checks that what a cleanup must take away is really there: pins, the floating route, our tc filters, the
+ * gateway's nft table, a node sysctl changed and journalled, pod records. Else the end state proves nothing.
+ */
+export async function putTetherToWork(tb: Testbed, node: string, d: NodeDirs, before: NodeSnapshot): Promise<NodeSnapshot> {
+  await tb.addPod(node, { name: 'gw1', namespace: 'shop', tether: { labels: { role: 'egress-gw' } } });
+  await tb.addPod(node, { name: 'web', namespace: 'shop', tether: { labels: { app: 'web' }, encapOverhead: 28 } });
+  const owned = await until(`${node} owns the floating address`, async () => {
+    const st = (await tb.status(node)) as unknown as { egress: Array<{ address: string; ownedHere: boolean }> };
+    return st.egress[0]?.ownedHere ? st.egress[0].address : undefined;
+  });
+  const working = await snapshotNode(tb, node);
+  assert.ok(filesUnder(d.pinDir).length > 0, 'pins exist');
+  assert.match(working.routes, new RegExp(`^${owned.replace(/\./g, '\\.')} dev `, 'm'), 'the floating address is routed to the gateway');
+  assert.ok(Object.entries(working.tc).some(([k, v]) => !before.tc[k] && /egress_guard|egress_steer/.test(v)), 'our tc filters are attached');
+  assert.match((await tb.mustExec(`${node}-gw1`, ['nft', 'list', 'tables'])).stdout, /tether_egress/);
+  assert.is.not(working.sysctls['net/ipv4/neigh/eth0/proxy_delay'], before.sysctls['net/ipv4/neigh/eth0/proxy_delay'], 'tetherd changed a node sysctl');
+  assert.ok(fs.existsSync(path.join(d.tetherdState, 'sysctl-journal.json')), 'tetherd journalled it');
+  assert.ok(filesUnder(path.join(d.tetherdState, 'pods')).length >= 2, 'pod records');
+  return working;
 }
 
 /** Files under a directory (relative paths), empty when it does not exist. */

@@ -13,10 +13,9 @@ import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { withTestbed } from './testbed';
 import { FLOAT_POOL } from './egress-scenario';
-import { until } from '../lib/wait';
 import { sleep } from './proc';
 import {
-  cleanArgs, dirBytes, filesUnder, installerRun, installerSpawn, nodeDirs, podRoundTrip, snapshotNode, stopChild, writePrimary,
+  cleanArgs, dirBytes, filesUnder, installerRun, installerSpawn, nodeDirs, podRoundTrip, putTetherToWork, snapshotNode, stopChild, writePrimary,
 } from './uninstall-steps';
 
 const NODE = 'n1';
@@ -60,21 +59,7 @@ test('the README removal steps keep pods creatable and deletable at every step a
     await step('installed', true);
 
     // Tether at work: a gateway and a client on the node, the floating address owned here.
-    await tb.addPod(NODE, { name: 'gw1', namespace: 'shop', tether: { labels: { role: 'egress-gw' } } });
-    await tb.addPod(NODE, { name: 'web', namespace: 'shop', tether: { labels: { app: 'web' }, encapOverhead: 28 } });
-    const owned = await until('n1 owns the floating address', async () => {
-      const st = (await tb.status(NODE)) as unknown as { egress: Array<{ address: string; ownedHere: boolean }> };
-      return st.egress[0]?.ownedHere ? st.egress[0].address : undefined;
-    });
-    const working = await snapshotNode(tb, NODE);
-    // What the cleanup must take away is really there (else the end state proves nothing).
-    assert.ok(filesUnder(d.pinDir).length > 0, 'pins exist');
-    assert.match(working.routes, new RegExp(`^${owned.replace(/\./g, '\\.')} dev `, 'm'), 'the floating address is routed to the gateway');
-    assert.ok(Object.entries(working.tc).some(([k, v]) => !before.tc[k] && /egress_guard|egress_steer/.test(v)), 'our tc filters are attached');
-    assert.match((await tb.mustExec('n1-gw1', ['nft', 'list', 'tables'])).stdout, /tether_egress/);
-    assert.is.not(working.sysctls['net/ipv4/neigh/eth0/proxy_delay'], before.sysctls['net/ipv4/neigh/eth0/proxy_delay'], 'tetherd changed a node sysctl');
-    assert.ok(fs.existsSync(path.join(d.tetherdState, 'sysctl-journal.json')), 'tetherd journalled it');
-    assert.ok(filesUnder(path.join(d.tetherdState, 'pods')).length >= 2, 'pod records');
+    await putTetherToWork(tb, NODE, d, before);
 
     // ---- step 1: kubectl apply -k install/uninstall — init container 1 (uninstall), then init 2 (clean-node --wait).
     const un = await installerRun(tb, NODE, d, 'uninstall');
