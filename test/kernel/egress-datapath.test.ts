@@ -385,7 +385,11 @@ for (let c = 0; c < conns; c++) {
     if (++done === conns) { console.log(JSON.stringify(report)); process.exit(0); } };
   s.on('error', (e) => finish(e.code || e.message));
   s.on('close', () => finish('closed by peer'));
-  setTimeout(() => finish(got >= expect - 64 * 4 ? undefined : 'echo behind: ' + got + '/' + expect), ms);
+  // At the end writes stop and every byte must come back: a flow that lost its path never catches up (or is
+  // reset), while one that only stalled with the machine (2 busy cores) does, within the grace.
+  setTimeout(() => { clearInterval(tick); const until = Date.now() + 2000;
+    const check = () => { if (dead) return; if (got >= expect) finish(); else if (Date.now() > until) finish('echo behind: ' + got + '/' + expect); else setTimeout(check, 20); };
+    check(); }, ms);
 }`;
 
 /** Starts long-lived connections from ns; the promise resolves with the report when they end. */
@@ -452,7 +456,7 @@ test('flows are pinned: adding an address moves no live flow, removing one moves
     s.setGateways(EGRESS, [two[0]]);
     const r2 = await live2;
     const wereOnB = pins2.filter((p) => p.floatingIp === FLOATING2).length;
-    assert.ok(r2.broken.length <= wereOnB, `only flows on the removed address broke: ${r2.broken.length} broke, ${wereOnB} pins were on it`);
+    assert.ok(r2.broken.length <= wereOnB, `only flows on the removed address broke: ${r2.broken.length} broke, ${wereOnB} pins were on it (${r2.broken.join(', ')})`);
     assert.ok(r2.intact >= 24 - wereOnB, `${r2.intact} intact`);
     assert.ok(r2.broken.every((b) => !b.startsWith('echo behind')), `broken ones failed cleanly, not hung: ${r2.broken.join(', ')}`);
     if (r2.broken.length) assert.ok(delta(s.stats(), before).repinned > 0n, 'their flows were pinned again');

@@ -137,10 +137,18 @@ net.createServer((s) => {
   s.setNoDelay(true);
   s.on('data', (b) => s.write(b));
   s.on('error', () => {});
-}).listen(Number(port), '0.0.0.0', () => process.stdout.write('ready\\n'));
-const u = dgram.createSocket('udp4');
-u.on('message', (m, r) => u.send(m, r.port, r.address));
-u.bind(Number(port), vip);
+}).listen(Number(port), '0.0.0.0', () => up());
+// The VIP is on the pod once tetherd has set its target role up, which may come a moment after the pod:
+// bind again until it is there (an unbound socket's error would end the server), ready only then.
+let pending = 2;
+const up = () => { if (--pending === 0) process.stdout.write('ready\\n'); };
+const bindUdp = () => {
+  const u = dgram.createSocket('udp4');
+  u.on('message', (m, r) => u.send(m, r.port, r.address));
+  u.once('error', () => { u.close(); setTimeout(bindUdp, 50); });
+  u.bind(Number(port), vip, up);
+};
+bindUdp();
 process.on('SIGTERM', () => { process.stdout.write(JSON.stringify({ name, peers: [...peers] }) + '\\n'); process.exit(0); });
 `;
 
