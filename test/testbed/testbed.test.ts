@@ -275,7 +275,12 @@ Testbed.up(${JSON.stringify(CHILD_TOPO)}).then((tb) => {
   setInterval(() => undefined, 1000);
 });`,
   );
-  const child = spawn(process.execPath, ['-r', 'tsx/cjs', script], { cwd: path.resolve(__dirname, '../..'), stdio: ['ignore', 'pipe', 'inherit'] });
+  // The child's tetherd runs as a plain process: its teardown on SIGINT and the sweep after SIGKILL reach
+  // what lives in the run's namespaces, not the private containerd of a containerized run (which would be
+  // left running, orphaned).
+  const child = spawn(process.execPath, ['-r', 'tsx/cjs', script], {
+    cwd: path.resolve(__dirname, '../..'), stdio: ['ignore', 'pipe', 'inherit'], env: { ...process.env, TETHER_TESTBED_CONTAINERS: '0' },
+  });
   const exited = new Promise<NodeJS.Signals | null>((r) => child.once('exit', (_c, s) => r(s)));
   const prefix = await new Promise<string>((resolve, reject) => {
     child.stdout.on('data', (b: Buffer) => resolve(b.toString().trim()));
