@@ -17,36 +17,17 @@ import { createHash } from 'node:crypto';
 import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { withTestbed, type Testbed } from './testbed';
-import { FLOAT_POOL } from './egress-scenario';
 import { bpfDir } from './cleanup';
 import { sleep } from './proc';
 import { until } from '../lib/wait';
 import { imageRootfs, type ExitStatus, type NodeContainer, type NodeRuntime } from '../lib/container/node-runtime';
 import { containerOf, daemonSetPodSpec, type ContainerSpec, type PodSpec } from '../lib/container/pod-spec';
-import { dirBytes, filesUnder, podRoundTrip, putTetherToWork, snapshotNode, writePrimary, type NodeDirs } from './uninstall-steps';
+import { dirBytes, filesUnder, oneNodeEgressTopology, podRoundTrip, putTetherToWork, snapshotNode, writePrimary, type NodeDirs } from './uninstall-steps';
 
 const NODE = 'n1';
 /** The primary's owner and mode, as its agent left them: install and uninstall must keep both. */
 const PRIMARY_UID = 1000;
 const PRIMARY_MODE = 0o600;
-
-const topology = {
-  nodes: [{ name: NODE, pods: [] }],
-  tether: true,
-  ipam: 'tether-ipam' as const,
-  extraObjects: [
-    { apiVersion: 'tether.dev/v1alpha1', kind: 'AddressPool', metadata: { name: 'float' }, spec: { usage: 'floating', ipv4: { cidr: FLOAT_POOL } } },
-    {
-      apiVersion: 'tether.dev/v1alpha1', kind: 'Egress', metadata: { name: 'out', namespace: 'shop' },
-      spec: {
-        clients: { podSelector: { matchLabels: { app: 'web' } } },
-        gateways: { podSelector: { matchLabels: { role: 'egress-gw' } } },
-        destinations: ['198.19.0.0/16'],
-        addresses: { pool: 'float', count: 1 },
-      },
-    },
-  ],
-};
 
 // ---- the host's own CNI directories ----------------------------------------------------------------------
 
@@ -156,7 +137,7 @@ function cleanReport(out: string): CleanReport {
 
 test('install-cni, cni-watch, then the uninstall DaemonSet, each in its manifest container: pods work at every step, the node ends clean, the host CNI dirs untouched', async () => {
   const hostBefore = hostCniState();
-  await withTestbed(topology, async (tb) => {
+  await withTestbed(oneNodeEgressTopology(NODE), async (tb) => {
     const tetherd = tb.tetherd(NODE);
     assert.ok(tetherd.container, 'tetherd runs in its DaemonSet container');
     const rt = tetherd.opts.container!.runtime;

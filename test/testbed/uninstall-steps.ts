@@ -14,6 +14,8 @@ import { mustRun, run, type RunResult } from './proc';
 import { binDir } from './tetherd';
 import { until } from '../lib/wait';
 import { SYSTEM_CNI_DIR, type Testbed } from './testbed';
+import type { Topology } from './topology';
+import { FLOAT_POOL } from './egress-scenario';
 
 export interface NodeDirs {
   netDir: string;
@@ -179,6 +181,27 @@ export async function snapshotNode(tb: Testbed, node: string): Promise<NodeSnaps
     for (const dir of ['ingress', 'egress']) tc[`${l} ${dir}`] = (await mustRun(['tc', '-n', ns, 'filter', 'show', 'dev', l, dir])).stdout.trim();
   }
   return { sysctls, routes, rules, nft, tc, links };
+}
+
+/** One node under an Egress whose gateway and client pods putTetherToWork adds (tether-ipam, a floating pool). */
+export function oneNodeEgressTopology(node: string): Topology {
+  return {
+    nodes: [{ name: node, pods: [] }],
+    tether: true,
+    ipam: 'tether-ipam',
+    extraObjects: [
+      { apiVersion: 'tether.dev/v1alpha1', kind: 'AddressPool', metadata: { name: 'float' }, spec: { usage: 'floating', ipv4: { cidr: FLOAT_POOL } } },
+      {
+        apiVersion: 'tether.dev/v1alpha1', kind: 'Egress', metadata: { name: 'out', namespace: 'shop' },
+        spec: {
+          clients: { podSelector: { matchLabels: { app: 'web' } } },
+          gateways: { podSelector: { matchLabels: { role: 'egress-gw' } } },
+          destinations: ['198.19.0.0/16'],
+          addresses: { pool: 'float', count: 1 },
+        },
+      },
+    ],
+  };
 }
 
 /**

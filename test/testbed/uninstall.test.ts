@@ -12,35 +12,16 @@ import * as assert from 'uvu/assert';
 import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { withTestbed } from './testbed';
-import { FLOAT_POOL } from './egress-scenario';
 import { sleep } from './proc';
 import {
-  cleanArgs, dirBytes, filesUnder, installerRun, installerSpawn, nodeDirs, podRoundTrip, putTetherToWork, snapshotNode, stopChild, writePrimary,
+  cleanArgs, dirBytes, filesUnder, installerRun, installerSpawn, nodeDirs, oneNodeEgressTopology, podRoundTrip, putTetherToWork, snapshotNode, stopChild, writePrimary,
 } from './uninstall-steps';
 
 const NODE = 'n1';
 const WATCH_MS = 300;
 
-const topology = {
-  nodes: [{ name: NODE, pods: [] }],
-  tether: true,
-  ipam: 'tether-ipam' as const,
-  extraObjects: [
-    { apiVersion: 'tether.dev/v1alpha1', kind: 'AddressPool', metadata: { name: 'float' }, spec: { usage: 'floating', ipv4: { cidr: FLOAT_POOL } } },
-    {
-      apiVersion: 'tether.dev/v1alpha1', kind: 'Egress', metadata: { name: 'out', namespace: 'shop' },
-      spec: {
-        clients: { podSelector: { matchLabels: { app: 'web' } } },
-        gateways: { podSelector: { matchLabels: { role: 'egress-gw' } } },
-        destinations: ['198.19.0.0/16'],
-        addresses: { pool: 'float', count: 1 },
-      },
-    },
-  ],
-};
-
 test('the README removal steps keep pods creatable and deletable at every step and leave the node clean', async () => {
-  await withTestbed(topology, async (tb) => {
+  await withTestbed(oneNodeEgressTopology(NODE), async (tb) => {
     const d = nodeDirs(tb, NODE, '10.250.1.0/24');
     const before = await snapshotNode(tb, NODE);
     const primary = writePrimary(tb, NODE, d);
