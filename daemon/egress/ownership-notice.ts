@@ -1,15 +1,19 @@
 // Ownership notices between tetherds: how every node (candidates and clients) learns who owns a floating
 // address without the cluster store. The node that decides (a takeover, a handover) sends the decision to
 // every node it knows at once; each owner repeats its current ownership every second (a heartbeat that
-// also names the standbys in sync with it). UDP on the sync port number, one datagram per notice,
-// authenticated with an HMAC from the cluster key; a notice from a stale sender is harmless because
-// epochs only grow, and per-sender sequence numbers reject replays.
+// also names the standbys in sync with it), and each node with gateway pods announces them to the other
+// candidates of their Egresses every second, so candidates learn each other without the store. UDP on the
+// sync port number; as many notices as fit in one datagram of at most 1,400 bytes, the rest in more
+// datagrams; each authenticated with an HMAC from the cluster key. A notice from a stale sender is
+// harmless because epochs only grow, and per-sender sequence numbers (with a window for datagrams that
+// arrive out of order) reject replays.
 import { createHmac, randomBytes, timingSafeEqual } from 'node:crypto';
 import * as dgram from 'node:dgram';
 import { EventEmitter } from 'node:events';
 import { isIP } from 'node:net';
 import { ErrorCode, TetherError } from '../errors';
 import { log } from '../log';
+import type { GatewayInfo } from './ownership-store';
 
 const MAGIC = Buffer.from('TOWN');
 const VERSION = 1;
@@ -18,6 +22,12 @@ const MAC_BYTES = 32;
 export const MAX_NOTICE_BYTES = 1400;
 /** Notices older or newer than this (sender's clock) are refused: nodes keep their clocks in sync (NTP). */
 const MAX_SKEW_MS = 30_000;
+/** At most this many notices, and this many announced gateways, in one datagram. */
+export const MAX_PER_DATAGRAM = 16;
+/** Datagrams of one sender may arrive out of order within this many sequence numbers. */
+const REPLAY_WINDOW = 64;
+/** A refusal is logged once per sender address and reason in this period (with the count since). */
+const REJECT_LOG_EVERY_MS = 10_000;
 
 /** One decision (or its repetition): who owns `address` of `egress`, with which epoch. */
 export interface OwnershipNotice {
@@ -38,12 +48,19 @@ export interface OwnershipNotice {
 export type NoticeRejectReason = 'malformed' | 'badMac' | 'replay' | 'stale' | 'oversize';
 const REJECT_REASONS: NoticeRejectReason[] = ['malformed', 'badMac', 'replay', 'stale', 'oversize'];
 
+/** A gateway pod announced by its node: a candidate for the Egress's addresses. */
+export interface GatewayAnnouncement extends GatewayInfo {
+  egress: string;
+}
+
 interface Envelope {
   from: string;
   boot: string;
   seq: number;
   at: number;
   notices: OwnershipNotice[];
+  /** Optional (older senders do not send it): the sender's gateway pods, by Egress. */
+  gateways?: GatewayAnnouncement[];
 }
 
 export function noticeKey(clusterKey: Buffer): Buffer {
@@ -97,7 +114,10 @@ function checkEnvelope(raw: unknown): Envelope {
   if (typeof r.boot !== 'string' || !/^[0-9a-f]{16}$/.test(r.boot)) bad('boot');
   if (!Number.isSafeInteger(r.seq) || (r.seq as number) < 0) bad('seq');
   if (!Number.isSafeInteger(r.at)) bad('at');
-  if (!Array.isArray(r.notices) || r.notices.length > 16) bad('notices');
+  if (!Array.isArray(r.notices) || r.notices.length > MAX_PER_DATAGRAM) bad(`notices: ${Array.isArray(r.notices) ? `${r.notices.length} in one datagram (at most ${MAX_PER_DATAGRAM})` : 'not an array'}`);
+  if (r.gateways !== undefined && (!Array.isArray(r.gateways) || r.gateways.length > MAX_PER_DATAGRAM)) {
+    bad(`gateways: ${Array.isArray(r.gateways) ? `${r.gateways.length} in one datagram (at most ${MAX_PER_DATAGRAM})` : 'not an array'}`);
+  }
   const notices = (r.notices as unknown[]).map((n, i) => {
     const x = n as Record<string, unknown>;
     const str = (k: string, max = 253) => (typeof x?.[k] === 'string' && (x[k] as string).length <= max ? (x[k] as string) : bad(`notices[${i}].${k}`));
@@ -119,7 +139,55 @@ function checkEnvelope(raw: unknown): Envelope {
       inSync: x.inSync as string[],
     };
   });
-  return { from: r.from as string, boot: r.boot as string, seq: r.seq as number, at: r.at as number, notices };
+  const gateways = r.gateways === undefined ? undefined : (r.gateways as unknown[]).map((g, i) => {
+    const x = g as Record<string, unknown>;
+    const str = (k: string) => (typeof x?.[k] === 'string' && (x[k] as string).length > 0 && (x[k] as string).length <= 253 ? (x[k] as string) : bad(`gateways[${i}].${k}`));
+    const ip = (k: string) => (isIP(str(k)) ? (x[k] as string) : bad(`gateways[${i}].${k}`));
+    const out: GatewayAnnouncement = { egress: str('egress'), pod: str('pod'), node: str('node'), nodeAddress: ip('nodeAddress'), podIp: ip('podIp') };
+    if (x.zone !== undefined) out.zone = str('zone');
+    if (x.maxAddresses !== undefined) {
+      if (!Number.isSafeInteger(x.maxAddresses) || (x.maxAddresses as number) < 0) bad(`gateways[${i}].maxAddresses`);
+      out.maxAddresses = x.maxAddresses as number;
+    }
+    // A node announces only its own gateway pods.
+    if (out.node !== r.from) bad(`gateways[${i}].node: ${out.node} announced by ${String(r.from)}`);
+    return out;
+  });
+  return { from: r.from as string, boot: r.boot as string, seq: r.seq as number, at: r.at as number, notices, ...(gateways ? { gateways } : {}) };
+}
+
+/**
+ * Packs notices and gateway announcements into as few datagrams as fit MAX_NOTICE_BYTES (and
+ * MAX_PER_DATAGRAM of each). An item too large for a datagram on its own is returned in `tooLarge`.
+ */
+export function packNotices(
+  key: Buffer, head: Omit<Envelope, 'notices' | 'gateways' | 'seq'>, nextSeq: () => number,
+  notices: OwnershipNotice[], gateways: GatewayAnnouncement[] = [],
+): { datagrams: Buffer[]; tooLarge: Array<OwnershipNotice | GatewayAnnouncement> } {
+  // The envelope's fixed part with the widest numbers it can carry, so an estimate never falls short.
+  const fixed = HEADER + MAC_BYTES + Buffer.byteLength(JSON.stringify({ ...head, seq: Number.MAX_SAFE_INTEGER, at: -Number.MAX_SAFE_INTEGER, notices: [], gateways: [] }));
+  const items = [...notices.map((n) => ({ kind: 'n' as const, item: n })), ...gateways.map((g) => ({ kind: 'g' as const, item: g }))];
+  const datagrams: Buffer[] = [];
+  const tooLarge: Array<OwnershipNotice | GatewayAnnouncement> = [];
+  let cur = { notices: [] as OwnershipNotice[], gateways: [] as GatewayAnnouncement[], bytes: fixed };
+  const flush = () => {
+    if (!cur.notices.length && !cur.gateways.length) return;
+    datagrams.push(encodeNotices(key, { ...head, seq: nextSeq(), notices: cur.notices, ...(cur.gateways.length ? { gateways: cur.gateways } : {}) }));
+    cur = { notices: [], gateways: [], bytes: fixed };
+  };
+  for (const { kind, item } of items) {
+    const size = Buffer.byteLength(JSON.stringify(item)) + 1;
+    if (fixed + size > MAX_NOTICE_BYTES) {
+      tooLarge.push(item);
+      continue;
+    }
+    const list = kind === 'n' ? cur.notices : cur.gateways;
+    if (cur.bytes + size > MAX_NOTICE_BYTES || list.length >= MAX_PER_DATAGRAM) flush();
+    (kind === 'n' ? cur.notices : cur.gateways).push(item as never);
+    cur.bytes += size;
+  }
+  flush();
+  return { datagrams, tooLarge };
 }
 
 export interface NoticeChannelOptions {
@@ -133,15 +201,19 @@ export interface NoticeChannelOptions {
 
 /**
  * Sends and receives ownership notices. Emits 'notice' (OwnershipNotice, from: string) for every
- * authentic, fresh notice; rejected datagrams are counted per reason.
+ * authentic, fresh notice, 'gateways' (GatewayAnnouncement[], from: string) for a node's announced gateway
+ * pods, and 'heard' (from: string, address: string) for every authentic datagram (a sign of life of the
+ * sender's node); rejected datagrams are counted per reason and logged (rate-limited) with what was refused.
  */
 export class NoticeChannel extends EventEmitter {
   private readonly key: Buffer;
   private readonly boot = randomBytes(8).toString('hex');
   private seq = 0;
-  private readonly seen = new Map<string, { boot: string; seq: number }>();
+  /** Per sender: its boot, the highest sequence number seen and which of the REPLAY_WINDOW below it were. */
+  private readonly seen = new Map<string, { boot: string; seq: number; window: bigint }>();
   private readonly now: () => number;
   private readonly counters = { rx: 0, tx: 0, accepted: 0, rejected: Object.fromEntries(REJECT_REASONS.map((r) => [r, 0])) as Record<NoticeRejectReason, number> };
+  private readonly rejectLog = new Map<string, { at: number; suppressed: number }>();
 
   private constructor(
     private readonly o: NoticeChannelOptions,
@@ -174,16 +246,25 @@ export class NoticeChannel extends EventEmitter {
     return { ...this.counters, rejected: { ...this.counters.rejected } };
   }
 
-  /** Sends `notices` to every peer address (not to itself). Send errors are what liveness detects: logged at debug. */
-  send(peers: Iterable<string>, notices: OwnershipNotice[], port = this.o.port): void {
-    if (!notices.length) return;
-    const data = encodeNotices(this.key, { from: this.o.node, boot: this.boot, seq: ++this.seq, at: this.now(), notices });
+  /**
+   * Sends `notices` and `gateways` to every peer address (not to itself), in as many datagrams as they
+   * need. Send errors are what liveness detects: logged at debug. An item too large for any datagram is
+   * not sent, and named in an error log line.
+   */
+  send(peers: Iterable<string>, notices: OwnershipNotice[], gateways: GatewayAnnouncement[] = [], port = this.o.port): void {
+    if (!notices.length && !gateways.length) return;
+    const { datagrams, tooLarge } = packNotices(this.key, { from: this.o.node, boot: this.boot, at: this.now() }, () => ++this.seq, notices, gateways);
+    for (const t of tooLarge) {
+      log().error('egress: ownership notice too large for a datagram; not sent', { egress: t.egress, item: 'address' in t ? t.address : t.pod, bytes: Buffer.byteLength(JSON.stringify(t)) });
+    }
     for (const p of new Set(peers)) {
       if (p === this.o.address) continue;
-      this.counters.tx++;
-      this.sock.send(data, port, p, (err) => {
-        if (err) log().debug('egress: ownership notice not sent', { peer: p, error: err.message });
-      });
+      for (const data of datagrams) {
+        this.counters.tx++;
+        this.sock.send(data, port, p, (err) => {
+          if (err) log().debug('egress: ownership notice not sent', { peer: p, error: err.message });
+        });
+      }
     }
   }
 
@@ -197,6 +278,27 @@ export class NoticeChannel extends EventEmitter {
     });
   }
 
+  /** True when (boot, seq) from `from` is new; records it. Tolerates reordering within REPLAY_WINDOW. */
+  private fresh(from: string, boot: string, seq: number): boolean {
+    const last = this.seen.get(from);
+    if (!last || last.boot !== boot) {
+      this.seen.set(from, { boot, seq, window: 1n });
+      return true;
+    }
+    if (seq > last.seq) {
+      const shift = BigInt(Math.min(seq - last.seq, REPLAY_WINDOW));
+      last.window = ((last.window << shift) | 1n) & ((1n << BigInt(REPLAY_WINDOW)) - 1n);
+      last.seq = seq;
+      return true;
+    }
+    const back = last.seq - seq;
+    if (back >= REPLAY_WINDOW) return false;
+    const bit = 1n << BigInt(back);
+    if (last.window & bit) return false;
+    last.window |= bit;
+    return true;
+  }
+
   private onMessage(msg: Buffer, from: string): void {
     this.counters.rx++;
     let env: Envelope;
@@ -204,16 +306,29 @@ export class NoticeChannel extends EventEmitter {
       env = decodeNotices(this.key, msg);
       const skew = Math.abs(this.now() - env.at);
       if (skew > MAX_SKEW_MS) throw new NoticeRejected('stale', `sent ${skew} ms from now`);
-      const last = this.seen.get(env.from);
-      if (last && last.boot === env.boot && env.seq <= last.seq) throw new NoticeRejected('replay', `seq ${env.seq} from ${env.from} already seen`);
-      this.seen.set(env.from, { boot: env.boot, seq: env.seq });
+      if (!this.fresh(env.from, env.boot, env.seq)) throw new NoticeRejected('replay', `seq ${env.seq} from ${env.from} already seen`);
     } catch (e) {
       const reason = e instanceof NoticeRejected ? e.reason : 'malformed';
       this.counters.rejected[reason]++;
-      log().debug('egress: ownership notice rejected', { from, reason, error: (e as Error).message });
+      this.logRejected(from, reason, (e as Error).message);
       return;
     }
     this.counters.accepted++;
-    for (const n of env.notices) this.emit('notice', n, env.from);
+    this.emit('heard', env.from, from);
+    if (env.gateways?.length) this.emit('gateways', env.gateways, env.from, from);
+    for (const n of env.notices) this.emit('notice', n, env.from, from);
+  }
+
+  /** One warn line per sender address and reason per REJECT_LOG_EVERY_MS, with how many were refused since. */
+  private logRejected(from: string, reason: NoticeRejectReason, error: string): void {
+    const k = `${from}|${reason}`;
+    const now = Date.now();
+    const l = this.rejectLog.get(k);
+    if (l && now - l.at < REJECT_LOG_EVERY_MS) {
+      l.suppressed++;
+      return;
+    }
+    this.rejectLog.set(k, { at: now, suppressed: 0 });
+    log().warn('egress: ownership notice refused; nothing in it applied', { from, reason, error, refusedSinceLastLine: l?.suppressed ?? 0 });
   }
 }
