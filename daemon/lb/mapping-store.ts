@@ -55,12 +55,14 @@ end
 return out
 `;
 
-// KEYS: hash, zset. ARGV: cutoff ms, limit. Removes mappings unused since cutoff; returns their fields.
+// KEYS: hash, zset. ARGV: cutoff ms, limit. Removes up to limit mappings unused since cutoff; returns their
+// fields. Lua unpacks at most ~8,000 values at once (LUAI_MAXCSTACK), so the fields go in parts of 500.
 const EXPIRE = `
 local old = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', ARGV[1], 'LIMIT', 0, tonumber(ARGV[2]))
-if #old > 0 then
-  redis.call('HDEL', KEYS[1], unpack(old))
-  redis.call('ZREM', KEYS[2], unpack(old))
+for i = 1, #old, 500 do
+  local part = {unpack(old, i, math.min(i + 499, #old))}
+  redis.call('HDEL', KEYS[1], unpack(part))
+  redis.call('ZREM', KEYS[2], unpack(part))
 end
 return old
 `;
@@ -202,11 +204,23 @@ export class MappingStore extends EventEmitter {
     return { mappings, garbled };
   }
 
-  /** Removes vip's mappings unused for idleS; returns the keys removed. */
-  async expire(vip: string, idleS: number, nowMs = Date.now(), limit = 10000): Promise<MapKey[]> {
+  /**
+   * Removes all of vip's mappings unused for idleS, however many; returns the keys removed. Each script
+   * call removes at most `batch`, so Redis is never blocked for long by one VIP with a huge idle crowd.
+   */
+  async expire(vip: string, idleS: number, nowMs = Date.now(), batch = 5000): Promise<MapKey[]> {
     const [hash, zset] = this.keys(vip);
-    const gone = await this.client.tetherLbExpire(hash, zset, String(nowMs - idleS * 1000), String(limit));
-    return gone.flatMap((f) => keyOf(vip, f) ?? []);
+    const cutoff = String(nowMs - idleS * 1000);
+    const out: MapKey[] = [];
+    for (;;) {
+      const gone = await this.client.tetherLbExpire(hash, zset, cutoff, String(batch));
+      for (const f of gone) {
+        const k = keyOf(vip, f);
+        if (k) out.push(k);
+      }
+      // The cutoff is fixed, so the idle set only shrinks: a short batch was the last one.
+      if (gone.length < batch) return out;
+    }
   }
 
   /** Removes every mapping of vip to target (the target is gone); returns how many. */

@@ -58,6 +58,29 @@ test('idle mappings expire by last use; touched ones stay', async () => {
   assert.ok(left.includes('10.0.1.2') && !left.includes('10.0.1.1'));
 });
 
+test('expiry works at any count: 12,000 idle mappings of one VIP all go in one call, fresh ones stay', async () => {
+  // Redis's Lua unpacks at most ~8,000 values at once; one VIP easily has more idle clients than that.
+  const vip = '192.0.2.77';
+  const k = (i: number) => ({ vip, client: `10.${100 + (i >> 16)}.${(i >> 8) & 255}.${i & 255}`, vport: 0, cport: 0, proto: 0 });
+  const t0 = Date.now();
+  const idle = Array.from({ length: 12_000 }, (_, i) => ({ key: k(i), target: '10.244.0.5' }));
+  const fresh = Array.from({ length: 50 }, (_, i) => ({ key: k(20_000 + i), target: '10.244.0.6' }));
+  await a.claim(vip, idle, t0 - 600_000);
+  await a.claim(vip, fresh, t0);
+  const gone = await a.expire(vip, 300, t0);
+  assert.is(gone.length, 12_000, 'every idle mapping expired');
+  assert.is(new Set(gone.map((x) => x.client)).size, 12_000);
+  const left = (await a.load(vip)).mappings;
+  assert.equal(left.map((m) => m.key.client).sort(), fresh.map((m) => m.key.client).sort(), 'exactly the fresh ones are left');
+  const raw = new Redis({ path: redis.socketPath });
+  try {
+    assert.is(await raw.zcard(`tether:lb:{${vip}}:used`), 50, 'their last-use entries went too');
+  } finally {
+    raw.disconnect();
+  }
+  await a.dropVip(vip);
+});
+
 test('a removed target takes only its own mappings', async () => {
   const n = await a.dropTarget(VIP, '10.244.0.9');
   assert.is(n, 1);
