@@ -1,10 +1,14 @@
 // Floating and load-balancer addresses: allocated cluster-wide (not per node) by owner through the
 // cluster store, idempotently — asking twice for one owner gives the same addresses; releasing an owner
 // frees all of its addresses; explicitly requested addresses are honoured or refused with the holder named.
+// A store that lost its data (restarted empty, FLUSHALL) no longer knows who holds what: for the first
+// hold-off of every store generation nothing new is handed out, while the holders (the egress and LB
+// controllers, which notice the new generation) re-assert the addresses they use.
 import { ErrorCode, TetherError } from '../daemon/errors';
 import type { Logger } from '../daemon/log';
 import { formatIp, inSubnet, parseIp, sizeOf } from '../daemon/common/ip-math';
-import type { ClusterStore, IpFamily, ResolvedFamily, ResolvedPool } from './types';
+import { HOLD_OFF_MS } from './pod-allocator';
+import type { AddressOutcome, ClusterStore, IpFamily, ResolvedFamily, ResolvedPool } from './types';
 
 export interface OwnerRequest {
   pool: string;
@@ -21,15 +25,28 @@ export interface OwnerRequest {
 const OWNER_RE = /^[A-Za-z0-9][A-Za-z0-9._\-/#:]{0,252}$/;
 const MAX_ATTEMPTS = 8;
 
+export interface ClusterAddressesOptions {
+  /**
+   * How long after a store generation is born no new address is handed out, so holders can re-assert
+   * theirs first. Default HOLD_OFF_MS, the pod allocator's (holders check every few seconds).
+   */
+  holdOffMs?: number;
+}
+
 export class ClusterAddresses {
   private readonly pools = new Map<string, ResolvedPool>();
+  private readonly holdOffMs: number;
 
   constructor(
     pools: ResolvedPool[],
     private readonly store: ClusterStore | undefined,
     private readonly logger: Logger,
+    opts: ClusterAddressesOptions = {},
   ) {
     for (const p of pools) if (p.usage !== 'pod') this.pools.set(p.name, p);
+    const h = opts.holdOffMs ?? HOLD_OFF_MS;
+    if (!Number.isInteger(h) || h < 0 || h > 600_000) throw bad(`holdOffMs: must be 0..600000, got ${String(opts.holdOffMs)}`);
+    this.holdOffMs = h;
   }
 
   /** The configuration changed: cluster-wide pools are looked up in the new set from now on. */
@@ -38,31 +55,89 @@ export class ClusterAddresses {
     for (const p of pools) if (p.usage !== 'pod') this.pools.set(p.name, p);
   }
 
+  /**
+   * The owner's addresses: the ones it holds, plus new ones up to `count` (or the explicit ones). Idempotent.
+   * During the hold-off of a new store generation an owner that would get a new address is refused with
+   * TRY_AGAIN_LATER (an owner asking for what it holds is answered as usual): the address could be one a
+   * holder is about to re-assert.
+   */
   async allocate(req: OwnerRequest): Promise<{ pool: string; owner: string; addresses: string[] }> {
     const { pool, store } = this.resolve(req.pool);
     const owner = checkOwner(req.owner);
+    let explicit: string[] | undefined;
+    let count = 0;
+    let fam: ResolvedFamily | undefined;
     if (req.addresses !== undefined) {
       if (!Array.isArray(req.addresses) || req.addresses.length === 0) throw bad('addresses: must be a non-empty array');
-      const explicit = req.addresses.map((a, i) => this.inPool(pool, a, `addresses[${i}]`));
-      const out = await store.allocateAddresses(pool.name, owner, { explicit });
-      if (!out.ok && 'conflict' in out) {
+      explicit = req.addresses.map((a, i) => this.inPool(pool, a, `addresses[${i}]`));
+    } else {
+      count = req.count ?? 1;
+      if (!Number.isInteger(count) || count < 1 || count > 1024) throw bad(`count: must be an integer 1..1024, got ${String(req.count)}`);
+      fam = req.family ? pool.families.find((f) => f.family === req.family) : pool.families[0];
+      if (!fam) throw bad(`family: pool "${pool.name}" has no IPv${req.family} subnet`);
+    }
+    for (let attempt = 0; attempt < MAX_ATTEMPTS; attempt++) {
+      // The generation is checked again by the store's script, atomically with the claim: a store wiped
+      // between this read and the claim refuses it (staleGeneration) and the next attempt sees the new one.
+      const gen = await store.generation();
+      const guard = { generation: gen.token, holdOff: gen.ageMs < this.holdOffMs };
+      let out: AddressOutcome;
+      let candidates: string[] = [];
+      if (explicit) {
+        out = await store.allocateAddresses(pool.name, owner, { explicit }, guard);
+      } else {
+        const taken = await store.listAddresses(pool.name);
+        const mine = [...taken].filter(([, o]) => o === owner).length;
+        candidates = freeCandidates(fam!, taken, Math.max(0, count - mine) + 8);
+        out = await store.allocateAddresses(pool.name, owner, { count, candidates }, guard);
+      }
+      if (out.ok) return this.done(pool.name, owner, out);
+      if ('conflict' in out) {
         throw new TetherError(ErrorCode.AddressConflict, `address ${out.conflict.address} of pool "${pool.name}" is held by ${out.conflict.holder}; ${owner} cannot have it`);
       }
-      return this.done(pool.name, owner, out);
-    }
-    const count = req.count ?? 1;
-    if (!Number.isInteger(count) || count < 1 || count > 1024) throw bad(`count: must be an integer 1..1024, got ${String(req.count)}`);
-    const fam = req.family ? pool.families.find((f) => f.family === req.family) : pool.families[0];
-    if (!fam) throw bad(`family: pool "${pool.name}" has no IPv${req.family} subnet`);
-    for (let attempt = 0; attempt < MAX_ATTEMPTS; attempt++) {
-      const taken = await store.listAddresses(pool.name);
-      const mine = [...taken].filter(([, o]) => o === owner).length;
-      const candidates = freeCandidates(fam, taken, Math.max(0, count - mine) + 8);
-      const out = await store.allocateAddresses(pool.name, owner, { count, candidates });
-      if (out.ok) return this.done(pool.name, owner, out);
+      if ('holdOff' in out) {
+        const ago = Math.floor(gen.ageMs / 1000);
+        const wait = Math.max(1, Math.ceil((this.holdOffMs - gen.ageMs) / 1000));
+        throw new TetherError(
+          ErrorCode.TryAgainLater,
+          `pool "${pool.name}": the cluster store restarted empty (or is new) ${ago} s ago; new addresses wait ${wait} s more while holders re-assert theirs (${owner} holds ${out.have.length ? out.have.join(', ') : 'none'})`,
+        );
+      }
+      if ('staleGeneration' in out) continue;
+      if (explicit) break;
       if ('needCandidates' in out && candidates.length < count - out.have.length) break;
     }
-    throw new TetherError(ErrorCode.PoolExhausted, `pool "${pool.name}" has no ${count} free IPv${fam.family} address(es) for ${owner} (${fam.cidr})`);
+    if (explicit) throw new TetherError(ErrorCode.TryAgainLater, `pool "${pool.name}": the cluster store's generation kept changing while ${owner} was being allocated; try again`);
+    throw new TetherError(ErrorCode.PoolExhausted, `pool "${pool.name}" has no ${count} free IPv${fam!.family} address(es) for ${owner} (${fam!.cidr})`);
+  }
+
+  /**
+   * Puts `address` back under `owner` after the store lost its data: the holder says what it uses. Allowed
+   * during the hold-off (that is what the hold-off is for); idempotent. Returns every address the owner
+   * holds afterwards. An address someone else holds now is refused with ADDRESS_CONFLICT naming the holder
+   * (someone got it while no holder re-asserted it). An address that became reserved in the pool is put
+   * back all the same: the holder still uses it, and reserved addresses are never handed out anyway.
+   */
+  async reassert(poolName: string, ownerRaw: string, address: string): Promise<{ pool: string; owner: string; addresses: string[] }> {
+    const { pool, store } = this.resolve(poolName);
+    const owner = checkOwner(ownerRaw);
+    const a = this.inPool(pool, address, 'address', true);
+    const out = await store.allocateAddresses(pool.name, owner, { explicit: [a] });
+    if (!out.ok && 'conflict' in out) {
+      throw new TetherError(ErrorCode.AddressConflict, `address ${a} of pool "${pool.name}" is held by ${out.conflict.holder}; ${owner} cannot re-assert it`);
+    }
+    if (!out.ok) throw new TetherError(ErrorCode.Internal, `pool "${pool.name}": unexpected answer re-asserting ${a} for ${owner}: ${JSON.stringify(out)}`);
+    this.logger.info('ipam: address re-asserted by its holder', { pool: pool.name, owner, address: a });
+    return { pool: pool.name, owner, addresses: out.addresses };
+  }
+
+  /**
+   * The cluster store's generation token: holders compare it with the one they last saw and re-assert
+   * their addresses when it changed. TRY_AGAIN_LATER when there is no store or it is unreachable.
+   */
+  async generation(): Promise<string> {
+    if (!this.store) throw new TetherError(ErrorCode.TryAgainLater, 'cluster-wide addresses need the cluster store (start tetherd with --redis)');
+    return (await this.store.generation()).token;
   }
 
   /** Frees every address of the owner in the pool. Idempotent. */
@@ -88,8 +163,8 @@ export class ClusterAddresses {
     return out;
   }
 
-  private done(pool: string, owner: string, out: { ok: boolean } & { addresses?: string[] }): { pool: string; owner: string; addresses: string[] } {
-    const addresses = out.addresses ?? [];
+  private done(pool: string, owner: string, out: { ok: true; addresses: string[] }): { pool: string; owner: string; addresses: string[] } {
+    const addresses = out.addresses;
     this.logger.info('ipam: addresses allocated to owner', { pool, owner, addresses });
     return { pool, owner, addresses };
   }
@@ -102,12 +177,12 @@ export class ClusterAddresses {
     return { pool, store: this.store };
   }
 
-  private inPool(pool: ResolvedPool, a: unknown, field: string): string {
+  private inPool(pool: ResolvedPool, a: unknown, field: string, allowReserved = false): string {
     const ip = typeof a === 'string' ? parseIp(a) : undefined;
     if (!ip) throw bad(`${field}: ${JSON.stringify(a)} is not an IP address`);
     const fam = pool.families.find((f) => inSubnet(ip, f));
     if (!fam) throw bad(`${field}: ${a} is outside pool "${pool.name}" (${pool.families.map((f) => f.cidr).join(', ')})`);
-    if (fam.reserved.some(([lo, hi]) => ip.value >= lo && ip.value <= hi)) throw bad(`${field}: ${a} is reserved in pool "${pool.name}"`);
+    if (!allowReserved && fam.reserved.some(([lo, hi]) => ip.value >= lo && ip.value <= hi)) throw bad(`${field}: ${a} is reserved in pool "${pool.name}"`);
     return formatIp(ip.family, ip.value);
   }
 }

@@ -56,11 +56,12 @@ export function ownerKey(o: Pick<PodOwner, 'network' | 'containerId' | 'ifName'>
 }
 
 /**
- * After the cluster store comes back empty, no node claims a new block for this long, so every running
- * node (checking every MAINTAIN_EVERY_MS) has re-asserted the blocks it holds before anyone could take one.
+ * After the cluster store comes back empty, no node claims a new block for this long after the new
+ * generation was born, so every running node (checking every MAINTAIN_EVERY_MS) has re-asserted the blocks
+ * it holds before anyone could take one. Cluster-wide addresses hold off as long (ClusterAddresses).
  */
 export const MAINTAIN_EVERY_MS = 5000;
-const HOLD_OFF_MS = 2 * MAINTAIN_EVERY_MS + 2000;
+export const HOLD_OFF_MS = 2 * MAINTAIN_EVERY_MS + 2000;
 
 /** How many candidate blocks one claim attempt walks before giving up (bounds work on huge IPv6 pools). */
 const MAX_BLOCK_SCAN = 1 << 16;
@@ -362,7 +363,7 @@ export class PodAllocator {
   /** Detects a new store generation (the store lost its data): re-asserts every owned block, holds off claims. */
   private async checkGeneration(): Promise<void> {
     if (!this.store) return;
-    const g = await this.store.generation();
+    const { token: g, ageMs } = await this.store.generation();
     // The generation seen before a restart is kept in the state dir, so a tetherd that was down while the
     // store was wiped notices too.
     this.generationSeen ??= this.files.loadGeneration();
@@ -370,9 +371,14 @@ export class PodAllocator {
     const first = this.generationSeen === undefined;
     this.generationSeen = g;
     this.files.saveGeneration(g);
+    // A node that never saw a generation (a new node, a wiped state dir) has no blocks to re-assert, and
+    // holding its claims off would make every fresh install wait; see the README for the window this leaves.
     if (first) return;
-    this.holdOffUntil = Date.now() + this.holdOffMs;
-    this.logger.warn('ipam: cluster store restarted empty; re-asserting this node\'s blocks and holding off new claims', { holdOffMs: this.holdOffMs });
+    // The hold-off counts from the generation's birth (the store's clock), which is when holders started
+    // noticing, not from when this node happened to look.
+    const left = Math.max(0, this.holdOffMs - ageMs);
+    this.holdOffUntil = Math.max(this.holdOffUntil, Date.now() + left);
+    this.logger.warn('ipam: cluster store restarted empty; re-asserting this node\'s blocks and holding off new claims', { holdOffMs: left, generationAgeMs: ageMs });
     for (const ps of this.pools.values()) {
       for (const cidr of ps.blocks.keys()) {
         if (await this.store.claimBlock(ps.pool.name, cidr, this.node.name)) continue;

@@ -78,9 +78,11 @@ export interface ClusterStore {
    * Gives `owner` addresses of a cluster-wide pool, atomically. Idempotent: an owner that already holds
    * addresses gets exactly those back (explicit: each requested one must be free or already the owner's).
    * `candidates` are addresses the caller believes free, tried in order; `count` is how many the owner
-   * should hold in total.
+   * should hold in total. With `guard.generation`, nothing is written unless the store's generation is
+   * still that token (else `staleGeneration`); with `guard.holdOff`, nothing new is handed out (else
+   * `holdOff`), while an owner asking for what it already holds is answered as usual.
    */
-  allocateAddresses(pool: string, owner: string, req: AddressRequest): Promise<AddressOutcome>;
+  allocateAddresses(pool: string, owner: string, req: AddressRequest, guard?: AllocationGuard): Promise<AddressOutcome>;
   /** Frees every address of `owner` in `pool`; returns them. Idempotent. */
   releaseOwner(pool: string, owner: string): Promise<string[]>;
   /** Every allocated cluster-wide address of `pool`: address → owner. */
@@ -88,15 +90,30 @@ export interface ClusterStore {
 
   /**
    * The store's generation: a random token created the first time anyone asks and kept for the store's
-   * life. A different token than last time means the store lost its data (restarted empty), so nodes
-   * must re-assert what they own before anyone claims anything new.
+   * life, and how long ago that was by the store's own clock. A different token than last time means the
+   * store lost its data (restarted empty), so nodes must re-assert what they own before anyone claims
+   * anything new; the age tells even a node that never saw the previous generation that holders may still
+   * be re-asserting.
    */
-  generation(): Promise<string>;
+  generation(): Promise<StoreGeneration>;
 
   close(): Promise<void>;
 }
 
 export type AddressRequest = { count: number; candidates: string[] } | { explicit: string[] };
+
+export interface StoreGeneration {
+  token: string;
+  /** Milliseconds since the token was created (0 for a generation created by this call, or read from an older schema). */
+  ageMs: number;
+}
+
+export interface AllocationGuard {
+  /** Write only while the store's generation is this token. */
+  generation?: string;
+  /** Hand out no address the owner does not hold already. */
+  holdOff?: boolean;
+}
 
 export type AddressOutcome =
   /** The owner's addresses (all of them, in allocation order). */
@@ -104,4 +121,8 @@ export type AddressOutcome =
   /** An explicit address is held by someone else. Nothing was claimed. */
   | { ok: false; conflict: { address: string; holder: string } }
   /** Not enough of the candidates were free (others raced); nothing was claimed; ask again with fresh ones. */
-  | { ok: false; needCandidates: true; have: string[] };
+  | { ok: false; needCandidates: true; have: string[] }
+  /** The guard's hold-off: the owner would get new addresses. Nothing was claimed. */
+  | { ok: false; holdOff: true; have: string[] }
+  /** The store's generation is not the guard's (it lost its data meanwhile). Nothing was claimed. */
+  | { ok: false; staleGeneration: true };

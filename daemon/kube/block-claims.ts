@@ -6,7 +6,7 @@
 import * as k8s from '@kubernetes/client-node';
 import { ErrorCode, TetherError } from '../errors';
 import { GROUP, VERSION } from '../objects/crds';
-import type { AddressOutcome, AddressRequest, ClusterStore } from '../../ipam/types';
+import type { AddressOutcome, AddressRequest, AllocationGuard, ClusterStore, StoreGeneration } from '../../ipam/types';
 
 const PLURAL = 'addressblocks';
 export const POOL_LABEL = 'tether.dev/pool';
@@ -96,8 +96,8 @@ export class KubeBlockClaims implements ClusterStore {
     return this.inner;
   }
 
-  allocateAddresses(pool: string, owner: string, req: AddressRequest): Promise<AddressOutcome> {
-    return this.need().allocateAddresses(pool, owner, req);
+  allocateAddresses(pool: string, owner: string, req: AddressRequest, guard?: AllocationGuard): Promise<AddressOutcome> {
+    return this.need().allocateAddresses(pool, owner, req, guard);
   }
 
   releaseOwner(pool: string, owner: string): Promise<string[]> {
@@ -108,9 +108,13 @@ export class KubeBlockClaims implements ClusterStore {
     return this.need().listAddresses(pool);
   }
 
-  /** Blocks live in etcd: a Redis that restarted empty lost no claim, so the generation is constant. */
-  async generation(): Promise<string> {
-    return 'kubernetes';
+  /**
+   * Blocks live in etcd: a Redis that restarted empty lost no claim, so the generation is constant and as
+   * old as can be (the pod allocator never holds block claims off for it). Cluster-wide addresses stay in
+   * Redis: ClusterAddresses asks the Redis store's own generation.
+   */
+  async generation(): Promise<StoreGeneration> {
+    return { token: 'kubernetes', ageMs: Number.MAX_SAFE_INTEGER };
   }
 
   async close(): Promise<void> {

@@ -1,6 +1,6 @@
 // A ClusterStore that connects on first use and again after a failed connect, so tetherd starts (and
 // serves pods from blocks it already owns) while the cluster store is still down.
-import type { AddressOutcome, AddressRequest, ClusterStore } from '../types';
+import type { AddressOutcome, AddressRequest, AllocationGuard, ClusterStore, StoreGeneration } from '../types';
 
 export class LazyStore implements ClusterStore {
   private inner?: ClusterStore;
@@ -44,8 +44,8 @@ export class LazyStore implements ClusterStore {
   async listBlocks(pool: string): Promise<Map<string, string>> {
     return (await this.get()).listBlocks(pool);
   }
-  async allocateAddresses(pool: string, owner: string, req: AddressRequest): Promise<AddressOutcome> {
-    return (await this.get()).allocateAddresses(pool, owner, req);
+  async allocateAddresses(pool: string, owner: string, req: AddressRequest, guard?: AllocationGuard): Promise<AddressOutcome> {
+    return (await this.get()).allocateAddresses(pool, owner, req, guard);
   }
   async releaseOwner(pool: string, owner: string): Promise<string[]> {
     return (await this.get()).releaseOwner(pool, owner);
@@ -53,7 +53,7 @@ export class LazyStore implements ClusterStore {
   async listAddresses(pool: string): Promise<Map<string, string>> {
     return (await this.get()).listAddresses(pool);
   }
-  async generation(): Promise<string> {
+  async generation(): Promise<StoreGeneration> {
     return (await this.get()).generation();
   }
   async close(): Promise<void> {

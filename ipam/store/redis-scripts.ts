@@ -38,17 +38,20 @@ end
 `;
 
 /**
- * KEYS[1] addrs hash (address → owner), KEYS[2] the owner's list; ARGV[1] owner, ARGV[2] 'count' or
- * 'explicit', ARGV[3] count, ARGV[4..] candidates or explicit addresses.
- * Returns {'ok', held, newly}, {'conflict', address, holder} or {'need', held}. Only 'ok' writes anything:
- * every check runs before the first write, so a refused call leaves no partial claim to roll back.
+ * KEYS[1] addrs hash (address → owner), KEYS[2] the owner's list, KEYS[3] the generation token; ARGV[1]
+ * owner, ARGV[2] 'count' or 'explicit', ARGV[3] count, ARGV[4] the generation the caller saw ('' = any),
+ * ARGV[5] '1' while new addresses are held off, ARGV[6..] candidates or explicit addresses.
+ * Returns {'ok', held, newly}, {'conflict', address, holder}, {'need', held}, {'holdoff', held} or
+ * {'generation'}. Only 'ok' writes anything: every check runs before the first write, so a refused call
+ * leaves no partial claim to roll back.
  */
 export const ALLOCATE = `${HELD}
+if ARGV[4] ~= '' and redis.call('GET', KEYS[3]) ~= ARGV[4] then return {'generation'} end
 local owner, mode, count = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local held = held_by(owner)
 local pick, seen = {}, {}
 if mode == 'explicit' then
-  for i = 4, #ARGV do
+  for i = 6, #ARGV do
     local a = ARGV[i]
     if not seen[a] then
       seen[a] = true
@@ -63,7 +66,7 @@ if mode == 'explicit' then
 else
   if #held >= count then return {'ok', held, {}} end
   local want = count - #held
-  for i = 4, #ARGV do
+  for i = 6, #ARGV do
     if #pick == want then break end
     local a = ARGV[i]
     if not seen[a] then
@@ -73,6 +76,7 @@ else
   end
   if #pick < want then return {'need', held} end
 end
+if #pick > 0 and ARGV[5] == '1' then return {'holdoff', held} end
 for _, a in ipairs(pick) do
   redis.call('HSET', KEYS[1], a, owner)
   redis.call('RPUSH', KEYS[2], a)
@@ -87,4 +91,29 @@ local freed = held_by(ARGV[1])
 for _, a in ipairs(freed) do redis.call('HDEL', KEYS[1], a) end
 redis.call('DEL', KEYS[2])
 return freed
+`;
+
+/**
+ * KEYS[1] the generation token, KEYS[2] when it was created (ms, the store's clock); ARGV[1] a fresh token.
+ * Creates the generation when there is none. Returns {token, ageMs, how}: how 'new' (created now), 'kept',
+ * or 'upgraded' (a token an older tetherd created without its birth time, or a birth time that is not a
+ * number: the birth is recorded as now, the safe side: holders get a full hold-off to re-assert).
+ * TIME makes the script non-deterministic: effects replication (the default since Redis 5) copes with that.
+ */
+export const GENERATION = `
+if redis.replicate_commands then redis.replicate_commands() end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local token = redis.call('GET', KEYS[1])
+if not token then
+  redis.call('SET', KEYS[1], ARGV[1])
+  redis.call('SET', KEYS[2], now)
+  return {ARGV[1], 0, 'new'}
+end
+local born = redis.call('GET', KEYS[2])
+if not born or not string.match(born, '^%d+$') then
+  redis.call('SET', KEYS[2], now)
+  return {token, 0, 'upgraded'}
+end
+return {token, math.max(0, now - tonumber(born)), 'kept'}
 `;

@@ -5,6 +5,8 @@
 //   <prefix>pool:<pool>:blocks         hash  block CIDR → node
 //   <prefix>pool:<pool>:addrs          hash  address → owner
 //   <prefix>pool:<pool>:owner:<owner>  list  the owner's addresses in allocation order
+//   <prefix>generation                 string  the store's generation token (see ClusterStore.generation)
+//   <prefix>generation:born            string  when the token was created, ms by the store's clock
 import { randomBytes } from 'node:crypto';
 import Redis, { ReplyError } from 'ioredis';
 import { ErrorCode, TetherError } from '../../daemon/errors';
@@ -12,8 +14,8 @@ import { log } from '../../daemon/log';
 import { formatCidr, formatIp, parseCidr, parseIp } from '../../daemon/common/ip-math';
 import { parseRedisUrl, unreachable, waitReady, watchConnection, withDeadline } from '../../daemon/common/redis';
 export { parseRedisUrl } from '../../daemon/common/redis';
-import type { AddressOutcome, AddressRequest, ClusterStore } from '../types';
-import { ALLOCATE, CLAIM_BLOCK, RELEASE_BLOCK, RELEASE_OWNER } from './redis-scripts';
+import type { AddressOutcome, AddressRequest, AllocationGuard, ClusterStore, StoreGeneration } from '../types';
+import { ALLOCATE, CLAIM_BLOCK, GENERATION, RELEASE_BLOCK, RELEASE_OWNER } from './redis-scripts';
 
 export interface RedisStoreOptions {
   /** Prepended to every key, so several clusters or tests can share one Redis. Default "tether:". */
@@ -28,7 +30,8 @@ export interface RedisStoreOptions {
 interface ScriptedRedis extends Redis {
   tetherClaimBlock(blocks: string, block: string, node: string): Promise<[string, string]>;
   tetherReleaseBlock(blocks: string, block: string, node: string): Promise<number>;
-  tetherAllocate(addrs: string, ownerKey: string, owner: string, mode: string, count: number, ...addresses: string[]): Promise<unknown[]>;
+  tetherAllocate(addrs: string, ownerKey: string, generation: string, owner: string, mode: string, count: number, token: string, holdOff: string, ...addresses: string[]): Promise<unknown[]>;
+  tetherGeneration(token: string, born: string, fresh: string): Promise<[string, number, string]>;
   tetherReleaseOwner(addrs: string, ownerKey: string, owner: string): Promise<string[]>;
 }
 
@@ -72,7 +75,8 @@ export class RedisStore implements ClusterStore {
     }) as ScriptedRedis;
     client.defineCommand('tetherClaimBlock', { numberOfKeys: 1, lua: CLAIM_BLOCK });
     client.defineCommand('tetherReleaseBlock', { numberOfKeys: 1, lua: RELEASE_BLOCK });
-    client.defineCommand('tetherAllocate', { numberOfKeys: 2, lua: ALLOCATE });
+    client.defineCommand('tetherAllocate', { numberOfKeys: 3, lua: ALLOCATE });
+    client.defineCommand('tetherGeneration', { numberOfKeys: 2, lua: GENERATION });
     client.defineCommand('tetherReleaseOwner', { numberOfKeys: 2, lua: RELEASE_OWNER });
     watchConnection(client, target.where);
 
@@ -107,13 +111,13 @@ export class RedisStore implements ClusterStore {
     return released;
   }
 
-  async generation(): Promise<string> {
-    const key = `${this.prefix}generation`;
+  async generation(): Promise<StoreGeneration> {
+    const key = this.generationKey();
     const fresh = randomBytes(8).toString('hex');
-    return this.run('generation', async () => {
-      await this.client.set(key, fresh, 'NX');
-      return (await this.client.get(key)) ?? fresh;
-    });
+    const [token, ageMs, how] = await this.run('generation', () => this.client.tetherGeneration(key, `${key}:born`, fresh));
+    if (how === 'new') log().warn('cluster store: new generation (the store is new, or restarted empty)', { store: this.where, generation: token });
+    else if (how === 'upgraded') log().warn('cluster store: generation without a birth time (written by an older tetherd, or garbled): its birth is recorded as now', { store: this.where, generation: token });
+    return { token, ageMs: Number(ageMs) };
   }
 
   async listBlocks(pool: string): Promise<Map<string, string>> {
@@ -121,12 +125,23 @@ export class RedisStore implements ClusterStore {
     return new Map(Object.entries(await this.run('listBlocks', () => this.client.hgetall(this.key(pool, 'blocks')))));
   }
 
-  async allocateAddresses(pool: string, owner: string, req: AddressRequest): Promise<AddressOutcome> {
+  async allocateAddresses(pool: string, owner: string, req: AddressRequest, guard: AllocationGuard = {}): Promise<AddressOutcome> {
     checkPool(pool);
     checkName('owner', owner, MAX_OWNER);
     const { mode, count, addresses } = checkRequest(req);
+    if (guard.generation !== undefined) checkName('generation', guard.generation, 64);
     const reply = await this.run('allocateAddresses', () =>
-      this.client.tetherAllocate(this.key(pool, 'addrs'), this.ownerKey(pool, owner), owner, mode, count, ...addresses),
+      this.client.tetherAllocate(
+        this.key(pool, 'addrs'),
+        this.ownerKey(pool, owner),
+        this.generationKey(),
+        owner,
+        mode,
+        count,
+        guard.generation ?? '',
+        guard.holdOff ? '1' : '0',
+        ...addresses,
+      ),
     );
     switch (reply[0]) {
       case 'ok': {
@@ -140,6 +155,10 @@ export class RedisStore implements ClusterStore {
       }
       case 'need':
         return { ok: false, needCandidates: true, have: reply[1] as string[] };
+      case 'holdoff':
+        return { ok: false, holdOff: true, have: reply[1] as string[] };
+      case 'generation':
+        return { ok: false, staleGeneration: true };
       default:
         throw new TetherError(ErrorCode.Internal, `cluster store (${this.where}): unexpected allocate reply ${JSON.stringify(reply)}`);
     }
@@ -169,6 +188,10 @@ export class RedisStore implements ClusterStore {
 
   private key(pool: string, what: 'blocks' | 'addrs'): string {
     return `${this.prefix}pool:${pool}:${what}`;
+  }
+
+  private generationKey(): string {
+    return `${this.prefix}generation`;
   }
 
   private ownerKey(pool: string, owner: string): string {

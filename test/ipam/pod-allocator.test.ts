@@ -237,7 +237,8 @@ test('pool selection errors name the pool', async () => {
 
 test('cluster-wide owners: idempotent, explicit honoured or refused naming the holder, release frees all, exhaustion', async () => {
   const { store } = await fixture();
-  const ca = new ClusterAddresses(pools, store, quiet);
+  // No hold-off: this store is new, and hold-offs are cluster-addresses.test.ts's subject.
+  const ca = new ClusterAddresses(pools, store, quiet, { holdOffMs: 0 });
   const e1 = await ca.allocate({ pool: 'float', owner: 'egress/ns/a', count: 2 });
   assert.equal(e1.addresses, ['198.51.100.1', '198.51.100.2'], 'network address .0 skipped');
   assert.equal((await ca.allocate({ pool: 'float', owner: 'egress/ns/a', count: 2 })).addresses, e1.addresses, 'idempotent');

@@ -1,0 +1,144 @@
+// Cluster-wide (floating / LB) addresses when the store loses its data, against a real Redis: every store
+// generation holds new addresses off while holders re-assert theirs (a brand-new store too: it cannot tell
+// itself from one restarted empty), re-asserting is allowed meanwhile and refused naming the holder when
+// someone else has the address, and a re-asserted address is never handed to anyone else afterwards.
+import { test } from 'uvu';
+import * as assert from 'uvu/assert';
+import { Writable } from 'node:stream';
+import Redis from 'ioredis';
+import { ClusterAddresses } from '../../ipam/cluster-addresses';
+import { validatePools } from '../../ipam/pool';
+import { RedisStore } from '../../ipam/store/redis-store';
+import type { ResolvedPool } from '../../ipam/types';
+import { makeLogger, setLogger } from '../../daemon/log';
+import { ErrorCode, TetherError } from '../../daemon/errors';
+import { startRedis, type TestRedis } from '../lib/redis';
+
+const quiet = makeLogger({ level: 'error', stream: new Writable({ write: (_c, _e, cb) => cb() }) });
+setLogger(quiet);
+
+const pools: ResolvedPool[] = validatePools([
+  { apiVersion: 'tether.dev/v1alpha1', kind: 'AddressPool', metadata: { name: 'float' }, spec: { usage: 'floating', ipv4: { cidr: '198.51.100.0/29' } } },
+]);
+const HOLD_OFF = 1500;
+
+let redis: TestRedis;
+let raw: Redis;
+const cleanups: Array<() => Promise<void> | void> = [];
+
+test.before(async () => {
+  redis = await startRedis();
+  raw = new Redis({ path: redis.socketPath });
+});
+test.after.each(async () => {
+  for (const c of cleanups.splice(0).reverse()) await c();
+});
+test.after(async () => {
+  raw.disconnect();
+  await redis.stop();
+});
+
+async function open(opts: { born?: 'long ago' } = {}) {
+  const prefix = `ca${Math.random().toString(36).slice(2, 8)}:`;
+  if (opts.born) await raw.mset(`${prefix}generation`, 'seeded', `${prefix}generation:born`, '0');
+  const store = await RedisStore.connect(redis.url, { keyPrefix: prefix });
+  cleanups.push(() => store.close());
+  return { store, prefix, ca: new ClusterAddresses(pools, store, quiet, { holdOffMs: HOLD_OFF }) };
+}
+
+async function refused(p: Promise<unknown>, code: string, re: RegExp): Promise<void> {
+  await p.then(
+    (v) => assert.unreachable(`expected ${code}, got ${JSON.stringify(v)}`),
+    (e) => {
+      assert.instance(e, TetherError);
+      assert.is((e as TetherError).code, code, (e as Error).message);
+      assert.match((e as Error).message, re);
+    },
+  );
+}
+
+const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
+
+test('a brand-new store holds new addresses off for its first hold-off too (it cannot tell itself from one restarted empty)', async () => {
+  const { ca } = await open();
+  const t0 = Date.now();
+  await refused(ca.allocate({ pool: 'float', owner: 'egress/ns/a#float/0' }), ErrorCode.TryAgainLater, /the cluster store restarted empty \(or is new\) 0 s ago; new addresses wait 2 s more while holders re-assert theirs/);
+  await refused(ca.allocate({ pool: 'float', owner: 'lb/ns/b', addresses: ['198.51.100.5'] }), ErrorCode.TryAgainLater, /new addresses wait/);
+  await sleep(HOLD_OFF - (Date.now() - t0) + 100);
+  assert.equal((await ca.allocate({ pool: 'float', owner: 'egress/ns/a#float/0' })).addresses, ['198.51.100.1']);
+});
+
+test('store wiped (FLUSHALL): new owners wait, holders re-assert, and after the hold-off nobody else gets a re-asserted address', async () => {
+  const { ca, store } = await open({ born: 'long ago' });
+  const x = (await ca.allocate({ pool: 'float', owner: 'egress/ns/a#float/0' })).addresses;
+  const y = (await ca.allocate({ pool: 'float', owner: 'lb/ns/b', addresses: ['198.51.100.5'] })).addresses;
+  const z = (await ca.allocate({ pool: 'float', owner: 'egress/ns/c#float/0', count: 2 })).addresses;
+  assert.equal([x, y, z], [['198.51.100.1'], ['198.51.100.5'], ['198.51.100.2', '198.51.100.3']]);
+  const before = await ca.generation();
+
+  await raw.flushall();
+  const t0 = Date.now();
+  const after = await ca.generation();
+  assert.is.not(after, before, 'a new generation: holders know to re-assert');
+
+  await refused(ca.allocate({ pool: 'float', owner: 'egress/ns/d#float/0' }), ErrorCode.TryAgainLater, /restarted empty \(or is new\) 0 s ago/);
+  await refused(ca.allocate({ pool: 'float', owner: 'egress/ns/d#float/0', addresses: x }), ErrorCode.TryAgainLater, /new addresses wait/);
+  await refused(ca.allocate({ pool: 'float', owner: 'egress/ns/a#float/0' }), ErrorCode.TryAgainLater, /egress\/ns\/a#float\/0 holds none/);
+  assert.equal(await store.listAddresses('float'), new Map(), 'nothing handed out during the hold-off');
+
+  assert.equal((await ca.reassert('float', 'egress/ns/a#float/0', x[0])).addresses, x, 'the holder puts its address back');
+  assert.equal((await ca.reassert('float', 'egress/ns/a#float/0', x[0])).addresses, x, 're-asserting is idempotent');
+  await refused(ca.reassert('float', 'egress/ns/d#float/0', x[0]), ErrorCode.AddressConflict, /198\.51\.100\.1 of pool "float" is held by egress\/ns\/a#float\/0; egress\/ns\/d#float\/0 cannot re-assert it/);
+  assert.equal((await ca.allocate({ pool: 'float', owner: 'egress/ns/a#float/0' })).addresses, x, 'a holder asking for what it holds is answered during the hold-off');
+  await ca.reassert('float', 'lb/ns/b', y[0]);
+  // egress/ns/c never re-asserts (its node is gone): its addresses are free again after the hold-off.
+
+  await sleep(HOLD_OFF - (Date.now() - t0) + 100);
+  assert.is(await ca.generation(), after, 'same generation');
+  const d = (await ca.allocate({ pool: 'float', owner: 'egress/ns/d#float/0', count: 3 })).addresses;
+  assert.equal(d, ['198.51.100.2', '198.51.100.3', '198.51.100.4']);
+  assert.not.ok(d.includes(x[0]) || d.includes(y[0]), 'no re-asserted address handed out again');
+  assert.equal((await ca.allocate({ pool: 'float', owner: 'egress/ns/a#float/0' })).addresses, x);
+  await refused(ca.allocate({ pool: 'float', owner: 'lb/ns/e', addresses: y }), ErrorCode.AddressConflict, /held by lb\/ns\/b/);
+});
+
+test('a wipe between reading the generation and claiming refuses the claim; it is never written into the new generation', async () => {
+  const { store } = await open({ born: 'long ago' });
+  const gen = await store.generation();
+  assert.is(gen.token, 'seeded');
+  assert.ok(gen.ageMs > 1_000_000_000, `age ${gen.ageMs}`);
+  await raw.flushall();
+  const out = await store.allocateAddresses('float', 'egress/ns/a#float/0', { count: 1, candidates: ['198.51.100.1'] }, { generation: gen.token, holdOff: false });
+  assert.equal(out, { ok: false, staleGeneration: true });
+  assert.equal(await store.listAddresses('float'), new Map());
+  const held = await store.allocateAddresses('float', 'x', { count: 1, candidates: ['198.51.100.1'] }, { holdOff: true });
+  assert.equal(held, { ok: false, holdOff: true, have: [] }, 'held off: nothing new');
+  assert.equal(await store.listAddresses('float'), new Map());
+});
+
+test('the generation carries its age by the store\'s clock; a token an older tetherd wrote (no birth time) is upgraded with birth now', async () => {
+  const { store, prefix } = await open();
+  const g1 = await store.generation();
+  assert.ok(g1.ageMs < 100, `new: age ${g1.ageMs}`);
+  await sleep(300);
+  const g2 = await store.generation();
+  assert.is(g2.token, g1.token);
+  assert.ok(g2.ageMs >= 250 && g2.ageMs < 2000, `age ${g2.ageMs}`);
+
+  await raw.del(`${prefix}generation:born`);
+  await raw.set(`${prefix}generation`, 'from-an-older-tetherd');
+  const old = await store.generation();
+  assert.equal(old, { token: 'from-an-older-tetherd', ageMs: 0 }, 'kept, and as young as can be: holders get a full hold-off');
+  assert.match((await raw.get(`${prefix}generation:born`)) ?? '', /^\d{13}$/);
+  await raw.set(`${prefix}generation:born`, 'garbage');
+  assert.equal(await store.generation(), { token: 'from-an-older-tetherd', ageMs: 0 }, 'a garbled birth time is refused and replaced by now');
+});
+
+test('without a store: TRY_AGAIN_LATER naming --redis; a bad hold-off is refused', async () => {
+  const ca = new ClusterAddresses(pools, undefined, quiet);
+  await refused(ca.generation(), ErrorCode.TryAgainLater, /--redis/);
+  await refused(ca.reassert('float', 'lb/ns/b', '198.51.100.5'), ErrorCode.TryAgainLater, /--redis/);
+  assert.throws(() => new ClusterAddresses(pools, undefined, quiet, { holdOffMs: -1 }), /holdOffMs: must be 0\.\.600000/);
+});
+
+test.run();
