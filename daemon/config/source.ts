@@ -6,6 +6,9 @@
 import { EventEmitter } from 'node:events';
 import * as fs from 'node:fs';
 import * as path from 'node:path';
+import { parseAllDocuments } from 'yaml';
+import { isObject } from '../common/fields';
+import { ErrorCode, TetherError } from '../errors';
 import type { Logger } from '../log';
 import { emptyConfig, parseConfig, type ConfigObjects } from './objects';
 
@@ -33,15 +36,29 @@ const SETTLE_MS = 100;
 /** A missed inotify event (a bind-mounted file replaced, an overflow) is caught by this periodic check. */
 const RECHECK_MS = 2000;
 
+/** How a config says "no objects" on purpose (Kubernetes' own empty list); quoted in messages. */
+export const EMPTY_ON_PURPOSE = '`apiVersion: v1` / `kind: List` / `items: []`';
+
 /**
  * One YAML/JSON file, watched. The directory is watched, not the file: editors and `kubectl create
  * configmap`-style updates replace the file by rename, which a watch on the old inode would miss. A
  * change whose text is the same as the configuration in force is ignored.
+ *
+ * What a save leaves on the way is never taken for the operator's intent: a file with no objects (zero
+ * bytes, whitespace, comments, empty documents: what a truncated write or an editor's half-done save
+ * leaves) is refused, at start and live, unless it says "no objects" on purpose with an empty List; so is
+ * a file whose last line has no newline (cut mid-line); a file that is gone (renamed away mid-save,
+ * deleted) changes nothing until it is back.
  */
 export class FileSource extends EventEmitter implements ConfigSource {
   readonly name: string;
   private current?: ConfigObjects;
+  /** The text of the configuration in force. */
   private text?: string;
+  /** The last text refused, so a refusal is logged once, not on every periodic check. */
+  private refused?: string;
+  /** Why the file could not be read last time (ENOENT: gone), so that is logged once too. */
+  private unreadable?: string;
   private watcher?: fs.FSWatcher;
   private timer?: NodeJS.Timeout;
   private recheck?: NodeJS.Timeout;
@@ -58,8 +75,18 @@ export class FileSource extends EventEmitter implements ConfigSource {
   async start(): Promise<ConfigObjects> {
     // Armed before the first read, so an edit between the two is not lost.
     this.watch();
-    this.text = this.read();
-    this.current = parseConfig(this.text ?? '', this.file);
+    let text: string;
+    try {
+      text = fs.readFileSync(this.file, 'utf8');
+    } catch (e) {
+      const code = (e as NodeJS.ErrnoException).code;
+      throw new TetherError(ErrorCode.InvalidConfig, `config ${this.file}: ${code === 'ENOENT' ? 'no such file' : (code ?? (e as Error).message)}`, { cause: e });
+    }
+    const config = parseConfig(text, this.file);
+    const why = notAnIntent(text, config, this.file);
+    if (why) throw new TetherError(ErrorCode.InvalidConfig, `${why.problem}; refused. ${why.remedy}`);
+    this.text = text;
+    this.current = config;
     this.recheck = setInterval(() => this.check(), RECHECK_MS);
     this.recheck.unref();
     return this.current;
@@ -90,13 +117,43 @@ export class FileSource extends EventEmitter implements ConfigSource {
     this.timer = setTimeout(() => this.check(), SETTLE_MS);
   }
 
+  /**
+   * The file's text, or undefined when it cannot be read. A file that is gone (an editor renamed it away
+   * and has not written the new one yet, or it was deleted) means "unchanged", never "no objects": the
+   * configuration in force stays until the file is back. Logged once per cause, not on every check.
+   */
   private read(): string | undefined {
+    let text: string;
     try {
-      return fs.readFileSync(this.file, 'utf8');
+      text = fs.readFileSync(this.file, 'utf8');
     } catch (e) {
-      if ((e as NodeJS.ErrnoException).code === 'ENOENT' && this.current === undefined) throw new Error(`config ${this.file}: no such file`);
-      this.logger.warn('config: cannot read; the running configuration stays', { source: this.name, error: (e as NodeJS.ErrnoException).code ?? (e as Error).message });
+      const code = (e as NodeJS.ErrnoException).code ?? (e as Error).message;
+      if (this.unreadable !== code) {
+        this.unreadable = code;
+        if (code === 'ENOENT') {
+          this.logger.warn(
+            `config: ${this.file} is gone; the running configuration stays until the file is back (deleting it removes nothing: to remove every object, write ${EMPTY_ON_PURPOSE})`,
+            { source: this.name, file: this.file },
+          );
+        } else {
+          this.logger.warn('config: cannot read; the running configuration stays', { source: this.name, error: code });
+        }
+      }
       return undefined;
+    }
+    if (this.unreadable !== undefined) {
+      this.logger.info('config: the file can be read again', { source: this.name, file: this.file, was: this.unreadable });
+      this.unreadable = undefined;
+    }
+    return text;
+  }
+
+  private writtenWithin(ms: number): boolean {
+    try {
+      const age = Date.now() - fs.statSync(this.file).mtimeMs;
+      return age >= 0 && age < ms; // a clock set back (a future mtime) must not hold changes off for good
+    } catch {
+      return false; // read() says why
     }
   }
 
@@ -104,24 +161,93 @@ export class FileSource extends EventEmitter implements ConfigSource {
   private check(): void {
     // Nobody listens yet (tetherd still starting): the periodic check comes back to it.
     if (this.stopped || !this.current || this.listenerCount('update') === 0) return;
+    // Written less than the settle time ago (the periodic check does not wait for the watch's settle): a
+    // write may still be going on, so come back once the file has been still that long.
+    if (this.writtenWithin(SETTLE_MS)) return this.soon();
     const text = this.read();
-    if (text === undefined || text === this.text) return;
-    this.text = text;
+    if (text === undefined || text === this.text) {
+      // Back to the text in force (an edit undone, a save finished as it began): nothing to apply.
+      if (text !== undefined) this.refused = undefined;
+      return;
+    }
+    if (text === this.refused) return;
     let next: ConfigObjects;
     try {
       next = parseConfig(text, this.file, this.current);
     } catch (e) {
+      this.refused = text;
       const problems = (e as Error).message.split('\n');
       this.logger.error('config: change rejected; the running configuration stays', { source: this.name, problems });
       this.emit('rejected', problems);
       return;
     }
+    const why = notAnIntent(text, next, this.file);
+    if (why) {
+      this.refused = text;
+      const problem = `${why.problem}; refused, the running configuration stays. ${why.remedy}`;
+      this.logger.warn(`config: ${problem}`, { source: this.name, file: this.file });
+      this.emit('rejected', [problem]);
+      return;
+    }
+    this.text = text;
+    this.refused = undefined;
     this.current = next;
     this.logger.info('config: change accepted', {
       source: this.name, pools: next.pools.length, nodes: Object.keys(next.nodes).length, objects: next.others.length, pods: Object.keys(next.pods ?? {}).length,
     });
     this.emit('update', next);
   }
+}
+
+function hasNoObjects(c: ConfigObjects): boolean {
+  return c.pools.length === 0 && Object.keys(c.nodes).length === 0 && Object.keys(c.pods ?? {}).length === 0 && c.others.length === 0;
+}
+
+/**
+ * Why a text that parsed and validated is still not taken for what the operator meant, or undefined. A
+ * write cut short or caught half-way leaves either no objects or, far more often, a last line cut in the
+ * middle, which still parses in about one cut in eight (a Node's name cut to "no", an Egress without its
+ * trailing fields): YAML must end with a newline, as editors, kubectl and yq write it. A file of one JSON
+ * value may omit it (JSON cut short never parses).
+ */
+function notAnIntent(text: string, config: ConfigObjects, file: string): { problem: string; remedy: string } | undefined {
+  if (hasNoObjects(config) && !emptyOnPurpose(text)) {
+    return {
+      problem: `${file} holds no objects (it is empty, or only whitespace, comments or empty documents: what a truncated write or a half-done save leaves)`,
+      remedy: `To have no objects on purpose, write ${EMPTY_ON_PURPOSE}`,
+    };
+  }
+  if (!text.endsWith('\n') && !isOneJsonValue(text)) {
+    return {
+      problem: `${file} looks cut short: its last line does not end with a newline (a truncated write, or a write still going on)`,
+      remedy: 'End the file with a newline, and replace it whole (write a temp file, then rename it over the old one)',
+    };
+  }
+  return undefined;
+}
+
+function isOneJsonValue(text: string): boolean {
+  const t = text.trim();
+  if (!t.startsWith('{') && !t.startsWith('[')) return false;
+  try {
+    JSON.parse(t);
+    return true;
+  } catch {
+    return false;
+  }
+}
+
+/**
+ * Whether `text` says "no objects" on purpose: one of its documents is a List with `items: []`. Truncation
+ * cannot make one: a cut inside a flow list loses its `]` (a parse error), and a block list cut after
+ * `items:` leaves null, which is refused.
+ */
+function emptyOnPurpose(text: string): boolean {
+  return parseAllDocuments(text).some((doc) => {
+    if (doc.errors.length) return false;
+    const v: unknown = doc.toJS();
+    return isObject(v) && v.kind === 'List' && Array.isArray(v.items) && v.items.length === 0;
+  });
 }
 
 /** Hands every configuration to `apply`, one at a time in order; a newer one replaces one still waiting. */
