@@ -10,6 +10,7 @@ export const ErrorCode = {
   DecodeFailure: 'DECODE_FAILURE',
   InvalidConfig: 'INVALID_CONFIG',
   TryAgainLater: 'TRY_AGAIN_LATER',
+  PermissionDenied: 'PERMISSION_DENIED',
   ProtocolVersion: 'PROTOCOL_VERSION',
   BadRequest: 'BAD_REQUEST',
   NetnsGone: 'NETNS_GONE',
@@ -35,6 +36,8 @@ const CNI_CODES: Record<ErrorCode, number> = {
   DECODE_FAILURE: 6,
   INVALID_CONFIG: 7,
   TRY_AGAIN_LATER: 11,
+  // Not allowed to reach tetherd's socket (EACCES/EPERM): an I/O failure no retry will clear.
+  PERMISSION_DENIED: 5,
   PROTOCOL_VERSION: 100,
   BAD_REQUEST: 101,
   NETNS_GONE: 102,

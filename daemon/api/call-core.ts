@@ -50,6 +50,17 @@ export class TetherdUnreachable extends TetherError {
 
 /** Connect errors that mean nobody serves the socket; any other (EACCES, ENOTSOCK…) is a setup fault. */
 const NOBODY_LISTENS = new Set(['ENOENT', 'ECONNREFUSED']);
+/** Connect errors that mean this process may not use the socket: no retry helps, so never code 11. */
+const NOT_ALLOWED = new Set(['EACCES', 'EPERM']);
+
+/** The error for a socket this process is not allowed to connect to, saying why and what to do. */
+function socketPermissionError(socketPath: string, code: string, cause?: unknown): TetherError {
+  return new TetherError(
+    ErrorCode.PermissionDenied,
+    `permission denied connecting to tetherd's socket ${socketPath} (${code}): the socket is root-only (mode 0600, in a directory of mode 0700); run this as root`,
+    { cause },
+  );
+}
 
 let seq = 0;
 
@@ -113,7 +124,8 @@ export function callWith<R = unknown>(connect: Connector, socketPath: string, me
         }
       },
       error(e) {
-        if (!connected) unreachable(e.code ?? e.message, e.code && NOBODY_LISTENS.has(e.code) ? e.code : undefined, e);
+        if (!connected && e.code && NOT_ALLOWED.has(e.code)) finish(socketPermissionError(socketPath, e.code, e));
+        else if (!connected) unreachable(e.code ?? e.message, e.code && NOBODY_LISTENS.has(e.code) ? e.code : undefined, e);
         else finish(new TetherdUnreachable(`connection to tetherd at ${socketPath} failed: ${e.message}`, 'lost', e));
       },
       close() {
