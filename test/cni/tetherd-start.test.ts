@@ -76,6 +76,7 @@ test('every start failure: a message naming what is wrong and a non-zero exit, w
       ['unknown option', ['--no-such-flag'], 2, /Unknown option '--no-such-flag'/],
       ['config file missing', ['--config', path.join(dir, 'missing.yaml')], 2, /config rejected.*missing\.yaml/],
       ['config invalid', ['--config', path.join(dir, 'bad.yaml')], 2, /config rejected.*10\.0\.0\.1\/8/],
+      ['config empty (a truncated write)', ['--config', path.join(dir, 'a-file')], 2, /config rejected: .*a-file holds no objects .*To have no objects on purpose, write `apiVersion: v1` \/ `kind: List` \/ `items: \[\]`/],
       ['redis URL', ['--redis', 'http://localhost:6379'], 2, /--redis rejected/],
       ['fou port', ['--fou-port', 'abc'], 2, /--fou-port: \\?"abc\\?" is not a port number/],
       ['sync port', ['--sync-port', '70000'], 2, /--sync-port: \\?"70000\\?" is not a port number/],
