@@ -49,6 +49,21 @@ interface PoolState {
   pendingReturn: Set<string>;
   /** Blocks another node claimed while this node still held them (store restarted empty): never allocated from. */
   lost: Set<string>;
+  /**
+   * Blocks this node holds whose claim the store has not confirmed (re-claiming them failed: the store was
+   * unreachable, or the replicas did not acknowledge): no new address from them until maintain() confirms.
+   */
+  unconfirmed: Set<string>;
+  /**
+   * Blocks not held here whose claim got no clear answer (unacknowledged by the replicas, or no reply): the
+   * store may record them as this node's. The next claim tries them first (idempotent); maintain() releases
+   * the ones still unused, so none leaks.
+   */
+  unsure: Set<string>;
+}
+
+function poolState(pool: ResolvedPool): PoolState {
+  return { pool, blocks: new Map(), pendingReturn: new Set(), lost: new Set(), unconfirmed: new Set(), unsure: new Set() };
 }
 
 export function ownerKey(o: Pick<PodOwner, 'network' | 'containerId' | 'ifName'>): string {
@@ -83,7 +98,7 @@ export class PodAllocator {
     private readonly logger: Logger,
     private readonly holdOffMs = HOLD_OFF_MS,
   ) {
-    for (const pool of pools) if (pool.usage === 'pod') this.pools.set(pool.name, { pool, blocks: new Map(), pendingReturn: new Set(), lost: new Set() });
+    for (const pool of pools) if (pool.usage === 'pod') this.pools.set(pool.name, poolState(pool));
   }
 
   /**
@@ -110,7 +125,12 @@ export class PodAllocator {
         if (!c) continue;
         if (fromStore && !fromStore.includes(cidr) && this.store) {
           // Owned here but not in the store (store restarted, or a return raced a crash): claim it back.
-          const won = await this.store.claimBlock(name, cidr, this.node.name).catch(() => false);
+          // No clear answer: keep the block, allocate nothing new from it until maintain() confirms it.
+          const won = await this.store.claimBlock(name, cidr, this.node.name).catch((e) => {
+            ps.unconfirmed.add(cidr);
+            this.logger.warn('ipam: could not claim back a block at start; no new address from it until the store confirms it', { pool: name, block: cidr, error: (e as Error).message });
+            return true;
+          });
           if (!won && mine.some((r) => r.block === cidr)) {
             conflicts.push(`${name} ${cidr}`);
             this.logger.error('ipam: block holding local allocations is owned by another node', { pool: name, block: cidr });
@@ -151,7 +171,7 @@ export class PodAllocator {
     for (const [name, pool] of want) {
       const ps = this.pools.get(name);
       if (!ps) {
-        this.pools.set(name, { pool, blocks: new Map(), pendingReturn: new Set(), lost: new Set() });
+        this.pools.set(name, poolState(pool));
         this.logger.info('ipam: pool added', { pool: name });
       } else if (JSON.stringify(ps.pool.source) !== JSON.stringify(pool.source)) {
         ps.pool = pool;
@@ -243,12 +263,27 @@ export class PodAllocator {
   async maintain(): Promise<void> {
     await this.checkGeneration();
     for (const ps of this.pools.values()) {
-      if (!ps.pendingReturn.size) continue;
+      if (!ps.pendingReturn.size && !ps.unconfirmed.size && !ps.unsure.size) continue;
       await this.mutex.run(ps.pool.name, async () => {
         for (const cidr of [...ps.pendingReturn]) {
           const blk = ps.blocks.get(cidr);
           if (blk && blk.used.size === 0) await this.returnBlock(ps, blk);
           else ps.pendingReturn.delete(cidr);
+        }
+        for (const cidr of [...ps.unconfirmed]) await this.reassertBlock(ps, cidr);
+        for (const cidr of [...ps.unsure]) {
+          if (ps.blocks.has(cidr)) {
+            ps.unsure.delete(cidr);
+            continue;
+          }
+          // Compare-and-delete: a no-op when the claim never landed or another node holds the block.
+          try {
+            await this.store?.releaseBlock(ps.pool.name, cidr, this.node.name);
+            ps.unsure.delete(cidr);
+            this.logger.info('ipam: unacknowledged block claim withdrawn', { pool: ps.pool.name, block: cidr, node: this.node.name });
+          } catch (e) {
+            this.logger.warn('ipam: could not withdraw an unacknowledged block claim yet', { pool: ps.pool.name, block: cidr, error: (e as Error).message });
+          }
         }
       });
     }
@@ -263,7 +298,11 @@ export class PodAllocator {
         const allocated = blocks.reduce((n, b) => n + b.used.size, 0);
         const capacity = blocks.reduce((n, b) => n + Number(b.size) - 1, 0);
         const lost = blocks.filter((b) => ps.lost.has(b.cidr)).map((b) => b.cidr);
-        return { family: f.family, cidr: f.cidr, blockSize: f.blockSize, blocks: blocks.map((b) => b.cidr), allocated, free: capacity - allocated, ...(lost.length ? { lost } : {}) };
+        const unconfirmed = blocks.filter((b) => ps.unconfirmed.has(b.cidr)).map((b) => b.cidr);
+        return {
+          family: f.family, cidr: f.cidr, blockSize: f.blockSize, blocks: blocks.map((b) => b.cidr), allocated, free: capacity - allocated,
+          ...(lost.length ? { lost } : {}), ...(unconfirmed.length ? { unconfirmed } : {}),
+        };
       }),
     }));
   }
@@ -284,7 +323,7 @@ export class PodAllocator {
   private async allocateIn(ps: PoolState, fam: ResolvedFamily, owner: PodOwner): Promise<AllocationRecord> {
     for (;;) {
       for (const blk of ps.blocks.values()) {
-        if (blk.family !== fam.family || ps.pendingReturn.has(blk.cidr) || ps.lost.has(blk.cidr)) continue;
+        if (blk.family !== fam.family || ps.pendingReturn.has(blk.cidr) || ps.lost.has(blk.cidr) || ps.unconfirmed.has(blk.cidr)) continue;
         const off = freeOffset(blk, fam);
         if (off !== undefined) return this.take(ps, blk, off, owner);
       }
@@ -338,20 +377,44 @@ export class PodAllocator {
         `pool "${pool}" needs a new block, but the cluster store restarted empty; new claims wait ${Math.ceil((this.holdOffUntil - Date.now()) / 1000)} s more while nodes re-assert the blocks they hold`,
       );
     }
+    const blockOf = (cidr: string): BlockState | undefined => {
+      const c = parseCidr(cidr);
+      if (!c || c.family !== fam.family || c.prefix !== fam.blockSize || ps.blocks.has(cidr)) return undefined;
+      const blk: BlockState = { family: c.family, cidr, base: c.base, size: sizeOf(c.family, c.prefix), used: new Set(), cursor: 1n };
+      return freeOffset(blk, fam) === undefined ? undefined : blk; // undefined: wholly reserved
+    };
+    // The claim is used only once the store acknowledged it; with no clear answer the block is "unsure":
+    // the store may hold it for this node, so it is tried first next time and withdrawn by maintain().
+    const tryClaim = async (blk: BlockState): Promise<boolean> => {
+      let won: boolean;
+      try {
+        won = await this.store!.claimBlock(pool, blk.cidr, this.node.name);
+      } catch (e) {
+        ps.unsure.add(blk.cidr);
+        throw e;
+      }
+      ps.unsure.delete(blk.cidr);
+      if (!won) return false; // another node was faster
+      ps.blocks.set(blk.cidr, blk);
+      this.files.saveBlocks(pool, [...ps.blocks.keys()]);
+      this.logger.info('ipam: block claimed', { pool, block: blk.cidr, node: this.node.name });
+      return true;
+    };
+    for (const cidr of [...ps.unsure]) {
+      const blk = blockOf(cidr);
+      if (blk && (await tryClaim(blk))) return blk;
+    }
     const claimed = await this.store.listBlocks(pool);
     const total = sizeOf(fam.family, fam.prefix) / sizeOf(fam.family, fam.blockSize);
     let scanned = 0;
     for (let i = 0n; i < total && scanned < MAX_BLOCK_SCAN; i++, scanned++) {
-      const base = fam.base + i * sizeOf(fam.family, fam.blockSize);
-      const cidr = formatCidr(fam.family, base, fam.blockSize);
-      if (claimed.has(cidr) || ps.blocks.has(cidr)) continue;
-      const blk: BlockState = { family: fam.family, cidr, base, size: sizeOf(fam.family, fam.blockSize), used: new Set(), cursor: 1n };
-      if (freeOffset(blk, fam) === undefined) continue; // wholly reserved
-      if (!(await this.store.claimBlock(pool, cidr, this.node.name))) continue; // another node was faster
-      ps.blocks.set(cidr, blk);
-      this.files.saveBlocks(pool, [...ps.blocks.keys()]);
-      this.logger.info('ipam: block claimed', { pool, block: cidr, node: this.node.name });
-      return blk;
+      const cidr = formatCidr(fam.family, fam.base + i * sizeOf(fam.family, fam.blockSize), fam.blockSize);
+      // A block the store says is this node's but that it does not hold (a claim whose answer was lost, a
+      // return a failover undid) is claimed again like a free one: adopted, not leaked.
+      const holder = claimed.get(cidr);
+      if (holder !== undefined && holder !== this.node.name) continue;
+      const blk = blockOf(cidr);
+      if (blk && (await tryClaim(blk))) return blk;
     }
     const held = [...claimed.values()].length;
     throw new TetherError(
@@ -380,13 +443,34 @@ export class PodAllocator {
     this.holdOffUntil = Math.max(this.holdOffUntil, Date.now() + left);
     this.logger.warn('ipam: cluster store restarted empty; re-asserting this node\'s blocks and holding off new claims', { holdOffMs: left, generationAgeMs: ageMs });
     for (const ps of this.pools.values()) {
-      for (const cidr of ps.blocks.keys()) {
-        if (await this.store.claimBlock(ps.pool.name, cidr, this.node.name)) continue;
-        // Another node got it first (it was not holding off): stop allocating from it and say so loudly.
-        ps.lost.add(cidr);
-        this.logger.error('ipam: block this node holds was claimed by another node after the store restart', { pool: ps.pool.name, block: cidr });
+      for (const cidr of [...ps.blocks.keys()]) {
+        ps.unconfirmed.add(cidr);
+        await this.reassertBlock(ps, cidr);
       }
     }
+  }
+
+  /**
+   * Claims a block this node holds again and clears it for allocation; another node holding it by now is
+   * reported loudly and the block is never allocated from again. No clear answer: it stays unconfirmed.
+   */
+  private async reassertBlock(ps: PoolState, cidr: string): Promise<void> {
+    if (!this.store || !ps.blocks.has(cidr)) {
+      ps.unconfirmed.delete(cidr);
+      return;
+    }
+    let won: boolean;
+    try {
+      won = await this.store.claimBlock(ps.pool.name, cidr, this.node.name);
+    } catch (e) {
+      this.logger.warn('ipam: could not re-assert a block yet; no new address from it until the store confirms it', { pool: ps.pool.name, block: cidr, error: (e as Error).message });
+      return;
+    }
+    ps.unconfirmed.delete(cidr);
+    if (won) return;
+    // Another node got it first (it was not holding off): stop allocating from it and say so loudly.
+    ps.lost.add(cidr);
+    this.logger.error('ipam: block this node holds was claimed by another node after the store restart', { pool: ps.pool.name, block: cidr });
   }
 
   private async returnBlock(ps: PoolState, blk: BlockState): Promise<void> {
@@ -400,6 +484,7 @@ export class PodAllocator {
       return;
     }
     ps.pendingReturn.delete(blk.cidr);
+    ps.unconfirmed.delete(blk.cidr);
     ps.blocks.delete(blk.cidr);
     this.files.saveBlocks(pool, [...ps.blocks.keys()]);
     this.logger.info('ipam: empty block returned', { pool, block: blk.cidr, node: this.node.name });

@@ -5,15 +5,15 @@
 /**
  * KEYS[1] blocks hash (block → node); ARGV[1] block, ARGV[2] node.
  * Returns {state, holder}: state 'claimed' (new), 'owned' (the node already had it) or 'taken'.
+ * 'owned' writes the claim again: the caller's WAIT counts replicas up to its own connection's last write,
+ * and a claim made before (on another connection, whose answer was lost) must be covered too.
  */
 export const CLAIM_BLOCK = `
 local holder = redis.call('HGET', KEYS[1], ARGV[1])
-if not holder then
-  redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
-  return {'claimed', ARGV[2]}
-end
-if holder == ARGV[2] then return {'owned', holder} end
-return {'taken', holder}
+if holder and holder ~= ARGV[2] then return {'taken', holder} end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+if holder then return {'owned', holder} end
+return {'claimed', ARGV[2]}
 `;
 
 /** KEYS[1] blocks hash; ARGV[1] block, ARGV[2] node. Compare-and-delete: 1 when released, else 0. */

@@ -1,5 +1,8 @@
 // ClusterStore over Redis (standalone mode): block claims and cluster-wide addresses, each change one
 // atomic Lua script. An unreachable Redis is a TRY_AGAIN_LATER answer within the command timeout, never a hang.
+// A block claim is acknowledged only once every replica connected to the primary has it (WAIT): Redis
+// replicates asynchronously, and Sentinel promotes a replica when the primary dies, so a claim only the
+// primary held would vanish while the node goes on allocating from the block.
 //
 // Keys (prefix defaults to "tether:"):
 //   <prefix>pool:<pool>:blocks         hash  block CIDR → node
@@ -92,14 +95,43 @@ export class RedisStore implements ClusterStore {
     return new RedisStore(client, prefix, target.where, commandTimeoutMs);
   }
 
+  /**
+   * True once the block is this node's on the primary and on every replica the primary has connected
+   * (none connected: nothing to wait for — Sentinel cannot fail over without a replica). TRY_AGAIN_LATER
+   * when the replicas did not all acknowledge it in time: the claim is then not acknowledged — it may be
+   * on the primary, so the caller must not use the block, and claims it again (idempotent) or releases it.
+   */
   async claimBlock(pool: string, block: string, node: string): Promise<boolean> {
     checkPool(pool);
     const b = checkBlock(block);
     checkName('node', node, MAX_NAME);
-    const [state, holder] = await this.run('claimBlock', () => this.client.tetherClaimBlock(this.key(pool, 'blocks'), b, node));
-    if (state === 'claimed') log().info('block claimed', { pool, block: b, node });
-    else if (state === 'taken') log().info('block claim refused', { pool, block: b, node, holder });
-    return state !== 'taken';
+    const waitMs = Math.max(10, Math.floor(this.timeoutMs / 2));
+    const { state, holder, replicas, acked } = await this.run('claimBlock', async () => {
+      const replicas = await this.connectedReplicas();
+      // The claim and its WAIT go out together on one connection: a WAIT sent on a new connection (after
+      // a reconnect, perhaps to a new primary) would count nothing of this connection's write.
+      const p = this.client.pipeline() as unknown as { tetherClaimBlock(...a: string[]): unknown; wait(n: number, ms: number): unknown; exec(): Promise<Array<[Error | null, unknown]> | null> };
+      p.tetherClaimBlock(this.key(pool, 'blocks'), b, node);
+      p.wait(replicas, waitMs);
+      const res = await p.exec();
+      if (!res || res.length !== 2) throw new Error('no answer to the claim');
+      for (const [err] of res) if (err) throw err;
+      const [state, holder] = res[0][1] as [string, string];
+      return { state, holder, replicas, acked: Number(res[1][1]) };
+    });
+    if (state === 'taken') {
+      log().info('block claim refused', { pool, block: b, node, holder });
+      return false;
+    }
+    if (acked < replicas) {
+      log().warn('block claim not acknowledged: the replicas did not all confirm it', { pool, block: b, node, replicas, acked, waitMs });
+      throw new TetherError(
+        ErrorCode.TryAgainLater,
+        `cluster store (${this.where}): claim of block ${b} of pool "${pool}" not acknowledged: ${acked} of ${replicas} replica(s) confirmed it within ${waitMs} ms (a failover now could lose it); the block is not used, try again`,
+      );
+    }
+    if (state === 'claimed') log().info('block claimed', { pool, block: b, node, replicas });
+    return true;
   }
 
   async releaseBlock(pool: string, block: string, node: string): Promise<boolean> {
@@ -198,6 +230,14 @@ export class RedisStore implements ClusterStore {
     return `${this.prefix}pool:${pool}:owner:${owner}`;
   }
 
+  /** How many replicas the primary has connected now (INFO replication), each of which a claim waits for. */
+  private async connectedReplicas(): Promise<number> {
+    const info = await this.client.info('replication');
+    const m = /^connected_slaves:(\d+)/m.exec(info);
+    if (!m) throw new TetherError(ErrorCode.Internal, `cluster store (${this.where}): INFO replication has no connected_slaves line`);
+    return Number(m[1]);
+  }
+
   /** One call under one deadline: waiting for a reconnect in progress counts against the same timeout. */
   private async run<T>(what: string, fn: () => Promise<T>): Promise<T> {
     if (this.closed) throw new TetherError(ErrorCode.Internal, `cluster store (${this.where}) used after close (${what})`);
@@ -206,6 +246,7 @@ export class RedisStore implements ClusterStore {
       await waitReady(this.client, this.timeoutMs);
       return await withDeadline(fn(), Math.max(1, deadline - Date.now()));
     } catch (e) {
+      if (e instanceof TetherError) throw e;
       // A reply error is Redis answering (a script or auth problem), not Redis being away.
       const reply = e instanceof ReplyError ? (e as Error).message : undefined;
       if (reply !== undefined && !TRANSIENT_REPLY.test(reply)) {

@@ -209,6 +209,15 @@ test('store restarted empty: holders re-assert their blocks, others hold off new
   assert.not.ok(bIps.includes(heldByA.address));
 });
 
+test('a block the store records as this node\'s but that it does not hold (a claim whose answer was lost) is taken back, not leaked', async () => {
+  const { alloc, store } = await fixture('n1');
+  // The claim reached the store, its answer never reached the node.
+  assert.ok(await store.claimBlock('reserved', '10.61.0.0/29', 'n1'));
+  const ip = (await alloc.allocate('reserved', owner('x'))).ips[0];
+  assert.is(ip.block, '10.61.0.0/29', 'the recorded block is used');
+  assert.equal(await store.listBlocks('reserved'), new Map([['10.61.0.0/29', 'n1']]), 'no second block claimed beside it');
+});
+
 test('pool selection errors name the pool', async () => {
   const { alloc } = await fixture();
   const cases: Array<[string, string, RegExp]> = [

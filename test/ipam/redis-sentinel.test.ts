@@ -1,10 +1,24 @@
 // The cluster store through Redis Sentinel, with real redis-server and redis-sentinel processes: the URL
-// form, and block claims that go on across a SIGKILL of the primary (the sentinels promote the replica,
-// the store follows it), with nothing claimed before the crash lost and no block given twice.
+// form, block claims that go on across a SIGKILL of the primary (the sentinels promote the replica, the
+// store follows it), with nothing claimed before the crash lost and no block given twice, and a claim the
+// replica has not confirmed never acknowledged, so a failover cannot take a block from under its pods.
 import { test } from 'uvu';
 import * as assert from 'uvu/assert';
+import * as fs from 'node:fs';
+import * as os from 'node:os';
+import * as path from 'node:path';
+import { Writable } from 'node:stream';
+import Redis from 'ioredis';
+import { AllocationStore } from '../../ipam/allocation-store';
+import { PodAllocator } from '../../ipam/pod-allocator';
+import { validatePools } from '../../ipam/pool';
 import { parseRedisUrl, RedisStore } from '../../ipam/store/redis-store';
+import { makeLogger, setLogger } from '../../daemon/log';
+import { ErrorCode, TetherError } from '../../daemon/errors';
 import { startSentinelSet, type SentinelSet } from '../lib/sentinel';
+
+const quiet = makeLogger({ level: 'error', stream: new Writable({ write: (_c, _e, cb) => cb() }) });
+setLogger(quiet);
 
 test('redis+sentinel:// URLs: sentinels, master name, db and passwords; malformed ones named', () => {
   assert.equal(parseRedisUrl('redis+sentinel://:s3cret@10.0.0.1,10.0.0.2:26380,[fd00::3]:26381/tether/2?sentinelPassword=sp'), {
@@ -32,9 +46,163 @@ test('redis+sentinel:// URLs: sentinels, master name, db and passwords; malforme
   }
 });
 
+/** Retries a call refused while the store follows a failover ("unreachable", never a wrong answer), up to 30 s. */
+async function whenConnected<T>(fn: () => Promise<T>, t0 = Date.now()): Promise<T> {
+  for (;;) {
+    try {
+      return await fn();
+    } catch (e) {
+      assert.match((e as Error).message, /unreachable|timed out|try again|Connection|closed|READONLY|LOADING|master|writeable|not acknowledged/i);
+      if (Date.now() - t0 > 30_000) throw e;
+      await new Promise((r) => setTimeout(r, 100));
+    }
+  }
+}
+
+test('a block claim is acknowledged only once the replica has it: the allocator never uses an unconfirmed block, and after a failover every block it reported is on the new primary', async () => {
+  const own = await startSentinelSet();
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'tether-ipam-'));
+  const store = await RedisStore.connect(own.url, { keyPrefix: 'ack:', commandTimeoutMs: 1000 });
+  try {
+    // /30 blocks: three pod addresses each, so every fourth pod needs a new block.
+    const pools = validatePools([{ apiVersion: 'tether.dev/v1alpha1', kind: 'AddressPool', metadata: { name: 'pods' }, spec: { usage: 'pod', ipv4: { cidr: '10.251.0.0/24', blockSize: 30 } } }]);
+    let alloc = new PodAllocator({ name: 'node-a', labels: {} }, pools, store, new AllocationStore(dir), quiet);
+    await alloc.start();
+    const owner = (i: number) => ({ network: 'net', containerId: `c${i}`, ifName: 'eth0' });
+    const family = () => (alloc.usage()[0].families as Array<{ blocks: string[]; unconfirmed?: string[] }>)[0];
+    const reported = () => [...family().blocks].sort();
+    const inStore = async () => [...(await whenConnected(() => store.listBlocks('pods')))].filter(([, n]) => n === 'node-a').map(([b]) => b).sort();
+    const given = new Map<string, number>(); // address → pod, of the pods that hold one
+    let pods = 0;
+    const add = async () => {
+      const ip = (await alloc.allocate('pods', owner(pods))).ips[0];
+      assert.not.ok(given.has(ip.address), `${ip.address} given twice`);
+      given.set(ip.address, pods++);
+      return ip;
+    };
+    const remove = async (i: number) => {
+      for (const a of await alloc.release(`net/c${i}/eth0`)) given.delete(a);
+    };
+    /** The replica's process, SIGSTOPped so replication stalls (the primary keeps it connected). */
+    const replicaPid = () => {
+      const port = /slave0:ip=[^,]+,port=(\d+)/.exec(own.cli(own.master().port, 'info', 'replication'))?.[1];
+      const pid = Number(/process_id:(\d+)/.exec(own.cli(Number(port), 'info', 'server'))?.[1]);
+      assert.ok(pid > 0, 'replica pid');
+      return pid;
+    };
+    const refusedClaim = async (): Promise<string> => {
+      try {
+        await add();
+      } catch (e) {
+        assert.instance(e, TetherError);
+        assert.is((e as TetherError).code, ErrorCode.TryAgainLater);
+        const m = /claim of block (\S+) of pool "pods" not acknowledged: 0 of 1 replica\(s\) confirmed it/.exec((e as Error).message);
+        assert.ok(m, (e as Error).message);
+        assert.is(alloc.lookup(`net/c${pods}/eth0`), undefined, 'the pod got no address');
+        assert.not.ok(reported().includes(m![1]), 'the allocator does not hold the unacknowledged block');
+        return m![1];
+      }
+      assert.unreachable('a block claim was acknowledged while the replica could not have it');
+      return '';
+    };
+
+    // The replica's first sync is still under way right after set-up (diskless, 5 s delay); until it is
+    // online a claim is not acknowledged either.
+    await own.waitReplicated();
+    for (let i = 0; i < 3; i++) await add();
+    assert.is(reported().length, 1);
+
+    // 1. Replication stalled: the claim is refused; once the replica is back, the next attempt claims the
+    //    same block again (idempotently) and uses it.
+    let pid = replicaPid();
+    process.kill(pid, 'SIGSTOP');
+    let unacked: string;
+    try {
+      unacked = await refusedClaim();
+    } finally {
+      process.kill(pid, 'SIGCONT');
+    }
+    await own.waitReplicated();
+    assert.is((await add()).block, unacked, 're-claimed the same block');
+    assert.equal(await inStore(), reported(), 'the store holds exactly the blocks the allocator uses');
+
+    // 2. Refused, and nobody asks again: maintenance withdraws the claim, nothing leaks.
+    await add();
+    await add();
+    pid = replicaPid();
+    process.kill(pid, 'SIGSTOP');
+    try {
+      unacked = await refusedClaim();
+    } finally {
+      process.kill(pid, 'SIGCONT');
+    }
+    await own.waitReplicated();
+    assert.ok((await inStore()).includes(unacked), 'the unacknowledged claim did reach the primary');
+    await alloc.maintain();
+    assert.equal(await inStore(), reported(), 'maintenance withdrew it');
+
+    // 2b. tetherd restarts and finds a block it holds missing from the store while claims go unacknowledged:
+    //     it keeps the block for the pods in it, but gives no new address from it until the store confirms.
+    const held = reported()[0];
+    await remove(1); // a free address in it
+    await store.releaseBlock('pods', held, 'node-a'); // the store lost the claim
+    await own.waitReplicated();
+    pid = replicaPid();
+    process.kill(pid, 'SIGSTOP');
+    try {
+      alloc = new PodAllocator({ name: 'node-a', labels: {} }, pools, store, new AllocationStore(dir), quiet);
+      await alloc.start();
+      assert.equal(family().unconfirmed, [held]);
+      await refusedClaim(); // not the free address in the unconfirmed block: a new block, refused
+    } finally {
+      process.kill(pid, 'SIGCONT');
+    }
+    await own.waitReplicated();
+    await alloc.maintain();
+    assert.is(family().unconfirmed, undefined, 'confirmed by maintenance');
+    assert.is((await add()).block, held, 'and allocated from again');
+    assert.equal(await inStore(), reported());
+
+    // 3. Refused, then the primary dies before the replica has the claim, and the replica is promoted.
+    //    32 MB of ballast go first, so the claim is still in the primary's replication buffer, not already
+    //    in the stopped replica's socket buffer (from where it would still reach the replica).
+    pid = replicaPid();
+    process.kill(pid, 'SIGSTOP');
+    let old: number;
+    try {
+      const raw = new Redis({ host: own.host, port: own.master().port, lazyConnect: true, maxRetriesPerRequest: 0 });
+      try {
+        await raw.connect();
+        await raw.set('ack:ballast', Buffer.alloc(32 << 20, 120));
+      } finally {
+        raw.disconnect();
+      }
+      await refusedClaim();
+      old = own.killPrimary();
+    } finally {
+      process.kill(pid, 'SIGCONT');
+    }
+    await own.waitFailover(old);
+    const after = await inStore();
+    for (const b of reported()) assert.ok(after.includes(b), `block ${b}, reported claimed, is on the new primary (has ${after})`);
+    // The pod gets its address now (from whichever block the new primary gives), and nothing leaks.
+    const t0 = Date.now();
+    await whenConnected(() => add(), t0);
+    await whenConnected(() => alloc.maintain(), t0);
+    assert.equal(await inStore(), reported());
+    for (const [a, i] of given) assert.is(alloc.lookup(`net/c${i}/eth0`)?.ips[0].address, a);
+  } finally {
+    await store.close();
+    await own.stop();
+    fs.rmSync(dir, { recursive: true, force: true });
+  }
+});
+
 let set: SentinelSet;
 test.before(async () => {
   set = await startSentinelSet();
+  // Claims wait for the replica, which is online only once its first sync is done.
+  await set.waitReplicated();
 });
 test.after(async () => {
   await set?.stop();
