@@ -43,7 +43,7 @@ const MAX_OWNER = 512;
 const MAX_COUNT = 1024;
 const MAX_CANDIDATES = 4096;
 // Replies that mean "Redis is there but cannot serve right now" rather than a bug in the request.
-const TRANSIENT_REPLY = /^(LOADING|BUSY|MASTERDOWN|TRYAGAIN|READONLY|CLUSTERDOWN)\b/;
+const TRANSIENT_REPLY = /^(LOADING|BUSY|MASTERDOWN|TRYAGAIN|READONLY|CLUSTERDOWN|NOREPLICAS)\b/;
 
 export class RedisStore implements ClusterStore {
   private closed = false;

@@ -1,6 +1,7 @@
 // RedisStore against a real redis-server: claim races over separate connections, address allocation
 // semantics, key-prefix isolation, an outage (kill, hang, restart) and input validation.
 import { PassThrough } from 'node:stream';
+import Redis from 'ioredis';
 import { test } from 'uvu';
 import * as assert from 'uvu/assert';
 import { ErrorCode, TetherError } from '../../daemon/errors';
@@ -257,6 +258,23 @@ test('Redis hung (SIGSTOP): a call times out with TRY_AGAIN_LATER; resumed: it a
       process.kill(redis.pid!, 'SIGCONT');
     }
     assert.ok(await eventually(() => store.claimBlock('pods', '10.244.6.0/26', 'node-a')));
+  });
+});
+
+test('a primary run with min-replicas-to-write and no replica refuses claims as TRY_AGAIN_LATER, not as a bug', async () => {
+  await withStores(async (open, redis) => {
+    const store = await open();
+    const raw = new Redis({ path: redis.socketPath });
+    try {
+      await raw.config('SET', 'min-replicas-to-write', '1');
+      const e = await rejectsWith(store.claimBlock('pods', '10.244.7.0/26', 'node-a'));
+      assert.is(e.code, ErrorCode.TryAgainLater);
+      assert.match(e.message, /NOREPLICAS/);
+      await raw.config('SET', 'min-replicas-to-write', '0');
+      assert.ok(await store.claimBlock('pods', '10.244.7.0/26', 'node-a'));
+    } finally {
+      raw.disconnect();
+    }
   });
 });
 
