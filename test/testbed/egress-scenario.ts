@@ -41,6 +41,8 @@ export interface EgressStatus {
   address: string;
   owner: string;
   epoch: number;
+  /** The owner pod's node. */
+  ownerNode?: string;
   ownedHere: boolean;
   /** The store holds this node's view (false while it is unreachable and a decision waits to be written). */
   recorded?: boolean;
@@ -86,6 +88,28 @@ export async function waitStandbyReady(tb: Testbed, ownerNode: string, standby: 
   }
 }
 
+/**
+ * Waits until the client node steers to an owner whose gateway already holds the address (the owner's node
+ * reports ownedHere for the same owner and epoch): a SYN sent earlier is dropped and waits out TCP's 1 s
+ * initial retransmission timeout. Until the client node knows an owner, its steering drops the Egress's
+ * packets (never out un-NATed). And knowing is not enough: a first owner is recorded in the store (its
+ * compare-and-set) before its node takes the address, so client nodes learn it from the store ~60 ms
+ * before the gateway pod has its SNAT rule, and what they steer meanwhile is dropped in the pod (the
+ * unnated chain; seen on the testbed: 30 SYNs in a 55 ms window, each connection 1 s late).
+ */
+export async function waitClientSteered(tb: Testbed, client = 'n3', timeoutMs = 20_000): Promise<EgressStatus> {
+  const end = Date.now() + timeoutMs;
+  for (;;) {
+    const c = await egressOf(tb, client).catch(() => undefined);
+    const o = c?.owner && c.ownerNode ? await egressOf(tb, c.ownerNode).catch(() => undefined) : undefined;
+    if (c?.owner && o?.ownedHere && o.owner === c.owner && o.epoch === c.epoch) return c;
+    if (Date.now() > end) {
+      throw new Error(`the client node ${client} does not steer to an owner holding the address after ${timeoutMs} ms: it knows ${c?.owner ? `${c.owner} (epoch ${c.epoch}) on ${c.ownerNode}` : 'no owner'}; that node ${o ? (o.ownedHere ? `holds it for ${o.owner} (epoch ${o.epoch})` : `does not hold it (it knows ${o.owner}, epoch ${o.epoch})`) : 'did not answer'}`);
+    }
+    await new Promise((r) => setTimeout(r, 50));
+  }
+}
+
 function collect(child: ChildProcess): Promise<string> {
   return new Promise((resolve) => {
     let out = '';
@@ -117,13 +141,7 @@ export async function startServer(tb: Testbed): Promise<{ stop: () => Promise<st
  * while `during` runs; with endWhenDone, durationMs is an upper bound and the run ends when `during` does.
  */
 export async function runTraffic(tb: Testbed, conns: number, durationMs: number, during: () => Promise<void>, opts: { endWhenDone?: boolean } = {}): Promise<{ report: TrafficReport; peers: string[] }> {
-  // The client's node must know the owner first: until it does, its steering drops the Egress's packets
-  // (never out un-NATed), and every first SYN would wait out TCP's 1 s initial retransmission timeout.
-  const known = Date.now() + 10_000;
-  while (!(await egressOf(tb, 'n3').catch(() => undefined))?.owner) {
-    if (Date.now() > known) throw new Error('the client node n3 never learned an owner');
-    await new Promise((r) => setTimeout(r, 50));
-  }
+  await waitClientSteered(tb, 'n3');
   const server = await startServer(tb);
   const client = tb.spawn('n3-web', [process.execPath, '-e', TRAFFIC_CLIENT, tb.externalIp('server'), String(PORT), String(conns), String(durationMs), '50', '1']);
   const out = collect(client);
