@@ -10,6 +10,8 @@ import { EventEmitter } from 'node:events';
 import { log } from '../log';
 import { parseRedisUrl } from '../common/redis';
 import { listNodes, registerNode } from '../common/node-registry';
+import { isCanonicalIp, isObjectRef, isPlainName, isTime, nonNegativeInt, parseObject, refuseRecord, UnreadableRecordError } from '../common/store-record';
+export { UnreadableRecordError } from '../common/store-record';
 
 /** A gateway pod that can hold an Egress's floating addresses. */
 export interface GatewayInfo {
@@ -42,20 +44,134 @@ export interface Ownership {
 // Records a decision unless the store holds one that supersedes it; publishes what it records.
 // ARGV: owner, epoch, cause, at, egress, address, score, ownerNode, ownerNodeAddress, ownerPodIp, firstOnly
 // (firstOnly '1': only if nobody owns it yet, the first owner's compare-and-set).
+// A record whose epoch is not a non-negative integer says nothing anyone can follow: the first owner's
+// compare-and-set is refused ('unreadable': someone may own the address), and a decision — which only a
+// holder writes — replaces it ('repaired').
 const RECORD = `
 local h = redis.call('HMGET', KEYS[1], 'owner', 'epoch', 'score')
-local cur = tonumber(h[2] or '0')
 local ep = tonumber(ARGV[2])
-local owner = h[1] or ''
-if cur > ep or (cur == ep and (owner == ARGV[1] or (owner ~= '' and (h[3] or '') >= ARGV[7]))) or (ARGV[11] == '1' and owner ~= '') then
-  return {owner == ARGV[1] and cur == ep and 'same' or 'superseded', cur}
+local state = 'recorded'
+if h[2] and not string.match(h[2], '^%d+$') then
+  if ARGV[11] == '1' then return {'unreadable', 0} end
+  state = 'repaired'
+else
+  local cur = tonumber(h[2] or '0')
+  local owner = h[1] or ''
+  if cur > ep or (cur == ep and (owner == ARGV[1] or (owner ~= '' and (h[3] or '') >= ARGV[7]))) or (ARGV[11] == '1' and owner ~= '') then
+    return {owner == ARGV[1] and cur == ep and 'same' or 'superseded', cur}
+  end
 end
 redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'epoch', ep, 'cause', ARGV[3], 'at', ARGV[4], 'score', ARGV[7],
   'ownerNode', ARGV[8], 'ownerNodeAddress', ARGV[9], 'ownerPodIp', ARGV[10])
 redis.call('PUBLISH', KEYS[2], cjson.encode({egress=ARGV[5], address=ARGV[6], owner=ARGV[1], epoch=ep, cause=ARGV[3],
   ownerNode=ARGV[8], ownerNodeAddress=ARGV[9], ownerPodIp=ARGV[10]}))
-return {'recorded', ep}
+return {state, ep}
 `;
+
+const STORE = 'ownership store';
+
+/** A gateway pod as tetherd names it: "namespace/name", or the container ID of a pod without Kubernetes metadata. */
+function isPodName(v: unknown): v is string {
+  return isObjectRef(v) || isPlainName(v, 128);
+}
+
+/**
+ * An ownership record as read from its hash, validated: no record (an empty hash) is owner "" epoch 0; a
+ * record from an older tetherd (owner, epoch, cause, at: no score, no owner location) is read as it is,
+ * without location (the gateway registry has it, and the owner's next record adds it). Anything else that
+ * is wrong throws UnreadableRecordError after one warn line.
+ */
+export function readOwnership(egress: string, address: string, key: string, h: Record<string, string>): Ownership {
+  if (Object.keys(h).length === 0) return { egress, address, owner: '', epoch: 0 };
+  const refuse = (field: string, problem: string): never => {
+    refuseRecord(STORE, key, field, problem, h[field]);
+    throw new UnreadableRecordError(key, field, problem);
+  };
+  const epoch = nonNegativeInt(h.epoch);
+  if (epoch === undefined) refuse('epoch', h.epoch === undefined ? 'missing' : 'not a non-negative integer');
+  if (h.owner === undefined) refuse('owner', 'missing');
+  if (h.owner !== '' && !isPodName(h.owner)) refuse('owner', 'not a pod name');
+  if (h.ownerNode !== undefined && h.ownerNode !== '' && !isPlainName(h.ownerNode)) refuse('ownerNode', 'not a node name');
+  for (const f of ['ownerNodeAddress', 'ownerPodIp'] as const) if (h[f] !== undefined && h[f] !== '' && !isCanonicalIp(h[f])) refuse(f, 'not an IP address');
+  if (h.score === undefined && h.ownerNode === undefined && olderSchemaSeen.size < 10_000 && !olderSchemaSeen.has(key)) {
+    olderSchemaSeen.add(key);
+    log().info('ownership store: record written by an older tetherd (no score, no owner location) read without location; its owner\'s next record upgrades it', { key, owner: h.owner, epoch });
+  }
+  return {
+    egress,
+    address,
+    owner: h.owner,
+    epoch: epoch!,
+    cause: h.cause,
+    ownerNode: h.ownerNode || undefined,
+    ownerNodeAddress: h.ownerNodeAddress || undefined,
+    ownerPodIp: h.ownerPodIp || undefined,
+  };
+}
+const olderSchemaSeen = new Set<string>();
+
+/** A change notice as published by RECORD, validated; undefined (after one warn line) when it is not one. */
+export function readNotice(channel: string, msg: string): Ownership | undefined {
+  const { value: n, problem } = parseObject(msg);
+  const bad = (field: string | undefined, why: string): undefined => {
+    refuseRecord(STORE, channel, field, why, msg);
+    return undefined;
+  };
+  if (!n) return bad(undefined, problem!);
+  if (!isObjectRef(n.egress)) return bad('egress', 'not an Egress "namespace/name"');
+  if (!isCanonicalIp(n.address)) return bad('address', 'not an IP address');
+  const epoch = typeof n.epoch === 'number' ? nonNegativeInt(n.epoch) : undefined;
+  if (epoch === undefined) return bad('epoch', 'not a non-negative integer');
+  if (typeof n.owner !== 'string' || (n.owner !== '' && !isPodName(n.owner))) return bad('owner', 'not a pod name');
+  const opt = (f: string, ok: (v: unknown) => boolean): boolean => n[f] === undefined || n[f] === '' || ok(n[f]);
+  if (!opt('ownerNode', (v) => isPlainName(v))) return bad('ownerNode', 'not a node name');
+  if (!opt('ownerNodeAddress', isCanonicalIp)) return bad('ownerNodeAddress', 'not an IP address');
+  if (!opt('ownerPodIp', isCanonicalIp)) return bad('ownerPodIp', 'not an IP address');
+  if (n.cause !== undefined && typeof n.cause !== 'string') return bad('cause', 'not a string');
+  return {
+    egress: n.egress,
+    address: n.address,
+    owner: n.owner,
+    epoch,
+    cause: n.cause as string | undefined,
+    ownerNode: (n.ownerNode as string) || undefined,
+    ownerNodeAddress: (n.ownerNodeAddress as string) || undefined,
+    ownerPodIp: (n.ownerPodIp as string) || undefined,
+  };
+}
+
+/** One node's gateway registration, validated; undefined (after one warn line) when any part is wrong. */
+function readGateways(key: string, node: string, raw: string, now: number): GatewayInfo[] | undefined {
+  const { value: r, problem } = parseObject(raw);
+  const bad = (why: string): undefined => {
+    refuseRecord(STORE, key, node, why, raw);
+    return undefined;
+  };
+  if (!r) return bad(problem!);
+  if (!isTime(r.expiresAt)) return bad('expiresAt is not a time');
+  if (!Array.isArray(r.gateways)) return bad('gateways is not a list');
+  if (r.expiresAt <= now) return [];
+  const out: GatewayInfo[] = [];
+  for (const [i, g] of (r.gateways as unknown[]).entries()) {
+    const gw = g as Record<string, unknown>;
+    if (typeof g !== 'object' || g === null) return bad(`gateways[${i}] is not an object`);
+    if (!isPodName(gw.pod)) return bad(`gateways[${i}].pod is not a pod name`);
+    if (!isPlainName(gw.node)) return bad(`gateways[${i}].node is not a node name`);
+    if (!isCanonicalIp(gw.nodeAddress)) return bad(`gateways[${i}].nodeAddress is not an IP address`);
+    if (!isCanonicalIp(gw.podIp)) return bad(`gateways[${i}].podIp is not an IP address`);
+    if (gw.zone !== undefined && !isPlainName(gw.zone, 63)) return bad(`gateways[${i}].zone is not a zone name`);
+    if (gw.maxAddresses !== undefined && nonNegativeInt(gw.maxAddresses) === undefined) return bad(`gateways[${i}].maxAddresses is not a non-negative integer`);
+    out.push({
+      pod: gw.pod,
+      node: gw.node,
+      nodeAddress: gw.nodeAddress,
+      podIp: gw.podIp,
+      ...(gw.zone !== undefined ? { zone: gw.zone as string } : {}),
+      ...(gw.maxAddresses !== undefined ? { maxAddresses: gw.maxAddresses as number } : {}),
+    });
+  }
+  return out;
+}
 
 interface Scripted extends Redis {
   tetherRecordOwner(key: string, channel: string, owner: string, epoch: number, cause: string, at: string, egress: string, address: string, score: string, ownerNode: string, ownerNodeAddress: string, ownerPodIp: string, firstOnly: string): Promise<[string, number]>;
@@ -79,12 +195,9 @@ export class OwnershipStore extends EventEmitter {
     for (const c of [client, sub]) c.on('error', (e: Error) => log().debug('ownership store connection error', { error: e.message }));
     client.defineCommand('tetherRecordOwner', { numberOfKeys: 2, lua: RECORD });
     const store = new OwnershipStore(client, sub, prefix);
-    sub.on('message', (_ch: string, msg: string) => {
-      try {
-        store.emit('change', JSON.parse(msg) as Ownership);
-      } catch {
-        log().warn('ownership store: unreadable change notice ignored', { msg: msg.slice(0, 200) });
-      }
+    sub.on('message', (ch: string, msg: string) => {
+      const o = readNotice(ch, msg);
+      if (o) store.emit('change', o);
     });
     // Subscribed on the first ready connection (ioredis restores it after a reconnect); every ready tells
     // listeners to re-read what they missed meanwhile.
@@ -120,11 +233,13 @@ export class OwnershipStore extends EventEmitter {
   /**
    * Records a decision. 'recorded' (and published), 'same' (already there), or 'superseded' when the store
    * holds a later decision: read it with get() and follow it. With `firstOnly`, nothing is written when
-   * somebody owns the address already (the first owner's compare-and-set).
+   * somebody owns the address already (the first owner's compare-and-set). A stored record with a garbled
+   * epoch is replaced by the decision (logged); with `firstOnly` it throws UnreadableRecordError instead.
    */
   async record(o: Ownership & { score: string }, opts: { firstOnly?: boolean } = {}): Promise<'recorded' | 'same' | 'superseded'> {
+    const key = this.key(o.egress, o.address);
     const [state] = await this.client.tetherRecordOwner(
-      this.key(o.egress, o.address),
+      key,
       this.channel(),
       o.owner,
       o.epoch,
@@ -138,21 +253,26 @@ export class OwnershipStore extends EventEmitter {
       o.ownerPodIp ?? '',
       opts.firstOnly ? '1' : '0',
     );
+    if (state === 'unreadable') {
+      refuseRecord(STORE, key, 'epoch', 'not a non-negative integer', '(first-owner claim refused)');
+      throw new UnreadableRecordError(key, 'epoch', 'not a non-negative integer');
+    }
+    if (state === 'repaired') {
+      log().warn('ownership store: record with a garbled epoch replaced by this decision', { key, owner: o.owner, epoch: o.epoch });
+      return 'recorded';
+    }
     return state as 'recorded' | 'same' | 'superseded';
   }
 
+  /**
+   * The recorded decision for an address: owner "" epoch 0 when there is none. A record that is not
+   * readable (garbled epoch, owner, location) is never read as "none" — that could hand a live owner's
+   * address to someone else — but throws UnreadableRecordError (TRY_AGAIN_LATER): treat it like the store
+   * being unreachable for that address. A record from an older tetherd is read without owner location.
+   */
   async get(egress: string, address: string): Promise<Ownership> {
-    const h = await this.client.hgetall(this.key(egress, address));
-    return {
-      egress,
-      address,
-      owner: h.owner ?? '',
-      epoch: Number(h.epoch ?? 0),
-      cause: h.cause,
-      ownerNode: h.ownerNode || undefined,
-      ownerNodeAddress: h.ownerNodeAddress || undefined,
-      ownerPodIp: h.ownerPodIp || undefined,
-    };
+    const key = this.key(egress, address);
+    return readOwnership(egress, address, key, await this.client.hgetall(key));
   }
 
   /**
@@ -163,18 +283,15 @@ export class OwnershipStore extends EventEmitter {
     await this.client.hset(`${this.prefix}egress:${egress}:gateways`, node, JSON.stringify({ gateways, expiresAt: Date.now() + ttlMs }));
   }
 
-  /** Live registrations only (clocks of the nodes are assumed roughly in sync, as NTP keeps them). */
+  /**
+   * Live registrations only (clocks of the nodes are assumed roughly in sync, as NTP keeps them). A node's
+   * registration that is not readable is left out whole (one warn line); the others are returned.
+   */
   async listGateways(egress: string): Promise<GatewayInfo[]> {
-    const all = await this.client.hgetall(`${this.prefix}egress:${egress}:gateways`);
+    const key = `${this.prefix}egress:${egress}:gateways`;
+    const all = await this.client.hgetall(key);
     const now = Date.now();
-    return Object.values(all).flatMap((v) => {
-      try {
-        const r = JSON.parse(v) as { gateways: GatewayInfo[]; expiresAt: number };
-        return r.expiresAt > now ? r.gateways : [];
-      } catch {
-        return [];
-      }
-    });
+    return Object.entries(all).flatMap(([node, v]) => readGateways(key, node, v, now) ?? []);
   }
 
   /** Publishes this node's address (gateways accept FoU only from registered nodes). */
@@ -198,17 +315,23 @@ export class OwnershipStore extends EventEmitter {
   async usage(egress: string): Promise<Record<string, { flows: number; bytes: number }>> {
     const now = Date.now();
     const out: Record<string, { flows: number; bytes: number }> = {};
-    for (const v of Object.values(await this.client.hgetall(`${this.prefix}egress:${egress}:usage`))) {
-      try {
-        const r = JSON.parse(v) as { usage: Record<string, { flows: number; bytes: number }>; expiresAt: number };
-        if (r.expiresAt <= now) continue;
-        for (const [a, u] of Object.entries(r.usage)) {
-          const t = (out[a] ??= { flows: 0, bytes: 0 });
-          t.flows += Number(u.flows) || 0;
-          t.bytes += Number(u.bytes) || 0;
-        }
-      } catch {
-        // a garbled entry counts as none
+    const key = `${this.prefix}egress:${egress}:usage`;
+    for (const [node, v] of Object.entries(await this.client.hgetall(key))) {
+      const { value: r, problem } = parseObject(v);
+      const usage = r?.usage as Record<string, { flows?: unknown; bytes?: unknown }> | undefined;
+      const why = problem ?? (!isTime(r!.expiresAt) ? 'expiresAt is not a time' : typeof usage !== 'object' || usage === null || Array.isArray(usage) ? 'usage is not an object' : undefined);
+      const entries = why ? [] : Object.entries(usage!);
+      const badEntry = entries.find(([a, u]) => !isCanonicalIp(a) || typeof u !== 'object' || u === null || nonNegativeInt(u.flows) === undefined || nonNegativeInt(u.bytes) === undefined);
+      if (why || badEntry) {
+        // Diagnostics only: a garbled entry counts as none.
+        refuseRecord(STORE, key, node, why ?? `usage of ${JSON.stringify(badEntry![0]).slice(0, 60)} is not {flows, bytes} counts`, v);
+        continue;
+      }
+      if ((r!.expiresAt as number) <= now) continue;
+      for (const [a, u] of entries) {
+        const t = (out[a] ??= { flows: 0, bytes: 0 });
+        t.flows += u.flows as number;
+        t.bytes += u.bytes as number;
       }
     }
     return out;

@@ -10,6 +10,7 @@ import { isIPv4 } from 'node:net';
 import { log } from '../log';
 import { parseRedisUrl } from '../common/redis';
 import { listNodes, registerNode } from '../common/node-registry';
+import { refuseRecord } from '../common/store-record';
 import type { MapKey } from '../bpf/lb-structs';
 import type { NodeHealthReport } from '../health/health-controller';
 
@@ -175,7 +176,12 @@ export class MappingStore extends EventEmitter {
       const part = list.slice(i, i + 500);
       const pairs = part.flatMap((m) => [fieldOf(m.key), m.target]);
       const got = await this.client.tetherLbClaim(hash, zset, this.channel(), String(nowMs), vip, ...pairs);
-      part.forEach((m, j) => out.push({ key: m.key, target: got[j] ?? m.target }));
+      part.forEach((m, j) => {
+        const t = got[j];
+        // A stored target that is not an address is not followed: this pod keeps its own pick.
+        if (t !== null && t !== undefined && !isIPv4(t)) refuseRecord('lb mapping store', hash, fieldOf(m.key), 'target is not an IPv4 address', t);
+        out.push({ key: m.key, target: t && isIPv4(t) ? t : m.target });
+      });
     }
     return out;
   }
@@ -190,7 +196,10 @@ export class MappingStore extends EventEmitter {
     }
   }
 
-  /** Every mapping of vip. Fields that are not mappings are skipped (and counted in `garbled`). */
+  /**
+   * Every mapping of vip. Fields that are not mappings, or whose target is not an address, are skipped
+   * (one warn line each, counted in `garbled`); the rest is returned.
+   */
   async load(vip: string): Promise<{ mappings: StoredMapping[]; garbled: number }> {
     const [hash] = this.keys(vip);
     const all = await this.client.hgetall(hash);
@@ -198,8 +207,12 @@ export class MappingStore extends EventEmitter {
     let garbled = 0;
     for (const [f, t] of Object.entries(all)) {
       const key = keyOf(vip, f);
-      if (key && isIPv4(t)) mappings.push({ key, target: t });
-      else garbled++;
+      if (key && isIPv4(t)) {
+        mappings.push({ key, target: t });
+        continue;
+      }
+      garbled++;
+      refuseRecord('lb mapping store', hash, f, key ? 'target is not an IPv4 address' : 'not a mapping field (c:<client> or f:<client>:<proto>:<vport>:<cport>)', t);
     }
     return { mappings, garbled };
   }

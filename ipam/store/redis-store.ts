@@ -16,6 +16,7 @@ import { ErrorCode, TetherError } from '../../daemon/errors';
 import { log } from '../../daemon/log';
 import { formatCidr, formatIp, parseCidr, parseIp } from '../../daemon/common/ip-math';
 import { parseRedisUrl, unreachable, waitReady, watchConnection, withDeadline } from '../../daemon/common/redis';
+import { refuseRecord } from '../../daemon/common/store-record';
 export { parseRedisUrl } from '../../daemon/common/redis';
 import type { AddressOutcome, AddressRequest, AllocationGuard, ClusterStore, StoreGeneration } from '../types';
 import { ALLOCATE, CLAIM_BLOCK, GENERATION, RELEASE_BLOCK, RELEASE_OWNER } from './redis-scripts';
@@ -152,9 +153,16 @@ export class RedisStore implements ClusterStore {
     return { token, ageMs: Number(ageMs) };
   }
 
+  /**
+   * Every claimed block of the pool. An entry that is not a block (not a canonical network CIDR) or not a
+   * node name is left out with one warn line; that is safe: a claim is decided by the script, which still
+   * sees the entry, so nobody is given a block by a list that skipped it.
+   */
   async listBlocks(pool: string): Promise<Map<string, string>> {
     checkPool(pool);
-    return new Map(Object.entries(await this.run('listBlocks', () => this.client.hgetall(this.key(pool, 'blocks')))));
+    const key = this.key(pool, 'blocks');
+    const all = await this.run('listBlocks', () => this.client.hgetall(key));
+    return readEntries(key, all, (block) => (isCanonicalBlock(block) ? undefined : 'not a block (a canonical network CIDR)'), MAX_NAME, 'node');
   }
 
   async allocateAddresses(pool: string, owner: string, req: AddressRequest, guard: AllocationGuard = {}): Promise<AddressOutcome> {
@@ -204,9 +212,12 @@ export class RedisStore implements ClusterStore {
     return freed;
   }
 
+  /** Every allocated address of the pool; garbled entries are left out like listBlocks's (the script decides). */
   async listAddresses(pool: string): Promise<Map<string, string>> {
     checkPool(pool);
-    return new Map(Object.entries(await this.run('listAddresses', () => this.client.hgetall(this.key(pool, 'addrs')))));
+    const key = this.key(pool, 'addrs');
+    const all = await this.run('listAddresses', () => this.client.hgetall(key));
+    return readEntries(key, all, (a) => (isCanonicalAddress(a) ? undefined : 'not an IP address in canonical form'), MAX_OWNER, 'owner');
   }
 
   /** Drops the connection at once (no QUIT round trip that could wait on a dead Redis). Idempotent. */
@@ -255,6 +266,27 @@ export class RedisStore implements ClusterStore {
       throw unreachable(this.where, e);
     }
   }
+}
+
+/** A hash's entries whose field passes `fieldProblem` and whose value is a name as checkName allows. */
+function readEntries(key: string, all: Record<string, string>, fieldProblem: (f: string) => string | undefined, max: number, what: string): Map<string, string> {
+  const out = new Map<string, string>();
+  for (const [f, v] of Object.entries(all)) {
+    const problem = fieldProblem(f) ?? (v === '' || v.length > max || /[\x00-\x1f\x7f]/.test(v) ? `the ${what} is not a name (empty, too long, or control characters)` : undefined);
+    if (problem) refuseRecord('cluster store', key, f, problem, v);
+    else out.set(f, v);
+  }
+  return out;
+}
+
+function isCanonicalBlock(s: string): boolean {
+  const c = parseCidr(s);
+  return !!c && c.isNetwork && formatCidr(c.family, c.base, c.prefix) === s;
+}
+
+function isCanonicalAddress(s: string): boolean {
+  const ip = parseIp(s);
+  return !!ip && formatIp(ip.family, ip.value) === s;
 }
 
 function invalid(field: string, why: string): TetherError {

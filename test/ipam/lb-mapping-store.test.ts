@@ -3,12 +3,14 @@
 import { test } from 'uvu';
 import * as assert from 'uvu/assert';
 import Redis from 'ioredis';
+import { PassThrough } from 'node:stream';
+import { log, makeLogger, setLogger } from '../../daemon/log';
 import { MappingStore, fieldOf, keyOf, type StoredMapping } from '../../daemon/lb/mapping-store';
 import { startRedis, type TestRedis } from '../lib/redis';
 import { waitFor } from '../lib/wait';
 
 const VIP = '192.0.2.10';
-const key = (client: string) => ({ vip: VIP, client, vport: 0, cport: 0, proto: 0 });
+const key = (client: string, vip = VIP) => ({ vip, client, vport: 0, cport: 0, proto: 0 });
 let redis: TestRedis;
 let a: MappingStore;
 let b: MappingStore;
@@ -105,6 +107,34 @@ test('garbled notices and fields are refused, not installed', async () => {
   } finally {
     raw.disconnect();
   }
+});
+
+test('a garbled stored mapping is refused with one warn line naming it: load leaves it out, claim keeps its own pick', async () => {
+  const vip = '192.0.2.88';
+  const hash = `tether:lb:{${vip}}:map`;
+  const raw = new Redis({ path: redis.socketPath });
+  const out = new PassThrough();
+  let text = '';
+  out.on('data', (d) => (text += d));
+  const prev = log();
+  try {
+    await raw.hset(hash, { 'c:10.0.9.1': 'not-an-address', 'c:10.0.9.2': '10.244.0.5', 'x:10.0.9.3': '10.244.0.5' });
+    setLogger(makeLogger({ level: 'info', stream: out }));
+    const { mappings, garbled } = await a.load(vip);
+    assert.equal(mappings, [{ key: key('10.0.9.2', vip), target: '10.244.0.5' }]);
+    assert.is(garbled, 2);
+    const got = await a.claim(vip, [{ key: key('10.0.9.1', vip), target: '10.244.0.7' }]);
+    assert.equal(got, [{ key: key('10.0.9.1', vip), target: '10.244.0.7' }], 'the garbage is not followed');
+  } finally {
+    setLogger(prev);
+    raw.disconnect();
+  }
+  const warns = text.trim().split('\n').map((l) => JSON.parse(l) as Record<string, string>).filter((l) => l.level === 'warn');
+  assert.equal(warns.map((l) => `${l.key} ${l.field}: ${l.problem}`).sort(), [
+    `${hash} c:10.0.9.1: target is not an IPv4 address`,
+    `${hash} x:10.0.9.3: not a mapping field (c:<client> or f:<client>:<proto>:<vport>:<cport>)`,
+  ]);
+  await a.dropVip(vip);
 });
 
 test('health reports: each node\'s latest one is read back; expired and garbled ones are dropped (and removed)', async () => {

@@ -278,6 +278,46 @@ test('a primary run with min-replicas-to-write and no replica refuses claims as 
   });
 });
 
+test('garbled block and address entries are left out with one warn line each, the rest listed; the claim script still sees them', async () => {
+  await withStores(async (open, redis) => {
+    const store = await open();
+    assert.ok(await store.claimBlock('pods', '10.244.8.0/26', 'node-a'));
+    assert.equal(await store.allocateAddresses(POOL, 'lb/ns/a', { explicit: ['192.0.2.1'] }), { ok: true, addresses: ['192.0.2.1'] });
+    const raw = new Redis({ path: redis.socketPath });
+    try {
+      await raw.hset('tether:pool:pods:blocks', { garbage: 'node-b', '10.244.9.1/26': 'node-b', '10.244.10.0/26': '', '10.244.11.0/26': 'node\nx' });
+      await raw.hset(`tether:pool:${POOL}:addrs`, { 'FD00::1': 'x', '192.0.2.300': 'y', '192.0.2.50': '' });
+    } finally {
+      raw.disconnect();
+    }
+    const out = new PassThrough();
+    let text = '';
+    out.on('data', (d) => (text += d));
+    const prev = log();
+    setLogger(makeLogger({ level: 'info', stream: out }));
+    try {
+      assert.equal(await store.listBlocks('pods'), new Map([['10.244.8.0/26', 'node-a']]));
+      assert.equal(await store.listBlocks('pods'), new Map([['10.244.8.0/26', 'node-a']]), 'read twice: still one line each');
+      assert.equal(await store.listAddresses(POOL), new Map([['192.0.2.1', 'lb/ns/a']]));
+    } finally {
+      setLogger(prev);
+    }
+    const warns = text.trim().split('\n').map((l) => JSON.parse(l) as Record<string, string>).filter((l) => l.level === 'warn');
+    assert.equal(warns.map((l) => `${l.key} ${l.field}: ${l.problem}`).sort(), [
+      'tether:pool:floating-a:addrs 192.0.2.300: not an IP address in canonical form',
+      'tether:pool:floating-a:addrs 192.0.2.50: the owner is not a name (empty, too long, or control characters)',
+      'tether:pool:floating-a:addrs FD00::1: not an IP address in canonical form',
+      'tether:pool:pods:blocks 10.244.10.0/26: the node is not a name (empty, too long, or control characters)',
+      'tether:pool:pods:blocks 10.244.11.0/26: the node is not a name (empty, too long, or control characters)',
+      'tether:pool:pods:blocks 10.244.9.1/26: not a block (a canonical network CIDR)',
+      'tether:pool:pods:blocks garbage: not a block (a canonical network CIDR)',
+    ]);
+    // Left out of the list, not given away: the claim script still finds the entry.
+    assert.is(await store.claimBlock('pods', '10.244.11.0/26', 'node-c'), false);
+    assert.equal(await store.allocateAddresses(POOL, 'lb/ns/c', { explicit: ['192.0.2.50'] }), { ok: false, conflict: { address: '192.0.2.50', holder: '' } });
+  });
+});
+
 test('connect to a Redis that is not there fails fast with TRY_AGAIN_LATER', async () => {
   const t0 = Date.now();
   const e = await rejectsWith(RedisStore.connect('unix:///nonexistent/tether-redis.sock', { connectTimeoutMs: 500 }));

@@ -1,0 +1,195 @@
+// The egress ownership store reading garbage and older-schema records from a real Redis: a garbled
+// ownership record is never read as "nobody owns it" (that could move a live owner's address) but refused
+// with a typed error and one warn line naming key and field; an older tetherd's record is read without
+// owner location; a garbled epoch is replaced by a holder's decision but refuses the first-owner claim;
+// registrations, node addresses, usage and change notices that are garbled are left out, the rest kept.
+import { test } from 'uvu';
+import * as assert from 'uvu/assert';
+import { PassThrough } from 'node:stream';
+import Redis from 'ioredis';
+import { ErrorCode } from '../../daemon/errors';
+import { log, makeLogger, setLogger } from '../../daemon/log';
+import { OwnershipStore, UnreadableRecordError, type GatewayInfo, type Ownership } from '../../daemon/egress/ownership-store';
+import { startRedis, type TestRedis } from '../lib/redis';
+import { waitFor } from '../lib/wait';
+
+// Quiet unless a test captures the log itself.
+setLogger(makeLogger({ level: process.env.TETHER_LOG_LEVEL ?? 'error' }));
+
+let redis: TestRedis;
+let raw: Redis;
+let store: OwnershipStore;
+let n = 0;
+const prefix = () => `own${++n}:`;
+
+test.before(async () => {
+  redis = await startRedis();
+  raw = new Redis({ path: redis.socketPath });
+});
+test.after.each(async () => {
+  await store?.close();
+});
+test.after(async () => {
+  raw.disconnect();
+  await redis.stop();
+});
+
+/** Runs `fn` with the log captured; returns the lines at warn and info. */
+async function logged(fn: () => Promise<void>): Promise<Array<Record<string, unknown>>> {
+  const out = new PassThrough();
+  let text = '';
+  out.on('data', (d) => (text += d));
+  const prev = log();
+  setLogger(makeLogger({ level: 'info', stream: out }));
+  try {
+    await fn();
+  } finally {
+    setLogger(prev);
+  }
+  return text.trim().split('\n').filter(Boolean).map((l) => JSON.parse(l) as Record<string, unknown>);
+}
+
+const gw = (pod: string, node: string, nodeAddress: string, podIp: string): GatewayInfo => ({ pod, node, nodeAddress, podIp });
+
+test('get(): no record is "nobody"; a garbled one throws UnreadableRecordError (TRY_AGAIN_LATER) with one warn line naming key and field', async () => {
+  const p = prefix();
+  store = await OwnershipStore.connect(redis.url, { keyPrefix: p });
+  assert.equal(await store.get('shop/out', '198.51.100.1'), { egress: 'shop/out', address: '198.51.100.1', owner: '', epoch: 0 });
+  const good: Ownership & { score: string } = { egress: 'shop/out', address: '198.51.100.2', owner: 'shop/gw1', epoch: 2, cause: 'failover', ownerNode: 'n1', ownerNodeAddress: '10.0.0.1', ownerPodIp: '10.244.0.5', score: 'a1' };
+  assert.is(await store.record(good), 'recorded');
+
+  const key = (a: string) => `${p}egress:shop/out:owner:${a}`;
+  const cases: Array<[string, Record<string, string>, string, RegExp]> = [
+    ['198.51.100.10', { owner: 'shop/gw1', epoch: 'abc' }, 'epoch', /not a non-negative integer/],
+    ['198.51.100.11', { owner: 'shop/gw1', epoch: '-1' }, 'epoch', /not a non-negative integer/],
+    ['198.51.100.12', { owner: 'shop/gw1', epoch: '1.5' }, 'epoch', /not a non-negative integer/],
+    ['198.51.100.13', { owner: 'shop/gw1' }, 'epoch', /missing/],
+    ['198.51.100.14', { epoch: '3' }, 'owner', /missing/],
+    ['198.51.100.15', { owner: 'not a pod', epoch: '3' }, 'owner', /not a pod name/],
+    ['198.51.100.16', { owner: 'shop/gw1', epoch: '3', score: 'x', ownerNode: 'n1', ownerNodeAddress: '10.0.0.300' }, 'ownerNodeAddress', /not an IP/],
+    ['198.51.100.17', { owner: 'shop/gw1', epoch: '3', score: 'x', ownerNode: 'n\nforged', ownerPodIp: '10.244.0.5' }, 'ownerNode', /not a node name/],
+  ];
+  for (const [a, h, field, re] of cases) {
+    await raw.hset(key(a), h);
+    const lines = await logged(async () => {
+      for (let i = 0; i < 2; i++) {
+        try {
+          await store.get('shop/out', a);
+          assert.unreachable(`${a} ${JSON.stringify(h)} read as a record`);
+        } catch (e) {
+          assert.instance(e, UnreadableRecordError, (e as Error).message);
+          const u = e as UnreadableRecordError;
+          assert.is(u.code, ErrorCode.TryAgainLater);
+          assert.is(u.key, key(a));
+          assert.is(u.field, field);
+          assert.match(u.problem, re);
+          assert.match(u.message, /unreachable/);
+        }
+      }
+    });
+    const warns = lines.filter((l) => l.level === 'warn');
+    assert.is(warns.length, 1, `one warn line for ${a} over two reads: ${JSON.stringify(lines)}`);
+    assert.is(warns[0].key, key(a));
+    assert.is(warns[0].field, field);
+    assert.match(String(warns[0].problem), re);
+  }
+  assert.equal(await store.get('shop/out', '198.51.100.2'), { egress: 'shop/out', address: '198.51.100.2', owner: 'shop/gw1', epoch: 2, cause: 'failover', ownerNode: 'n1', ownerNodeAddress: '10.0.0.1', ownerPodIp: '10.244.0.5' }, 'the good record is unaffected');
+});
+
+test('an older tetherd\'s record (owner, epoch, cause, at) is read as it is, without owner location, and said so once', async () => {
+  const p = prefix();
+  store = await OwnershipStore.connect(redis.url, { keyPrefix: p });
+  await raw.hset(`${p}egress:shop/out:owner:198.51.100.1`, { owner: 'shop/gw1', epoch: '3', cause: 'initial', at: '2026-01-01T00:00:00.000Z' });
+  const lines = await logged(async () => {
+    assert.equal(await store.get('shop/out', '198.51.100.1'), { egress: 'shop/out', address: '198.51.100.1', owner: 'shop/gw1', epoch: 3, cause: 'initial', ownerNode: undefined, ownerNodeAddress: undefined, ownerPodIp: undefined });
+    await store.get('shop/out', '198.51.100.1');
+  });
+  assert.is(lines.filter((l) => /older tetherd/.test(String(l.message))).length, 1, JSON.stringify(lines));
+  // Its owner's next record upgrades it (the score-less record loses the tie to a scored one at the same epoch).
+  assert.is(await store.record({ egress: 'shop/out', address: '198.51.100.1', owner: 'shop/gw1', epoch: 3, ownerNode: 'n1', ownerNodeAddress: '10.0.0.1', ownerPodIp: '10.244.0.5', score: 'a1' }), 'same');
+  assert.is(await store.record({ egress: 'shop/out', address: '198.51.100.1', owner: 'shop/gw1', epoch: 4, cause: 'restart', ownerNode: 'n1', ownerNodeAddress: '10.0.0.1', ownerPodIp: '10.244.0.5', score: 'a1' }), 'recorded');
+  assert.is((await store.get('shop/out', '198.51.100.1')).ownerNode, 'n1');
+});
+
+test('a garbled epoch refuses the first-owner claim, and a holder\'s decision replaces it', async () => {
+  const p = prefix();
+  store = await OwnershipStore.connect(redis.url, { keyPrefix: p });
+  const key = `${p}egress:shop/out:owner:198.51.100.1`;
+  await raw.hset(key, { owner: 'shop/gw9', epoch: 'garbage' });
+  const first = { egress: 'shop/out', address: '198.51.100.1', owner: 'shop/gw1', epoch: 1, cause: 'initial', ownerNode: 'n1', ownerNodeAddress: '10.0.0.1', ownerPodIp: '10.244.0.5', score: 'a1' };
+  await store.record(first, { firstOnly: true }).then(
+    () => assert.unreachable('a first-owner claim over an unreadable record'),
+    (e) => {
+      assert.instance(e, UnreadableRecordError);
+      assert.is((e as UnreadableRecordError).field, 'epoch');
+    },
+  );
+  assert.is(await raw.hget(key, 'owner'), 'shop/gw9', 'nothing written');
+  const lines = await logged(async () => {
+    assert.is(await store.record({ ...first, epoch: 5, cause: 'failover' }), 'recorded');
+  });
+  assert.ok(lines.some((l) => l.level === 'warn' && /garbled epoch replaced/.test(String(l.message))), JSON.stringify(lines));
+  assert.equal(await store.get('shop/out', '198.51.100.1'), { egress: 'shop/out', address: '198.51.100.1', owner: 'shop/gw1', epoch: 5, cause: 'failover', ownerNode: 'n1', ownerNodeAddress: '10.0.0.1', ownerPodIp: '10.244.0.5' });
+});
+
+test('listGateways, listNodes and usage leave out garbled entries (one warn line each) and keep the rest', async () => {
+  const p = prefix();
+  store = await OwnershipStore.connect(redis.url, { keyPrefix: p });
+  await store.registerGateways('shop/out', 'n1', [gw('shop/gw1', 'n1', '10.0.0.1', '10.244.0.5')], 30_000);
+  await store.registerGateways('shop/out', 'n4', [gw('shop/gw4', 'n4', '10.0.0.4', '10.244.4.5')], -1); // expired: not garbage
+  const gkey = `${p}egress:shop/out:gateways`;
+  const later = Date.now() + 30_000;
+  await raw.hset(gkey, {
+    n2: 'not json',
+    n3: JSON.stringify({ gateways: [gw('shop/gw3', 'n3', '10.0.0.300', '10.244.3.5')], expiresAt: later }),
+    n5: JSON.stringify({ gateways: 'shop/gw5', expiresAt: later }),
+    n6: JSON.stringify({ gateways: [{ ...gw('shop/gw6', 'n6', '10.0.0.6', '10.244.6.5'), maxAddresses: -2 }], expiresAt: later }),
+    n7: JSON.stringify({ gateways: [gw('shop/gw7', 'n7', '10.0.0.7', '10.244.7.5')], expiresAt: 'soon' }),
+  });
+  await store.registerNode('n1', '10.0.0.1', 30_000);
+  await raw.hset(`${p}nodes`, { n2: 'not json', n3: JSON.stringify({ address: '10.0.0.300', expiresAt: later }), n4: JSON.stringify({ address: '10.0.0.4' }) });
+  await store.reportUsage('shop/out', 'n1', { '198.51.100.1': { flows: 2, bytes: 100 } }, 30_000);
+  await raw.hset(`${p}egress:shop/out:usage`, { n2: JSON.stringify({ usage: { '198.51.100.1': { flows: 'many', bytes: 1 } }, expiresAt: later }) });
+
+  const lines = await logged(async () => {
+    assert.equal(await store.listGateways('shop/out'), [gw('shop/gw1', 'n1', '10.0.0.1', '10.244.0.5')]);
+    assert.equal(await store.listNodes(), ['10.0.0.1']);
+    assert.equal(await store.usage('shop/out'), { '198.51.100.1': { flows: 2, bytes: 100 } });
+  });
+  // Hash order is Redis's: compare sorted.
+  const warns = lines.filter((l) => l.level === 'warn').map((l) => `${String(l.key).slice(p.length)} ${l.field}: ${l.problem}`).sort();
+  assert.equal(warns, [
+    'egress:shop/out:gateways n2: not JSON',
+    'egress:shop/out:gateways n3: gateways[0].nodeAddress is not an IP address',
+    'egress:shop/out:gateways n5: gateways is not a list',
+    'egress:shop/out:gateways n6: gateways[0].maxAddresses is not a non-negative integer',
+    'egress:shop/out:gateways n7: expiresAt is not a time',
+    'nodes n2: not JSON',
+    'nodes n3: address is not an IP address',
+    'nodes n4: expiresAt is not a time',
+    'egress:shop/out:usage n2: usage of "198.51.100.1" is not {flows, bytes} counts',
+  ].sort());
+});
+
+test('change notices that are not ownership decisions are refused (one warn line each); good ones arrive', async () => {
+  const p = prefix();
+  store = await OwnershipStore.connect(redis.url, { keyPrefix: p });
+  const heard: Ownership[] = [];
+  store.on('change', (o: Ownership) => heard.push(o));
+  await new Promise((r) => setTimeout(r, 100)); // subscribed on ready
+  const ch = `${p}egress-ownership`;
+  const good = { egress: 'shop/out', address: '198.51.100.1', owner: 'shop/gw1', epoch: 2, cause: 'failover', ownerNode: 'n1', ownerNodeAddress: '10.0.0.1', ownerPodIp: '10.244.0.5' };
+  const lines = await logged(async () => {
+    for (const bad of ['not json', '[1,2]', JSON.stringify({ ...good, epoch: -1 }), JSON.stringify({ ...good, epoch: '2' }), JSON.stringify({ ...good, address: 'x' }), JSON.stringify({ ...good, owner: 7 }), JSON.stringify({ ...good, ownerPodIp: '10.244.0.500' })]) {
+      await raw.publish(ch, bad);
+    }
+    await raw.publish(ch, JSON.stringify(good));
+    await waitFor(() => heard.length === 1, 'the good notice');
+  });
+  assert.equal(heard, [good]);
+  const warns = lines.filter((l) => l.level === 'warn');
+  assert.equal(warns.map((l) => l.field ?? '-'), ['-', '-', 'epoch', 'epoch', 'address', 'owner', 'ownerPodIp']);
+  assert.ok(warns.every((l) => l.key === ch));
+});
+
+test.run();
