@@ -80,7 +80,8 @@ export class ClusterAddresses {
       // The generation is checked again by the store's script, atomically with the claim: a store wiped
       // between this read and the claim refuses it (staleGeneration) and the next attempt sees the new one.
       const gen = await store.generation();
-      const guard = { generation: gen.token, holdOff: gen.ageMs < this.holdOffMs };
+      // Only a generation a node marked as a restart holds off: a new store (a fresh install) has no holders.
+      const guard = { generation: gen.token, holdOff: gen.restarted && gen.ageMs < this.holdOffMs };
       let out: AddressOutcome;
       let candidates: string[] = [];
       if (explicit) {
@@ -100,7 +101,7 @@ export class ClusterAddresses {
         const wait = Math.max(1, Math.ceil((this.holdOffMs - gen.ageMs) / 1000));
         throw new TetherError(
           ErrorCode.TryAgainLater,
-          `pool "${pool.name}": the cluster store restarted empty (or is new) ${ago} s ago; new addresses wait ${wait} s more while holders re-assert theirs (${owner} holds ${out.have.length ? out.have.join(', ') : 'none'})`,
+          `pool "${pool.name}": the cluster store restarted empty ${ago} s ago; new addresses wait ${wait} s more while holders re-assert theirs (${owner} holds ${out.have.length ? out.have.join(', ') : 'none'})`,
         );
       }
       if ('staleGeneration' in out) continue;
@@ -138,6 +139,17 @@ export class ClusterAddresses {
   async generation(): Promise<string> {
     if (!this.store) throw new TetherError(ErrorCode.TryAgainLater, 'cluster-wide addresses need the cluster store (start tetherd with --redis)');
     return (await this.store.generation()).token;
+  }
+
+  /**
+   * A holder that saw an older generation says `token` replaced it: the store lost data, and new addresses
+   * wait for the hold-off from the generation's birth while holders re-assert theirs. Without this mark a
+   * new generation is a new store and allocations go ahead at once.
+   */
+  async markRestarted(token: string): Promise<void> {
+    if (!this.store) return;
+    const g = await this.store.generation({ markRestarted: token });
+    if (g.token === token && g.restarted) this.logger.warn('ipam: cluster store marked as restarted empty; new cluster-wide addresses wait while holders re-assert', { generation: token, ageMs: g.ageMs, holdOffMs: this.holdOffMs });
   }
 
   /** Frees every address of the owner in the pool. Idempotent. */

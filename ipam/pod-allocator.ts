@@ -437,6 +437,8 @@ export class PodAllocator {
     // A node that never saw a generation (a new node, a wiped state dir) has no blocks to re-assert, and
     // holding its claims off would make every fresh install wait; see the README for the window this leaves.
     if (first) return;
+    // Tell every node (and ClusterAddresses on every node) that this generation replaced one this node saw.
+    await this.store.generation({ markRestarted: g }).catch((e) => this.logger.warn('ipam: could not mark the store generation as a restart', { error: (e as Error).message }));
     // The hold-off counts from the generation's birth (the store's clock), which is when holders started
     // noticing, not from when this node happened to look.
     const left = Math.max(0, this.holdOffMs - ageMs);

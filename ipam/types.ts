@@ -95,7 +95,7 @@ export interface ClusterStore {
    * anything new; the age tells even a node that never saw the previous generation that holders may still
    * be re-asserting.
    */
-  generation(): Promise<StoreGeneration>;
+  generation(opts?: { markRestarted?: string }): Promise<StoreGeneration>;
 
   close(): Promise<void>;
 }
@@ -106,6 +106,12 @@ export interface StoreGeneration {
   token: string;
   /** Milliseconds since the token was created (0 for a generation created by this call, or read from an older schema). */
   ageMs: number;
+  /**
+   * A node that saw an older token said this one replaced it (markRestarted): the store lost data nodes
+   * hold, and new cluster-wide addresses wait for the hold-off. A generation nobody marked is a new store
+   * (a fresh install), whose first allocations need not wait.
+   */
+  restarted: boolean;
 }
 
 export interface AllocationGuard {

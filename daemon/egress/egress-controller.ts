@@ -32,8 +32,8 @@ import { addressSlots, slotOwner, type AddressSlot, type ResolvedEgress } from '
 import { EGRESS_TIER_EXCLUDED, EGRESS_TIER_FALLBACK, EGRESS_TIER_PREFERRED } from '../bpf/egress-structs';
 import type { PodMeta } from '../config/objects';
 import { GatewayDatapath } from './gateway-datapath';
-import { NoticeChannel, type OwnershipNotice } from './ownership-notice';
-import type { GatewayInfo, Ownership, OwnershipStore } from './ownership-store';
+import { NoticeChannel, type GatewayAnnouncement, type OwnershipNotice } from './ownership-notice';
+import { UnreadableRecordError, type GatewayInfo, type Ownership, type OwnershipStore } from './ownership-store';
 
 export interface EgressControllerOptions {
   /** maxEgressAddresses: this node's cap on the addresses of one Egress (over the Egress's own). */
@@ -105,6 +105,13 @@ const REGISTRY_TTL_MS = 5000;
  */
 const BFD_STARTUP_GRACE_MS = 3000;
 /**
+ * A node whose authenticated notices (heartbeats, gateway announcements) arrived this recently is alive as
+ * far as this node can tell, while no BFD session with it has come Up yet.
+ */
+const HEARD_MS = 3000;
+/** A gateway announced by its node's notices (not the store) is a candidate this long after the last one. */
+const ANNOUNCED_TTL_MS = 3000;
+/**
  * A gateway pod deleted through CNI DEL keeps forwarding (its conntrack and SNAT intact) this long after
  * handing its addresses over, so packets clients sent before they learned the new owner still get
  * through instead of waiting for a TCP retransmission timeout.
@@ -143,6 +150,15 @@ export class EgressController {
   private readonly bfdInfo = new Map<string, { createdAt: number; everUp: boolean }>();
   /** Last known registry and node list: kept while the store is unreachable. */
   private readonly registry = new Map<string, GatewayInfo[]>();
+  /**
+   * Gateways their own nodes announced in notices, by Egress then pod, with when the announcement lapses:
+   * candidates are learned from each other, not only from the store (which may be down when one joins).
+   */
+  private readonly announced = new Map<string, Map<string, { info: GatewayInfo; until: number }>>();
+  /** When an authentic notice last came from a node's address (a sign of life while BFD is not Up). */
+  private readonly heard = new Map<string, number>();
+  /** Senders refused for naming an address that is not theirs, or for being unknown (logged once each). */
+  private readonly refusedSenders = new Set<string>();
   private nodes: string[] = [];
   /** Why an Egress has fewer addresses than it asks for (allocation failures), by Egress. */
   private readonly shortfall = new Map<string, string>();
@@ -165,6 +181,8 @@ export class EgressController {
   private ticking = false;
   private tickAgain = false;
   private storeBusy = false;
+  /** The cluster store's generation last seen (a new one: the store lost its data). */
+  private generation?: string;
   private storeDown = false;
   /** Cluster-wide use of each Egress's addresses (every node's clients), from the store's last pass. */
   private readonly usage = new Map<string, Record<string, { flows: number; bytes: number }>>();
@@ -194,7 +212,9 @@ export class EgressController {
     });
     await this.receiver.listen();
     this.notices = await NoticeChannel.open({ clusterKey: this.o.clusterKey, node: this.o.node.name, address: this.o.node.address, port: this.o.syncPort });
-    this.notices.on('notice', (n: OwnershipNotice, from: string) => this.spawn(() => this.onNotice(n, from)));
+    this.notices.on('heard', (_from: string, address: string) => this.heard.set(address, Date.now()));
+    this.notices.on('gateways', (list: GatewayAnnouncement[], from: string, address: string) => this.onAnnounced(list, from, address));
+    this.notices.on('notice', (n: OwnershipNotice, from: string, address: string) => this.spawn(() => this.onNotice(n, from, address)));
     this.maps = openEgressMaps(this.o.pinDir, { create: true, maxFlows: this.o.maxFlows });
     for (const e of this.egresses.values()) {
       const id = this.egressIds.get(e.key)!;
@@ -710,6 +730,7 @@ export class EgressController {
       do {
         this.tickAgain = false;
         await this.dropVanishedGateways();
+        this.dropLapsedAnnouncements();
         this.ensureBfd();
         this.placements.clear();
         for (const st of this.addresses.values()) {
@@ -800,9 +821,20 @@ export class EgressController {
       // better-scored one would then take the address from the other. Without the store, they settle it.
       const gw = this.gateways.get(d.pod)!;
       const first: Ownership = { egress: st.egress.key, address: st.address, owner: d.pod, epoch: 1, cause: d.cause, ownerNode: this.o.node.name, ownerNodeAddress: this.o.node.address, ownerPodIp: gw.info.podIp };
-      const r = await this.o.ownership.record({ ...first, score: scoreOf(st.address, d.pod) }, { firstOnly: true }).catch((e) => (this.storeFailed(e), undefined));
-      if (r === 'superseded') return this.adopt(st, await this.o.ownership.get(st.egress.key, st.address), 'store');
-      if (r) return this.takeOver(st, d.pod, d.cause, true);
+      // The pod side first (SNAT, no announcement): the store publishes a won claim at once, and clients
+      // steer to the pod on it; a lost claim is undone.
+      gw.datapath.takeUnannounced(st.address, st.egress.announce);
+      const r = await this.o.ownership.record({ ...first, score: scoreOf(st.address, d.pod) }, { firstOnly: true }).catch((e) => {
+        // A garbled record where the first owner's would go: nobody knows who owns it; no claim over it.
+        if (e instanceof UnreadableRecordError) return 'unreadable' as const;
+        this.storeFailed(e);
+        return undefined;
+      });
+      // Recorded (or the store failed meanwhile: then claimed without it, as below, and recorded later).
+      if (r !== 'superseded' && r !== 'unreadable') return this.takeOver(st, d.pod, d.cause, r !== undefined);
+      gw.datapath.release(st.address, st.egress.announce);
+      if (r === 'unreadable') return;
+      return this.adopt(st, await this.o.ownership.get(st.egress.key, st.address), 'store');
     }
     if (d.action === 'claim') await this.takeOver(st, d.pod, d.cause);
     else if (d.action === 'standDown') await this.standDown(st, `epoch ${st.own.epoch} names ${st.own.owner}`);
@@ -858,9 +890,19 @@ export class EgressController {
     return next;
   }
 
-  private onNotice(n: OwnershipNotice, from: string): Promise<void> {
+  private onNotice(n: OwnershipNotice, from: string, address?: string): Promise<void> {
     const st = this.addresses.get(`${n.egress}|${n.address}`);
     if (!st) return Promise.resolve();
+    if (address !== undefined) {
+      // A decision is followed only from a node this one knows (the store's node list, a registered or
+      // announced gateway, an owner), and an owner's own notice only from the owner's own address.
+      const why = !this.knownNode(address) ? `sender ${from} at ${address} is not a known node`
+        : n.ownerNode === from && n.ownerNodeAddress && n.ownerNodeAddress !== address ? `sender ${from} at ${address} names its own address as ${n.ownerNodeAddress}` : undefined;
+      if (why) {
+        this.refuseSender(`${from}|${address}|notice`, 'egress: ownership notice refused; nothing in it applied', { from, address, egress: n.egress, floating: n.address, owner: n.owner, epoch: n.epoch, why });
+        return Promise.resolve();
+      }
+    }
     return this.mutex.run(streamOf(st), () => this.adopt(st, n, `notice from ${from}`, from === n.ownerNode ? n.inSync : undefined));
   }
 
@@ -968,17 +1010,74 @@ export class EgressController {
     setTimeout(() => !this.stopped && send(), NOTICE_REPEAT_MS).unref();
   }
 
-  /** The owner repeats its ownership every second: nodes that missed a notice or just started catch up. */
+  /**
+   * Every second: the owner repeats its ownership (nodes that missed a notice or just started catch up), and
+   * a node with gateway pods announces them to the other candidates of their Egresses and to the owners,
+   * so candidates know each other (BFD sessions, conntrack streams) even when the store is down.
+   */
   private heartbeat(): void {
     if (this.stopped || !this.notices) return;
     const held = [...this.addresses.values()].filter((st) => st.holder);
     for (const st of held) st.inSync = new Set(this.computeInSync(st));
-    if (!held.length) return;
     try {
-      this.notices.send(this.peerAddresses(), held.map((st) => this.noticeOf(st)));
+      if (held.length) this.notices.send(this.peerAddresses(), held.map((st) => this.noticeOf(st)));
+      for (const e of this.egresses.values()) {
+        const mine = [...this.gateways.values()].filter((g) => g.egresses.has(e.key)).map((g) => ({ ...g.info, egress: e.key }));
+        if (!mine.length) continue;
+        const peers = new Set(this.liveRegistry(e.key).filter((g) => g.node !== this.o.node.name).map((g) => g.nodeAddress));
+        for (const st of this.addresses.values()) if (st.egress.key === e.key && st.own.ownerNodeAddress) peers.add(st.own.ownerNodeAddress);
+        peers.delete(this.o.node.address);
+        this.notices.send(peers, [], mine);
+      }
     } catch (e) {
       this.o.logger.error('egress: heartbeat notice not sent', { error: (e as Error).message });
     }
+  }
+
+  /**
+   * Gateways a node announced: candidates until ANNOUNCED_TTL_MS after its last announcement. Accepted only
+   * from the node's own address; a node not known otherwise becomes known this way (the notice is
+   * authenticated with the cluster key), which is how candidates find each other while the store is down.
+   */
+  private onAnnounced(list: GatewayAnnouncement[], from: string, address: string): void {
+    const until = Date.now() + ANNOUNCED_TTL_MS;
+    let added = false;
+    for (const a of list) {
+      if (a.nodeAddress !== address || a.node === this.o.node.name) {
+        this.refuseSender(`${from}|${address}|gateways`, 'egress: gateway announcement refused; nothing in it applied', {
+          from, address, pod: a.pod, egress: a.egress, why: a.node === this.o.node.name ? `names this node (${a.node})` : `names node address ${a.nodeAddress}, but came from ${address}`,
+        });
+        return;
+      }
+    }
+    for (const a of list) {
+      if (!this.egresses.has(a.egress)) continue;
+      let m = this.announced.get(a.egress);
+      if (!m) this.announced.set(a.egress, (m = new Map()));
+      const { egress: _egress, ...info } = a;
+      if (!m.has(a.pod) && !(this.registry.get(a.egress) ?? []).some((g) => g.pod === a.pod)) {
+        added = true;
+        this.o.logger.info('egress: gateway candidate learned from its node', { egress: a.egress, pod: a.pod, node: a.node, nodeAddress: address });
+      }
+      m.set(a.pod, { info, until });
+    }
+    if (added) this.requestTick();
+  }
+
+  /** Logs a refused sender once per kind (the channel counts every refusal). */
+  private refuseSender(key: string, msg: string, fields: Record<string, unknown>): void {
+    if (this.refusedSenders.has(key)) return;
+    this.refusedSenders.add(key);
+    this.o.logger.warn(msg, fields);
+  }
+
+  /** A node address this node knows: the store's node list, a registered or announced gateway's, an owner's. */
+  private knownNode(address: string): boolean {
+    if (this.nodes.includes(address)) return true;
+    for (const list of this.registry.values()) if (list.some((g) => g.nodeAddress === address)) return true;
+    for (const m of this.announced.values()) for (const a of m.values()) if (a.info.nodeAddress === address) return true;
+    for (const st of this.addresses.values()) if (st.own.ownerNodeAddress === address) return true;
+    return false;
   }
 
   /** Nodes whose sync stream from here is streaming with little lag: their standbys have the connections. */
@@ -996,6 +1095,7 @@ export class EgressController {
   private peerAddresses(): string[] {
     const out = new Set(this.nodes);
     for (const list of this.registry.values()) for (const g of list) out.add(g.nodeAddress);
+    for (const m of this.announced.values()) for (const a of m.values()) out.add(a.info.nodeAddress);
     for (const st of this.addresses.values()) if (st.own.ownerNodeAddress) out.add(st.own.ownerNodeAddress);
     out.delete(this.o.node.address);
     return [...out];
@@ -1061,6 +1161,7 @@ export class EgressController {
         for (const gw of this.gateways.values()) gw.datapath.setAllowedSources(nodes);
       }
       for (const e of this.egresses.values()) this.registry.set(e.key, await this.o.ownership.listGateways(e.key));
+      await this.reassertAddresses();
       await this.ensureAddresses();
       for (const st of this.addresses.values()) {
         const rec = await this.o.ownership.get(st.egress.key, st.address);
@@ -1112,7 +1213,8 @@ export class EgressController {
           if (supersedes(rec, st.own)) await this.mutex.run(streamOf(st), () => this.adopt(st, rec, 'store'));
           this.o.logger.info('egress: floating address', { egress: e.key, address: a, pool: slot.pool, owner });
         } catch (err) {
-          if (err instanceof TetherError && (err.code === ErrorCode.PoolExhausted || err.code === ErrorCode.AddressConflict || err.code === ErrorCode.UnknownPool)) problems.push(err.message);
+          // TryAgainLater: the store restarted empty and new addresses wait while holders re-assert theirs.
+          if (err instanceof TetherError && (err.code === ErrorCode.PoolExhausted || err.code === ErrorCode.AddressConflict || err.code === ErrorCode.UnknownPool || err.code === ErrorCode.TryAgainLater)) problems.push(err.message);
           else throw err;
         }
       }
@@ -1121,6 +1223,37 @@ export class EgressController {
       if (why) this.shortfall.set(e.key, why);
       else this.shortfall.delete(e.key);
     }
+  }
+
+  /**
+   * After the store lost its data (a new generation: restarted empty, FLUSHALL), every floating address
+   * this node tracks is put back under its slot's owner, and the decision this node holds is written again
+   * right away: the store holds new allocations back meanwhile (ClusterAddresses), so an address in use is
+   * never handed to anyone else, and a tetherd starting now gets the same address for the same slot.
+   */
+  private async reassertAddresses(): Promise<void> {
+    const g = await this.o.addresses.generation();
+    if (g === this.generation) return;
+    if (this.generation === undefined || !this.addresses.size) {
+      this.generation = g;
+      return;
+    }
+    this.o.logger.warn('egress: cluster store lost its data; re-asserting the floating addresses this node tracks', { addresses: this.addresses.size, generation: g });
+    await this.o.addresses.markRestarted(g);
+    for (const st of this.addresses.values()) {
+      try {
+        await this.o.addresses.reassert(st.slot.pool, st.slotOwner, st.address);
+        this.o.logger.info('egress: floating address re-asserted', { egress: st.egress.key, address: st.address, owner: st.slotOwner });
+      } catch (e) {
+        if (!(e instanceof TetherError) || e.code !== ErrorCode.AddressConflict) throw e;
+        // Someone got it while nobody re-asserted it (no node tracking it reached the store in the hold-off).
+        this.o.logger.error('egress: floating address this Egress uses was given to another owner while the store was empty', { egress: st.egress.key, address: st.address, error: e.message });
+        this.shortfall.set(st.egress.key, e.message);
+      }
+      if (st.holder) await this.record(st);
+    }
+    // Only once all are back: a pass that failed half-way re-asserts again.
+    this.generation = g;
   }
 
   /** Writes the decision this node made (or holds) to the store; follows the store if it has a later one. */
@@ -1163,33 +1296,62 @@ export class EgressController {
 
   // ---- liveness --------------------------------------------------------------------------------------
 
+  /** The Egress's candidates: local gateways, the store's registry (last known), and announced ones. */
   private liveRegistry(egress: string): GatewayInfo[] {
-    const remote = (this.registry.get(egress) ?? []).filter((g) => g.node !== this.o.node.name);
+    const remote = new Map((this.registry.get(egress) ?? []).filter((g) => g.node !== this.o.node.name).map((g) => [g.pod, g]));
+    const now = Date.now();
+    for (const [pod, a] of this.announced.get(egress) ?? []) if (a.until > now && !remote.has(pod)) remote.set(pod, a.info);
     const local = [...this.gateways.values()].filter((g) => g.egresses.has(egress)).map((g) => g.info);
-    return [...local, ...remote];
+    return [...local, ...remote.values()];
+  }
+
+  private dropLapsedAnnouncements(): void {
+    const now = Date.now();
+    for (const [egress, m] of this.announced) {
+      for (const [pod, a] of m) if (a.until <= now) m.delete(pod);
+      if (!m.size || !this.egresses.has(egress)) this.announced.delete(egress);
+    }
   }
 
   private alive(g: GatewayInfo): boolean {
     if (g.node === this.o.node.name) return this.gateways.has(g.pod);
-    return this.nodeAlive(g.nodeAddress);
+    return this.peerView(g.nodeAddress) === 'up';
   }
 
-  private nodeAlive(address: string): boolean {
+  /**
+   * What this node knows of a peer node: 'up' (its BFD session is Up; or, before any session came Up, its
+   * authenticated notices arrive, or the session is in its start-up grace), 'down' (its session was Up and
+   * went Down), or 'unknown' (no session ever came Up and nothing was heard from it lately).
+   */
+  private peerView(address: string): 'up' | 'down' | 'unknown' {
     const s = this.bfd.get(address);
-    if (s?.state === BfdState.Up) return true;
+    if (s?.state === BfdState.Up) return 'up';
     const info = this.bfdInfo.get(address);
-    // Not yet known either way: alive during the start-up grace, dead once it was Up and went Down.
-    return !info || (!info.everUp && Date.now() - info.createdAt < BFD_STARTUP_GRACE_MS);
+    if (info?.everUp) return 'down';
+    const heard = this.heard.get(address);
+    if (heard !== undefined && Date.now() - heard < HEARD_MS) return 'up';
+    if (!info || Date.now() - info.createdAt < BFD_STARTUP_GRACE_MS) return 'up';
+    return 'unknown';
   }
 
-  /** The owner's liveness: its pod when it is local, else its node's BFD session (known from the registry or its notice). */
+  /**
+   * The owner's liveness: its pod when it is local, else its node as this node sees it. An owner this node
+   * has never seen alive nor dead ('unknown': a BFD session that never came Up, nothing heard) is not
+   * down: a candidate that has not seen the owner never moves it. It counts as gone only when the store,
+   * reachable, no longer has it registered (its node stopped registering: dead or cut off); with the store
+   * unreachable too, nothing here can tell, and the address stays.
+   */
   private ownerAlive(st: AddressState): boolean {
     const o = st.own;
     if (!o.owner) return false;
     const c = st.candidates.find((x) => x.pod === o.owner);
-    if (c) return this.alive(c);
-    if (o.ownerNode === this.o.node.name) return this.gateways.has(o.owner);
-    return o.ownerNodeAddress ? this.nodeAlive(o.ownerNodeAddress) : false;
+    if (c?.node === this.o.node.name || (!c && o.ownerNode === this.o.node.name)) return this.gateways.has(o.owner);
+    const address = c?.nodeAddress ?? o.ownerNodeAddress;
+    if (!address) return false;
+    const v = this.peerView(address);
+    if (v !== 'unknown') return v === 'up';
+    if (this.storeDown) return true;
+    return (this.registry.get(st.egress.key) ?? []).some((g) => g.pod === o.owner);
   }
 
   private bfdState(g: GatewayInfo): string {
@@ -1203,7 +1365,7 @@ export class EgressController {
     if (!this.endpoint) return;
     // Only candidates decide, so only they watch each other; client nodes learn decisions from notices.
     const involved = [...this.egresses.values()].filter((e) => [...this.gateways.values()].some((g) => g.egresses.has(e.key)));
-    const peers = new Set(involved.flatMap((e) => (this.registry.get(e.key) ?? []).filter((g) => g.node !== this.o.node.name).map((g) => g.nodeAddress)));
+    const peers = new Set(involved.flatMap((e) => this.liveRegistry(e.key).filter((g) => g.node !== this.o.node.name).map((g) => g.nodeAddress)));
     for (const st of this.addresses.values()) {
       if (involved.includes(st.egress) && st.own.ownerNodeAddress && st.own.ownerNode !== this.o.node.name) peers.add(st.own.ownerNodeAddress);
     }

@@ -51,6 +51,8 @@ export class GatewayDatapath {
   private guarded: GuardedDestinations = { destinations: [], excluded: [] };
   private nodeAddresses: string[] = [];
   private readonly owned = new Map<string, { mode: AnnounceMode; table?: number }>();
+  /** Addresses takeUnannounced() set up on the pod (SNAT written) that own() has not announced yet. */
+  private readonly prepared = new Set<string>();
 
   constructor(
     readonly gw: GatewayPod,
@@ -143,10 +145,31 @@ add rule ip ${TABLE} unnated ip saddr != ${this.gw.podIp} oifname "${this.gw.ifN
     this.guard?.setDestinations(g.destinations, g.excluded);
   }
 
+  /**
+   * The pod side of taking an address, without attracting any traffic: the guard, the address on the pod
+   * and SNAT to it. A first owner does this before its claim is recorded (the store publishes the record
+   * at once, and clients that steered to a pod without its SNAT rule lost their first SYNs to the pod's
+   * unNATed drop: a 1 s retransmission timeout); own() then adds the route and the announcement. A lost
+   * claim is undone with release().
+   */
+  takeUnannounced(address: string, announce: { mode: AnnounceMode; table?: number }): void {
+    const t0 = process.hrtime.bigint();
+    this.owned.set(address, announce);
+    this.guard?.own(address);
+    NetlinkHandle.with(this.gw.netns, (h) => {
+      const lo = h.requireLink('lo');
+      h.addAddress({ address: `${address}/32`, index: lo.index, replace: true });
+    });
+    this.writeSnat();
+    this.prepared.add(address);
+    log().info('egress: floating address prepared on gateway (not announced)', { pod: this.gw.pod, address, ms: Number(process.hrtime.bigint() - t0) / 1e6 });
+  }
+
   /** Takes a floating address: on the pod, SNAT to it, node route, announcement. Idempotent. */
   own(address: string, announce: { mode: AnnounceMode; table?: number }): void {
     const t0 = process.hrtime.bigint();
     const since = () => Number(process.hrtime.bigint() - t0) / 1e6;
+    const prepared = this.prepared.delete(address);
     this.owned.set(address, announce);
     // The node lets the pod use the address as a source before anything can send with it.
     this.guard?.own(address);
@@ -165,8 +188,8 @@ add rule ip ${TABLE} unnated ip saddr != ${this.gw.podIp} oifname "${this.gw.ifN
     });
     if (announce.mode === 'l2') announceL2({ ifName: this.node.uplink, address, holder: this.gw.pod });
     const announcedMs = since();
-    // Then what only new flows need: the SNAT rule (an nft run, the slow part).
-    this.writeSnat();
+    // Then what only new flows need: the SNAT rule (an nft run, the slow part), unless takeUnannounced() wrote it.
+    if (!prepared) this.writeSnat();
     log().info('egress: floating address taken by gateway', { pod: this.gw.pod, address, announce: announce.mode, table: exportTable(announce), announcedMs, ms: since() });
   }
 
@@ -196,6 +219,7 @@ add rule ip ${TABLE} unnated ip saddr != ${this.gw.podIp} oifname "${this.gw.ifN
     // Egress configures it, so a route-export entry is not left behind.
     const announce = this.owned.get(address) ?? configured ?? { mode: 'l2' as const };
     this.owned.delete(address);
+    this.prepared.delete(address);
     if (announce.mode === 'l2') withdrawL2({ ifName: this.node.uplink, address, holder: this.gw.pod });
     const table = exportTable(announce);
     // The announcement goes before the route it attracts traffic to.

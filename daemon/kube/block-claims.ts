@@ -114,7 +114,7 @@ export class KubeBlockClaims implements ClusterStore {
    * Redis: ClusterAddresses asks the Redis store's own generation.
    */
   async generation(): Promise<StoreGeneration> {
-    return { token: 'kubernetes', ageMs: Number.MAX_SAFE_INTEGER };
+    return { token: 'kubernetes', ageMs: Number.MAX_SAFE_INTEGER, restarted: false };
   }
 
   async close(): Promise<void> {

@@ -106,6 +106,8 @@ export class LbController {
   private readonly pending = new Map<string, Map<string, StoredMapping>>();
   private lastTouchNs = 0n;
   private storeWasDown = false;
+  /** The cluster store's generation last seen (a new one: the store lost its data). */
+  private generation?: string;
   private readonly draining = new Set<string>();
   /** When the last reconcile pass completed without an error (programming is fresh while recent). */
   private lastGoodPass = 0;
@@ -198,6 +200,7 @@ export class LbController {
 
   private async pass(): Promise<void> {
     await this.storeHousekeeping();
+    await this.reassertVips();
     await this.allocateVips();
     const served = [...this.lbs.values()].filter((l) => this.vips.get(l.key)?.vip);
     if (served.length && !this.dp) this.loadDatapath();
@@ -231,6 +234,40 @@ export class LbController {
     } catch (e) {
       this.o.logger.debug('lb: store pass failed', { error: (e as Error).message });
     }
+  }
+
+  /**
+   * After the store lost its data (restarted empty, FLUSHALL: a new generation), every VIP this node
+   * serves is put back under its Service, before anyone may be given it (the store holds new allocations
+   * back meanwhile): a Service keeps its VIP, and no other owner gets it.
+   */
+  private async reassertVips(): Promise<void> {
+    let g: string;
+    try {
+      g = await this.o.addresses.generation();
+    } catch {
+      return; // no store, or unreachable: the next pass asks again
+    }
+    if (g === this.generation) return;
+    const held = [...this.vips.values()].filter((v) => v.vip);
+    if (this.generation !== undefined && held.length) {
+      this.o.logger.warn('lb: cluster store lost its data; re-asserting the VIPs this node serves', { vips: held.map((v) => v.vip), generation: g });
+      await this.o.addresses.markRestarted(g);
+      for (const st of held) {
+        try {
+          await this.o.addresses.reassert(st.pool, ownerOf(st.key), st.vip!);
+          this.o.logger.info('lb: VIP re-asserted', { service: st.key, vip: st.vip, pool: st.pool });
+        } catch (e) {
+          if (e instanceof TetherError && e.code === ErrorCode.AddressConflict) {
+            this.o.logger.error('lb: VIP this Service uses was given to another owner while the store was empty', { service: st.key, vip: st.vip, error: e.message });
+            continue;
+          }
+          this.o.logger.warn('lb: VIP not re-asserted yet; retried', { service: st.key, vip: st.vip, error: (e as Error).message });
+          return; // the generation stays unseen: the next pass re-asserts again
+        }
+      }
+    }
+    this.generation = g;
   }
 
   /** Each Service's VIP: requested or from its pool, idempotently per Service; released when it goes. */

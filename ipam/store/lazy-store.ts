@@ -53,8 +53,8 @@ export class LazyStore implements ClusterStore {
   async listAddresses(pool: string): Promise<Map<string, string>> {
     return (await this.get()).listAddresses(pool);
   }
-  async generation(): Promise<StoreGeneration> {
-    return (await this.get()).generation();
+  async generation(opts?: { markRestarted?: string }): Promise<StoreGeneration> {
+    return (await this.get()).generation(opts);
   }
   async close(): Promise<void> {
     this.closed = true;

@@ -94,11 +94,15 @@ return freed
 `;
 
 /**
- * KEYS[1] the generation token, KEYS[2] when it was created (ms, the store's clock); ARGV[1] a fresh token.
- * Creates the generation when there is none. Returns {token, ageMs, how}: how 'new' (created now), 'kept',
- * or 'upgraded' (a token an older tetherd created without its birth time, or a birth time that is not a
- * number: the birth is recorded as now, the safe side: holders get a full hold-off to re-assert).
- * TIME makes the script non-deterministic: effects replication (the default since Redis 5) copes with that.
+ * KEYS[1] the generation token, KEYS[2] when it was created (ms, the store's clock), KEYS[3] the token a
+ * node marked as a restart; ARGV[1] a fresh token, ARGV[2] a token to mark as a restart ('' = none: only
+ * the current token can be marked, by a node that saw an older one). Creates the generation when there is
+ * none. Returns {token, ageMs, how, restarted}: how 'new' (created now), 'kept', or 'upgraded' (a token an
+ * older tetherd created without its birth time, or a birth time that is not a number: the birth is
+ * recorded as now, the safe side: holders get a full hold-off to re-assert); restarted 1 when the current
+ * token is marked as a restart (the store lost data nodes held), else 0 (a new store, as far as any node
+ * has said). TIME makes the script non-deterministic: effects replication (the default since Redis 5)
+ * copes with that.
  */
 export const GENERATION = `
 if redis.replicate_commands then redis.replicate_commands() end
@@ -108,12 +112,15 @@ local token = redis.call('GET', KEYS[1])
 if not token then
   redis.call('SET', KEYS[1], ARGV[1])
   redis.call('SET', KEYS[2], now)
-  return {ARGV[1], 0, 'new'}
+  return {ARGV[1], 0, 'new', 0}
 end
+if ARGV[2] ~= '' and ARGV[2] == token then redis.call('SET', KEYS[3], token) end
+local restarted = 0
+if redis.call('GET', KEYS[3]) == token then restarted = 1 end
 local born = redis.call('GET', KEYS[2])
 if not born or not string.match(born, '^%d+$') then
   redis.call('SET', KEYS[2], now)
-  return {token, 0, 'upgraded'}
+  return {token, 0, 'upgraded', restarted}
 end
-return {token, math.max(0, now - tonumber(born)), 'kept'}
+return {token, math.max(0, now - tonumber(born)), 'kept', restarted}
 `;

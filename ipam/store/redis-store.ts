@@ -10,6 +10,7 @@
 //   <prefix>pool:<pool>:owner:<owner>  list  the owner's addresses in allocation order
 //   <prefix>generation                 string  the store's generation token (see ClusterStore.generation)
 //   <prefix>generation:born            string  when the token was created, ms by the store's clock
+//   <prefix>generation:restarted       string  the token, once a node that saw an older one said so
 import { randomBytes } from 'node:crypto';
 import Redis, { ReplyError } from 'ioredis';
 import { ErrorCode, TetherError } from '../../daemon/errors';
@@ -35,7 +36,7 @@ interface ScriptedRedis extends Redis {
   tetherClaimBlock(blocks: string, block: string, node: string): Promise<[string, string]>;
   tetherReleaseBlock(blocks: string, block: string, node: string): Promise<number>;
   tetherAllocate(addrs: string, ownerKey: string, generation: string, owner: string, mode: string, count: number, token: string, holdOff: string, ...addresses: string[]): Promise<unknown[]>;
-  tetherGeneration(token: string, born: string, fresh: string): Promise<[string, number, string]>;
+  tetherGeneration(token: string, born: string, restarted: string, fresh: string, mark: string): Promise<[string, number, string, number]>;
   tetherReleaseOwner(addrs: string, ownerKey: string, owner: string): Promise<string[]>;
 }
 
@@ -80,7 +81,7 @@ export class RedisStore implements ClusterStore {
     client.defineCommand('tetherClaimBlock', { numberOfKeys: 1, lua: CLAIM_BLOCK });
     client.defineCommand('tetherReleaseBlock', { numberOfKeys: 1, lua: RELEASE_BLOCK });
     client.defineCommand('tetherAllocate', { numberOfKeys: 3, lua: ALLOCATE });
-    client.defineCommand('tetherGeneration', { numberOfKeys: 2, lua: GENERATION });
+    client.defineCommand('tetherGeneration', { numberOfKeys: 3, lua: GENERATION });
     client.defineCommand('tetherReleaseOwner', { numberOfKeys: 2, lua: RELEASE_OWNER });
     watchConnection(client, target.where);
 
@@ -144,13 +145,15 @@ export class RedisStore implements ClusterStore {
     return released;
   }
 
-  async generation(): Promise<StoreGeneration> {
+  async generation(opts: { markRestarted?: string } = {}): Promise<StoreGeneration> {
     const key = this.generationKey();
     const fresh = randomBytes(8).toString('hex');
-    const [token, ageMs, how] = await this.run('generation', () => this.client.tetherGeneration(key, `${key}:born`, fresh));
+    if (opts.markRestarted !== undefined) checkName('generation', opts.markRestarted, 64);
+    const [token, ageMs, how, restarted] = await this.run('generation', () => this.client.tetherGeneration(key, `${key}:born`, `${key}:restarted`, fresh, opts.markRestarted ?? ''));
+    if (opts.markRestarted === token && !restarted) log().warn('cluster store: generation marked as a restart, but the mark did not stick', { generation: token });
     if (how === 'new') log().warn('cluster store: new generation (the store is new, or restarted empty)', { store: this.where, generation: token });
     else if (how === 'upgraded') log().warn('cluster store: generation without a birth time (written by an older tetherd, or garbled): its birth is recorded as now', { store: this.where, generation: token });
-    return { token, ageMs: Number(ageMs) };
+    return { token, ageMs: Number(ageMs), restarted: restarted === 1 };
   }
 
   /**

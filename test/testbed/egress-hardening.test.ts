@@ -1,7 +1,8 @@
 // Egress when things around it go wrong, on the testbed with real traffic: the cluster store gone before
 // the owner's node fails (takeover between tetherds, clients told directly, epochs reconciled when the
 // store is back), tetherd stopped while its subsystems have work in flight (Redis paused, a resync being
-// applied, CNI ADDs under way), and a gateway joining under a storm of pod ADDs (no false takeover).
+// applied, CNI ADDs under way), a gateway joining under a storm of pod ADDs, and a gateway joining while
+// the store is down (no false takeover either way).
 import { test } from 'uvu';
 import * as assert from 'uvu/assert';
 import * as fs from 'node:fs';
@@ -185,6 +186,39 @@ scenario('a gateway joining during a 100-pod ADD storm takes nothing from the li
     const log = logOf(tb, 'n3') + logOf(tb, other(first.node));
     assert.not.match(log, /"message":"egress: ownership changed"[^\n]*"cause":"failover/, 'no failover was decided anywhere');
     process.stdout.write(`  joining gateway under a 100-pod ADD storm: owner kept (epoch ${first.st.epoch}), longest gap ${report.maxGapAfterMarkMs} ms\n`);
+  });
+});
+
+scenario('a gateway joining while the store is down takes nothing from the live owner, which learns it and streams to it', async () => {
+  // One gateway at first (n1's gw1), so the owner has no in-sync standby whose reports would hold the
+  // newcomer back: before, the newcomer's BFD session never came Up (the owner knew candidates only from
+  // the store), and when its 3 s start-up grace ended it saw the owner "down" and took the address (0/50).
+  const topo = topology();
+  // n2 keeps a plain pod, so its block has room for the gateway that joins while no block can be claimed.
+  topo.nodes[1].pods = [{ name: 'idle', namespace: 'shop' }];
+  await withTestbed(topo, async (tb) => {
+    const first = await waitOwner(tb);
+    assert.is(first.node, 'n1');
+    await tb.killRedis({ keepData: true });
+    try {
+      const { report } = await runTraffic(tb, 50, 12_000, async () => {
+        await tb.addPod('n2', { name: 'gw2', namespace: 'shop', tether: { labels: { role: 'egress-gw' } } });
+        // Well past the newcomer's start-up grace (3 s) and the hold-down (1 s).
+        await new Promise((r) => setTimeout(r, 6000));
+      });
+      const v = await views(tb);
+      assert.is(v.n1?.owner, first.st.owner, `the owner kept the address: ${JSON.stringify(v.n1)}`);
+      assert.is(v.n1?.epoch, first.st.epoch, 'no takeover happened (same epoch)');
+      assert.not.ok(v.n2?.ownedHere, `the joining gateway holds nothing: ${JSON.stringify(v.n2)}`);
+      assert.is(report.intact, 50, `${report.intact}/50 intact; ${report.errors.slice(0, 3).join('; ')}`);
+      assert.not.match(logOf(tb, 'n2'), /"message":"egress: ownership changed"/, 'the newcomer decided nothing');
+      // The owner learned the newcomer from its announcements: BFD Up both ways and streaming to it.
+      await waitStandbyReady(tb, 'n1', 'n2', 10_000, true, 'shop/gw2');
+      assert.match(logOf(tb, 'n1'), /"message":"egress: gateway candidate learned from its node"[^\n]*"pod":"shop\/gw2"/);
+      process.stdout.write(`  gateway joining with the store down: owner kept (epoch ${first.st.epoch}), 50/50 intact, longest gap ${report.maxGapAfterMarkMs} ms\n`);
+    } finally {
+      await tb.restartRedis();
+    }
   });
 });
 
