@@ -23,6 +23,26 @@ export function watchConnection(client: Redis, where: string): void {
   });
 }
 
+/**
+ * Reconnects a client that ioredis gave up on. ioredis ends a client for good (status "end", no more
+ * reconnects, every call "Connection is closed.") when a connect attempt fails inside its connector rather
+ * than on the socket; through Sentinel that happens when a +switch-master reaches the previous
+ * connection's failover detector while the next attempt is still asking a sentinel for the master (the
+ * detector cancels the attempt): seen as a tetherd whose store calls all failed after a failover, for
+ * good. tetherd's clients must outlive any store outage, so an end that `closed()` did not ask for is
+ * followed, after `delayMs`, by a new connect (and by another one if that ends too).
+ */
+export function reconnectAfterEnd(client: Redis, closed: () => boolean, what: string, delayMs = 200): void {
+  client.on('end', () => {
+    if (closed()) return;
+    log().warn('cluster store client ended by its driver; connecting again', { client: what });
+    const timer = setTimeout(() => {
+      if (!closed() && client.status === 'end') client.connect().catch(() => undefined);
+    }, delayMs);
+    timer.unref();
+  });
+}
+
 /** Resolves once the connection is ready; fails after `ms` (a reconnect that does not come in time). */
 export function waitReady(client: Redis, ms: number): Promise<void> {
   if (client.status === 'ready') return Promise.resolve();

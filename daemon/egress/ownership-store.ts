@@ -8,7 +8,7 @@
 import Redis from 'ioredis';
 import { EventEmitter } from 'node:events';
 import { log } from '../log';
-import { parseRedisUrl } from '../common/redis';
+import { parseRedisUrl, reconnectAfterEnd } from '../common/redis';
 import { listNodes, registerNode } from '../common/node-registry';
 import { isCanonicalIp, isObjectRef, isPlainName, isTime, nonNegativeInt, parseObject, refuseRecord, UnreadableRecordError } from '../common/store-record';
 export { UnreadableRecordError } from '../common/store-record';
@@ -178,6 +178,8 @@ interface Scripted extends Redis {
 }
 
 export class OwnershipStore extends EventEmitter {
+  private closed = false;
+
   private constructor(
     private readonly client: Scripted,
     private readonly sub: Redis,
@@ -195,6 +197,8 @@ export class OwnershipStore extends EventEmitter {
     for (const c of [client, sub]) c.on('error', (e: Error) => log().debug('ownership store connection error', { error: e.message }));
     client.defineCommand('tetherRecordOwner', { numberOfKeys: 2, lua: RECORD });
     const store = new OwnershipStore(client, sub, prefix);
+    reconnectAfterEnd(client, () => store.closed, 'ownership');
+    reconnectAfterEnd(sub, () => store.closed, 'ownership notices');
     sub.on('message', (ch: string, msg: string) => {
       const o = readNotice(ch, msg);
       if (o) store.emit('change', o);
@@ -338,6 +342,7 @@ export class OwnershipStore extends EventEmitter {
   }
 
   async close(): Promise<void> {
+    this.closed = true;
     this.client.disconnect();
     this.sub.disconnect();
   }

@@ -8,7 +8,7 @@ import Redis from 'ioredis';
 import { EventEmitter } from 'node:events';
 import { isIPv4 } from 'node:net';
 import { log } from '../log';
-import { parseRedisUrl } from '../common/redis';
+import { parseRedisUrl, reconnectAfterEnd } from '../common/redis';
 import { listNodes, registerNode } from '../common/node-registry';
 import { refuseRecord } from '../common/store-record';
 import type { MapKey } from '../bpf/lb-structs';
@@ -90,6 +90,8 @@ interface Scripted extends Redis {
 }
 
 export class MappingStore extends EventEmitter {
+  private closed = false;
+
   private constructor(
     private readonly client: Scripted,
     private readonly sub: Redis,
@@ -117,6 +119,8 @@ export class MappingStore extends EventEmitter {
     client.defineCommand('tetherLbExpire', { numberOfKeys: 2, lua: EXPIRE });
     client.defineCommand('tetherLbDropTarget', { numberOfKeys: 2, lua: DROP_TARGET });
     const store = new MappingStore(client, sub, prefix);
+    reconnectAfterEnd(client, () => store.closed, 'lb mappings');
+    reconnectAfterEnd(sub, () => store.closed, 'lb mapping notices');
     sub.on('message', (_ch: string, msg: string) => store.onNotice(msg));
     let subscribed = false;
     sub.on('ready', () => {
@@ -284,6 +288,7 @@ export class MappingStore extends EventEmitter {
   }
 
   async close(): Promise<void> {
+    this.closed = true;
     this.client.disconnect();
     this.sub.disconnect();
   }

@@ -16,7 +16,7 @@ import Redis, { ReplyError } from 'ioredis';
 import { ErrorCode, TetherError } from '../../daemon/errors';
 import { log } from '../../daemon/log';
 import { formatCidr, formatIp, parseCidr, parseIp } from '../../daemon/common/ip-math';
-import { parseRedisUrl, unreachable, waitReady, watchConnection, withDeadline } from '../../daemon/common/redis';
+import { parseRedisUrl, reconnectAfterEnd, unreachable, waitReady, watchConnection, withDeadline } from '../../daemon/common/redis';
 import { refuseRecord } from '../../daemon/common/store-record';
 export { parseRedisUrl } from '../../daemon/common/redis';
 import type { AddressOutcome, AddressRequest, AllocationGuard, ClusterStore, StoreGeneration } from '../types';
@@ -94,7 +94,9 @@ export class RedisStore implements ClusterStore {
     // From now on a call made while Redis is away fails instead of waiting in an unbounded queue.
     client.options.enableOfflineQueue = false;
     log().info('cluster store connected', { store: target.where, keyPrefix: prefix });
-    return new RedisStore(client, prefix, target.where, commandTimeoutMs);
+    const store = new RedisStore(client, prefix, target.where, commandTimeoutMs);
+    reconnectAfterEnd(client, () => store.closed, 'ipam');
+    return store;
   }
 
   /**

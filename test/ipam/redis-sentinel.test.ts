@@ -15,7 +15,10 @@ import { validatePools } from '../../ipam/pool';
 import { parseRedisUrl, RedisStore } from '../../ipam/store/redis-store';
 import { makeLogger, setLogger } from '../../daemon/log';
 import { ErrorCode, TetherError } from '../../daemon/errors';
-import { startSentinelSet, type SentinelSet } from '../lib/sentinel';
+import { MASTER_NAME, startSentinelSet, type SentinelSet } from '../lib/sentinel';
+import { waitFor } from '../lib/wait';
+import { OwnershipStore, type Ownership } from '../../daemon/egress/ownership-store';
+import { MappingStore } from '../../daemon/lb/mapping-store';
 
 const quiet = makeLogger({ level: 'error', stream: new Writable({ write: (_c, _e, cb) => cb() }) });
 setLogger(quiet);
@@ -46,13 +49,27 @@ test('redis+sentinel:// URLs: sentinels, master name, db and passwords; malforme
   }
 });
 
+/**
+ * A Sentinel set; started again when a port it picked at random is taken (test/lib/sentinel.ts picks from a
+ * range that overlaps the kernel's ephemeral ports, so an outgoing connection can hold one).
+ */
+async function startSet(): Promise<SentinelSet> {
+  for (let attempt = 1; ; attempt++) {
+    try {
+      return await startSentinelSet();
+    } catch (e) {
+      if (attempt >= 3 || !/Address already in use/.test((e as Error).message)) throw e;
+    }
+  }
+}
+
 /** Retries a call refused while the store follows a failover ("unreachable", never a wrong answer), up to 30 s. */
 async function whenConnected<T>(fn: () => Promise<T>, t0 = Date.now()): Promise<T> {
   for (;;) {
     try {
       return await fn();
     } catch (e) {
-      assert.match((e as Error).message, /unreachable|timed out|try again|Connection|closed|READONLY|LOADING|master|writeable|not acknowledged/i);
+      assert.match((e as Error).message, /unreachable|timed out|try again|Connection|closed|READONLY|LOADING|master|writeable|not acknowledged|max retries/i);
       if (Date.now() - t0 > 30_000) throw e;
       await new Promise((r) => setTimeout(r, 100));
     }
@@ -60,7 +77,7 @@ async function whenConnected<T>(fn: () => Promise<T>, t0 = Date.now()): Promise<
 }
 
 test('a block claim is acknowledged only once the replica has it: the allocator never uses an unconfirmed block, and after a failover every block it reported is on the new primary', async () => {
-  const own = await startSentinelSet();
+  const own = await startSet();
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'tether-ipam-'));
   const store = await RedisStore.connect(own.url, { keyPrefix: 'ack:', commandTimeoutMs: 1000 });
   try {
@@ -198,9 +215,69 @@ test('a block claim is acknowledged only once the replica has it: the allocator 
   }
 });
 
+test('store clients outlive ioredis ending them in a failover (a +switch-master while the next connection asks a sentinel): each works again', async () => {
+  // ioredis ends a Sentinel client for good when the previous connection's failover detector sees a
+  // +switch-master while the next attempt still waits for a sentinel's answer. Reproduced here on purpose:
+  // the sentinel the clients ask first is stopped, their connections are killed, another sentinel fails
+  // the master over, then the stopped one answers.
+  const own = await startSet();
+  const ipam = await RedisStore.connect(own.url, { keyPrefix: 'race:' });
+  const owners = await OwnershipStore.connect(own.url, { keyPrefix: 'race:' });
+  const lb = await MappingStore.connect(own.url, { keyPrefix: 'race:' });
+  try {
+    await own.waitReplicated();
+    const sentinels = own.url.slice('redis+sentinel://'.length).split('/')[0].split(',').map((h) => Number(h.split(':')[1]));
+    const masterSeenBy = (s: number) => Number(own.cli(s, 'sentinel', 'get-master-addr-by-name', MASTER_NAME).split('\n')[1]);
+    const notices: Ownership[] = [];
+    owners.on('change', (o: Ownership) => notices.push(o));
+    const rec = (epoch: number) => ({ egress: 'shop/out', address: '198.51.100.1', owner: 'shop/gw1', epoch, cause: 'test', ownerNode: 'n1', ownerNodeAddress: '10.0.0.1', ownerPodIp: '10.244.0.5', score: 'a' });
+    const vipKey = { vip: '192.0.2.10', client: '10.0.0.1', vport: 0, cport: 0, proto: 0 };
+    await whenConnected(() => owners.record(rec(1)));
+    await whenConnected(() => ipam.claimBlock('pods', '10.252.0.0/26', 'node-a'));
+    await waitFor(() => lb.connected, 'lb mapping store connected');
+
+    const old = masterSeenBy(sentinels[1]);
+    const first = Number(/process_id:(\d+)/.exec(own.cli(sentinels[0], 'info', 'server'))?.[1]);
+    process.kill(first, 'SIGSTOP');
+    try {
+      own.cli(old, 'client', 'kill', 'type', 'normal');
+      own.cli(old, 'client', 'kill', 'type', 'pubsub');
+      await new Promise((r) => setTimeout(r, 300));
+      // A sentinel that does not yet count the replica as good answers NOGOODSLAVE: ask again.
+      const end = Date.now() + 15_000;
+      for (let said = ''; said !== 'OK'; ) {
+        said = own.cli(sentinels[1], 'sentinel', 'failover', MASTER_NAME);
+        if (said !== 'OK' && Date.now() > end) throw new Error(`SENTINEL FAILOVER: ${said}`);
+        if (said !== 'OK') await new Promise((r) => setTimeout(r, 200));
+      }
+      while (masterSeenBy(sentinels[1]) === old) {
+        if (Date.now() > end) throw new Error('no failover');
+        await new Promise((r) => setTimeout(r, 100));
+      }
+      await new Promise((r) => setTimeout(r, 500));
+    } finally {
+      process.kill(first, 'SIGCONT');
+    }
+    const t0 = Date.now();
+    const within = <T>(fn: () => Promise<T>) => whenConnected(fn, t0 - 20_000); // 10 s
+    assert.is(await within(() => owners.record(rec(2))), 'recorded');
+    assert.ok(await within(() => ipam.claimBlock('pods', '10.252.0.64/26', 'node-a')));
+    assert.equal(await within(() => lb.claim('192.0.2.10', [{ key: vipKey, target: '10.244.0.5' }])), [{ key: vipKey, target: '10.244.0.5' }]);
+    // The notice channel is back too: a decision recorded now is heard.
+    await within(() => owners.record(rec(3)));
+    await waitFor(() => notices.some((n) => n.epoch === 3), 'the epoch-3 notice', { timeoutMs: 5000 });
+    process.stdout.write(`  clients back ${Date.now() - t0} ms after the stopped sentinel answered\n`);
+  } finally {
+    await ipam.close();
+    await owners.close();
+    await lb.close();
+    await own.stop();
+  }
+});
+
 let set: SentinelSet;
 test.before(async () => {
-  set = await startSentinelSet();
+  set = await startSet();
   // Claims wait for the replica, which is online only once its first sync is done.
   await set.waitReplicated();
 });
