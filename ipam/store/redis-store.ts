@@ -246,12 +246,19 @@ export class RedisStore implements ClusterStore {
     return `${this.prefix}pool:${pool}:owner:${owner}`;
   }
 
-  /** How many replicas the primary has connected now (INFO replication), each of which a claim waits for. */
+  /**
+   * How many replicas the primary has online now (INFO replication: connected and past their initial
+   * sync), each of which a claim waits for. A replica still in its first full sync acknowledges nothing
+   * until it is done, and has no data a failover could keep: it is not waited for.
+   */
   private async connectedReplicas(): Promise<number> {
     const info = await this.client.info('replication');
     const m = /^connected_slaves:(\d+)/m.exec(info);
     if (!m) throw new TetherError(ErrorCode.Internal, `cluster store (${this.where}): INFO replication has no connected_slaves line`);
-    return Number(m[1]);
+    const lines = [...info.matchAll(/^slave\d+:(.*)$/gm)];
+    // Older servers without per-replica lines: every connected replica counts.
+    if (!lines.length) return Number(m[1]);
+    return lines.filter((l) => /(^|,)state=online(,|$)/.test(l[1].trim())).length;
   }
 
   /** One call under one deadline: waiting for a reconnect in progress counts against the same timeout. */
