@@ -1164,7 +1164,16 @@ export class EgressController {
       await this.reassertAddresses();
       await this.ensureAddresses();
       for (const st of this.addresses.values()) {
-        const rec = await this.o.ownership.get(st.egress.key, st.address);
+        let rec: Ownership;
+        try {
+          rec = await this.o.ownership.get(st.egress.key, st.address);
+        } catch (e) {
+          if (!(e instanceof UnreadableRecordError)) throw e;
+          // A garbled record (refused and logged by the store layer): nothing in it is followed; the
+          // holder's decision replaces it, the others wait for that.
+          if (st.holder) await this.record(st);
+          continue;
+        }
         const write = await this.mutex.run(streamOf(st), async () => {
           if (supersedes(rec, st.own) || (rec.epoch === st.own.epoch && rec.owner === st.own.owner)) {
             await this.adopt(st, rec, 'store');
@@ -1208,7 +1217,12 @@ export class EgressController {
           const { addresses } = await this.o.addresses.allocate(req);
           const a = addresses[0];
           if (!a) continue;
-          const rec = await this.o.ownership.get(e.key, a);
+          // An unreadable record: tracked as nobody's here, but a first claim over it is refused by the
+          // store's compare-and-set, and a holder's heartbeat still supersedes it.
+          const rec = await this.o.ownership.get(e.key, a).catch((err) => {
+            if (err instanceof UnreadableRecordError) return { egress: e.key, address: a, owner: '', epoch: 0 } as Ownership;
+            throw err;
+          });
           const st = this.track(e, a, slot, rec);
           if (supersedes(rec, st.own)) await this.mutex.run(streamOf(st), () => this.adopt(st, rec, 'store'));
           this.o.logger.info('egress: floating address', { egress: e.key, address: a, pool: slot.pool, owner });
