@@ -10,7 +10,9 @@ import type { Clock } from '../../daemon/bfd/clock';
 import { makeLogger, setLogger } from '../../daemon/log';
 
 const logLines: any[] = [];
-setLogger(makeLogger({ level: 'info', stream: new Writable({ write: (c, _e, cb) => (logLines.push(JSON.parse(String(c))), cb()) }) }));
+// Installed when this suite starts, not at import: uvu imports the whole group first, and another file's
+// logger set at import would replace this one.
+test.before(() => setLogger(makeLogger({ level: 'info', stream: new Writable({ write: (c, _e, cb) => (logLines.push(JSON.parse(String(c))), cb()) }) })));
 
 class FakeClock implements Clock {
   t = 0;

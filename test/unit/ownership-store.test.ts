@@ -14,7 +14,7 @@ import { startRedis, type TestRedis } from '../lib/redis';
 import { waitFor } from '../lib/wait';
 
 // Quiet unless a test captures the log itself.
-setLogger(makeLogger({ level: process.env.TETHER_LOG_LEVEL ?? 'error' }));
+test.before(() => setLogger(makeLogger({ level: process.env.TETHER_LOG_LEVEL ?? 'error' })));
 
 let redis: TestRedis;
 let raw: Redis;
