@@ -222,7 +222,21 @@ scenario('a gateway joining while the store is down takes nothing from the live 
   });
 });
 
-scenario('the store answering garbage: nothing in it is applied, the owner keeps the address and repairs its record', async () => {
+/** Sends one authenticated ownership notice (argv: cluster key hex, notice JSON, node addresses…) to port 3785 of each. */
+const FORGED_NOTICE = `
+const { createHmac, randomBytes } = require('node:crypto');
+const dgram = require('node:dgram');
+const [key, notice, ...to] = process.argv.slice(1);
+const nk = createHmac('sha256', Buffer.from(key, 'hex')).update('tether ownership notice').digest();
+const body = Buffer.from(JSON.stringify({ from: 'n9', boot: randomBytes(8).toString('hex'), seq: 1, at: Date.now(), notices: [JSON.parse(notice)] }));
+const header = Buffer.from([0x54, 0x4f, 0x57, 0x4e, 1, 0, 0, 0]);
+const data = Buffer.concat([header, createHmac('sha256', nk).update(header).update(body).digest(), body]);
+const s = dgram.createSocket('udp4');
+let left = to.length * 3;
+for (let i = 0; i < 3; i++) for (const a of to) s.send(data, 3785, a, () => --left === 0 && s.close());
+`;
+
+scenario('the store answering garbage, and a notice from an unknown node: nothing in either is applied, the owner keeps the address and repairs its record', async () => {
   await withTestbed(topology(), async (tb) => {
     const first = await waitOwner(tb);
     await waitStandbyReady(tb, first.node, other(first.node));
@@ -234,6 +248,12 @@ scenario('the store answering garbage: nothing in it is applied, the owner keeps
         await r.hset(recordKey, 'epoch', 'seven', 'owner', '!!');
         await r.hset(`${tb.redisPrefix}egress:shop/out:gateways`, 'n9', '{"gateways": [garbage');
       });
+      // An authentic notice (it has the cluster key) from a node nobody knows — the external server's
+      // address — naming a pod of its own as owner with a far larger epoch: refused, nothing applied.
+      const key = fs.readFileSync(tb.clusterKeyPath(), 'utf8').trim();
+      const notice = { egress: 'shop/out', address: first.st.address, owner: 'shop/evil', epoch: 99, ownerNode: 'n9', ownerNodeAddress: tb.externalIp('server'), ownerPodIp: tb.externalIp('server'), cause: 'forged', inSync: [] };
+      const sender = tb.spawn('server', [process.execPath, '-e', FORGED_NOTICE, key, JSON.stringify(notice), ...['n1', 'n2', 'n3'].map((n) => tb.node(n).fabricIp)]);
+      await new Promise((res) => sender.once('exit', res));
       await new Promise((res) => setTimeout(res, 4000));
     });
     const v = await views(tb);
@@ -249,6 +269,10 @@ scenario('the store answering garbage: nothing in it is applied, the owner keeps
     const logs = logOf(tb, 'n1') + logOf(tb, 'n2') + logOf(tb, 'n3');
     assert.match(logs, /"level":"warn"[^\n]*refused[^\n]*seven|seven[^\n]*refused/i, 'a log line names the refused epoch');
     assert.not.match(logs, /"message":"egress: cluster store unreachable/, 'garbage is not taken for an unreachable store');
+    for (const n of ['n1', 'n2', 'n3']) {
+      assert.match(logOf(tb, n), /"message":"egress: ownership notice refused; nothing in it applied"[^\n]*"why":"sender n9 at [^"]* is not a known node"/, `${n} refused the unknown node's notice`);
+      assert.not.match(logOf(tb, n), /shop\/evil"[^\n]*"message":"egress: ownership (learned|changed)"|"message":"egress: ownership (learned|changed)"[^\n]*shop\/evil/, `${n} applied nothing of it`);
+    }
     process.stdout.write(`  store answering garbage: owner kept (epoch ${first.st.epoch}), record repaired, 20/20 intact\n`);
   });
 });
