@@ -19,6 +19,10 @@ export interface TestRedis {
   restart(): Promise<void>;
   /** SIGKILL, the way a crash looks to clients; the temp dir stays so restart() works. */
   kill(): Promise<void>;
+  /** SIGSTOP: the server hangs (connections open, nothing answered) until resume(). No-op when not running. */
+  pause(): void;
+  /** SIGCONT after pause(). */
+  resume(): void;
 }
 
 const REDIS_SERVER = process.env.REDIS_SERVER ?? 'redis-server';
@@ -95,6 +99,12 @@ export async function startRedis(): Promise<TestRedis> {
     },
     async kill() {
       await halt('SIGKILL');
+    },
+    pause() {
+      proc?.kill('SIGSTOP');
+    },
+    resume() {
+      proc?.kill('SIGCONT');
     },
   };
 }

@@ -27,6 +27,17 @@ export interface SentinelSet {
   waitFailover(oldPort: number, timeoutMs?: number): Promise<{ port: number; ms: number }>;
   /** Waits until the replica holds everything the primary has (online, same replication offset). */
   waitReplicated(timeoutMs?: number): Promise<void>;
+  /**
+   * SIGSTOPs the replica (replication lags: what the primary acknowledges from now on is not on the
+   * replica) until resumeReplica(); the port of the server stopped.
+   */
+  pauseReplica(): number;
+  resumeReplica(): void;
+  /**
+   * Starts a server killed by killPrimary() again, empty, as a replica of the current primary (as an
+   * operator replaces a failed node), and waits until it has caught up: the set can fail over again.
+   */
+  revive(port: number): Promise<void>;
   /** Runs a redis-cli command against a port (in the namespace). */
   cli(port: number, ...args: string[]): string;
   stop(): Promise<void>;
@@ -39,6 +50,7 @@ export async function startSentinelSet(opts: { host?: string; netns?: string } =
   const [primary, replica] = [base, base + 1];
   const sentinelPorts = [base + 2, base + 3, base + 4];
   const procs = new Map<number, ChildProcess>();
+  const paused = new Set<number>();
   const wrap = (argv: string[]) => (opts.netns ? ['ip', 'netns', 'exec', opts.netns, ...argv] : argv);
   const cli = (port: number, ...args: string[]): string => {
     const argv = wrap(['redis-cli', '-h', host, '-p', String(port), ...args]);
@@ -97,6 +109,31 @@ export async function startSentinelSet(opts: { host?: string; netns?: string } =
         if (Date.now() > end) throw new Error(`the replica did not catch up: ${info.replace(/\s+/g, ' ').slice(0, 300)}`);
         await new Promise((r) => setTimeout(r, 50));
       }
+    },
+    pauseReplica() {
+      const primaryPort = set.master().port;
+      const port = [primary, replica].find((p) => p !== primaryPort && procs.get(p)?.exitCode === null && procs.get(p)?.signalCode === null);
+      if (port === undefined) throw new Error(`no live replica beside the primary on ${primaryPort}`);
+      procs.get(port)!.kill('SIGSTOP');
+      paused.add(port);
+      return port;
+    },
+    resumeReplica() {
+      for (const port of paused) procs.get(port)?.kill('SIGCONT');
+      paused.clear();
+    },
+    async revive(port) {
+      const p = procs.get(port);
+      if (p && p.exitCode === null && p.signalCode === null) throw new Error(`the server on ${port} still runs`);
+      fs.rmSync(path.join(dir, `${port}.rdb`), { force: true });
+      launch(port, server(port, ['--replicaof', host, String(set.master().port)]));
+      await waitPing(port);
+      const end = Date.now() + 15_000;
+      while (!/slave0:.*state=online/.test(cli(set.master().port, 'info', 'replication'))) {
+        if (Date.now() > end) throw new Error(`the revived server on ${port} did not come online as a replica`);
+        await new Promise((r) => setTimeout(r, 100));
+      }
+      await set.waitReplicated();
     },
     cli,
     async stop() {

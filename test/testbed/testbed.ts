@@ -10,6 +10,7 @@ import { call } from '../../daemon/api/client';
 import { FakeApiServer, kubeconfigFor } from '../lib/fake-apiserver';
 import { startRedis, type TestRedis } from '../lib/redis';
 import { startSentinelSet, type SentinelSet } from '../lib/sentinel';
+import { StoreRelay } from './store-relay';
 import { Attachment, ChainOutcome, CniChain, CniResult, Conflist, PluginConf } from './cni-chain';
 import { bpfDir, claimPrefix, leftovers, recordRedis, registerLive, runDir, sweepStale, teardownRunSync, unregisterLive } from './cleanup';
 import { CLIENT_SCRIPT, ProbeResult, SERVER_SCRIPT } from './probe';
@@ -61,6 +62,12 @@ export interface UpOptions {
    * Default: the testbed runs the chain itself.
    */
   runtime?: 'cri';
+  /**
+   * Each node's tetherd reaches the run's single Redis through its own relay (a Unix socket the test
+   * process forwards, store-relay.ts), so cutStore(node) cuts one node off the store while the others
+   * still reach it. Not with a Sentinel set.
+   */
+  storeRelay?: boolean;
 }
 
 export class Testbed {
@@ -71,6 +78,8 @@ export class Testbed {
   private isDown = false;
   private testRedis?: TestRedis;
   private sentinelSet?: SentinelSet;
+  /** UpOptions.storeRelay: each node's own path to Redis. */
+  private readonly relays = new Map<string, StoreRelay>();
   /** Block routes installed by syncBlockRoutes(): block CIDR → owning node. */
   private readonly blockRoutes = new Map<string, string>();
   private routeSync: Promise<void> = Promise.resolve();
@@ -117,6 +126,7 @@ export class Testbed {
       await tb?.nodeRuntime?.runtime.destroy();
       teardownRunSync(prefix, 1000);
       await tb?.testRedis?.stop();
+      await Promise.all([...(tb?.relays.values() ?? [])].map((r) => r.close()));
       unregisterLive(prefix);
       throw e;
     }
@@ -481,6 +491,33 @@ export class Testbed {
     this.recordRedis();
   }
 
+  /** SIGSTOPs the run's Redis (it hangs: connections stay open, nothing is answered); resumeRedis() undoes it. */
+  pauseRedis(): void {
+    this.redis.pause();
+  }
+
+  resumeRedis(): void {
+    this.redis.resume();
+  }
+
+  /**
+   * UpOptions.storeRelay: cuts one node off the store as a partition would (its open connections stop
+   * moving, new ones hang) while the other nodes still reach it; healStore(node) ends the cut.
+   */
+  cutStore(node: string): void {
+    this.relay(node).partition();
+  }
+
+  healStore(node: string): void {
+    this.relay(node).heal();
+  }
+
+  private relay(node: string): StoreRelay {
+    const r = this.relays.get(node);
+    if (!r) throw new Error(`no store relay for ${node} (UpOptions.storeRelay)`);
+    return r;
+  }
+
   /** What Redis says about a pod pool's blocks: block CIDR → node (read straight from the store). */
   async clusterBlocks(pool = this.plan.podPool.name): Promise<Map<string, string>> {
     return new Map(Object.entries(await this.withRedisClient((r) => r.hgetall(`${this.redisPrefix}pool:${pool}:blocks`))));
@@ -760,6 +797,12 @@ export class Testbed {
       this.testRedis = await startRedis();
       this.recordRedis();
       if (this.topology.redis === 'sentinel') this.sentinelSet = await startSentinelSet({ host: plan.router.fabricIp, netns: plan.router.ns });
+      if (this.opts.storeRelay) {
+        if (this.sentinelSet) throw new Error('storeRelay: the relay forwards to the single Redis, not to a Sentinel set');
+        // Outside the node dirs: those are the container's /run/tether, and the socket must keep its host path.
+        fs.mkdirSync(path.join(this.runDir, 'store-relay'), { recursive: true });
+        for (const n of plan.nodes) this.relays.set(n.name, await StoreRelay.start(path.join(this.runDir, 'store-relay', `${n.name}.sock`), this.testRedis.socketPath));
+      }
       if (this.kube) await this.startApi();
       else fs.writeFileSync(this.ipamConfigPath, JSON.stringify(this.ipamConfig(), null, 2) + '\n');
     }
@@ -831,7 +874,7 @@ export class Testbed {
       nsPath: `/run/netns/${n.ns}`,
       // A node's own config file wins over the generated one (it must then hold the pod pool itself).
       config: n.tetherdConfig ?? (tetherIpam && !this.kube ? this.ipamConfigPath : undefined),
-      redis: tetherIpam ? { url: this.sentinelSet?.url ?? this.redis.url, prefix: this.redisPrefix } : undefined,
+      redis: tetherIpam ? { url: this.sentinelSet?.url ?? (this.relays.has(n.name) ? `unix://${this.relays.get(n.name)!.path}` : this.redis.url), prefix: this.redisPrefix } : undefined,
       // Every tetherd knows its node address and shares the run's cluster key: Egress needs both.
       extraArgs: [
         '--node-address', n.fabricIp, '--uplink', 'eth0', '--cluster-key-file', this.clusterKeyPath(),
@@ -875,6 +918,7 @@ export class Testbed {
     // Containers first (SIGKILL through containerd, as the plain tetherds are killed by the teardown).
     const rtLeft = (await this.nodeRuntime?.runtime.destroy()) ?? [];
     await this.sentinelSet?.stop();
+    await Promise.all([...this.relays.values()].map((r) => r.close()));
     await this.fakeApi?.close();
     const left = teardownRunSync(this.prefix);
     await this.testRedis?.stop(); // teardown killed it already; this drops the helper's exit hook
