@@ -95,8 +95,11 @@ export class FloatingSampler {
     const child = g?.nft?.child;
     if (!child || child.exitCode !== null || child.signalCode !== null) return;
     const exited = new Promise<void>((r) => child.once('exit', () => r()));
-    child.kill('SIGKILL');
+    // SIGTERM: the shell's trap ends nft monitor too (a surviving nft would keep the pod's namespace alive).
+    child.kill('SIGTERM');
+    const timer = setTimeout(() => child.kill('SIGKILL'), 2000);
     await exited;
+    clearTimeout(timer);
   }
 
   /** The node is lost (cut off from everything): what it still holds in its kernel no longer counts. */
@@ -222,7 +225,7 @@ export class FloatingSampler {
    * rules that existed before, the monitor every change after (a rule seen twice is the same handle).
    */
   private async watchNft(podKey: string): Promise<NftWatch> {
-    const script = 'nft -a monitor & sleep 0.3; echo __LIST__; nft -a list table ip tether_egress 2>/dev/null; echo __LISTED__; wait';
+    const script = "nft -a monitor & m=$!; trap 'kill $m; exit 0' TERM; sleep 0.3; echo __LIST__; nft -a list table ip tether_egress 2>/dev/null; echo __LISTED__; wait $m";
     const child = this.tb.spawn(podKey, ['sh', '-c', script]);
     const w: NftWatch = { child, rules: new Map() };
     let buf = '';

@@ -14,6 +14,7 @@
 // one after another on it, each starting from a settled state; a cell that leaves the testbed unsettled
 // (e.g. an address owned twice) makes the row continue on a fresh testbed, so one defect is not counted
 // again in the cells after it.
+import * as fs from 'node:fs';
 import { call } from '../../daemon/api/client';
 import { startServer, FLOAT_POOL, PORT } from './egress-scenario';
 import { egress, pool as floatPool } from './egress-multi-scenario';
@@ -803,9 +804,19 @@ export async function runRow(fault: FaultId, log: RowLog, only?: EventId[]): Pro
             }
             owners = again.owners;
           }
-          const { result, clean } = await runCell(row, id, owners);
+          const cellResult = await runCell(row, id, owners);
+          const result = cellResult.result;
+          let clean = cellResult.clean;
           if (firstHere && testbeds > 1) result.notes.push('on a fresh testbed (the previous cell left the last one unsettled)');
           firstHere = false;
+          // Another session's sweep (a test process in another PID namespace sees this one as dead) can tear a
+          // live testbed down: then the cell measured nothing of ours.
+          if (!fs.existsSync(tb.runDir)) {
+            result.pass = false;
+            result.cell = 'VOID torn down';
+            result.failures.unshift('void: the testbed was torn down from outside during the cell (its run dir is gone: another process swept it)');
+            clean = false;
+          }
           results.push(result);
           log(`  [${fault} × ${id}] ${result.pass ? 'ok' : 'FAIL'} in ${(result.ms / 1000).toFixed(1)} s: ${result.measured}${result.notes.length ? ` (${result.notes.join('; ')})` : ''}${result.failures.map((f) => `\n      ✗ ${f}`).join('')}`);
           if (!clean && remaining.length && testbeds < 3) {
@@ -817,7 +828,9 @@ export async function runRow(fault: FaultId, log: RowLog, only?: EventId[]): Pro
         log(`  ${fault}: sampler ${row.sampler.samples} samples, longest interval ${row.sampler.maxIntervalMs} ms, slowest sample ${row.sampler.sampleMsMax} ms`);
         await closeRow(row);
       }
-    }, { storeRelay: fault === 'cut' });
+      // noSweep: the suite sweeps once before it starts (test/run.sh); sweeping again at every fresh testbed
+      // would tear down the testbeds of other sessions on this machine whose processes this one cannot see.
+    }, { storeRelay: fault === 'cut', noSweep: true });
   }
   return results;
 }
