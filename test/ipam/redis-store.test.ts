@@ -1,11 +1,11 @@
 // RedisStore against a real redis-server: claim races over separate connections, address allocation
 // semantics, key-prefix isolation, an outage (kill, hang, restart) and input validation.
-import { PassThrough } from 'node:stream';
 import Redis from 'ioredis';
 import { test } from 'uvu';
 import * as assert from 'uvu/assert';
+import { captureLog } from '../lib/log-capture';
+import { makeLogger, setLogger } from '../../daemon/log';
 import { ErrorCode, TetherError } from '../../daemon/errors';
-import { log, makeLogger, setLogger } from '../../daemon/log';
 import { parseRedisUrl, RedisStore, type RedisStoreOptions } from '../../ipam/store/redis-store';
 import { withRedis, type TestRedis } from '../lib/redis';
 
@@ -84,19 +84,11 @@ test('50 nodes race for one block over separate connections: exactly one wins', 
 test('a claim writes one JSON log line naming pool, block and node', async () => {
   await withStores(async (open) => {
     const store = await open();
-    const out = new PassThrough();
-    let text = '';
-    out.on('data', (d) => (text += d));
-    const prev = log();
-    setLogger(makeLogger({ level: 'info', stream: out }));
-    try {
+    const lines = await captureLog(async () => {
       await store.claimBlock('pods', '10.244.2.0/26', 'node-a');
       await store.claimBlock('pods', '10.244.2.0/26', 'node-a'); // idempotent repeat: no second "claimed"
       await store.releaseBlock('pods', '10.244.2.0/26', 'node-a');
-    } finally {
-      setLogger(prev);
-    }
-    const lines = text.trim().split('\n').map((l) => JSON.parse(l) as Record<string, unknown>);
+    });
     const pick = ({ message, pool, block, node }: Record<string, unknown>) => ({ message, pool, block, node });
     assert.equal(lines.map(pick), [
       { message: 'block claimed', pool: 'pods', block: '10.244.2.0/26', node: 'node-a' },
@@ -290,19 +282,12 @@ test('garbled block and address entries are left out with one warn line each, th
     } finally {
       raw.disconnect();
     }
-    const out = new PassThrough();
-    let text = '';
-    out.on('data', (d) => (text += d));
-    const prev = log();
-    setLogger(makeLogger({ level: 'info', stream: out }));
-    try {
+    const lines = await captureLog(async () => {
       assert.equal(await store.listBlocks('pods'), new Map([['10.244.8.0/26', 'node-a']]));
       assert.equal(await store.listBlocks('pods'), new Map([['10.244.8.0/26', 'node-a']]), 'read twice: still one line each');
       assert.equal(await store.listAddresses(POOL), new Map([['192.0.2.1', 'lb/ns/a']]));
-    } finally {
-      setLogger(prev);
-    }
-    const warns = text.trim().split('\n').map((l) => JSON.parse(l) as Record<string, string>).filter((l) => l.level === 'warn');
+    });
+    const warns = lines.filter((l) => l.level === 'warn');
     assert.equal(warns.map((l) => `${l.key} ${l.field}: ${l.problem}`).sort(), [
       'tether:pool:floating-a:addrs 192.0.2.300: not an IP address in canonical form',
       'tether:pool:floating-a:addrs 192.0.2.50: the owner is not a name (empty, too long, or control characters)',

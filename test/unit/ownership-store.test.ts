@@ -5,10 +5,10 @@
 // registrations, node addresses, usage and change notices that are garbled are left out, the rest kept.
 import { test } from 'uvu';
 import * as assert from 'uvu/assert';
-import { PassThrough } from 'node:stream';
+import { captureLog } from '../lib/log-capture';
 import Redis from 'ioredis';
 import { ErrorCode } from '../../daemon/errors';
-import { log, makeLogger, setLogger } from '../../daemon/log';
+import { makeLogger, setLogger } from '../../daemon/log';
 import { OwnershipStore, UnreadableRecordError, type GatewayInfo, type Ownership } from '../../daemon/egress/ownership-store';
 import { startRedis, type TestRedis } from '../lib/redis';
 import { waitFor } from '../lib/wait';
@@ -34,20 +34,7 @@ test.after(async () => {
   await redis.stop();
 });
 
-/** Runs `fn` with the log captured; returns the lines at warn and info. */
-async function logged(fn: () => Promise<void>): Promise<Array<Record<string, unknown>>> {
-  const out = new PassThrough();
-  let text = '';
-  out.on('data', (d) => (text += d));
-  const prev = log();
-  setLogger(makeLogger({ level: 'info', stream: out }));
-  try {
-    await fn();
-  } finally {
-    setLogger(prev);
-  }
-  return text.trim().split('\n').filter(Boolean).map((l) => JSON.parse(l) as Record<string, unknown>);
-}
+const logged = captureLog;
 
 const gw = (pod: string, node: string, nodeAddress: string, podIp: string): GatewayInfo => ({ pod, node, nodeAddress, podIp });
 
