@@ -8,7 +8,7 @@ import { ErrorCode, TetherError } from '../daemon/errors';
 import type { Logger } from '../daemon/log';
 import { formatIp, inSubnet, parseIp, sizeOf } from '../daemon/common/ip-math';
 import { HOLD_OFF_MS } from './pod-allocator';
-import type { AddressOutcome, ClusterStore, IpFamily, ResolvedFamily, ResolvedPool } from './types';
+import type { AddressOutcome, ClusterStore, IpFamily, ResolvedFamily, ResolvedPool, StoreGeneration } from './types';
 
 export interface OwnerRequest {
   pool: string;
@@ -36,6 +36,8 @@ export interface ClusterAddressesOptions {
 export class ClusterAddresses {
   private readonly pools = new Map<string, ResolvedPool>();
   private readonly holdOffMs: number;
+  /** The store generation this node last saw (a different one later: the store lost its data). */
+  private seen?: string;
 
   constructor(
     pools: ResolvedPool[],
@@ -79,7 +81,7 @@ export class ClusterAddresses {
     for (let attempt = 0; attempt < MAX_ATTEMPTS; attempt++) {
       // The generation is checked again by the store's script, atomically with the claim: a store wiped
       // between this read and the claim refuses it (staleGeneration) and the next attempt sees the new one.
-      const gen = await store.generation();
+      const gen = await this.seeGeneration(store);
       // Only a generation a node marked as a restart holds off: a new store (a fresh install) has no holders.
       const guard = { generation: gen.token, holdOff: gen.restarted && gen.ageMs < this.holdOffMs };
       let out: AddressOutcome;
@@ -138,7 +140,22 @@ export class ClusterAddresses {
    */
   async generation(): Promise<string> {
     if (!this.store) throw new TetherError(ErrorCode.TryAgainLater, 'cluster-wide addresses need the cluster store (start tetherd with --redis)');
-    return (await this.store.generation()).token;
+    return (await this.seeGeneration(this.store)).token;
+  }
+
+  /**
+   * The store's generation, marked as a restart right away when this node saw another token before: the
+   * first allocation after a wipe, on a node that had looked at the store, is held off even before the
+   * holders' next pass has marked it.
+   */
+  private async seeGeneration(store: ClusterStore): Promise<StoreGeneration> {
+    let gen = await store.generation();
+    if (this.seen !== undefined && gen.token !== this.seen && !gen.restarted) {
+      gen = await store.generation({ markRestarted: gen.token });
+      this.logger.warn('ipam: cluster store generation changed since this node last looked; marked as a restart', { generation: gen.token, previous: this.seen });
+    }
+    this.seen = gen.token;
+    return gen;
   }
 
   /**

@@ -2,11 +2,13 @@
 // the owner's node fails (takeover between tetherds, clients told directly, epochs reconciled when the
 // store is back), tetherd stopped while its subsystems have work in flight (Redis paused, a resync being
 // applied, CNI ADDs under way), a gateway joining under a storm of pod ADDs, and a gateway joining while
-// the store is down (no false takeover either way), and the store answering garbage.
+// the store is down (no false takeover either way), the store restarted empty (nothing handed out twice),
+// and the store answering garbage.
 import { test } from 'uvu';
 import * as assert from 'uvu/assert';
 import * as fs from 'node:fs';
 import { withTestbed, type Testbed } from './testbed';
+import { call } from '../../daemon/api/client';
 import { egressOf, runTraffic, topology, waitOwner, waitStandbyReady, type EgressStatus } from './egress-scenario';
 import { ConntrackHandle, IPS, type ConntrackEntry } from '../../daemon/conntrack';
 
@@ -219,6 +221,57 @@ scenario('a gateway joining while the store is down takes nothing from the live 
     } finally {
       await tb.restartRedis();
     }
+  });
+});
+
+scenario('the store wiped (FLUSHALL) under an Egress: its address is re-asserted, never handed to anyone else, and a restarted tetherd gets the same one', async () => {
+  // Before: `tetherctl address allocate` got the Egress's address at once, and a tetherd restarted
+  // afterwards allocated a second address for the same slot (an Egress with count 1 owned on two nodes).
+  await withTestbed(topology(), async (tb) => {
+    const first = await waitOwner(tb);
+    const a = first.st.address;
+    const addrs = `${tb.redisPrefix}pool:float:addrs`;
+    const slotOwner = (await tb.withRedisClient((r) => r.hget(addrs, a))) ?? '';
+    assert.match(slotOwner, /^egress\/shop\/out#/);
+    const allocate = (owner: string, node = 'n3') => call(tb.socketPath(node), 'address.allocate', { pool: 'float', owner, count: 1 }, { timeoutMs: 5000 }) as Promise<{ addresses: string[] }>;
+    const { report } = await runTraffic(tb, 20, 9000, async () => {
+      await tb.withRedisClient((r) => r.flushall());
+      const t0 = Date.now();
+      // Right away and through the hold-off: nobody new gets an address, the holders put theirs back.
+      let given: string[] | undefined;
+      for (let i = 0; i < 6; i++) {
+        given = await allocate('tetherctl/probe').then((x) => x.addresses, (e: Error & { code?: string }) => (assert.is(e.code, 'TRY_AGAIN_LATER', e.message), undefined));
+        if (given) break;
+        await new Promise((r) => setTimeout(r, 500));
+      }
+      assert.is(given, undefined, `an allocation went through ${Date.now() - t0} ms after the wipe: ${given}`);
+      const back = await tb.withRedisClient((r) => r.hget(addrs, a));
+      assert.is(back, slotOwner, 'the address is back under its slot');
+      // A tetherd restarted now (not the owner's) tracks the same address for the slot, not a second one.
+      await tb.restartTetherd('n3');
+    });
+    const end = Date.now() + 20_000;
+    for (;;) {
+      const st = await egressOf(tb, 'n3').catch(() => undefined);
+      if (st?.address === a && st.owner === first.st.owner) break;
+      if (Date.now() > end) throw new Error(`restarted n3 tracks ${JSON.stringify(st)}, not ${a} owned by ${first.st.owner}`);
+      await new Promise((r) => setTimeout(r, 200));
+    }
+    // After the hold-off a new owner gets an address — another one.
+    let other: string[] = [];
+    for (let i = 0; i < 30 && !other.length; i++) {
+      other = await allocate('tetherctl/probe').then((x) => x.addresses, () => []);
+      if (!other.length) await new Promise((r) => setTimeout(r, 500));
+    }
+    assert.ok(other.length === 1 && other[0] !== a, `after the hold-off: ${other} (the Egress holds ${a})`);
+    const all = await tb.withRedisClient((r) => r.hgetall(addrs));
+    const ofSlot = Object.entries(all).filter(([, o]) => o.startsWith('egress/shop/out#'));
+    assert.equal(ofSlot, [[a, slotOwner]], 'the Egress holds exactly its one address');
+    const v = await views(tb);
+    assert.equal(['n1', 'n2'].filter((n) => v[n]?.ownedHere), [first.node], 'owned on one node');
+    assert.is(v[first.node]?.epoch, first.st.epoch, 'no takeover');
+    assert.is(report.intact, 20, `${report.intact}/20 intact`);
+    process.stdout.write(`  store wiped: ${a} re-asserted for ${slotOwner}, new owners held off, then given ${other[0]}; 20/20 intact\n`);
   });
 });
 
