@@ -277,8 +277,10 @@ export class StatusController {
     // Usage counters change all the time: a status that differs only in them is written at most every
     // COUNTS_EVERY_MS, so the API server is not written to on every pass.
     const withoutCounts = (x: Obj) => JSON.stringify({ ...x, addresses: (x.addresses as Obj[] | undefined)?.map(({ flows: _f, bytes: _b, ...rest }) => rest) });
+    // Only changed numbers wait: counts that appear (or go) where the written status has none are written now.
+    const hasCounts = (x: Obj) => JSON.stringify((x.addresses as Obj[] | undefined)?.map((a) => a.flows !== undefined) ?? []);
     const last = this.countsWritten.get(what) ?? 0;
-    if (withoutCounts(cur.status ?? {}) === withoutCounts(status) && Date.now() - last < COUNTS_EVERY_MS) return;
+    if (withoutCounts(cur.status ?? {}) === withoutCounts(status) && hasCounts(cur.status ?? {}) === hasCounts(status) && Date.now() - last < COUNTS_EVERY_MS) return;
     this.countsWritten.set(what, Date.now());
     try {
       await put();
