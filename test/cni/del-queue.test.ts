@@ -8,9 +8,8 @@ import * as fs from 'node:fs';
 import * as net from 'node:net';
 import * as os from 'node:os';
 import * as path from 'node:path';
-import { PassThrough } from 'node:stream';
 import { execFileSync } from 'node:child_process';
-import { makeLogger } from '../../daemon/log';
+import { captureLogger } from '../lib/log-capture';
 import { DeleteQueue, GARBLED_DIR } from '../../daemon/pod/delete-queue';
 import { MAX_QUEUED_DELETES, parseQueuedDelete, queueDelete, queueFileName, type QueuedDelete } from '../../daemon/api/delete-queue';
 import type { CniParams } from '../../daemon/api/protocol';
@@ -41,21 +40,7 @@ function params(containerId: string, extra: Partial<CniParams> = {}): CniParams 
   };
 }
 
-/** A winston logger whose JSON lines land in `lines`. */
-function capture(): { logger: ReturnType<typeof makeLogger>; lines: Array<Record<string, any>>; settle: () => Promise<void> } {
-  const lines: Array<Record<string, any>> = [];
-  const stream = new PassThrough();
-  let buf = '';
-  stream.on('data', (c: Buffer) => {
-    buf += c.toString();
-    let nl;
-    while ((nl = buf.indexOf('\n')) >= 0) {
-      lines.push(JSON.parse(buf.slice(0, nl)));
-      buf = buf.slice(nl + 1);
-    }
-  });
-  return { logger: makeLogger({ stream, level: 'debug' }), lines, settle: () => new Promise((r) => setTimeout(r, 20)) };
-}
+const capture = captureLogger;
 
 function queueDir(name: string): string {
   const state = path.join(tmp, name);

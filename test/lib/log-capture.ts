@@ -16,3 +16,19 @@ export async function captureLog(fn: () => Promise<void>): Promise<Array<Record<
   }
   return text.trim().split('\n').filter(Boolean).map((l) => JSON.parse(l) as Record<string, string>);
 }
+
+/** A logger (debug and above) whose JSON lines land in `lines`; settle() waits for the stream to deliver. */
+export function captureLogger(): { logger: ReturnType<typeof makeLogger>; lines: Array<Record<string, any>>; settle: () => Promise<void> } {
+  const lines: Array<Record<string, any>> = [];
+  const stream = new PassThrough();
+  let buf = '';
+  stream.on('data', (c: Buffer) => {
+    buf += c.toString();
+    let nl;
+    while ((nl = buf.indexOf('\n')) >= 0) {
+      lines.push(JSON.parse(buf.slice(0, nl)));
+      buf = buf.slice(nl + 1);
+    }
+  });
+  return { logger: makeLogger({ stream, level: 'debug' }), lines, settle: () => new Promise((r) => setTimeout(r, 20)) };
+}

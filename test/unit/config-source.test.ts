@@ -11,8 +11,9 @@ import * as path from 'node:path';
 import { FileSource, feedReconcilers, serialApply } from '../../daemon/config/source';
 import { objectKey } from '../../daemon/config/objects';
 import type { ConfigObjects } from '../../daemon/config/objects';
-import { PassThrough, Writable } from 'node:stream';
+import { Writable } from 'node:stream';
 import { makeLogger } from '../../daemon/log';
+import { captureLogger } from '../lib/log-capture';
 
 const logger = makeLogger({ level: 'error', node: 'test', stream: new Writable({ write: (_c, _e, cb) => cb() }) });
 const POOL = (name: string, cidr: string, usage = 'floating') =>
@@ -21,21 +22,7 @@ const POOL = (name: string, cidr: string, usage = 'floating') =>
 const EMPTY_LIST = 'apiVersion: v1\nkind: List\nitems: []\n';
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
-/** A logger whose JSON lines land in `lines`. */
-function capture(): { logger: ReturnType<typeof makeLogger>; lines: Array<Record<string, any>> } {
-  const lines: Array<Record<string, any>> = [];
-  const stream = new PassThrough();
-  let buf = '';
-  stream.on('data', (c: Buffer) => {
-    buf += c.toString();
-    let nl;
-    while ((nl = buf.indexOf('\n')) >= 0) {
-      lines.push(JSON.parse(buf.slice(0, nl)));
-      buf = buf.slice(nl + 1);
-    }
-  });
-  return { logger: makeLogger({ stream, level: 'debug' }), lines };
-}
+const capture = captureLogger;
 
 function tmpDir(): string {
   return fs.mkdtempSync(path.join(os.tmpdir(), 'tether-source-'));
