@@ -62,26 +62,44 @@ export async function owners(tb: Testbed, n: number, gatewayNodes = ['n1', 'n2',
   });
 }
 
-// Short flows: `n` connections in batches of 40, each told its source by the server; prints the tally.
+// Short flows: `n` connections in batches of 40, each told its source by the server; prints the tally. A flow
+// gets 15 s (a SYN lost twice is retried at 7 s; real clients wait far longer); flows that took over 1 s are
+// counted per address (a stall of one address shows there), and flows that got no answer say why.
 const FLOW_CLIENT = `
 const net = require('net');
 const [host, port, n] = process.argv.slice(1);
-const seen = {}; let errors = 0, done = 0, started = 0;
+const seen = {}; let errors = 0, done = 0, started = 0, maxMs = 0; const slow = {}, why = {}; const failed = [];
 function one() {
   if (started >= Number(n)) return;
   started++;
-  let got = '';
+  let got = '', err = '', lport = 0; const t0 = Date.now();
   const s = net.connect({ host, port: Number(port) });
-  s.setTimeout(5000, () => s.destroy(new Error('timeout')));
+  s.on('connect', () => { lport = s.localPort; });
+  s.setTimeout(15000, () => s.destroy(new Error(lport ? 'timeout after connect' : 'timeout before connect')));
   s.on('data', (b) => (got += b));
-  s.on('close', () => { const a = got.trim(); if (a) seen[a] = (seen[a] || 0) + 1; else errors++; if (++done === Number(n)) { console.log(JSON.stringify({ seen, errors })); process.exit(0); } else one(); });
-  s.on('error', () => {});
+  s.on('error', (e) => { err = e.code || e.message; });
+  s.on('close', () => {
+    const a = got.trim(), ms = Date.now() - t0;
+    if (a) { seen[a] = (seen[a] || 0) + 1; maxMs = Math.max(maxMs, ms); if (ms > 1000) slow[a] = (slow[a] || 0) + 1; }
+    else { errors++; const k = err || 'closed without an answer'; why[k] = (why[k] || 0) + 1; if (failed.length < 10) failed.push({ k, lport, ms }); }
+    if (++done === Number(n)) { console.log(JSON.stringify({ seen, errors, maxMs, slow, why, failed })); process.exit(0); } else one();
+  });
 }
 for (let i = 0; i < 40; i++) one();`;
 
 const SOURCE_SERVER = "require('net').createServer((s) => { s.on('error', () => {}); s.end(s.remoteAddress + '\\n'); }).listen(9100, '0.0.0.0', () => console.log('ready'))";
 
-export async function shortFlows(tb: Testbed, pod: string, n: number): Promise<{ seen: Record<string, number>; errors: number }> {
+export interface ShortFlows {
+  seen: Record<string, number>;
+  errors: number;
+  /** The longest answered flow, and answered flows over 1 s per source address. */
+  maxMs: number;
+  slow: Record<string, number>;
+  why: Record<string, number>;
+  failed: Array<{ k: string; lport: number; ms: number }>;
+}
+
+export async function shortFlows(tb: Testbed, pod: string, n: number): Promise<ShortFlows> {
   const r = await tb.exec(pod, [process.execPath, '-e', FLOW_CLIENT, tb.externalIp('server'), '9100', String(n)], { timeoutMs: 120_000 });
   const line = r.stdout.split('\n').find((l) => l.startsWith('{'));
   if (!line) throw new Error(`flow client: ${r.stdout} ${r.stderr}`);

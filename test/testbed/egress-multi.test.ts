@@ -20,7 +20,8 @@ scenario('3 addresses on 3 distinct gateway nodes; short flows from 2 nodes spre
     let tally: Record<string, number> = {};
     try {
       const [a, b] = await Promise.all([shortFlows(tb, 'n4-web', FLOWS / 2), shortFlows(tb, 'n3-web', FLOWS / 2)]);
-      assert.is(a.errors + b.errors, 0, 'every short flow answered');
+      process.stdout.write(`  short flows: longest ${Math.max(a.maxMs, b.maxMs)} ms; over 1 s: n4 ${JSON.stringify(a.slow)}, n3 ${JSON.stringify(b.slow)}\n`);
+      assert.is(a.errors + b.errors, 0, `every short flow answered; unanswered: ${JSON.stringify([a, b].map((r) => ({ why: r.why, failed: r.failed })))}`);
       for (const r of [a, b]) for (const [k, v] of Object.entries(r.seen)) tally[k] = (tally[k] ?? 0) + v;
     } finally {
       server.kill('SIGTERM');
