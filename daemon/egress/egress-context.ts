@@ -174,6 +174,21 @@ export class EgressContext {
   /** Cluster-wide use of each Egress's addresses (every node's clients), from the store's last pass. */
   readonly usage = new Map<string, Record<string, { flows: number; bytes: number }>>();
 
+  /** Until when someone reads the cluster-wide status (status(), egressSummary()): the store pass reads usage meanwhile. */
+  observedUntil = 0;
+
+  /**
+   * Whether this node plays a part in an Egress: it has a gateway pod or a client pod of it, or holds one
+   * of its addresses. Only then does the store pass read the Egress's registry and records periodically.
+   */
+  involved(egress: string): boolean {
+    const id = this.egressIds.get(egress);
+    for (const g of this.gateways.values()) if (g.egresses.has(egress)) return true;
+    for (const c of this.clients.values()) if (id !== undefined && c.egressIds.includes(id)) return true;
+    for (const st of this.addresses.values()) if (st.egress.key === egress && st.holder) return true;
+    return false;
+  }
+
   /** Runs event- or timer-driven work unless stopping; its failure is logged, never thrown. */
   spawn(fn: () => Promise<void>): void {
     if (this.stopped) return;

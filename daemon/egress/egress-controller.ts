@@ -31,6 +31,9 @@ import { StoreRecords } from './store-records';
 
 export type { EgressControllerOptions } from './egress-context';
 
+/** After status() or egressSummary() is called, the store pass reads the addresses' cluster-wide use this long. */
+const OBSERVED_MS = 30_000;
+
 export class EgressController {
   private timers: NodeJS.Timeout[] = [];
 
@@ -73,12 +76,12 @@ export class EgressController {
       this.trackExplicit(e);
     }
     this.s.o.ownership.on('change', (c: Ownership) => this.s.spawn(() => this.s.election.onStoreNotice(c)));
-    this.s.o.ownership.on('resync', () => this.s.spawn(() => this.s.store.storePass()));
+    this.s.o.ownership.on('resync', () => this.s.spawn(() => this.s.store.storePass({ full: true })));
     this.s.o.attach.on('attached', (r: PodRecord) => this.s.spawn(() => this.s.roles.podUp(r)));
     this.s.o.attach.onBeforeDetach((r: PodRecord) => (this.s.stopped ? Promise.resolve() : this.s.roles.podDown(r, 'gateway pod deleted', DRAIN_MS)));
     this.s.o.attach.on('detached', (r: PodRecord) => this.s.spawn(() => this.s.roles.podDown(r, 'gateway pod deleted')));
     // The store is asked once before anything else, so a start with the store up begins with its record.
-    await this.s.store.storePass();
+    await this.s.store.storePass({ full: true });
     // Pods recorded before a restart whose namespace is gone (killed without a DEL) play no role.
     for (const r of this.s.o.attach.pods()) if (fs.existsSync(r.netns)) await this.s.roles.podUp(r);
     this.s.roles.watchNetns();
@@ -139,7 +142,7 @@ export class EgressController {
     this.s.peers.applyBfdTimers();
     // Selectors, labels or destinations may have changed: every pod's roles are evaluated again.
     for (const r of this.s.o.attach.pods()) if (fs.existsSync(r.netns)) await this.s.roles.podUp(r);
-    this.s.spawn(() => this.s.store.storePass());
+    this.s.spawn(() => this.s.store.storePass({ full: true }));
   }
 
   private addEgress(e: ResolvedEgress): void {
@@ -185,6 +188,7 @@ export class EgressController {
     this.s.spawn(async () => {
       try {
         await this.s.o.ownership.registerGateways(e.key, this.s.o.node.name, [], REGISTRY_TTL_MS);
+        this.s.o.ownership.forgetGateways(e.key);
         for (const slot of addressSlots(e)) await this.s.o.addresses.release(slot.pool, slotOwner(e.key, slot));
       } catch (err) {
         this.s.storeFailed(err);
@@ -279,6 +283,7 @@ export class EgressController {
 
   /** Status per floating address: owner, epoch, candidates with their liveness, sync counters, last takeover. */
   status(): Array<Record<string, unknown>> {
+    this.s.observedUntil = Date.now() + OBSERVED_MS;
     let counters = new Map<string, { flows: bigint; packets: bigint; bytes: bigint }>();
     try {
       counters = this.s.maps?.addressStats() ?? counters;
@@ -321,6 +326,7 @@ export class EgressController {
    * live candidates exist; and a zone policy this node cannot apply (no zone of its own).
    */
   egressSummary(): Record<string, { asked: number; allocated: number; owned: number; ownerNodes: number; shortfall?: string; capLimited: boolean; zoneProblem?: string }> {
+    this.s.observedUntil = Date.now() + OBSERVED_MS;
     const out: ReturnType<EgressController['egressSummary']> = {};
     for (const e of this.s.egresses.values()) {
       const mine = [...this.s.addresses.values()].filter((x) => x.egress.key === e.key);

@@ -2,7 +2,7 @@
 // allocation and re-assertion after a wipe, and records of decisions (written in the background, reconciled).
 import { ErrorCode, TetherError } from '../errors';
 import { scoreOf, supersedes } from './candidates';
-import { addressSlots, slotOwner } from './egress-spec';
+import { addressSlots, slotOwner, type ResolvedEgress } from './egress-spec';
 import { UnreadableRecordError, type Ownership } from './ownership-store';
 import { EgressContext, streamOf, type AddressState, REGISTRY_TTL_MS } from './egress-context';
 
@@ -14,26 +14,39 @@ export class StoreRecords {
   /** The cluster store's generation last seen (a new one: the store lost its data). */
   private generation?: string;
 
+  /** A full pass was asked for while one ran: the next pass is full. */
+  private fullAgain = true;
+
+  /** Egresses this node has registered gateway pods for (so the last one leaving removes the entry). */
+  private readonly registered = new Set<string>();
+
   /**
-   * One pass of everything the store is used for, in the background: this node's registrations, the
-   * registry and node list (kept as last known when the store is unreachable), floating addresses not yet
-   * allocated, and records: a record that supersedes this node's view is followed; a decision this node
-   * holds that the store lacks is written (epochs reconciled after the store was away).
+   * One pass of what the store is used for, in the background: this node's registrations (one command
+   * for its node, one per Egress it has gateway pods for, each bringing back only what changed), then for
+   * the Egresses this node plays a part in (gateway, client, holder; every Egress on a full pass): the
+   * registry (kept as last known when the store is unreachable), floating addresses not yet allocated, and
+   * records: a record that supersedes this node's view is followed; a decision this node holds that the
+   * store lacks is written (epochs reconciled after the store was away). A node with no part in an Egress
+   * reads nothing of it periodically: it follows the store's change notices, and reads it whole on a full
+   * pass (start, configuration change, store connection back).
    */
-  async storePass(): Promise<void> {
-    if (this.storeBusy || this.s.stopped) return;
+  async storePass(opts: { full?: boolean } = {}): Promise<void> {
+    if (this.s.stopped) return;
+    if (this.storeBusy) {
+      if (opts.full) this.fullAgain = true;
+      return;
+    }
     this.storeBusy = true;
     try {
+      const full = opts.full || this.fullAgain || this.s.storeDown;
+      this.fullAgain = false;
       await this.register();
-      const nodes = await this.s.o.ownership.listNodes();
-      if (nodes.join() !== this.s.nodes.join()) {
-        this.s.nodes = nodes;
-        for (const gw of this.s.gateways.values()) gw.datapath.setAllowedSources(nodes);
-      }
-      for (const e of this.s.egresses.values()) this.s.registry.set(e.key, await this.s.o.ownership.listGateways(e.key));
-      await this.reassertAddresses();
-      await this.ensureAddresses();
+      const watched = [...this.s.egresses.values()].filter((e) => full || this.s.involved(e.key));
+      for (const e of watched) if (!this.registered.has(e.key)) this.s.registry.set(e.key, await this.s.o.ownership.listGateways(e.key));
+      if (full || watched.length) await this.reassertAddresses();
+      await this.ensureAddresses(watched);
       for (const st of this.s.addresses.values()) {
+        if (!full && !this.s.involved(st.egress.key)) continue;
         let rec: Ownership;
         try {
           rec = await this.s.o.ownership.get(st.egress.key, st.address);
@@ -54,6 +67,8 @@ export class StoreRecords {
         });
         if (write) await this.record(st);
       }
+      // The use of the addresses is read only while someone asks for it (the leader's status, the API).
+      if (Date.now() < this.s.observedUntil) for (const e of this.s.egresses.values()) this.s.usage.set(e.key, await this.s.o.ownership.usage(e.key));
       if (this.s.storeDown) this.s.o.logger.info('egress: cluster store reachable again; records reconciled');
       this.s.storeDown = false;
     } catch (e) {
@@ -69,9 +84,9 @@ export class StoreRecords {
    * shortfall for status and retried on the next pass. Each slot has its own owner in the store, so an
    * address is allocated and returned alone.
    */
-  private async ensureAddresses(): Promise<void> {
+  private async ensureAddresses(egresses: ResolvedEgress[]): Promise<void> {
     const held = new Set([...this.s.addresses.values()].map((st) => st.slotOwner));
-    for (const e of this.s.egresses.values()) {
+    for (const e of egresses) {
       const problems: string[] = [];
       for (const slot of addressSlots(e)) {
         const owner = slotOwner(e.key, slot);
@@ -151,6 +166,11 @@ export class StoreRecords {
     void this.s.records.run(() => this.record(st)).catch((e) => this.s.storeFailed(e));
   }
 
+  /**
+   * This node's registrations: its node (one command; the node list comes back as changes), its gateway
+   * pods per Egress it has some for (one command each; the registry comes back as changes; the last pod
+   * leaving removes the entry), and its clients' use of the addresses of each Egress they use.
+   */
   async register(): Promise<void> {
     let counters = new Map<string, { flows: bigint; bytes: bigint }>();
     try {
@@ -160,15 +180,24 @@ export class StoreRecords {
     }
     for (const e of this.s.egresses.values()) {
       const mine = [...this.s.gateways.values()].filter((g) => g.egresses.has(e.key)).map((g) => g.info);
-      await this.s.o.ownership.registerGateways(e.key, this.s.o.node.name, mine, REGISTRY_TTL_MS);
+      if (mine.length || this.registered.has(e.key)) {
+        this.s.registry.set(e.key, await this.s.o.ownership.registerGateways(e.key, this.s.o.node.name, mine, REGISTRY_TTL_MS));
+        if (mine.length) this.registered.add(e.key);
+        else this.registered.delete(e.key);
+      }
+      const id = this.s.egressIds.get(e.key);
+      if (![...this.s.clients.values()].some((c) => id !== undefined && c.egressIds.includes(id))) continue;
       const usage: Record<string, { flows: number; bytes: number }> = {};
       for (const st of this.s.addresses.values()) {
         const c = st.egress.key === e.key ? counters.get(st.address) : undefined;
         if (c) usage[st.address] = { flows: Number(c.flows), bytes: Number(c.bytes) };
       }
       if (Object.keys(usage).length) await this.s.o.ownership.reportUsage(e.key, this.s.o.node.name, usage, REGISTRY_TTL_MS * 6);
-      this.s.usage.set(e.key, await this.s.o.ownership.usage(e.key));
     }
-    await this.s.o.ownership.registerNode(this.s.o.node.name, this.s.o.node.address, REGISTRY_TTL_MS);
+    const nodes = await this.s.o.ownership.beatNode(this.s.o.node.name, this.s.o.node.address, REGISTRY_TTL_MS);
+    if (nodes.join() !== this.s.nodes.join()) {
+      this.s.nodes = nodes;
+      for (const gw of this.s.gateways.values()) gw.datapath.setAllowedSources(nodes);
+    }
   }
 }
