@@ -1,27 +1,72 @@
-// The node registry in the cluster store: each tetherd publishes its node address in one field of one
-// hash with its own expiry time, so a node that died drops out without anyone deleting it. Receivers of
-// FoU (egress gateways, load balancer targets) accept it only from registered node addresses.
+// The node registry in the cluster store: each tetherd's node address, as a member set (member-registry.ts)
+// under "{<prefix>nodes}": a node heartbeats with one script call that also brings its copy of the list up
+// to date with only what changed, and a node that stopped is removed by whichever call first sees it expired.
+// Receivers of FoU (egress gateways, load balancer targets) accept it only from registered node addresses.
 import type Redis from 'ioredis';
-import { isCanonicalIp, isTime, parseObject, refuseRecord } from './store-record';
+import { MemberView, memberCall } from './member-registry';
+import { isCanonicalIp, parseObject, refuseRecord } from './store-record';
 
-export async function registerNode(client: Redis, prefix: string, node: string, address: string, ttlMs: number): Promise<void> {
-  await client.hset(`${prefix}nodes`, node, JSON.stringify({ address, expiresAt: Date.now() + ttlMs }));
+/** The registry's base key (hash tag included: its keys share one slot). */
+export function nodesKey(prefix: string): string {
+  return `{${prefix}nodes}`;
+}
+
+function readNode(key: string, node: string, raw: string): string | undefined {
+  const { value: r, problem } = parseObject(raw);
+  const why = problem ?? (!isCanonicalIp(r!.address) ? 'address is not an IP address' : undefined);
+  if (why) {
+    // A garbled registration's address is never let through the FoU source filters.
+    refuseRecord('node registry', key, node, why, raw);
+    return undefined;
+  }
+  return r!.address as string;
 }
 
 /**
- * Live registrations' addresses (node clocks are assumed roughly in sync, as NTP keeps them). A garbled
- * registration is left out (one warn line): its address is never let through the FoU source filters.
+ * This node's registration and its copy of every node's address. beat() once a second: one command, whose
+ * reply is a version number unless the membership changed (then only the changes).
+ */
+export class NodeRegistry {
+  private readonly view: MemberView<string>;
+
+  constructor(client: Redis, prefix: string, private readonly node: string, private readonly address: string) {
+    const key = nodesKey(prefix);
+    this.view = new MemberView(client, key, (n, raw) => readNode(key, n, raw));
+  }
+
+  /** Registers (refreshes) this node for `ttlMs` and returns every registered node's address, sorted. */
+  async beat(ttlMs: number): Promise<string[]> {
+    await this.view.beat(this.node, JSON.stringify({ address: this.address }), ttlMs);
+    return this.addresses();
+  }
+
+  /** Removes this node's registration (a clean stop): the others drop it at once instead of at expiry. */
+  async leave(): Promise<void> {
+    await this.view.beat(this.node, undefined, 0);
+  }
+
+  /** Every registered node's address as of the last beat, sorted. */
+  addresses(): string[] {
+    return [...new Set(this.view.entries().values())].sort();
+  }
+}
+
+/** Registers a node for `ttlMs` (one call). Kept for callers that do not hold a NodeRegistry. */
+export async function registerNode(client: Redis, prefix: string, node: string, address: string, ttlMs: number): Promise<void> {
+  await memberCall(client, nodesKey(prefix), node, JSON.stringify({ address }), ttlMs, -1);
+}
+
+/**
+ * Registered nodes' addresses, read whole (expired ones pruned first). Kept for callers that do not hold a
+ * NodeRegistry: its reply grows with the cluster, where NodeRegistry.beat()'s does not.
  */
 export async function listNodes(client: Redis, prefix: string): Promise<string[]> {
-  const now = Date.now();
-  const key = `${prefix}nodes`;
-  return Object.entries(await client.hgetall(key)).flatMap(([node, v]) => {
-    const { value: r, problem } = parseObject(v);
-    const why = problem ?? (!isCanonicalIp(r!.address) ? 'address is not an IP address' : !isTime(r!.expiresAt) ? 'expiresAt is not a time' : undefined);
-    if (why) {
-      refuseRecord('node registry', key, node, why, v);
-      return [];
-    }
-    return (r!.expiresAt as number) > now ? [r!.address as string] : [];
-  });
+  const key = nodesKey(prefix);
+  const [, , data] = await memberCall(client, key, '', undefined, 0, 0);
+  const out: string[] = [];
+  for (let i = 0; i + 1 < (data ?? []).length; i += 2) {
+    const a = readNode(key, data![i], data![i + 1]);
+    if (a) out.push(a);
+  }
+  return out;
 }

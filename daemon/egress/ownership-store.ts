@@ -3,14 +3,16 @@
 // tetherds as ownership notices; the store records them, publishes them to whoever listens, and settles
 // decisions made on both sides of a partition when it is reachable again: a Lua script keeps the record
 // that supersedes (larger epoch, or the same epoch with the better-scored owner). A gateway and node
-// registry lets tetherds find candidates and peers on other nodes. The Kubernetes store can slot in
-// behind the same interface later.
+// registry lets tetherds find candidates and peers on other nodes: member sets (common/member-registry.ts)
+// written only by nodes with gateway pods, read as changes, pruned of nodes that stopped. The Kubernetes
+// store can slot in behind the same interface later.
 import Redis from 'ioredis';
 import { EventEmitter } from 'node:events';
 import { log } from '../log';
 import { parseRedisUrl, reconnectAfterEnd } from '../common/redis';
-import { listNodes, registerNode } from '../common/node-registry';
-import { isCanonicalIp, isObjectRef, isPlainName, isTime, nonNegativeInt, parseObject, refuseRecord, UnreadableRecordError } from '../common/store-record';
+import { listNodes, NodeRegistry, registerNode } from '../common/node-registry';
+import { MemberView } from '../common/member-registry';
+import { isCanonicalIp, isObjectRef, isPlainName, nonNegativeInt, parseObject, refuseRecord, UnreadableRecordError } from '../common/store-record';
 export { UnreadableRecordError } from '../common/store-record';
 
 /** A gateway pod that can hold an Egress's floating addresses. */
@@ -41,7 +43,8 @@ export interface Ownership {
   ownerPodIp?: string;
 }
 
-// Records a decision unless the store holds one that supersedes it; publishes what it records.
+// Records a decision unless the store holds one that supersedes it; publishes what it records. One key (the
+// record); the channel is ARGV[12], not a key (Redis Cluster: a script's keys are one slot, channels none).
 // ARGV: owner, epoch, cause, at, egress, address, score, ownerNode, ownerNodeAddress, ownerPodIp, firstOnly
 // (firstOnly '1': only if nobody owns it yet, the first owner's compare-and-set).
 // A record whose epoch is not a non-negative integer says nothing anyone can follow: the first owner's
@@ -63,10 +66,58 @@ else
 end
 redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'epoch', ep, 'cause', ARGV[3], 'at', ARGV[4], 'score', ARGV[7],
   'ownerNode', ARGV[8], 'ownerNodeAddress', ARGV[9], 'ownerPodIp', ARGV[10])
-redis.call('PUBLISH', KEYS[2], cjson.encode({egress=ARGV[5], address=ARGV[6], owner=ARGV[1], epoch=ep, cause=ARGV[3],
+redis.call('PUBLISH', ARGV[12], cjson.encode({egress=ARGV[5], address=ARGV[6], owner=ARGV[1], epoch=ep, cause=ARGV[3],
   ownerNode=ARGV[8], ownerNodeAddress=ARGV[9], ownerPodIp=ARGV[10]}))
 return {state, ep}
 `;
+
+// A node's use of an Egress's addresses: its entry and its expiry (the store's clock), expired ones pruned.
+// KEYS: hash, expiry. ARGV: node, value, ttlMs, pruneMax.
+const USAGE_REPORT = `
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+for _, m in ipairs(redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'LIMIT', 0, tonumber(ARGV[4]))) do
+  redis.call('ZREM', KEYS[2], m)
+  redis.call('HDEL', KEYS[1], m)
+end
+redis.call('ZADD', KEYS[2], now + tonumber(ARGV[3]), ARGV[1])
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+return 1
+`;
+
+// The use of an Egress's addresses summed over the live entries in the store, so the reply is one small
+// object however many nodes report. KEYS: hash, expiry. Returns {totals JSON, names of entries refused}.
+const USAGE_SUM = `
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local live = redis.call('ZRANGEBYSCORE', KEYS[2], now, '+inf')
+local totals, bad = {}, {}
+for _, m in ipairs(live) do
+  local raw = redis.call('HGET', KEYS[1], m)
+  local ok, r = pcall(cjson.decode, raw or '')
+  local good = ok and type(r) == 'table' and type(r.usage) == 'table'
+  if good then
+    for a, u in pairs(r.usage) do
+      if type(u) ~= 'table' or type(u.flows) ~= 'number' or type(u.bytes) ~= 'number' or u.flows < 0 or u.bytes < 0 then good = false end
+    end
+  end
+  if good then
+    for a, u in pairs(r.usage) do
+      local x = totals[a] or {flows = 0, bytes = 0}
+      x.flows = x.flows + u.flows
+      x.bytes = x.bytes + u.bytes
+      totals[a] = x
+    end
+  elseif #bad < 10 then
+    bad[#bad + 1] = m
+  end
+end
+if next(totals) == nil then return {'{}', bad} end
+return {cjson.encode(totals), bad}
+`;
+
+/** Expired usage entries removed per report. */
+const USAGE_PRUNE_MAX = 16;
 
 const STORE = 'ownership store';
 
@@ -141,16 +192,14 @@ export function readNotice(channel: string, msg: string): Ownership | undefined 
 }
 
 /** One node's gateway registration, validated; undefined (after one warn line) when any part is wrong. */
-function readGateways(key: string, node: string, raw: string, now: number): GatewayInfo[] | undefined {
+function readGateways(key: string, node: string, raw: string): GatewayInfo[] | undefined {
   const { value: r, problem } = parseObject(raw);
   const bad = (why: string): undefined => {
     refuseRecord(STORE, key, node, why, raw);
     return undefined;
   };
   if (!r) return bad(problem!);
-  if (!isTime(r.expiresAt)) return bad('expiresAt is not a time');
   if (!Array.isArray(r.gateways)) return bad('gateways is not a list');
-  if (r.expiresAt <= now) return [];
   const out: GatewayInfo[] = [];
   for (const [i, g] of (r.gateways as unknown[]).entries()) {
     const gw = g as Record<string, unknown>;
@@ -174,11 +223,16 @@ function readGateways(key: string, node: string, raw: string, now: number): Gate
 }
 
 interface Scripted extends Redis {
-  tetherRecordOwner(key: string, channel: string, owner: string, epoch: number, cause: string, at: string, egress: string, address: string, score: string, ownerNode: string, ownerNodeAddress: string, ownerPodIp: string, firstOnly: string): Promise<[string, number]>;
+  tetherRecordOwner1(key: string, owner: string, epoch: number, cause: string, at: string, egress: string, address: string, score: string, ownerNode: string, ownerNodeAddress: string, ownerPodIp: string, firstOnly: string, channel: string): Promise<[string, number]>;
+  tetherUsageReport(hash: string, expiry: string, node: string, value: string, ttlMs: number, pruneMax: number): Promise<number>;
+  tetherUsageSum(hash: string, expiry: string): Promise<[string, string[]]>;
 }
 
 export class OwnershipStore extends EventEmitter {
   private closed = false;
+  /** Each Egress's gateway registry as this node last saw it (kept current by changes only). */
+  private readonly gatewayViews = new Map<string, MemberView<GatewayInfo[]>>();
+  private nodeRegistry?: NodeRegistry;
 
   private constructor(
     private readonly client: Scripted,
@@ -186,6 +240,9 @@ export class OwnershipStore extends EventEmitter {
     private readonly prefix: string,
   ) {
     super();
+    client.defineCommand('tetherRecordOwner1', { numberOfKeys: 1, lua: RECORD });
+    client.defineCommand('tetherUsageReport', { numberOfKeys: 2, lua: USAGE_REPORT });
+    client.defineCommand('tetherUsageSum', { numberOfKeys: 2, lua: USAGE_SUM });
   }
 
   static async connect(url: string, opts: { keyPrefix?: string; timeoutMs?: number } = {}): Promise<OwnershipStore> {
@@ -242,9 +299,8 @@ export class OwnershipStore extends EventEmitter {
    */
   async record(o: Ownership & { score: string }, opts: { firstOnly?: boolean } = {}): Promise<'recorded' | 'same' | 'superseded'> {
     const key = this.key(o.egress, o.address);
-    const [state] = await this.client.tetherRecordOwner(
+    const [state] = await this.client.tetherRecordOwner1(
       key,
-      this.channel(),
       o.owner,
       o.epoch,
       o.cause ?? '',
@@ -256,6 +312,7 @@ export class OwnershipStore extends EventEmitter {
       o.ownerNodeAddress ?? '',
       o.ownerPodIp ?? '',
       opts.firstOnly ? '1' : '0',
+      this.channel(),
     );
     if (state === 'unreadable') {
       refuseRecord(STORE, key, 'epoch', 'not a non-negative integer', '(first-owner claim refused)');
@@ -279,23 +336,55 @@ export class OwnershipStore extends EventEmitter {
     return readOwnership(egress, address, key, await this.client.hgetall(key));
   }
 
-  /**
-   * Publishes this node's gateway pods for an Egress. Each node writes one field of one hash, with its
-   * own expiry time, so a node that died drops out of the list without anyone deleting it.
-   */
-  async registerGateways(egress: string, node: string, gateways: GatewayInfo[], ttlMs: number): Promise<void> {
-    await this.client.hset(`${this.prefix}egress:${egress}:gateways`, node, JSON.stringify({ gateways, expiresAt: Date.now() + ttlMs }));
+  /** An Egress's keys share its hash tag: every script on them touches one slot. */
+  private egressBase(egress: string): string {
+    return `{${this.prefix}egress:${egress}}`;
+  }
+
+  private gatewayView(egress: string): MemberView<GatewayInfo[]> {
+    let v = this.gatewayViews.get(egress);
+    if (!v) {
+      const base = `${this.egressBase(egress)}:gateways`;
+      v = new MemberView(this.client, base, (node, raw) => readGateways(base, node, raw));
+      this.gatewayViews.set(egress, v);
+    }
+    return v;
   }
 
   /**
-   * Live registrations only (clocks of the nodes are assumed roughly in sync, as NTP keeps them). A node's
-   * registration that is not readable is left out whole (one warn line); the others are returned.
+   * Publishes this node's gateway pods for an Egress for `ttlMs` (none: removes this node's entry) and
+   * returns every node's, live ones only. One command; its reply carries only what changed since this
+   * node's last call, and a node that stopped is removed by whichever call first sees it expired.
+   */
+  async registerGateways(egress: string, node: string, gateways: GatewayInfo[], ttlMs: number): Promise<GatewayInfo[]> {
+    const v = this.gatewayView(egress);
+    await v.beat(node, gateways.length ? JSON.stringify({ gateways }) : undefined, ttlMs);
+    return [...v.entries().values()].flat();
+  }
+
+  /**
+   * Every node's live registrations for an Egress: one command, whose reply carries only what changed
+   * since this node's last call. A node's registration that is not readable is left out whole (one warn
+   * line); the others are returned.
    */
   async listGateways(egress: string): Promise<GatewayInfo[]> {
-    const key = `${this.prefix}egress:${egress}:gateways`;
-    const all = await this.client.hgetall(key);
-    const now = Date.now();
-    return Object.entries(all).flatMap(([node, v]) => readGateways(key, node, v, now) ?? []);
+    const v = this.gatewayView(egress);
+    await v.poll();
+    return [...v.entries().values()].flat();
+  }
+
+  /** Forgets this node's copy of an Egress's registry (the Egress is no longer served here). */
+  forgetGateways(egress: string): void {
+    this.gatewayViews.delete(egress);
+  }
+
+  /**
+   * Registers this node's address for `ttlMs` and returns every registered node's address (sorted). One
+   * command; its reply carries only what changed since this node's last call.
+   */
+  async beatNode(node: string, address: string, ttlMs: number): Promise<string[]> {
+    if (!this.nodeRegistry) this.nodeRegistry = new NodeRegistry(this.client, this.prefix, node, address);
+    return this.nodeRegistry.beat(ttlMs);
   }
 
   /** Publishes this node's address (gateways accept FoU only from registered nodes). */
@@ -303,40 +392,33 @@ export class OwnershipStore extends EventEmitter {
     await registerNode(this.client, this.prefix, node, address, ttlMs);
   }
 
+  /** Every registered node's address, read whole: beatNode() is what a periodic pass uses. */
   async listNodes(): Promise<string[]> {
     return listNodes(this.client, this.prefix);
   }
 
   /**
    * This node's clients' use of an Egress's addresses (flows pinned, bytes steered), for the leader's
-   * status; each node's entry expires like its registration.
+   * status; each node's entry expires like its registration. Written only by nodes whose clients use it.
    */
   async reportUsage(egress: string, node: string, usage: Record<string, { flows: number; bytes: number }>, ttlMs: number): Promise<void> {
-    await this.client.hset(`${this.prefix}egress:${egress}:usage`, node, JSON.stringify({ usage, expiresAt: Date.now() + ttlMs }));
+    const base = `${this.egressBase(egress)}:usage`;
+    await this.client.tetherUsageReport(base, `${base}:expiry`, node, JSON.stringify({ usage }), ttlMs, USAGE_PRUNE_MAX);
   }
 
-  /** The addresses' use summed over the nodes that reported it lately. */
+  /**
+   * The addresses' use summed over the nodes that reported it lately, summed in the store: the reply is
+   * one small object however many nodes report. A garbled entry counts as none (one warn line each).
+   */
   async usage(egress: string): Promise<Record<string, { flows: number; bytes: number }>> {
-    const now = Date.now();
+    const base = `${this.egressBase(egress)}:usage`;
+    const [json, bad] = await this.client.tetherUsageSum(base, `${base}:expiry`);
+    for (const node of bad) refuseRecord(STORE, base, node, 'not a usage entry ({usage: {address: {flows, bytes}}})', '');
+    const { value: r } = parseObject(json);
     const out: Record<string, { flows: number; bytes: number }> = {};
-    const key = `${this.prefix}egress:${egress}:usage`;
-    for (const [node, v] of Object.entries(await this.client.hgetall(key))) {
-      const { value: r, problem } = parseObject(v);
-      const usage = r?.usage as Record<string, { flows?: unknown; bytes?: unknown }> | undefined;
-      const why = problem ?? (!isTime(r!.expiresAt) ? 'expiresAt is not a time' : typeof usage !== 'object' || usage === null || Array.isArray(usage) ? 'usage is not an object' : undefined);
-      const entries = why ? [] : Object.entries(usage!);
-      const badEntry = entries.find(([a, u]) => !isCanonicalIp(a) || typeof u !== 'object' || u === null || nonNegativeInt(u.flows) === undefined || nonNegativeInt(u.bytes) === undefined);
-      if (why || badEntry) {
-        // Diagnostics only: a garbled entry counts as none.
-        refuseRecord(STORE, key, node, why ?? `usage of ${JSON.stringify(badEntry![0]).slice(0, 60)} is not {flows, bytes} counts`, v);
-        continue;
-      }
-      if ((r!.expiresAt as number) <= now) continue;
-      for (const [a, u] of entries) {
-        const t = (out[a] ??= { flows: 0, bytes: 0 });
-        t.flows += u.flows as number;
-        t.bytes += u.bytes as number;
-      }
+    for (const [a, u] of Object.entries(r ?? {})) {
+      const x = u as { flows?: unknown; bytes?: unknown };
+      if (isCanonicalIp(a) && nonNegativeInt(x?.flows) !== undefined && nonNegativeInt(x?.bytes) !== undefined) out[a] = { flows: x.flows as number, bytes: x.bytes as number };
     }
     return out;
   }

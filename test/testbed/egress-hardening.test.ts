@@ -299,7 +299,7 @@ scenario('the store answering garbage, and a notice from an unknown node: nothin
         // An epoch that is no number, an owner that is no pod, a registration that is no JSON, a node
         // entry that is no address: what a bug, an older schema or a hand edit could leave.
         await r.hset(recordKey, 'epoch', 'seven', 'owner', '!!');
-        await r.hset(`${tb.redisPrefix}egress:shop/out:gateways`, 'n9', '{"gateways": [garbage');
+        await r.hset(`{${tb.redisPrefix}egress:shop/out}:gateways`, 'n9', '{"gateways": [garbage');
       });
       // An authentic notice (it has the cluster key) from a node nobody knows — the external server's
       // address — naming a pod of its own as owner with a far larger epoch: refused, nothing applied.

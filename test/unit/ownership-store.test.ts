@@ -124,37 +124,47 @@ test('listGateways, listNodes and usage leave out garbled entries (one warn line
   store = await OwnershipStore.connect(redis.url, { keyPrefix: p });
   await store.registerGateways('shop/out', 'n1', [gw('shop/gw1', 'n1', '10.0.0.1', '10.244.0.5')], 30_000);
   await store.registerGateways('shop/out', 'n4', [gw('shop/gw4', 'n4', '10.0.0.4', '10.244.4.5')], -1); // expired: not garbage
-  const gkey = `${p}egress:shop/out:gateways`;
+  const gkey = `{${p}egress:shop/out}:gateways`;
   const later = Date.now() + 30_000;
-  await raw.hset(gkey, {
+  // Garbage as a bug or a hand edit could leave it: live entries (an expiry in the future) with bad values.
+  const live = async (key: string, h: Record<string, string>) => {
+    await raw.hset(key, h);
+    for (const m of Object.keys(h)) await raw.zadd(`${key}:expiry`, later, m);
+  };
+  await live(gkey, {
     n2: 'not json',
-    n3: JSON.stringify({ gateways: [gw('shop/gw3', 'n3', '10.0.0.300', '10.244.3.5')], expiresAt: later }),
-    n5: JSON.stringify({ gateways: 'shop/gw5', expiresAt: later }),
-    n6: JSON.stringify({ gateways: [{ ...gw('shop/gw6', 'n6', '10.0.0.6', '10.244.6.5'), maxAddresses: -2 }], expiresAt: later }),
-    n7: JSON.stringify({ gateways: [gw('shop/gw7', 'n7', '10.0.0.7', '10.244.7.5')], expiresAt: 'soon' }),
+    n3: JSON.stringify({ gateways: [gw('shop/gw3', 'n3', '10.0.0.300', '10.244.3.5')] }),
+    n5: JSON.stringify({ gateways: 'shop/gw5' }),
+    n6: JSON.stringify({ gateways: [{ ...gw('shop/gw6', 'n6', '10.0.0.6', '10.244.6.5'), maxAddresses: -2 }] }),
   });
+  // An entry without an expiry (nobody heartbeats it) is removed by the first whole read.
+  await raw.hset(gkey, 'n7', JSON.stringify({ gateways: [gw('shop/gw7', 'n7', '10.0.0.7', '10.244.7.5')] }));
   await store.registerNode('n1', '10.0.0.1', 30_000);
-  await raw.hset(`${p}nodes`, { n2: 'not json', n3: JSON.stringify({ address: '10.0.0.300', expiresAt: later }), n4: JSON.stringify({ address: '10.0.0.4' }) });
+  await live(`{${p}nodes}`, { n2: 'not json', n3: JSON.stringify({ address: '10.0.0.300' }), n4: JSON.stringify({ addr: '10.0.0.4' }) });
   await store.reportUsage('shop/out', 'n1', { '198.51.100.1': { flows: 2, bytes: 100 } }, 30_000);
-  await raw.hset(`${p}egress:shop/out:usage`, { n2: JSON.stringify({ usage: { '198.51.100.1': { flows: 'many', bytes: 1 } }, expiresAt: later }) });
+  await live(`{${p}egress:shop/out}:usage`, { n2: JSON.stringify({ usage: { '198.51.100.1': { flows: 'many', bytes: 1 } } }) });
 
+  // Read by a node that has read nothing yet (one whose copy is current would be sent no changes: the
+  // garbage was written behind the registry's back, without a new version).
+  const reader = await OwnershipStore.connect(redis.url, { keyPrefix: p });
   const lines = await logged(async () => {
-    assert.equal(await store.listGateways('shop/out'), [gw('shop/gw1', 'n1', '10.0.0.1', '10.244.0.5')]);
-    assert.equal(await store.listNodes(), ['10.0.0.1']);
-    assert.equal(await store.usage('shop/out'), { '198.51.100.1': { flows: 2, bytes: 100 } });
-  });
+    assert.equal(await reader.listGateways('shop/out'), [gw('shop/gw1', 'n1', '10.0.0.1', '10.244.0.5')]);
+    assert.equal(await reader.listNodes(), ['10.0.0.1']);
+    assert.equal(await reader.usage('shop/out'), { '198.51.100.1': { flows: 2, bytes: 100 } });
+  }).finally(() => reader.close());
+  assert.is(await raw.hexists(gkey, 'n7'), 0, 'the entry without an expiry is gone');
+  assert.is(await raw.hexists(gkey, 'n4'), 0, 'the expired entry is gone');
   // Hash order is Redis's: compare sorted.
-  const warns = lines.filter((l) => l.level === 'warn').map((l) => `${String(l.key).slice(p.length)} ${l.field}: ${l.problem}`).sort();
+  const warns = lines.filter((l) => l.level === 'warn').map((l) => `${String(l.key).replace(`{${p}`, '').replace('}', '')} ${l.field}: ${l.problem}`).sort();
   assert.equal(warns, [
     'egress:shop/out:gateways n2: not JSON',
     'egress:shop/out:gateways n3: gateways[0].nodeAddress is not an IP address',
     'egress:shop/out:gateways n5: gateways is not a list',
     'egress:shop/out:gateways n6: gateways[0].maxAddresses is not a non-negative integer',
-    'egress:shop/out:gateways n7: expiresAt is not a time',
     'nodes n2: not JSON',
     'nodes n3: address is not an IP address',
-    'nodes n4: expiresAt is not a time',
-    'egress:shop/out:usage n2: usage of "198.51.100.1" is not {flows, bytes} counts',
+    'nodes n4: address is not an IP address',
+    'egress:shop/out:usage n2: not a usage entry ({usage: {address: {flows, bytes}}})',
   ].sort());
 });
 

@@ -1,0 +1,227 @@
+// What the parts of the Egress controller share: its options, the state of this node's Egresses, gateways,
+// clients and floating addresses, and the parts themselves (each reaches the others through this).
+import type { Logger } from '../log';
+import type { AttachService } from '../pod/attach-service';
+import type { EgressMaps, EgressSteer } from '../bpf/egress-steer';
+import type { BfdThread } from '../bfd/threaded';
+import type { ConntrackEvents } from '../conntrack';
+import type { SyncReceiver, SyncSender } from '../conntrack-sync';
+import { InFlight } from '../util/in-flight';
+import { KeyedMutex } from '../util/keyed-mutex';
+import type { ClusterAddresses } from '../../ipam/cluster-addresses';
+import { slotOwner, type AddressSlot, type ResolvedEgress } from './egress-spec';
+import type { PodMeta } from '../config/objects';
+import type { GatewayDatapath } from './gateway-datapath';
+import type { NoticeChannel } from './ownership-notice';
+import type { GatewayInfo, Ownership, OwnershipStore } from './ownership-store';
+import type { PeerLiveness } from './peer-liveness';
+import type { PodRoles } from './pod-roles';
+import type { Election } from './election';
+import type { ConntrackStreams } from './conntrack-streams';
+import type { StoreRecords } from './store-records';
+
+export interface EgressControllerOptions {
+  /** maxEgressAddresses: this node's cap on the addresses of one Egress (over the Egress's own). */
+  node: { name: string; zone?: string; address: string; uplink: string; maxEgressAddresses?: number };
+  pinDir: string;
+  fouPort: number;
+  /** TCP: conntrack sync; UDP on the same number: ownership notices. */
+  syncPort: number;
+  /** Shared cluster key (≥ 32 bytes): BFD keyed SHA1, conntrack sync and ownership notices derive from it. */
+  clusterKey: Buffer;
+  egresses: ResolvedEgress[];
+  /** Pod metadata from the config source ("namespace/name"): labels override pod records' own. */
+  podLabels?: Record<string, PodMeta>;
+  ownership: OwnershipStore;
+  addresses: ClusterAddresses;
+  attach: AttachService;
+  logger: Logger;
+  /** For the negative control in tests: without sync, takeover loses the connections. */
+  conntrackSync?: boolean;
+  /** Size of the node's flow pin map (flows of client pods on this node). */
+  maxFlows?: number;
+}
+
+export interface LocalGateway {
+  info: GatewayInfo;
+  datapath: GatewayDatapath;
+  egresses: Set<string>;
+  /** The destinations its guard and rules were last prepared for (JSON), so an unchanged set is not rewritten. */
+  guarded: string;
+  netns: string;
+}
+
+export interface ClientPod {
+  ip: string;
+  hostIfName: string;
+  egressIds: number[];
+  steer?: EgressSteer;
+}
+
+export interface AddressState {
+  egress: ResolvedEgress;
+  address: string;
+  /** The slot of spec.addresses it fills, and its allocation owner in the cluster store. */
+  slot: AddressSlot;
+  slotOwner: string;
+  own: Ownership;
+  candidates: GatewayInfo[];
+  /** The local gateway holding it, when this node owns it. */
+  holder?: LocalGateway;
+  events?: ConntrackEvents;
+  senders: Map<string, SyncSender>;
+  /** Nodes the owner last reported in sync (from its heartbeat; computed here while this node owns). */
+  inSync: Set<string>;
+  /** When this node first saw the current owner dead (for the out-of-sync hold-down). */
+  ownerDownSince?: number;
+  /** This node is waiting out the hold-down (logged once per wait). */
+  waiting?: boolean;
+  /** The store holds `own` (this node decided or learned it there). */
+  recorded: boolean;
+  lastTakeover?: { at: string; cause: string; ms: number; epoch: number; from: string; to: string; decidedBy: string };
+  /** Clients re-steer when the new owner confirms (or at this timer): see adopt(). */
+  steerTimer?: NodeJS.Timeout;
+}
+
+export const REGISTRY_TTL_MS = 5000;
+/**
+ * A peer whose BFD session has not come Up yet (just discovered, or this tetherd just started) counts as
+ * alive for this long: otherwise every node would see every other as dead at start and claim.
+ */
+export const BFD_STARTUP_GRACE_MS = 3000;
+/**
+ * A node whose authenticated notices (heartbeats, gateway announcements) arrived this recently is alive as
+ * far as this node can tell, while no BFD session with it has come Up yet.
+ */
+export const HEARD_MS = 3000;
+/** A gateway announced by its node's notices (not the store) is a candidate this long after the last one. */
+export const ANNOUNCED_TTL_MS = 3000;
+/**
+ * A gateway pod deleted through CNI DEL keeps forwarding (its conntrack and SNAT intact) this long after
+ * handing its addresses over, so packets clients sent before they learned the new owner still get
+ * through instead of waiting for a TCP retransmission timeout.
+ */
+export const DRAIN_MS = 300;
+/** Clients told of a new owner by another node re-steer on the owner's confirmation, or after this. */
+export const CONFIRM_WAIT_MS = 150;
+/**
+ * The cause of a planned handover whose old gateway keeps forwarding through a drain: its clients can wait
+ * for the new owner's confirmation. (When the old gateway is gone, they switch at once: every packet
+ * still sent to it is lost.)
+ */
+export const draining = (cause: string) => `${cause} (old gateway draining)`;
+export const isDraining = (cause: string | undefined) => !!cause?.endsWith(' (old gateway draining)');
+export const TICK_MS = 250;
+/** The candidate set of an Egress must be unchanged this long before its addresses are first placed. */
+export const INITIAL_SETTLE_MS = 2000;
+/** Store pass (registry, node list, records) and the owner's heartbeat notice. */
+export const STORE_EVERY_MS = 1000;
+export const HEARTBEAT_MS = 1000;
+/** A decision is sent twice: UDP may lose one datagram, a retransmission timeout costs far more. */
+export const NOTICE_REPEAT_MS = 20;
+export const RESYNC_EVERY_MS = 30_000;
+/** A sync peer with fewer entries than this waiting is "in sync" (its standby has the connections). */
+export const IN_SYNC_MAX_LAG = 1000;
+
+export class EgressContext {
+  peers!: PeerLiveness;
+  roles!: PodRoles;
+  election!: Election;
+  streams!: ConntrackStreams;
+  store!: StoreRecords;
+
+  readonly egresses = new Map<string, ResolvedEgress>();
+
+  readonly egressIds = new Map<string, number>();
+
+  readonly gateways = new Map<string, LocalGateway>();
+
+  readonly clients = new Map<string, ClientPod>();
+
+  readonly addresses = new Map<string, AddressState>();
+
+  /** Last known registry and node list: kept while the store is unreachable. */
+  readonly registry = new Map<string, GatewayInfo[]>();
+
+  nodes: string[] = [];
+
+  /** Why an Egress has fewer addresses than it asks for (allocation failures), by Egress. */
+  readonly shortfall = new Map<string, string>();
+
+  readonly mutex = new KeyedMutex();
+
+  /** Every piece of work started by a timer or an event; stop() waits for it. */
+  readonly work = new InFlight();
+
+  /** Background writes of decisions to the store; awaited last, briefly, on stop. */
+  readonly records = new InFlight();
+
+  endpoint?: BfdThread;
+
+  receiver?: SyncReceiver;
+
+  notices?: NoticeChannel;
+
+  maps?: EgressMaps;
+
+  /** Pod metadata from the config source ("namespace/name"); labels override a pod record's own. */
+  podMeta = new Map<string, PodMeta>();
+
+  stopped = false;
+
+  storeDown = false;
+
+  /** Cluster-wide use of each Egress's addresses (every node's clients), from the store's last pass. */
+  readonly usage = new Map<string, Record<string, { flows: number; bytes: number }>>();
+
+  /** Until when someone reads the cluster-wide status (status(), egressSummary()): the store pass reads usage meanwhile. */
+  observedUntil = 0;
+
+  /**
+   * Whether this node plays a part in an Egress: it has a gateway pod or a client pod of it, or holds one
+   * of its addresses. Only then does the store pass read the Egress's registry and records periodically.
+   */
+  involved(egress: string): boolean {
+    const id = this.egressIds.get(egress);
+    for (const g of this.gateways.values()) if (g.egresses.has(egress)) return true;
+    for (const c of this.clients.values()) if (id !== undefined && c.egressIds.includes(id)) return true;
+    for (const st of this.addresses.values()) if (st.egress.key === egress && st.holder) return true;
+    return false;
+  }
+
+  /** Runs event- or timer-driven work unless stopping; its failure is logged, never thrown. */
+  spawn(fn: () => Promise<void>): void {
+    if (this.stopped) return;
+    void this.work.run(fn).catch((e) => this.o.logger.error('egress: work failed', { error: (e as Error).message, stack: (e as Error).stack }));
+  }
+
+  track(e: ResolvedEgress, address: string, slot: AddressSlot, own?: Ownership): AddressState {
+    const key = `${e.key}|${address}`;
+    let st = this.addresses.get(key);
+    if (!st) {
+      st = {
+        egress: e, address, slot, slotOwner: slotOwner(e.key, slot), own: own ?? { egress: e.key, address, owner: '', epoch: 0 },
+        candidates: [], senders: new Map(), inSync: new Set(), recorded: !!own,
+      };
+      this.addresses.set(key, st);
+    }
+    return st;
+  }
+
+  storeFailed(e: unknown): void {
+    if (this.storeDown) return;
+    this.storeDown = true;
+    this.o.logger.warn('egress: cluster store unreachable; ownership is decided between tetherds meanwhile', { error: (e as Error).message });
+  }
+
+  constructor(readonly o: EgressControllerOptions) {}
+}
+
+/** One floating address of one Egress: its sync stream name and its lock key. */
+export function streamOf(st: AddressState): string {
+  return `${st.egress.key}|${st.address}`;
+}
+
+export function selects(sel: { namespace: string; matchLabels: Record<string, string> }, ns: string, labels: Record<string, string>): boolean {
+  return sel.namespace === ns && Object.entries(sel.matchLabels).every(([k, v]) => labels[k] === v);
+}

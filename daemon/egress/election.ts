@@ -1,0 +1,346 @@
+// Ownership of floating addresses for the Egress controller: the reconcile tick that decides claims,
+// handovers and stand-downs (candidates.ts), following decisions from notices and the store, telling every node.
+import { decide, handoverTarget, orderCandidates, placeAddresses, scoreOf, supersedes } from './candidates';
+import { type ResolvedEgress } from './egress-spec';
+import { type OwnershipNotice } from './ownership-notice';
+import { UnreadableRecordError, type GatewayInfo, type Ownership } from './ownership-store';
+import { EgressContext, streamOf, isDraining, type AddressState, type LocalGateway, CONFIRM_WAIT_MS, INITIAL_SETTLE_MS, NOTICE_REPEAT_MS } from './egress-context';
+
+export class Election {
+  constructor(private readonly s: EgressContext) {}
+
+  private ticking = false;
+
+  private tickAgain = false;
+
+  /** The candidates of each Egress as last seen, and since when (initial placement waits for them to settle). */
+  private readonly registrySeen = new Map<string, { sig: string; since: number }>();
+
+  /** Placement of ownerless addresses per Egress, for the tick under way. */
+  private readonly placements = new Map<string, Map<string, GatewayInfo | undefined>>();
+
+  /** Ticks never overlap: a tick asked for while one runs runs right after it. */
+  requestTick(): void {
+    if (this.ticking) {
+      this.tickAgain = true;
+      return;
+    }
+    this.s.spawn(() => this.tick());
+  }
+
+  /** One reconcile pass over every address, from what this node knows now: it never waits for the store. */
+  async tick(): Promise<void> {
+    if (this.s.stopped) return;
+    if (this.ticking) {
+      this.tickAgain = true;
+      return;
+    }
+    this.ticking = true;
+    try {
+      do {
+        this.tickAgain = false;
+        await this.s.roles.dropVanishedGateways();
+        this.s.peers.dropLapsedAnnouncements();
+        this.s.peers.ensureBfd();
+        this.placements.clear();
+        for (const st of this.s.addresses.values()) {
+          if (this.s.stopped) return;
+          await this.s.mutex.run(streamOf(st), () => this.evaluate(st));
+        }
+      } while (this.tickAgain && !this.s.stopped);
+    } finally {
+      this.ticking = false;
+    }
+  }
+
+  /** This node's cap on one Egress's addresses for `node` (the node's own override, else the Egress's). */
+  private capOf(e: ResolvedEgress, node: string): number {
+    const g = this.s.peers.liveRegistry(e.key).find((x) => x.node === node);
+    return g?.maxAddresses ?? e.maxAddressesPerNode ?? Infinity;
+  }
+
+  /**
+   * Where each address of the Egress without a live owner goes (placeAddresses), computed once per tick
+   * from this node's views, which every candidate shares: anti-affinity, the per-node caps, least load.
+   */
+  placementOf(e: ResolvedEgress): Map<string, GatewayInfo | undefined> {
+    let p = this.placements.get(e.key);
+    if (!p) {
+      const mine = [...this.s.addresses.values()].filter((x) => x.egress.key === e.key);
+      p = placeAddresses(
+        mine.map((x) => ({ address: x.address, own: x.own, ownerAlive: this.s.peers.ownerAlive(x), inSync: x.inSync })),
+        this.s.peers.liveRegistry(e.key), (g) => this.s.peers.alive(g), (node) => this.capOf(e, node),
+      );
+      this.placements.set(e.key, p);
+    }
+    return p;
+  }
+
+  /** The addresses of an Egress each node holds now (live owners), for load-aware handovers. */
+  private loadOf(e: ResolvedEgress, except: AddressState): { of: (node: string) => number; cap: (node: string) => number } {
+    const load = new Map<string, number>();
+    for (const x of this.s.addresses.values()) {
+      if (x === except || x.egress.key !== e.key || !x.own.owner || !x.own.ownerNode || !this.s.peers.ownerAlive(x)) continue;
+      load.set(x.own.ownerNode, (load.get(x.own.ownerNode) ?? 0) + 1);
+    }
+    return { of: (n) => load.get(n) ?? 0, cap: (n) => this.capOf(e, n) };
+  }
+
+  /**
+   * Whether the Egress's candidate set has been stable for INITIAL_SETTLE_MS: the first placement of its
+   * addresses waits for that, so gateways starting together are all known and the addresses spread over
+   * them (a live owner is never moved later, so a rushed first placement would stay lopsided).
+   */
+  private candidatesSettled(e: ResolvedEgress): boolean {
+    const sig = this.s.peers.liveRegistry(e.key).map((g) => g.pod).sort().join(',');
+    const seen = this.registrySeen.get(e.key);
+    const now = Date.now();
+    if (!seen || seen.sig !== sig) {
+      this.registrySeen.set(e.key, { sig, since: now });
+      return false;
+    }
+    return now - seen.since >= INITIAL_SETTLE_MS;
+  }
+
+  private async evaluate(st: AddressState): Promise<void> {
+    st.candidates = orderCandidates(st.address, this.s.peers.liveRegistry(st.egress.key));
+    if (st.own.epoch === 0 && !st.own.owner && !this.candidatesSettled(st.egress)) return;
+    const local = new Set([...this.s.gateways.values()].filter((g) => g.egresses.has(st.egress.key)).map((g) => g.info.pod));
+    if (st.own.owner && st.own.ownerNode === this.s.o.node.name && !local.has(st.own.owner) && !st.holder) {
+      // The owner is a pod of this node that is gone (killed before a live candidate was known here, or
+      // named by a handover that did not know it was gone). Only this node knows: the others see its node
+      // alive. Hand over as soon as a live candidate is known: every tick, not only when the pod left.
+      if (this.handOver(st, st.own.owner, `handover: owner ${st.own.owner} is no longer on ${this.s.o.node.name}`)) {
+        this.s.streams.ensureSenders(st);
+        return;
+      }
+    }
+    const ownerAlive = this.s.peers.ownerAlive(st);
+    const now = Date.now();
+    if (ownerAlive || !st.own.owner) st.ownerDownSince = undefined;
+    else st.ownerDownSince ??= now;
+    const placed = ownerAlive && st.own.owner ? undefined : { pod: this.placementOf(st.egress).get(st.address) };
+    const d = decide({
+      own: st.own, candidates: st.candidates, localPods: local, alive: (g) => this.s.peers.alive(g), ownerAlive, holdingLocally: !!st.holder,
+      inSync: st.inSync, ownerDownSince: st.ownerDownSince, now, choice: placed,
+    });
+    if (d.action !== 'wait') st.waiting = false;
+    if (d.action === 'claim' && st.own.epoch === 0 && !this.s.storeDown) {
+      // A first owner has no connections to lose, so it goes through the store's compare-and-set: two
+      // candidates starting at once (neither knowing the other yet) would otherwise both claim, and the
+      // better-scored one would then take the address from the other. Without the store, they settle it.
+      const gw = this.s.gateways.get(d.pod)!;
+      const first: Ownership = { egress: st.egress.key, address: st.address, owner: d.pod, epoch: 1, cause: d.cause, ownerNode: this.s.o.node.name, ownerNodeAddress: this.s.o.node.address, ownerPodIp: gw.info.podIp };
+      // The pod side first (SNAT, no announcement): the store publishes a won claim at once, and clients
+      // steer to the pod on it; a lost claim is undone.
+      gw.datapath.takeUnannounced(st.address, st.egress.announce);
+      const r = await this.s.o.ownership.record({ ...first, score: scoreOf(st.address, d.pod) }, { firstOnly: true }).catch((e) => {
+        // A garbled record where the first owner's would go: nobody knows who owns it; no claim over it.
+        if (e instanceof UnreadableRecordError) return 'unreadable' as const;
+        this.s.storeFailed(e);
+        return undefined;
+      });
+      // Recorded (or the store failed meanwhile: then claimed without it, as below, and recorded later).
+      if (r !== 'superseded' && r !== 'unreadable') return this.takeOver(st, d.pod, d.cause, r !== undefined);
+      gw.datapath.release(st.address, st.egress.announce);
+      if (r === 'unreadable') return;
+      return this.adopt(st, await this.s.o.ownership.get(st.egress.key, st.address), 'store');
+    }
+    if (d.action === 'claim') await this.takeOver(st, d.pod, d.cause);
+    else if (d.action === 'standDown') await this.standDown(st, `epoch ${st.own.epoch} names ${st.own.owner}`);
+    else if (d.action === 'wait' && !st.waiting) {
+      st.waiting = true;
+      this.s.o.logger.warn('egress: owner looks down from here, but this node is not in sync with it: holding off for in-sync candidates', {
+        egress: st.egress.key, address: st.address, owner: st.own.owner, epoch: st.own.epoch, pod: d.pod, inSync: [...st.inSync], untilMs: d.untilMs - now,
+      });
+    } else if (d.action === 'keep' && st.own.owner && local.has(st.own.owner) && !st.holder) {
+      await this.become(st, this.s.gateways.get(st.own.owner)!, 'restart: resuming ownership');
+    }
+    this.s.streams.ensureSenders(st);
+    this.s.roles.updateClients(st);
+  }
+
+  /** This node's gateway `pod` takes the address: next epoch, datapath first, then every node is told. */
+  private async takeOver(st: AddressState, pod: string, cause: string, recorded = false): Promise<void> {
+    const gw = this.s.gateways.get(pod);
+    if (!gw) return;
+    const t0 = Date.now();
+    const from = st.own.owner;
+    st.own = { egress: st.egress.key, address: st.address, owner: pod, epoch: st.own.epoch + 1, cause, ownerNode: this.s.o.node.name, ownerNodeAddress: this.s.o.node.address, ownerPodIp: gw.info.podIp };
+    st.recorded = recorded;
+    st.inSync = new Set();
+    await this.become(st, gw, cause);
+    st.lastTakeover = { at: new Date().toISOString(), cause, ms: Date.now() - t0, epoch: st.own.epoch, from, to: pod, decidedBy: this.s.o.node.name };
+    this.s.o.logger.info('egress: ownership changed', { egress: st.egress.key, address: st.address, from, to: pod, epoch: st.own.epoch, cause, decidedBy: this.s.o.node.name, ms: Date.now() - t0 });
+    this.s.roles.updateClients(st);
+    if (!recorded) this.s.store.recordLater(st);
+  }
+
+  /**
+   * A planned handover from local pod `fromPod` (deleted, or tetherd stopping): the best live candidate,
+   * in-sync first, gets the next epoch; it learns from the notice, as every other node does. Returns it.
+   */
+  handOver(st: AddressState, fromPod: string, cause: string): GatewayInfo | undefined {
+    st.candidates = orderCandidates(st.address, this.s.peers.liveRegistry(st.egress.key));
+    const next = handoverTarget(st.candidates, fromPod, (g) => this.s.peers.alive(g) && g.pod !== fromPod, st.inSync, this.loadOf(st.egress, st));
+    st.holder = undefined;
+    if (!next) return undefined;
+    const from = st.own.owner;
+    st.own = { egress: st.egress.key, address: st.address, owner: next.pod, epoch: st.own.epoch + 1, cause, ownerNode: next.node, ownerNodeAddress: next.nodeAddress, ownerPodIp: next.podIp };
+    st.recorded = false;
+    st.inSync = new Set();
+    this.broadcast(st);
+    st.lastTakeover = { at: new Date().toISOString(), cause, ms: 0, epoch: st.own.epoch, from, to: next.pod, decidedBy: this.s.o.node.name };
+    this.s.o.logger.info('egress: ownership changed', { egress: st.egress.key, address: st.address, from, to: next.pod, epoch: st.own.epoch, cause, decidedBy: this.s.o.node.name });
+    const local = this.s.gateways.get(next.pod);
+    if (local) this.s.spawn(() => this.s.mutex.run(streamOf(st), () => this.become(st, local, cause)));
+    else if (isDraining(cause)) this.steerOnConfirmation(st);
+    else this.s.roles.updateClients(st);
+    this.s.store.recordLater(st);
+    return next;
+  }
+
+  onNotice(n: OwnershipNotice, from: string, address?: string): Promise<void> {
+    const st = this.s.addresses.get(`${n.egress}|${n.address}`);
+    if (!st) return Promise.resolve();
+    if (address !== undefined) {
+      // A decision is followed only from a node this one knows (the store's node list, a registered or
+      // announced gateway, an owner), and an owner's own notice only from the owner's own address.
+      const why = !this.s.peers.knownNode(address) ? `sender ${from} at ${address} is not a known node`
+        : n.ownerNode === from && n.ownerNodeAddress && n.ownerNodeAddress !== address ? `sender ${from} at ${address} names its own address as ${n.ownerNodeAddress}` : undefined;
+      if (why) {
+        this.s.peers.refuseSender(`${from}|${address}|notice`, 'egress: ownership notice refused; nothing in it applied', { from, address, egress: n.egress, floating: n.address, owner: n.owner, epoch: n.epoch, why });
+        return Promise.resolve();
+      }
+    }
+    return this.s.mutex.run(streamOf(st), () => this.adopt(st, n, `notice from ${from}`, from === n.ownerNode ? n.inSync : undefined));
+  }
+
+  onStoreNotice(c: Ownership): Promise<void> {
+    const st = this.s.addresses.get(`${c.egress}|${c.address}`);
+    if (!st) return Promise.resolve();
+    return this.s.mutex.run(streamOf(st), () => this.adopt(st, c, 'store'));
+  }
+
+  /**
+   * Follows a decision made elsewhere (a notice, the store) if it supersedes what this node knows: stands
+   * down when it names another pod, takes the address when it names a local one, re-steers clients.
+   */
+  async adopt(st: AddressState, c: Ownership, via: string, inSync?: string[]): Promise<void> {
+    const same = c.epoch === st.own.epoch && c.owner === st.own.owner;
+    if (same) {
+      if (inSync && st.steerTimer) this.steerNow(st); // the owner confirmed: clients go to it now
+      if (inSync && !st.holder) {
+        st.inSync = new Set(inSync);
+        // The owner itself just spoke: whatever BFD says from here, an out-of-sync candidate's hold-down
+        // starts over (its claim is for owners that are really gone).
+        st.ownerDownSince = undefined;
+      }
+      if (via === 'store') st.recorded = true;
+      st.own = { ...st.own, ownerNode: st.own.ownerNode ?? c.ownerNode, ownerNodeAddress: st.own.ownerNodeAddress ?? c.ownerNodeAddress, ownerPodIp: st.own.ownerPodIp ?? c.ownerPodIp };
+      return;
+    }
+    if (!supersedes(c, st.own)) return;
+    const prev = st.own;
+    st.own = { egress: st.egress.key, address: st.address, owner: c.owner, epoch: c.epoch, cause: c.cause, ownerNode: c.ownerNode, ownerNodeAddress: c.ownerNodeAddress, ownerPodIp: c.ownerPodIp };
+    st.recorded = via === 'store';
+    st.inSync = new Set(inSync ?? []);
+    st.ownerDownSince = undefined;
+    this.s.o.logger.info('egress: ownership learned', { egress: st.egress.key, address: st.address, from: prev.owner, to: c.owner, epoch: c.epoch, previousEpoch: prev.epoch, cause: c.cause, via });
+    if (st.holder && st.holder.info.pod !== c.owner) await this.standDown(st, `epoch ${c.epoch} names ${c.owner} (${via})`);
+    const gw = this.s.gateways.get(c.owner);
+    if (gw && !st.holder) {
+      await this.become(st, gw, c.cause ?? via);
+      // become() confirms to every node (and to the decider) that the named gateway holds it now.
+      st.lastTakeover = { at: new Date().toISOString(), cause: c.cause ?? '', ms: 0, epoch: c.epoch, from: prev.owner, to: c.owner, decidedBy: via };
+    }
+    // Told by another node (the old owner's node, or the store) of a planned handover to a pod elsewhere:
+    // the new owner needs a few ms to take the address (until then its node's guard drops what its pod
+    // sends from it), while the old one still forwards through its drain. So clients move on the owner's
+    // own confirmation (become() broadcasts it), or after CONFIRM_WAIT_MS if that notice is lost. Seen on the testbed: clients switched 1 ms before the owner could send, and a
+    // handful of segments waited out TCP's 200 ms retransmission timeout.
+    if (!inSync && !gw && c.owner && c.ownerNode !== this.s.o.node.name && isDraining(c.cause)) this.steerOnConfirmation(st);
+    else this.steerNow(st);
+  }
+
+  /** Clients move to the new owner on its confirmation (adopt), or after CONFIRM_WAIT_MS. */
+  private steerOnConfirmation(st: AddressState): void {
+    clearTimeout(st.steerTimer);
+    st.steerTimer = setTimeout(() => this.s.spawn(() => this.s.mutex.run(streamOf(st), async () => this.steerNow(st))), CONFIRM_WAIT_MS);
+    st.steerTimer.unref();
+  }
+
+  private steerNow(st: AddressState): void {
+    clearTimeout(st.steerTimer);
+    st.steerTimer = undefined;
+    this.s.roles.updateClients(st);
+  }
+
+  /**
+   * Holds the address on a local gateway: datapath first, then every node is told (clients re-steer on
+   * that notice), then the conntrack stream to the standbys starts (its event reader takes a few ms).
+   */
+  private async become(st: AddressState, gw: LocalGateway, cause: string): Promise<void> {
+    gw.datapath.own(st.address, st.egress.announce);
+    st.holder = gw;
+    this.broadcast(st);
+    this.s.roles.updateClients(st);
+    this.s.o.logger.info('egress: this node owns the floating address', { egress: st.egress.key, address: st.address, pod: gw.info.pod, epoch: st.own.epoch, cause });
+    await this.s.streams.startStreaming(st);
+  }
+
+  private async standDown(st: AddressState, why: string): Promise<void> {
+    const gw = st.holder;
+    st.holder = undefined;
+    gw?.datapath.release(st.address, st.egress.announce);
+    void this.s.streams.stopStreaming(st);
+    this.s.o.logger.info('egress: stood down', { egress: st.egress.key, address: st.address, pod: gw?.info.pod, why });
+  }
+
+  /** The current ownership as a notice; the holder adds the nodes in sync with it. */
+  private noticeOf(st: AddressState): OwnershipNotice {
+    return {
+      egress: st.egress.key, address: st.address, owner: st.own.owner, epoch: st.own.epoch, ownerNode: st.own.ownerNode ?? '',
+      ownerNodeAddress: st.own.ownerNodeAddress ?? '', ownerPodIp: st.own.ownerPodIp ?? '', cause: (st.own.cause ?? '').slice(0, 400),
+      inSync: st.holder ? this.s.streams.computeInSync(st) : [],
+    };
+  }
+
+  /** Sends the current ownership to every known node now and once more shortly after. */
+  private broadcast(st: AddressState): void {
+    const n = this.noticeOf(st);
+    const send = () => {
+      try {
+        this.s.notices?.send(this.s.peers.peerAddresses(), [n]);
+      } catch (e) {
+        this.s.o.logger.error('egress: ownership notice not sent', { egress: st.egress.key, address: st.address, error: (e as Error).message });
+      }
+    };
+    send();
+    setTimeout(() => !this.s.stopped && send(), NOTICE_REPEAT_MS).unref();
+  }
+
+  /**
+   * Every second: the owner repeats its ownership (nodes that missed a notice or just started catch up), and
+   * a node with gateway pods announces them to the other candidates of their Egresses and to the owners,
+   * so candidates know each other (BFD sessions, conntrack streams) even when the store is down.
+   */
+  heartbeat(): void {
+    if (this.s.stopped || !this.s.notices) return;
+    const held = [...this.s.addresses.values()].filter((st) => st.holder);
+    for (const st of held) st.inSync = new Set(this.s.streams.computeInSync(st));
+    try {
+      if (held.length) this.s.notices.send(this.s.peers.peerAddresses(), held.map((st) => this.noticeOf(st)));
+      for (const e of this.s.egresses.values()) {
+        const mine = [...this.s.gateways.values()].filter((g) => g.egresses.has(e.key)).map((g) => ({ ...g.info, egress: e.key }));
+        if (!mine.length) continue;
+        const peers = new Set(this.s.peers.liveRegistry(e.key).filter((g) => g.node !== this.s.o.node.name).map((g) => g.nodeAddress));
+        for (const st of this.s.addresses.values()) if (st.egress.key === e.key && st.own.ownerNodeAddress) peers.add(st.own.ownerNodeAddress);
+        peers.delete(this.s.o.node.address);
+        this.s.notices.send(peers, [], mine);
+      }
+    } catch (e) {
+      this.s.o.logger.error('egress: heartbeat notice not sent', { error: (e as Error).message });
+    }
+  }
+}

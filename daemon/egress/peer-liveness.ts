@@ -1,0 +1,205 @@
+// Peer liveness for the Egress controller: which gateway candidates exist (local pods, the store's registry,
+// announcements from their nodes), and whether each is alive (BFD sessions, authenticated notices heard).
+import { createHmac } from 'node:crypto';
+import { BfdAuthType, BfdState, type BfdAuthConfig } from '../bfd';
+import { type BfdPeer } from '../bfd/threaded';
+import { type GatewayAnnouncement } from './ownership-notice';
+import { type GatewayInfo } from './ownership-store';
+import { EgressContext, type AddressState, BFD_STARTUP_GRACE_MS, HEARD_MS, ANNOUNCED_TTL_MS } from './egress-context';
+
+export class PeerLiveness {
+  constructor(private readonly s: EgressContext) {}
+
+  private readonly bfd = new Map<string, BfdPeer>();
+
+  private readonly bfdInfo = new Map<string, { createdAt: number; everUp: boolean }>();
+
+  /**
+   * Gateways their own nodes announced in notices, by Egress then pod, with when the announcement lapses:
+   * candidates are learned from each other, not only from the store (which may be down when one joins).
+   */
+  private readonly announced = new Map<string, Map<string, { info: GatewayInfo; until: number }>>();
+
+  /** When an authentic notice last came from a node's address (a sign of life while BFD is not Up). */
+  readonly heard = new Map<string, number>();
+
+  /** Senders refused for naming an address that is not theirs, or for being unknown (logged once each). */
+  private readonly refusedSenders = new Set<string>();
+
+  /** BFD timers in force (the fastest of the Egresses this node serves). */
+  private timers_: { intervalMs: number; detectMultiplier: number } | undefined;
+
+  /** BFD runs at the fastest failover timers of the Egresses this node serves; a change is a Poll Sequence, not a restart. */
+  applyBfdTimers(): void {
+    const t = this.bfdTimers();
+    if (!t || (this.timers_ && this.timers_.intervalMs === t.intervalMs && this.timers_.detectMultiplier === t.detectMultiplier)) return;
+    const first = !this.timers_;
+    this.timers_ = t;
+    if (first) return;
+    for (const s of this.bfd.values()) s.setTimers({ desiredMinTxUs: t.intervalMs * 1000, requiredMinRxUs: t.intervalMs * 1000, detectMult: t.detectMultiplier });
+    this.s.o.logger.info('egress: BFD timers changed', { intervalMs: t.intervalMs, detectMultiplier: t.detectMultiplier, sessions: this.bfd.size });
+  }
+
+  private bfdTimers(): { intervalMs: number; detectMultiplier: number } | undefined {
+    const all = [...this.s.egresses.values()].map((e) => e.failover);
+    if (!all.length) return this.timers_;
+    const intervalMs = Math.min(...all.map((f) => f.intervalMs));
+    const detectMultiplier = Math.min(...all.filter((f) => f.intervalMs === intervalMs).map((f) => f.detectMultiplier));
+    return { intervalMs, detectMultiplier };
+  }
+
+  /**
+   * Gateways a node announced: candidates until ANNOUNCED_TTL_MS after its last announcement. Accepted only
+   * from the node's own address; a node not known otherwise becomes known this way (the notice is
+   * authenticated with the cluster key), which is how candidates find each other while the store is down.
+   */
+  onAnnounced(list: GatewayAnnouncement[], from: string, address: string): void {
+    const until = Date.now() + ANNOUNCED_TTL_MS;
+    let added = false;
+    for (const a of list) {
+      if (a.nodeAddress !== address || a.node === this.s.o.node.name) {
+        this.refuseSender(`${from}|${address}|gateways`, 'egress: gateway announcement refused; nothing in it applied', {
+          from, address, pod: a.pod, egress: a.egress, why: a.node === this.s.o.node.name ? `names this node (${a.node})` : `names node address ${a.nodeAddress}, but came from ${address}`,
+        });
+        return;
+      }
+    }
+    for (const a of list) {
+      if (!this.s.egresses.has(a.egress)) continue;
+      let m = this.announced.get(a.egress);
+      if (!m) this.announced.set(a.egress, (m = new Map()));
+      const { egress: _egress, ...info } = a;
+      if (!m.has(a.pod) && !(this.s.registry.get(a.egress) ?? []).some((g) => g.pod === a.pod)) {
+        added = true;
+        this.s.o.logger.info('egress: gateway candidate learned from its node', { egress: a.egress, pod: a.pod, node: a.node, nodeAddress: address });
+      }
+      m.set(a.pod, { info, until });
+    }
+    if (added) this.s.election.requestTick();
+  }
+
+  /** Logs a refused sender once per kind (the channel counts every refusal). */
+  refuseSender(key: string, msg: string, fields: Record<string, unknown>): void {
+    if (this.refusedSenders.has(key)) return;
+    this.refusedSenders.add(key);
+    this.s.o.logger.warn(msg, fields);
+  }
+
+  /** A node address this node knows: the store's node list, a registered or announced gateway's, an owner's. */
+  knownNode(address: string): boolean {
+    if (this.s.nodes.includes(address)) return true;
+    for (const list of this.s.registry.values()) if (list.some((g) => g.nodeAddress === address)) return true;
+    for (const m of this.announced.values()) for (const a of m.values()) if (a.info.nodeAddress === address) return true;
+    for (const st of this.s.addresses.values()) if (st.own.ownerNodeAddress === address) return true;
+    return false;
+  }
+
+  peerAddresses(): string[] {
+    const out = new Set(this.s.nodes);
+    for (const list of this.s.registry.values()) for (const g of list) out.add(g.nodeAddress);
+    for (const m of this.announced.values()) for (const a of m.values()) out.add(a.info.nodeAddress);
+    for (const st of this.s.addresses.values()) if (st.own.ownerNodeAddress) out.add(st.own.ownerNodeAddress);
+    out.delete(this.s.o.node.address);
+    return [...out];
+  }
+
+  /** The Egress's candidates: local gateways, the store's registry (last known), and announced ones. */
+  liveRegistry(egress: string): GatewayInfo[] {
+    const remote = new Map((this.s.registry.get(egress) ?? []).filter((g) => g.node !== this.s.o.node.name).map((g) => [g.pod, g]));
+    const now = Date.now();
+    for (const [pod, a] of this.announced.get(egress) ?? []) if (a.until > now && !remote.has(pod)) remote.set(pod, a.info);
+    const local = [...this.s.gateways.values()].filter((g) => g.egresses.has(egress)).map((g) => g.info);
+    return [...local, ...remote.values()];
+  }
+
+  dropLapsedAnnouncements(): void {
+    const now = Date.now();
+    for (const [egress, m] of this.announced) {
+      for (const [pod, a] of m) if (a.until <= now) m.delete(pod);
+      if (!m.size || !this.s.egresses.has(egress)) this.announced.delete(egress);
+    }
+  }
+
+  alive(g: GatewayInfo): boolean {
+    if (g.node === this.s.o.node.name) return this.s.gateways.has(g.pod);
+    return this.peerView(g.nodeAddress) === 'up';
+  }
+
+  /**
+   * What this node knows of a peer node: 'up' (its BFD session is Up; or, before any session came Up, its
+   * authenticated notices arrive, or the session is in its start-up grace), 'down' (its session was Up and
+   * went Down), or 'unknown' (no session ever came Up and nothing was heard from it lately).
+   */
+  private peerView(address: string): 'up' | 'down' | 'unknown' {
+    const s = this.bfd.get(address);
+    if (s?.state === BfdState.Up) return 'up';
+    const info = this.bfdInfo.get(address);
+    if (info?.everUp) return 'down';
+    const heard = this.heard.get(address);
+    if (heard !== undefined && Date.now() - heard < HEARD_MS) return 'up';
+    if (!info || Date.now() - info.createdAt < BFD_STARTUP_GRACE_MS) return 'up';
+    return 'unknown';
+  }
+
+  /**
+   * The owner's liveness: its pod when it is local, else its node as this node sees it. An owner this node
+   * has never seen alive nor dead ('unknown': a BFD session that never came Up, nothing heard) is not
+   * down: a candidate that has not seen the owner never moves it. It counts as gone only when the store,
+   * reachable, no longer has it registered (its node stopped registering: dead or cut off); with the store
+   * unreachable too, nothing here can tell, and the address stays.
+   */
+  ownerAlive(st: AddressState): boolean {
+    const o = st.own;
+    if (!o.owner) return false;
+    const c = st.candidates.find((x) => x.pod === o.owner);
+    if (c?.node === this.s.o.node.name || (!c && o.ownerNode === this.s.o.node.name)) return this.s.gateways.has(o.owner);
+    const address = c?.nodeAddress ?? o.ownerNodeAddress;
+    if (!address) return false;
+    const v = this.peerView(address);
+    if (v !== 'unknown') return v === 'up';
+    if (this.s.storeDown) return true;
+    return (this.s.registry.get(st.egress.key) ?? []).some((g) => g.pod === o.owner);
+  }
+
+  bfdState(g: GatewayInfo): string {
+    if (g.node === this.s.o.node.name) return 'local';
+    const s = this.bfd.get(g.nodeAddress);
+    return s ? BfdState[s.state] : 'none';
+  }
+
+  /** One BFD session per peer node that hosts a candidate (or the owner) of an Egress this node has gateways for. */
+  ensureBfd(): void {
+    if (!this.s.endpoint) return;
+    // Only candidates decide, so only they watch each other; client nodes learn decisions from notices.
+    const involved = [...this.s.egresses.values()].filter((e) => [...this.s.gateways.values()].some((g) => g.egresses.has(e.key)));
+    const peers = new Set(involved.flatMap((e) => this.liveRegistry(e.key).filter((g) => g.node !== this.s.o.node.name).map((g) => g.nodeAddress)));
+    for (const st of this.s.addresses.values()) {
+      if (involved.includes(st.egress) && st.own.ownerNodeAddress && st.own.ownerNode !== this.s.o.node.name) peers.add(st.own.ownerNodeAddress);
+    }
+    this.applyBfdTimers();
+    const t = this.timers_ ?? { intervalMs: 50, detectMultiplier: 3 };
+    for (const peer of peers) {
+      if (this.bfd.has(peer)) continue;
+      const s = this.s.endpoint.session(peer, {
+        desiredMinTxUs: t.intervalMs * 1000,
+        requiredMinRxUs: t.intervalMs * 1000,
+        detectMult: t.detectMultiplier,
+        auth: this.bfdAuth(),
+      });
+      const info = { createdAt: Date.now(), everUp: false };
+      s.on('down', () => this.s.election.requestTick());
+      s.on('up', () => {
+        info.everUp = true;
+        this.s.election.requestTick();
+      });
+      this.bfd.set(peer, s);
+      this.bfdInfo.set(peer, info);
+    }
+  }
+
+  private bfdAuth(): BfdAuthConfig {
+    // Meticulous keyed SHA1 with a 20-byte key derived from the cluster key.
+    const key = createHmac('sha256', this.s.o.clusterKey).update('tether bfd').digest().subarray(0, 20);
+    return { type: BfdAuthType.MeticulousKeyedSha1, keyId: 1, key };
+  }
+}

@@ -1,0 +1,236 @@
+// Pod roles for the Egress controller: a local pod becomes a gateway (prepared datapath, registered) or a
+// client (steered in eBPF to the current owners) as its labels and the Egresses say, and stops being one.
+import * as fs from 'node:fs';
+import { podKeyOf as podKey, type PodRecord } from '../state/pod-store';
+import { attachEgressSteer } from '../bpf/egress-steer';
+import { type ResolvedEgress } from './egress-spec';
+import { EGRESS_TIER_EXCLUDED, EGRESS_TIER_FALLBACK, EGRESS_TIER_PREFERRED } from '../bpf/egress-structs';
+import { GatewayDatapath } from './gateway-datapath';
+import { type GatewayInfo } from './ownership-store';
+import { EgressContext, streamOf, selects, draining, type AddressState, type LocalGateway, type ClientPod, DRAIN_MS } from './egress-context';
+
+export class PodRoles {
+  constructor(private readonly s: EgressContext) {}
+
+  /** What the client steering map holds per Egress (for one log line per change). */
+  readonly steered = new Map<string, string>();
+
+  watcher?: fs.FSWatcher;
+
+  async podUp(r: PodRecord): Promise<void> {
+    const pod = podKey(r) ?? r.containerId;
+    try {
+      await this.podRoles(r);
+      this.s.o.attach.roleProblems.ok(pod, 'egress');
+    } catch (e) {
+      // One pod that cannot take its role (gone meanwhile, broken namespace) must not stop the others; it is
+      // reported (status, /readyz) until a later pass sets it up.
+      if (this.s.o.attach.roleProblems.failed(pod, 'egress', (e as Error).message)) {
+        this.s.o.logger.error('egress: pod role setup failed', { pod, error: (e as Error).message });
+      }
+    }
+  }
+
+  /** Pods whose egress role failed are tried again (a transient netlink or sysctl error heals itself). */
+  async retryFailedRoles(): Promise<void> {
+    const failed = new Set(this.s.o.attach.roleProblems.list().filter((p) => p.role === 'egress').map((p) => p.pod));
+    if (failed.size === 0) return;
+    for (const r of this.s.o.attach.pods()) if (failed.has(podKey(r) ?? r.containerId) && fs.existsSync(r.netns)) await this.podUp(r);
+  }
+
+  /**
+   * Makes a pod's roles what its labels and the Egresses say now, in both directions: a pod that became a
+   * client is steered, one that stopped being one is not; a gateway that left an Egress hands its
+   * addresses over first (make-before-break). Nothing is re-attached.
+   */
+  private async podRoles(r: PodRecord): Promise<void> {
+    const pod = podKey(r);
+    const ip = r.ips?.find((i) => !i.includes(':'));
+    if (!pod || !ip || !r.hostIfName) return;
+    const meta = this.s.podMeta.get(pod);
+    const labels = meta?.labels ?? r.labels ?? {};
+    // A gateway serves only while ready and not terminating: a terminating one hands over before its DEL.
+    const serving = meta?.ready !== false && !meta?.deleting;
+    const gwOf = serving ? [...this.s.egresses.values()].filter((e) => selects(e.gateways, r.podNamespace!, labels)) : [];
+    const clientOf = [...this.s.egresses.values()].filter((e) => selects(e.clients, r.podNamespace!, labels));
+    await this.gatewayRole(r, pod, ip, gwOf);
+    this.clientRole(r, pod, ip, clientOf);
+    await this.s.election.tick();
+  }
+
+  private async gatewayRole(r: PodRecord, pod: string, ip: string, gwOf: ResolvedEgress[]): Promise<void> {
+    const cur = this.s.gateways.get(pod);
+    const keys = new Set(gwOf.map((e) => e.key));
+    const guarded = { destinations: [...new Set(gwOf.flatMap((e) => e.destinations))], excluded: [...new Set(gwOf.flatMap((e) => e.excluded))] };
+    if (!gwOf.length) {
+      if (cur) await this.gatewayDown(pod, cur, 'pod no longer selected as a gateway', DRAIN_MS);
+      return;
+    }
+    if (cur) {
+      const before = [...cur.egresses].sort().join();
+      const left = [...cur.egresses].filter((k) => !keys.has(k));
+      for (const st of this.s.addresses.values()) {
+        if (st.holder !== cur || !left.includes(st.egress.key)) continue;
+        await this.s.mutex.run(streamOf(st), async () => {
+          this.s.election.handOver(st, pod, draining(`handover: ${pod} no longer a gateway of ${st.egress.key}`));
+          cur.datapath.withdrawAnnouncement(st.address);
+          void this.s.streams.stopStreaming(st);
+        });
+        // Packets clients sent before they learned the new owner still leave NATed: release after a drain.
+        const release = () => {
+          if (st.holder !== cur) cur.datapath.release(st.address, st.egress.announce);
+        };
+        setTimeout(() => this.s.spawn(async () => release()), DRAIN_MS).unref();
+      }
+      cur.egresses = keys;
+      // Rules are replaced in place (owned addresses keep their SNAT): the guard follows new destinations.
+      if (JSON.stringify(guarded) !== cur.guarded) {
+        cur.datapath.prepare(this.s.nodes, guarded);
+        cur.guarded = JSON.stringify(guarded);
+      }
+      if ([...keys].sort().join() !== before) {
+        this.s.o.logger.info('egress: gateway pod roles changed', { pod, egresses: [...keys] });
+        this.s.spawn(() => this.s.store.register().catch((e) => this.s.storeFailed(e)));
+      }
+      return;
+    }
+    const info: GatewayInfo = {
+      pod, node: this.s.o.node.name, nodeAddress: this.s.o.node.address, podIp: ip, zone: this.s.o.node.zone,
+      ...(this.s.o.node.maxEgressAddresses !== undefined ? { maxAddresses: this.s.o.node.maxEgressAddresses } : {}),
+    };
+    const datapath = new GatewayDatapath({ pod, netns: r.netns, podIp: ip, ifName: r.ifName, hostIfName: r.hostIfName! }, { uplink: this.s.o.node.uplink, fouPort: this.s.o.fouPort, pinDir: this.s.o.pinDir });
+    datapath.prepare(this.s.nodes, guarded);
+    this.s.gateways.set(pod, { info, datapath, egresses: keys, netns: r.netns, guarded: JSON.stringify(guarded) });
+    // Owners already streaming to this node sent their tables before this pod existed, and events bring
+    // only what changes: without a fresh resync the pod would lack every established flow and still
+    // count as in sync (sync is per node). A resync in progress takes the node out of the owner's
+    // in-sync set until it is applied to this pod too.
+    const resyncs = this.s.receiver?.requestResync((stream) => keys.has(stream.split('|')[0])) ?? 0;
+    this.s.o.logger.info('egress: gateway pod ready', { pod, egresses: [...keys], resyncsRequested: resyncs });
+    // The registry is told in the background: a store that hangs must not hold a pod's set-up.
+    this.s.spawn(() => this.s.store.register().catch((e) => this.s.storeFailed(e)));
+  }
+
+  private clientRole(r: PodRecord, pod: string, ip: string, clientOf: ResolvedEgress[]): void {
+    const cur = this.s.clients.get(pod);
+    const egressIds = clientOf.map((e) => this.s.egressIds.get(e.key)!).sort((a, b) => a - b);
+    if (!egressIds.length) {
+      if (cur) {
+        this.clientDown(pod, cur);
+        this.s.o.logger.info('egress: client pod no longer steered', { pod });
+      }
+      return;
+    }
+    if (cur) {
+      if (cur.egressIds.join() === egressIds.join()) return;
+      cur.steer?.setClient(ip, egressIds);
+      cur.egressIds = egressIds;
+    } else {
+      const steer = attachEgressSteer({ ifName: r.hostIfName!, pinDir: this.s.o.pinDir, nodeAddress: this.s.o.node.address, port: this.s.o.fouPort });
+      steer.setClient(ip, egressIds);
+      this.s.clients.set(pod, { ip, hostIfName: r.hostIfName!, egressIds, steer });
+    }
+    for (const e of clientOf) this.steered.delete(e.key);
+    this.s.o.logger.info('egress: client pod steered', { pod, egresses: clientOf.map((e) => e.key) });
+  }
+
+  clientDown(pod: string, client: ClientPod): void {
+    this.s.maps?.removeClient(client.ip);
+    try {
+      client.steer?.detach();
+    } catch {
+      // the veth went with the pod
+    }
+    this.s.clients.delete(pod);
+  }
+
+  async podDown(r: PodRecord, cause: string, drainMs = 0): Promise<void> {
+    const pod = podKey(r);
+    if (!pod) return;
+    const client = this.s.clients.get(pod);
+    if (client) this.clientDown(pod, client);
+    const gw = this.s.gateways.get(pod);
+    if (gw) await this.gatewayDown(pod, gw, cause, drainMs);
+  }
+
+  private async gatewayDown(pod: string, gw: LocalGateway, cause: string, drainMs = 0): Promise<void> {
+    if (this.s.gateways.get(pod) !== gw) return;
+    this.s.gateways.delete(pod);
+    // Hand every address it held to the next live candidate at once, instead of waiting for detection.
+    for (const st of this.s.addresses.values()) {
+      if (st.holder !== gw) continue;
+      await this.s.mutex.run(streamOf(st), async () => {
+        this.s.election.handOver(st, pod, drainMs ? draining(`handover: ${cause} (${pod})`) : `handover: ${cause} (${pod})`);
+        gw.datapath.withdrawAnnouncement(st.address);
+        // Closing the event reader waits out its receive timeout: not on the handover's critical path.
+        void this.s.streams.stopStreaming(st);
+      });
+    }
+    this.s.spawn(() => this.s.store.register().catch((e) => this.s.storeFailed(e)));
+    if (drainMs) await new Promise((res) => setTimeout(res, drainMs));
+    try {
+      gw.datapath.teardown();
+    } catch (e) {
+      this.s.o.logger.debug('egress: gateway teardown after the pod left', { pod, error: (e as Error).message });
+    }
+  }
+
+  /** A gateway pod whose namespace vanishes without a DEL (killed) is noticed at once, not at GC time. */
+  watchNetns(): void {
+    try {
+      this.watcher = fs.watch('/run/netns', () => this.s.spawn(() => this.dropVanishedGateways()));
+    } catch {
+      // no inotify on this path: the tick checks too
+    }
+  }
+
+  async dropVanishedGateways(): Promise<void> {
+    for (const [pod, gw] of [...this.s.gateways]) {
+      if (fs.existsSync(gw.netns)) continue;
+      this.s.o.logger.warn('egress: gateway pod namespace disappeared', { pod, netns: gw.netns });
+      const [podNamespace, podName] = pod.split('/');
+      await this.podDown({ podNamespace, podName } as PodRecord, 'gateway pod namespace gone');
+    }
+  }
+
+  updateClients(st: AddressState): void {
+    if (!this.s.maps || ![...this.s.clients.values()].some((c) => c.egressIds.includes(this.s.egressIds.get(st.egress.key)!))) return;
+    const id = this.s.egressIds.get(st.egress.key)!;
+    const slots: Array<{ gatewayIp: string; floatingIp: string; epoch: number; tier: number }> = [];
+    for (const a of [...this.s.addresses.values()].sort((x, y) => (x.address < y.address ? -1 : 1))) {
+      if (a.egress.key !== st.egress.key || !a.own.owner) continue;
+      const reg = this.s.peers.liveRegistry(a.egress.key).find((x) => x.pod === a.own.owner);
+      const gatewayIp = a.own.ownerPodIp || reg?.podIp;
+      // Not known yet (a record without the pod's address): keep the previous slots; dropped at worst,
+      // never sent unNATed. The owner's heartbeat brings it within a second.
+      if (!gatewayIp) return;
+      slots.push({ gatewayIp, floatingIp: a.address, epoch: a.own.epoch, tier: this.tierOf(a.egress, a.own.ownerNode, reg?.zone) });
+    }
+    this.s.maps.setGateways(id, slots);
+    const now = slots.map((x) => `${x.floatingIp}→${x.gatewayIp}@${x.epoch}/${x.tier}`).join(',');
+    if (this.steered.get(st.egress.key) !== now) {
+      this.steered.set(st.egress.key, now);
+      this.s.o.logger.info('egress: client steering updated', { egress: st.egress.key, slots });
+    }
+  }
+
+  /**
+   * The tier of an address for new flows of this node's clients, from the Egress's zone policy: its owner
+   * on this node (preferLocalNode) or in this node's zone (preferZone, requireZone) is preferred; the
+   * others are the fallback, or excluded under requireZone. Without a zone on this node, preferZone
+   * prefers nothing and requireZone excludes everything (status says why).
+   */
+  private tierOf(e: ResolvedEgress, ownerNode: string | undefined, ownerZone: string | undefined): number {
+    const zone = this.s.o.node.zone;
+    switch (e.zonePolicy) {
+      case 'preferLocalNode':
+        return ownerNode === this.s.o.node.name ? EGRESS_TIER_PREFERRED : EGRESS_TIER_FALLBACK;
+      case 'preferZone':
+        return !zone || ownerZone === zone ? EGRESS_TIER_PREFERRED : EGRESS_TIER_FALLBACK;
+      case 'requireZone':
+        return zone && ownerZone === zone ? EGRESS_TIER_PREFERRED : EGRESS_TIER_EXCLUDED;
+      default:
+        return EGRESS_TIER_PREFERRED;
+    }
+  }
+}

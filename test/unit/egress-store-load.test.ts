@@ -1,0 +1,174 @@
+// What one node's periodic store pass (the Egress controller's real StoreRecords, against a real Redis
+// through a counting relay) costs the store as the cluster grows: the same commands and the same reply
+// bytes with 4 or 200 registered nodes (and 200 client nodes reporting usage); a node that plays no part
+// in any Egress sends only its own registration and reads nothing; entries of nodes that stopped are
+// removed by whichever pass first sees them expired.
+import { test } from 'uvu';
+import * as assert from 'uvu/assert';
+import { Writable } from 'node:stream';
+import Redis from 'ioredis';
+import { makeLogger, setLogger } from '../../daemon/log';
+import { ClusterAddresses } from '../../ipam/cluster-addresses';
+import { validatePools } from '../../ipam/pool';
+import { RedisStore } from '../../ipam/store/redis-store';
+import type { ResolvedPool } from '../../ipam/types';
+import { OwnershipStore, type GatewayInfo } from '../../daemon/egress/ownership-store';
+import { EgressContext } from '../../daemon/egress/egress-context';
+import { PeerLiveness } from '../../daemon/egress/peer-liveness';
+import { PodRoles } from '../../daemon/egress/pod-roles';
+import { Election } from '../../daemon/egress/election';
+import { ConntrackStreams } from '../../daemon/egress/conntrack-streams';
+import { StoreRecords } from '../../daemon/egress/store-records';
+import type { GatewayDatapath } from '../../daemon/egress/gateway-datapath';
+import type { ResolvedEgress } from '../../daemon/egress/egress-spec';
+import type { AttachService } from '../../daemon/pod/attach-service';
+import { registerNode } from '../../daemon/common/node-registry';
+import { startRedis, type TestRedis } from '../lib/redis';
+import { meterRedis, type RedisMeter } from '../lib/redis-meter';
+
+const quiet = makeLogger({ level: 'error', stream: new Writable({ write: (_c, _e, cb) => cb() }) });
+setLogger(quiet);
+
+const pools: ResolvedPool[] = validatePools([
+  { apiVersion: 'tether.dev/v1alpha1', kind: 'AddressPool', metadata: { name: 'float' }, spec: { usage: 'floating', ipv4: { cidr: '198.51.100.0/28' } } },
+]);
+const EGRESS: ResolvedEgress = {
+  key: 'shop/out', name: 'out', namespace: 'shop',
+  clients: { namespace: 'shop', matchLabels: { app: 'client' } }, gateways: { namespace: 'shop', matchLabels: { app: 'gw' } },
+  destinations: ['203.0.113.0/24'], excluded: [], addresses: [{ pool: 'float', count: 1 }], zonePolicy: 'any',
+  failover: { intervalMs: 50, detectMultiplier: 3 }, announce: { mode: 'l2' },
+};
+const PASSES = 5;
+const addressOf = (i: number) => `10.1.${i >> 8}.${i & 255}`;
+const gw = (i: number): GatewayInfo => ({ pod: `shop/gw-${i}`, node: `n${i}`, nodeAddress: addressOf(i), podIp: `10.244.${i >> 8}.${i & 255}` });
+
+let redis: TestRedis;
+let raw: Redis;
+const cleanups: Array<() => Promise<void> | void> = [];
+
+test.before(async () => {
+  redis = await startRedis();
+  raw = new Redis({ path: redis.socketPath });
+});
+test.after.each(async () => {
+  for (const c of cleanups.splice(0).reverse()) await c();
+});
+test.after(async () => {
+  raw.disconnect();
+  await redis.stop();
+});
+
+type Role = 'gateway' | 'client' | 'none';
+
+/** One simulated node: the controller's shared state and parts, its store connections through `meter`. */
+async function simNode(prefix: string, i: number, role: Role, meter: RedisMeter): Promise<EgressContext> {
+  const ownership = await OwnershipStore.connect(meter.url, { keyPrefix: prefix });
+  const store = await RedisStore.connect(meter.url, { keyPrefix: prefix });
+  cleanups.push(() => ownership.close(), () => store.close());
+  const s = new EgressContext({
+    node: { name: `n${i}`, address: addressOf(i), uplink: 'eth0' }, pinDir: '/nonexistent', fouPort: 0, syncPort: 0, clusterKey: Buffer.alloc(32),
+    egresses: [EGRESS], ownership, addresses: new ClusterAddresses(pools, store, quiet, { holdOffMs: 0 }), attach: {} as AttachService, logger: quiet,
+  });
+  s.peers = new PeerLiveness(s);
+  s.roles = new PodRoles(s);
+  s.election = new Election(s);
+  s.streams = new ConntrackStreams(s);
+  s.store = new StoreRecords(s);
+  s.egresses.set(EGRESS.key, EGRESS);
+  s.egressIds.set(EGRESS.key, 1);
+  // Recording stand-ins for the kernel side: only what the store pass touches.
+  const allowed: string[][] = [];
+  if (role === 'gateway') s.gateways.set(`shop/gw-${i}`, { info: gw(i), datapath: { setAllowedSources: (n: string[]) => allowed.push(n) } as unknown as GatewayDatapath, egresses: new Set([EGRESS.key]), guarded: '', netns: '' });
+  if (role === 'client') s.clients.set('shop/client', { ip: '10.244.200.1', hostIfName: 'vethc', egressIds: [1] });
+  return s;
+}
+
+/** A cluster of `n` registered nodes, 3 of them gateways of the Egress, every one reporting usage; all live for a minute. */
+async function cluster(prefix: string, n: number): Promise<void> {
+  const other = await OwnershipStore.connect(redis.url, { keyPrefix: prefix });
+  cleanups.push(() => other.close());
+  for (let i = 1; i <= n; i++) {
+    await registerNode(raw, prefix, `n${i}`, addressOf(i), 60_000);
+    await other.reportUsage(EGRESS.key, `n${i}`, { '198.51.100.1': { flows: 1, bytes: 10 } }, 60_000);
+  }
+  for (let i = 1; i <= 3; i++) await other.registerGateways(EGRESS.key, `n${i}`, [gw(i)], 60_000);
+}
+
+/** Commands and reply bytes of PASSES periodic passes of node `i` (after warm-up passes). */
+async function steadyCost(prefix: string, i: number, role: Role, observed = false) {
+  const meter = await meterRedis(redis.socketPath);
+  cleanups.push(() => meter.close());
+  const s = await simNode(prefix, i, role, meter);
+  for (let k = 0; k < 3; k++) await s.store.storePass();
+  if (observed) s.observedUntil = Date.now() + 60_000;
+  meter.reset();
+  for (let k = 0; k < PASSES; k++) await s.store.storePass();
+  return { commands: Object.fromEntries([...meter.commands].sort()), total: meter.totalCommands(), bytes: meter.replyBytes, s };
+}
+
+for (const role of ['gateway', 'client', 'none'] as Role[]) {
+  test(`a ${role === 'none' ? 'node with no part in the Egress' : `${role} node`}: the same commands and reply bytes per pass with 4 or 200 registered nodes`, async () => {
+    const small = `load${role}4:`;
+    const large = `load${role}200:`;
+    await cluster(small, 4);
+    await cluster(large, 200);
+    // The measured node is one more node (a gateway: the fourth gateway of the Egress).
+    const a = await steadyCost(small, 500, role, role !== 'none');
+    const b = await steadyCost(large, 500, role, role !== 'none');
+    process.stdout.write(`\n  ${role}: 4 nodes ${a.total / PASSES} commands/pass ${a.bytes / PASSES} B/pass; 200 nodes ${b.total / PASSES} commands/pass ${b.bytes / PASSES} B/pass ${JSON.stringify(b.commands)}\n`);
+    assert.equal(b.commands, a.commands, 'the same commands');
+    assert.ok(Math.abs(b.bytes - a.bytes) <= a.bytes * 0.1, `reply bytes within 10 %: ${a.bytes} vs ${b.bytes}`);
+    assert.ok(b.bytes / PASSES < 400, `a pass's replies are small: ${b.bytes / PASSES} B`);
+    // The pass still knows the cluster: every node's address (FoU allow-lists), the Egress's candidates.
+    assert.is(b.s.nodes.length, role === 'none' ? 201 : 201);
+    if (role !== 'none') assert.is(b.s.registry.get(EGRESS.key)?.length, role === 'gateway' ? 4 : 3);
+    if (role !== 'none') assert.equal(b.s.usage.get(EGRESS.key)?.['198.51.100.1']?.flows, 200, 'usage summed in the store over 200 nodes');
+    if (role === 'none') {
+      // Nothing but its own registration: one script call per pass, whose reply is a version number.
+      assert.equal(b.commands, { evalsha: PASSES }, `only the node's own registration: ${JSON.stringify(b.commands)}`);
+    }
+  });
+}
+
+test('entries of nodes that stopped are removed by the first pass that sees them expired, and every copy drops them', async () => {
+  const p = 'prune:';
+  await cluster(p, 4);
+  const meter = await meterRedis(redis.socketPath);
+  cleanups.push(() => meter.close());
+  const s = await simNode(p, 9, 'client', meter);
+  await s.store.storePass();
+  const other = await OwnershipStore.connect(redis.url, { keyPrefix: p });
+  cleanups.push(() => other.close());
+  await registerNode(raw, p, 'n7', addressOf(7), 300);
+  await other.registerGateways(EGRESS.key, 'n7', [gw(7)], 300);
+  await s.store.storePass();
+  assert.ok(s.nodes.includes(addressOf(7)), 'n7 registered');
+  assert.ok(s.registry.get(EGRESS.key)?.some((g) => g.node === 'n7'), 'n7 a candidate');
+  await new Promise((r) => setTimeout(r, 500));
+  await s.store.storePass();
+  assert.not.ok(s.nodes.includes(addressOf(7)), 'n7 gone from the node list');
+  assert.not.ok(s.registry.get(EGRESS.key)?.some((g) => g.node === 'n7'), 'n7 gone from the candidates');
+  assert.is(await raw.hexists(`{${p}nodes}`, 'n7'), 0, 'node entry deleted');
+  assert.is(await raw.zscore(`{${p}nodes}:expiry`, 'n7'), null, 'node expiry deleted');
+  assert.is(await raw.hexists(`{${p}egress:${EGRESS.key}}:gateways`, 'n7'), 0, 'gateway entry deleted');
+  // A copy that was current before is brought up to date by the changes alone.
+  assert.not.ok((await other.listGateways(EGRESS.key)).some((g) => g.node === 'n7'), 'the other copy dropped it too');
+});
+
+test('a gateway node whose last gateway pod leaves removes its entry at once', async () => {
+  const p = 'leave:';
+  await cluster(p, 4);
+  const meter = await meterRedis(redis.socketPath);
+  cleanups.push(() => meter.close());
+  const s = await simNode(p, 8, 'gateway', meter);
+  await s.store.storePass();
+  assert.is(await raw.hexists(`{${p}egress:${EGRESS.key}}:gateways`, 'n8'), 1);
+  s.gateways.clear();
+  await s.store.storePass();
+  assert.is(await raw.hexists(`{${p}egress:${EGRESS.key}}:gateways`, 'n8'), 0, 'entry removed by the pass after the pod left');
+  meter.reset();
+  await s.store.storePass();
+  assert.is(meter.commands.get('evalsha'), 1, `no longer a gateway nor a client: only the node registration (${JSON.stringify(Object.fromEntries(meter.commands))})`);
+});
+
+test.run();
