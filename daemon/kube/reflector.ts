@@ -181,10 +181,12 @@ export class Reflector {
       let controller: AbortController | undefined;
       let finished = false;
       let idle: NodeJS.Timeout | undefined;
+      let healthy: NodeJS.Timeout | undefined;
       const finish = (error?: unknown) => {
         if (finished) return;
         finished = true;
         clearTimeout(idle);
+        clearTimeout(healthy);
         this.abort = undefined;
         controller?.abort();
         end.ms = Date.now() - t0;
@@ -239,8 +241,17 @@ export class Reflector {
         .then((c) => {
           controller = c;
           if (finished) c.abort();
-          // Connected (a 200 and a stream): the API is back. A 410 loop only ends with something delivered.
+          // Connected (a 200 and a stream): the API is back. After 410s, only once the stream has lasted a
+          // moment without another one (a 410 comes at once), or delivered something.
           else if (this.goneStreak === 0) this.recovered();
+          else {
+            healthy = setTimeout(() => {
+              if (finished) return;
+              this.goneStreak = 0;
+              this.recovered();
+            }, 1000);
+            healthy.unref();
+          }
         })
         .catch((e: unknown) => finish(e));
     });
