@@ -6,8 +6,10 @@
 // create → 409 AlreadyExists; update with a stale resourceVersion → 409 Conflict; a status subresource
 // that changes only status (and the main resource that never changes status); generation bumped on spec
 // changes; label selectors (k=v, k==v, k!=v, k, !k) and field selectors (equality); Leases. Every request
-// is recorded with its query (calls). Anything else (admission, CRD schemas, auth beyond one bearer
-// token, the EndpointSlice controller copying a Service's labels) is not modelled.
+// is recorded with its query (calls). One thing of a controller is modelled because nodes depend on it:
+// the EndpointSlice controller keeps a slice's labels equal to its Service's (reserved keys aside;
+// kubernetes/endpointslice setEndpointSliceLabels), for any slice naming a Service (copyServiceLabels).
+// Anything else (admission, CRD schemas, auth beyond one bearer token, other controllers) is not modelled.
 import * as http from 'node:http';
 import { randomUUID } from 'node:crypto';
 
@@ -63,6 +65,9 @@ export interface Call {
 /** Events kept for watches resumed from an older resourceVersion; older ones are gone (410). */
 const HISTORY = 50_000;
 
+const SERVICE_NAME = 'kubernetes.io/service-name';
+const RESERVED_SLICE_LABELS = [SERVICE_NAME, 'endpointslice.kubernetes.io/managed-by', 'service.kubernetes.io/headless'];
+
 const apiVersionOf = (r: Resource) => (r.group ? `${r.group}/${r.version}` : r.version);
 
 export class FakeApiServer {
@@ -77,6 +82,8 @@ export class FakeApiServer {
   muteWatches = false;
   /** While true, every watch answers 410 Gone at once (an API server whose watch cache cannot serve). */
   goneLoop = false;
+  /** Keep EndpointSlices' labels equal to their Service's, as the EndpointSlice controller does. */
+  copyServiceLabels = true;
   /** Requests seen, by "VERB path" (for assertions). */
   readonly requests: string[] = [];
   /** Requests seen with their query parameters. */
@@ -277,8 +284,13 @@ export class FakeApiServer {
     this.rv++;
     const stored: Obj = structuredClone({ ...obj, apiVersion: apiVersionOf(r), kind: r.kind });
     stored.metadata = { ...stored.metadata, uid: randomUUID(), resourceVersion: String(this.rv), generation: 1, creationTimestamp: new Date().toISOString() };
+    if (r.plural === 'endpointslices') {
+      stored.metadata.labels = this.sliceLabels(stored);
+      this.indexSlice(stored, k);
+    }
     this.store.set(k, { res: r, obj: stored });
     this.emit('ADDED', r, stored);
+    if (r.plural === 'services') this.relabelSlices(stored);
     return stored;
   }
 
@@ -302,12 +314,51 @@ export class FakeApiServer {
       if (obj.metadata.deletionTimestamp) next.metadata.deletionTimestamp = obj.metadata.deletionTimestamp;
       if (JSON.stringify(next.spec) !== JSON.stringify(cur.obj.spec)) next.metadata.generation = (cur.obj.metadata.generation ?? 1) + 1;
     }
+    if (r.plural === 'endpointslices') {
+      next.metadata.labels = this.sliceLabels(next);
+      this.indexSlice(next, k);
+    }
     if (JSON.stringify(next) === JSON.stringify(cur.obj)) return cur.obj;
     this.rv++;
     next.metadata.resourceVersion = String(this.rv);
     cur.obj = next;
     this.emit('MODIFIED', r, next);
+    if (r.plural === 'services') this.relabelSlices(next);
     return next;
+  }
+
+  /** A slice's labels as the EndpointSlice controller keeps them: its reserved ones plus its Service's. */
+  private sliceLabels(slice: Obj): Record<string, string> | undefined {
+    const own = slice.metadata?.labels as Record<string, string> | undefined;
+    const svcName = own?.[SERVICE_NAME];
+    if (!this.copyServiceLabels || !svcName) return own;
+    const svc = this.store.get(this.key(RESOURCES.find((x) => x.plural === 'services')!, slice.metadata.namespace, svcName))?.obj;
+    if (!svc) return own;
+    const out: Record<string, string> = {};
+    for (const [k, v] of Object.entries(own ?? {})) if (RESERVED_SLICE_LABELS.includes(k)) out[k] = v;
+    for (const [k, v] of Object.entries((svc.metadata?.labels ?? {}) as Record<string, string>)) if (!RESERVED_SLICE_LABELS.includes(k)) out[k] = v;
+    return out;
+  }
+
+  private relabelSlices(svc: Obj): void {
+    if (!this.copyServiceLabels) return;
+    const slices = RESOURCES.find((x) => x.plural === 'endpointslices')!;
+    for (const k of this.slicesOf.get(`${svc.metadata.namespace}/${svc.metadata.name}`) ?? []) {
+      const obj = this.store.get(k)?.obj;
+      if (!obj || obj.metadata.labels?.[SERVICE_NAME] !== svc.metadata.name) continue;
+      this.update(slices, { ...structuredClone(obj), metadata: { ...structuredClone(obj.metadata), resourceVersion: undefined } }, false);
+    }
+  }
+
+  /** Slices (store keys) by "namespace/service" they named when written (checked again on use). */
+  private readonly slicesOf = new Map<string, Set<string>>();
+
+  private indexSlice(obj: Obj, k: string): void {
+    const svcName = obj.metadata?.labels?.[SERVICE_NAME];
+    if (!svcName) return;
+    const key = `${obj.metadata.namespace}/${svcName}`;
+    if (!this.slicesOf.has(key)) this.slicesOf.set(key, new Set());
+    this.slicesOf.get(key)!.add(k);
   }
 
   private delete(r: Resource, ns: string | undefined, name: string): Obj | undefined {

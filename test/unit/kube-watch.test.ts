@@ -1,6 +1,6 @@
 // The Kubernetes source at scale, against the FAKE API server (no kube-apiserver on these machines): the
 // selectors each watch sends and that only tether's objects arrive; the leader's labeller that makes a
-// tether Service visible to the nodes; a watch resumed from its resourceVersion (an event's or a bookmark's)
+// tether Service and its slices visible to the nodes; a watch resumed from its resourceVersion (an event's or a bookmark's)
 // after a disconnect, without a relist; a watch answering 410 in a loop (backed off with jitter, said once
 // in the log and in status, the last state kept, recovery); 10k Services appearing at once (bounded work,
 // the right set at the end); the jittered backoff itself.
@@ -111,11 +111,14 @@ test('the leader\'s labeller labels tether Services (nodes then see them) and un
   try {
     await src.start();
     api.apply(svc('late', true, false));
+    api.apply(slice('late', false));
     api.apply(svc('wrong', false, true));
     labeler.start();
     await until('labelled', () => api.get('Service', 'late', 'shop')?.metadata.labels?.[TETHER_SERVICE_LABEL] === 'true' && api.get('Service', 'wrong', 'shop')?.metadata.labels?.[TETHER_SERVICE_LABEL] === undefined);
-    const c = await updateWhere(src, (x) => names(x, 'Service').includes('late'));
+    // The fake copies the label onto the slice as Kubernetes' EndpointSlice controller does.
+    const c = await updateWhere(src, (x) => names(x, 'Service').includes('late') && names(x, 'EndpointSlice').includes('late-abcde'));
     assert.equal(names(c, 'Service'), ['late', 'web']);
+    assert.equal(names(c, 'EndpointSlice'), ['late-abcde', 'web-abcde']);
     assert.equal(api.get('Service', 'late', 'shop')?.spec, svc('late', true).spec, 'only the label was patched');
     assert.equal(labeler.mismatches(), []);
     const patches = api.calls.filter((x) => x.method === 'PATCH').length;
