@@ -95,7 +95,11 @@ export class Reflector {
       clearTimeout(this.sleeping.timer);
       this.sleeping.wake();
     }
-    await this.loop;
+    // A list in flight against an API server that is away may not answer for long: its result is
+    // ignored once stopped, so stopping does not wait for it past a second.
+    let timer: NodeJS.Timeout | undefined;
+    await Promise.race([this.loop, new Promise((r) => (timer = setTimeout(r, 1000)))]);
+    clearTimeout(timer);
   }
 
   objects(): Obj[] {
