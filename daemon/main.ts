@@ -10,7 +10,7 @@ import { LoopLag } from './util/loop-lag';
 import { feedReconcilers } from './config/source';
 import { KubeSource } from './config/kube-source';
 import { EgressObjects } from './egress/egress-config';
-import { startControllers } from './kube/controllers';
+import { parseCandidates, startControllers } from './kube/controllers';
 import { checkRedisOption, flowsOption, nodeNameOf, parseOptions, portOption, USAGE, type Options } from './options';
 import { CurrentConfig, startSource } from './parts/source';
 import { openPodState, startIpam, startStore } from './parts/ipam';
@@ -65,6 +65,7 @@ async function start(opts: Options, nodeName: string, logger: Logger, life: Life
     setBpffsMode(opts.bpffs);
     // In a container the host's bpffs must already be there: say so before anything starts.
     if (opts.bpffs === 'host') ensureBpffs(opts['bpf-pin-dir']);
+    parseCandidates(opts['controller-candidates']);
   } catch (e) {
     throw new StartError(2, (e as Error).message);
   }
@@ -95,7 +96,10 @@ async function start(opts: Options, nodeName: string, logger: Logger, life: Life
   life.started('event loop monitor', () => loopLag.stop());
 
   let healthStatus: (() => Record<string, unknown>) | undefined;
-  const server = apiServer({ socket: opts.socket, nodeName, stateDir, bpfPinDir: opts['bpf-pin-dir'], current, podStore, attach, ipam, egress, lb, health: () => healthStatus?.(), loopLag, logger });
+  const server = apiServer({
+    socket: opts.socket, nodeName, stateDir, bpfPinDir: opts['bpf-pin-dir'], current, podStore, attach, ipam, egress, lb, health: () => healthStatus?.(), loopLag, logger,
+    kubernetes: source instanceof KubeSource ? () => ({ problems: source.problems(), resources: source.stats() }) : undefined,
+  });
   // Egress stops after the socket (a CNI ADD under way still finds its roles), and also when its own start
   // fails half-way, so whatever it set up is undone.
   if (egress) life.started('egress', () => egress.stop(), 15_000);
@@ -130,7 +134,7 @@ async function start(opts: Options, nodeName: string, logger: Logger, life: Life
   // Every accepted configuration change reaches each subsystem, which converges to it.
   const feed = feedReconcilers(source, [current, ipam.reconciler, egressReconciler(egressObjects, egress, logger), lbReconciler(lb, logger)], logger);
   life.started('config updates', () => feed.stop());
-  if (source instanceof KubeSource) startControllers(source, nodeName, egress, egressObjects, logger, life, lb);
+  if (source instanceof KubeSource) startControllers(source, nodeName, egress, egressObjects, logger, life, lb, opts['controller-candidates']);
   probes.markStarted();
   logger.info('tetherd started', { version: VERSION, socket: opts.socket, stateDir, bpfPinDir: opts['bpf-pin-dir'], podsRecorded: loaded });
 }

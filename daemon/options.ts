@@ -21,6 +21,9 @@ export const USAGE = `usage: tetherd [--node-name NAME] [--socket PATH] [--state
   --uplink IF             the node's interface on the L2 segment (announcements); default: eth0
   --cluster-key-file FILE shared secret (≥ 32 bytes, hex or base64) authenticating tetherd-to-tetherd traffic
   --cluster-key-secret NAME  in a cluster: the key from Secret NAME in $POD_NAMESPACE (created by the first tetherd)
+  --controller-candidates C  in a cluster, the nodes that compete to run the controllers (the others never
+                          touch the Lease): auto (default: nodes labelled tether.dev/controller-candidate=true,
+                          or every node when none is), label, all, or node names separated by commas
   --fou-port N            UDP port of FoU encapsulation (default 5555); --sync-port N conntrack sync (default 3785)
   --egress-flows N        flows of this node's client pods pinned to their egress address (LRU; default 65536)
   Load balancer (Services of type LoadBalancer, loadBalancerClass tether.dev/lb) needs --node-address and --redis:
@@ -49,6 +52,7 @@ export type Options = {
   uplink: string;
   'cluster-key-file'?: string;
   'cluster-key-secret'?: string;
+  'controller-candidates': string;
   'fou-port': string;
   'sync-port': string;
   'egress-flows': string;
@@ -83,6 +87,7 @@ export function parseOptions(argv: string[]): Options {
       uplink: { type: 'string', default: 'eth0' },
       'cluster-key-file': { type: 'string' },
       'cluster-key-secret': { type: 'string' },
+      'controller-candidates': { type: 'string', default: 'auto' },
       'fou-port': { type: 'string', default: '5555' },
       'sync-port': { type: 'string', default: '3785' },
       'egress-flows': { type: 'string', default: '65536' },

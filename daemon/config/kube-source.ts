@@ -1,9 +1,13 @@
-// The Kubernetes config source: AddressPools and Egresses (tether.dev custom resources), this node's Node
-// and the Pods of this node, each followed by a @kubernetes/client-node informer (list, then watch from
-// the list's resourceVersion; a 410 Gone relists). Informers do not restart themselves after an error and
-// can stall silently (kubernetes-client/javascript#958, #596), so each runs under a watchdog: an error
-// restarts it with exponential backoff, and a periodic full resync replaces it with a fresh one (a new
-// list) so a missed event never leaves a difference behind.
+// The Kubernetes config source: AddressPools and Egresses (tether.dev custom resources), this node's Node,
+// the Pods of this node, and tether's load-balanced Services with their EndpointSlices, each followed by a
+// Reflector (daemon/kube/reflector.ts: list once, watch with bookmarks, resume from the last
+// resourceVersion, relist only on 410 Gone, jittered backoff, a watchdog for silent watches).
+// Each node watches only what it needs: Pods by spec.nodeName, its Node by metadata.name, and only the
+// Services and EndpointSlices that carry TETHER_SERVICE_LABEL, which the leader puts on every Service of
+// tether's loadBalancerClass (service-labeler.ts) and Kubernetes' EndpointSlice controller copies from a
+// Service onto its EndpointSlices (kubernetes/endpointslice utils.go, setEndpointSliceLabels: a slice's
+// labels are kept equal to its Service's, reserved keys aside). Bursts of events (10k Services created at
+// once) are coalesced: one rebuild per settle period, at least one per MAX_SETTLE_MS while they last.
 // Objects are validated one by one with the same schemas as the file source; an invalid one is refused
 // with its reasons (log, 'verdicts' for status writers) and its last accepted version stays in force.
 import { EventEmitter } from 'node:events';
@@ -18,6 +22,8 @@ import { objectKey, type ConfigObjects, type NodeFacts, type PodMeta } from './o
 import type { ConfigSource } from './source';
 import { isTetherService } from '../lb/lb-spec';
 import { TO_BE_DELETED_TAINT } from '../health/health-server';
+import { Reflector, type ReflectorStats } from '../kube/reflector';
+import { TETHER_SERVICE_SELECTOR } from '../kube/service-labeler';
 
 type Obj = Record<string, any>;
 
@@ -26,101 +32,33 @@ export interface KubeSourceOptions {
   kubeconfig?: string;
   nodeName: string;
   logger: Logger;
-  /** Full relist of every resource (safety net). Default 5 minutes. */
-  resyncMs?: number;
-  /** How long start() waits for the first complete list of every resource. Default 30 s. */
+  /** How start() waits for the first complete list of every resource. Default 30 s. */
   syncTimeoutMs?: number;
+  /** A watch with no event or bookmark for this long is resumed (Reflector idleMs; default 150 s). */
+  watchIdleMs?: number;
+  /** Retry backoff of lists and watches (jittered; default 500 ms doubling to 30 s). */
+  backoffMinMs?: number;
+  backoffMaxMs?: number;
 }
 
 /** Per object ("Kind namespace/name"): its problems now (empty: accepted), for status conditions. */
 export type Verdicts = Map<string, { obj: Obj; problems: string[] }>;
 
-const BACKOFF_MIN_MS = 500;
-const BACKOFF_MAX_MS = 30_000;
+/** Events are let settle this long before the configuration is rebuilt… */
 const SETTLE_MS = 50;
-
-/** One informer under a watchdog: restarted with backoff after an error, replaced on resync. */
-class Reflector {
-  private informer?: k8s.ListWatch<Obj>;
-  private backoffMs = BACKOFF_MIN_MS;
-  private restartTimer?: NodeJS.Timeout;
-  private stopped = false;
-  listed = false;
-  restarts = 0;
-
-  constructor(
-    readonly name: string,
-    private readonly kc: k8s.KubeConfig,
-    private readonly path: string,
-    private readonly list: () => Promise<Obj>,
-    private readonly fieldSelector: string | undefined,
-    private readonly changed: () => void,
-    private readonly logger: Logger,
-  ) {}
-
-  async start(): Promise<void> {
-    this.stopped = false;
-    await this.replace();
-  }
-
-  /** A fresh informer (a new list): the safety net against a watch that stalled without an error. */
-  async replace(): Promise<void> {
-    const listFn = async () => {
-      const l = (await this.list()) as k8s.KubernetesListObject<Obj>;
-      this.listed = true;
-      this.backoffMs = BACKOFF_MIN_MS;
-      return l;
-    };
-    const next = new k8s.ListWatch<Obj>(this.path, new k8s.Watch(this.kc), listFn, false, undefined, this.fieldSelector);
-    next.on('add', () => this.changed());
-    next.on('update', () => this.changed());
-    next.on('delete', () => this.changed());
-    next.on('error', (err: unknown) => this.failed(next, err));
-    const old = this.informer;
-    this.informer = next;
-    await next.start();
-    if (old) {
-      await old.stop();
-      this.changed();
-    }
-  }
-
-  private failed(which: k8s.ListWatch<Obj>, err: unknown): void {
-    if (this.stopped || which !== this.informer) return;
-    const inMs = this.backoffMs;
-    this.backoffMs = Math.min(this.backoffMs * 2, BACKOFF_MAX_MS);
-    this.restarts++;
-    this.logger.warn('kube: list/watch failed; restarting', { resource: this.name, error: describeError(err), inMs });
-    clearTimeout(this.restartTimer);
-    this.restartTimer = setTimeout(() => {
-      if (!this.stopped && which === this.informer) void which.start();
-    }, inMs);
-    this.restartTimer.unref();
-  }
-
-  objects(): readonly Obj[] {
-    return this.informer?.list() ?? [];
-  }
-
-  async stop(): Promise<void> {
-    this.stopped = true;
-    clearTimeout(this.restartTimer);
-    await this.informer?.stop();
-  }
-}
-
-function describeError(e: unknown): string {
-  const x = e as { code?: unknown; statusCode?: unknown; message?: string; body?: unknown };
-  return [x.statusCode ?? x.code, x.message ?? String(e)].filter((v) => v !== undefined && v !== '').join(' ');
-}
+/** …but while they keep coming, it is rebuilt at least this often. */
+const MAX_SETTLE_MS = 1000;
 
 export class KubeSource extends EventEmitter implements ConfigSource {
   readonly name = 'kubernetes';
   readonly kc = new k8s.KubeConfig();
   private readonly reflectors: Reflector[] = [];
   private timer?: NodeJS.Timeout;
-  private resync?: NodeJS.Timeout;
+  /** When the first change not yet built came in (0: none waiting). */
+  private pendingSince = 0;
   private started = false;
+  /** Configurations built and emitted (for status and tests). */
+  readonly counts = { builds: 0, updates: 0 };
   private current?: ConfigObjects;
   private lastJson = '';
   /** Last accepted version of each object, kept while a newer version is refused. */
@@ -138,25 +76,29 @@ export class KubeSource extends EventEmitter implements ConfigSource {
     const custom = this.kc.makeApiClient(k8s.CustomObjectsApi);
     const core = this.kc.makeApiClient(k8s.CoreV1Api);
     const discovery = this.kc.makeApiClient(k8s.DiscoveryV1Api);
-    const changed = () => this.soon();
-    const crd = (plural: string) =>
-      new Reflector(plural, this.kc, `/apis/${GROUP}/${VERSION}/${plural}`, () => custom.listClusterCustomObject({ group: GROUP, version: VERSION, plural }), undefined, changed, this.o.logger);
+    const reflector = (name: string, path: string, list: (rv: string | undefined) => Promise<unknown>, sel: { labelSelector?: string; fieldSelector?: string } = {}) =>
+      new Reflector({
+        name, kc: this.kc, path, list: list as (rv: string | undefined) => Promise<Obj>, ...sel, changed: () => this.soon(), logger: this.o.logger,
+        idleMs: this.o.watchIdleMs, backoffMinMs: this.o.backoffMinMs, backoffMaxMs: this.o.backoffMaxMs,
+      });
+    const crd = (plural: string) => reflector(plural, `/apis/${GROUP}/${VERSION}/${plural}`, (resourceVersion) => custom.listClusterCustomObject({ group: GROUP, version: VERSION, plural, resourceVersion }));
     const nodeSel = `metadata.name=${this.o.nodeName}`;
     const podSel = `spec.nodeName=${this.o.nodeName}`;
+    const lbSel = TETHER_SERVICE_SELECTOR;
     this.reflectors.push(
       crd('addresspools'),
       crd('egresses'),
-      new Reflector('nodes', this.kc, '/api/v1/nodes', () => core.listNode({ fieldSelector: nodeSel }) as Promise<Obj>, nodeSel, changed, this.o.logger),
-      new Reflector('pods', this.kc, '/api/v1/pods', () => core.listPodForAllNamespaces({ fieldSelector: podSel }) as Promise<Obj>, podSel, changed, this.o.logger),
-      // The load balancer's objects: Services (those of tether's class are used) and their EndpointSlices.
-      new Reflector('services', this.kc, '/api/v1/services', () => core.listServiceForAllNamespaces() as Promise<Obj>, undefined, changed, this.o.logger),
-      new Reflector('endpointslices', this.kc, '/apis/discovery.k8s.io/v1/endpointslices', () => discovery.listEndpointSliceForAllNamespaces() as Promise<Obj>, undefined, changed, this.o.logger),
+      reflector('nodes', '/api/v1/nodes', (resourceVersion) => core.listNode({ fieldSelector: nodeSel, resourceVersion }), { fieldSelector: nodeSel }),
+      reflector('pods', '/api/v1/pods', (resourceVersion) => core.listPodForAllNamespaces({ fieldSelector: podSel, resourceVersion }), { fieldSelector: podSel }),
+      // Tether's Services only (labelled by the leader) and their EndpointSlices (the label copied by Kubernetes).
+      reflector('services', '/api/v1/services', (resourceVersion) => core.listServiceForAllNamespaces({ labelSelector: lbSel, resourceVersion }), { labelSelector: lbSel }),
+      reflector('endpointslices', '/apis/discovery.k8s.io/v1/endpointslices', (resourceVersion) => discovery.listEndpointSliceForAllNamespaces({ labelSelector: lbSel, resourceVersion }), { labelSelector: lbSel }),
     );
-    await Promise.all(this.reflectors.map((r) => r.start()));
+    for (const r of this.reflectors) r.start();
     const deadline = Date.now() + (this.o.syncTimeoutMs ?? 30_000);
     while (!this.reflectors.every((r) => r.listed)) {
       if (Date.now() > deadline) {
-        const missing = this.reflectors.filter((r) => !r.listed).map((r) => r.name);
+        const missing = this.reflectors.filter((r) => !r.listed).map((r) => `${r.name}${r.stats().problem ? ` (${r.stats().problem})` : ''}`);
         await this.stop();
         throw new Error(`kubernetes: no complete list of ${missing.join(', ')} within ${this.o.syncTimeoutMs ?? 30_000} ms (API server ${this.kc.getCurrentCluster()?.server ?? '?'})`);
       }
@@ -165,11 +107,6 @@ export class KubeSource extends EventEmitter implements ConfigSource {
     this.started = true;
     this.current = this.build();
     this.lastJson = fingerprint(this.current);
-    const every = this.o.resyncMs ?? 300_000;
-    this.resync = setInterval(() => {
-      for (const r of this.reflectors) void r.replace().catch((e) => this.o.logger.warn('kube: resync failed', { resource: r.name, error: describeError(e) }));
-    }, every);
-    this.resync.unref();
     this.o.logger.info('kube: synced', { server: this.kc.getCurrentCluster()?.server, pools: this.current.pools.length, objects: this.current.others.length, pods: Object.keys(this.current.pods ?? {}).length });
     return this.current;
   }
@@ -177,8 +114,12 @@ export class KubeSource extends EventEmitter implements ConfigSource {
   async stop(): Promise<void> {
     this.started = false;
     clearTimeout(this.timer);
-    clearInterval(this.resync);
     await Promise.all(this.reflectors.map((r) => r.stop()));
+  }
+
+  /** This node's labels (from its Node object), as of the last configuration built. */
+  nodeLabels(): Record<string, string> {
+    return this.current?.nodes[this.o.nodeName]?.labels ?? {};
   }
 
   /** Each object's current verdict (for the status controller). */
@@ -186,21 +127,40 @@ export class KubeSource extends EventEmitter implements ConfigSource {
     return this.verdicts;
   }
 
-  stats(): Array<{ resource: string; restarts: number; objects: number }> {
-    return this.reflectors.map((r) => ({ resource: r.name, restarts: r.restarts, objects: r.objects().length }));
+  /** Each followed resource: objects held, lists, watches, events, 410s, and what is wrong, if anything. */
+  stats(): ReflectorStats[] {
+    return this.reflectors.map((r) => r.stats());
   }
 
+  /** What keeps resources from being followed now (a 410 loop, the API away), for tetherd's status. */
+  problems(): string[] {
+    return this.reflectors.flatMap((r) => {
+      const p = r.stats().problem;
+      return p ? [`${r.name}: ${p}`] : [];
+    });
+  }
+
+  /** Rebuilds after changes settle: one build for a burst, not one per event. */
   private soon(): void {
     if (!this.started) return;
+    const now = Date.now();
+    if (!this.pendingSince) this.pendingSince = now;
     clearTimeout(this.timer);
-    this.timer = setTimeout(() => {
-      const next = this.build();
-      const json = fingerprint(next);
-      if (json === this.lastJson) return;
-      this.lastJson = json;
-      this.current = next;
-      this.emit('update', next);
-    }, SETTLE_MS);
+    const wait = Math.max(0, Math.min(SETTLE_MS, this.pendingSince + MAX_SETTLE_MS - now));
+    this.timer = setTimeout(() => this.rebuild(), wait);
+  }
+
+  private rebuild(): void {
+    this.pendingSince = 0;
+    if (!this.started) return;
+    this.counts.builds++;
+    const next = this.build();
+    const json = fingerprint(next);
+    if (json === this.lastJson) return;
+    this.lastJson = json;
+    this.current = next;
+    this.counts.updates++;
+    this.emit('update', next);
   }
 
   private objectsOf(name: string): Obj[] {

@@ -2,9 +2,14 @@
 // acquire when the Lease is free or expired, renew well before leaseDurationSeconds, step down as soon as a
 // renewal cannot be confirmed within the lease duration (another node may then take it). Every write
 // carries the resourceVersion read, so two candidates racing for it get one success and one 409.
+// Only candidates run this (controllers.ts decides which nodes are): the others never touch the Lease.
+// Retries are jittered (candidates that started together do not hit the Lease together), and a candidate
+// whose attempts fail backs off exponentially, never past the lease duration, so a lost leader is still
+// replaced within about one lease duration.
 import { EventEmitter } from 'node:events';
 import * as k8s from '@kubernetes/client-node';
 import type { Logger } from '../log';
+import { Backoff, jittered } from './backoff';
 
 export interface LeaderOptions {
   kc: k8s.KubeConfig;
@@ -36,11 +41,15 @@ export class LeaderElection extends EventEmitter {
   private stopped = false;
   private running?: Promise<void>;
   private readonly durationS: number;
+  private readonly backoff: Backoff;
+  /** Attempts made (for tests: a non-candidate makes none). */
+  attempts = 0;
 
   constructor(private readonly o: LeaderOptions) {
     super();
     this.api = o.kc.makeApiClient(k8s.CoordinationV1Api);
     this.durationS = o.leaseDurationSeconds ?? 15;
+    this.backoff = new Backoff(this.o.retryMs ?? Math.round((this.durationS * 1000) / 3), this.durationS * 1000);
   }
 
   isLeader(): boolean {
@@ -51,8 +60,10 @@ export class LeaderElection extends EventEmitter {
     const every = this.o.retryMs ?? Math.round((this.durationS * 1000) / 3);
     const loop = () => {
       if (this.stopped) return;
-      this.running = this.attempt().finally(() => {
-        if (!this.stopped) this.timer = setTimeout(loop, every);
+      this.running = this.attempt().then((ok) => {
+        // A leader renews on time whatever happened; a candidate whose attempts fail backs off.
+        if (ok || this.leader) this.backoff.reset();
+        if (!this.stopped) this.timer = setTimeout(loop, ok || this.leader ? jittered(every, 0.1) : this.backoff.next());
       });
     };
     loop();
@@ -82,7 +93,9 @@ export class LeaderElection extends EventEmitter {
     this.emit(v ? 'elected' : 'lost');
   }
 
-  private async attempt(): Promise<void> {
+  /** One try: false when the API could not be reached or answered an error other than a lost race. */
+  private async attempt(): Promise<boolean> {
+    this.attempts++;
     const now = new Date();
     try {
       let cur: Lease | undefined;
@@ -97,7 +110,7 @@ export class LeaderElection extends EventEmitter {
       const expired = !spec.holderIdentity || renewed + (spec.leaseDurationSeconds ?? this.durationS) * 1000 < now.getTime();
       if (!mine && !expired) {
         this.setLeader(false, `held by ${spec.holderIdentity}`);
-        return;
+        return true;
       }
       const body = {
         apiVersion: 'coordination.k8s.io/v1',
@@ -115,11 +128,13 @@ export class LeaderElection extends EventEmitter {
       else await this.api.createNamespacedLease({ namespace: this.o.namespace, body });
       this.lastRenew = now.getTime();
       this.setLeader(true, mine ? 'renewed' : cur ? `took over from ${spec.holderIdentity ?? 'nobody'}` : 'created the lease');
+      return true;
     } catch (e) {
       // A 409 is another candidate's write winning; anything else is the API being away.
       // A leader steps down before its lease can expire (renew deadline: two thirds of it), so two never overlap.
       if (this.leader && Date.now() - this.lastRenew > (this.durationS * 2000) / 3) this.setLeader(false, `renewal not confirmed within the renew deadline: ${(e as Error).message}`);
       else if (statusOf(e) !== 409) this.o.logger.debug('kube: lease attempt failed', { error: (e as Error).message });
+      return statusOf(e) === 409;
     }
   }
 }

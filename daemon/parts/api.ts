@@ -49,6 +49,8 @@ export interface ApiDeps {
   health?: () => Record<string, unknown> | undefined;
   loopLag: LoopLag;
   logger: Logger;
+  /** The Kubernetes source's watches (each resource followed, and what keeps one from being followed). */
+  kubernetes?: () => Record<string, unknown>;
 }
 
 export function apiServer(d: ApiDeps): ApiServer {
@@ -87,6 +89,7 @@ export function apiServer(d: ApiDeps): ApiServer {
         bfd: egress?.bfdStatus(),
         loadBalancers: d.lb?.status() ?? [],
         health: d.health?.(),
+        kubernetes: d.kubernetes?.(),
         roleProblems: attach.roleProblems.list(),
         eventLoop: { lagMaxMs: d.loopLag.maxMs(), lagMaxPerSecondMs: d.loopLag.series() },
         pods: d.podStore.all().map((r) => ({

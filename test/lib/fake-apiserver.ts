@@ -1,10 +1,15 @@
 // A FAKE Kubernetes API server for tests: there is no kube-apiserver on these machines. It is small and
 // behaves like the real one only in the ways that break clients: a cluster-wide resourceVersion; list and
 // watch (chunked JSON lines) from a resourceVersion, 410 Gone (an ERROR event) once that version is
-// compacted away; watches it can drop on demand; create → 409 AlreadyExists; update with a stale
-// resourceVersion → 409 Conflict; a status subresource that changes only status (and the main resource
-// that never changes status); generation bumped on spec changes; label and field selectors (equality
-// only); Leases. Anything else (admission, CRD schemas, auth beyond one bearer token) is not modelled.
+// compacted away (or pushed out of its bounded history); bookmarks for watches that allow them (on
+// demand: bookmark()); a mode where every watch answers 410 (a 410 loop); watches it can drop on demand;
+// create → 409 AlreadyExists; update with a stale resourceVersion → 409 Conflict; a status subresource
+// that changes only status (and the main resource that never changes status); generation bumped on spec
+// changes; label selectors (k=v, k==v, k!=v, k, !k) and field selectors (equality); Leases. Every request
+// is recorded with its query (calls). One thing of a controller is modelled because nodes depend on it:
+// the EndpointSlice controller keeps a slice's labels equal to its Service's (reserved keys aside;
+// kubernetes/endpointslice setEndpointSliceLabels), for any slice naming a Service (copyServiceLabels).
+// Anything else (admission, CRD schemas, auth beyond one bearer token, other controllers) is not modelled.
 import * as http from 'node:http';
 import { randomUUID } from 'node:crypto';
 
@@ -43,7 +48,25 @@ interface Watcher {
   ns?: string;
   match: (o: Obj) => boolean;
   res_: http.ServerResponse;
+  bookmarks: boolean;
 }
+
+/** A request as the fake saw it. */
+export interface Call {
+  method: string;
+  path: string;
+  watch: boolean;
+  query: Record<string, string>;
+  at: number;
+  /** The bearer token it carried (tests give each client its own to tell them apart). */
+  token?: string;
+}
+
+/** Events kept for watches resumed from an older resourceVersion; older ones are gone (410). */
+const HISTORY = 50_000;
+
+const SERVICE_NAME = 'kubernetes.io/service-name';
+const RESERVED_SLICE_LABELS = [SERVICE_NAME, 'endpointslice.kubernetes.io/managed-by', 'service.kubernetes.io/headless'];
 
 const apiVersionOf = (r: Resource) => (r.group ? `${r.group}/${r.version}` : r.version);
 
@@ -57,8 +80,14 @@ export class FakeApiServer {
   private readonly servers: http.Server[] = [];
   /** While true, watches receive nothing (a watch that stalls without an error, as client-node users see). */
   muteWatches = false;
+  /** While true, every watch answers 410 Gone at once (an API server whose watch cache cannot serve). */
+  goneLoop = false;
+  /** Keep EndpointSlices' labels equal to their Service's, as the EndpointSlice controller does. */
+  copyServiceLabels = true;
   /** Requests seen, by "VERB path" (for assertions). */
   readonly requests: string[] = [];
+  /** Requests seen with their query parameters. */
+  readonly calls: Call[] = [];
 
   constructor(private readonly token?: string) {}
 
@@ -103,6 +132,22 @@ export class FakeApiServer {
     this.history = [];
   }
 
+  /** Sends a BOOKMARK with the current resourceVersion to every watch that allows bookmarks. */
+  bookmark(): number {
+    let n = 0;
+    for (const w of this.watchers) {
+      if (!w.bookmarks || this.muteWatches) continue;
+      w.res_.write(JSON.stringify({ type: 'BOOKMARK', object: { apiVersion: apiVersionOf(w.res), kind: w.res.kind, metadata: { resourceVersion: String(this.rv) } } }) + '\n');
+      n++;
+    }
+    return n;
+  }
+
+  /** Open watches (optionally of one resource plural). */
+  openWatches(plural?: string): number {
+    return [...this.watchers].filter((w) => !plural || w.res.plural === plural).length;
+  }
+
   get resourceVersion(): number {
     return this.rv;
   }
@@ -145,6 +190,7 @@ export class FakeApiServer {
   private handle(req: http.IncomingMessage, res: http.ServerResponse): void {
     const url = new URL(req.url ?? '/', 'http://x');
     this.requests.push(`${req.method} ${url.pathname}${url.searchParams.get('watch') ? ' (watch)' : ''}`);
+    this.calls.push({ method: req.method ?? 'GET', path: url.pathname, watch: !!url.searchParams.get('watch'), query: Object.fromEntries(url.searchParams), at: Date.now(), token: req.headers.authorization?.replace(/^Bearer /, '') });
     if (this.token && req.headers.authorization !== `Bearer ${this.token}`) return this.status(res, 401, 'Unauthorized', 'bad or missing token');
     const m = /^\/(?:api\/(v1)|apis\/([^/]+)\/([^/]+))(?:\/namespaces\/([^/]+))?\/([^/]+)(?:\/([^/]+))?(?:\/(status))?$/.exec(url.pathname);
     if (!m) return this.status(res, 404, 'NotFound', `no route ${url.pathname}`);
@@ -189,10 +235,10 @@ export class FakeApiServer {
 
   private matcher(url: URL): (o: Obj) => boolean {
     const pairs = (s: string | null) => (s ? s.split(',').filter(Boolean).map((p) => p.split('=') as [string, string]) : []);
-    const labels = pairs(url.searchParams.get('labelSelector'));
+    const labels = (url.searchParams.get('labelSelector') ?? '').split(',').filter(Boolean).map(labelTerm);
     const fields = pairs(url.searchParams.get('fieldSelector'));
     return (o) =>
-      labels.every(([k, v]) => o.metadata?.labels?.[k] === v) &&
+      labels.every((t) => t(o.metadata?.labels ?? {})) &&
       fields.every(([k, v]) => String(k.split('.').reduce((x: any, p) => x?.[p], o) ?? '') === v);
   }
 
@@ -209,11 +255,11 @@ export class FakeApiServer {
     res.writeHead(200, { 'content-type': 'application/json', 'transfer-encoding': 'chunked' });
     res.flushHeaders();
     const match = this.matcher(url);
-    if (from < this.compactedBefore - 1) {
+    if (this.goneLoop || from < this.compactedBefore - 1) {
       res.end(JSON.stringify({ type: 'ERROR', object: { kind: 'Status', apiVersion: 'v1', status: 'Failure', reason: 'Expired', code: 410, message: `too old resource version: ${from} (${this.compactedBefore})` } }) + '\n');
       return;
     }
-    const w: Watcher = { res: r, ns, match, res_: res };
+    const w: Watcher = { res: r, ns, match, res_: res, bookmarks: url.searchParams.get('allowWatchBookmarks') === 'true' };
     for (const e of this.history) if (e.rv > from && e.res === r && (!ns || e.obj.metadata.namespace === ns) && match(e.obj)) res.write(JSON.stringify({ type: e.type, object: e.obj }) + '\n');
     this.watchers.add(w);
     res.on('close', () => this.watchers.delete(w));
@@ -221,7 +267,7 @@ export class FakeApiServer {
 
   private emit(type: Event['type'], res: Resource, obj: Obj): void {
     this.history.push({ rv: this.rv, type, res, obj });
-    if (this.history.length > 10_000) this.history.shift();
+    if (this.history.length > HISTORY) this.compactedBefore = this.history.shift()!.rv + 1;
     for (const w of this.watchers) {
       if (this.muteWatches) break;
       if (w.res !== res || (w.ns && w.ns !== obj.metadata.namespace) || !w.match(obj)) continue;
@@ -238,8 +284,13 @@ export class FakeApiServer {
     this.rv++;
     const stored: Obj = structuredClone({ ...obj, apiVersion: apiVersionOf(r), kind: r.kind });
     stored.metadata = { ...stored.metadata, uid: randomUUID(), resourceVersion: String(this.rv), generation: 1, creationTimestamp: new Date().toISOString() };
+    if (r.plural === 'endpointslices') {
+      stored.metadata.labels = this.sliceLabels(stored);
+      this.indexSlice(stored, k);
+    }
     this.store.set(k, { res: r, obj: stored });
     this.emit('ADDED', r, stored);
+    if (r.plural === 'services') this.relabelSlices(stored);
     return stored;
   }
 
@@ -263,12 +314,51 @@ export class FakeApiServer {
       if (obj.metadata.deletionTimestamp) next.metadata.deletionTimestamp = obj.metadata.deletionTimestamp;
       if (JSON.stringify(next.spec) !== JSON.stringify(cur.obj.spec)) next.metadata.generation = (cur.obj.metadata.generation ?? 1) + 1;
     }
+    if (r.plural === 'endpointslices') {
+      next.metadata.labels = this.sliceLabels(next);
+      this.indexSlice(next, k);
+    }
     if (JSON.stringify(next) === JSON.stringify(cur.obj)) return cur.obj;
     this.rv++;
     next.metadata.resourceVersion = String(this.rv);
     cur.obj = next;
     this.emit('MODIFIED', r, next);
+    if (r.plural === 'services') this.relabelSlices(next);
     return next;
+  }
+
+  /** A slice's labels as the EndpointSlice controller keeps them: its reserved ones plus its Service's. */
+  private sliceLabels(slice: Obj): Record<string, string> | undefined {
+    const own = slice.metadata?.labels as Record<string, string> | undefined;
+    const svcName = own?.[SERVICE_NAME];
+    if (!this.copyServiceLabels || !svcName) return own;
+    const svc = this.store.get(this.key(RESOURCES.find((x) => x.plural === 'services')!, slice.metadata.namespace, svcName))?.obj;
+    if (!svc) return own;
+    const out: Record<string, string> = {};
+    for (const [k, v] of Object.entries(own ?? {})) if (RESERVED_SLICE_LABELS.includes(k)) out[k] = v;
+    for (const [k, v] of Object.entries((svc.metadata?.labels ?? {}) as Record<string, string>)) if (!RESERVED_SLICE_LABELS.includes(k)) out[k] = v;
+    return out;
+  }
+
+  private relabelSlices(svc: Obj): void {
+    if (!this.copyServiceLabels) return;
+    const slices = RESOURCES.find((x) => x.plural === 'endpointslices')!;
+    for (const k of this.slicesOf.get(`${svc.metadata.namespace}/${svc.metadata.name}`) ?? []) {
+      const obj = this.store.get(k)?.obj;
+      if (!obj || obj.metadata.labels?.[SERVICE_NAME] !== svc.metadata.name) continue;
+      this.update(slices, { ...structuredClone(obj), metadata: { ...structuredClone(obj.metadata), resourceVersion: undefined } }, false);
+    }
+  }
+
+  /** Slices (store keys) by "namespace/service" they named when written (checked again on use). */
+  private readonly slicesOf = new Map<string, Set<string>>();
+
+  private indexSlice(obj: Obj, k: string): void {
+    const svcName = obj.metadata?.labels?.[SERVICE_NAME];
+    if (!svcName) return;
+    const key = `${obj.metadata.namespace}/${svcName}`;
+    if (!this.slicesOf.has(key)) this.slicesOf.set(key, new Set());
+    this.slicesOf.get(key)!.add(k);
   }
 
   private delete(r: Resource, ns: string | undefined, name: string): Obj | undefined {
@@ -304,6 +394,16 @@ export function kubeconfigFor(url: string, token = 'fake-token'): string {
     'users:', `- name: fake`, `  user: { token: "${token}" }`,
     'contexts:', '- name: fake', '  context: { cluster: fake, user: fake }', '',
   ].join('\n');
+}
+
+/** One term of a label selector: k=v, k==v, k!=v, k (exists), !k (does not exist). */
+function labelTerm(term: string): (labels: Record<string, string>) => boolean {
+  const ne = /^([^!=]+)!=(.*)$/.exec(term);
+  if (ne) return (l) => l[ne[1]] !== ne[2];
+  const eq = /^([^!=]+)==?(.*)$/.exec(term);
+  if (eq) return (l) => l[eq[1]] === eq[2];
+  if (term.startsWith('!')) return (l) => !(term.slice(1) in l);
+  return (l) => term in l;
 }
 
 function mergePatch(target: Obj, patch: Obj): Obj {

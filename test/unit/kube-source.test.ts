@@ -1,7 +1,7 @@
 // The Kubernetes config source against the FAKE API server (no kube-apiserver on these machines): the
 // first list, events applied live, this node's pods only, invalid objects refused one by one (their last
-// accepted version stays), overlapping pools, dropped watches, 410 Gone after compaction, and the periodic
-// resync that repairs a watch that stalled silently.
+// accepted version stays), overlapping pools, dropped watches, 410 Gone after compaction, and the watchdog
+// that resumes a watch that stalled silently (from its resourceVersion: no relist).
 import { test } from 'uvu';
 import * as assert from 'uvu/assert';
 import * as fs from 'node:fs';
@@ -25,7 +25,7 @@ const pod = (name: string, node: string, labels: Record<string, string>, ready =
   apiVersion: 'v1', kind: 'Pod', metadata: { name, namespace: 'shop', labels }, spec: { nodeName: node }, status: { conditions: [{ type: 'Ready', status: ready ? 'True' : 'False' }] },
 });
 
-async function setup(resyncMs = 300_000) {
+async function setup(watchIdleMs = 150_000) {
   const api = new FakeApiServer('fake-token');
   const url = (await api.listen({ port: 0 }))!;
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'tether-kube-'));
@@ -37,7 +37,7 @@ async function setup(resyncMs = 300_000) {
   api.apply({ apiVersion: 'v1', kind: 'Node', metadata: { name: 'n2' } });
   api.apply(pod('web', 'n1', { app: 'web' }));
   api.apply(pod('elsewhere', 'n2', { app: 'web' }));
-  const src = new KubeSource({ kubeconfig, nodeName: 'n1', logger, resyncMs, syncTimeoutMs: 5000 });
+  const src = new KubeSource({ kubeconfig, nodeName: 'n1', logger, watchIdleMs, syncTimeoutMs: 5000, backoffMinMs: 50, backoffMaxMs: 400 });
   const done = async () => {
     await src.stop();
     await api.close();
@@ -128,7 +128,7 @@ test('dropped watches are resumed; after compaction (410 Gone) a relist finds ch
   const { api, src, done } = await setup();
   try {
     await src.start();
-    assert.ok(api.dropWatches() >= 4, 'four watches were open');
+    assert.ok(api.dropWatches() >= 6, 'six watches were open');
     api.apply(pool('float2', '198.51.100.16/28'));
     await updateWhere(src, (x) => x.pools.length === 2, 10_000);
     // While disconnected: history compacted, an Egress deleted, another added.
@@ -143,13 +143,15 @@ test('dropped watches are resumed; after compaction (410 Gone) a relist finds ch
   }
 });
 
-test('a watch that stalls silently is repaired by the periodic resync', async () => {
+test('a watch that stalls silently is resumed by the watchdog from its resourceVersion, without a relist', async () => {
   const { api, src, done } = await setup(800);
   try {
     await src.start();
+    const lists = api.calls.filter((c) => !c.watch).length;
     api.muteWatches = true;
     api.apply(pool('float2', '198.51.100.16/28'));
     await updateWhere(src, (x) => x.pools.length === 2, 5000);
+    assert.is(api.calls.filter((c) => !c.watch).length, lists, 'no list after the first');
   } finally {
     api.muteWatches = false;
     await done();

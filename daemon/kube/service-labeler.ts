@@ -1,0 +1,119 @@
+// The leader's Service labeller: puts TETHER_SERVICE_LABEL on every Service of tether's loadBalancerClass
+// and takes it off any other, so every other node can watch only tether's Services and their EndpointSlices
+// by label (Kubernetes' EndpointSlice controller copies a Service's labels onto its slices). Only the
+// leader watches every Service of the cluster; the nodes watch a label selector. Level-triggered: each pass
+// compares the cached Services with what they should carry and patches the difference (a JSON merge patch
+// of that one label, so nothing else of the Service is rewritten); a failed patch is retried on a later
+// pass after a jittered backoff.
+import * as k8s from '@kubernetes/client-node';
+import type { Logger } from '../log';
+import { isTetherService, LB_CLASS } from '../lb/lb-spec';
+import { Backoff } from './backoff';
+import { Reflector, describeError } from './reflector';
+
+type Obj = Record<string, any>;
+
+/** On every Service of loadBalancerClass tether.dev/lb, set by the leader; copied onto its EndpointSlices. */
+export const TETHER_SERVICE_LABEL = 'tether.dev/load-balancer';
+export const TETHER_SERVICE_SELECTOR = `${TETHER_SERVICE_LABEL}=true`;
+
+export interface ServiceLabelerOptions {
+  kc: k8s.KubeConfig;
+  logger: Logger;
+  /** Patches in flight at once (default 4): 10k new Services are labelled steadily, not all at once. */
+  parallel?: number;
+  settleMs?: number;
+}
+
+export class ServiceLabeler {
+  private readonly reflector: Reflector;
+  private readonly core: k8s.CoreV1Api;
+  private timer?: NodeJS.Timeout;
+  private running?: Promise<void>;
+  private again = false;
+  private stopped = true;
+  private readonly backoff = new Backoff(500, 30_000);
+  readonly stats = { patches: 0, failures: 0 };
+
+  constructor(private readonly o: ServiceLabelerOptions) {
+    this.core = o.kc.makeApiClient(k8s.CoreV1Api);
+    this.reflector = new Reflector({
+      name: 'services (leader: every Service)',
+      kc: o.kc,
+      path: '/api/v1/services',
+      list: (resourceVersion) => this.core.listServiceForAllNamespaces({ resourceVersion }) as unknown as Promise<Obj>,
+      changed: () => this.soon(o.settleMs ?? 50),
+      logger: o.logger,
+    });
+  }
+
+  start(): void {
+    this.stopped = false;
+    this.reflector.start();
+  }
+
+  async stop(): Promise<void> {
+    this.stopped = true;
+    clearTimeout(this.timer);
+    await this.reflector.stop();
+    await this.running;
+  }
+
+  private soon(ms: number): void {
+    if (this.stopped) return;
+    clearTimeout(this.timer);
+    this.timer = setTimeout(() => {
+      if (this.running) {
+        this.again = true;
+        return;
+      }
+      this.running = this.pass().finally(() => {
+        this.running = undefined;
+        if (this.again) {
+          this.again = false;
+          this.soon(0);
+        }
+      });
+    }, ms);
+  }
+
+  /** Services whose label is not what their class says, with the value they should have (null: none). */
+  mismatches(): Array<{ namespace: string; name: string; want: 'true' | null }> {
+    const out: Array<{ namespace: string; name: string; want: 'true' | null }> = [];
+    for (const s of this.reflector.objects()) {
+      const tether = isTetherService({ ...s, kind: 'Service' });
+      const has = s.metadata?.labels?.[TETHER_SERVICE_LABEL] !== undefined;
+      if (tether && s.metadata?.labels?.[TETHER_SERVICE_LABEL] !== 'true') out.push({ namespace: s.metadata.namespace, name: s.metadata.name, want: 'true' });
+      else if (!tether && has) out.push({ namespace: s.metadata.namespace, name: s.metadata.name, want: null });
+    }
+    return out;
+  }
+
+  private async pass(): Promise<void> {
+    const todo = this.mismatches();
+    let failed = 0;
+    const one = async (t: { namespace: string; name: string; want: 'true' | null }) => {
+      if (this.stopped) return;
+      try {
+        await this.core.patchNamespacedService(
+          { name: t.name, namespace: t.namespace, body: { metadata: { labels: { [TETHER_SERVICE_LABEL]: t.want } } } },
+          k8s.setHeaderOptions('Content-Type', k8s.PatchStrategy.MergePatch),
+        );
+        this.stats.patches++;
+        this.o.logger.info(t.want ? 'kube: Service labelled as tether\'s' : 'kube: tether label removed from Service', { service: `${t.namespace}/${t.name}`, label: TETHER_SERVICE_LABEL, class: LB_CLASS });
+      } catch (e) {
+        const code = (e as { code?: number }).code;
+        if (code === 404) return; // gone meanwhile
+        failed++;
+        this.stats.failures++;
+        this.o.logger.warn('kube: Service label not written; retried', { service: `${t.namespace}/${t.name}`, error: describeError(e) });
+      }
+    };
+    const queue = [...todo];
+    await Promise.all(Array.from({ length: Math.min(this.o.parallel ?? 4, queue.length) }, async () => {
+      for (let t = queue.shift(); t; t = queue.shift()) await one(t);
+    }));
+    if (failed) this.soon(this.backoff.next());
+    else this.backoff.reset();
+  }
+}
