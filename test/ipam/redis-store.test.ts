@@ -277,8 +277,8 @@ test('garbled block and address entries are left out with one warn line each, th
     assert.equal(await store.allocateAddresses(POOL, 'lb/ns/a', { explicit: ['192.0.2.1'] }), { ok: true, addresses: ['192.0.2.1'] });
     const raw = new Redis({ path: redis.socketPath });
     try {
-      await raw.hset('tether:pool:pods:blocks', { garbage: 'node-b', '10.244.9.1/26': 'node-b', '10.244.10.0/26': '', '10.244.11.0/26': 'node\nx' });
-      await raw.hset(`tether:pool:${POOL}:addrs`, { 'FD00::1': 'x', '192.0.2.300': 'y', '192.0.2.50': '' });
+      await raw.hset('tether:pool:{pods}:blocks', { garbage: 'node-b', '10.244.9.1/26': 'node-b', '10.244.10.0/26': '', '10.244.11.0/26': 'node\nx' });
+      await raw.hset(`tether:pool:{${POOL}}:addrs`, { 'FD00::1': 'x', '192.0.2.300': 'y', '192.0.2.50': '' });
     } finally {
       raw.disconnect();
     }
@@ -289,13 +289,13 @@ test('garbled block and address entries are left out with one warn line each, th
     });
     const warns = lines.filter((l) => l.level === 'warn');
     assert.equal(warns.map((l) => `${l.key} ${l.field}: ${l.problem}`).sort(), [
-      'tether:pool:floating-a:addrs 192.0.2.300: not an IP address in canonical form',
-      'tether:pool:floating-a:addrs 192.0.2.50: the owner is not a name (empty, too long, or control characters)',
-      'tether:pool:floating-a:addrs FD00::1: not an IP address in canonical form',
-      'tether:pool:pods:blocks 10.244.10.0/26: the node is not a name (empty, too long, or control characters)',
-      'tether:pool:pods:blocks 10.244.11.0/26: the node is not a name (empty, too long, or control characters)',
-      'tether:pool:pods:blocks 10.244.9.1/26: not a block (a canonical network CIDR)',
-      'tether:pool:pods:blocks garbage: not a block (a canonical network CIDR)',
+      'tether:pool:{floating-a}:addrs 192.0.2.300: not an IP address in canonical form',
+      'tether:pool:{floating-a}:addrs 192.0.2.50: the owner is not a name (empty, too long, or control characters)',
+      'tether:pool:{floating-a}:addrs FD00::1: not an IP address in canonical form',
+      'tether:pool:{pods}:blocks 10.244.10.0/26: the node is not a name (empty, too long, or control characters)',
+      'tether:pool:{pods}:blocks 10.244.11.0/26: the node is not a name (empty, too long, or control characters)',
+      'tether:pool:{pods}:blocks 10.244.9.1/26: not a block (a canonical network CIDR)',
+      'tether:pool:{pods}:blocks garbage: not a block (a canonical network CIDR)',
     ]);
     // Left out of the list, not given away: the claim script still finds the entry.
     assert.is(await store.claimBlock('pods', '10.244.11.0/26', 'node-c'), false);
