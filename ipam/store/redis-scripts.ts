@@ -37,6 +37,11 @@ local function held_by(owner)
   end
   return held
 end
+-- An answer 'ok' writes what it returns (again, for what the owner held already), so the caller's WAIT
+-- covers it even when the first write was made on another connection whose answer was lost.
+local function rewrite(held, owner)
+  for _, a in ipairs(held) do redis.call('HSET', KEYS[1], a, owner) end
+end
 `;
 
 /**
@@ -77,7 +82,10 @@ if mode == 'explicit' then
     end
   end
 else
-  if #held >= count then return {'ok', held, {}} end
+  if #held >= count then
+    rewrite(held, owner)
+    return {'ok', held, {}}
+  end
   local want = count - #held
   for i = 7, #ARGV do
     if #pick == want then break end
@@ -90,6 +98,7 @@ else
   if #pick < want then return {'need', held} end
 end
 if #pick > 0 and ARGV[5] == '1' then return {'holdoff', held} end
+rewrite(held, owner)
 for _, a in ipairs(pick) do
   redis.call('HSET', KEYS[1], a, owner)
   redis.call('RPUSH', KEYS[2], a)

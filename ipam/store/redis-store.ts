@@ -138,22 +138,8 @@ export class RedisStore implements ClusterStore {
     checkPool(pool);
     const b = checkBlock(block);
     checkName('node', node, MAX_NAME);
-    const waitMs = Math.max(10, Math.floor(this.timeoutMs / 2));
-    const { state, holder, replicas, acked } = await this.run('claimBlock', async () => {
-      const key = this.keys.blocks(pool);
-      const replicas = await this.connectedReplicas(key);
-      // The claim and its WAIT go out together on one connection (in a Cluster: to the node serving the
-      // key's slot): a WAIT sent on a new connection (after a reconnect, perhaps to a new primary) would
-      // count nothing of this connection's write.
-      const p = this.client.pipeline() as unknown as { tetherClaimBlock(...a: string[]): unknown; wait(n: number, ms: number): unknown; exec(): Promise<Array<[Error | null, unknown]> | null> };
-      p.tetherClaimBlock(key, b, node);
-      p.wait(replicas, waitMs);
-      const res = await p.exec();
-      if (!res || res.length !== 2) throw new Error('no answer to the claim');
-      for (const [err] of res) if (err) throw err;
-      const [state, holder] = res[0][1] as [string, string];
-      return { state, holder, replicas, acked: Number(res[1][1]) };
-    });
+    const { reply, replicas, acked, waitMs } = await this.runAcked('claimBlock', this.keys.blocks(pool), (p, key) => p.tetherClaimBlock(key, b, node));
+    const [state, holder] = reply as [string, string];
     if (state === 'taken') {
       log().info('block claim refused', { pool, block: b, node, holder });
       return false;
@@ -263,9 +249,17 @@ export class RedisStore implements ClusterStore {
     const token = guard.generation ?? '';
     let replaceMark = '-';
     for (let round = 0; round < 3; round++) {
-      const reply = await this.run('allocateAddresses', () =>
-        this.client.tetherAllocate(k.addrs(pool), k.owner(pool, owner), k.mark(pool), owner, mode, count, token, guard.holdOff ? '1' : '0', replaceMark, ...addresses),
+      const { reply: r, replicas, acked, waitMs } = await this.runAcked('allocateAddresses', k.addrs(pool), (p, key) =>
+        p.tetherAllocate(key, k.owner(pool, owner), k.mark(pool), owner, mode, count, token, guard.holdOff ? '1' : '0', replaceMark, ...addresses),
       );
+      const reply = r as unknown[];
+      if (reply[0] === 'ok' && acked < replicas) {
+        log().warn('address allocation not acknowledged: the replicas did not all confirm it', { pool, owner, addresses: reply[1], replicas, acked, waitMs });
+        throw new TetherError(
+          ErrorCode.TryAgainLater,
+          `cluster store (${this.where}): addresses of ${owner} in pool "${pool}" not acknowledged: ${acked} of ${replicas} replica(s) confirmed them within ${waitMs} ms (a failover now could lose them); try again`,
+        );
+      }
       if (reply[0] !== 'mark') return reply;
       const mark = String(reply[1]);
       const fresh = randomBytes(8).toString('hex');
@@ -280,6 +274,26 @@ export class RedisStore implements ClusterStore {
     }
     // The mark kept changing under us (other nodes racing through generations): the caller looks again.
     return ['stale'];
+  }
+
+  /**
+   * One write script on `key`'s slot followed by WAIT for every replica the slot's primary has online:
+   * the script and its WAIT go out together on one connection (in a Cluster: to the node serving the
+   * key's slot), since a WAIT sent on a new connection (after a reconnect, perhaps to a new primary) would
+   * count nothing of this connection's write. The caller treats acked < replicas as not acknowledged.
+   */
+  private async runAcked(what: string, key: string, add: (p: Scripts, key: string) => unknown): Promise<{ reply: unknown; replicas: number; acked: number; waitMs: number }> {
+    const waitMs = Math.max(10, Math.floor(this.timeoutMs / 2));
+    return this.run(what, async () => {
+      const replicas = await this.connectedReplicas(key);
+      const p = this.client.pipeline() as unknown as Scripts & { wait(n: number, ms: number): unknown; exec(): Promise<Array<[Error | null, unknown]> | null> };
+      add(p, key);
+      p.wait(replicas, waitMs);
+      const res = await p.exec();
+      if (!res || res.length !== 2) throw new Error(`no answer to ${what}`);
+      for (const [err] of res) if (err) throw err;
+      return { reply: res[0][1], replicas, acked: Number(res[1][1]), waitMs };
+    });
   }
 
   /**
