@@ -3,50 +3,85 @@
 // Every key a script touches is passed in KEYS (never built in Lua), as Redis requires for scripts, and
 // every script's keys share one hash slot (one pool's keys carry the tag {<pool>}, the generation's keys
 // the tag {generation}), so each runs whole on one node of a Redis Cluster.
+//
+// Compatibility with tetherds from before the tags (RedisStore's compat mode, only on a store that is not
+// a Cluster and still has the untagged keys): CLAIM_BLOCK, RELEASE_BLOCK, ALLOCATE and RELEASE_OWNER then
+// also get the untagged keys as extra KEYS, read them where the tagged ones say nothing, and write both,
+// so tetherds of either version see each other's claims during a rolling upgrade. Those extra keys lie in
+// other slots, which only a single server allows; on a Cluster they are never passed.
 
 /**
- * KEYS[1] blocks hash (block → node); ARGV[1] block, ARGV[2] node.
+ * KEYS[1] blocks hash (block → node), KEYS[2] (compat) the untagged blocks hash; ARGV[1] block, ARGV[2] node.
  * Returns {state, holder}: state 'claimed' (new), 'owned' (the node already had it) or 'taken'.
  * 'owned' writes the claim again: the caller's WAIT counts replicas up to its own connection's last write,
  * and a claim made before (on another connection, whose answer was lost) must be covered too.
  */
 export const CLAIM_BLOCK = `
 local holder = redis.call('HGET', KEYS[1], ARGV[1])
+if not holder and KEYS[2] then holder = redis.call('HGET', KEYS[2], ARGV[1]) end
 if holder and holder ~= ARGV[2] then return {'taken', holder} end
 redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+if KEYS[2] then redis.call('HSET', KEYS[2], ARGV[1], ARGV[2]) end
 if holder then return {'owned', holder} end
 return {'claimed', ARGV[2]}
 `;
 
-/** KEYS[1] blocks hash; ARGV[1] block, ARGV[2] node. Compare-and-delete: 1 when released, else 0. */
+/**
+ * KEYS[1] blocks hash, KEYS[2] (compat) the untagged one; ARGV[1] block, ARGV[2] node. Compare-and-delete:
+ * 1 when released, else 0.
+ */
 export const RELEASE_BLOCK = `
-if redis.call('HGET', KEYS[1], ARGV[1]) == ARGV[2] then
+local cur = redis.call('HGET', KEYS[1], ARGV[1])
+local old = false
+if KEYS[2] then old = redis.call('HGET', KEYS[2], ARGV[1]) end
+if cur == ARGV[2] or (not cur and old == ARGV[2]) then
   redis.call('HDEL', KEYS[1], ARGV[1])
+  if old == ARGV[2] then redis.call('HDEL', KEYS[2], ARGV[1]) end
   return 1
 end
 return 0
 `;
 
 // The owner's list keeps allocation order; the addrs hash is the authority on who holds an address,
-// so list entries no longer mapped to the owner are ignored rather than trusted.
-const HELD = `
+// so list entries no longer mapped to the owner are ignored rather than trusted. KEYS[1] and KEYS[2] are
+// the addrs hash and the owner's list; OLD_ADDRS and OLD_LIST their untagged twins in compat mode (nil
+// otherwise), consulted where the tagged hash has no holder and written alongside.
+const HELD = (oldAddrs: string, oldList: string) => `
+local OLD_ADDRS, OLD_LIST = ${oldAddrs}, ${oldList}
+local function holder_of(a)
+  local h = redis.call('HGET', KEYS[1], a)
+  if not h and OLD_ADDRS then h = redis.call('HGET', OLD_ADDRS, a) end
+  return h
+end
 local function held_by(owner)
-  local held = {}
-  for _, a in ipairs(redis.call('LRANGE', KEYS[2], 0, -1)) do
-    if redis.call('HGET', KEYS[1], a) == owner then held[#held + 1] = a end
+  local held, seen = {}, {}
+  local lists = {KEYS[2]}
+  if OLD_LIST then lists[2] = OLD_LIST end
+  for _, l in ipairs(lists) do
+    for _, a in ipairs(redis.call('LRANGE', l, 0, -1)) do
+      if not seen[a] and holder_of(a) == owner then
+        seen[a] = true
+        held[#held + 1] = a
+      end
+    end
   end
   return held
+end
+local function write(a, owner)
+  redis.call('HSET', KEYS[1], a, owner)
+  if OLD_ADDRS then redis.call('HSET', OLD_ADDRS, a, owner) end
 end
 -- An answer 'ok' writes what it returns (again, for what the owner held already), so the caller's WAIT
 -- covers it even when the first write was made on another connection whose answer was lost.
 local function rewrite(held, owner)
-  for _, a in ipairs(held) do redis.call('HSET', KEYS[1], a, owner) end
+  for _, a in ipairs(held) do write(a, owner) end
 end
 `;
 
 /**
  * KEYS[1] addrs hash (address → owner), KEYS[2] the owner's list, KEYS[3] the pool's generation mark (the
- * generation under which the pool's keys were last written by a guarded call); ARGV[1] owner, ARGV[2]
+ * generation under which the pool's keys were last written by a guarded call), KEYS[4] and KEYS[5]
+ * (compat) the untagged addrs hash and owner's list; ARGV[1] owner, ARGV[2]
  * 'count' or 'explicit', ARGV[3] count, ARGV[4] the generation the caller saw ('' = any), ARGV[5] '1'
  * while new addresses are held off, ARGV[6] the mark the generation's own step (MARK_POOL) allowed to be
  * replaced by ARGV[4] ('-' = none; '' = no mark), ARGV[7..] candidates or explicit addresses.
@@ -56,7 +91,7 @@ end
  * the first one, so a refused call leaves no partial claim to roll back (a mark MARK_POOL allowed is set
  * whatever the outcome).
  */
-export const ALLOCATE = `${HELD}
+export const ALLOCATE = `${HELD('KEYS[4]', 'KEYS[5]')}
 if ARGV[4] ~= '' then
   local mark = redis.call('GET', KEYS[3]) or ''
   if mark ~= ARGV[4] then
@@ -73,7 +108,7 @@ if mode == 'explicit' then
     local a = ARGV[i]
     if not seen[a] then
       seen[a] = true
-      local holder = redis.call('HGET', KEYS[1], a)
+      local holder = holder_of(a)
       if not holder then
         pick[#pick + 1] = a
       elseif holder ~= owner then
@@ -92,7 +127,7 @@ else
     local a = ARGV[i]
     if not seen[a] then
       seen[a] = true
-      if not redis.call('HGET', KEYS[1], a) then pick[#pick + 1] = a end
+      if not holder_of(a) then pick[#pick + 1] = a end
     end
   end
   if #pick < want then return {'need', held} end
@@ -100,18 +135,29 @@ end
 if #pick > 0 and ARGV[5] == '1' then return {'holdoff', held} end
 rewrite(held, owner)
 for _, a in ipairs(pick) do
-  redis.call('HSET', KEYS[1], a, owner)
+  write(a, owner)
   redis.call('RPUSH', KEYS[2], a)
+  if OLD_LIST then
+    redis.call('LREM', OLD_LIST, 0, a)
+    redis.call('RPUSH', OLD_LIST, a)
+  end
   held[#held + 1] = a
 end
 return {'ok', held, pick}
 `;
 
-/** KEYS[1] addrs hash, KEYS[2] the owner's list; ARGV[1] owner. Returns the addresses freed. */
-export const RELEASE_OWNER = `${HELD}
+/**
+ * KEYS[1] addrs hash, KEYS[2] the owner's list, KEYS[3] and KEYS[4] (compat) their untagged twins; ARGV[1]
+ * owner. Returns the addresses freed.
+ */
+export const RELEASE_OWNER = `${HELD('KEYS[3]', 'KEYS[4]')}
 local freed = held_by(ARGV[1])
-for _, a in ipairs(freed) do redis.call('HDEL', KEYS[1], a) end
+for _, a in ipairs(freed) do
+  if redis.call('HGET', KEYS[1], a) == ARGV[1] then redis.call('HDEL', KEYS[1], a) end
+  if OLD_ADDRS and redis.call('HGET', OLD_ADDRS, a) == ARGV[1] then redis.call('HDEL', OLD_ADDRS, a) end
+end
 redis.call('DEL', KEYS[2])
+if OLD_LIST then redis.call('DEL', OLD_LIST) end
 return freed
 `;
 

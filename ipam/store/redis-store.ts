@@ -16,11 +16,10 @@
 //   <prefix>{generation}:born            string  when the token was created, ms by the store's clock
 //   <prefix>{generation}:restarted       string  the token, once a node that saw an older one said so
 //   <prefix>{generation}:pools           set   pools whose mark was set in this generation
-// Before issue 21 the keys had no tags (<prefix>pool:<pool>:blocks, <prefix>generation, …) and they are
-// not migrated: to a tetherd of this version a store holding only old names is a store that lost its
-// data, and it is rebuilt the way issue 20 rebuilds a wiped store: the node's saved generation differs
-// from the (new) one, so blocks are re-claimed and new claims wait HOLD_OFF_MS; Egress and LB holders see
-// a new generation and re-assert their addresses. The old keys are left alone (a rollback finds them).
+// Before issue 21 the keys had no tags (<prefix>pool:<pool>:blocks, <prefix>generation, …). A store that
+// is not a Cluster and still has them is used in compat mode (detectUntagged): scripts read the untagged
+// keys where the tagged ones say nothing and write both, so tetherds of both versions see each other's
+// claims during a rolling upgrade, and the untagged generation is carried over. Nothing is deleted.
 import { randomBytes } from 'node:crypto';
 import type { Cluster, Redis } from 'ioredis';
 import { ErrorCode, TetherError } from '../../daemon/errors';
@@ -43,14 +42,27 @@ export interface RedisStoreOptions {
 
 // The scripts as ioredis custom commands: EVALSHA, with EVAL when Redis lost its script cache (restart).
 interface Scripts {
-  tetherClaimBlock(blocks: string, block: string, node: string): Promise<[string, string]>;
-  tetherReleaseBlock(blocks: string, block: string, node: string): Promise<number>;
-  tetherAllocate(addrs: string, ownerKey: string, mark: string, owner: string, mode: string, count: number, token: string, holdOff: string, replaceMark: string, ...addresses: string[]): Promise<unknown[]>;
+  // These four take the number of keys first: the untagged keys of compat mode are passed after the others.
+  tetherClaimBlock(numKeys: number, ...keysAndArgs: string[]): Promise<[string, string]>;
+  tetherReleaseBlock(numKeys: number, ...keysAndArgs: string[]): Promise<number>;
+  tetherAllocate(numKeys: number, ...keysAndArgs: Array<string | number>): Promise<unknown[]>;
   tetherGeneration(token: string, born: string, restarted: string, pools: string, fresh: string, mark: string): Promise<[string, number, string, number]>;
   tetherMarkPool(token: string, born: string, restarted: string, pools: string, generation: string, pool: string, mark: string, fresh: string): Promise<'stale' | 'new' | 'adopt' | 'lost'>;
-  tetherReleaseOwner(addrs: string, ownerKey: string, owner: string): Promise<string[]>;
+  tetherReleaseOwner(numKeys: number, ...keysAndArgs: string[]): Promise<string[]>;
 }
 type ScriptedRedis = (Redis & Scripts) | (Cluster & Scripts);
+
+/** The names tetherds before issue 21 used (no hash tags); read and written only in compat mode. */
+export function untaggedKeys(prefix: string) {
+  return {
+    blocks: (pool: string) => `${prefix}pool:${pool}:blocks`,
+    addrs: (pool: string) => `${prefix}pool:${pool}:addrs`,
+    owner: (pool: string, owner: string) => `${prefix}pool:${pool}:owner:${owner}`,
+    generation: `${prefix}generation`,
+    born: `${prefix}generation:born`,
+    restarted: `${prefix}generation:restarted`,
+  };
+}
 
 /** The store's key names for `prefix` (see the table at the top); exported for tests and tools. */
 export function storeKeys(prefix: string) {
@@ -75,10 +87,12 @@ const MAX_CANDIDATES = 4096;
 export class RedisStore implements ClusterStore {
   private closed = false;
   private readonly keys: ReturnType<typeof storeKeys>;
+  /** Compat mode: the untagged key names of tetherds from before issue 21 (see detectUntagged). */
+  private old?: ReturnType<typeof untaggedKeys>;
 
   private constructor(
     private readonly client: ScriptedRedis,
-    prefix: string,
+    private readonly prefix: string,
     private readonly where: string,
     private readonly timeoutMs: number,
   ) {
@@ -106,12 +120,12 @@ export class RedisStore implements ClusterStore {
       commandTimeoutMs,
       autoResendUnfulfilledCommands: false,
     }) as ScriptedRedis;
-    client.defineCommand('tetherClaimBlock', { numberOfKeys: 1, lua: CLAIM_BLOCK });
-    client.defineCommand('tetherReleaseBlock', { numberOfKeys: 1, lua: RELEASE_BLOCK });
-    client.defineCommand('tetherAllocate', { numberOfKeys: 3, lua: ALLOCATE });
+    client.defineCommand('tetherClaimBlock', { lua: CLAIM_BLOCK });
+    client.defineCommand('tetherReleaseBlock', { lua: RELEASE_BLOCK });
+    client.defineCommand('tetherAllocate', { lua: ALLOCATE });
     client.defineCommand('tetherGeneration', { numberOfKeys: 4, lua: GENERATION });
     client.defineCommand('tetherMarkPool', { numberOfKeys: 4, lua: MARK_POOL });
-    client.defineCommand('tetherReleaseOwner', { numberOfKeys: 2, lua: RELEASE_OWNER });
+    client.defineCommand('tetherReleaseOwner', { lua: RELEASE_OWNER });
     watchConnection(client, target.where);
 
     try {
@@ -125,6 +139,7 @@ export class RedisStore implements ClusterStore {
     log().info('cluster store connected', { store: target.where, keyPrefix: prefix });
     const store = new RedisStore(client, prefix, target.where, commandTimeoutMs);
     reconnectAfterEnd(client, () => store.closed, 'ipam');
+    if (!target.cluster) await store.detectUntagged();
     return store;
   }
 
@@ -138,7 +153,7 @@ export class RedisStore implements ClusterStore {
     checkPool(pool);
     const b = checkBlock(block);
     checkName('node', node, MAX_NAME);
-    const { reply, replicas, acked, waitMs } = await this.runAcked('claimBlock', this.keys.blocks(pool), (p, key) => p.tetherClaimBlock(key, b, node));
+    const { reply, replicas, acked, waitMs } = await this.runAcked('claimBlock', this.keys.blocks(pool), (p, key) => p.tetherClaimBlock(...this.withOld([key], [this.old?.blocks(pool)]), b, node));
     const [state, holder] = reply as [string, string];
     if (state === 'taken') {
       log().info('block claim refused', { pool, block: b, node, holder });
@@ -159,7 +174,7 @@ export class RedisStore implements ClusterStore {
     checkPool(pool);
     const b = checkBlock(block);
     checkName('node', node, MAX_NAME);
-    const released = (await this.run('releaseBlock', () => this.client.tetherReleaseBlock(this.keys.blocks(pool), b, node))) === 1;
+    const released = (await this.run('releaseBlock', () => this.client.tetherReleaseBlock(...this.withOld([this.keys.blocks(pool)], [this.old?.blocks(pool)]), b, node))) === 1;
     if (released) log().info('block released', { pool, block: b, node });
     return released;
   }
@@ -183,7 +198,7 @@ export class RedisStore implements ClusterStore {
   async listBlocks(pool: string): Promise<Map<string, string>> {
     checkPool(pool);
     const key = this.keys.blocks(pool);
-    const all = await this.run('listBlocks', () => this.client.hgetall(key));
+    const all = await this.run('listBlocks', () => this.hgetallWithOld(key, this.old?.blocks(pool)));
     return readEntries(key, all, (block) => (isCanonicalBlock(block) ? undefined : 'not a block (a canonical network CIDR)'), MAX_NAME, 'node');
   }
 
@@ -217,7 +232,7 @@ export class RedisStore implements ClusterStore {
   async releaseOwner(pool: string, owner: string): Promise<string[]> {
     checkPool(pool);
     checkName('owner', owner, MAX_OWNER);
-    const freed = await this.run('releaseOwner', () => this.client.tetherReleaseOwner(this.keys.addrs(pool), this.keys.owner(pool, owner), owner));
+    const freed = await this.run('releaseOwner', () => this.client.tetherReleaseOwner(...this.withOld([this.keys.addrs(pool), this.keys.owner(pool, owner)], [this.old?.addrs(pool), this.old?.owner(pool, owner)]), owner));
     for (const address of freed) log().info('address released', { pool, address, owner });
     return freed;
   }
@@ -226,7 +241,7 @@ export class RedisStore implements ClusterStore {
   async listAddresses(pool: string): Promise<Map<string, string>> {
     checkPool(pool);
     const key = this.keys.addrs(pool);
-    const all = await this.run('listAddresses', () => this.client.hgetall(key));
+    const all = await this.run('listAddresses', () => this.hgetallWithOld(key, this.old?.addrs(pool)));
     return readEntries(key, all, (a) => (isCanonicalAddress(a) ? undefined : 'not an IP address in canonical form'), MAX_OWNER, 'owner');
   }
 
@@ -240,6 +255,48 @@ export class RedisStore implements ClusterStore {
   }
 
   /**
+   * Compat mode, decided once at connect on a store that is not a Cluster: a tetherd from before issue 21
+   * created the untagged generation key (it does on its first look at the store), so tetherds of that
+   * version may still be running. The scripts then also read the untagged keys and write both names,
+   * lists read both, so old and new tetherds see each other's block claims and addresses during a rolling
+   * upgrade; and the untagged generation is carried over (if the tagged one does not exist yet), so the
+   * upgrade does not look like a wipe (no hold-off, nothing to re-assert). On a Cluster there are no
+   * untagged keys (no earlier version could use one).
+   */
+  private async detectUntagged(): Promise<void> {
+    const u = untaggedKeys(this.prefix);
+    const k = this.keys;
+    try {
+      const client = this.client as Redis;
+      if (!(await client.exists(u.generation))) return;
+      this.old = u;
+      const [token, born, restarted] = await client.mget(u.generation, u.born, u.restarted);
+      if (token && (await client.set(k.generation, token, 'NX')) === 'OK') {
+        if (born) await client.set(k.born, born, 'NX');
+        if (restarted) await client.set(k.restarted, restarted, 'NX');
+        log().info('cluster store: generation of the untagged keys carried over', { store: this.where, generation: token });
+      }
+      log().warn('cluster store: untagged keys of an older tetherd found; reading and writing both names while tetherds of both versions may run', { store: this.where });
+    } catch (e) {
+      // Not knowing is unsafe both ways; fail the connect, the caller retries (LazyStore).
+      throw storeFailure(this.where, 'looking for untagged keys', e);
+    }
+  }
+
+  /** numKeys and the keys for a script that takes untagged twins in compat mode. */
+  private withOld(keys: string[], old: Array<string | undefined>): [number, ...string[]] {
+    const all = this.old ? [...keys, ...old.map((x) => x!)] : keys;
+    return [all.length, ...all];
+  }
+
+  /** HGETALL, merged with the untagged twin in compat mode (the tagged entry wins). */
+  private async hgetallWithOld(key: string, old: string | undefined): Promise<Record<string, string>> {
+    if (!old) return this.client.hgetall(key);
+    const [a, b] = await Promise.all([this.client.hgetall(old), this.client.hgetall(key)]);
+    return { ...a, ...b };
+  }
+
+  /**
    * ALLOCATE, with the generation guard split by slot: the pool's slot holds a copy of the generation its
    * addresses were written under (its mark), and only the generation's own slot can say whether a mark
    * that is not the caller's generation may be set (MARK_POOL). Replies as ALLOCATE, or ['stale'].
@@ -250,7 +307,7 @@ export class RedisStore implements ClusterStore {
     let replaceMark = '-';
     for (let round = 0; round < 3; round++) {
       const { reply: r, replicas, acked, waitMs } = await this.runAcked('allocateAddresses', k.addrs(pool), (p, key) =>
-        p.tetherAllocate(key, k.owner(pool, owner), k.mark(pool), owner, mode, count, token, guard.holdOff ? '1' : '0', replaceMark, ...addresses),
+        p.tetherAllocate(...this.withOld([key, k.owner(pool, owner), k.mark(pool)], [this.old?.addrs(pool), this.old?.owner(pool, owner)]), owner, mode, count, token, guard.holdOff ? '1' : '0', replaceMark, ...addresses),
       );
       const reply = r as unknown[];
       if (reply[0] === 'ok' && acked < replicas) {
