@@ -15,7 +15,9 @@ export const USAGE = `usage: tetherd [--node-name NAME] [--socket PATH] [--state
   --kubernetes    objects from the Kubernetes API with the pod's service account (in a cluster):
                   AddressPool and Egress resources, this node's Node and Pods; --kubeconfig FILE: same, from FILE
   --redis URL     the cluster store for block claims (standalone) and floating addresses:
-                  redis://[:password@]host:port[/db] or unix:///path.sock[?password=…]
+                  redis://[:password@]host:port[/db], unix:///path.sock[?password=…],
+                  redis+sentinel://[:password@]host[:port][,…]/master[/db] or
+                  redis+cluster://[:password@]host[:port][,host[:port]…] (a Redis Cluster)
   Egress (objects of kind Egress in --config) also needs:
   --node-address IP       this node's address: BFD, conntrack sync and FoU between nodes use it
   --uplink IF             the node's interface on the L2 segment (announcements); default: eth0

@@ -2,6 +2,7 @@
 // inside them; it claims another block when its blocks are full and returns a block as soon as it is
 // empty. Allocations are durable before they are answered, so an address is never handed out twice, and
 // every allocation is keyed by its attachment so a repeated ADD gets the same address back.
+import { createHash } from 'node:crypto';
 import { ErrorCode, TetherError } from '../daemon/errors';
 import type { Logger } from '../daemon/log';
 import { KeyedMutex } from '../daemon/util/keyed-mutex';
@@ -97,6 +98,8 @@ export class PodAllocator {
     private readonly files: AllocationStore,
     private readonly logger: Logger,
     private readonly holdOffMs = HOLD_OFF_MS,
+    /** Where the block search starts (firstBlock; tests that lay blocks out by hand start at 0). */
+    private readonly searchStart: typeof firstBlock = firstBlock,
   ) {
     for (const pool of pools) if (pool.usage === 'pod') this.pools.set(pool.name, poolState(pool));
   }
@@ -406,9 +409,12 @@ export class PodAllocator {
     }
     const claimed = await this.store.listBlocks(pool);
     const total = sizeOf(fam.family, fam.prefix) / sizeOf(fam.family, fam.blockSize);
+    // Each node starts where its name puts it and walks on (wrapping), so nodes starting together do not
+    // all race for block 0, then block 1, …; a full walk still visits every block.
+    const start = this.searchStart(this.node.name, pool, fam.family, total);
     let scanned = 0;
     for (let i = 0n; i < total && scanned < MAX_BLOCK_SCAN; i++, scanned++) {
-      const cidr = formatCidr(fam.family, fam.base + i * sizeOf(fam.family, fam.blockSize), fam.blockSize);
+      const cidr = formatCidr(fam.family, fam.base + ((start + i) % total) * sizeOf(fam.family, fam.blockSize), fam.blockSize);
       // A block the store says is this node's but that it does not hold (a claim whose answer was lost, a
       // return a failover undid) is claimed again like a free one: adopted, not leaked.
       const holder = claimed.get(cidr);
@@ -508,6 +514,18 @@ export class PodAllocator {
         }),
     };
   }
+}
+
+/**
+ * Where `node`'s block search in a pool family of `total` blocks starts: a number in 0..total-1 drawn from
+ * a hash of the node's name (with the pool and family), so it is spread evenly over the pool, differs
+ * between nodes, and stays the same for one node across restarts (as Calico seeds its block search with
+ * the host name).
+ */
+export function firstBlock(node: string, pool: string, family: IpFamily, total: bigint): bigint {
+  if (total <= 1n) return 0n;
+  const h = createHash('sha256').update(`${node}\0${pool}\0${family}`).digest();
+  return h.readBigUInt64BE(0) % total;
 }
 
 /** The first free offset at or after the block's cursor (wrapping), skipping the gateway and reserved ranges. */

@@ -1,8 +1,15 @@
-// The Redis connection every subsystem shares: the store URL (redis://, unix://, redis+sentinel://) parsed
-// into ioredis options, and the helpers that keep an unreachable store from hanging a caller.
-import type Redis from 'ioredis';
+// The Redis connection every subsystem shares: the store URL (redis://, unix://, redis+sentinel://,
+// redis+cluster://) parsed into a target, ONE factory (createRedisClient) that turns a target into an
+// ioredis client (a Redis for one server or through Sentinel, a Cluster for Redis Cluster) with the same
+// reconnect and timeout settings, and the helpers every store uses the same way whatever the client is:
+// waitReady, watchConnection, reconnectAfterEnd, and storeFailure (a call's error as TRY_AGAIN_LATER when
+// the store is away or moving, INTERNAL when Redis refused the request itself).
+import Redis, { Cluster, ReplyError } from 'ioredis';
 import { ErrorCode, TetherError } from '../errors';
 import { log } from '../log';
+
+/** One server, a Sentinel-watched primary, or a Redis Cluster: every store takes either. */
+export type RedisClient = Redis | Cluster;
 
 export function unreachable(where: string, e: unknown): TetherError {
   const msg = e instanceof Error ? e.message : String(e);
@@ -10,7 +17,7 @@ export function unreachable(where: string, e: unknown): TetherError {
 }
 
 /** Logs losing and regaining Redis once per transition; ioredis's per-attempt errors only at debug. */
-export function watchConnection(client: Redis, where: string): void {
+export function watchConnection(client: RedisClient, where: string): void {
   let lost = false;
   client.on('error', (e: Error) => log().debug('cluster store connection error', { store: where, error: e.message }));
   client.on('close', () => {
@@ -32,7 +39,7 @@ export function watchConnection(client: Redis, where: string): void {
  * good. tetherd's clients must outlive any store outage, so an end that `closed()` did not ask for is
  * followed, after `delayMs`, by a new connect (and by another one if that ends too).
  */
-export function reconnectAfterEnd(client: Redis, closed: () => boolean, what: string, delayMs = 200): void {
+export function reconnectAfterEnd(client: RedisClient, closed: () => boolean, what: string, delayMs = 200): void {
   client.on('end', () => {
     if (closed()) return;
     log().warn('cluster store client ended by its driver; connecting again', { client: what });
@@ -44,7 +51,7 @@ export function reconnectAfterEnd(client: Redis, closed: () => boolean, what: st
 }
 
 /** Resolves once the connection is ready; fails after `ms` (a reconnect that does not come in time). */
-export function waitReady(client: Redis, ms: number): Promise<void> {
+export function waitReady(client: RedisClient, ms: number): Promise<void> {
   if (client.status === 'ready') return Promise.resolve();
   if (client.status === 'end') return Promise.reject(new Error('connection closed'));
   return new Promise((resolve, reject) => {
@@ -83,21 +90,20 @@ export interface RedisTarget {
     /** Subscribe to the sentinels' +switch-master, so a failover is followed at once, not on the next error. */
     failoverDetector?: boolean;
   };
+  /** A Redis Cluster: the nodes to learn the slot map from (any reachable one is enough). */
+  cluster?: Array<{ host: string; port: number }>;
   /** For messages: "redis at host:port/db" or "redis at unix:/path"; never the password. */
   where: string;
 }
 
 const SENTINEL_SCHEME = 'redis+sentinel://';
 const SENTINEL_PORT = 26379;
+const CLUSTER_SCHEME = 'redis+cluster://';
+const REDIS_PORT = 6379;
 
-/**
- * `redis+sentinel://[[user]:password@]host[:port][,host[:port]…]/master[/db][?sentinelPassword=…]`: the
- * sentinels to ask (port 26379 by default; IPv6 in brackets), the name of the master they watch, and the
- * password of the Redis servers (the sentinels' own, when they have one, in the query).
- */
-function parseSentinelUrl(url: string): RedisTarget {
-  const bad = (why: string) => new TetherError(ErrorCode.InvalidConfig, `store url: ${why} (redis+sentinel://[:password@]host[:port][,host[:port]…]/master[/db])`);
-  const rest = url.slice(SENTINEL_SCHEME.length);
+/** A URL of the form scheme://[userinfo@]host[:port][,host[:port]…][/path][?query], split up. */
+function splitMultiHostUrl(url: string, scheme: string, what: string, defaultPort: number, bad: (why: string) => TetherError) {
+  const rest = url.slice(scheme.length);
   const q = rest.indexOf('?');
   const query = new URLSearchParams(q >= 0 ? rest.slice(q + 1) : '');
   const beforeQuery = q >= 0 ? rest.slice(0, q) : rest;
@@ -107,40 +113,69 @@ function parseSentinelUrl(url: string): RedisTarget {
   const at = authority.lastIndexOf('@');
   const userinfo = at >= 0 ? authority.slice(0, at) : '';
   const hostList = at >= 0 ? authority.slice(at + 1) : authority;
-  if (!hostList) throw bad('no sentinel address');
-  const sentinels = hostList.split(',').map((h) => {
+  if (!hostList) throw bad(`no ${what} address`);
+  const hosts = hostList.split(',').map((h) => {
     const m = /^(?:\[([0-9a-fA-F:.]+)\]|([^:\[\]]+))(?::(\d{1,5}))?$/.exec(h);
-    if (!m) throw bad(`sentinel address ${JSON.stringify(h)} is not host[:port]`);
-    const port = m[3] ? Number(m[3]) : SENTINEL_PORT;
-    if (port < 1 || port > 65535) throw bad(`sentinel port ${port} is not 1..65535`);
+    if (!m) throw bad(`${what} address ${JSON.stringify(h)} is not host[:port]`);
+    const port = m[3] ? Number(m[3]) : defaultPort;
+    if (port < 1 || port > 65535) throw bad(`${what} port ${port} is not 1..65535`);
     return { host: m[1] ?? m[2], port };
   });
+  const colon = userinfo.indexOf(':');
+  const username = colon >= 0 ? userinfo.slice(0, colon) : userinfo;
+  const password = colon >= 0 ? userinfo.slice(colon + 1) : '';
+  return {
+    hosts,
+    pathParts,
+    query,
+    username: username ? decodeURIComponent(username) : undefined,
+    password: password ? decodeURIComponent(password) : undefined,
+  };
+}
+
+const hostPort = (x: { host: string; port: number }) => (x.host.includes(':') ? `[${x.host}]:${x.port}` : `${x.host}:${x.port}`);
+
+/**
+ * `redis+sentinel://[[user]:password@]host[:port][,host[:port]…]/master[/db][?sentinelPassword=…]`: the
+ * sentinels to ask (port 26379 by default; IPv6 in brackets), the name of the master they watch, and the
+ * password of the Redis servers (the sentinels' own, when they have one, in the query).
+ */
+function parseSentinelUrl(url: string): RedisTarget {
+  const bad = (why: string) => new TetherError(ErrorCode.InvalidConfig, `store url: ${why} (redis+sentinel://[:password@]host[:port][,host[:port]…]/master[/db])`);
+  const { hosts: sentinels, pathParts, query, username, password } = splitMultiHostUrl(url, SENTINEL_SCHEME, 'sentinel', SENTINEL_PORT, bad);
   const name = decodeURIComponent(pathParts[0] ?? '');
   if (!name) throw bad('no master name');
   if (pathParts.length > 2) throw bad('too many path parts');
   const dbText = pathParts[1] ?? query.get('db') ?? '';
   if (dbText !== '' && !/^\d{1,5}$/.test(dbText)) throw bad(`db must be a number, got ${JSON.stringify(dbText)}`);
-  const colon = userinfo.indexOf(':');
-  const username = colon >= 0 ? userinfo.slice(0, colon) : userinfo;
-  const password = colon >= 0 ? userinfo.slice(colon + 1) : '';
   const sentinelPassword = query.get('sentinelPassword') ?? undefined;
   const db = dbText === '' ? undefined : Number(dbText);
   return {
-    options: {
-      sentinels,
-      name,
-      username: username ? decodeURIComponent(username) : undefined,
-      password: password ? decodeURIComponent(password) : undefined,
-      sentinelPassword,
-      db,
-      failoverDetector: true,
-    },
-    where: `redis master ${name}${db === undefined ? '' : `/${db}`} via sentinels ${sentinels.map((x) => (x.host.includes(':') ? `[${x.host}]:${x.port}` : `${x.host}:${x.port}`)).join(',')}`,
+    options: { sentinels, name, username, password, sentinelPassword, db, failoverDetector: true },
+    where: `redis master ${name}${db === undefined ? '' : `/${db}`} via sentinels ${sentinels.map(hostPort).join(',')}`,
+  };
+}
+
+/**
+ * `redis+cluster://[[user]:password@]host[:port][,host[:port]…][/][?password=…]`: nodes of a Redis Cluster
+ * (port 6379 by default; IPv6 in brackets), any of which tells the slot map. A Cluster has no databases:
+ * a db in the path is refused.
+ */
+function parseClusterUrl(url: string): RedisTarget {
+  const bad = (why: string) => new TetherError(ErrorCode.InvalidConfig, `store url: ${why} (redis+cluster://[[user]:password@]host[:port][,host[:port]…])`);
+  const { hosts, pathParts, query, username, password } = splitMultiHostUrl(url, CLUSTER_SCHEME, 'node', REDIS_PORT, bad);
+  if (pathParts.some((p) => p !== '')) throw bad(`a Redis Cluster has no databases; got path /${pathParts.join('/')}`);
+  for (const k of query.keys()) if (k !== 'password') throw bad(`unknown parameter ${JSON.stringify(k)}`);
+  return {
+    options: { username, password: password ?? query.get('password') ?? undefined },
+    cluster: hosts,
+    where: `redis cluster via ${hosts.map(hostPort).join(',')}`,
   };
 }
 
 export function parseRedisUrl(url: string): RedisTarget {
   if (typeof url === 'string' && url.startsWith(SENTINEL_SCHEME)) return parseSentinelUrl(url);
+  if (typeof url === 'string' && url.startsWith(CLUSTER_SCHEME)) return parseClusterUrl(url);
   let u: URL;
   try {
     u = new URL(url);
@@ -174,5 +209,73 @@ export function parseRedisUrl(url: string): RedisTarget {
     };
     return { options, where: `redis at ${u.hostname}:${port}${d === undefined ? '' : `/${d}`}` };
   }
-  throw new TetherError(ErrorCode.InvalidConfig, `store url: unsupported scheme ${u.protocol} (use redis://, unix:// or redis+sentinel://)`);
+  throw new TetherError(ErrorCode.InvalidConfig, `store url: unsupported scheme ${u.protocol} (use redis://, unix://, redis+sentinel:// or redis+cluster://)`);
+}
+
+/** How a store's client is set up; the same for one server, Sentinel and Cluster. */
+export interface ClientSettings {
+  /** CLIENT SETNAME on every connection (every node's, in a Cluster). */
+  connectionName: string;
+  /** How long a connect (or a Cluster's slot-map refresh) may take. */
+  connectTimeoutMs: number;
+  /** How long a command may wait for its answer. */
+  commandTimeoutMs: number;
+  /** Queue calls made while disconnected (ioredis's default) or fail them at once (false). */
+  enableOfflineQueue?: boolean;
+  /** Resend, after a reconnect, commands whose answer a disconnect lost (ioredis's default) or not (false). */
+  autoResendUnfulfilledCommands?: boolean;
+}
+
+/** Reconnect quickly: a restarted Redis (or a promoted replica) should be used again at once. */
+const reconnectDelay = (attempt: number) => Math.min(50 * attempt, 500);
+
+/**
+ * The one way a store gets a client: not connected yet (lazyConnect; the caller connects and decides what
+ * a failed first connect means). A call that finds the store away fails (maxRetriesPerRequest 0) rather
+ * than being retried behind the caller's back; reconnecting goes on in the background. In a Cluster the
+ * same holds per node: a node lost, a CLUSTERDOWN while a replica takes over or a TRYAGAIN while a slot
+ * moves fails the call (retryDelayOn… 0), a MOVED or ASK (the command did not run) is followed by the
+ * client; the Cluster client reconnects to the whole cluster when every node was lost.
+ */
+export function createRedisClient(target: RedisTarget, s: ClientSettings): RedisClient {
+  const perConnection = {
+    connectionName: s.connectionName,
+    connectTimeout: s.connectTimeoutMs,
+    commandTimeout: s.commandTimeoutMs,
+    maxRetriesPerRequest: 0,
+    ...(s.autoResendUnfulfilledCommands === undefined ? {} : { autoResendUnfulfilledCommands: s.autoResendUnfulfilledCommands }),
+  };
+  const offline = s.enableOfflineQueue === undefined ? {} : { enableOfflineQueue: s.enableOfflineQueue };
+  if (target.cluster) {
+    return new Cluster(target.cluster, {
+      lazyConnect: true,
+      ...offline,
+      clusterRetryStrategy: reconnectDelay,
+      retryDelayOnFailover: 0,
+      retryDelayOnClusterDown: 0,
+      retryDelayOnTryAgain: 0,
+      slotsRefreshTimeout: s.connectTimeoutMs,
+      redisOptions: { ...perConnection, username: target.options.username, password: target.options.password },
+    });
+  }
+  return new Redis({ ...target.options, lazyConnect: true, ...offline, ...perConnection, retryStrategy: reconnectDelay });
+}
+
+// Replies that mean "Redis is there but cannot serve this right now" rather than a bug in the request:
+// loading, a script running, no primary or replicas, a slot moving or without a primary (Cluster failover).
+const TRANSIENT_REPLY = /^(LOADING|BUSY|MASTERDOWN|TRYAGAIN|READONLY|CLUSTERDOWN|NOREPLICAS|MOVED|ASK)\b/;
+
+/**
+ * A failed store call as the callers' error: TRY_AGAIN_LATER when the store is away, busy or moving
+ * (reconnect, failover, slot migration), INTERNAL when Redis refused the request itself (a script error,
+ * auth, a request spanning hash slots: a bug, not an outage).
+ */
+export function storeFailure(where: string, what: string, e: unknown): TetherError {
+  if (e instanceof TetherError) return e;
+  const msg = e instanceof Error ? e.message : String(e);
+  const crossSlot = /CROSSSLOT|should belong to the same slot/.test(msg);
+  if (crossSlot || (e instanceof ReplyError && !TRANSIENT_REPLY.test(msg))) {
+    return new TetherError(ErrorCode.Internal, `cluster store (${where}) refused ${what}: ${msg}`, { cause: e });
+  }
+  return unreachable(where, e);
 }

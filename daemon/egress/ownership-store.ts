@@ -9,7 +9,7 @@
 import Redis from 'ioredis';
 import { EventEmitter } from 'node:events';
 import { log } from '../log';
-import { parseRedisUrl, reconnectAfterEnd } from '../common/redis';
+import { createRedisClient, parseRedisUrl, reconnectAfterEnd } from '../common/redis';
 import { listNodes, NodeRegistry, registerNode } from '../common/node-registry';
 import { MemberView } from '../common/member-registry';
 import { isCanonicalIp, isObjectRef, isPlainName, nonNegativeInt, parseObject, refuseRecord, UnreadableRecordError } from '../common/store-record';
@@ -248,9 +248,10 @@ export class OwnershipStore extends EventEmitter {
   static async connect(url: string, opts: { keyPrefix?: string; timeoutMs?: number } = {}): Promise<OwnershipStore> {
     const target = parseRedisUrl(url);
     const prefix = opts.keyPrefix ?? 'tether:';
-    const common = { ...target.options, lazyConnect: true, connectTimeout: opts.timeoutMs ?? 1000, commandTimeout: opts.timeoutMs ?? 1000, maxRetriesPerRequest: 0, retryStrategy: (n: number) => Math.min(50 * n, 500) };
-    const client = new Redis({ ...common, connectionName: 'tether-ownership' }) as Scripted;
-    const sub = new Redis({ ...common, connectionName: 'tether-ownership-sub' });
+    // One server, Sentinel or a Cluster alike (createRedisClient); a Cluster client answers every command used here.
+    const common = { connectTimeoutMs: opts.timeoutMs ?? 1000, commandTimeoutMs: opts.timeoutMs ?? 1000 };
+    const client = createRedisClient(target, { ...common, connectionName: 'tether-ownership' }) as unknown as Scripted;
+    const sub = createRedisClient(target, { ...common, connectionName: 'tether-ownership-sub' }) as unknown as Redis;
     for (const c of [client, sub]) c.on('error', (e: Error) => log().debug('ownership store connection error', { error: e.message }));
     client.defineCommand('tetherRecordOwner', { numberOfKeys: 2, lua: RECORD });
     const store = new OwnershipStore(client, sub, prefix);

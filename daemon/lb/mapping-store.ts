@@ -8,7 +8,7 @@ import Redis from 'ioredis';
 import { EventEmitter } from 'node:events';
 import { isIPv4 } from 'node:net';
 import { log } from '../log';
-import { parseRedisUrl, reconnectAfterEnd } from '../common/redis';
+import { createRedisClient, parseRedisUrl, reconnectAfterEnd } from '../common/redis';
 import { listNodes, registerNode } from '../common/node-registry';
 import { refuseRecord } from '../common/store-record';
 import type { MapKey } from '../bpf/lb-structs';
@@ -108,12 +108,10 @@ export class MappingStore extends EventEmitter {
   static async connect(url: string, opts: { keyPrefix?: string; timeoutMs?: number } = {}): Promise<MappingStore> {
     const target = parseRedisUrl(url);
     const prefix = opts.keyPrefix ?? 'tether:';
-    const common = {
-      ...target.options, lazyConnect: true, connectTimeout: opts.timeoutMs ?? 1000, commandTimeout: opts.timeoutMs ?? 2000,
-      maxRetriesPerRequest: 0, enableOfflineQueue: false, retryStrategy: (n: number) => Math.min(50 * n, 500),
-    };
-    const client = new Redis({ ...common, connectionName: 'tether-lb' }) as Scripted;
-    const sub = new Redis({ ...common, enableOfflineQueue: true, connectionName: 'tether-lb-sub' });
+    // One server, Sentinel or a Cluster alike (createRedisClient); a Cluster client answers every command used here.
+    const common = { connectTimeoutMs: opts.timeoutMs ?? 1000, commandTimeoutMs: opts.timeoutMs ?? 2000 };
+    const client = createRedisClient(target, { ...common, enableOfflineQueue: false, connectionName: 'tether-lb' }) as unknown as Scripted;
+    const sub = createRedisClient(target, { ...common, enableOfflineQueue: true, connectionName: 'tether-lb-sub' }) as unknown as Redis;
     for (const c of [client, sub]) c.on('error', (e: Error) => log().debug('lb mapping store connection error', { error: e.message }));
     client.defineCommand('tetherLbClaim', { numberOfKeys: 3, lua: CLAIM });
     client.defineCommand('tetherLbExpire', { numberOfKeys: 2, lua: EXPIRE });

@@ -1,26 +1,35 @@
-// ClusterStore over Redis (standalone mode): block claims and cluster-wide addresses, each change one
-// atomic Lua script. An unreachable Redis is a TRY_AGAIN_LATER answer within the command timeout, never a hang.
-// A block claim is acknowledged only once every replica connected to the primary has it (WAIT): Redis
-// replicates asynchronously, and Sentinel promotes a replica when the primary dies, so a claim only the
-// primary held would vanish while the node goes on allocating from the block.
+// ClusterStore over Redis (one server, through Sentinel, or a Redis Cluster): block claims and cluster-wide
+// addresses, each change one atomic Lua script. An unreachable Redis is a TRY_AGAIN_LATER answer within
+// the command timeout, never a hang. A block claim is acknowledged only once every replica connected to
+// the primary (of the claim's slot, in a Cluster) has it (WAIT): Redis replicates asynchronously, and
+// Sentinel or the Cluster promotes a replica when the primary dies, so a claim only the primary held would
+// vanish while the node goes on allocating from the block.
 //
-// Keys (prefix defaults to "tether:"):
-//   <prefix>pool:<pool>:blocks         hash  block CIDR → node
-//   <prefix>pool:<pool>:addrs          hash  address → owner
-//   <prefix>pool:<pool>:owner:<owner>  list  the owner's addresses in allocation order
-//   <prefix>generation                 string  the store's generation token (see ClusterStore.generation)
-//   <prefix>generation:born            string  when the token was created, ms by the store's clock
-//   <prefix>generation:restarted       string  the token, once a node that saw an older one said so
+// Keys (prefix defaults to "tether:"); every script, MULTI or pipeline touches keys of one hash slot: a
+// pool's keys share the tag {<pool>}, the generation's keys the tag {generation} (storeKeys below):
+//   <prefix>pool:{<pool>}:blocks         hash  block CIDR → node
+//   <prefix>pool:{<pool>}:addrs          hash  address → owner
+//   <prefix>pool:{<pool>}:owner:<owner>  list  the owner's addresses in allocation order
+//   <prefix>pool:{<pool>}:generation     string  the generation under which a guarded call last wrote the
+//                                        pool's addresses (the pool's own copy: see MARK_POOL)
+//   <prefix>{generation}                 string  the store's generation token (see ClusterStore.generation)
+//   <prefix>{generation}:born            string  when the token was created, ms by the store's clock
+//   <prefix>{generation}:restarted       string  the token, once a node that saw an older one said so
+//   <prefix>{generation}:pools           set   pools whose mark was set in this generation
+// Before issue 21 the keys had no tags (<prefix>pool:<pool>:blocks, <prefix>generation, …). A store that
+// is not a Cluster and still has them is used in compat mode (detectUntagged): scripts read the untagged
+// keys where the tagged ones say nothing and write both, so tetherds of both versions see each other's
+// claims during a rolling upgrade, and the untagged generation is carried over. Nothing is deleted.
 import { randomBytes } from 'node:crypto';
-import Redis, { ReplyError } from 'ioredis';
+import type { Cluster, Redis } from 'ioredis';
 import { ErrorCode, TetherError } from '../../daemon/errors';
 import { log } from '../../daemon/log';
 import { formatCidr, formatIp, parseCidr, parseIp } from '../../daemon/common/ip-math';
-import { parseRedisUrl, reconnectAfterEnd, unreachable, waitReady, watchConnection, withDeadline } from '../../daemon/common/redis';
+import { createRedisClient, parseRedisUrl, reconnectAfterEnd, storeFailure, unreachable, waitReady, watchConnection, withDeadline } from '../../daemon/common/redis';
 import { refuseRecord } from '../../daemon/common/store-record';
 export { parseRedisUrl } from '../../daemon/common/redis';
 import type { AddressOutcome, AddressRequest, AllocationGuard, ClusterStore, StoreGeneration } from '../types';
-import { ALLOCATE, CLAIM_BLOCK, GENERATION, RELEASE_BLOCK, RELEASE_OWNER } from './redis-scripts';
+import { ALLOCATE, CLAIM_BLOCK, GENERATION, MARK_POOL, RELEASE_BLOCK, RELEASE_OWNER } from './redis-scripts';
 
 export interface RedisStoreOptions {
   /** Prepended to every key, so several clusters or tests can share one Redis. Default "tether:". */
@@ -32,57 +41,91 @@ export interface RedisStoreOptions {
 }
 
 // The scripts as ioredis custom commands: EVALSHA, with EVAL when Redis lost its script cache (restart).
-interface ScriptedRedis extends Redis {
-  tetherClaimBlock(blocks: string, block: string, node: string): Promise<[string, string]>;
-  tetherReleaseBlock(blocks: string, block: string, node: string): Promise<number>;
-  tetherAllocate(addrs: string, ownerKey: string, generation: string, owner: string, mode: string, count: number, token: string, holdOff: string, ...addresses: string[]): Promise<unknown[]>;
-  tetherGeneration(token: string, born: string, restarted: string, fresh: string, mark: string): Promise<[string, number, string, number]>;
-  tetherReleaseOwner(addrs: string, ownerKey: string, owner: string): Promise<string[]>;
+interface Scripts {
+  // These four take the number of keys first: the untagged keys of compat mode are passed after the others.
+  tetherClaimBlock(numKeys: number, ...keysAndArgs: string[]): Promise<[string, string]>;
+  tetherReleaseBlock(numKeys: number, ...keysAndArgs: string[]): Promise<number>;
+  tetherAllocate(numKeys: number, ...keysAndArgs: Array<string | number>): Promise<unknown[]>;
+  tetherGeneration(token: string, born: string, restarted: string, pools: string, fresh: string, mark: string): Promise<[string, number, string, number]>;
+  tetherMarkPool(token: string, born: string, restarted: string, pools: string, generation: string, pool: string, mark: string, fresh: string): Promise<'stale' | 'new' | 'adopt' | 'lost'>;
+  tetherReleaseOwner(numKeys: number, ...keysAndArgs: string[]): Promise<string[]>;
+}
+type ScriptedRedis = (Redis & Scripts) | (Cluster & Scripts);
+
+/** The names tetherds before issue 21 used (no hash tags); read and written only in compat mode. */
+export function untaggedKeys(prefix: string) {
+  return {
+    blocks: (pool: string) => `${prefix}pool:${pool}:blocks`,
+    addrs: (pool: string) => `${prefix}pool:${pool}:addrs`,
+    owner: (pool: string, owner: string) => `${prefix}pool:${pool}:owner:${owner}`,
+    generation: `${prefix}generation`,
+    born: `${prefix}generation:born`,
+    restarted: `${prefix}generation:restarted`,
+  };
+}
+
+/** The store's key names for `prefix` (see the table at the top); exported for tests and tools. */
+export function storeKeys(prefix: string) {
+  const gen = `${prefix}{generation}`;
+  return {
+    blocks: (pool: string) => `${prefix}pool:{${pool}}:blocks`,
+    addrs: (pool: string) => `${prefix}pool:{${pool}}:addrs`,
+    owner: (pool: string, owner: string) => `${prefix}pool:{${pool}}:owner:${owner}`,
+    mark: (pool: string) => `${prefix}pool:{${pool}}:generation`,
+    generation: gen,
+    born: `${gen}:born`,
+    restarted: `${gen}:restarted`,
+    pools: `${gen}:pools`,
+  };
 }
 
 const MAX_NAME = 253;
 const MAX_OWNER = 512;
 const MAX_COUNT = 1024;
 const MAX_CANDIDATES = 4096;
-// Replies that mean "Redis is there but cannot serve right now" rather than a bug in the request.
-const TRANSIENT_REPLY = /^(LOADING|BUSY|MASTERDOWN|TRYAGAIN|READONLY|CLUSTERDOWN|NOREPLICAS)\b/;
 
 export class RedisStore implements ClusterStore {
   private closed = false;
+  private readonly keys: ReturnType<typeof storeKeys>;
+  /** Compat mode: the untagged key names of tetherds from before issue 21 (see detectUntagged). */
+  private old?: ReturnType<typeof untaggedKeys>;
 
   private constructor(
     private readonly client: ScriptedRedis,
     private readonly prefix: string,
     private readonly where: string,
     private readonly timeoutMs: number,
-  ) {}
+  ) {
+    this.keys = storeKeys(prefix);
+  }
 
-  /** Connects to `redis://[user:password@]host:port[/db]`, `unix:///path.sock[?password=…&db=…]` or `redis+sentinel://…` (parseRedisUrl). */
+  /**
+   * Connects to `redis://[user:password@]host:port[/db]`, `unix:///path.sock[?password=…&db=…]`,
+   * `redis+sentinel://…` or `redis+cluster://host:port,…` (parseRedisUrl).
+   */
   static async connect(url: string, opts: RedisStoreOptions = {}): Promise<RedisStore> {
     const target = parseRedisUrl(url);
     const prefix = opts.keyPrefix ?? 'tether:';
     checkName('keyPrefix', prefix, 128, true);
+    // A brace in the prefix would change which part of every key is its hash tag.
+    if (/[{}]/.test(prefix)) throw invalid('keyPrefix', `must not contain '{' or '}' (they pick a key's Redis Cluster hash slot), got ${JSON.stringify(prefix)}`);
     const connectTimeoutMs = checkTimeout('connectTimeoutMs', opts.connectTimeoutMs ?? 2000);
     const commandTimeoutMs = checkTimeout('commandTimeoutMs', opts.commandTimeoutMs ?? 1000);
 
-    const client = new Redis({
-      ...target.options,
-      lazyConnect: true,
+    // In-flight commands fail on the first disconnect and are never resent later behind the caller's back:
+    // the caller already got TRY_AGAIN_LATER and decides itself whether to repeat.
+    const client = createRedisClient(target, {
       connectionName: 'tether',
-      connectTimeout: connectTimeoutMs,
-      commandTimeout: commandTimeoutMs,
-      // Fail in-flight commands on the first disconnect and never resend them later behind the caller's
-      // back: the caller already got TRY_AGAIN_LATER and decides itself whether to repeat.
-      maxRetriesPerRequest: 0,
+      connectTimeoutMs,
+      commandTimeoutMs,
       autoResendUnfulfilledCommands: false,
-      // Keep reconnecting in the background (quickly: a restarted Redis should be used again at once).
-      retryStrategy: (attempt) => Math.min(50 * attempt, 500),
     }) as ScriptedRedis;
-    client.defineCommand('tetherClaimBlock', { numberOfKeys: 1, lua: CLAIM_BLOCK });
-    client.defineCommand('tetherReleaseBlock', { numberOfKeys: 1, lua: RELEASE_BLOCK });
-    client.defineCommand('tetherAllocate', { numberOfKeys: 3, lua: ALLOCATE });
-    client.defineCommand('tetherGeneration', { numberOfKeys: 3, lua: GENERATION });
-    client.defineCommand('tetherReleaseOwner', { numberOfKeys: 2, lua: RELEASE_OWNER });
+    client.defineCommand('tetherClaimBlock', { lua: CLAIM_BLOCK });
+    client.defineCommand('tetherReleaseBlock', { lua: RELEASE_BLOCK });
+    client.defineCommand('tetherAllocate', { lua: ALLOCATE });
+    client.defineCommand('tetherGeneration', { numberOfKeys: 4, lua: GENERATION });
+    client.defineCommand('tetherMarkPool', { numberOfKeys: 4, lua: MARK_POOL });
+    client.defineCommand('tetherReleaseOwner', { lua: RELEASE_OWNER });
     watchConnection(client, target.where);
 
     try {
@@ -96,6 +139,7 @@ export class RedisStore implements ClusterStore {
     log().info('cluster store connected', { store: target.where, keyPrefix: prefix });
     const store = new RedisStore(client, prefix, target.where, commandTimeoutMs);
     reconnectAfterEnd(client, () => store.closed, 'ipam');
+    if (!target.cluster) await store.detectUntagged();
     return store;
   }
 
@@ -109,20 +153,8 @@ export class RedisStore implements ClusterStore {
     checkPool(pool);
     const b = checkBlock(block);
     checkName('node', node, MAX_NAME);
-    const waitMs = Math.max(10, Math.floor(this.timeoutMs / 2));
-    const { state, holder, replicas, acked } = await this.run('claimBlock', async () => {
-      const replicas = await this.connectedReplicas();
-      // The claim and its WAIT go out together on one connection: a WAIT sent on a new connection (after
-      // a reconnect, perhaps to a new primary) would count nothing of this connection's write.
-      const p = this.client.pipeline() as unknown as { tetherClaimBlock(...a: string[]): unknown; wait(n: number, ms: number): unknown; exec(): Promise<Array<[Error | null, unknown]> | null> };
-      p.tetherClaimBlock(this.key(pool, 'blocks'), b, node);
-      p.wait(replicas, waitMs);
-      const res = await p.exec();
-      if (!res || res.length !== 2) throw new Error('no answer to the claim');
-      for (const [err] of res) if (err) throw err;
-      const [state, holder] = res[0][1] as [string, string];
-      return { state, holder, replicas, acked: Number(res[1][1]) };
-    });
+    const { reply, replicas, acked, waitMs } = await this.runAcked('claimBlock', this.keys.blocks(pool), (p, key) => p.tetherClaimBlock(...this.withOld([key], [this.old?.blocks(pool)]), b, node));
+    const [state, holder] = reply as [string, string];
     if (state === 'taken') {
       log().info('block claim refused', { pool, block: b, node, holder });
       return false;
@@ -142,16 +174,16 @@ export class RedisStore implements ClusterStore {
     checkPool(pool);
     const b = checkBlock(block);
     checkName('node', node, MAX_NAME);
-    const released = (await this.run('releaseBlock', () => this.client.tetherReleaseBlock(this.key(pool, 'blocks'), b, node))) === 1;
+    const released = (await this.run('releaseBlock', () => this.client.tetherReleaseBlock(...this.withOld([this.keys.blocks(pool)], [this.old?.blocks(pool)]), b, node))) === 1;
     if (released) log().info('block released', { pool, block: b, node });
     return released;
   }
 
   async generation(opts: { markRestarted?: string } = {}): Promise<StoreGeneration> {
-    const key = this.generationKey();
+    const k = this.keys;
     const fresh = randomBytes(8).toString('hex');
     if (opts.markRestarted !== undefined) checkName('generation', opts.markRestarted, 64);
-    const [token, ageMs, how, restarted] = await this.run('generation', () => this.client.tetherGeneration(key, `${key}:born`, `${key}:restarted`, fresh, opts.markRestarted ?? ''));
+    const [token, ageMs, how, restarted] = await this.run('generation', () => this.client.tetherGeneration(k.generation, k.born, k.restarted, k.pools, fresh, opts.markRestarted ?? ''));
     if (opts.markRestarted === token && !restarted) log().warn('cluster store: generation marked as a restart, but the mark did not stick', { generation: token });
     if (how === 'new') log().warn('cluster store: new generation (the store is new, or restarted empty)', { store: this.where, generation: token });
     else if (how === 'upgraded') log().warn('cluster store: generation without a birth time (written by an older tetherd, or garbled): its birth is recorded as now', { store: this.where, generation: token });
@@ -165,8 +197,8 @@ export class RedisStore implements ClusterStore {
    */
   async listBlocks(pool: string): Promise<Map<string, string>> {
     checkPool(pool);
-    const key = this.key(pool, 'blocks');
-    const all = await this.run('listBlocks', () => this.client.hgetall(key));
+    const key = this.keys.blocks(pool);
+    const all = await this.run('listBlocks', () => this.hgetallWithOld(key, this.old?.blocks(pool)));
     return readEntries(key, all, (block) => (isCanonicalBlock(block) ? undefined : 'not a block (a canonical network CIDR)'), MAX_NAME, 'node');
   }
 
@@ -175,19 +207,7 @@ export class RedisStore implements ClusterStore {
     checkName('owner', owner, MAX_OWNER);
     const { mode, count, addresses } = checkRequest(req);
     if (guard.generation !== undefined) checkName('generation', guard.generation, 64);
-    const reply = await this.run('allocateAddresses', () =>
-      this.client.tetherAllocate(
-        this.key(pool, 'addrs'),
-        this.ownerKey(pool, owner),
-        this.generationKey(),
-        owner,
-        mode,
-        count,
-        guard.generation ?? '',
-        guard.holdOff ? '1' : '0',
-        ...addresses,
-      ),
-    );
+    const reply = await this.allocateGuarded(pool, owner, mode, count, addresses, guard);
     switch (reply[0]) {
       case 'ok': {
         for (const address of reply[2] as string[]) log().info('address claimed', { pool, address, owner });
@@ -202,7 +222,7 @@ export class RedisStore implements ClusterStore {
         return { ok: false, needCandidates: true, have: reply[1] as string[] };
       case 'holdoff':
         return { ok: false, holdOff: true, have: reply[1] as string[] };
-      case 'generation':
+      case 'stale':
         return { ok: false, staleGeneration: true };
       default:
         throw new TetherError(ErrorCode.Internal, `cluster store (${this.where}): unexpected allocate reply ${JSON.stringify(reply)}`);
@@ -212,7 +232,7 @@ export class RedisStore implements ClusterStore {
   async releaseOwner(pool: string, owner: string): Promise<string[]> {
     checkPool(pool);
     checkName('owner', owner, MAX_OWNER);
-    const freed = await this.run('releaseOwner', () => this.client.tetherReleaseOwner(this.key(pool, 'addrs'), this.ownerKey(pool, owner), owner));
+    const freed = await this.run('releaseOwner', () => this.client.tetherReleaseOwner(...this.withOld([this.keys.addrs(pool), this.keys.owner(pool, owner)], [this.old?.addrs(pool), this.old?.owner(pool, owner)]), owner));
     for (const address of freed) log().info('address released', { pool, address, owner });
     return freed;
   }
@@ -220,8 +240,8 @@ export class RedisStore implements ClusterStore {
   /** Every allocated address of the pool; garbled entries are left out like listBlocks's (the script decides). */
   async listAddresses(pool: string): Promise<Map<string, string>> {
     checkPool(pool);
-    const key = this.key(pool, 'addrs');
-    const all = await this.run('listAddresses', () => this.client.hgetall(key));
+    const key = this.keys.addrs(pool);
+    const all = await this.run('listAddresses', () => this.hgetallWithOld(key, this.old?.addrs(pool)));
     return readEntries(key, all, (a) => (isCanonicalAddress(a) ? undefined : 'not an IP address in canonical form'), MAX_OWNER, 'owner');
   }
 
@@ -234,16 +254,103 @@ export class RedisStore implements ClusterStore {
     this.client.disconnect();
   }
 
-  private key(pool: string, what: 'blocks' | 'addrs'): string {
-    return `${this.prefix}pool:${pool}:${what}`;
+  /**
+   * Compat mode, decided once at connect on a store that is not a Cluster: a tetherd from before issue 21
+   * created the untagged generation key (it does on its first look at the store), so tetherds of that
+   * version may still be running. The scripts then also read the untagged keys and write both names,
+   * lists read both, so old and new tetherds see each other's block claims and addresses during a rolling
+   * upgrade; and the untagged generation is carried over (if the tagged one does not exist yet), so the
+   * upgrade does not look like a wipe (no hold-off, nothing to re-assert). On a Cluster there are no
+   * untagged keys (no earlier version could use one).
+   */
+  private async detectUntagged(): Promise<void> {
+    const u = untaggedKeys(this.prefix);
+    const k = this.keys;
+    try {
+      const client = this.client as Redis;
+      if (!(await client.exists(u.generation))) return;
+      this.old = u;
+      const [token, born, restarted] = await client.mget(u.generation, u.born, u.restarted);
+      if (token && (await client.set(k.generation, token, 'NX')) === 'OK') {
+        if (born) await client.set(k.born, born, 'NX');
+        if (restarted) await client.set(k.restarted, restarted, 'NX');
+        log().info('cluster store: generation of the untagged keys carried over', { store: this.where, generation: token });
+      }
+      log().warn('cluster store: untagged keys of an older tetherd found; reading and writing both names while tetherds of both versions may run', { store: this.where });
+    } catch (e) {
+      // Not knowing is unsafe both ways; fail the connect, the caller retries (LazyStore).
+      throw storeFailure(this.where, 'looking for untagged keys', e);
+    }
   }
 
-  private generationKey(): string {
-    return `${this.prefix}generation`;
+  /** numKeys and the keys for a script that takes untagged twins in compat mode. */
+  private withOld(keys: string[], old: Array<string | undefined>): [number, ...string[]] {
+    const all = this.old ? [...keys, ...old.map((x) => x!)] : keys;
+    return [all.length, ...all];
   }
 
-  private ownerKey(pool: string, owner: string): string {
-    return `${this.prefix}pool:${pool}:owner:${owner}`;
+  /** HGETALL, merged with the untagged twin in compat mode (the tagged entry wins). */
+  private async hgetallWithOld(key: string, old: string | undefined): Promise<Record<string, string>> {
+    if (!old) return this.client.hgetall(key);
+    const [a, b] = await Promise.all([this.client.hgetall(old), this.client.hgetall(key)]);
+    return { ...a, ...b };
+  }
+
+  /**
+   * ALLOCATE, with the generation guard split by slot: the pool's slot holds a copy of the generation its
+   * addresses were written under (its mark), and only the generation's own slot can say whether a mark
+   * that is not the caller's generation may be set (MARK_POOL). Replies as ALLOCATE, or ['stale'].
+   */
+  private async allocateGuarded(pool: string, owner: string, mode: string, count: number, addresses: string[], guard: AllocationGuard): Promise<unknown[]> {
+    const k = this.keys;
+    const token = guard.generation ?? '';
+    let replaceMark = '-';
+    for (let round = 0; round < 3; round++) {
+      const { reply: r, replicas, acked, waitMs } = await this.runAcked('allocateAddresses', k.addrs(pool), (p, key) =>
+        p.tetherAllocate(...this.withOld([key, k.owner(pool, owner), k.mark(pool)], [this.old?.addrs(pool), this.old?.owner(pool, owner)]), owner, mode, count, token, guard.holdOff ? '1' : '0', replaceMark, ...addresses),
+      );
+      const reply = r as unknown[];
+      if (reply[0] === 'ok' && acked < replicas) {
+        log().warn('address allocation not acknowledged: the replicas did not all confirm it', { pool, owner, addresses: reply[1], replicas, acked, waitMs });
+        throw new TetherError(
+          ErrorCode.TryAgainLater,
+          `cluster store (${this.where}): addresses of ${owner} in pool "${pool}" not acknowledged: ${acked} of ${replicas} replica(s) confirmed them within ${waitMs} ms (a failover now could lose them); try again`,
+        );
+      }
+      if (reply[0] !== 'mark') return reply;
+      const mark = String(reply[1]);
+      const fresh = randomBytes(8).toString('hex');
+      const verdict = await this.run('allocateAddresses (generation)', () => this.client.tetherMarkPool(k.generation, k.born, k.restarted, k.pools, token, pool, mark, fresh));
+      if (verdict === 'stale') return ['stale'];
+      if (verdict === 'lost') {
+        log().warn('cluster store: the keys of a pool lost their data while the generation kept its own (a Redis Cluster node restarted empty?); generation replaced as a restart, holders re-assert', { store: this.where, pool, previous: token, generation: fresh });
+        return ['stale'];
+      }
+      if (verdict === 'adopt') log().info('cluster store: pool written under an older generation carried over to the current one', { pool, from: mark, generation: token });
+      replaceMark = mark;
+    }
+    // The mark kept changing under us (other nodes racing through generations): the caller looks again.
+    return ['stale'];
+  }
+
+  /**
+   * One write script on `key`'s slot followed by WAIT for every replica the slot's primary has online:
+   * the script and its WAIT go out together on one connection (in a Cluster: to the node serving the
+   * key's slot), since a WAIT sent on a new connection (after a reconnect, perhaps to a new primary) would
+   * count nothing of this connection's write. The caller treats acked < replicas as not acknowledged.
+   */
+  private async runAcked(what: string, key: string, add: (p: Scripts, key: string) => unknown): Promise<{ reply: unknown; replicas: number; acked: number; waitMs: number }> {
+    const waitMs = Math.max(10, Math.floor(this.timeoutMs / 2));
+    return this.run(what, async () => {
+      const replicas = await this.connectedReplicas(key);
+      const p = this.client.pipeline() as unknown as Scripts & { wait(n: number, ms: number): unknown; exec(): Promise<Array<[Error | null, unknown]> | null> };
+      add(p, key);
+      p.wait(replicas, waitMs);
+      const res = await p.exec();
+      if (!res || res.length !== 2) throw new Error(`no answer to ${what}`);
+      for (const [err] of res) if (err) throw err;
+      return { reply: res[0][1], replicas, acked: Number(res[1][1]), waitMs };
+    });
   }
 
   /**
@@ -251,8 +358,12 @@ export class RedisStore implements ClusterStore {
    * sync), each of which a claim waits for. A replica still in its first full sync acknowledges nothing
    * until it is done, and has no data a failover could keep: it is not waited for.
    */
-  private async connectedReplicas(): Promise<number> {
-    const info = await this.client.info('replication');
+  private async connectedReplicas(key: string): Promise<number> {
+    // Sent with a command on `key`, so a Cluster client asks the primary serving the key's slot.
+    const res = await this.client.pipeline().exists(key).info('replication').exec();
+    const [err, reply] = res?.[1] ?? [new Error('no answer to INFO replication'), undefined];
+    if (err) throw err;
+    const info = String(reply);
     const m = /^connected_slaves:(\d+)/m.exec(info);
     if (!m) throw new TetherError(ErrorCode.Internal, `cluster store (${this.where}): INFO replication has no connected_slaves line`);
     const lines = [...info.matchAll(/^slave\d+:(.*)$/gm)];
@@ -269,13 +380,7 @@ export class RedisStore implements ClusterStore {
       await waitReady(this.client, this.timeoutMs);
       return await withDeadline(fn(), Math.max(1, deadline - Date.now()));
     } catch (e) {
-      if (e instanceof TetherError) throw e;
-      // A reply error is Redis answering (a script or auth problem), not Redis being away.
-      const reply = e instanceof ReplyError ? (e as Error).message : undefined;
-      if (reply !== undefined && !TRANSIENT_REPLY.test(reply)) {
-        throw new TetherError(ErrorCode.Internal, `cluster store (${this.where}) refused ${what}: ${reply}`, { cause: e });
-      }
-      throw unreachable(this.where, e);
+      throw storeFailure(this.where, what, e);
     }
   }
 }
@@ -313,10 +418,11 @@ function checkName(field: string, v: unknown, max: number, allowEmpty = false): 
   if (/[\x00-\x1f\x7f]/.test(v)) throw invalid(field, 'must not contain a newline or other control character');
 }
 
-// A pool name with ':' could make one pool's keys collide with another's owner keys.
+// A pool name with ':' could make one pool's keys collide with another's owner keys; a brace would change
+// the keys' hash tag.
 function checkPool(pool: unknown): asserts pool is string {
   checkName('pool', pool, MAX_NAME);
-  if (/[:\s]/.test(pool)) throw invalid('pool', `must not contain ':' or whitespace, got ${JSON.stringify(pool)}`);
+  if (/[:\s{}]/.test(pool)) throw invalid('pool', `must not contain ':', '{', '}' or whitespace, got ${JSON.stringify(pool)}`);
 }
 
 /** The block in canonical form, so "10.0.0.0/26" written two ways is one key. */

@@ -8,7 +8,7 @@ import { Writable } from 'node:stream';
 import Redis from 'ioredis';
 import { ClusterAddresses } from '../../ipam/cluster-addresses';
 import { validatePools } from '../../ipam/pool';
-import { RedisStore } from '../../ipam/store/redis-store';
+import { RedisStore, storeKeys } from '../../ipam/store/redis-store';
 import type { ResolvedPool } from '../../ipam/types';
 import { makeLogger, setLogger } from '../../daemon/log';
 import { ErrorCode, TetherError } from '../../daemon/errors';
@@ -40,10 +40,11 @@ test.after(async () => {
 
 async function open(opts: { born?: 'long ago' } = {}) {
   const prefix = `ca${Math.random().toString(36).slice(2, 8)}:`;
-  if (opts.born) await raw.mset(`${prefix}generation`, 'seeded', `${prefix}generation:born`, '0');
+  const keys = storeKeys(prefix);
+  if (opts.born) await raw.mset(keys.generation, 'seeded', keys.born, '0');
   const store = await RedisStore.connect(redis.url, { keyPrefix: prefix });
   cleanups.push(() => store.close());
-  return { store, prefix, ca: new ClusterAddresses(pools, store, quiet, { holdOffMs: HOLD_OFF }) };
+  return { store, prefix, keys, ca: new ClusterAddresses(pools, store, quiet, { holdOffMs: HOLD_OFF }) };
 }
 
 async function refused(p: Promise<unknown>, code: string, re: RegExp): Promise<void> {
@@ -122,7 +123,7 @@ test('a wipe between reading the generation and claiming refuses the claim; it i
 });
 
 test('the generation carries its age by the store\'s clock; a token an older tetherd wrote (no birth time) is upgraded with birth now', async () => {
-  const { store, prefix } = await open();
+  const { store, keys } = await open();
   const g1 = await store.generation();
   assert.ok(g1.ageMs < 100, `new: age ${g1.ageMs}`);
   await sleep(300);
@@ -130,12 +131,12 @@ test('the generation carries its age by the store\'s clock; a token an older tet
   assert.is(g2.token, g1.token);
   assert.ok(g2.ageMs >= 250 && g2.ageMs < 2000, `age ${g2.ageMs}`);
 
-  await raw.del(`${prefix}generation:born`);
-  await raw.set(`${prefix}generation`, 'from-an-older-tetherd');
+  await raw.del(keys.born);
+  await raw.set(keys.generation, 'from-an-older-tetherd');
   const old = await store.generation();
   assert.equal(old, { token: 'from-an-older-tetherd', ageMs: 0, restarted: false }, 'kept, and as young as can be: holders get a full hold-off');
-  assert.match((await raw.get(`${prefix}generation:born`)) ?? '', /^\d{13}$/);
-  await raw.set(`${prefix}generation:born`, 'garbage');
+  assert.match((await raw.get(keys.born)) ?? '', /^\d{13}$/);
+  await raw.set(keys.born, 'garbage');
   assert.equal(await store.generation(), { token: 'from-an-older-tetherd', ageMs: 0, restarted: false }, 'a garbled birth time is refused and replaced by now');
 });
 

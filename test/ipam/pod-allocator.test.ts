@@ -8,7 +8,7 @@ import * as os from 'node:os';
 import * as path from 'node:path';
 import { AllocationStore } from '../../ipam/allocation-store';
 import { ClusterAddresses } from '../../ipam/cluster-addresses';
-import { PodAllocator, ownerKey } from '../../ipam/pod-allocator';
+import { HOLD_OFF_MS, PodAllocator, firstBlock, ownerKey } from '../../ipam/pod-allocator';
 import { validatePools } from '../../ipam/pool';
 import { LazyStore } from '../../ipam/store/lazy-store';
 import { RedisStore } from '../../ipam/store/redis-store';
@@ -18,6 +18,8 @@ import { TetherError } from '../../daemon/errors';
 import { startRedis, type TestRedis } from '../lib/redis';
 import { Writable } from 'node:stream';
 
+// These tests lay blocks out by hand (block 0 first); the seeded search start has its own tests below.
+const FROM_ZERO = () => 0n;
 const quiet = makeLogger({ level: 'error', stream: new Writable({ write: (_c, _e, cb) => cb() }) });
 
 const pools: ResolvedPool[] = validatePools([
@@ -38,10 +40,10 @@ function owner(id: string, network = 'net'): PodOwner {
 let redis: TestRedis;
 const cleanups: Array<() => Promise<void> | void> = [];
 
-async function fixture(node = 'n1', prefix = `t${Math.random().toString(36).slice(2, 8)}:`, stateDir?: string) {
+async function fixture(node = 'n1', prefix = `t${Math.random().toString(36).slice(2, 8)}:`, stateDir?: string, seeded = false) {
   const dir = stateDir ?? fs.mkdtempSync(path.join(os.tmpdir(), 'tether-ipam-'));
   const store = await RedisStore.connect(redis.url, { keyPrefix: prefix });
-  const alloc = new PodAllocator({ name: node, zone: 'zone-a', labels: {} }, pools, store, new AllocationStore(dir), quiet);
+  const alloc = new PodAllocator({ name: node, zone: 'zone-a', labels: {} }, pools, store, new AllocationStore(dir), quiet, HOLD_OFF_MS, seeded ? undefined : FROM_ZERO);
   await alloc.start();
   cleanups.push(() => store.close(), () => fs.rmSync(dir, { recursive: true, force: true }));
   return { alloc, store, dir, prefix };
@@ -115,7 +117,7 @@ test('restart: allocations and blocks come back from the state dir; a claim made
   const a = await first.alloc.allocate('default', owner('c1'));
   // A claim that made it to Redis but not to the node's own files (killed in between):
   await first.store.claimBlock('default', '10.60.0.248/29', 'n1');
-  const again = new PodAllocator({ name: 'n1', labels: {} }, pools, first.store, new AllocationStore(first.dir), quiet);
+  const again = new PodAllocator({ name: 'n1', labels: {} }, pools, first.store, new AllocationStore(first.dir), quiet, HOLD_OFF_MS, FROM_ZERO);
   const st = await again.start();
   assert.is(st.allocations, 2);
   assert.equal(again.lookup(ownerKey(owner('c1'))), a);
@@ -128,7 +130,7 @@ test('restart after the store lost its data: blocks holding allocations are clai
   const first = await fixture('n1');
   await first.alloc.allocate('default', owner('c1'));
   await first.store.releaseBlock('default', '10.60.0.0/29', 'n1'); // as if Redis had restarted empty
-  const again = new PodAllocator({ name: 'n1', labels: {} }, pools, first.store, new AllocationStore(first.dir), quiet);
+  const again = new PodAllocator({ name: 'n1', labels: {} }, pools, first.store, new AllocationStore(first.dir), quiet, HOLD_OFF_MS, FROM_ZERO);
   await again.start();
   assert.is((await first.store.listBlocks('default')).get('10.60.0.0/29'), 'n1');
 });
@@ -147,7 +149,7 @@ test('cluster store down: owned blocks still serve; a new block is TRY_AGAIN_LAT
   cleanups.push(() => fs.rmSync(dir, { recursive: true, force: true }));
   const store = new LazyStore(() => RedisStore.connect(redis.url, { keyPrefix: 'down:', commandTimeoutMs: 300, connectTimeoutMs: 300 }));
   cleanups.push(() => store.close());
-  const alloc = new PodAllocator({ name: 'n1', labels: {} }, pools, store, new AllocationStore(dir), quiet);
+  const alloc = new PodAllocator({ name: 'n1', labels: {} }, pools, store, new AllocationStore(dir), quiet, HOLD_OFF_MS, FROM_ZERO);
   await alloc.start();
   await alloc.allocate('default', owner('a'));
   await redis.kill();
@@ -180,8 +182,8 @@ test('store restarted empty: holders re-assert their blocks, others hold off new
   cleanups.push(() => fs.rmSync(dirA, { recursive: true, force: true }), () => fs.rmSync(dirB, { recursive: true, force: true }));
   const store = await RedisStore.connect(redis.url, { keyPrefix: prefix });
   cleanups.push(() => store.close());
-  const a = new PodAllocator({ name: 'n1', labels: {} }, pools, store, new AllocationStore(dirA), quiet, 1500);
-  const b = new PodAllocator({ name: 'n2', labels: {} }, pools, store, new AllocationStore(dirB), quiet, 1500);
+  const a = new PodAllocator({ name: 'n1', labels: {} }, pools, store, new AllocationStore(dirA), quiet, 1500, FROM_ZERO);
+  const b = new PodAllocator({ name: 'n2', labels: {} }, pools, store, new AllocationStore(dirB), quiet, 1500, FROM_ZERO);
   await a.start();
   await b.start();
   const heldByA = (await a.allocate('reserved', owner('a1'))).ips[0];
@@ -279,6 +281,50 @@ test('cluster-wide owners: idempotent, explicit honoured or refused naming the h
   assert.equal(await ca.release('float', 'egress/ns/a'), ['198.51.100.1', '198.51.100.2']);
   assert.equal(await ca.release('float', 'egress/ns/a'), [], 'release idempotent');
   assert.equal((await ca.allocate({ pool: 'float', owner: 'egress/ns/more' })).addresses, ['198.51.100.1']);
+});
+
+test('block search starts at a node-seeded block: nodes start apart, the same node always at the same block', async () => {
+  const starts = new Set(Array.from({ length: 100 }, (_, i) => firstBlock(`node-${i}`, 'pods', 4, 1024n)));
+  assert.ok(starts.size >= 90, `100 nodes over 1024 blocks start at ${starts.size} different blocks (all at block 0 before)`);
+  assert.is(firstBlock('node-7', 'pods', 4, 1024n), firstBlock('node-7', 'pods', 4, 1024n));
+  assert.ok([...starts].every((b) => b >= 0n && b < 1024n));
+  assert.is(firstBlock('n1', 'pods', 4, 1n), 0n, 'a pool of one block');
+
+  // Two real allocators (the default, seeded search) in one pool: each claims the block its name picks.
+  const prefix = `seed${Date.now()}:`;
+  const dirs = ['n1', 'n2'].map(() => fs.mkdtempSync(path.join(os.tmpdir(), 'tether-ipam-')));
+  const store = await RedisStore.connect(redis.url, { keyPrefix: prefix });
+  cleanups.push(() => store.close(), ...dirs.map((d) => () => fs.rmSync(d, { recursive: true, force: true })));
+  const [a, b] = ['n1', 'n2'].map((n, i) => new PodAllocator({ name: n, labels: {} }, pools, store, new AllocationStore(dirs[i]), quiet));
+  await a.start();
+  await b.start();
+  const blockOf = (start: bigint) => `10.60.0.${Number(start) * 8}/29`;
+  const [s1, s2] = [firstBlock('n1', 'default', 4, 32n), firstBlock('n2', 'default', 4, 32n)];
+  assert.is.not(s1, s2);
+  const [ipA, ipB] = await Promise.all([a.allocate('default', owner('pa')), b.allocate('default', owner('pb'))]);
+  assert.is(ipA.ips[0].block, blockOf(s1));
+  assert.is(ipB.ips[0].block, blockOf(s2));
+  assert.is.not(ipA.ips[0].block, '10.60.0.0/29', 'not block 0');
+});
+
+test('the seeded search still finds the only free block wherever it is (before the start: the walk wraps)', async () => {
+  const { alloc, store } = await fixture('n1', undefined, undefined, true);
+  const start4 = firstBlock('n1', 'default', 4, 32n);
+  const start6 = firstBlock('n1', 'default', 6, 32n);
+  const free4 = (start4 + 31n) % 32n; // just before the start: found last
+  const free6 = (start6 + 17n) % 32n;
+  for (let i = 0n; i < 32n; i++) {
+    if (i !== free4) assert.ok(await store.claimBlock('default', `10.60.0.${Number(i) * 8}/29`, 'other'));
+    if (i !== free6) assert.ok(await store.claimBlock('default', `fd00:60::${(Number(i) * 8).toString(16)}/125`, 'other'));
+  }
+  const got = await alloc.allocate('default', owner('only'));
+  assert.equal(got.ips.map((i) => i.block), [`10.60.0.${Number(free4) * 8}/29`, `fd00:60::${(Number(free6) * 8).toString(16)}/125`]);
+  await alloc.allocate('default', owner('more')); // same blocks, room left
+  for (let i = 0; i < 5; i++) await alloc.allocate('default', owner(`fill${i}`));
+  await alloc.allocate('default', owner('full')).then(
+    () => assert.unreachable('every block is claimed and the node\'s is full'),
+    (e) => assert.is((e as TetherError).code, 'POOL_EXHAUSTED'),
+  );
 });
 
 test.run();

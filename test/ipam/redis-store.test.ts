@@ -6,7 +6,8 @@ import * as assert from 'uvu/assert';
 import { captureLog } from '../lib/log-capture';
 import { makeLogger, setLogger } from '../../daemon/log';
 import { ErrorCode, TetherError } from '../../daemon/errors';
-import { parseRedisUrl, RedisStore, type RedisStoreOptions } from '../../ipam/store/redis-store';
+import { parseRedisUrl, RedisStore, storeKeys, untaggedKeys, type RedisStoreOptions } from '../../ipam/store/redis-store';
+import { CLAIM_BLOCK } from '../../ipam/store/redis-scripts';
 import { withRedis, type TestRedis } from '../lib/redis';
 
 // The store logs every claim; keep test output readable unless asked for.
@@ -277,8 +278,8 @@ test('garbled block and address entries are left out with one warn line each, th
     assert.equal(await store.allocateAddresses(POOL, 'lb/ns/a', { explicit: ['192.0.2.1'] }), { ok: true, addresses: ['192.0.2.1'] });
     const raw = new Redis({ path: redis.socketPath });
     try {
-      await raw.hset('tether:pool:pods:blocks', { garbage: 'node-b', '10.244.9.1/26': 'node-b', '10.244.10.0/26': '', '10.244.11.0/26': 'node\nx' });
-      await raw.hset(`tether:pool:${POOL}:addrs`, { 'FD00::1': 'x', '192.0.2.300': 'y', '192.0.2.50': '' });
+      await raw.hset('tether:pool:{pods}:blocks', { garbage: 'node-b', '10.244.9.1/26': 'node-b', '10.244.10.0/26': '', '10.244.11.0/26': 'node\nx' });
+      await raw.hset(`tether:pool:{${POOL}}:addrs`, { 'FD00::1': 'x', '192.0.2.300': 'y', '192.0.2.50': '' });
     } finally {
       raw.disconnect();
     }
@@ -289,13 +290,13 @@ test('garbled block and address entries are left out with one warn line each, th
     });
     const warns = lines.filter((l) => l.level === 'warn');
     assert.equal(warns.map((l) => `${l.key} ${l.field}: ${l.problem}`).sort(), [
-      'tether:pool:floating-a:addrs 192.0.2.300: not an IP address in canonical form',
-      'tether:pool:floating-a:addrs 192.0.2.50: the owner is not a name (empty, too long, or control characters)',
-      'tether:pool:floating-a:addrs FD00::1: not an IP address in canonical form',
-      'tether:pool:pods:blocks 10.244.10.0/26: the node is not a name (empty, too long, or control characters)',
-      'tether:pool:pods:blocks 10.244.11.0/26: the node is not a name (empty, too long, or control characters)',
-      'tether:pool:pods:blocks 10.244.9.1/26: not a block (a canonical network CIDR)',
-      'tether:pool:pods:blocks garbage: not a block (a canonical network CIDR)',
+      'tether:pool:{floating-a}:addrs 192.0.2.300: not an IP address in canonical form',
+      'tether:pool:{floating-a}:addrs 192.0.2.50: the owner is not a name (empty, too long, or control characters)',
+      'tether:pool:{floating-a}:addrs FD00::1: not an IP address in canonical form',
+      'tether:pool:{pods}:blocks 10.244.10.0/26: the node is not a name (empty, too long, or control characters)',
+      'tether:pool:{pods}:blocks 10.244.11.0/26: the node is not a name (empty, too long, or control characters)',
+      'tether:pool:{pods}:blocks 10.244.9.1/26: not a block (a canonical network CIDR)',
+      'tether:pool:{pods}:blocks garbage: not a block (a canonical network CIDR)',
     ]);
     // Left out of the list, not given away: the claim script still finds the entry.
     assert.is(await store.claimBlock('pods', '10.244.11.0/26', 'node-c'), false);
@@ -337,6 +338,57 @@ test('bad input is INVALID_CONFIG naming the field', async () => {
       assert.match(e.message, message, name);
     }
     assert.equal(await s.listBlocks('p'), new Map(), 'nothing reached Redis');
+  });
+});
+
+test('rolling upgrade: a store with the untagged keys of an older tetherd is read and written under both names; a new store never gets them', async () => {
+  await withStores(async (open, redis) => {
+    const raw = new Redis({ path: redis.socketPath });
+    try {
+      const old = untaggedKeys('tether:');
+      const now = storeKeys('tether:');
+      // What a tetherd from before the tags left: its generation, a block, an owner's address.
+      await raw.mset(old.generation, 'gen-of-old', old.born, String(Date.now() - 3_600_000));
+      await raw.hset(old.blocks('pods'), '10.244.0.0/26', 'old-node');
+      await raw.hset(old.addrs(POOL), '192.0.2.1', 'lb/ns/old');
+      await raw.rpush(old.owner(POOL, 'lb/ns/old'), '192.0.2.1');
+
+      const store = await open();
+      const g = await store.generation();
+      assert.equal([g.token, g.restarted], ['gen-of-old', false], 'the generation is carried over: the upgrade is not a wipe');
+      assert.ok(g.ageMs >= 3_500_000, `its age too (${g.ageMs} ms)`);
+
+      assert.is(await store.claimBlock('pods', '10.244.0.0/26', 'new-node'), false, 'an old tetherd\'s block is taken');
+      assert.ok(await store.claimBlock('pods', '10.244.0.64/26', 'new-node'));
+      assert.is(await raw.hget(old.blocks('pods'), '10.244.0.64/26'), 'new-node', 'an old tetherd sees the new claim');
+      assert.is(await raw.hget(now.blocks('pods'), '10.244.0.64/26'), 'new-node');
+      // The old tetherd claims on afterwards with its script (the same text, on the untagged key only).
+      const oldClaim = (block: string, node: string) => raw.eval(CLAIM_BLOCK, 1, old.blocks('pods'), block, node) as Promise<[string, string]>;
+      assert.equal(await oldClaim('10.244.0.64/26', 'old-node'), ['taken', 'new-node'], 'the old tetherd cannot take the new claim');
+      assert.equal(await oldClaim('10.244.0.128/26', 'old-node'), ['claimed', 'old-node']);
+      assert.is(await store.claimBlock('pods', '10.244.0.128/26', 'new-node'), false, 'nor the new one the old tetherd\'s later claim');
+      assert.equal(await store.listBlocks('pods'), new Map([['10.244.0.0/26', 'old-node'], ['10.244.0.64/26', 'new-node'], ['10.244.0.128/26', 'old-node']]));
+      assert.is(await store.releaseBlock('pods', '10.244.0.64/26', 'new-node'), true);
+      assert.is(await raw.hget(old.blocks('pods'), '10.244.0.64/26'), null, 'released under both names');
+
+      assert.equal(await store.allocateAddresses(POOL, 'lb/ns/new', { count: 1, candidates: ['192.0.2.1', '192.0.2.2'] }), { ok: true, addresses: ['192.0.2.2'] }, 'the old tetherd\'s address is not handed out');
+      assert.is(await raw.hget(old.addrs(POOL), '192.0.2.2'), 'lb/ns/new', 'an old tetherd sees the new address');
+      assert.equal(await raw.lrange(old.owner(POOL, 'lb/ns/new'), 0, -1), ['192.0.2.2']);
+      assert.equal(await store.allocateAddresses(POOL, 'lb/ns/old', { count: 1, candidates: ['192.0.2.3'] }), { ok: true, addresses: ['192.0.2.1'] }, 'the old owner keeps its address');
+      assert.equal(await store.allocateAddresses(POOL, 'lb/ns/x', { explicit: ['192.0.2.1'] }), { ok: false, conflict: { address: '192.0.2.1', holder: 'lb/ns/old' } });
+      assert.equal(await store.listAddresses(POOL), new Map([['192.0.2.1', 'lb/ns/old'], ['192.0.2.2', 'lb/ns/new']]));
+      assert.equal(await store.releaseOwner(POOL, 'lb/ns/old'), ['192.0.2.1']);
+      assert.is(await raw.hget(old.addrs(POOL), '192.0.2.1'), null, 'freed under both names');
+      assert.is(await raw.exists(old.owner(POOL, 'lb/ns/old')), 0);
+
+      // A store no older tetherd used gets no untagged key.
+      const fresh = await open({ keyPrefix: 'fresh:' });
+      assert.ok(await fresh.claimBlock('pods', '10.244.0.0/26', 'n1'));
+      assert.ok((await fresh.allocateAddresses(POOL, 'lb/ns/a', { count: 1, candidates: ['192.0.2.1'] })).ok);
+      assert.equal((await raw.keys('fresh:*')).filter((k) => !k.includes('{')), [], 'only tagged keys');
+    } finally {
+      raw.disconnect();
+    }
   });
 });
 

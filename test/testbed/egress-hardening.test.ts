@@ -230,7 +230,7 @@ scenario('the store wiped (FLUSHALL) under an Egress: its address is re-asserted
   await withTestbed(topology(), async (tb) => {
     const first = await waitOwner(tb);
     const a = first.st.address;
-    const addrs = `${tb.redisPrefix}pool:float:addrs`;
+    const addrs = `${tb.redisPrefix}pool:{float}:addrs`;
     const slotOwner = (await tb.withRedisClient((r) => r.hget(addrs, a))) ?? '';
     assert.match(slotOwner, /^egress\/shop\/out#/);
     const allocate = (owner: string, node = 'n3') => call(tb.socketPath(node), 'address.allocate', { pool: 'float', owner, count: 1 }, { timeoutMs: 5000 }) as Promise<{ addresses: string[] }>;

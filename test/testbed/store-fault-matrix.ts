@@ -424,7 +424,7 @@ function makeEvent(row: Row, id: EventId, first: string, owners: Map<string, Own
           const pod = tb.pod(`n4-${name}`);
           const blocks = (await tb.nodeBlocks('n4')).blocks;
           const block = blocks.find((b) => inBlock(pod.ip, b));
-          const store = await storeHash(row, `${tb.redisPrefix}pool:${tb.plan.podPool.name}:blocks`);
+          const store = await storeHash(row, `${tb.redisPrefix}pool:{${tb.plan.podPool.name}}:blocks`);
           if (block && had.includes(block)) failures.push(`setup: n4 already had ${block} before the ADD, so it needed no new block`);
           if (!block) failures.push(`n4-${name} ${pod.ip} is in none of n4's blocks (${blocks.join(', ')})`);
           else if (store[block] !== 'n4') failures.push(`block ${block} lost: n4 uses it (n4-${name} ${pod.ip}) but the store gives it to ${store[block] ?? 'nobody'}`);
@@ -589,7 +589,7 @@ function cutNodeFor(row: Row, id: EventId, first: string, owners: Map<string, Ow
 async function checkStore(row: Row, owners: Map<string, Owned>, failures: string[]): Promise<void> {
   const { tb } = row;
   const probeNode = liveNodes(row).find((n) => n === 'n3') ?? liveNodes(row)[0];
-  const floats = await storeHash(row, `${tb.redisPrefix}pool:float:addrs`);
+  const floats = await storeHash(row, `${tb.redisPrefix}pool:{float}:addrs`);
   for (const [a, o] of owners) {
     if (!floats[a]?.startsWith(`egress/${EGRESS}`)) failures.push(`${short(a)} (held by ${o.owner} on ${o.ownerNode}) is allocated to ${floats[a] ?? 'nobody'} in the store`);
   }
@@ -605,7 +605,7 @@ async function checkStore(row: Row, owners: Map<string, Owned>, failures: string
     }
   };
   for (const [a, o] of owners) await probe('float', a, o.owner);
-  const lbs = await storeHash(row, `${tb.redisPrefix}pool:lb:addrs`);
+  const lbs = await storeHash(row, `${tb.redisPrefix}pool:{lb}:addrs`);
   if (lbs[row.vip] !== LB_OWNER) failures.push(`the VIP ${row.vip} is allocated to ${lbs[row.vip] ?? 'nobody'} in the store`);
   for (const n of row.lbNodes.filter((x) => !row.lost.has(x))) {
     const st = await lbStatus(tb, n).catch(() => undefined);
@@ -613,7 +613,7 @@ async function checkStore(row: Row, owners: Map<string, Owned>, failures: string
   }
   await probe('lb', row.vip, LB_OWNER);
 
-  const blocks = await storeHash(row, `${tb.redisPrefix}pool:${tb.plan.podPool.name}:blocks`);
+  const blocks = await storeHash(row, `${tb.redisPrefix}pool:{${tb.plan.podPool.name}}:blocks`);
   const usedBy = new Map<string, string>();
   const nodeBlocks = new Map<string, string[]>();
   for (const n of liveNodes(row)) {

@@ -520,7 +520,7 @@ export class Testbed {
 
   /** What Redis says about a pod pool's blocks: block CIDR → node (read straight from the store). */
   async clusterBlocks(pool = this.plan.podPool.name): Promise<Map<string, string>> {
-    return new Map(Object.entries(await this.withRedisClient((r) => r.hgetall(`${this.redisPrefix}pool:${pool}:blocks`))));
+    return new Map(Object.entries(await this.withRedisClient((r) => r.hgetall(`${this.redisPrefix}pool:{${pool}}:blocks`))));
   }
 
   /** Runs fn with a short-lived client of the run's Redis (for inspection and fault injection). */
