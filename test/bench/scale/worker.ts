@@ -29,13 +29,17 @@ export type Request =
   | { op: 'removePod'; node: string; namespace: string; name: string }
   | { op: 'stopNode'; name: string }
   | { op: 'egressView' }
+  | { op: 'egressOwners'; egress: string }
   | { op: 'stats' }
   | { op: 'lbConnect'; node: string; key: MapKey; target: string }
   | { op: 'lbHolders'; key: MapKey }
   | { op: 'lbStatus'; node: string }
   | { op: 'exit' };
 
-const logger = makeLogger({ level: process.env.TETHER_SIM_LOG_LEVEL ?? 'warn' });
+// Quiet by default: N nodes' log lines (every refused Service, every store timeout) cost the simulation
+// CPU the nodes need; TETHER_SIM_LOG_LEVEL=warn (or info) writes them to the worker's log file.
+const logger = makeLogger({ level: process.env.TETHER_SIM_LOG_LEVEL ?? 'error' });
+logger.silent = !process.env.TETHER_SIM_LOG_LEVEL;
 setLogger(logger);
 const nodes = new Map<string, SimNode>();
 const addresses = new Set<string>();
@@ -57,6 +61,14 @@ Redis.prototype.sendCommand = function (this: Redis, ...a: Parameters<typeof sen
   return send.apply(this, a);
 };
 
+// Load balancer mapping notices received by this process's nodes (pub/sub deliveries on the lb channel).
+let lbNotices = 0;
+const emit = Redis.prototype.emit;
+Redis.prototype.emit = function (this: Redis, event: string | symbol, ...a: unknown[]) {
+  if (event === 'message' && typeof a[0] === 'string' && a[0].endsWith('lb:mappings')) lbNotices++;
+  return emit.call(this, event, ...a);
+};
+
 async function startAll(common: Common, specs: NodeSpec[]): Promise<{ started: string[]; failed: Array<{ name: string; error: string }> }> {
   const started: string[] = [];
   const failed: Array<{ name: string; error: string }> = [];
@@ -70,6 +82,7 @@ async function startAll(common: Common, specs: NodeSpec[]): Promise<{ started: s
           const n = await SimNode.start({ ...common, name: s.name, address: s.address, dir: path.join(common.dir, s.name), logger: logger.child({ node: s.name }) });
           nodes.set(s.name, n);
           started.push(s.name);
+          if (started.length % 10 === 0) process.stderr.write(`${new Date().toISOString()} started ${started.length}/${specs.length}\n`);
         } catch (e) {
           failed.push({ name: s.name, error: (e as Error).message });
         }
@@ -109,9 +122,18 @@ async function handle(m: Request): Promise<unknown> {
       }
       return view;
     }
+    case 'egressOwners': {
+      // Per node that tracks the Egress: the owner node of its (first) address.
+      const out: Record<string, string> = {};
+      for (const [name, n] of nodes) {
+        const s = n.status().egress.find((x) => x.egress === m.egress);
+        if (s) out[name] = String(s.ownerNode ?? '');
+      }
+      return out;
+    }
     case 'stats': {
       const mu = process.memoryUsage();
-      return { nodes: nodes.size, rss: mu.rss, heapUsed: mu.heapUsed, commandsSent, calls: recorded() };
+      return { nodes: nodes.size, rss: mu.rss, heapUsed: mu.heapUsed, commandsSent, lbNotices, calls: recorded() };
     }
     case 'lbConnect': {
       const n = nodes.get(m.node);
