@@ -1,0 +1,113 @@
+// Fake of daemon/bpf/lb.ts: the load balancer's maps as plain Maps, every call recorded. The simulation
+// finds each node's datapath by its pin dir (one per simulated node) to feed it "new connection" events
+// (what the ring buffer would carry) and to count where a mapping was installed (fan-out).
+import { LB_MAGLEV_DEFAULT, LB_MAX_VIPS_DEFAULT, type LbStats, type MapKey } from '../../../../daemon/bpf/lb-structs';
+import { record } from './record';
+
+export const LB_TC = { handle: 1, priority: 0x110, object: 'lb', program: 'lb_ingress' } as const;
+export const LB_HASH_SEED = 0x7e7e1b5d;
+export type TargetState = 'active' | 'terminating';
+export interface LbDatapathOptions {
+  pinDir: string;
+  maxVips?: number;
+  maglevSize?: number;
+  objectPath?: string;
+}
+export interface LbMapping extends MapKey {
+  target: string;
+  lastNs: bigint;
+}
+
+const keyOf = (k: MapKey) => `${k.vip}|${k.vport}|${k.proto}|${k.client}|${k.cport}`;
+/** Every fake datapath of this process by pin dir. */
+export const lbDatapaths: Map<string, LbDatapath> = ((globalThis as Record<string, unknown>).__tetherSimLb ??= new Map()) as Map<string, LbDatapath>;
+
+export class LbDatapath {
+  readonly services = new Map<string, number>();
+  readonly map = new Map<string, LbMapping>();
+  private listener?: (e: { key: MapKey; target: string }) => void;
+  private queued: Array<{ key: MapKey; target: string }> = [];
+
+  private constructor(
+    readonly pinDir: string,
+    readonly maxVips: number,
+    readonly maglevSize: number,
+  ) {}
+
+  static load(o: LbDatapathOptions): LbDatapath {
+    record('lb.load');
+    const dp = new LbDatapath(o.pinDir, o.maxVips ?? LB_MAX_VIPS_DEFAULT, o.maglevSize ?? LB_MAGLEV_DEFAULT);
+    lbDatapaths.set(o.pinDir, dp);
+    return dp;
+  }
+  configure(): void {
+    record('lb.configure');
+  }
+  attach(netns: string, ifName: string): { netns: string; ifName: string } {
+    record('lb.attach');
+    return { netns, ifName };
+  }
+  detach(): boolean {
+    record('lb.detach');
+    return true;
+  }
+  setService(vip: string, slot: number): void {
+    record('lb.setService');
+    this.services.set(vip, slot);
+  }
+  removeService(vip: string): void {
+    record('lb.removeService');
+    this.services.delete(vip);
+  }
+  setTargets(): void {
+    record('lb.setTargets');
+  }
+  setMaglevRow(): void {
+    record('lb.setMaglevRow');
+  }
+  installMappings(list: Array<{ key: MapKey; target: string }>): void {
+    record('lb.installMappings');
+    record('lb.mappingsInstalled', list.length);
+    for (const m of list) this.map.set(keyOf(m.key), { ...m.key, target: m.target, lastNs: 0n });
+  }
+  mappings(): LbMapping[] {
+    return [...this.map.values()];
+  }
+  deleteMappings(pred: (m: LbMapping) => boolean): number {
+    let n = 0;
+    for (const [k, m] of this.map) if (pred(m) && this.map.delete(k)) n++;
+    return n;
+  }
+  deleteMappingKeys(keys: MapKey[]): number {
+    let n = 0;
+    for (const k of keys) if (this.map.delete(keyOf(k))) n++;
+    return n;
+  }
+  onEvents(fn: (e: { key: MapKey; target: string }) => void): void {
+    this.listener = fn;
+  }
+  pollEvents(): number {
+    const q = this.queued;
+    this.queued = [];
+    for (const e of q) this.listener?.(e);
+    return q.length;
+  }
+  stats(): LbStats {
+    const z = 0n;
+    return { packets: z, bytes: z, misses: z, icmpForwarded: z, dropNoTarget: z, dropNoPort: z, dropIcmpNoFlow: z, dropFragment: z, dropError: z, reportLost: z } as LbStats;
+  }
+  resetStats(): void {}
+  close(): void {
+    record('lb.close');
+    lbDatapaths.delete(this.pinDir);
+  }
+
+  /** Simulation: a packet of a new flow picked `target` (the ring buffer's event), and the datapath holds it. */
+  simNewConnection(key: MapKey, target: string): void {
+    this.map.set(keyOf(key), { ...key, target, lastNs: 0n });
+    this.queued.push({ key, target });
+  }
+  simHas(key: MapKey): boolean {
+    return this.map.has(keyOf(key));
+  }
+}

@@ -1,0 +1,362 @@
+// npm run bench:scale — the control plane of N simulated nodes (sim.ts) against a real Redis: store load
+// per node and in total at steady state, memory per simulated node, time for every node to agree after a
+// gateway node is lost, mapping fan-out per new connection, and the load of churn. Writes
+// results/bench-scale.json and the README's bench:scale block.
+//
+//   tsx test/bench/scale/run.ts [--sizes 50,200,500,1000] [--window 10] [--workers 2] [--baseline]
+//
+// --baseline also writes results/bench-scale-baseline.json (the run on the code before issue 21's changes).
+// Store: a standalone redis-server started like the tests do. The hook for the 3-primary Cluster is
+// startStore() below: TETHER_SIM_STORE=cluster will use test/lib/redis-cluster.ts once it exists.
+import * as fs from 'node:fs';
+import * as path from 'node:path';
+import { parseArgs } from 'node:util';
+import Redis from 'ioredis';
+import { startRedis } from '../../lib/redis';
+import { machine, updateReadme } from '../stats';
+import { commonFor, nodeSpec, NS, placePods, Sim, type Scenario, type SimWorker } from './sim';
+import type { NodeSpec } from './worker';
+
+const ROOT = path.resolve(__dirname, '../../..');
+const args = parseArgs({
+  options: {
+    sizes: { type: 'string', default: '50,200,500,1000' },
+    window: { type: 'string', default: '10' },
+    workers: { type: 'string', default: '2' },
+    egresses: { type: 'string', default: '100' },
+    services: { type: 'string', default: '1000' },
+    baseline: { type: 'boolean', default: false },
+    out: { type: 'string', default: path.join(ROOT, 'results/bench-scale.json') },
+    'no-readme': { type: 'boolean', default: false },
+  },
+}).values;
+const SIZES = args.sizes!.split(',').map(Number);
+const WINDOW_S = Number(args.window);
+const MAIN_WORKERS = Number(args.workers);
+const SCENARIO: Scenario = { egresses: Number(args.egresses), gatewaysPerEgress: 3, services: Number(args.services), lbPodsPerService: 2, targetsPerService: 2 };
+/** Nodes 0..2 (egress e0's gateways) each run alone in a process, so losing one is a SIGKILL. */
+const VICTIMS = 3;
+const MEMORY_LIMIT_GIB = Math.max(2, Math.floor(require('node:os').totalmem() / 2 ** 30) - 4);
+
+const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
+const log = (m: string, x: Record<string, unknown> = {}) => process.stdout.write(`${new Date().toISOString()} ${m} ${Object.keys(x).length ? JSON.stringify(x) : ''}\n`);
+const round = (x: number, d = 1) => Math.round(x * 10 ** d) / 10 ** d;
+
+interface Store {
+  url: string;
+  kind: 'standalone' | 'cluster';
+  /** INFO stats counters summed over the store's primaries. */
+  counters(): Promise<{ commands: number; outBytes: number; inBytes: number; clients: number }>;
+  stop(): Promise<void>;
+}
+
+async function startStore(): Promise<Store> {
+  if (process.env.TETHER_SIM_STORE === 'cluster') {
+    // Hook: test/lib/redis-cluster.ts (branch i21-store) starts a 3-primary Cluster; sum INFO over primaries.
+    throw new Error('TETHER_SIM_STORE=cluster: needs test/lib/redis-cluster.ts (not on this branch yet)');
+  }
+  const r = await startRedis();
+  const admin = new Redis({ path: r.socketPath });
+  await admin.config('SET', 'maxclients', '15000');
+  const field = (info: string, name: string) => Number(new RegExp(`^${name}:(\\d+)`, 'm').exec(info)?.[1] ?? 0);
+  return {
+    url: r.url,
+    kind: 'standalone',
+    async counters() {
+      const info = await admin.info();
+      return { commands: field(info, 'total_commands_processed'), outBytes: field(info, 'total_net_output_bytes'), inBytes: field(info, 'total_net_input_bytes'), clients: field(info, 'connected_clients') };
+    },
+    async stop() {
+      admin.disconnect();
+      await r.stop();
+    },
+  };
+}
+
+interface WorkerStats {
+  nodes: number;
+  rss: number;
+  heapUsed: number;
+  commandsSent: number;
+  lbNotices: number;
+  calls: Record<string, number>;
+}
+
+async function until<T>(fn: () => Promise<T | undefined>, timeoutMs: number, everyMs = 100): Promise<{ value?: T; ms: number }> {
+  const t0 = Date.now();
+  for (;;) {
+    const v = await fn().catch(() => undefined);
+    if (v !== undefined) return { value: v, ms: Date.now() - t0 };
+    if (Date.now() - t0 > timeoutMs) return { ms: Date.now() - t0 };
+    await sleep(everyMs);
+  }
+}
+
+async function runSize(sim: Sim, n: number): Promise<Record<string, unknown>> {
+  const store = await startStore();
+  const runDir = path.join(sim.dir, `n${n}`);
+  fs.mkdirSync(runDir, { recursive: true });
+  const configFile = path.join(runDir, 'config.yaml');
+  const { writeScenario } = await import('./sim');
+  writeScenario(configFile, SCENARIO, n);
+  const common = commonFor(sim, store.url, configFile, { dir: path.join(runDir, 'nodes') });
+  const specs = Array.from({ length: n }, (_, i) => nodeSpec(i));
+  const owner = new Map<string, SimWorker>();
+  const victims: SimWorker[] = [];
+  const mains: SimWorker[] = [];
+  const t0 = Date.now();
+  try {
+    for (let i = 0; i < Math.min(VICTIMS, n); i++) victims.push(await sim.fork(path.join(runDir, `victim-${i}.log`)));
+    for (let i = 0; i < MAIN_WORKERS; i++) mains.push(await sim.fork(path.join(runDir, `worker-${i}.log`)));
+    const placement = new Map<SimWorker, NodeSpec[]>();
+    specs.forEach((s, i) => {
+      const w = i < victims.length ? victims[i] : mains[(i - victims.length) % mains.length];
+      owner.set(s.name, w);
+      placement.set(w, [...(placement.get(w) ?? []), s]);
+    });
+    const alive = specs.map((s) => s.address);
+    const started = await Promise.all([...placement].map(([w, nodes]) => w.ask<{ started: string[]; failed: Array<{ name: string; error: string }> }>({ op: 'start', common, nodes, alive })));
+    const failed = started.flatMap((s) => s.failed);
+    if (failed.length) throw new Error(`${failed.length} simulated nodes failed to start, e.g. ${failed[0].name}: ${failed[0].error}`);
+    const startMs = Date.now() - t0;
+    log('nodes started', { n, startMs });
+    const pods = placePods(SCENARIO, n);
+    const byWorker = new Map<SimWorker, Array<{ node: string; pod: (typeof pods)[number]['pod'] }>>();
+    for (const p of pods) {
+      const w = owner.get(specs[p.node].name)!;
+      byWorker.set(w, [...(byWorker.get(w) ?? []), { node: specs[p.node].name, pod: p.pod }]);
+    }
+    await Promise.all([...byWorker].map(([w, list]) => w.ask({ op: 'addPods', pods: list })));
+
+    // Convergence: for every Egress, every node tracking it sees the same owner node.
+    const live = () => sim.workers.filter((w) => !w.exited);
+    const view = async () => Object.assign({}, ...(await Promise.all(live().map((w) => w.ask<Record<string, Record<string, string>>>({ op: 'egressView' }))))) as Record<string, Record<string, string>>;
+    const agreedAll = async () => {
+      const v = await view();
+      const owners = new Map<string, Set<string>>();
+      for (const per of Object.values(v)) for (const [k, o] of Object.entries(per)) owners.set(k.split('/').slice(0, 2).join('/'), (owners.get(k.split('/').slice(0, 2).join('/')) ?? new Set()).add(o));
+      const ok = [...owners.values()].filter((s) => s.size === 1 && !s.has('')).length;
+      return owners.size >= SCENARIO.egresses && ok === owners.size ? ok : undefined;
+    };
+    const conv = await until(agreedAll, 240_000, 1000);
+    log('converged', { n, ok: conv.value !== undefined, ms: conv.ms });
+    await sleep(5000);
+
+    // Steady state window.
+    const statsAllDef = () => Promise.all(mains.concat(victims).filter((w) => !w.exited).map((w) => w.ask<WorkerStats>({ op: 'stats' })));
+    const statsAll = statsAllDef;
+    const c0 = await store.counters();
+    const s0 = await statsAll();
+    const w0 = Date.now();
+    await sleep(WINDOW_S * 1000);
+    const c1 = await store.counters();
+    const s1 = await statsAll();
+    const secs = (Date.now() - w0) / 1000;
+    const cmds = (c1.commands - c0.commands - 2) / secs;
+    const outB = (c1.outBytes - c0.outBytes) / secs;
+    const sent = (s1.reduce((a, s) => a + s.commandsSent, 0) - s0.reduce((a, s) => a + s.commandsSent, 0)) / secs;
+    const mainStats = s1.slice(0, mains.length);
+    const mainNodes = mainStats.reduce((a, s) => a + s.nodes, 0);
+    const rssPerNode = mainStats.reduce((a, s) => a + s.rss, 0) / Math.max(1, mainNodes);
+    const heapPerNode = mainStats.reduce((a, s) => a + s.heapUsed, 0) / Math.max(1, mainNodes);
+    const calls = s1.reduce((acc, s) => {
+      for (const [k, v] of Object.entries(s.calls)) acc[k] = (acc[k] ?? 0) + v;
+      return acc;
+    }, {} as Record<string, number>);
+    log('steady', { n, cmds: round(cmds), outB: round(outB), perNodeCmds: round(cmds / n, 2), perNodeOutB: round(outB / n), rssPerNodeMiB: round(rssPerNode / 2 ** 20, 2) });
+
+    // Load balancer: refused Services and mapping fan-out per new connection.
+    const lbNode = specs[(10 * SCENARIO.lbPodsPerService) % n].name;
+    const lbs = await owner.get(lbNode)!.ask<Array<{ service: string; vip?: string; problem?: string; refused?: string[] }>>({ op: 'lbStatus', node: lbNode });
+    const refused = lbs.filter((l) => l.problem).length;
+    const sampleProblem = lbs.find((l) => l.problem)?.problem;
+    const served = lbs.find((l) => l.vip && !l.problem && l.service === `${NS}/s10`) ?? lbs.find((l) => l.vip && !l.problem);
+    let fanOut: number | undefined;
+    let receivedBy: number | undefined;
+    if (served?.vip) {
+      const holders: number[] = [];
+      const svc = served.service.split('/')[1];
+      const target = pods.find((p) => p.pod.labels.app === svc)?.pod.ip ?? '10.128.0.1';
+      const notices0 = (await statsAll()).reduce((a, s) => a + s.lbNotices, 0);
+      for (let i = 0; i < 10; i++) {
+        const key = { vip: served.vip, client: `198.51.100.${10 + i}`, vport: 80, cport: 40000 + i, proto: 6 };
+        await owner.get(lbNode)!.ask({ op: 'lbConnect', node: lbNode, key, target });
+        await sleep(1500);
+        const counts = await Promise.all(live().map((w) => w.ask<number>({ op: 'lbHolders', key })));
+        holders.push(counts.reduce((a, b) => a + b, 0) - 1); // other nodes that received it
+      }
+      fanOut = holders.reduce((a, b) => a + b, 0) / holders.length;
+      receivedBy = ((await statsAll()).reduce((a, s) => a + s.lbNotices, 0) - notices0) / holders.length;
+    }
+    log('lb', { n, lbServicesSeen: lbs.length, refused, fanOut, receivedBy, service: served?.service });
+
+    // Loss: the owner of e0 (on a victim process) is killed; every node must agree on a live new owner.
+    const e0 = `${NS}/e0`;
+    const owners0 = Object.assign({}, ...(await Promise.all(live().map((w) => w.ask<Record<string, string>>({ op: 'egressOwners', egress: e0 }))))) as Record<string, string>;
+    const lostName = Object.values(owners0)[0];
+    const lostIdx = specs.findIndex((s) => s.name === lostName);
+    let agreeMs: number | undefined;
+    let agreeNodes = 0;
+    if (lostIdx >= 0 && lostIdx < victims.length) {
+      const lost = specs[lostIdx];
+      const tKill = Date.now();
+      victims[lostIdx].proc.kill('SIGKILL');
+      await Promise.all(live().filter((w) => w !== victims[lostIdx]).map((w) => w.ask({ op: 'alive', address: lost.address, alive: false })));
+      const r = await until(async () => {
+        const o = Object.assign({}, ...(await Promise.all(live().filter((w) => w !== victims[lostIdx]).map((w) => w.ask<Record<string, string>>({ op: 'egressOwners', egress: e0 }))))) as Record<string, string>;
+        const set = new Set(Object.values(o));
+        return set.size === 1 && !set.has(lost.name) && !set.has('') ? Object.keys(o).length : undefined;
+      }, 60_000, 50);
+      agreeMs = r.value !== undefined ? Date.now() - tKill : undefined;
+      agreeNodes = r.value ?? 0;
+    }
+    log('loss', { n, lost: lostName, agreeMs, agreeNodes });
+
+    // Churn: a node added, gateway pods added and removed, client pods added; its store load over a window.
+    const cc0 = await store.counters();
+    const tc = Date.now();
+    const extra = nodeSpec(n);
+    await Promise.all(live().map((w) => w.ask({ op: 'alive', address: extra.address, alive: true })));
+    const joined = await mains[0].ask<{ failed: unknown[] }>({ op: 'start', common, nodes: [extra], alive: [] });
+    await mains[0].ask({ op: 'addPods', pods: [{ node: extra.name, pod: { namespace: NS, name: 'gw-e1-extra', ip: '10.127.255.1', labels: { 'egress-gw': 'e1' } } }] });
+    const gwVictim = placePods(SCENARIO, n).find((p) => p.pod.name === 'gw-e1-0')!;
+    await owner.get(specs[gwVictim.node].name)?.ask({ op: 'removePod', node: specs[gwVictim.node].name, namespace: NS, name: 'gw-e1-0' }).catch(() => undefined);
+    const clients = Array.from({ length: 20 }, (_, i) => ({ node: specs[(7 * i + 5) % n], pod: { namespace: NS, name: `client-churn-${i}`, ip: podIp2(i), labels: { 'egress-client': `e${i % Math.max(1, SCENARIO.egresses)}` } } }));
+    for (const c of clients) await owner.get(c.node.name)?.ask({ op: 'addPods', pods: [{ node: c.node.name, pod: c.pod }] });
+    await sleep(Math.max(0, WINDOW_S * 1000 - (Date.now() - tc)));
+    const cc1 = await store.counters();
+    const churnSecs = (Date.now() - tc) / 1000;
+    log('churn', { n, joined: joined.failed.length === 0, cmds: round((cc1.commands - cc0.commands) / churnSecs) });
+
+    return {
+      nodes: n,
+      workers: mains.length + victims.length,
+      startMs,
+      convergedMs: conv.value !== undefined ? conv.ms : undefined,
+      store: {
+        kind: store.kind,
+        commandsPerSec: round(cmds),
+        replyBytesPerSec: round(outB),
+        commandsPerSecPerNode: round(cmds / n, 2),
+        replyBytesPerSecPerNode: round(outB / n),
+        clientCountedCommandsPerSec: round(sent),
+        connections: c1.clients,
+      },
+      memory: { rssPerNodeMiB: round(rssPerNode / 2 ** 20, 2), heapPerNodeMiB: round(heapPerNode / 2 ** 20, 2), rssTotalMiB: round(s1.reduce((a, s) => a + s.rss, 0) / 2 ** 20) },
+      loss: { lostNode: lostName, agreeMs, nodesAgreeing: agreeNodes },
+      lb: { servicesSeenByOneNode: lbs.length, refusedAtOneNode: refused, sampleProblem, fanOutPerNewConnection: receivedBy, installedOnOtherNodesPerNewConnection: fanOut, mappingsInstalledTotal: calls['lb.mappingsInstalled'] ?? 0 },
+      churn: { windowS: round(churnSecs), commandsPerSec: round((cc1.commands - cc0.commands) / churnSecs), nodeJoined: joined.failed.length === 0 },
+      api: { mode: 'file', note: 'file config source: no API server requests (kube mode against test/lib/fake-apiserver.ts not wired yet)' },
+      datapathCalls: calls,
+    };
+  } finally {
+    await Promise.all(sim.workers.splice(0).map(async (w) => {
+      if (w.exited) return;
+      const exited = new Promise((r) => w.proc.once('exit', r));
+      await Promise.race([w.ask({ op: 'exit' }).catch(() => undefined), sleep(30_000)]);
+      const t = setTimeout(() => w.proc.kill('SIGKILL'), 5000);
+      await exited;
+      clearTimeout(t);
+    }));
+    await store.stop();
+    fs.rmSync(runDir, { recursive: true, force: true });
+  }
+}
+
+function podIp2(i: number): string {
+  return `10.127.254.${i + 1}`;
+}
+
+/** Per-node commands/s as a + b·N (least squares) → total at 1,000 nodes. */
+function extrapolate(rows: Array<{ n: number; perNode: number }>, target: number): number {
+  if (rows.length === 1) return rows[0].perNode * target;
+  const mx = rows.reduce((a, r) => a + r.n, 0) / rows.length;
+  const my = rows.reduce((a, r) => a + r.perNode, 0) / rows.length;
+  const b = rows.reduce((a, r) => a + (r.n - mx) * (r.perNode - my), 0) / rows.reduce((a, r) => a + (r.n - mx) ** 2, 0);
+  return (my + b * (target - mx)) * target;
+}
+
+async function main(): Promise<void> {
+  log('bundling the simulation');
+  const sim = await Sim.create();
+  log('substituted', { modules: sim.substituted });
+  const rows: Array<Record<string, unknown>> = [];
+  try {
+    for (const n of SIZES) {
+      const free = require('node:os').freemem() / 2 ** 30;
+      const last = rows.at(-1) as { memory: { rssPerNodeMiB: number } } | undefined;
+      if (last && (last.memory.rssPerNodeMiB * n) / 1024 > Math.min(free - 2, MEMORY_LIMIT_GIB)) {
+        log('skipping: not enough memory', { n, needGiB: round((last.memory.rssPerNodeMiB * n) / 1024), freeGiB: round(free) });
+        break;
+      }
+      log('running', { n });
+      try {
+        rows.push(await runSize(sim, n));
+        report(rows); // written after every size: a run cut short keeps what it measured
+      } catch (e) {
+        log('size failed', { n, error: (e as Error).message });
+        rows.push({ nodes: n, error: (e as Error).message });
+        break;
+      }
+    }
+  } finally {
+    await sim.stop();
+  }
+  report(rows);
+}
+
+function report(rows: Array<Record<string, unknown>>): void {
+  const ok = rows.filter((r) => !r.error) as Array<{ nodes: number; store: { commandsPerSecPerNode: number; replyBytesPerSecPerNode: number; commandsPerSec: number } }>;
+  if (!ok.length) {
+    fs.writeFileSync(args.out!, JSON.stringify({ benchmark: 'scale', machine: machine(), scenario: SCENARIO, rows }, null, 2) + '\n');
+    return;
+  }
+  const first = ok.find((r) => r.nodes === 50) ?? ok[0];
+  const largest = ok.at(-1)!;
+  const at1000 = ok.find((r) => r.nodes === 1000);
+  const summary = {
+    maxNodes: largest.nodes,
+    perNodeGrowth: round(Math.max(largest.store.commandsPerSecPerNode / first.store.commandsPerSecPerNode, largest.store.replyBytesPerSecPerNode / first.store.replyBytesPerSecPerNode), 2),
+    perNodeGrowthBase: first.nodes,
+    totalStoreOpsAt1000: Math.round(at1000 ? at1000.store.commandsPerSec : extrapolate(ok.map((r) => ({ n: r.nodes, perNode: r.store.commandsPerSecPerNode })), 1000)),
+    totalStoreOpsAt1000Is: at1000 ? 'measured' : `extrapolated (per-node commands/s fitted as a + b·N over N = ${ok.map((r) => r.nodes).join(', ')})`,
+    lbServices: SCENARIO.services,
+    egresses: SCENARIO.egresses,
+    gatewaysPerEgress: SCENARIO.gatewaysPerEgress,
+    store: 'redis standalone',
+  };
+  const report = { benchmark: 'scale', machine: machine(), loadAverage1m: require('node:os').loadavg()[0], scenario: SCENARIO, windowS: WINDOW_S, summary, rows };
+  fs.mkdirSync(path.dirname(args.out!), { recursive: true });
+  fs.writeFileSync(args.out!, JSON.stringify(report, null, 2) + '\n');
+  if (args.baseline) fs.writeFileSync(path.join(ROOT, 'results/bench-scale-baseline.json'), JSON.stringify(report, null, 2) + '\n');
+  log('summary', summary);
+  if (!args['no-readme']) updateReadme(path.join(ROOT, 'README.md'), 'scale', table(report));
+}
+
+function table(r: { machine: Record<string, unknown>; summary: Record<string, unknown>; rows: Array<Record<string, unknown>> }): string {
+  const m = r.machine;
+  const lines = [
+    `Measured ${String(m.date).slice(0, 10)} on ${m.cpu} (${m.cores} cores, ${m.memoryGiB} GiB), Node ${m.node}, redis standalone; ${SCENARIO.egresses} Egresses x ${SCENARIO.gatewaysPerEgress} gateways, ${SCENARIO.services} LB Services, steady window ${WINDOW_S} s.`,
+    '',
+    '| nodes | store cmds/s | per node | reply B/s per node | RSS/node MiB | agree after loss ms | fan-out per new connection | Services refused (one node) | churn cmds/s |',
+    '|---:|---:|---:|---:|---:|---:|---:|---:|---:|',
+  ];
+  for (const row of r.rows as Array<Record<string, any>>) {
+    if (row.error) {
+      lines.push(`| ${row.nodes} | failed: ${row.error} |||||||`);
+      continue;
+    }
+    lines.push(`| ${row.nodes} | ${row.store.commandsPerSec} | ${row.store.commandsPerSecPerNode} | ${row.store.replyBytesPerSecPerNode} | ${row.memory.rssPerNodeMiB} | ${row.loss.agreeMs ?? 'no agreement'} | ${row.lb.fanOutPerNewConnection ?? '-'} | ${row.lb.refusedAtOneNode} | ${row.churn.commandsPerSec} |`);
+  }
+  const s = r.summary;
+  lines.push('', `Summary: maxNodes ${s.maxNodes}, perNodeGrowth ${s.perNodeGrowth} (N = ${s.maxNodes} over N = ${s.perNodeGrowthBase}), totalStoreOpsAt1000 ${s.totalStoreOpsAt1000} (${s.totalStoreOpsAt1000Is}).`);
+  return lines.join('\n');
+}
+
+main().then(
+  () => process.exit(0),
+  (e) => {
+    process.stderr.write(`bench:scale failed: ${(e as Error).stack}\n`);
+    process.exit(1);
+  },
+);

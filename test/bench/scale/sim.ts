@@ -1,0 +1,175 @@
+// The coordinator's side of the simulation: bundles the worker (bundle.ts), forks worker processes, places
+// simulated nodes on them, writes the shared config file (the scenario), and asks the workers questions.
+// Used by run.ts (npm run bench:scale) and by test/unit/scale-sim.test.ts.
+import { fork, type ChildProcess } from 'node:child_process';
+import * as fs from 'node:fs';
+import * as os from 'node:os';
+import * as path from 'node:path';
+import { stringify } from 'yaml';
+import { bundleSim } from './bundle';
+import type { Common, NodeSpec, Request } from './worker';
+import type { SimPod } from './sim-node';
+
+export interface Scenario {
+  egresses: number;
+  gatewaysPerEgress: number;
+  services: number;
+  lbPodsPerService: number;
+  targetsPerService: number;
+}
+
+export const NS = 'sim';
+
+/** Node i's name and address (127.20.0.0/14: one address per node, all local). */
+export function nodeSpec(i: number): NodeSpec {
+  const a = i + 1;
+  return { name: `sim-${String(i).padStart(4, '0')}`, address: `127.${20 + (a >> 16)}.${(a >> 8) & 255}.${a & 255}` };
+}
+
+/** The k-th pod IP of node i (10.128.0.0/9, 256 per node). */
+export function podIp(i: number, k: number): string {
+  const n = 0x0a800000 + i * 256 + k;
+  return [n >>> 24, (n >>> 16) & 255, (n >>> 8) & 255, n & 255].join('.');
+}
+
+/** Where every pod of the scenario lives, for N nodes. */
+export function placePods(s: Scenario, n: number): Array<{ node: number; pod: SimPod }> {
+  const out: Array<{ node: number; pod: SimPod }> = [];
+  const used = new Map<number, number>();
+  const add = (node: number, name: string, labels: Record<string, string>) => {
+    const k = (used.get(node) ?? 0) + 1;
+    used.set(node, k);
+    out.push({ node, pod: { namespace: NS, name, ip: podIp(node, k), labels } });
+  };
+  for (let e = 0; e < s.egresses; e++) for (let k = 0; k < s.gatewaysPerEgress; k++) add((e * s.gatewaysPerEgress + k) % n, `gw-e${e}-${k}`, { 'egress-gw': `e${e}` });
+  for (let i = 0; i < n; i++) if (s.egresses) add(i, `client-${i}`, { 'egress-client': `e${i % s.egresses}` });
+  for (let v = 0; v < s.services; v++) {
+    for (let k = 0; k < s.lbPodsPerService; k++) add((v * s.lbPodsPerService + k) % n, `lb-s${v}-${k}`, { 'lb-for': `s${v}` });
+    for (let k = 0; k < s.targetsPerService; k++) add((v * s.targetsPerService + k + Math.floor(n / 2)) % n, `app-s${v}-${k}`, { app: `s${v}` });
+  }
+  return out;
+}
+
+/** The shared config file every simulated node's file source reads: pools, Egresses, Services, slices. */
+export function scenarioObjects(s: Scenario, n: number): unknown[] {
+  const pods = placePods(s, n);
+  const objs: unknown[] = [
+    { apiVersion: 'tether.dev/v1alpha1', kind: 'AddressPool', metadata: { name: 'pods' }, spec: { usage: 'pod', ipv4: { cidr: '10.128.0.0/9', blockSize: 26 } } },
+    { apiVersion: 'tether.dev/v1alpha1', kind: 'AddressPool', metadata: { name: 'floating' }, spec: { usage: 'floating', ipv4: { cidr: '172.30.0.0/16' } } },
+    { apiVersion: 'tether.dev/v1alpha1', kind: 'AddressPool', metadata: { name: 'lb' }, spec: { usage: 'loadBalancer', ipv4: { cidr: '172.31.0.0/16' } } },
+  ];
+  for (let e = 0; e < s.egresses; e++) {
+    objs.push({
+      apiVersion: 'tether.dev/v1alpha1', kind: 'Egress', metadata: { name: `e${e}`, namespace: NS },
+      spec: {
+        clients: { podSelector: { matchLabels: { 'egress-client': `e${e}` } } },
+        gateways: { podSelector: { matchLabels: { 'egress-gw': `e${e}` } } },
+        destinations: ['203.0.113.0/24'], addresses: { pool: 'floating', count: 1 },
+        failover: { intervalMs: 50, detectMultiplier: 3 }, announce: { mode: 'l2' },
+      },
+    });
+  }
+  for (let v = 0; v < s.services; v++) {
+    objs.push({
+      apiVersion: 'v1', kind: 'Service', metadata: { name: `s${v}`, namespace: NS, annotations: { 'lb.tether.dev/lb-pods': `lb-for=s${v}` } },
+      spec: { type: 'LoadBalancer', loadBalancerClass: 'tether.dev/lb', allocateLoadBalancerNodePorts: false, ports: [{ name: 'tcp', port: 80, protocol: 'TCP' }] },
+    });
+    const targets = pods.filter((p) => p.pod.labels.app === `s${v}`);
+    objs.push({
+      apiVersion: 'discovery.k8s.io/v1', kind: 'EndpointSlice', metadata: { name: `s${v}-1`, namespace: NS, labels: { 'kubernetes.io/service-name': `s${v}` } },
+      addressType: 'IPv4', ports: [{ name: 'tcp', port: 80, protocol: 'TCP' }],
+      endpoints: targets.map((t) => ({ addresses: [t.pod.ip], conditions: { ready: true }, nodeName: nodeSpec(t.node).name, targetRef: { kind: 'Pod', namespace: NS, name: t.pod.name } })),
+    });
+  }
+  return objs;
+}
+
+export function writeScenario(file: string, s: Scenario, n: number): void {
+  fs.writeFileSync(file, scenarioObjects(s, n).map((o) => stringify(o)).join('---\n'));
+}
+
+/** One worker process. */
+export class SimWorker {
+  private next = 1;
+  private readonly waiting = new Map<number, { resolve: (v: unknown) => void; reject: (e: Error) => void }>();
+  readonly nodes: NodeSpec[] = [];
+  exited = false;
+
+  constructor(readonly proc: ChildProcess) {
+    proc.on('message', (m: { id?: number; result?: unknown; error?: string }) => {
+      if (m.id === undefined) return;
+      const w = this.waiting.get(m.id);
+      this.waiting.delete(m.id);
+      if (m.error !== undefined) w?.reject(new Error(m.error));
+      else w?.resolve(m.result);
+    });
+    proc.on('exit', () => {
+      this.exited = true;
+      for (const w of this.waiting.values()) w.reject(new Error('simulation worker exited'));
+      this.waiting.clear();
+    });
+  }
+
+  ask<T>(req: Request): Promise<T> {
+    if (this.exited) return Promise.reject(new Error('simulation worker exited'));
+    const id = this.next++;
+    return new Promise<T>((resolve, reject) => {
+      this.waiting.set(id, { resolve: resolve as (v: unknown) => void, reject });
+      this.proc.send({ id, req });
+    });
+  }
+}
+
+export class Sim {
+  readonly workers: SimWorker[] = [];
+  private constructor(
+    readonly dir: string,
+    readonly bundle: string,
+    readonly substituted: string[],
+  ) {}
+
+  /** Bundles the worker into a fresh temp dir. */
+  static async create(): Promise<Sim> {
+    const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'tether-sim-'));
+    const bundle = path.join(dir, 'worker.js');
+    const substituted = await bundleSim(path.join(__dirname, 'worker.ts'), bundle);
+    return new Sim(dir, bundle, substituted);
+  }
+
+  async fork(logFile: string): Promise<SimWorker> {
+    const out = fs.openSync(logFile, 'a');
+    const proc = fork(this.bundle, [], { stdio: ['ignore', out, out, 'ipc'], execArgv: ['--max-old-space-size=8192'] });
+    fs.closeSync(out);
+    await new Promise<void>((resolve, reject) => {
+      proc.once('message', () => resolve());
+      proc.once('exit', (code) => reject(new Error(`simulation worker exited at start (${code}); see ${logFile}`)));
+    });
+    const w = new SimWorker(proc);
+    this.workers.push(w);
+    return w;
+  }
+
+  /** Asks every live worker, in parallel. */
+  all<T>(req: Request): Promise<T[]> {
+    return Promise.all(this.workers.filter((w) => !w.exited).map((w) => w.ask<T>(req)));
+  }
+
+  async stop(): Promise<void> {
+    await Promise.all(
+      this.workers.filter((w) => !w.exited).map(async (w) => {
+        const exited = new Promise((r) => w.proc.once('exit', r));
+        await Promise.race([w.ask({ op: 'exit' }).catch(() => undefined), new Promise((r) => setTimeout(r, 20_000))]);
+        const t = setTimeout(() => w.proc.kill('SIGKILL'), 5000);
+        await exited;
+        clearTimeout(t);
+      }),
+    );
+    fs.rmSync(this.dir, { recursive: true, force: true });
+  }
+}
+
+export function commonFor(sim: Sim, redisUrl: string, configFile: string, extra: Partial<Common> = {}): Common {
+  const keyFile = path.join(sim.dir, 'cluster.key');
+  if (!fs.existsSync(keyFile)) fs.writeFileSync(keyFile, `${'5e'.repeat(32)}\n`);
+  return { redisUrl, redisPrefix: 'tether:', configFile, clusterKeyFile: keyFile, dir: path.join(sim.dir, 'nodes'), maxVips: 256, syncPort: 3785, ...extra };
+}

@@ -1,0 +1,166 @@
+// A simulation worker process: hosts many simulated nodes (sim-node.ts), driven by the coordinator over
+// IPC (process.send). Only ever run as the bundle bundle.ts builds (fakes in place of the kernel).
+import * as path from 'node:path';
+import Redis from 'ioredis';
+import { makeLogger, setLogger } from '../../../daemon/log';
+import { SimNode, type SimPod } from './sim-node';
+import { setAlive } from './fakes/bfd-threaded';
+import { lbDatapaths } from './fakes/bpf-lb';
+import { recorded } from './fakes/record';
+import type { MapKey } from '../../../daemon/bpf/lb-structs';
+
+export interface NodeSpec {
+  name: string;
+  address: string;
+}
+export interface Common {
+  redisUrl: string;
+  redisPrefix: string;
+  configFile: string;
+  clusterKeyFile: string;
+  dir: string;
+  maxVips: number;
+  syncPort: number;
+}
+export type Request =
+  | { op: 'start'; common: Common; nodes: NodeSpec[]; alive: string[] }
+  | { op: 'alive'; address: string; alive: boolean }
+  | { op: 'addPods'; pods: Array<{ node: string; pod: SimPod }> }
+  | { op: 'removePod'; node: string; namespace: string; name: string }
+  | { op: 'stopNode'; name: string }
+  | { op: 'egressView' }
+  | { op: 'egressOwners'; egress: string }
+  | { op: 'stats' }
+  | { op: 'lbConnect'; node: string; key: MapKey; target: string }
+  | { op: 'lbHolders'; key: MapKey }
+  | { op: 'lbStatus'; node: string }
+  | { op: 'exit' };
+
+// Quiet by default: N nodes' log lines (every refused Service, every store timeout) cost the simulation
+// CPU the nodes need; TETHER_SIM_LOG_LEVEL=warn (or info) writes them to the worker's log file.
+const logger = makeLogger({ level: process.env.TETHER_SIM_LOG_LEVEL ?? 'error' });
+logger.silent = !process.env.TETHER_SIM_LOG_LEVEL;
+setLogger(logger);
+const nodes = new Map<string, SimNode>();
+const addresses = new Set<string>();
+
+// The node addresses are the simulated nodes' interfaces (they are loopback addresses: 127/8 is local).
+// eslint-disable-next-line @typescript-eslint/no-var-requires
+const os = require('node:os') as typeof import('node:os');
+const realInterfaces = os.networkInterfaces;
+os.networkInterfaces = () => ({
+  ...realInterfaces(),
+  sim: [...addresses].map((address) => ({ address, netmask: '255.0.0.0', family: 'IPv4' as const, mac: '00:00:00:00:00:00', internal: true, cidr: `${address}/8` })),
+});
+
+// Client-side count of store commands sent by this process's nodes (every connection is an ioredis Redis).
+let commandsSent = 0;
+const send = Redis.prototype.sendCommand;
+Redis.prototype.sendCommand = function (this: Redis, ...a: Parameters<typeof send>) {
+  commandsSent++;
+  return send.apply(this, a);
+};
+
+// Load balancer mapping notices received by this process's nodes (pub/sub deliveries on the lb channel).
+let lbNotices = 0;
+const emit = Redis.prototype.emit;
+Redis.prototype.emit = function (this: Redis, event: string | symbol, ...a: unknown[]) {
+  if (event === 'message' && typeof a[0] === 'string' && a[0].endsWith('lb:mappings')) lbNotices++;
+  return emit.call(this, event, ...a);
+};
+
+async function startAll(common: Common, specs: NodeSpec[]): Promise<{ started: string[]; failed: Array<{ name: string; error: string }> }> {
+  const started: string[] = [];
+  const failed: Array<{ name: string; error: string }> = [];
+  for (const s of specs) addresses.add(s.address);
+  // A few at a time: what a rolling start of a DaemonSet does to the store, without one burst of all.
+  const queue = [...specs];
+  await Promise.all(
+    Array.from({ length: 8 }, async () => {
+      for (let s = queue.shift(); s; s = queue.shift()) {
+        try {
+          const n = await SimNode.start({ ...common, name: s.name, address: s.address, dir: path.join(common.dir, s.name), logger: logger.child({ node: s.name }) });
+          nodes.set(s.name, n);
+          started.push(s.name);
+          if (started.length % 10 === 0) process.stderr.write(`${new Date().toISOString()} started ${started.length}/${specs.length}\n`);
+        } catch (e) {
+          failed.push({ name: s.name, error: (e as Error).message });
+        }
+      }
+    }),
+  );
+  return { started, failed };
+}
+
+async function handle(m: Request): Promise<unknown> {
+  switch (m.op) {
+    case 'start':
+      for (const a of m.alive) setAlive(a, true);
+      return startAll(m.common, m.nodes);
+    case 'alive':
+      setAlive(m.address, m.alive);
+      return true;
+    case 'addPods':
+      for (const { node, pod } of m.pods) nodes.get(node)?.addPod(pod);
+      return true;
+    case 'removePod':
+      await nodes.get(m.node)?.removePod(m.namespace, m.name);
+      return true;
+    case 'stopNode': {
+      const n = nodes.get(m.name);
+      nodes.delete(m.name);
+      await n?.stop();
+      return true;
+    }
+    case 'egressView': {
+      // Per node: egress key → owner node of each of its addresses.
+      const view: Record<string, Record<string, string>> = {};
+      for (const [name, n] of nodes) {
+        const v: Record<string, string> = {};
+        for (const s of n.status().egress) v[`${s.egress}/${s.address}`] = String(s.ownerNode ?? '');
+        view[name] = v;
+      }
+      return view;
+    }
+    case 'egressOwners': {
+      // Per node that tracks the Egress: the owner node of its (first) address.
+      const out: Record<string, string> = {};
+      for (const [name, n] of nodes) {
+        const s = n.status().egress.find((x) => x.egress === m.egress);
+        if (s) out[name] = String(s.ownerNode ?? '');
+      }
+      return out;
+    }
+    case 'stats': {
+      const mu = process.memoryUsage();
+      return { nodes: nodes.size, rss: mu.rss, heapUsed: mu.heapUsed, commandsSent, lbNotices, calls: recorded() };
+    }
+    case 'lbConnect': {
+      const n = nodes.get(m.node);
+      const dp = n && lbDatapaths.get(n.pinDir);
+      if (!dp) return false;
+      dp.simNewConnection(m.key, m.target);
+      return true;
+    }
+    case 'lbHolders': {
+      let held = 0;
+      for (const n of nodes.values()) if (lbDatapaths.get(n.pinDir)?.simHas(m.key)) held++;
+      return held;
+    }
+    case 'lbStatus':
+      return nodes.get(m.node)?.status().loadBalancers ?? [];
+    case 'exit':
+      await Promise.all([...nodes.values()].map((n) => n.stop().catch(() => undefined)));
+      setTimeout(() => process.exit(0), 100);
+      return true;
+  }
+}
+
+process.on('message', (msg: { id: number; req: Request }) => {
+  handle(msg.req).then(
+    (result) => process.send!({ id: msg.id, result }),
+    (e) => process.send!({ id: msg.id, error: (e as Error).message }),
+  );
+});
+process.on('disconnect', () => process.exit(0));
+process.send!({ ready: true });

@@ -1,0 +1,57 @@
+// The scale benchmark's simulation (test/bench/scale): its bundle swaps tetherd's kernel-facing modules for
+// recording fakes and the rest is tetherd's own code. Three simulated nodes against a real Redis converge:
+// each sees the Egress's address owned by one gateway node, the owner's fake gateway datapath recorded
+// taking the address, the LB node's fake load balancer datapath recorded the Service; a node lost (its
+// fake BFD goes Down at the peers) moves the address to a live gateway, seen the same on every node.
+import { test } from 'uvu';
+import * as assert from 'uvu/assert';
+import * as fs from 'node:fs';
+import * as path from 'node:path';
+import { startRedis, type TestRedis } from '../lib/redis';
+import { until } from '../lib/wait';
+import { commonFor, nodeSpec, placePods, Sim, writeScenario, type Scenario } from '../bench/scale/sim';
+
+let redis: TestRedis;
+let sim: Sim;
+
+test.before(async () => {
+  redis = await startRedis();
+  sim = await Sim.create();
+});
+test.after(async () => {
+  await sim?.stop();
+  await redis?.stop();
+});
+
+test('3 simulated nodes converge on the real controllers, with the datapath faked', async () => {
+  assert.ok(sim.substituted.includes('daemon/bfd/threaded.ts'), `BFD thread substituted: ${sim.substituted.join(', ')}`);
+  assert.ok(sim.substituted.includes('daemon/egress/gateway-datapath.ts'));
+  const s: Scenario = { egresses: 1, gatewaysPerEgress: 2, services: 1, lbPodsPerService: 1, targetsPerService: 1 };
+  const n = 3;
+  const configFile = path.join(sim.dir, 'config.yaml');
+  writeScenario(configFile, s, n);
+  const specs = Array.from({ length: n }, (_, i) => nodeSpec(i));
+  const w = await sim.fork(path.join(sim.dir, 'worker.log'));
+  const r = await w.ask<{ started: string[]; failed: unknown[] }>({ op: 'start', common: commonFor(sim, redis.url, configFile), nodes: specs, alive: specs.map((x) => x.address) });
+  assert.equal(r.failed, [], fs.existsSync(path.join(sim.dir, 'worker.log')) ? fs.readFileSync(path.join(sim.dir, 'worker.log'), 'utf8').slice(-3000) : '');
+  await w.ask({ op: 'addPods', pods: placePods(s, n).map((p) => ({ node: specs[p.node].name, pod: p.pod })) });
+  const agreed = async (avoid?: string) => {
+    const view = await w.ask<Record<string, Record<string, string>>>({ op: 'egressView' });
+    const owners = new Set(Object.entries(view).filter(([node]) => node !== avoid).flatMap(([, v]) => Object.values(v)));
+    const seen = Object.entries(view).filter(([node, v]) => node !== avoid && Object.keys(v).length > 0).length;
+    return owners.size === 1 && !owners.has('') && !owners.has(avoid ?? '-') && seen === n - (avoid ? 1 : 0) ? [...owners][0] : undefined;
+  };
+  const owner = await until('every node sees one owner', () => agreed(), 15_000);
+  const stats = await w.ask<{ calls: Record<string, number>; commandsSent: number }>({ op: 'stats' });
+  assert.ok((stats.calls['gateway.own'] ?? 0) >= 1, `fake gateway datapath recorded own(): ${JSON.stringify(stats.calls)}`);
+  assert.ok((stats.calls['lb.setService'] ?? 0) >= 1, `fake lb datapath recorded setService(): ${JSON.stringify(stats.calls)}`);
+  assert.ok(stats.commandsSent > 0, 'store commands counted');
+  // Lose the owner: stop it and tell the peers' fake BFD it is gone.
+  const lost = specs.find((x) => x.name === owner)!;
+  await w.ask({ op: 'stopNode', name: lost.name });
+  await w.ask({ op: 'alive', address: lost.address, alive: false });
+  const next = await until('every live node sees the new owner', () => agreed(lost.name), 15_000);
+  assert.is.not(next, owner);
+});
+
+test.run();
