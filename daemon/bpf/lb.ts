@@ -167,10 +167,13 @@ export class LbDatapath {
     this.o().map('lb_maglev').updateBatch(entries);
   }
 
-  /** Installs mappings (from the store); an existing mapping for the same key is replaced. */
-  installMappings(list: Array<{ key: MapKey; target: string }>): void {
+  /**
+   * Installs mappings (from the store; lastNs 0: unused since); an existing mapping for the same key is
+   * replaced. A lastNs is given only where a mapping's use is carried over (tests, a map upgrade).
+   */
+  installMappings(list: Array<{ key: MapKey; target: string; lastNs?: bigint }>): void {
     if (!list.length) return;
-    this.o().map('lb_mappings').updateBatch(list.map((m) => [encodeMapKey(m.key), encodeMapping(m.target)]), BPF_ANY);
+    this.o().map('lb_mappings').updateBatch(list.map((m) => [encodeMapKey(m.key), encodeMapping(m.target, m.lastNs ?? 0n)]), BPF_ANY);
   }
 
   /** Every mapping the node holds. */
