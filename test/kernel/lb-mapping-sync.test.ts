@@ -37,10 +37,11 @@ async function bed(idleTimeoutS: number, fn: (o: { sync: MappingSync; dp: LbData
   const redis = await startRedis();
   const raw = new Redis({ path: redis.socketPath });
   const pinDir = `/sys/fs/bpf/tether-test/${uniqueName('lbsync')}`;
-  ensureBpffs(pinDir);
-  const dp = LbDatapath.load({ pinDir, maxVips: 2, maglevSize: 251, maxMappings: 16384 });
   const store = await MappingStore.connect(redis.url);
+  let dp: LbDatapath | undefined;
   try {
+    ensureBpffs(pinDir);
+    dp = LbDatapath.load({ pinDir, maxVips: 2, maglevSize: 251, maxMappings: 16384 });
     const s = new LbShared({ node: { name: 'n1', address: '127.0.0.1' }, pinDir, fouPort: 5555, exportTable: 0, store, logger: quiet } as unknown as LbControllerOptions);
     s.dp = dp;
     const lb = service(idleTimeoutS);
@@ -48,10 +49,10 @@ async function bed(idleTimeoutS: number, fn: (o: { sync: MappingSync; dp: LbData
     const sync = new MappingSync(s);
     sync.start();
     await sync.serve([lb]);
-    await fn({ sync, dp, store, raw, pause: () => redis.pause(), resume: () => redis.resume() });
+    await fn({ sync, dp: dp!, store, raw, pause: () => redis.pause(), resume: () => redis.resume() });
   } finally {
     await store.close();
-    dp.close({ unpin: true });
+    dp?.close({ unpin: true });
     fs.rmSync(pinDir, { recursive: true, force: true });
     raw.disconnect();
     await redis.stop();
