@@ -57,9 +57,9 @@ export class LbController {
     this.addresses = new VipAddresses(this.s, (st) => this.pods.withdraw(st));
     this.slots = new VipSlots(o.maxVips ?? LB_MAX_VIPS_DEFAULT);
     const pickable = (lb: ResolvedLoadBalancer) => pickableTargets(lb, o.node.name);
-    this.programs = new VipPrograms(this.s, pickable);
-    this.targets = new LbTargets(this.s);
     this.sync = new MappingSync(this.s);
+    this.programs = new VipPrograms(this.s, pickable, (vip) => this.sync.expires(vip));
+    this.targets = new LbTargets(this.s);
   }
 
   /**
@@ -149,10 +149,12 @@ export class LbController {
     this.assignSlots(served, sel);
     const slotted = served.filter((l) => this.s.vips.get(l.key)!.slot !== undefined);
     this.programs.apply(slotted);
+    // Subscribed before any load: a mapping recorded between a VIP's load and its subscription would be
+    // missed, and its client re-picked here.
+    await this.sync.serve(slotted);
     await this.pods.apply(served, sel, (lb, st) => this.sync.ensureLoaded(lb, st));
     this.targets.apply(served);
     this.programmed = served;
-    await this.sync.serve(slotted);
     await this.sync.sync();
   }
 

@@ -41,7 +41,6 @@ export class MappingSync {
   private flushing = false;
   /** Served VIPs (with a slot here) → their Service. */
   private serving = new Map<string, ResolvedLoadBalancer>();
-  private servingKey = '';
   /** The last store sync that went through: wall clock and CLOCK_MONOTONIC. */
   private synced?: { ms: number; ns: bigint };
   /** Something since then failed or the store reconnected: write back and read what changed. */
@@ -72,15 +71,19 @@ export class MappingSync {
   /** The VIPs served here now: only their notices are subscribed, only their mappings kept in sync. */
   async serve(slotted: ResolvedLoadBalancer[]): Promise<void> {
     this.serving = new Map(slotted.map((l) => [this.s.vips.get(l.key)!.vip!, l]));
-    const key = [...this.serving.keys()].sort().join();
     for (const vip of [...this.nextExpire.keys()]) {
       if (this.serving.has(vip)) continue;
       this.nextExpire.delete(vip);
       this.expiring.delete(vip);
     }
-    if (key === this.servingKey || !this.s.o.store) return;
-    this.servingKey = key;
-    await this.s.o.store.serve(this.serving.keys());
+    // Every pass, not only on a change: a subscription that failed is retried (nothing is sent when the
+    // subscriptions match already).
+    await this.s.o.store?.serve(this.serving.keys());
+  }
+
+  /** Whether this node holds vip's expirer lease (as of its last renewal). */
+  expires(vip: string): boolean {
+    return this.expiring.has(vip);
   }
 
   /** The datapath picked a target for a new client: queue it for the store. */
@@ -147,10 +150,11 @@ export class MappingSync {
       st.loaded = true;
       return;
     }
-    if (!store.connected) {
+    // Loaded only once the VIP's new mappings reach this node too, so none falls between load and notice.
+    if (!store.connected || !store.hears(st.vip!)) {
       if (Date.now() - st.loadStarted > LOAD_WAIT_MS) {
         st.loaded = true;
-        this.s.logger.warn('lb: mapping store unreachable; VIP announced with the mappings this node holds', { service: lb.key, vip: st.vip });
+        this.s.logger.warn('lb: mapping store unreachable; VIP announced with the mappings this node holds', { service: lb.key, vip: st.vip, connected: store.connected });
       }
       return;
     }

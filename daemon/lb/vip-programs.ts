@@ -10,6 +10,8 @@ export class VipPrograms {
     private readonly s: LbShared,
     /** Targets new clients may be given here. */
     private readonly pickable: (lb: ResolvedLoadBalancer) => ResolvedLoadBalancer['targets'],
+    /** Whether this node is the VIP's expirer: it alone clears a removed target's mappings from the store. */
+    private readonly expirer: (vip: string) => boolean,
   ) {}
 
   /** Programs every slotted Service; idempotent (rows and targets are rewritten only when they change). */
@@ -28,7 +30,9 @@ export class VipPrograms {
         const removed = st.targets ? (JSON.parse(st.targets) as Array<[string, string]>).map(([a]) => a).filter((a) => !targets.has(a)) : [];
         dp.setTargets(vip, targets);
         const dropped = removed.length ? dp.deleteMappings((m) => m.vip === vip && removed.includes(m.target)) : 0;
-        for (const t of removed) void this.s.o.store?.dropTarget(vip, t).catch(() => undefined);
+        // In the store, once (by the VIP's expirer); elsewhere such mappings are void (the target is not
+        // listed) and expire idle.
+        if (this.expirer(vip)) for (const t of removed) void this.s.o.store?.dropTarget(vip, t).catch(() => undefined);
         if (removed.length) this.s.logger.info('lb: targets removed; their clients move', { service: lb.key, vip, targets: removed, mappingsDropped: dropped });
         st.targets = tkey;
       }
