@@ -3,9 +3,8 @@
 // put in the route-export table (the BGP speaker announces it) — but only once the VIP's mappings are
 // loaded from the store, so a new or restarted LB pod never re-picks live clients. An LB pod being
 // deleted has its routes withdrawn first and keeps forwarding while BGP converges.
-import * as fs from 'node:fs';
 import { NetlinkHandle, isNetlinkError } from '../netlink';
-import { readNetSysctl, writeNetSysctl } from '../sys/netns';
+import { netnsExists, readNetSysctl, writeNetSysctl } from '../sys/netns';
 import { podKeyOf, type PodRecord } from '../state/pod-store';
 import type { PodMeta } from '../config/objects';
 import type { ResolvedLoadBalancer } from './lb-spec';
@@ -42,7 +41,7 @@ export class LbPods {
     for (const r of this.s.o.attach.pods()) {
       const pod = podKeyOf(r);
       const ip = r.ips?.find((i) => !i.includes(':'));
-      if (!pod || !ip || !r.hostIfName || !fs.existsSync(r.netns)) continue;
+      if (!pod || !ip || !r.hostIfName || !netnsExists(r.netns)) continue;
       for (const lb of served) {
         if (!this.selected(r, lb)) continue;
         const w = out.get(pod) ?? { r, services: new Set<string>() };

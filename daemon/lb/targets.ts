@@ -1,9 +1,8 @@
 // The node's target pods (endpoints of a served Service running here) set up for direct server return:
 // the VIPs on a dummy link or lo (ARP silent), FoU decapsulation accepted from registered node addresses
 // only, the MTU lowered by the encapsulation overhead. Undone when the pod is no longer a target.
-import * as fs from 'node:fs';
 import { NetlinkHandle } from '../netlink';
-import { writeNetSysctl } from '../sys/netns';
+import { netnsExists, writeNetSysctl } from '../sys/netns';
 import { attachFouDecap } from '../bpf/fou';
 import { podKeyOf, type PodRecord } from '../state/pod-store';
 import type { ResolvedLoadBalancer } from './lb-spec';
@@ -25,7 +24,7 @@ export class LbTargets {
       const pod = podKeyOf(r) ?? r.containerId;
       const ip = r.ips?.find((i) => !i.includes(':'));
       const vips = ip ? byIp.get(ip) : undefined;
-      if (!ip || !vips || !fs.existsSync(r.netns)) continue;
+      if (!ip || !vips || !netnsExists(r.netns)) continue;
       seen.add(pod);
       try {
         this.up(pod, r, ip, vips);
@@ -97,7 +96,7 @@ export class LbTargets {
     } catch {
       // the pod (and its veth, with the filter) is gone
     }
-    if (fs.existsSync(t.netns)) {
+    if (netnsExists(t.netns)) {
       try {
         NetlinkHandle.with(t.netns, (h) => {
           const dev = h.getLink(t.vipDev);
