@@ -150,14 +150,17 @@ export class MappingSync {
       st.loaded = true;
       return;
     }
-    // Loaded only once the VIP's new mappings reach this node too, so none falls between load and notice.
-    if (!store.connected || !store.hears(st.vip!)) {
-      if (Date.now() - st.loadStarted > LOAD_WAIT_MS) {
+    const waited = Date.now() - st.loadStarted > LOAD_WAIT_MS;
+    if (!store.connected) {
+      if (waited) {
         st.loaded = true;
-        this.s.logger.warn('lb: mapping store unreachable; VIP announced with the mappings this node holds', { service: lb.key, vip: st.vip, connected: store.connected });
+        this.s.logger.warn('lb: mapping store unreachable; VIP announced with the mappings this node holds', { service: lb.key, vip: st.vip });
       }
       return;
     }
+    // Loaded once the VIP's new mappings reach this node too, so none falls between load and notice (past
+    // the wait, loaded anyway: a notice channel that does not come back must not keep the VIP dark).
+    if (!store.hears(st.vip!) && !waited) return;
     try {
       const t0 = Date.now();
       let installed = 0;
