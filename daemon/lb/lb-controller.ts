@@ -11,7 +11,7 @@
 // The shape of every subsystem: start / apply (typed desired state) / stop / status. The kernel is reached
 // only through bpf/*, netlink/* and sys/* (a simulation swaps those modules for recording fakes).
 import { LbDatapath } from '../bpf/lb';
-import type { LbStats } from '../bpf/lb-structs';
+import { LB_MAX_VIPS_DEFAULT, type LbStats } from '../bpf/lb-structs';
 import type { PodRecord } from '../state/pod-store';
 import type { PodMeta } from '../config/objects';
 import type { LbResolution, ResolvedLoadBalancer } from './lb-spec';
@@ -20,10 +20,9 @@ import { FOU_OVERHEAD, LbShared, groupByVip, pickableTargets, type LbControllerO
 import { VipAddresses } from './vip-addresses';
 import { VipSlots, overflowProblem } from './vip-slots';
 import { VipPrograms } from './vip-programs';
-import { LbPods } from './lb-pods';
+import { LbPods, type Selections } from './lb-pods';
 import { LbTargets } from './targets';
 import { MappingSync } from './mapping-sync';
-import { LB_MAX_VIPS_DEFAULT } from '../bpf/lb-structs';
 
 export { FOU_OVERHEAD, type LbControllerOptions };
 
@@ -178,7 +177,7 @@ export class LbController {
    * Slots for the VIPs a local LB pod selects, in Service order; the datapath is loaded with the first one
    * (and a previous run's slots adopted from its pinned maps).
    */
-  private assignSlots(served: ResolvedLoadBalancer[], sel: ReturnType<LbPods['selections']>): void {
+  private assignSlots(served: ResolvedLoadBalancer[], sel: Selections): void {
     const selected = new Set<string>();
     for (const w of sel.values()) for (const k of w.services) selected.add(k);
     const wanted = served.filter((l) => selected.has(l.key)).map((l) => this.s.vips.get(l.key)!.vip!);
