@@ -142,7 +142,9 @@ export class LbController {
 
   private async pass(): Promise<void> {
     await this.registry();
-    if (await this.addresses.apply(this.lbs)) this.sync.storeWiped();
+    const vips = await this.addresses.apply(this.lbs);
+    if (vips.wiped) this.sync.storeWiped();
+    if (vips.more) this.again = true; // the next part of a large batch of new Services, right after this pass
     const served = [...this.lbs.values()].filter((l) => this.s.vips.get(l.key)?.vip);
     const sel = this.pods.selections(served);
     this.assignSlots(served, sel);

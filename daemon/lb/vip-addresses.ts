@@ -5,6 +5,12 @@ import { ErrorCode, TetherError } from '../errors';
 import type { ResolvedLoadBalancer } from './lb-spec';
 import { ownerOf, type LbShared, type VipState } from './lb-state';
 
+/**
+ * New VIPs asked for per pass: 10,000 Services appearing at once are allocated over many short passes,
+ * between which pods, routes and mappings keep being served (and the programming stays fresh).
+ */
+export const ALLOCATE_PER_PASS = 200;
+
 export class VipAddresses {
   /** The cluster store's generation last seen (a new one: the store lost its data). */
   private generation?: string;
@@ -15,12 +21,15 @@ export class VipAddresses {
     private readonly withdraw: (st: VipState) => void,
   ) {}
 
-  /** Converges the VIPs to the Services; returns true when the store lost its data since the last look. */
-  async apply(lbs: Map<string, ResolvedLoadBalancer>): Promise<boolean> {
+  /**
+   * Converges the VIPs to the Services: `wiped` when the store lost its data since the last look, `more`
+   * when Services still wait for their first allocation attempt (the caller runs another pass).
+   */
+  async apply(lbs: Map<string, ResolvedLoadBalancer>): Promise<{ wiped: boolean; more: boolean }> {
     const wiped = await this.reassert();
     await this.release(lbs);
-    await this.allocate(lbs);
-    return wiped;
+    const more = await this.allocate(lbs);
+    return { wiped, more };
   }
 
   /**
@@ -77,10 +86,19 @@ export class VipAddresses {
     }
   }
 
-  private async allocate(lbs: Map<string, ResolvedLoadBalancer>): Promise<void> {
+  private async allocate(lbs: Map<string, ResolvedLoadBalancer>): Promise<boolean> {
+    let asked = 0;
+    let more = false;
     for (const lb of lbs.values()) {
       let st = this.s.vips.get(lb.key);
       if (st?.vip) continue;
+      // Past the limit: a new Service makes the caller run another pass at once; one refused before is
+      // asked again on a later tick (a refusal does not spin).
+      if (asked >= ALLOCATE_PER_PASS) {
+        more ||= !st;
+        continue;
+      }
+      asked++;
       st ??= { key: lb.key, pool: lb.vip.pool, loaded: false, announced: false };
       this.s.vips.set(lb.key, st);
       try {
@@ -97,5 +115,6 @@ export class VipAddresses {
         st.problem = msg;
       }
     }
+    return more;
   }
 }
