@@ -230,8 +230,8 @@ export class MappingSync {
   }
 
   /**
-   * After a start or a wipe (full): every mapping held is written (first writer wins keeps others' choices)
-   * and every served VIP read back. After an absence: only mappings new or used since the last sync are
+   * After a start or a wipe (full): every mapping held is written (first writer wins keeps others' choices),
+   * and after a wipe every served VIP read back. After an absence: only mappings new or used since the last sync are
    * written and touched, and only what others recorded or used meanwhile is read.
    */
   private async writeBack(byVip: Map<string, LbMapping[]>, full: boolean): Promise<void> {
@@ -249,6 +249,9 @@ export class MappingSync {
       if (differ.length) this.installValid(differ);
       if (!full) await store.touch(vip, changed);
     }
+    // Read back: after a wipe everything (others wrote theirs back too); after an absence what changed
+    // meanwhile; after a start nothing (a VIP loads everything before it is announced, subscribed first).
+    const wiped = this.wiped;
     for (const [vip, lb] of this.serving) {
       const st = this.s.vips.get(lb.key);
       if (!st?.loaded) continue; // it loads everything before it is announced anyway
@@ -256,10 +259,12 @@ export class MappingSync {
         read += page.length;
         this.installValid(page);
       };
-      if (full || !since) await store.loadPages(vip, install);
-      else await store.loadChangedSince(vip, since.ms - CHANGED_MARGIN_MS, install);
+      if (wiped) await store.loadPages(vip, install);
+      else if (since) await store.loadChangedSince(vip, since.ms - CHANGED_MARGIN_MS, install);
     }
-    this.s.logger.info(full ? 'lb: mapping store (re)started: local mappings written back and reloaded' : 'lb: mapping store back: what changed meanwhile written back and read', { written, read, ms: Date.now() - t0 });
+    const what = wiped ? 'lb: mapping store lost its data: local mappings written back and reloaded'
+      : full ? 'lb: local mappings written back (first sync since start)' : 'lb: mapping store back: what changed meanwhile written back and read';
+    this.s.logger.info(what, { written, read, ms: Date.now() - t0 });
   }
 
   /** For each served VIP due: take or renew its expirer lease; the holder expires its idle mappings. */

@@ -17,6 +17,7 @@ import type { ResolvedLoadBalancer } from '../../daemon/lb/lb-spec';
 import type { MapKey } from '../../daemon/bpf/lb-structs';
 import { uniqueName } from '../lib/netns';
 import { startRedis } from '../lib/redis';
+import { waitFor } from '../lib/wait';
 
 const quiet = makeLogger({ level: 'error', stream: new Writable({ write: (_c, _e, cb) => cb() }) });
 setLogger(quiet);
@@ -33,7 +34,7 @@ function service(idleTimeoutS: number): ResolvedLoadBalancer {
   };
 }
 
-async function bed(idleTimeoutS: number, fn: (o: { sync: MappingSync; dp: LbDatapath; store: MappingStore; raw: Redis; pause: () => void; resume: () => void }) => Promise<void>): Promise<void> {
+async function bed(idleTimeoutS: number, fn: (o: { sync: MappingSync; dp: LbDatapath; store: MappingStore; raw: Redis; pause: () => void; resume: () => void; restart: () => Promise<void> }) => Promise<void>): Promise<void> {
   const redis = await startRedis();
   const raw = new Redis({ path: redis.socketPath });
   const pinDir = `/sys/fs/bpf/tether-test/${uniqueName('lbsync')}`;
@@ -49,7 +50,7 @@ async function bed(idleTimeoutS: number, fn: (o: { sync: MappingSync; dp: LbData
     const sync = new MappingSync(s);
     sync.start();
     await sync.serve([lb]);
-    await fn({ sync, dp: dp!, store, raw, pause: () => redis.pause(), resume: () => redis.resume() });
+    await fn({ sync, dp: dp!, store, raw, pause: () => redis.pause(), resume: () => redis.resume(), restart: () => redis.restart() });
   } finally {
     await store.close();
     dp?.close({ unpin: true });
@@ -130,6 +131,31 @@ test('after the store was away: only mappings new or used meanwhile are written 
     assert.is(await stored(raw), N + fresh.length + others.length);
     const local = new Map(dp.mappings().map((m) => [m.client, m.target]));
     for (const k of others) assert.is(local.get(k.client), TARGETS[1], `others' mapping of ${k.client} installed here`);
+  });
+});
+
+test('after the store lost its data: everything held is written back and every served VIP read again', async () => {
+  await bed(600, async ({ sync, dp, store, raw, restart }) => {
+    const N = 3000;
+    dp.installMappings(Array.from({ length: N }, (_, i) => ({ key: key(i), target: TARGETS[i % 2], lastNs: now() - 1_000_000_000n })));
+    await sync.sync();
+    assert.is(await stored(raw), N);
+    await restart();
+    await waitFor(() => store.connected, 'reconnected');
+    const others = Array.from({ length: 4 }, (_, i) => key(N + 10 + i));
+    const fresh = new Redis({ path: (raw.options as { path: string }).path });
+    try {
+      for (const k of others) await fresh.hset(`tether:lb:{${VIP}#${bucketOf(fieldOf(k))}}:map`, fieldOf(k), TARGETS[0]);
+      sync.storeWiped(); // what the controller does when the cluster store's generation changes
+      await sync.sync();
+      let n = 0;
+      for (let b = 0; b < LB_STORE_BUCKETS; b++) n += await fresh.hlen(`tether:lb:{${VIP}#${b}}:map`);
+      assert.is(n, N + others.length, 'everything held written back, beside what others wrote');
+    } finally {
+      fresh.disconnect();
+    }
+    const local = new Map(dp.mappings().map((m) => [m.client, m.target]));
+    for (const k of others) assert.is(local.get(k.client), TARGETS[0], 'others\' mappings read back and installed');
   });
 });
 
