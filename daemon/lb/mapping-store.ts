@@ -10,7 +10,7 @@
 // elsewhere), and only nodes serving the VIP subscribe to it. One node per VIP expires idle mappings: the
 // holder of the VIP's expirer lease (SET NX PX). Loads are paged (HSCAN, ZRANGEBYSCORE … LIMIT), so no one
 // command carries a whole VIP. Nothing here waits for Redis: callers queue and retry.
-import Redis from 'ioredis';
+import Redis, { type Cluster } from 'ioredis';
 import { EventEmitter } from 'node:events';
 import { isIPv4 } from 'node:net';
 import { log } from '../log';
@@ -185,6 +185,17 @@ export class MappingStore extends EventEmitter {
       log().warn('lb mapping store unreachable at start; forwarding goes on from local maps', { store: target.where, error: (e as Error).message });
     }
     sub.connect().catch(() => undefined);
+    return store;
+  }
+
+  /**
+   * A store over connections made elsewhere (a connection factory; ioredis's Cluster client with
+   * shardedSubscribers for a Redis Cluster): the same wiring connect() does, without connecting.
+   */
+  static over(client: Redis | Cluster, sub: Redis | Cluster, prefix = 'tether:'): MappingStore {
+    const store = new MappingStore(client as unknown as Scripted, sub as unknown as Redis, prefix);
+    sub.on('message', (_ch: string, msg: string) => store.onNotice(msg));
+    client.on('ready', () => store.emit('ready'));
     return store;
   }
 
