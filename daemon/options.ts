@@ -30,7 +30,9 @@ export const USAGE = `usage: tetherd [--node-name NAME] [--socket PATH] [--state
   --egress-flows N        flows of this node's client pods pinned to their egress address (LRU; default 65536)
   Load balancer (Services of type LoadBalancer, loadBalancerClass tether.dev/lb) needs --node-address and --redis:
   --lb-export-table N     route-export table the node's BGP speaker advertises VIPs from (default 0: none)
-  --lb-max-vips N         VIPs this node can serve (default 16); --lb-maglev-size P  Maglev table size, a prime (65537)
+  --lb-max-vips N         VIPs this node's LB pods can serve (default 16, at most 256): the node's own budget; a
+                          node programs only the VIPs of its LB pods, so the cluster's Services are not capped
+  --lb-maglev-size P      Maglev table size, a prime (65537); --lb-max-mappings N  clients held per node (262144)
   --health-port N         the node's /healthz and /livez, kube-proxy's contract (default 10266; 0: off); Services
                           with externalTrafficPolicy Local answer on their healthCheckNodePort
   --probe-port N          kubelet's probes on 127.0.0.1: /livez, /readyz (default 0: off; the DaemonSet uses 10267)
@@ -61,6 +63,7 @@ export type Options = {
   'lb-export-table': string;
   'lb-max-vips': string;
   'lb-maglev-size': string;
+  'lb-max-mappings': string;
   'health-port': string;
   'probe-port': string;
   'cni-net-dir'?: string;
@@ -96,6 +99,7 @@ export function parseOptions(argv: string[]): Options {
       'lb-export-table': { type: 'string', default: '0' },
       'lb-max-vips': { type: 'string', default: '16' },
       'lb-maglev-size': { type: 'string', default: '65537' },
+      'lb-max-mappings': { type: 'string', default: '262144' },
       'health-port': { type: 'string', default: '10266' },
       'probe-port': { type: 'string', default: '0' },
       'cni-net-dir': { type: 'string' },
@@ -148,8 +152,8 @@ export function flowsOption(raw: string): number {
   return n;
 }
 
-/** --lb-export-table, --lb-max-vips and --lb-maglev-size, checked. */
-export function lbOptions(opts: Options): { exportTable: number; maxVips: number; maglevSize: number } {
+/** --lb-export-table, --lb-max-vips, --lb-maglev-size and --lb-max-mappings, checked: they size the maps at start. */
+export function lbOptions(opts: Options): { exportTable: number; maxVips: number; maglevSize: number; maxMappings: number } {
   const int = (name: keyof Options, min: number, max: number): number => {
     const raw = String(opts[name]);
     const n = Number(raw);
@@ -160,5 +164,5 @@ export function lbOptions(opts: Options): { exportTable: number; maxVips: number
   if ([253, 254, 255].includes(exportTable)) throw new StartError(2, `--lb-export-table: ${exportTable} is a kernel table (local/main/default); pick another`);
   const maglevSize = int('lb-maglev-size', 7, 1_000_003);
   if (!isPrime(maglevSize)) throw new StartError(2, `--lb-maglev-size: ${maglevSize} is not a prime`);
-  return { exportTable, maxVips: int('lb-max-vips', 1, 256), maglevSize };
+  return { exportTable, maxVips: int('lb-max-vips', 1, 256), maglevSize, maxMappings: int('lb-max-mappings', 1024, 16_777_216) };
 }

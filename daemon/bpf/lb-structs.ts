@@ -74,6 +74,10 @@ export function encodeServiceKey(vip: string, port: number, proto: number): Buff
   return b;
 }
 
+export function decodeServiceKey(b: Buffer): { vip: string; port: number; proto: number } {
+  return { vip: ipv4String(b, 0), port: b.readUInt16BE(4), proto: b.readUInt8(6) };
+}
+
 export function encodeService(slot: number, flags: number): Buffer {
   const b = Buffer.alloc(L.lb_service.size);
   b.writeUInt32LE(slot, 0);

@@ -12,7 +12,7 @@ import { attachTc, detachTc, type TcAttachment } from './tc';
 import { bpfObjectDir } from './fou';
 import {
   LB_MAGLEV_DEFAULT, LB_MAX_VIPS_DEFAULT, LB_TARGET_ACTIVE, LB_TARGET_TERMINATING, decodeEvent, decodeMapKey, decodeMapping, decodeTargetKey,
-  encodeLbConfig, encodeMapKey, encodeMapping, encodeService, encodeServiceKey, encodeTargetKey, sumLbStats, LB_MAP_LAYOUTS, type LbStats, type MapKey,
+  decodeServiceKey, encodeLbConfig, encodeMapKey, encodeMapping, encodeService, encodeServiceKey, encodeTargetKey, sumLbStats, LB_MAP_LAYOUTS, type LbStats, type MapKey,
 } from './lb-structs';
 import { ipv4Bytes } from './fou-structs';
 
@@ -23,9 +23,13 @@ export const LB_HASH_SEED = 0x7e7e1b5d;
 
 export interface LbDatapathOptions {
   pinDir: string;
-  /** VIP slots (default 16) and the Maglev table size (a prime, default 65537): both fix map sizes. */
+  /**
+   * VIP slots (default 16), the Maglev table size (a prime, default 65537) and the mapping table's entries
+   * (default: the object's, 262,144): all three fix map sizes, at load.
+   */
   maxVips?: number;
   maglevSize?: number;
+  maxMappings?: number;
   objectPath?: string;
 }
 
@@ -58,7 +62,7 @@ export class LbDatapath {
     const maglevSize = o.maglevSize ?? LB_MAGLEV_DEFAULT;
     const obj = BpfObject.load(o.objectPath ?? path.join(bpfObjectDir(), `${LB_TC.object}.bpf.o`), {
       pinDir: o.pinDir,
-      maxEntries: { lb_maglev: maxVips * maglevSize, lb_stats: maxVips },
+      maxEntries: { lb_maglev: maxVips * maglevSize, lb_stats: maxVips, ...(o.maxMappings ? { lb_mappings: o.maxMappings } : {}) },
       layouts: LB_MAP_LAYOUTS,
     });
     return new LbDatapath(obj, maxVips, maglevSize);
@@ -113,6 +117,16 @@ export class LbDatapath {
     }
   }
 
+  /** The VIPs programmed now and their slots (from each VIP's port-0 entry): what a restart finds. */
+  services(): Map<string, number> {
+    const out = new Map<string, number>();
+    for (const [k, v] of this.o().map('lb_services').entries()) {
+      const key = decodeServiceKey(k);
+      if (key.port === 0 && key.proto === 0) out.set(key.vip, v.readUInt32LE(0));
+    }
+    return out;
+  }
+
   /** Stops serving vip: its ports, targets and mappings go; the Maglev row is cleared. */
   removeService(vip: string, slot: number): void {
     const vipHex = ipv4Bytes(vip, 'vip').toString('hex');
@@ -153,10 +167,13 @@ export class LbDatapath {
     this.o().map('lb_maglev').updateBatch(entries);
   }
 
-  /** Installs mappings (from the store); an existing mapping for the same key is replaced. */
-  installMappings(list: Array<{ key: MapKey; target: string }>): void {
+  /**
+   * Installs mappings (from the store; lastNs 0: unused since); an existing mapping for the same key is
+   * replaced. A lastNs is given only where a mapping's use is carried over (tests, a map upgrade).
+   */
+  installMappings(list: Array<{ key: MapKey; target: string; lastNs?: bigint }>): void {
     if (!list.length) return;
-    this.o().map('lb_mappings').updateBatch(list.map((m) => [encodeMapKey(m.key), encodeMapping(m.target)]), BPF_ANY);
+    this.o().map('lb_mappings').updateBatch(list.map((m) => [encodeMapKey(m.key), encodeMapping(m.target, m.lastNs ?? 0n)]), BPF_ANY);
   }
 
   /** Every mapping the node holds. */

@@ -1,10 +1,16 @@
-// The load balancer's shared mapping store (Redis, one server or through Sentinel): which target each
-// client of a VIP is mapped to, so that every LB pod — old, new or restarted, on any node — sends a client
-// to the same target. Per VIP one hash (mapping → target) and one sorted set (mapping → last use, ms).
-// The first writer of a mapping wins (HSETNX), so LB pods that pick at the same moment agree on the
-// winner's choice; every recorded mapping is published, and LB pods install what others recorded. Idle
-// mappings are expired by last use. Nothing here waits for Redis: callers queue and retry.
-import Redis from 'ioredis';
+// The load balancer's shared mapping store (Redis: one server, through Sentinel, or a Cluster): which
+// target each client of a VIP is mapped to, so that every LB pod — old, new or restarted, on any node —
+// sends a client to the same target.
+//
+// Per VIP and bucket (a hash of the mapping's field picks one of LB_STORE_BUCKETS) one hash
+// (mapping → target) and one sorted set (mapping → last use, ms), both tagged {<vip>#<bucket>}: every
+// script touches one hash slot, and a hot VIP spreads over BUCKETS slots of a Cluster. The first writer
+// of a mapping wins (HSETNX), so LB pods that pick at the same moment agree on the winner's choice. New
+// mappings are published on the VIP's own channel ({<vip>} tagged; SPUBLISH on a Cluster, PUBLISH
+// elsewhere), and only nodes serving the VIP subscribe to it. One node per VIP expires idle mappings: the
+// holder of the VIP's expirer lease (SET NX PX). Loads are paged (HSCAN, ZRANGEBYSCORE … LIMIT), so no one
+// command carries a whole VIP. Nothing here waits for Redis: callers queue and retry.
+import Redis, { type Cluster } from 'ioredis';
 import { EventEmitter } from 'node:events';
 import { isIPv4 } from 'node:net';
 import { log } from '../log';
@@ -13,6 +19,15 @@ import { listNodes, registerNode } from '../common/node-registry';
 import { refuseRecord } from '../common/store-record';
 import type { MapKey } from '../bpf/lb-structs';
 import type { NodeHealthReport } from '../health/health-controller';
+
+/**
+ * Buckets per VIP. Every node must use the same count (a mapping's bucket is where every node looks for
+ * it), so it is a constant, not an option.
+ */
+export const LB_STORE_BUCKETS = 16;
+/** Entries per script call or page: small enough that no single command blocks Redis for long. */
+const PART = 500;
+const PAGE = 1000;
 
 /** A mapping as stored: the hash field names the client (and, per flow, the tuple). */
 export interface StoredMapping {
@@ -23,6 +38,13 @@ export interface StoredMapping {
 /** "c:<client>" (client affinity) or "f:<client>:<proto>:<vport>:<cport>" (per flow). */
 export function fieldOf(k: MapKey): string {
   return k.vport || k.cport || k.proto ? `f:${k.client}:${k.proto}:${k.vport}:${k.cport}` : `c:${k.client}`;
+}
+
+/** The bucket of a field: FNV-1a, the same on every node. */
+export function bucketOf(field: string): number {
+  let h = 0x811c9dc5;
+  for (let i = 0; i < field.length; i++) h = Math.imul(h ^ field.charCodeAt(i), 0x01000193);
+  return (h >>> 0) % LB_STORE_BUCKETS;
 }
 
 /** The mapping key of a hash field of vip's mappings; undefined when the field is not one. */
@@ -39,16 +61,15 @@ export function keyOf(vip: string, field: string): MapKey | undefined {
   return undefined;
 }
 
-// KEYS: hash, zset, channel. ARGV: now ms, vip, then field/target pairs. HSETNX each: a new mapping is
-// stamped and published; an existing one wins over ours. Returns the target in force for each pair.
+// KEYS: hash, zset of one bucket. ARGV: now ms, then field/target pairs. HSETNX each: a new mapping is
+// stamped and returned as "+<target>" (the caller publishes it); an existing one wins over ours.
 const CLAIM = `
 local out = {}
-for i = 3, #ARGV, 2 do
+for i = 2, #ARGV, 2 do
   local f, t = ARGV[i], ARGV[i + 1]
   if redis.call('HSETNX', KEYS[1], f, t) == 1 then
     redis.call('ZADD', KEYS[2], ARGV[1], f)
-    redis.call('PUBLISH', KEYS[3], cjson.encode({vip = ARGV[2], field = f, target = t}))
-    out[#out + 1] = t
+    out[#out + 1] = '+' .. t
   else
     out[#out + 1] = redis.call('HGET', KEYS[1], f)
   end
@@ -56,8 +77,8 @@ end
 return out
 `;
 
-// KEYS: hash, zset. ARGV: cutoff ms, limit. Removes up to limit mappings unused since cutoff; returns their
-// fields. Lua unpacks at most ~8,000 values at once (LUAI_MAXCSTACK), so the fields go in parts of 500.
+// KEYS: hash, zset of one bucket. ARGV: cutoff ms, limit. Removes up to limit mappings unused since cutoff;
+// returns their fields. Lua unpacks at most ~8,000 values at once (LUAI_MAXCSTACK): parts of 500.
 const EXPIRE = `
 local old = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', ARGV[1], 'LIMIT', 0, tonumber(ARGV[2]))
 for i = 1, #old, 500 do
@@ -68,29 +89,46 @@ end
 return old
 `;
 
-// KEYS: hash, zset. ARGV: target. Removes every mapping to target; returns how many.
+// KEYS: hash, zset of one bucket. ARGV: target, then fields (one page the caller scanned). Removes each
+// field still mapped to target; returns how many.
 const DROP_TARGET = `
-local all = redis.call('HGETALL', KEYS[1])
-local gone = {}
-for i = 1, #all, 2 do
-  if all[i + 1] == ARGV[1] then gone[#gone + 1] = all[i] end
+local n = 0
+for i = 2, #ARGV do
+  if redis.call('HGET', KEYS[1], ARGV[i]) == ARGV[1] then
+    redis.call('HDEL', KEYS[1], ARGV[i])
+    redis.call('ZREM', KEYS[2], ARGV[i])
+    n = n + 1
+  end
 end
-for i = 1, #gone, 500 do
-  local part = {unpack(gone, i, math.min(i + 499, #gone))}
-  redis.call('HDEL', KEYS[1], unpack(part))
-  redis.call('ZREM', KEYS[2], unpack(part))
+return n
+`;
+
+// KEYS: the VIP's expirer lease. ARGV: holder, lease ms. Taken when free, renewed by its holder; 1 when
+// the caller holds it now.
+const LEASE = `
+local cur = redis.call('GET', KEYS[1])
+if cur == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return 1
 end
-return #gone
+if cur then return 0 end
+redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2])
+return 1
 `;
 
 interface Scripted extends Redis {
-  tetherLbClaim(hash: string, zset: string, channel: string, now: string, vip: string, ...pairs: string[]): Promise<Array<string | null>>;
+  tetherLbClaim(hash: string, zset: string, now: string, ...pairs: string[]): Promise<Array<string | null>>;
   tetherLbExpire(hash: string, zset: string, cutoff: string, limit: string): Promise<string[]>;
-  tetherLbDropTarget(hash: string, zset: string, target: string): Promise<number>;
+  tetherLbDropTarget(hash: string, zset: string, target: string, ...fields: string[]): Promise<number>;
+  tetherLbLease(key: string, holder: string, ms: string): Promise<number>;
 }
 
 export class MappingStore extends EventEmitter {
   private closed = false;
+  /** Notice channels wanted (the VIPs this node serves) and the ones subscribed now. */
+  private wanted = new Set<string>();
+  private readonly subscribed = new Set<string>();
+  private syncing?: Promise<void>;
 
   private constructor(
     private readonly client: Scripted,
@@ -98,6 +136,15 @@ export class MappingStore extends EventEmitter {
     private readonly prefix: string,
   ) {
     super();
+    // The commands are (re)defined here, whoever made the connections: one key slot per script.
+    client.defineCommand('tetherLbClaim', { numberOfKeys: 2, lua: CLAIM });
+    client.defineCommand('tetherLbExpire', { numberOfKeys: 2, lua: EXPIRE });
+    client.defineCommand('tetherLbDropTarget', { numberOfKeys: 2, lua: DROP_TARGET });
+    client.defineCommand('tetherLbLease', { numberOfKeys: 1, lua: LEASE });
+    sub.on('smessage', (_ch: string, msg: string) => this.onNotice(msg));
+    sub.on('ready', () => void this.syncSubscriptions());
+    // ioredis resubscribes what it had after a reconnect; a connection that ended for good starts empty.
+    sub.on('end', () => this.subscribed.clear());
   }
 
   /**
@@ -139,114 +186,293 @@ export class MappingStore extends EventEmitter {
     return store;
   }
 
+  /**
+   * A store over connections made elsewhere (a connection factory; ioredis's Cluster client with
+   * shardedSubscribers for a Redis Cluster): the same wiring connect() does, without connecting.
+   */
+  static over(client: Redis | Cluster, sub: Redis | Cluster, prefix = 'tether:'): MappingStore {
+    const store = new MappingStore(client as unknown as Scripted, sub as unknown as Redis, prefix);
+    sub.on('message', (_ch: string, msg: string) => store.onNotice(msg));
+    client.on('ready', () => store.emit('ready'));
+    return store;
+  }
+
   get connected(): boolean {
     return this.client.status === 'ready';
   }
 
+  /** On a Redis Cluster notices go by sharded pub/sub (to the channel's shard only); elsewhere plain. */
+  get sharded(): boolean {
+    return (this.client as { isCluster?: boolean }).isCluster === true;
+  }
+
+  /**
+   * The channel every node once shared for every mapping. Nothing is published there any more; connect()
+   * still subscribes to it (harmless, no traffic) until it is rewritten on the connection factory.
+   */
   private channel(): string {
     return `${this.prefix}lb:mappings`;
   }
 
-  private keys(vip: string): [string, string] {
-    return [`${this.prefix}lb:{${vip}}:map`, `${this.prefix}lb:{${vip}}:used`];
+  /** The VIP's own notice channel, in the VIP's slot. */
+  noticeChannel(vip: string): string {
+    return `${this.prefix}lb:{${vip}}:notices`;
   }
 
+  private keys(vip: string, bucket: number): [string, string] {
+    return [`${this.prefix}lb:{${vip}#${bucket}}:map`, `${this.prefix}lb:{${vip}#${bucket}}:used`];
+  }
+
+  private leaseKey(vip: string): string {
+    return `${this.prefix}lb:{${vip}}:expirer`;
+  }
+
+  /**
+   * The VIPs whose new mappings this node wants (those it serves): their channels are subscribed, the
+   * others' left. Idempotent; with the store away it takes effect on the next connection.
+   */
+  async serve(vips: Iterable<string>): Promise<void> {
+    this.wanted = new Set([...vips].map((v) => this.noticeChannel(v)));
+    await this.syncSubscriptions();
+  }
+
+  /** Channels this node is subscribed to now (status and tests). */
+  subscriptions(): string[] {
+    return [...this.subscribed].sort();
+  }
+
+  /** Whether this node receives vip's new mappings now. */
+  hears(vip: string): boolean {
+    return this.subscribed.has(this.noticeChannel(vip));
+  }
+
+  private async syncSubscriptions(): Promise<void> {
+    while (this.syncing) await this.syncing;
+    if (this.closed || this.sub.status !== 'ready') return;
+    const add = [...this.wanted].filter((c) => !this.subscribed.has(c));
+    const del = [...this.subscribed].filter((c) => !this.wanted.has(c));
+    if (!add.length && !del.length) return;
+    this.syncing = (async () => {
+      try {
+        // A Cluster takes one sharded channel per command (channels of one command share a slot).
+        const parts = (l: string[]) => (this.sharded ? l.map((c) => [c]) : Array.from({ length: Math.ceil(l.length / PART) }, (_, i) => l.slice(i * PART, (i + 1) * PART)));
+        for (const p of parts(add)) {
+          await (this.sharded ? this.sub.ssubscribe(...p) : this.sub.subscribe(...p));
+          for (const c of p) this.subscribed.add(c);
+        }
+        for (const p of parts(del)) {
+          await (this.sharded ? this.sub.sunsubscribe(...p) : this.sub.unsubscribe(...p));
+          for (const c of p) this.subscribed.delete(c);
+        }
+      } catch (e) {
+        log().warn('lb mapping store: (un)subscribing notice channels failed; retried on the next change or connection', { error: (e as Error).message });
+      } finally {
+        this.syncing = undefined;
+      }
+    })();
+    await this.syncing;
+  }
+
+  /** A notice: {"vip": …, "mappings": [[field, target], …]}. Bad ones are named and ignored. */
   private onNotice(msg: string): void {
-    let n: { vip?: unknown; field?: unknown; target?: unknown };
+    let n: { vip?: unknown; mappings?: unknown };
     try {
       n = JSON.parse(msg) as typeof n;
     } catch {
       n = {};
     }
-    const key = typeof n.vip === 'string' && typeof n.field === 'string' && isIPv4(n.vip) ? keyOf(n.vip, n.field) : undefined;
-    if (!key || typeof n.target !== 'string' || !isIPv4(n.target)) {
-      log().warn('lb mapping store: garbled mapping notice ignored', { notice: msg.slice(0, 200) });
-      this.emit('garbled', msg);
+    const vip = typeof n.vip === 'string' && isIPv4(n.vip) ? n.vip : undefined;
+    const list = Array.isArray(n.mappings) ? n.mappings : undefined;
+    if (!vip || !list) {
+      this.garbled(msg);
       return;
     }
-    this.emit('mapping', { key, target: n.target } satisfies StoredMapping);
+    for (const e of list) {
+      const key = Array.isArray(e) && typeof e[0] === 'string' ? keyOf(vip, e[0]) : undefined;
+      const target = Array.isArray(e) ? e[1] : undefined;
+      if (!key || typeof target !== 'string' || !isIPv4(target)) this.garbled(JSON.stringify(e));
+      else this.emit('mapping', { key, target } satisfies StoredMapping);
+    }
+  }
+
+  private garbled(msg: string): void {
+    log().warn('lb mapping store: garbled mapping notice ignored', { notice: msg.slice(0, 200) });
+    this.emit('garbled', msg);
+  }
+
+  private async publish(vip: string, mappings: Array<[string, string]>): Promise<void> {
+    const msg = JSON.stringify({ vip, mappings });
+    const ch = this.noticeChannel(vip);
+    await (this.sharded ? this.client.spublish(ch, msg) : this.client.publish(ch, msg));
   }
 
   /**
-   * Records mappings of one VIP unless the store has them already (first writer wins). Returns the
-   * mappings in force, which differ from the ones given where another LB pod was first.
+   * Records mappings of one VIP unless the store has them already (first writer wins), and publishes the
+   * new ones on the VIP's channel. Returns the mappings in force, in the order given, which differ from
+   * the ones given where another LB pod was first.
    */
   async claim(vip: string, list: StoredMapping[], nowMs = Date.now()): Promise<StoredMapping[]> {
-    const out: StoredMapping[] = [];
-    const [hash, zset] = this.keys(vip);
-    for (let i = 0; i < list.length; i += 500) {
-      const part = list.slice(i, i + 500);
-      const pairs = part.flatMap((m) => [fieldOf(m.key), m.target]);
-      const got = await this.client.tetherLbClaim(hash, zset, this.channel(), String(nowMs), vip, ...pairs);
-      part.forEach((m, j) => {
-        const t = got[j];
-        // A stored target that is not an address is not followed: this pod keeps its own pick.
-        if (t !== null && t !== undefined && !isIPv4(t)) refuseRecord('lb mapping store', hash, fieldOf(m.key), 'target is not an IPv4 address', t);
-        out.push({ key: m.key, target: t && isIPv4(t) ? t : m.target });
-      });
+    const out: StoredMapping[] = new Array(list.length);
+    for (const [bucket, idx] of byBucket(list.map((m) => fieldOf(m.key)))) {
+      const [hash, zset] = this.keys(vip, bucket);
+      for (let i = 0; i < idx.length; i += PART) {
+        const part = idx.slice(i, i + PART);
+        const pairs = part.flatMap((j) => [fieldOf(list[j].key), list[j].target]);
+        const got = await this.client.tetherLbClaim(hash, zset, String(nowMs), ...pairs);
+        const fresh: Array<[string, string]> = [];
+        part.forEach((j, n) => {
+          const m = list[j];
+          let t = got[n];
+          if (typeof t === 'string' && t.startsWith('+')) {
+            t = t.slice(1);
+            fresh.push([fieldOf(m.key), t]);
+          }
+          // A stored target that is not an address is not followed: this pod keeps its own pick.
+          if (t !== null && t !== undefined && !isIPv4(t)) refuseRecord('lb mapping store', hash, fieldOf(m.key), 'target is not an IPv4 address', t);
+          out[j] = { key: m.key, target: t && isIPv4(t) ? t : m.target };
+        });
+        // Published after the write (a channel is never a script key): a notice lost here is made good by
+        // the paged load a serving node does before it announces, and by first-writer-wins on its claims.
+        if (fresh.length) await this.publish(vip, fresh);
+      }
     }
     return out;
   }
 
-  /** Marks mappings as used at nowMs (only ever later: GT). */
+  /** Marks stored mappings as used at nowMs (only ever later: GT; never re-creates an expired one: XX). */
   async touch(vip: string, keys: MapKey[], nowMs = Date.now()): Promise<void> {
-    const [, zset] = this.keys(vip);
-    for (let i = 0; i < keys.length; i += 1000) {
-      const args: Array<string | number> = [];
-      for (const k of keys.slice(i, i + 1000)) args.push(nowMs, fieldOf(k));
-      await this.client.zadd(zset, 'GT', ...(args as [number, string]));
+    const fields = keys.map(fieldOf);
+    for (const [bucket, idx] of byBucket(fields)) {
+      const [, zset] = this.keys(vip, bucket);
+      for (let i = 0; i < idx.length; i += PAGE) {
+        const args: Array<string | number> = [];
+        for (const j of idx.slice(i, i + PAGE)) args.push(nowMs, fields[j]);
+        await this.client.zadd(zset, 'XX', 'GT', ...(args as [number, string]));
+      }
     }
   }
 
   /**
-   * Every mapping of vip. Fields that are not mappings, or whose target is not an address, are skipped
-   * (one warn line each, counted in `garbled`); the rest is returned.
+   * Every mapping of vip, page by page (HSCAN … COUNT): onPage gets each page's valid mappings as it is
+   * read, so a VIP of a million mappings never travels in one reply. Fields that are not mappings, or
+   * whose target is not an address, are skipped (one warn line each, counted in `garbled`).
    */
-  async load(vip: string): Promise<{ mappings: StoredMapping[]; garbled: number }> {
-    const [hash] = this.keys(vip);
-    const all = await this.client.hgetall(hash);
-    const mappings: StoredMapping[] = [];
+  async loadPages(vip: string, onPage: (page: StoredMapping[]) => void, count = PAGE): Promise<{ loaded: number; garbled: number }> {
+    let loaded = 0;
     let garbled = 0;
-    for (const [f, t] of Object.entries(all)) {
-      const key = keyOf(vip, f);
-      if (key && isIPv4(t)) {
-        mappings.push({ key, target: t });
-        continue;
-      }
-      garbled++;
-      refuseRecord('lb mapping store', hash, f, key ? 'target is not an IPv4 address' : 'not a mapping field (c:<client> or f:<client>:<proto>:<vport>:<cport>)', t);
+    for (let b = 0; b < LB_STORE_BUCKETS; b++) {
+      const [hash] = this.keys(vip, b);
+      let cursor = '0';
+      do {
+        const [next, flat] = await this.client.hscan(hash, cursor, 'COUNT', count);
+        cursor = next;
+        const page: StoredMapping[] = [];
+        for (let i = 0; i < flat.length; i += 2) {
+          const m = this.parse(vip, hash, flat[i], flat[i + 1]);
+          if (m) page.push(m);
+          else garbled++;
+        }
+        loaded += page.length;
+        if (page.length) onPage(page);
+      } while (cursor !== '0');
     }
+    return { loaded, garbled };
+  }
+
+  /** Every mapping of vip (paged underneath); see loadPages. */
+  async load(vip: string): Promise<{ mappings: StoredMapping[]; garbled: number }> {
+    const mappings: StoredMapping[] = [];
+    const { garbled } = await this.loadPages(vip, (p) => {
+      for (const m of p) mappings.push(m);
+    });
     return { mappings, garbled };
   }
 
   /**
+   * The mappings of vip recorded or used since sinceMs, page by page: what a node that was away from the
+   * store missed, without reading the rest.
+   */
+  async loadChangedSince(vip: string, sinceMs: number, onPage: (page: StoredMapping[]) => void, count = PAGE): Promise<number> {
+    let n = 0;
+    for (let b = 0; b < LB_STORE_BUCKETS; b++) {
+      const [hash, zset] = this.keys(vip, b);
+      for (let offset = 0; ; offset += count) {
+        const fields = await this.client.zrangebyscore(zset, sinceMs, '+inf', 'LIMIT', offset, count);
+        if (!fields.length) break;
+        const targets = await this.client.hmget(hash, ...fields);
+        const page: StoredMapping[] = [];
+        fields.forEach((f, i) => {
+          const t = targets[i];
+          const m = t === null ? undefined : this.parse(vip, hash, f, t);
+          if (m) page.push(m);
+        });
+        n += page.length;
+        if (page.length) onPage(page);
+        if (fields.length < count) break;
+      }
+    }
+    return n;
+  }
+
+  private parse(vip: string, hash: string, f: string, t: string): StoredMapping | undefined {
+    const key = keyOf(vip, f);
+    if (key && isIPv4(t)) return { key, target: t };
+    refuseRecord('lb mapping store', hash, f, key ? 'target is not an IPv4 address' : 'not a mapping field (c:<client> or f:<client>:<proto>:<vport>:<cport>)', t);
+    return undefined;
+  }
+
+  /**
+   * Takes or renews the VIP's expirer lease for holder (a node name); true when holder is the expirer. One
+   * node per VIP expires its mappings, however many serve it; when it goes, the lease lapses after leaseMs
+   * and the next node to ask takes over.
+   */
+  async expirer(vip: string, holder: string, leaseMs: number): Promise<boolean> {
+    return (await this.client.tetherLbLease(this.leaseKey(vip), holder, String(Math.max(1, Math.round(leaseMs))))) === 1;
+  }
+
+  /**
    * Removes all of vip's mappings unused for idleS, however many; returns the keys removed. Each script
-   * call removes at most `batch`, so Redis is never blocked for long by one VIP with a huge idle crowd.
+   * call removes at most `batch` of one bucket, so Redis is never blocked for long by a huge idle crowd.
    */
   async expire(vip: string, idleS: number, nowMs = Date.now(), batch = 5000): Promise<MapKey[]> {
-    const [hash, zset] = this.keys(vip);
     const cutoff = String(nowMs - idleS * 1000);
     const out: MapKey[] = [];
-    for (;;) {
-      const gone = await this.client.tetherLbExpire(hash, zset, cutoff, String(batch));
-      for (const f of gone) {
-        const k = keyOf(vip, f);
-        if (k) out.push(k);
+    for (let b = 0; b < LB_STORE_BUCKETS; b++) {
+      const [hash, zset] = this.keys(vip, b);
+      for (;;) {
+        const gone = await this.client.tetherLbExpire(hash, zset, cutoff, String(batch));
+        for (const f of gone) {
+          const k = keyOf(vip, f);
+          if (k) out.push(k);
+        }
+        // The cutoff is fixed, so the idle set only shrinks: a short batch was the last one.
+        if (gone.length < batch) break;
       }
-      // The cutoff is fixed, so the idle set only shrinks: a short batch was the last one.
-      if (gone.length < batch) return out;
     }
+    return out;
   }
 
-  /** Removes every mapping of vip to target (the target is gone); returns how many. */
+  /** Removes every mapping of vip to target (the target is gone), a scanned page at a time; returns how many. */
   async dropTarget(vip: string, target: string): Promise<number> {
-    const [hash, zset] = this.keys(vip);
-    return this.client.tetherLbDropTarget(hash, zset, target);
+    let n = 0;
+    for (let b = 0; b < LB_STORE_BUCKETS; b++) {
+      const [hash, zset] = this.keys(vip, b);
+      let cursor = '0';
+      do {
+        const [next, flat] = await this.client.hscan(hash, cursor, 'COUNT', PAGE);
+        cursor = next;
+        const fields: string[] = [];
+        for (let i = 0; i < flat.length; i += 2) if (flat[i + 1] === target) fields.push(flat[i]);
+        if (fields.length) n += await this.client.tetherLbDropTarget(hash, zset, target, ...fields);
+      } while (cursor !== '0');
+    }
+    return n;
   }
 
-  /** Removes all of vip's mappings (the Service is gone). */
+  /** Removes all of vip's mappings and its expirer lease (the Service is gone). */
   async dropVip(vip: string): Promise<void> {
-    await this.client.del(...this.keys(vip));
+    for (let b = 0; b < LB_STORE_BUCKETS; b++) await this.client.del(...this.keys(vip, b));
+    await this.client.del(this.leaseKey(vip));
   }
 
   /** Publishes this node's address: targets accept FoU only from registered nodes. */
@@ -290,4 +516,16 @@ export class MappingStore extends EventEmitter {
     this.client.disconnect();
     this.sub.disconnect();
   }
+}
+
+/** Indexes of fields grouped by bucket. */
+function byBucket(fields: string[]): Map<number, number[]> {
+  const m = new Map<number, number[]>();
+  fields.forEach((f, i) => {
+    const b = bucketOf(f);
+    const l = m.get(b);
+    if (l) l.push(i);
+    else m.set(b, [i]);
+  });
+  return m;
 }

@@ -38,6 +38,7 @@ export async function createLb(
     exportTable: lb.exportTable,
     maxVips: lb.maxVips,
     maglevSize: lb.maglevSize,
+    maxMappings: lb.maxMappings,
     store,
     addresses: o.addresses,
     attach: o.attach,

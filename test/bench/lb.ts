@@ -19,7 +19,7 @@ import {
 } from '../testbed/lb-scenario';
 import { LbDatapath } from '../../daemon/bpf/lb';
 import { ensureBpffs } from '../../daemon/bpf/bpffs';
-import { MappingStore } from '../../daemon/lb/mapping-store';
+import { LB_STORE_BUCKETS, MappingStore } from '../../daemon/lb/mapping-store';
 import { startRedis } from '../lib/redis';
 import { machine, updateReadme } from './stats';
 
@@ -164,7 +164,8 @@ async function main(): Promise<void> {
         const through = await storm(tb, st.db, STORM);
         await new Promise((r) => setTimeout(r, 1500));
         const raw = new Redis({ path: tb.redis.socketPath });
-        const stored = await raw.hlen(`${tb.redisPrefix}lb:{${st.db}}:map`);
+        let stored = 0;
+        for (let i = 0; i < LB_STORE_BUCKETS; i++) stored += await raw.hlen(`${tb.redisPrefix}lb:{${st.db}#${i}}:map`);
         raw.disconnect();
         result.connections = { throughVipPerSecond: Math.round(through.perSecond), directPerSecond: Math.round(direct.perSecond), ratio: +(through.perSecond / direct.perSecond).toFixed(2), errors: through.errors, mappingsInRedis: stored, connections: STORM };
         process.stdout.write(`  connections: ${JSON.stringify(result.connections)}\n`);

@@ -5,11 +5,13 @@ import * as assert from 'uvu/assert';
 import Redis from 'ioredis';
 import { PassThrough } from 'node:stream';
 import { log, makeLogger, setLogger } from '../../daemon/log';
-import { MappingStore, fieldOf, keyOf, type StoredMapping } from '../../daemon/lb/mapping-store';
+import { LB_STORE_BUCKETS, MappingStore, bucketOf, fieldOf, keyOf, type StoredMapping } from '../../daemon/lb/mapping-store';
 import { startRedis, type TestRedis } from '../lib/redis';
 import { waitFor } from '../lib/wait';
 
 const VIP = '192.0.2.10';
+/** The hash that holds a field of vip's mappings (its bucket's). */
+const hashOf = (vip: string, field: string) => `tether:lb:{${vip}#${bucketOf(field)}}:map`;
 const key = (client: string, vip = VIP) => ({ vip, client, vport: 0, cport: 0, proto: 0 });
 let redis: TestRedis;
 let a: MappingStore;
@@ -35,11 +37,12 @@ test('fields name the client, or the whole tuple per flow, and read back', () =>
   for (const bad of ['x:10.0.0.1', 'c:10.0.0', 'f:10.0.0.1:6:443', 'f:10.0.0.1:6:70000:1', 'c:10.0.0.1:5']) assert.is(keyOf(VIP, bad), undefined, bad);
 });
 
-test('the first writer wins; the loser learns the winner; others get a notice', async () => {
+test('the first writer wins; the loser learns the winner; nodes serving the VIP get a notice', async () => {
   const heard: StoredMapping[] = [];
   b.on('mapping', (m: StoredMapping) => heard.push(m));
   await waitFor(() => a.connected && b.connected, 'both connected');
-  await new Promise((r) => setTimeout(r, 100)); // the subscription is set up on ready
+  await b.serve([VIP]);
+  await waitFor(() => b.hears(VIP), 'b subscribed to the VIP\'s channel');
   const won = await a.claim(VIP, [{ key: key('10.0.0.1'), target: '10.244.0.5' }]);
   assert.equal(won, [{ key: key('10.0.0.1'), target: '10.244.0.5' }]);
   const lost = await b.claim(VIP, [{ key: key('10.0.0.1'), target: '10.244.0.9' }, { key: key('10.0.0.2'), target: '10.244.0.9' }]);
@@ -76,7 +79,9 @@ test('expiry works at any count: 12,000 idle mappings of one VIP all go in one c
   assert.equal(left.map((m) => m.key.client).sort(), fresh.map((m) => m.key.client).sort(), 'exactly the fresh ones are left');
   const raw = new Redis({ path: redis.socketPath });
   try {
-    assert.is(await raw.zcard(`tether:lb:{${vip}}:used`), 50, 'their last-use entries went too');
+    let used = 0;
+    for (let i = 0; i < LB_STORE_BUCKETS; i++) used += await raw.zcard(`tether:lb:{${vip}#${i}}:used`);
+    assert.is(used, 50, 'their last-use entries went too');
   } finally {
     raw.disconnect();
   }
@@ -97,9 +102,9 @@ test('garbled notices and fields are refused, not installed', async () => {
   b.on('mapping', (m: StoredMapping) => heard.push(m));
   const raw = new Redis({ path: redis.socketPath });
   try {
-    await raw.publish('tether:lb:mappings', 'not json');
-    await raw.publish('tether:lb:mappings', JSON.stringify({ vip: VIP, field: 'c:10.0.0.300', target: '10.244.0.5' }));
-    await raw.hset(`tether:lb:{${VIP}}:map`, 'c:bogus', '10.244.0.5');
+    await raw.publish(b.noticeChannel(VIP), 'not json');
+    await raw.publish(b.noticeChannel(VIP), JSON.stringify({ vip: VIP, mappings: [['c:10.0.0.300', '10.244.0.5']] }));
+    await raw.hset(hashOf(VIP, 'c:bogus'), 'c:bogus', '10.244.0.5');
     await waitFor(() => garbled.length === 2, 'both garbled notices seen');
     assert.is(heard.length, 0);
     const { garbled: bad } = await a.load(VIP);
@@ -111,14 +116,13 @@ test('garbled notices and fields are refused, not installed', async () => {
 
 test('a garbled stored mapping is refused with one warn line naming it: load leaves it out, claim keeps its own pick', async () => {
   const vip = '192.0.2.88';
-  const hash = `tether:lb:{${vip}}:map`;
   const raw = new Redis({ path: redis.socketPath });
   const out = new PassThrough();
   let text = '';
   out.on('data', (d) => (text += d));
   const prev = log();
   try {
-    await raw.hset(hash, { 'c:10.0.9.1': 'not-an-address', 'c:10.0.9.2': '10.244.0.5', 'x:10.0.9.3': '10.244.0.5' });
+    for (const [f, t] of [['c:10.0.9.1', 'not-an-address'], ['c:10.0.9.2', '10.244.0.5'], ['x:10.0.9.3', '10.244.0.5']]) await raw.hset(hashOf(vip, f), f, t);
     setLogger(makeLogger({ level: 'info', stream: out }));
     const { mappings, garbled } = await a.load(vip);
     assert.equal(mappings, [{ key: key('10.0.9.2', vip), target: '10.244.0.5' }]);
@@ -131,9 +135,9 @@ test('a garbled stored mapping is refused with one warn line naming it: load lea
   }
   const warns = text.trim().split('\n').map((l) => JSON.parse(l) as Record<string, string>).filter((l) => l.level === 'warn');
   assert.equal(warns.map((l) => `${l.key} ${l.field}: ${l.problem}`).sort(), [
-    `${hash} c:10.0.9.1: target is not an IPv4 address`,
-    `${hash} x:10.0.9.3: not a mapping field (c:<client> or f:<client>:<proto>:<vport>:<cport>)`,
-  ]);
+    `${hashOf(vip, 'c:10.0.9.1')} c:10.0.9.1: target is not an IPv4 address`,
+    `${hashOf(vip, 'x:10.0.9.3')} x:10.0.9.3: not a mapping field (c:<client> or f:<client>:<proto>:<vport>:<cport>)`,
+  ].sort());
   await a.dropVip(vip);
 });
 

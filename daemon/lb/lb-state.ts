@@ -1,0 +1,132 @@
+// What the load balancer's modules share on one node: the options, each Service's VIP, the local LB pods
+// and target pods, and the datapath once loaded. LbController owns the one LbShared; each module
+// (vip-addresses, vip-slots, vip-programs, lb-pods, targets, mapping-sync) changes only its own part.
+import type { Logger } from '../log';
+import { isNetlinkError } from '../netlink';
+import type { LbDatapath, LbMapping } from '../bpf/lb';
+import type { FouDecap } from '../bpf/fou';
+import type { ClusterAddresses } from '../../ipam/cluster-addresses';
+import type { AttachService } from '../pod/attach-service';
+import type { MappingStore } from './mapping-store';
+import type { ResolvedLoadBalancer } from './lb-spec';
+
+/** FoU over IPv4: what the targets' MTU is lowered by. */
+export const FOU_OVERHEAD = 28;
+
+export interface LbControllerOptions {
+  node: { name: string; address: string };
+  pinDir: string;
+  fouPort: number;
+  /** Route-export table the node's BGP speaker advertises (0: none, the VIP is only routed locally). */
+  exportTable: number;
+  /** VIP slots of this node's datapath (its maps are sized for them): VIPs with an LB pod here. */
+  maxVips?: number;
+  maglevSize?: number;
+  /** Entries of the node's mapping table (an LRU). */
+  maxMappings?: number;
+  store?: MappingStore;
+  addresses: ClusterAddresses;
+  attach: AttachService;
+  logger: Logger;
+}
+
+/** One Service's VIP on this node. */
+export interface VipState {
+  key: string;
+  pool: string;
+  vip?: string;
+  /** Why the Service has no VIP (allocation refused or not done yet). */
+  problem?: string;
+  /** The datapath slot, while a local LB pod serves the VIP (or did, within the release delay). */
+  slot?: number;
+  /** Why local LB pods do not serve the VIP (no slot left on this node). */
+  slotProblem?: string;
+  /** Active targets the Maglev row was last written for (sorted, joined). */
+  row?: string;
+  targets?: string;
+  /** Mappings loaded from the store (or the wait for them given up). */
+  loaded: boolean;
+  loadStarted?: number;
+  announced: boolean;
+}
+
+export interface LbPod {
+  pod: string;
+  netns: string;
+  ifName: string;
+  hostIfName: string;
+  ip: string;
+  vips: Set<string>;
+  acceptLocalBefore?: string;
+}
+
+export interface TargetPod {
+  pod: string;
+  netns: string;
+  ifName: string;
+  ip: string;
+  vips: Set<string>;
+  decap?: FouDecap;
+  mtuBefore?: number;
+  vipDev: string;
+}
+
+export class LbShared {
+  /** By Service key. */
+  readonly vips = new Map<string, VipState>();
+  readonly lbPods = new Map<string, LbPod>();
+  readonly targets = new Map<string, TargetPod>();
+  dp?: LbDatapath;
+  /** Registered node addresses (targets accept FoU from these only). */
+  nodes: string[] = [];
+
+  constructor(readonly o: LbControllerOptions) {}
+
+  get logger(): Logger {
+    return this.o.logger;
+  }
+
+  /** Route tables a VIP is routed in: main, and the export table when there is one. */
+  tables(): number[] {
+    return [254, ...(this.o.exportTable ? [this.o.exportTable] : [])];
+  }
+
+  /** VIP → Service key, for VIPs allocated. */
+  vipKeys(): Map<string, string> {
+    const m = new Map<string, string>();
+    for (const st of this.vips.values()) if (st.vip) m.set(st.vip, st.key);
+    return m;
+  }
+}
+
+export function ownerOf(key: string): string {
+  return `lb/${key}`;
+}
+
+export function groupByVip(all: LbMapping[]): Map<string, LbMapping[]> {
+  const m = new Map<string, LbMapping[]>();
+  for (const x of all) {
+    const l = m.get(x.vip);
+    if (l) l.push(x);
+    else m.set(x.vip, [x]);
+  }
+  return m;
+}
+
+export function ignoreGone(fn: () => void): void {
+  try {
+    fn();
+  } catch (e) {
+    if (!isNetlinkError(e, 'EADDRNOTAVAIL', 'ENODEV', 'ENOENT', 'ESRCH')) throw e;
+  }
+}
+
+/** CLOCK_MONOTONIC in ns, the clock of bpf_ktime_get_ns. */
+export function nowNs(): bigint {
+  return process.hrtime.bigint();
+}
+
+/** Targets new clients may be given on node: active ones, and with Local policy only the node's own. */
+export function pickableTargets(lb: ResolvedLoadBalancer, node: string): ResolvedLoadBalancer['targets'] {
+  return lb.targets.filter((t) => t.state === 'active' && (lb.externalTrafficPolicy !== 'Local' || t.node === node));
+}

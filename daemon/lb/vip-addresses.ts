@@ -1,0 +1,120 @@
+// Each Service's VIP: requested or from its loadBalancer pool, allocated idempotently per Service (every
+// node asks for the same owner and gets the same address), released when the Service goes or asks for
+// another; after the store lost its data, the VIPs this node holds are put back under their Services.
+import { ErrorCode, TetherError } from '../errors';
+import type { ResolvedLoadBalancer } from './lb-spec';
+import { ownerOf, type LbShared, type VipState } from './lb-state';
+
+/**
+ * New VIPs asked for per pass: 10,000 Services appearing at once are allocated over many short passes,
+ * between which pods, routes and mappings keep being served (and the programming stays fresh).
+ */
+export const ALLOCATE_PER_PASS = 200;
+
+export class VipAddresses {
+  /** The cluster store's generation last seen (a new one: the store lost its data). */
+  private generation?: string;
+
+  constructor(
+    private readonly s: LbShared,
+    /** Called before a VIP is given up: its routes go first. */
+    private readonly withdraw: (st: VipState) => void,
+  ) {}
+
+  /**
+   * Converges the VIPs to the Services: `wiped` when the store lost its data since the last look, `more`
+   * when Services still wait for their first allocation attempt (the caller runs another pass).
+   */
+  async apply(lbs: Map<string, ResolvedLoadBalancer>): Promise<{ wiped: boolean; more: boolean }> {
+    const wiped = await this.reassert();
+    await this.release(lbs);
+    const more = await this.allocate(lbs);
+    return { wiped, more };
+  }
+
+  /**
+   * After the store lost its data (restarted empty, FLUSHALL: a new generation), every VIP this node
+   * holds is put back under its Service, before anyone may be given it (the store holds new allocations
+   * back meanwhile): a Service keeps its VIP, and no other owner gets it.
+   */
+  private async reassert(): Promise<boolean> {
+    const a = this.s.o.addresses;
+    let g: string;
+    try {
+      g = await a.generation();
+    } catch {
+      return false; // no store, or unreachable: the next pass asks again
+    }
+    if (g === this.generation) return false;
+    const first = this.generation === undefined;
+    const held = [...this.s.vips.values()].filter((v) => v.vip);
+    if (!first && held.length) {
+      this.s.logger.warn('lb: cluster store lost its data; re-asserting the VIPs this node serves', { vips: held.map((v) => v.vip), generation: g });
+      await a.markRestarted(g);
+      for (const st of held) {
+        try {
+          await a.reassert(st.pool, ownerOf(st.key), st.vip!);
+          this.s.logger.info('lb: VIP re-asserted', { service: st.key, vip: st.vip, pool: st.pool });
+        } catch (e) {
+          if (e instanceof TetherError && e.code === ErrorCode.AddressConflict) {
+            this.s.logger.error('lb: VIP this Service uses was given to another owner while the store was empty', { service: st.key, vip: st.vip, error: e.message });
+            continue;
+          }
+          this.s.logger.warn('lb: VIP not re-asserted yet; retried', { service: st.key, vip: st.vip, error: (e as Error).message });
+          return false; // the generation stays unseen: the next pass re-asserts again
+        }
+      }
+    }
+    this.generation = g;
+    return !first;
+  }
+
+  private async release(lbs: Map<string, ResolvedLoadBalancer>): Promise<void> {
+    for (const [key, st] of this.s.vips) {
+      const lb = lbs.get(key);
+      const changed = lb && (lb.vip.pool !== st.pool || (lb.vip.address !== undefined && lb.vip.address !== st.vip));
+      if (lb && !changed) continue;
+      if (st.vip) this.withdraw(st);
+      try {
+        await this.s.o.addresses.release(st.pool, ownerOf(key));
+      } catch (e) {
+        this.s.logger.warn('lb: VIP release failed; retried', { service: key, error: (e as Error).message });
+        continue;
+      }
+      if (st.vip) this.s.logger.info('lb: VIP released', { service: key, vip: st.vip, pool: st.pool });
+      this.s.vips.delete(key);
+    }
+  }
+
+  private async allocate(lbs: Map<string, ResolvedLoadBalancer>): Promise<boolean> {
+    let asked = 0;
+    let more = false;
+    for (const lb of lbs.values()) {
+      let st = this.s.vips.get(lb.key);
+      if (st?.vip) continue;
+      // Past the limit: a new Service makes the caller run another pass at once; one refused before is
+      // asked again on a later tick (a refusal does not spin).
+      if (asked >= ALLOCATE_PER_PASS) {
+        more ||= !st;
+        continue;
+      }
+      asked++;
+      st ??= { key: lb.key, pool: lb.vip.pool, loaded: false, announced: false };
+      this.s.vips.set(lb.key, st);
+      try {
+        const owner = ownerOf(lb.key);
+        const req = lb.vip.address ? { pool: lb.vip.pool, owner, addresses: [lb.vip.address] } : { pool: lb.vip.pool, owner, count: 1 };
+        const { addresses } = await this.s.o.addresses.allocate(req);
+        st.vip = addresses[0];
+        st.problem = undefined;
+        this.s.logger.info('lb: VIP allocated', { service: lb.key, vip: st.vip, pool: lb.vip.pool });
+      } catch (e) {
+        const msg = e instanceof TetherError && (e.code === ErrorCode.AddressConflict || e.code === ErrorCode.PoolExhausted || e.code === ErrorCode.UnknownPool)
+          ? e.message : `VIP not allocated yet: ${(e as Error).message}`;
+        if (st.problem !== msg) this.s.logger.error('lb: VIP refused', { service: lb.key, problem: msg });
+        st.problem = msg;
+      }
+    }
+    return more;
+  }
+}

@@ -1,0 +1,85 @@
+// The load balancer controller with 1,000 tether LoadBalancer Services in the cluster, against a real
+// redis-server (VIPs from ClusterAddresses, the mapping store) and no LB pod on this node: every Service
+// is accepted and given its VIP, and the node programs nothing for them — no datapath, no slot, no
+// subscription — so the cluster's Service count is not capped by any node's --lb-max-vips.
+import { test } from 'uvu';
+import * as assert from 'uvu/assert';
+import * as fs from 'node:fs';
+import * as os from 'node:os';
+import * as path from 'node:path';
+import { Writable } from 'node:stream';
+import { makeLogger, setLogger } from '../../daemon/log';
+import { ClusterAddresses } from '../../ipam/cluster-addresses';
+import { validatePools } from '../../ipam/pool';
+import { RedisStore } from '../../ipam/store/redis-store';
+import { LbController } from '../../daemon/lb/lb-controller';
+import { MappingStore } from '../../daemon/lb/mapping-store';
+import { resolveLoadBalancers, LB_CLASS } from '../../daemon/lb/lb-spec';
+import { PodStore } from '../../daemon/state/pod-store';
+import { AttachService } from '../../daemon/pod/attach-service';
+import { startRedis } from '../lib/redis';
+
+const quiet = makeLogger({ level: 'error', stream: new Writable({ write: (_c, _e, cb) => cb() }) });
+setLogger(quiet);
+const N = 1000;
+
+function objects(): Array<Record<string, unknown>> {
+  const out: Array<Record<string, unknown>> = [];
+  for (let i = 0; i < N; i++) {
+    const name = `svc-${i}`;
+    out.push({
+      apiVersion: 'v1', kind: 'Service', metadata: { name, namespace: 'shop' },
+      spec: { type: 'LoadBalancer', loadBalancerClass: LB_CLASS, ports: [{ port: 80, protocol: 'TCP' }] },
+    });
+    out.push({
+      apiVersion: 'discovery.k8s.io/v1', kind: 'EndpointSlice', metadata: { name: `${name}-x`, namespace: 'shop', labels: { 'kubernetes.io/service-name': name } },
+      addressType: 'IPv4', endpoints: [{ addresses: [`10.244.${i >> 8}.${(i & 255) || 1}`], conditions: { ready: true }, nodeName: 'n2' }],
+    });
+  }
+  return out;
+}
+
+test('1,000 Services accepted with VIPs; a node without their LB pods programs, slots and subscribes nothing', async () => {
+  const redis = await startRedis();
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'tether-lb-ctl-'));
+  const pools = validatePools([
+    { apiVersion: 'tether.dev/v1alpha1', kind: 'AddressPool', metadata: { name: 'lb' }, spec: { usage: 'loadBalancer', ipv4: { cidr: '198.18.0.0/22' } } },
+  ]);
+  const ipam = await RedisStore.connect(redis.url, { keyPrefix: 'ctl:' });
+  const store = await MappingStore.connect(redis.url, { keyPrefix: 'ctl:' });
+  const ctl = new LbController({
+    node: { name: 'n1', address: '127.0.0.1' }, pinDir: path.join(dir, 'bpf'), fouPort: 5555, exportTable: 0, maxVips: 16,
+    store, addresses: new ClusterAddresses(pools, ipam, quiet), attach: new AttachService(new PodStore(path.join(dir, 'state')), quiet), logger: quiet,
+  });
+  try {
+    const r = resolveLoadBalancers(objects(), pools);
+    assert.is(r.loadBalancers.length, N);
+    await ctl.apply(r);
+    const st = ctl.status();
+    assert.is(st.length, N);
+    assert.equal(st.filter((s) => s.refused || s.problem || s.nodeProblem), [], 'no Service refused or with a problem');
+    const vips = new Set(st.map((s) => s.vip));
+    assert.is(vips.size, N, 'a distinct VIP each');
+    assert.equal(ctl.slotBudget(), { used: 0, max: 16 });
+    assert.ok(st.every((s) => s.slot === undefined && s.announced === false));
+    assert.equal(store.subscriptions(), [], 'no VIP is served here: no notice channel subscribed');
+    assert.not.ok(fs.existsSync(path.join(dir, 'bpf')), 'no datapath loaded');
+    assert.is(ctl.current().length, N, 'health checks still know every Service');
+    // Every node agrees on the VIPs: a second node's controller gets the same ones.
+    const other = new LbController({
+      node: { name: 'n2', address: '127.0.0.2' }, pinDir: path.join(dir, 'bpf2'), fouPort: 5555, exportTable: 0, maxVips: 16,
+      store, addresses: new ClusterAddresses(pools, ipam, quiet), attach: new AttachService(new PodStore(path.join(dir, 'state2')), quiet), logger: quiet,
+    });
+    await other.apply(r);
+    assert.equal(other.status().map((s) => s.vip), st.map((s) => s.vip));
+    await other.stop();
+  } finally {
+    await ctl.stop();
+    await store.close();
+    await ipam.close();
+    await redis.stop();
+    fs.rmSync(dir, { recursive: true, force: true });
+  }
+});
+
+test.run();
