@@ -224,6 +224,8 @@ export interface ClientSettings {
   enableOfflineQueue?: boolean;
   /** Resend, after a reconnect, commands whose answer a disconnect lost (ioredis's default) or not (false). */
   autoResendUnfulfilledCommands?: boolean;
+  /** A Cluster client that subscribes to sharded channels (SSUBSCRIBE on each channel's shard). */
+  shardedSubscribers?: boolean;
 }
 
 /** Reconnect quickly: a restarted Redis (or a promoted replica) should be used again at once. */
@@ -255,6 +257,7 @@ export function createRedisClient(target: RedisTarget, s: ClientSettings): Redis
       retryDelayOnClusterDown: 0,
       retryDelayOnTryAgain: 0,
       slotsRefreshTimeout: s.connectTimeoutMs,
+      ...(s.shardedSubscribers ? { shardedSubscribers: true } : {}),
       redisOptions: { ...perConnection, username: target.options.username, password: target.options.password },
     });
   }

@@ -164,8 +164,7 @@ export class LbController {
     const store = this.o.store;
     if (!store?.connected) return;
     try {
-      await store.registerNode(this.o.node.name, this.o.node.address, REGISTRY_TTL_MS);
-      const nodes = [...new Set([...(await store.listNodes()), this.o.node.address])].sort();
+      const nodes = [...new Set([...(await store.beatNode(this.o.node.name, this.o.node.address, REGISTRY_TTL_MS)), this.o.node.address])].sort();
       if (nodes.join() !== this.s.nodes.join()) {
         this.s.nodes = nodes;
         this.targets.setSources(nodes);

@@ -15,7 +15,7 @@ import { EventEmitter } from 'node:events';
 import { isIPv4 } from 'node:net';
 import { log } from '../log';
 import { createRedisClient, parseRedisUrl, reconnectAfterEnd } from '../common/redis';
-import { listNodes, registerNode } from '../common/node-registry';
+import { listNodes, NodeRegistry, registerNode } from '../common/node-registry';
 import { refuseRecord } from '../common/store-record';
 import type { MapKey } from '../bpf/lb-structs';
 import type { NodeHealthReport } from '../health/health-controller';
@@ -129,6 +129,7 @@ export class MappingStore extends EventEmitter {
   private wanted = new Set<string>();
   private readonly subscribed = new Set<string>();
   private syncing?: Promise<void>;
+  private nodeRegistry?: NodeRegistry;
 
   private constructor(
     private readonly client: Scripted,
@@ -157,26 +158,13 @@ export class MappingStore extends EventEmitter {
     const prefix = opts.keyPrefix ?? 'tether:';
     // One server, Sentinel or a Cluster alike (createRedisClient); a Cluster client answers every command used here.
     const common = { connectTimeoutMs: opts.timeoutMs ?? 1000, commandTimeoutMs: opts.timeoutMs ?? 2000 };
-    const client = createRedisClient(target, { ...common, enableOfflineQueue: false, connectionName: 'tether-lb' }) as unknown as Scripted;
-    const sub = createRedisClient(target, { ...common, enableOfflineQueue: true, connectionName: 'tether-lb-sub' }) as unknown as Redis;
+    const client = createRedisClient(target, { ...common, enableOfflineQueue: false, connectionName: 'tether-lb' });
+    const sub = createRedisClient(target, { ...common, enableOfflineQueue: true, connectionName: 'tether-lb-sub', shardedSubscribers: true });
     for (const c of [client, sub]) c.on('error', (e: Error) => log().debug('lb mapping store connection error', { error: e.message }));
-    client.defineCommand('tetherLbClaim', { numberOfKeys: 3, lua: CLAIM });
-    client.defineCommand('tetherLbExpire', { numberOfKeys: 2, lua: EXPIRE });
-    client.defineCommand('tetherLbDropTarget', { numberOfKeys: 2, lua: DROP_TARGET });
-    const store = new MappingStore(client, sub, prefix);
+    // Each VIP's notices come on its own channel, subscribed by serve() for the VIPs this node holds.
+    const store = MappingStore.over(client, sub, prefix);
     reconnectAfterEnd(client, () => store.closed, 'lb mappings');
     reconnectAfterEnd(sub, () => store.closed, 'lb mapping notices');
-    sub.on('message', (_ch: string, msg: string) => store.onNotice(msg));
-    let subscribed = false;
-    sub.on('ready', () => {
-      if (subscribed) return;
-      subscribed = true;
-      sub.subscribe(store.channel()).catch((e: Error) => {
-        subscribed = false;
-        log().warn('lb mapping store: subscribe failed; retried on the next connection', { error: e.message });
-      });
-    });
-    client.on('ready', () => store.emit('ready'));
     try {
       await client.connect();
     } catch (e) {
@@ -204,14 +192,6 @@ export class MappingStore extends EventEmitter {
   /** On a Redis Cluster notices go by sharded pub/sub (to the channel's shard only); elsewhere plain. */
   get sharded(): boolean {
     return (this.client as { isCluster?: boolean }).isCluster === true;
-  }
-
-  /**
-   * The channel every node once shared for every mapping. Nothing is published there any more; connect()
-   * still subscribes to it (harmless, no traffic) until it is rewritten on the connection factory.
-   */
-  private channel(): string {
-    return `${this.prefix}lb:mappings`;
   }
 
   /** The VIP's own notice channel, in the VIP's slot. */
@@ -473,6 +453,16 @@ export class MappingStore extends EventEmitter {
   async dropVip(vip: string): Promise<void> {
     for (let b = 0; b < LB_STORE_BUCKETS; b++) await this.client.del(...this.keys(vip, b));
     await this.client.del(this.leaseKey(vip));
+  }
+
+  /**
+   * Registers this node's address for `ttlMs` and returns every registered node's address (sorted): one
+   * command whose reply carries only what changed since this node's last call (targets accept FoU only
+   * from registered nodes).
+   */
+  async beatNode(node: string, address: string, ttlMs: number): Promise<string[]> {
+    if (!this.nodeRegistry) this.nodeRegistry = new NodeRegistry(this.client as unknown as Redis, this.prefix, node, address);
+    return this.nodeRegistry.beat(ttlMs);
   }
 
   /** Publishes this node's address: targets accept FoU only from registered nodes. */
