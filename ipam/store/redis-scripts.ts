@@ -202,7 +202,7 @@ return {token, math.max(0, now - tonumber(born)), 'kept', restarted}
  * - 'stale': the caller's generation is not the current one (the store lost its data, or it was replaced
  *   since the caller looked): nothing is allocated; the caller looks again.
  * - 'new': the pool has no mark and was never marked in this generation: its keys hold nothing but what
- *   holders re-asserted (or nothing at all); the pool is recorded as marked, and ALLOCATE may mark it.
+ *   holders re-asserted (or nothing at all); ALLOCATE may mark it, and CONFIRM_POOL then records it.
  * - 'adopt': the pool's mark is an older generation's: the pool's keys outlived a generation change (only
  *   the generation's slot lost its data; a holder-side hold-off already ran for the current one), so what
  *   they hold is still true; ALLOCATE may replace the mark.
@@ -223,7 +223,21 @@ if ARGV[3] == '' and member then
   redis.call('DEL', KEYS[4])
   return 'lost'
 end
-redis.call('SADD', KEYS[4], ARGV[2])
 if ARGV[3] == '' then return 'new' end
+redis.call('SADD', KEYS[4], ARGV[2])
 return 'adopt'
+`;
+
+/**
+ * After an ALLOCATE that set a pool's first mark of this generation (MARK_POOL said 'new'): records the
+ * pool as marked. Only then can a missing mark mean lost data: recorded before the mark is written (in
+ * MARK_POOL), another node's first allocation racing between the two steps found "recorded, no mark" and
+ * took a fresh store for one that lost data (seen: every new store held new addresses off for 12 s).
+ * KEYS[1] the generation token, KEYS[2] the set of pools marked in this generation; ARGV[1] the caller's
+ * generation, ARGV[2] the pool. Returns 1 when recorded, 0 when the generation changed meanwhile.
+ */
+export const CONFIRM_POOL = `
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+redis.call('SADD', KEYS[2], ARGV[2])
+return 1
 `;

@@ -29,7 +29,7 @@ import { createRedisClient, parseRedisUrl, reconnectAfterEnd, storeFailure, unre
 import { refuseRecord } from '../../daemon/common/store-record';
 export { parseRedisUrl } from '../../daemon/common/redis';
 import type { AddressOutcome, AddressRequest, AllocationGuard, ClusterStore, StoreGeneration } from '../types';
-import { ALLOCATE, CLAIM_BLOCK, GENERATION, MARK_POOL, RELEASE_BLOCK, RELEASE_OWNER } from './redis-scripts';
+import { ALLOCATE, CLAIM_BLOCK, CONFIRM_POOL, GENERATION, MARK_POOL, RELEASE_BLOCK, RELEASE_OWNER } from './redis-scripts';
 
 export interface RedisStoreOptions {
   /** Prepended to every key, so several clusters or tests can share one Redis. Default "tether:". */
@@ -48,6 +48,7 @@ interface Scripts {
   tetherAllocate(numKeys: number, ...keysAndArgs: Array<string | number>): Promise<unknown[]>;
   tetherGeneration(token: string, born: string, restarted: string, pools: string, fresh: string, mark: string): Promise<[string, number, string, number]>;
   tetherMarkPool(token: string, born: string, restarted: string, pools: string, generation: string, pool: string, mark: string, fresh: string): Promise<'stale' | 'new' | 'adopt' | 'lost'>;
+  tetherConfirmPool(token: string, pools: string, generation: string, pool: string): Promise<number>;
   tetherReleaseOwner(numKeys: number, ...keysAndArgs: string[]): Promise<string[]>;
 }
 type ScriptedRedis = (Redis & Scripts) | (Cluster & Scripts);
@@ -125,6 +126,7 @@ export class RedisStore implements ClusterStore {
     client.defineCommand('tetherAllocate', { lua: ALLOCATE });
     client.defineCommand('tetherGeneration', { numberOfKeys: 4, lua: GENERATION });
     client.defineCommand('tetherMarkPool', { numberOfKeys: 4, lua: MARK_POOL });
+    client.defineCommand('tetherConfirmPool', { numberOfKeys: 2, lua: CONFIRM_POOL });
     client.defineCommand('tetherReleaseOwner', { lua: RELEASE_OWNER });
     watchConnection(client, target.where);
 
@@ -317,7 +319,15 @@ export class RedisStore implements ClusterStore {
           `cluster store (${this.where}): addresses of ${owner} in pool "${pool}" not acknowledged: ${acked} of ${replicas} replica(s) confirmed them within ${waitMs} ms (a failover now could lose them); try again`,
         );
       }
-      if (reply[0] !== 'mark') return reply;
+      if (reply[0] !== 'mark') {
+        // This call set the pool's first mark of the generation: record the pool as marked (see CONFIRM_POOL).
+        if (replaceMark === '') {
+          await this.run('allocateAddresses (confirm mark)', () => this.client.tetherConfirmPool(k.generation, k.pools, token, pool)).catch((e: Error) =>
+            log().warn('cluster store: pool mark not recorded in the generation (a later loss of its keys would go unnoticed until it is)', { pool, error: e.message }),
+          );
+        }
+        return reply;
+      }
       const mark = String(reply[1]);
       const fresh = randomBytes(8).toString('hex');
       const verdict = await this.run('allocateAddresses (generation)', () => this.client.tetherMarkPool(k.generation, k.born, k.restarted, k.pools, token, pool, mark, fresh));

@@ -131,6 +131,21 @@ test('allocations on a Cluster as on one server: count, idempotent, explicit con
   assert.equal(await store.listAddresses(P), new Map([['192.0.2.2', 'lb/ns/b']]));
 });
 
+test('a new store: 12 nodes\' first allocations in one pool race; none takes the new store for one that lost data (no restart mark, no hold-off)', async () => {
+  const { prefix } = await open();
+  const { name } = await poolAwayFromGeneration(prefix);
+  // Each node with its own connection and ClusterAddresses, as 12 tetherds starting together.
+  const nodes = await Promise.all(Array.from({ length: 12 }, () => open(prefix)));
+  const cas = nodes.map(({ store }) => new ClusterAddresses([floating(name, '198.51.100.0/26')], store, quiet, { holdOffMs: 60_000 }));
+  const got = await Promise.all(cas.map((ca, i) => ca.allocate({ pool: name, owner: `egress/ns/e${i}#f/0` })));
+  const all = got.flatMap((g) => g.addresses);
+  assert.is(new Set(all).size, 12, `12 distinct addresses: ${all.join(' ')}`);
+  assert.is((await nodes[0].store.generation()).restarted, false, 'the new store is not marked as restarted');
+  // A loss of the pool's keys after that is still seen (the pool is recorded as marked).
+  await cluster.cli(await cluster.primaryOf(await cluster.slotOf(storeKeys(prefix).addrs(name))), 'FLUSHALL');
+  await refused(cas[0].allocate({ pool: name, owner: 'egress/ns/late#f/0' }), ErrorCode.TryAgainLater, /restarted empty/);
+});
+
 test('ClusterAddresses on a Cluster, whole store wiped (FLUSHALL on every primary): new owners wait, holders re-assert, nobody else gets a re-asserted address', async () => {
   const { store, prefix } = await open();
   const { name } = await poolAwayFromGeneration(prefix);

@@ -1,16 +1,12 @@
-// The per-VIP mapping store on a real 3-primary Redis Cluster (Debian's redis-server, --cluster-enabled,
-// on loopback ports; removed afterwards) through ioredis's Cluster client: every script stays in one slot
+// The per-VIP mapping store on a real 3-primary Redis Cluster (test/lib/redis-cluster.ts) through tetherd's
+// connection factory (redis+cluster://, ioredis's Cluster client): every script stays in one slot
 // while a VIP's buckets spread over the primaries, new mappings go by sharded pub/sub (SPUBLISH /
 // SSUBSCRIBE) to nodes serving the VIP only, and paged loads, the expirer lease and expiry work as on one
 // server.
 import { test } from 'uvu';
 import * as assert from 'uvu/assert';
-import { execFileSync, spawn, type ChildProcess } from 'node:child_process';
-import * as fs from 'node:fs';
-import * as os from 'node:os';
-import * as path from 'node:path';
+import { startRedisCluster, type RedisCluster } from '../lib/redis-cluster';
 import { Writable } from 'node:stream';
-import { Cluster } from 'ioredis';
 import { makeLogger, setLogger } from '../../daemon/log';
 import { LB_STORE_BUCKETS, MappingStore, type StoredMapping } from '../../daemon/lb/mapping-store';
 import { waitFor } from '../lib/wait';
@@ -20,37 +16,22 @@ setLogger(makeLogger({ level: 'error', stream: new Writable({ write: (_c, _e, cb
 const VIP = '192.0.2.60';
 const OTHER = '192.0.2.61';
 const mapping = (vip: string, i: number): StoredMapping => ({ key: { vip, client: `10.${100 + (i >> 16)}.${(i >> 8) & 255}.${i & 255}`, vport: 0, cport: 0, proto: 0 }, target: '10.244.0.5' });
-const cli = (port: number, ...args: string[]) => execFileSync('redis-cli', ['-p', String(port), ...args], { encoding: 'utf8' }).trim();
 
-let dir: string;
-let ports: number[];
-const procs: ChildProcess[] = [];
+let cluster: RedisCluster;
 const stores: MappingStore[] = [];
 
 test.before(async () => {
-  dir = fs.mkdtempSync(path.join(os.tmpdir(), 'tether-lb-cluster-'));
-  const base = 20000 + Math.floor(Math.random() * 20000);
-  ports = [base, base + 1, base + 2];
-  for (const p of ports) {
-    const out = fs.openSync(path.join(dir, `${p}.log`), 'a');
-    procs.push(spawn('redis-server', ['--port', String(p), '--bind', '127.0.0.1', '--cluster-enabled', 'yes', '--cluster-config-file', path.join(dir, `nodes-${p}.conf`),
-      '--save', '', '--appendonly', 'no', '--dir', dir], { stdio: ['ignore', out, out] }));
-    fs.closeSync(out);
-  }
-  for (const p of ports) await waitFor(() => { try { return cli(p, 'ping') === 'PONG'; } catch { return false; } }, `redis ${p} up`);
-  execFileSync('redis-cli', ['--cluster', 'create', ...ports.map((p) => `127.0.0.1:${p}`), '--cluster-replicas', '0', '--cluster-yes'], { stdio: 'ignore' });
-  await waitFor(() => ports.every((p) => cli(p, 'cluster', 'info').includes('cluster_state:ok')), 'cluster ok', { timeoutMs: 20_000 });
+  cluster = await startRedisCluster();
 });
 
 test.after(async () => {
   for (const s of stores) await s.close();
-  for (const p of procs) p.kill('SIGKILL');
-  fs.rmSync(dir, { recursive: true, force: true });
+  await cluster?.stop();
 });
 
+/** A node's store, connected the way tetherd connects (redis+cluster:// through the connection factory). */
 async function store(): Promise<MappingStore> {
-  const opts = { shardedSubscribers: true, redisOptions: { commandTimeout: 2000 } };
-  const s = MappingStore.over(new Cluster([{ host: '127.0.0.1', port: ports[0] }], opts), new Cluster([{ host: '127.0.0.1', port: ports[0] }], opts));
+  const s = await MappingStore.connect(cluster.url);
   stores.push(s);
   await waitFor(() => s.connected, 'cluster client ready');
   return s;
@@ -64,11 +45,11 @@ test('a VIP spreads over the primaries; scripts, paged loads, the expirer and ex
   // Each bucket's keys sit on one primary; together the buckets cover more than one.
   const owners = new Set<number>();
   for (let b = 0; b < LB_STORE_BUCKETS; b++) {
-    const slot = Number(cli(ports[0], 'cluster', 'keyslot', `tether:lb:{${VIP}#${b}}:map`));
-    assert.is(Number(cli(ports[0], 'cluster', 'keyslot', `tether:lb:{${VIP}#${b}}:used`)), slot, 'hash and sorted set share a slot');
-    owners.add(ports.findIndex((p) => cli(p, 'cluster', 'countkeysinslot', String(slot)) !== '0'));
+    const slot = await cluster.slotOf(`tether:lb:{${VIP}#${b}}:map`);
+    assert.is(await cluster.slotOf(`tether:lb:{${VIP}#${b}}:used`), slot, 'hash and sorted set share a slot');
+    owners.add(await cluster.primaryOf(slot));
   }
-  assert.ok(owners.size >= 2 && !owners.has(-1), `buckets on ${owners.size} primaries`);
+  assert.ok(owners.size >= 2, `buckets on ${owners.size} primaries`);
   let pages = 0;
   const { loaded } = await a.loadPages(VIP, () => pages++, 100);
   assert.is(loaded, 3000);

@@ -164,7 +164,7 @@ export class Sim {
         clearTimeout(t);
       }),
     );
-    fs.rmSync(this.dir, { recursive: true, force: true });
+    if (!process.env.TETHER_SIM_KEEP) fs.rmSync(this.dir, { recursive: true, force: true });
   }
 }
 

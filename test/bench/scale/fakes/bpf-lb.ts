@@ -11,6 +11,7 @@ export interface LbDatapathOptions {
   pinDir: string;
   maxVips?: number;
   maglevSize?: number;
+  maxMappings?: number;
   objectPath?: string;
 }
 export interface LbMapping extends MapKey {
@@ -23,7 +24,7 @@ const keyOf = (k: MapKey) => `${k.vip}|${k.vport}|${k.proto}|${k.client}|${k.cpo
 export const lbDatapaths: Map<string, LbDatapath> = ((globalThis as Record<string, unknown>).__tetherSimLb ??= new Map()) as Map<string, LbDatapath>;
 
 export class LbDatapath {
-  readonly services = new Map<string, number>();
+  readonly slots = new Map<string, number>();
   readonly map = new Map<string, LbMapping>();
   private listener?: (e: { key: MapKey; target: string }) => void;
   private queued: Array<{ key: MapKey; target: string }> = [];
@@ -51,13 +52,17 @@ export class LbDatapath {
     record('lb.detach');
     return true;
   }
+  /** The VIPs programmed now and their slots (what a restart finds in the pinned maps). */
+  services(): Map<string, number> {
+    return new Map(this.slots);
+  }
   setService(vip: string, slot: number): void {
     record('lb.setService');
-    this.services.set(vip, slot);
+    this.slots.set(vip, slot);
   }
   removeService(vip: string): void {
     record('lb.removeService');
-    this.services.delete(vip);
+    this.slots.delete(vip);
   }
   setTargets(): void {
     record('lb.setTargets');
