@@ -42,7 +42,11 @@ test('3 simulated nodes converge on the real controllers, with the datapath fake
     return owners.size === 1 && !owners.has('') && !owners.has(avoid ?? '-') && seen === n - (avoid ? 1 : 0) ? [...owners][0] : undefined;
   };
   const owner = await until('every node sees one owner', () => agreed(), 15_000);
-  const stats = await w.ask<{ calls: Record<string, number>; commandsSent: number }>({ op: 'stats' });
+  type Stats = { calls: Record<string, number>; commandsSent: number };
+  // The LB node programs the Service once its VIP is allocated and its LB pod seen: on its own pass, not
+  // necessarily before the Egress converged.
+  let stats: Stats = await w.ask<Stats>({ op: 'stats' });
+  await until('the LB node programmed the Service', async () => ((stats = await w.ask<Stats>({ op: 'stats' })).calls['lb.setService'] ?? 0) >= 1, 15_000).catch(() => undefined);
   assert.ok((stats.calls['gateway.own'] ?? 0) >= 1, `fake gateway datapath recorded own(): ${JSON.stringify(stats.calls)}`);
   assert.ok((stats.calls['lb.setService'] ?? 0) >= 1, `fake lb datapath recorded setService(): ${JSON.stringify(stats.calls)}`);
   assert.ok(stats.commandsSent > 0, 'store commands counted');
