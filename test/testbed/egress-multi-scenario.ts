@@ -22,6 +22,11 @@ export function egress(spec: Record<string, unknown> = {}): Record<string, unkno
       destinations: ['198.19.0.0/16'],
       excludeDestinations: ['198.18.0.0/24'],
       addresses: { pool: 'float', count: 3 },
+      // Detection at 100 ms x 5, not the default 50 ms x 3: 3,000 short flows through four containerised
+      // nodes saturate this 2-core machine, and a gateway node's BFD packets then stall for 150 ms (seen:
+      // both peers of one node Down at once, every address reshuffled by "failovers" of live owners, one
+      // address's in-flight flows lost). These scenarios are about placement and spread, not detection.
+      failover: { intervalMs: 100, detectMultiplier: 5 },
       ...spec,
     },
   };

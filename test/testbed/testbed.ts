@@ -928,6 +928,30 @@ export class Testbed {
     if (criLeft.length > 0) throw new Error(`testbed ${this.prefix} containerd teardown: ${criLeft.join('; ')}`);
   }
 
+  /**
+   * The last decisions of every node's tetherd (ownership changes, liveness, store), in time order: what a
+   * failed scenario's output needs to say why (CI keeps no logs).
+   */
+  printDecisions(max = 40): void {
+    const lines: Array<{ t: string; line: string }> = [];
+    for (const n of this.plan.nodes) {
+      let text = '';
+      try {
+        text = fs.readFileSync(this.tetherdLog(n.name), 'utf8');
+      } catch {
+        continue;
+      }
+      for (const line of text.split('\n')) {
+        if (!DECISION.test(line)) continue;
+        const t = /"timestamp":"([^"]+)"/.exec(line)?.[1] ?? '';
+        lines.push({ t, line: `${n.name} ${line.length > 400 ? line.slice(0, 400) + '…' : line}` });
+      }
+    }
+    lines.sort((a, b) => a.t.localeCompare(b.t));
+    if (!lines.length) return;
+    process.stdout.write(`  tetherd decisions (last ${Math.min(max, lines.length)} of ${lines.length}):\n${lines.slice(-max).map((l) => `    ${l.line}`).join('\n')}\n`);
+  }
+
   /** Where keepLogs copies the logs to. */
   get keptLogsDir(): string {
     return path.resolve(__dirname, '../../results/tmp/testbed', this.prefix);
@@ -971,10 +995,16 @@ export async function withTestbed<T>(topo: Topology, fn: (tb: Testbed) => Promis
   const tb = await Testbed.up(topo, opts);
   try {
     return await fn(tb);
+  } catch (e) {
+    tb.printDecisions();
+    throw e;
   } finally {
     await tb.down();
   }
 }
+
+/** tetherd log lines that say what was decided (ownership, liveness, store): printed when a scenario fails. */
+const DECISION = /ownership changed|stands? down|looks down|BFD session|handover|refused|store (un)?reachable|connection lost|reconnected|restarted empty|generation/;
 
 /** Runs `ip [-n ns] -batch -` over lines; rejects with ip's error (it names the failing line). */
 async function ipBatch(ns: string | undefined, lines: string[]): Promise<void> {
