@@ -52,6 +52,11 @@ export interface RedisCluster {
   /** Waits until every live primary's replicas hold everything it has (same replication offset). */
   waitReplicated(timeoutMs?: number): Promise<void>;
   /**
+   * Waits until every live primary's replicas hold everything it had when called (offsets at least the
+   * primary's then): what waitReplicated cannot see while clients keep writing.
+   */
+  waitCaughtUp(timeoutMs?: number): Promise<void>;
+  /**
    * Moves `slot` to the primary on `toPort`, `batch` keys at a time with `pauseMs` between batches (so
    * writes can land mid-migration); resolves when the slot is served by the new primary everywhere.
    */
@@ -235,6 +240,22 @@ async function startOnce(opts: ClusterPlace): Promise<RedisCluster> {
         });
         if (caughtUp) return;
         if (Date.now() > end) throw new Error(`replicas did not catch up: ${infos.map((i) => i.replace(/\s+/g, ' ').slice(0, 200)).join(' || ')}`);
+        await sleep(50);
+      }
+    },
+    async waitCaughtUp(timeoutMs = 10_000) {
+      const end = Date.now() + timeoutMs;
+      const primaries = (await c.nodes()).filter((n) => n.role === 'master' && !n.failed && alive(n.port));
+      const want = new Map<number, number>();
+      for (const n of primaries) want.set(n.port, Number(/master_repl_offset:(\d+)/.exec(await cli(n.port, 'info', 'replication'))?.[1] ?? NaN));
+      for (;;) {
+        const infos = await Promise.all(primaries.map((n) => cli(n.port, 'info', 'replication')));
+        const caughtUp = infos.every((info, i) => {
+          const reps = [...info.matchAll(/^slave\d+:.*state=(\w+),offset=(\d+)/gm)];
+          return reps.length > 0 && reps.every((r) => r[1] === 'online' && Number(r[2]) >= want.get(primaries[i].port)!);
+        });
+        if (caughtUp) return;
+        if (Date.now() > end) throw new Error(`replicas did not catch up with ${JSON.stringify([...want])}: ${infos.map((i) => i.replace(/\s+/g, ' ').slice(0, 200)).join(' || ')}`);
         await sleep(50);
       }
     },
