@@ -130,6 +130,11 @@ export class MappingStore extends EventEmitter {
   private readonly subscribed = new Set<string>();
   private syncing?: Promise<void>;
   private nodeRegistry?: NodeRegistry;
+  /**
+   * New mappings recorded whose notice could not be published (on a Cluster the channel's primary may be
+   * down while the buckets' are up): VIP → field → target, sent before the VIP's next claim.
+   */
+  private readonly unsent = new Map<string, Map<string, string>>();
 
   private constructor(
     private readonly client: Scripted,
@@ -144,6 +149,9 @@ export class MappingStore extends EventEmitter {
     client.defineCommand('tetherLbLease', { numberOfKeys: 1, lua: LEASE });
     sub.on('smessage', (_ch: string, msg: string) => this.onNotice(msg));
     sub.on('ready', () => void this.syncSubscriptions());
+    // A Cluster's sharded subscribers were set up again (a shard's primary failed over, slots moved):
+    // notices published meanwhile never arrived here, so callers read back what changed.
+    sub.on('subscribersReady', () => this.emit('resubscribed'));
     // ioredis resubscribes what it had after a reconnect; a connection that ended for good starts empty.
     sub.on('end', () => this.subscribed.clear());
   }
@@ -151,7 +159,9 @@ export class MappingStore extends EventEmitter {
   /**
    * Connects (without waiting for Redis: a store that is down is reconnected in the background). Events:
    * 'mapping' (a StoredMapping another LB pod recorded), 'ready' (connected again: callers write back what
-   * they hold and reload), 'garbled' (a notice that is not a mapping; logged and ignored).
+   * they hold and reload), 'resubscribed' (a Cluster's notice subscriptions were made again: notices may
+   * have been missed, callers read back what changed), 'garbled' (a notice that is not a mapping; logged
+   * and ignored).
    */
   static async connect(url: string, opts: { keyPrefix?: string; timeoutMs?: number } = {}): Promise<MappingStore> {
     const target = parseRedisUrl(url);
@@ -292,6 +302,9 @@ export class MappingStore extends EventEmitter {
    * the ones given where another LB pod was first.
    */
   async claim(vip: string, list: StoredMapping[], nowMs = Date.now()): Promise<StoredMapping[]> {
+    // Notices left unsent go first; while they still cannot go, the new mappings are recorded all the same
+    // and the call fails at the end (the caller retries it, which sends them once the channel is back).
+    const unsentFailed = await this.sendUnsent(vip).then(() => undefined, (e: unknown) => e ?? new Error('publish failed'));
     const out: StoredMapping[] = new Array(list.length);
     for (const [bucket, idx] of byBucket(list.map((m) => fieldOf(m.key)))) {
       const [hash, zset] = this.keys(vip, bucket);
@@ -311,12 +324,38 @@ export class MappingStore extends EventEmitter {
           if (t !== null && t !== undefined && !isIPv4(t)) refuseRecord('lb mapping store', hash, fieldOf(m.key), 'target is not an IPv4 address', t);
           out[j] = { key: m.key, target: t && isIPv4(t) ? t : m.target };
         });
-        // Published after the write (a channel is never a script key): a notice lost here is made good by
-        // the paged load a serving node does before it announces, and by first-writer-wins on its claims.
-        if (fresh.length) await this.publish(vip, fresh);
+        // Published after the write (a channel is never a script key). When that fails the mappings are
+        // stored but no longer fresh (a retried claim finds them recorded), so their notice is kept and sent
+        // before the VIP's next claim (the caller retries this one): on a Cluster, a failed-over channel
+        // primary would otherwise lose it for the serving nodes for good.
+        if (fresh.length) {
+          try {
+            await this.publish(vip, fresh);
+          } catch (e) {
+            const q = this.unsent.get(vip) ?? new Map<string, string>();
+            for (const [f, t] of fresh) q.set(f, t);
+            this.unsent.set(vip, q);
+            throw e;
+          }
+        }
       }
     }
+    if (unsentFailed) throw unsentFailed;
     return out;
+  }
+
+  /** Publishes the notices of vip that a failed publish left behind, in parts; kept when it fails again. */
+  private async sendUnsent(vip: string): Promise<void> {
+    const q = this.unsent.get(vip);
+    if (!q) return;
+    const all = [...q];
+    for (let i = 0; i < all.length; i += PART) {
+      const part = all.slice(i, i + PART);
+      await this.publish(vip, part);
+      for (const [f, t] of part) if (q.get(f) === t) q.delete(f);
+    }
+    if (!q.size) this.unsent.delete(vip);
+    log().info('lb mapping store: notices that failed to publish sent again', { vip, mappings: all.length });
   }
 
   /** Marks stored mappings as used at nowMs (only ever later: GT; never re-creates an expired one: XX). */
@@ -453,6 +492,7 @@ export class MappingStore extends EventEmitter {
   async dropVip(vip: string): Promise<void> {
     for (let b = 0; b < LB_STORE_BUCKETS; b++) await this.client.del(...this.keys(vip, b));
     await this.client.del(this.leaseKey(vip));
+    this.unsent.delete(vip);
   }
 
   /**

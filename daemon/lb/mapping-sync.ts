@@ -60,6 +60,12 @@ export class MappingSync {
       this.away = true;
       this.nextReadMs = 0;
     });
+    // Notices may have been missed while a Cluster shard's subscription was being made again (its primary
+    // failed over): read back what changed, as after an absence.
+    store?.on('resubscribed', () => {
+      this.away = true;
+      this.nextReadMs = 0;
+    });
   }
 
   /** The store lost its data (a new generation): everything held is written back on the next sync. */

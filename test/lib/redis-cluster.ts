@@ -7,6 +7,8 @@
 // waitFailover() waits until its replica took over its slots; migrateSlot() moves one hash slot between
 // primaries key by key (CLUSTER SETSLOT IMPORTING/MIGRATING, MIGRATE, SETSLOT NODE), as
 // `redis-cli --cluster reshard` does. stop() ends every process and removes the dir, also when start fails.
+// With { host, netns } the nodes run inside a network namespace on that address (the testbed's router, so
+// every node namespace reaches them over the fabric), and every redis-cli runs there too.
 import { execFile, spawn, type ChildProcess } from 'node:child_process';
 import { randomInt } from 'node:crypto';
 import * as fs from 'node:fs';
@@ -16,7 +18,7 @@ import * as path from 'node:path';
 
 const REDIS_SERVER = process.env.REDIS_SERVER ?? 'redis-server';
 const REDIS_CLI = process.env.REDIS_CLI ?? 'redis-cli';
-const HOST = '127.0.0.1';
+const LOOPBACK = '127.0.0.1';
 export const NODE_TIMEOUT_MS = 1000;
 
 export interface ClusterNode {
@@ -50,6 +52,11 @@ export interface RedisCluster {
   /** Waits until every live primary's replicas hold everything it has (same replication offset). */
   waitReplicated(timeoutMs?: number): Promise<void>;
   /**
+   * Waits until every live primary's replicas hold everything it had when called (offsets at least the
+   * primary's then): what waitReplicated cannot see while clients keep writing.
+   */
+  waitCaughtUp(timeoutMs?: number): Promise<void>;
+  /**
    * Moves `slot` to the primary on `toPort`, `batch` keys at a time with `pauseMs` between batches (so
    * writes can land mid-migration); resolves when the slot is served by the new primary everywhere.
    */
@@ -59,9 +66,10 @@ export interface RedisCluster {
   stop(): Promise<void>;
 }
 
-function run(cmd: string, args: string[], timeoutMs = 5000): Promise<string> {
+function run(cmd: string, args: string[], timeoutMs = 5000, netns?: string): Promise<string> {
+  const argv = netns ? ['ip', 'netns', 'exec', netns, cmd, ...args] : [cmd, ...args];
   return new Promise((resolve, reject) => {
-    execFile(cmd, args, { encoding: 'utf8', timeout: timeoutMs }, (err, stdout, stderr) => {
+    execFile(argv[0], argv.slice(1), { encoding: 'utf8', timeout: timeoutMs }, (err, stdout, stderr) => {
       if (err) reject(new Error(`${cmd} ${args.join(' ')}: ${err.message} ${stderr}`.trim()));
       else resolve(stdout.trim());
     });
@@ -75,15 +83,17 @@ function portFree(port: number): Promise<boolean> {
   return new Promise((resolve) => {
     const srv = net.createServer();
     srv.once('error', () => resolve(false));
-    srv.listen(port, HOST, () => srv.close(() => resolve(true)));
+    srv.listen(port, LOOPBACK, () => srv.close(() => resolve(true)));
   });
 }
 
 /** Six ports, each free with its cluster bus port (port + 10000, so below 55535). */
-async function freePorts(): Promise<number[]> {
+async function freePorts(inNetns: boolean): Promise<number[]> {
   for (let attempt = 0; attempt < 20; attempt++) {
     const base = randomInt(20000, 45000);
     const ports = Array.from({ length: 6 }, (_, i) => base + i);
+    // A namespace of its own (the testbed's router) has nothing else listening: any ports do.
+    if (inNetns) return ports;
     const free = await Promise.all(ports.flatMap((p) => [portFree(p), portFree(p + 10000)]));
     if (free.every(Boolean)) return ports;
   }
@@ -91,18 +101,26 @@ async function freePorts(): Promise<number[]> {
 }
 
 /** Starts the cluster; a start that fails (e.g. a port taken meanwhile) is cleaned up and tried once more. */
-export async function startRedisCluster(): Promise<RedisCluster> {
+export async function startRedisCluster(opts: ClusterPlace = {}): Promise<RedisCluster> {
   try {
-    return await startOnce();
+    return await startOnce(opts);
   } catch (e) {
     console.warn(`redis cluster did not start (${(e as Error).message}); trying once more on other ports`);
-    return startOnce();
+    return startOnce(opts);
   }
 }
 
-async function startOnce(): Promise<RedisCluster> {
+/** Where the nodes run: an address (default 127.0.0.1) and, optionally, the network namespace that has it. */
+export interface ClusterPlace {
+  host?: string;
+  netns?: string;
+}
+
+async function startOnce(opts: ClusterPlace): Promise<RedisCluster> {
+  const HOST = opts.host ?? LOOPBACK;
+  const netns = opts.netns;
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'tether-rcluster-'));
-  const ports = await freePorts();
+  const ports = await freePorts(netns !== undefined);
   const procs = new Map<number, ChildProcess>();
   /** Replica port → its primary's id, as last seen before a kill (what waitFailover looks for). */
   const wasReplicaOf = new Map<number, string>();
@@ -114,7 +132,7 @@ async function startOnce(): Promise<RedisCluster> {
     const p = procs.get(port);
     return !!p && p.exitCode === null && p.signalCode === null;
   };
-  const cli = (port: number, ...args: string[]) => run(REDIS_CLI, ['-h', HOST, '-p', String(port), ...args]);
+  const cli = (port: number, ...args: string[]) => run(REDIS_CLI, ['-h', HOST, '-p', String(port), ...args], 5000, netns);
   const logTail = (port: number) => {
     try {
       return fs.readFileSync(path.join(dir, `${port}.log`), 'utf8').trim().split('\n').slice(-5).join(' | ');
@@ -131,7 +149,9 @@ async function startOnce(): Promise<RedisCluster> {
       // A replica may take over however long it was cut off from its primary (tests kill at any time).
       '--cluster-replica-validity-factor', '0',
     ];
-    const p = spawn(REDIS_SERVER, args, { stdio: ['ignore', out, out] });
+    // `ip netns exec` execs the server: the child's pid is the server's, so kill() reaches it.
+    const argv = netns ? ['ip', 'netns', 'exec', netns, REDIS_SERVER, ...args] : [REDIS_SERVER, ...args];
+    const p = spawn(argv[0], argv.slice(1), { stdio: ['ignore', out, out] });
     fs.closeSync(out);
     p.on('error', () => undefined);
     procs.set(port, p);
@@ -223,6 +243,22 @@ async function startOnce(): Promise<RedisCluster> {
         await sleep(50);
       }
     },
+    async waitCaughtUp(timeoutMs = 10_000) {
+      const end = Date.now() + timeoutMs;
+      const primaries = (await c.nodes()).filter((n) => n.role === 'master' && !n.failed && alive(n.port));
+      const want = new Map<number, number>();
+      for (const n of primaries) want.set(n.port, Number(/master_repl_offset:(\d+)/.exec(await cli(n.port, 'info', 'replication'))?.[1] ?? NaN));
+      for (;;) {
+        const infos = await Promise.all(primaries.map((n) => cli(n.port, 'info', 'replication')));
+        const caughtUp = infos.every((info, i) => {
+          const reps = [...info.matchAll(/^slave\d+:.*state=(\w+),offset=(\d+)/gm)];
+          return reps.length > 0 && reps.every((r) => r[1] === 'online' && Number(r[2]) >= want.get(primaries[i].port)!);
+        });
+        if (caughtUp) return;
+        if (Date.now() > end) throw new Error(`replicas did not catch up with ${JSON.stringify([...want])}: ${infos.map((i) => i.replace(/\s+/g, ' ').slice(0, 200)).join(' || ')}`);
+        await sleep(50);
+      }
+    },
     async migrateSlot(slot, toPort, opts = {}) {
       const batch = opts.batch ?? 1;
       const pauseMs = opts.pauseMs ?? 0;
@@ -286,7 +322,7 @@ async function startOnce(): Promise<RedisCluster> {
         await sleep(30);
       }
     }
-    await run(REDIS_CLI, ['--cluster', 'create', ...ports.map((p) => `${HOST}:${p}`), '--cluster-replicas', '1', '--cluster-yes'], 30_000);
+    await run(REDIS_CLI, ['--cluster', 'create', ...ports.map((p) => `${HOST}:${p}`), '--cluster-replicas', '1', '--cluster-yes'], 30_000, netns);
     const end = Date.now() + 20_000;
     for (;;) {
       const infos = await Promise.all(ports.map((p) => cli(p, 'cluster', 'info').catch(() => '')));

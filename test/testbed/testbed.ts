@@ -10,6 +10,7 @@ import { call } from '../../daemon/api/client';
 import { FakeApiServer, kubeconfigFor } from '../lib/fake-apiserver';
 import { startRedis, type TestRedis } from '../lib/redis';
 import { startSentinelSet, type SentinelSet } from '../lib/sentinel';
+import { startRedisCluster, type RedisCluster } from '../lib/redis-cluster';
 import { StoreRelay } from './store-relay';
 import { Attachment, ChainOutcome, CniChain, CniResult, Conflist, PluginConf } from './cni-chain';
 import { bpfDir, claimPrefix, leftovers, recordRedis, registerLive, runDir, sweepStale, teardownRunSync, unregisterLive } from './cleanup';
@@ -78,6 +79,8 @@ export class Testbed {
   private isDown = false;
   private testRedis?: TestRedis;
   private sentinelSet?: SentinelSet;
+  /** Topology redis: 'cluster': the run's Redis Cluster, on the router. */
+  private clusterStore?: RedisCluster;
   /** UpOptions.storeRelay: each node's own path to Redis. */
   private readonly relays = new Map<string, StoreRelay>();
   /** Block routes installed by syncBlockRoutes(): block CIDR → owning node. */
@@ -126,6 +129,7 @@ export class Testbed {
       await tb?.nodeRuntime?.runtime.destroy();
       teardownRunSync(prefix, 1000);
       await tb?.testRedis?.stop();
+      await tb?.clusterStore?.stop();
       await Promise.all([...(tb?.relays.values() ?? [])].map((r) => r.close()));
       unregisterLive(prefix);
       throw e;
@@ -463,6 +467,12 @@ export class Testbed {
     return this.sentinelSet;
   }
 
+  /** The run's Redis Cluster (topology redis: 'cluster'). */
+  get redisCluster(): RedisCluster {
+    if (!this.clusterStore) throw new Error("no Redis Cluster in this testbed (topology redis: 'cluster')");
+    return this.clusterStore;
+  }
+
   /** The key prefix this run's tetherds use in Redis (runs could share one Redis without meeting). */
   get redisPrefix(): string {
     return `${this.prefix}:`;
@@ -797,8 +807,10 @@ export class Testbed {
       this.testRedis = await startRedis();
       this.recordRedis();
       if (this.topology.redis === 'sentinel') this.sentinelSet = await startSentinelSet({ host: plan.router.fabricIp, netns: plan.router.ns });
+      // 3 primaries + 3 replicas on the router's fabric address, as the Sentinel set: every node reaches it.
+      if (this.topology.redis === 'cluster') this.clusterStore = await startRedisCluster({ host: plan.router.fabricIp, netns: plan.router.ns });
       if (this.opts.storeRelay) {
-        if (this.sentinelSet) throw new Error('storeRelay: the relay forwards to the single Redis, not to a Sentinel set');
+        if (this.sentinelSet || this.clusterStore) throw new Error('storeRelay: the relay forwards to the single Redis, not to a Sentinel set or a Cluster');
         // Outside the node dirs: those are the container's /run/tether, and the socket must keep its host path.
         fs.mkdirSync(path.join(this.runDir, 'store-relay'), { recursive: true });
         for (const n of plan.nodes) this.relays.set(n.name, await StoreRelay.start(path.join(this.runDir, 'store-relay', `${n.name}.sock`), this.testRedis.socketPath));
@@ -874,7 +886,7 @@ export class Testbed {
       nsPath: `/run/netns/${n.ns}`,
       // A node's own config file wins over the generated one (it must then hold the pod pool itself).
       config: n.tetherdConfig ?? (tetherIpam && !this.kube ? this.ipamConfigPath : undefined),
-      redis: tetherIpam ? { url: this.sentinelSet?.url ?? (this.relays.has(n.name) ? `unix://${this.relays.get(n.name)!.path}` : this.redis.url), prefix: this.redisPrefix } : undefined,
+      redis: tetherIpam ? { url: this.sentinelSet?.url ?? this.clusterStore?.url ?? (this.relays.has(n.name) ? `unix://${this.relays.get(n.name)!.path}` : this.redis.url), prefix: this.redisPrefix } : undefined,
       // Every tetherd knows its node address and shares the run's cluster key: Egress needs both.
       extraArgs: [
         '--node-address', n.fabricIp, '--uplink', 'eth0', '--cluster-key-file', this.clusterKeyPath(),
@@ -918,6 +930,7 @@ export class Testbed {
     // Containers first (SIGKILL through containerd, as the plain tetherds are killed by the teardown).
     const rtLeft = (await this.nodeRuntime?.runtime.destroy()) ?? [];
     await this.sentinelSet?.stop();
+    await this.clusterStore?.stop();
     await Promise.all([...this.relays.values()].map((r) => r.close()));
     await this.fakeApi?.close();
     const left = teardownRunSync(this.prefix);

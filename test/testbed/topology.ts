@@ -68,9 +68,10 @@ export interface Topology {
   tetherdArgs?: string[];
   /**
    * The cluster store tetherds use in tether-ipam mode: one Redis on a Unix socket (default), or a Sentinel
-   * set (primary, replica, three sentinels) on the router's fabric address, reached by redis+sentinel://.
+   * set (primary, replica, three sentinels) on the router's fabric address, reached by redis+sentinel://,
+   * or a Redis Cluster (3 primaries, 3 replicas; test/lib/redis-cluster.ts) there, reached by redis+cluster://.
    */
-  redis?: 'single' | 'sentinel';
+  redis?: 'single' | 'sentinel' | 'cluster';
   /**
    * Where tetherds get their objects (tether-ipam mode): 'file' (default; one shared config file) or
    * 'kubernetes': the run's FAKE API server (test/lib/fake-apiserver.ts; no kube-apiserver runs here), as
