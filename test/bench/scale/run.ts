@@ -3,16 +3,17 @@
 // gateway node is lost, mapping fan-out per new connection, and the load of churn. Writes
 // results/bench-scale.json and the README's bench:scale block.
 //
-//   tsx test/bench/scale/run.ts [--sizes 50,200,500,1000] [--window 10] [--workers 2] [--baseline]
+//   tsx test/bench/scale/run.ts [--sizes 50,200,500,1000] [--window 10] [--workers 2] [--baseline] [--merge] [--report-only]
 //
 // --baseline also writes results/bench-scale-baseline.json (the run on the code before issue 21's changes).
-// Store: a standalone redis-server started like the tests do. The hook for the 3-primary Cluster is
-// startStore() below: TETHER_SIM_STORE=cluster will use test/lib/redis-cluster.ts once it exists.
+// Store: a standalone redis-server started like the tests do, or with TETHER_SIM_STORE=cluster the 3-primary
+// Redis Cluster of test/lib/redis-cluster.ts (commands and bytes summed over its primaries).
 import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { parseArgs } from 'node:util';
 import Redis from 'ioredis';
 import { startRedis } from '../../lib/redis';
+import { startRedisCluster } from '../../lib/redis-cluster';
 import { machine, updateReadme } from '../stats';
 import { commonFor, nodeSpec, NS, placePods, Sim, type Scenario, type SimWorker } from './sim';
 import type { NodeSpec } from './worker';
@@ -28,6 +29,8 @@ const args = parseArgs({
     baseline: { type: 'boolean', default: false },
     out: { type: 'string', default: path.join(ROOT, 'results/bench-scale.json') },
     'no-readme': { type: 'boolean', default: false },
+    merge: { type: 'boolean', default: false },
+    'report-only': { type: 'boolean', default: false },
   },
 }).values;
 const SIZES = args.sizes!.split(',').map(Number);
@@ -38,6 +41,7 @@ const SCENARIO: Scenario = { egresses: Number(args.egresses), gatewaysPerEgress:
 const VICTIMS = 3;
 const MEMORY_LIMIT_GIB = Math.max(2, Math.floor(require('node:os').totalmem() / 2 ** 30) - 4);
 
+let storeKind: 'standalone' | 'cluster' = process.env.TETHER_SIM_STORE === 'cluster' ? 'cluster' : 'standalone';
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 const log = (m: string, x: Record<string, unknown> = {}) => process.stdout.write(`${new Date().toISOString()} ${m} ${Object.keys(x).length ? JSON.stringify(x) : ''}\n`);
 const round = (x: number, d = 1) => Math.round(x * 10 ** d) / 10 ** d;
@@ -45,32 +49,65 @@ const round = (x: number, d = 1) => Math.round(x * 10 ** d) / 10 ** d;
 interface Store {
   url: string;
   kind: 'standalone' | 'cluster';
+  /** INFO commands each counters() call adds per primary (taken out of the rates). */
+  probeCommands: number;
   /** INFO stats counters summed over the store's primaries. */
   counters(): Promise<{ commands: number; outBytes: number; inBytes: number; clients: number }>;
   stop(): Promise<void>;
 }
 
+const infoField = (info: string, name: string) => Number(new RegExp(`^${name}:(\\d+)`, 'm').exec(info)?.[1] ?? 0);
+
 async function startStore(): Promise<Store> {
-  if (process.env.TETHER_SIM_STORE === 'cluster') {
-    // Hook: test/lib/redis-cluster.ts (branch i21-store) starts a 3-primary Cluster; sum INFO over primaries.
-    throw new Error('TETHER_SIM_STORE=cluster: needs test/lib/redis-cluster.ts (not on this branch yet)');
-  }
+  if (process.env.TETHER_SIM_STORE === 'cluster') return startClusterStore();
   const r = await startRedis();
   const admin = new Redis({ path: r.socketPath });
   await admin.config('SET', 'maxclients', '15000');
-  const field = (info: string, name: string) => Number(new RegExp(`^${name}:(\\d+)`, 'm').exec(info)?.[1] ?? 0);
   return {
     url: r.url,
     kind: 'standalone',
+    probeCommands: 1,
     async counters() {
       const info = await admin.info();
-      return { commands: field(info, 'total_commands_processed'), outBytes: field(info, 'total_net_output_bytes'), inBytes: field(info, 'total_net_input_bytes'), clients: field(info, 'connected_clients') };
+      return { commands: infoField(info, 'total_commands_processed'), outBytes: infoField(info, 'total_net_output_bytes'), inBytes: infoField(info, 'total_net_input_bytes'), clients: infoField(info, 'connected_clients') };
     },
     async stop() {
       admin.disconnect();
       await r.stop();
     },
   };
+}
+
+/**
+ * TETHER_SIM_STORE=cluster: a 3-primary (+3 replicas) Redis Cluster from test/lib/redis-cluster.ts; the
+ * nodes get its redis+cluster:// URL. Counters are INFO stats summed over every primary serving slots
+ * (replicas' replication traffic is not client load: Redis 7 counts it apart, total_net_repl_*).
+ */
+async function startClusterStore(): Promise<Store> {
+  const c = await startRedisCluster();
+  try {
+    const primaries = (await c.nodes()).filter((n) => n.role === 'master' && !n.failed && n.slots.length).map((n) => n.port);
+    if (primaries.length !== 3) throw new Error(`expected 3 primaries, the cluster has ${primaries.length}`);
+    await Promise.all(c.ports.map((p) => c.cli(p, 'config', 'set', 'maxclients', '15000')));
+    const admins = primaries.map((port) => new Redis({ host: '127.0.0.1', port, lazyConnect: false }));
+    return {
+      url: c.url,
+      kind: 'cluster',
+      probeCommands: primaries.length,
+      async counters() {
+        const infos = await Promise.all(admins.map((a) => a.info()));
+        const sum = (name: string) => infos.reduce((acc, i) => acc + infoField(i, name), 0);
+        return { commands: sum('total_commands_processed'), outBytes: sum('total_net_output_bytes'), inBytes: sum('total_net_input_bytes'), clients: sum('connected_clients') };
+      },
+      async stop() {
+        for (const a of admins) a.disconnect();
+        await c.stop();
+      },
+    };
+  } catch (e) {
+    await c.stop();
+    throw e;
+  }
 }
 
 interface WorkerStats {
@@ -151,8 +188,9 @@ async function runSize(sim: Sim, n: number): Promise<Record<string, unknown>> {
     await sleep(WINDOW_S * 1000);
     const c1 = await store.counters();
     const s1 = await statsAll();
+    storeKind = store.kind;
     const secs = (Date.now() - w0) / 1000;
-    const cmds = (c1.commands - c0.commands - 2) / secs;
+    const cmds = (c1.commands - c0.commands - store.probeCommands) / secs;
     const outB = (c1.outBytes - c0.outBytes) / secs;
     const sent = (s1.reduce((a, s) => a + s.commandsSent, 0) - s0.reduce((a, s) => a + s.commandsSent, 0)) / secs;
     const mainStats = s1.slice(0, mains.length);
@@ -277,10 +315,15 @@ function extrapolate(rows: Array<{ n: number; perNode: number }>, target: number
 }
 
 async function main(): Promise<void> {
+  // --merge: rows measured earlier (same scenario) are kept and this run's sizes replace theirs (per store
+  // kind), so sizes can be run one at a time within a time budget. --report-only: no run, only the report.
+  const earlier = args.merge || args['report-only'] ? readEarlier() : [];
+  const rows: Array<Record<string, unknown>> = [];
+  const all = () => [...earlier.filter((r) => !rows.some((x) => x.nodes === r.nodes && kindOf(x) === kindOf(r))), ...rows].sort((a, b) => kindOf(a).localeCompare(kindOf(b)) || Number(a.nodes) - Number(b.nodes));
+  if (args['report-only']) return report(all());
   log('bundling the simulation');
   const sim = await Sim.create();
   log('substituted', { modules: sim.substituted });
-  const rows: Array<Record<string, unknown>> = [];
   try {
     for (const n of SIZES) {
       const free = require('node:os').freemem() / 2 ** 30;
@@ -292,64 +335,119 @@ async function main(): Promise<void> {
       log('running', { n });
       try {
         rows.push(await runSize(sim, n));
-        report(rows); // written after every size: a run cut short keeps what it measured
+        report(all()); // written after every size: a run cut short keeps what it measured
       } catch (e) {
         log('size failed', { n, error: (e as Error).message });
-        rows.push({ nodes: n, error: (e as Error).message });
+        rows.push({ nodes: n, store: { kind: storeKind }, error: (e as Error).message });
         break;
       }
     }
   } finally {
     await sim.stop();
   }
-  report(rows);
+  report(all());
 }
 
-function report(rows: Array<Record<string, unknown>>): void {
-  const ok = rows.filter((r) => !r.error) as Array<{ nodes: number; store: { commandsPerSecPerNode: number; replyBytesPerSecPerNode: number; commandsPerSec: number } }>;
-  if (!ok.length) {
-    fs.writeFileSync(args.out!, JSON.stringify({ benchmark: 'scale', machine: machine(), scenario: SCENARIO, rows }, null, 2) + '\n');
-    return;
-  }
+type Row = { nodes: number; error?: string; store: { kind: string; commandsPerSecPerNode: number; replyBytesPerSecPerNode: number; commandsPerSec: number; replyBytesPerSec: number } };
+const kindOf = (r: Record<string, unknown>) => String((r.store as { kind?: string } | undefined)?.kind ?? 'standalone');
+
+function readEarlier(): Array<Record<string, unknown>> {
+  if (!fs.existsSync(args.out!)) return [];
+  const old = JSON.parse(fs.readFileSync(args.out!, 'utf8')) as { scenario: Scenario; windowS?: number; rows: Array<Record<string, unknown>> };
+  if (JSON.stringify(old.scenario) !== JSON.stringify(SCENARIO)) throw new Error(`--merge: ${args.out} holds another scenario (${JSON.stringify(old.scenario)}; this run: ${JSON.stringify(SCENARIO)}); not mixing them`);
+  return old.rows;
+}
+
+function summarize(rows: Row[]) {
+  const ok = rows.filter((r) => !r.error);
   const first = ok.find((r) => r.nodes === 50) ?? ok[0];
   const largest = ok.at(-1)!;
   const at1000 = ok.find((r) => r.nodes === 1000);
-  const summary = {
+  return {
     maxNodes: largest.nodes,
     perNodeGrowth: round(Math.max(largest.store.commandsPerSecPerNode / first.store.commandsPerSecPerNode, largest.store.replyBytesPerSecPerNode / first.store.replyBytesPerSecPerNode), 2),
+    perNodeGrowthCommands: round(largest.store.commandsPerSecPerNode / first.store.commandsPerSecPerNode, 2),
+    perNodeGrowthReplyBytes: round(largest.store.replyBytesPerSecPerNode / first.store.replyBytesPerSecPerNode, 2),
     perNodeGrowthBase: first.nodes,
     totalStoreOpsAt1000: Math.round(at1000 ? at1000.store.commandsPerSec : extrapolate(ok.map((r) => ({ n: r.nodes, perNode: r.store.commandsPerSecPerNode })), 1000)),
     totalStoreOpsAt1000Is: at1000 ? 'measured' : `extrapolated (per-node commands/s fitted as a + b·N over N = ${ok.map((r) => r.nodes).join(', ')})`,
     lbServices: SCENARIO.services,
     egresses: SCENARIO.egresses,
     gatewaysPerEgress: SCENARIO.gatewaysPerEgress,
-    store: 'redis standalone',
   };
-  const report = { benchmark: 'scale', machine: machine(), loadAverage1m: require('node:os').loadavg()[0], scenario: SCENARIO, windowS: WINDOW_S, summary, rows };
+}
+
+function report(rows: Array<Record<string, unknown>>): void {
   fs.mkdirSync(path.dirname(args.out!), { recursive: true });
+  const ok = (rows as Row[]).filter((r) => !r.error);
+  if (!ok.length) {
+    fs.writeFileSync(args.out!, JSON.stringify({ benchmark: 'scale', machine: machine(), scenario: SCENARIO, rows }, null, 2) + '\n');
+    return;
+  }
+  // The summary is over the standalone rows when there are any (the Cluster rows get their own).
+  const standalone = ok.filter((r) => r.store.kind === 'standalone');
+  const cluster = ok.filter((r) => r.store.kind === 'cluster');
+  const main = standalone.length ? standalone : cluster;
+  const summary = { ...summarize(main), store: main === standalone ? 'redis standalone' : 'redis cluster (3 primaries)', ...(cluster.length && main !== cluster ? { cluster: summarize(cluster) } : {}) };
+  const report = { benchmark: 'scale', machine: machine(), loadAverage1m: require('node:os').loadavg()[0], scenario: SCENARIO, windowS: WINDOW_S, summary, rows };
   fs.writeFileSync(args.out!, JSON.stringify(report, null, 2) + '\n');
   if (args.baseline) fs.writeFileSync(path.join(ROOT, 'results/bench-scale-baseline.json'), JSON.stringify(report, null, 2) + '\n');
   log('summary', summary);
   if (!args['no-readme']) updateReadme(path.join(ROOT, 'README.md'), 'scale', table(report));
 }
 
-function table(r: { machine: Record<string, unknown>; summary: Record<string, unknown>; rows: Array<Record<string, unknown>> }): string {
+const fmt = (x: number) => (x >= 100 ? Math.round(x).toLocaleString('en-US') : String(round(x, 2)));
+
+function table(r: { machine: Record<string, unknown>; summary: Record<string, any>; rows: Array<Record<string, unknown>> }): string {
   const m = r.machine;
   const lines = [
-    `Measured ${String(m.date).slice(0, 10)} on ${m.cpu} (${m.cores} cores, ${m.memoryGiB} GiB), Node ${m.node}, redis standalone; ${SCENARIO.egresses} Egresses x ${SCENARIO.gatewaysPerEgress} gateways, ${SCENARIO.services} LB Services, steady window ${WINDOW_S} s.`,
+    `Measured ${String(m.date).slice(0, 10)} on ${m.cpu} (${m.cores} cores, shared with other work; ${m.memoryGiB} GiB), Node ${m.node}, Redis 7.0; ${SCENARIO.egresses} Egresses x ${SCENARIO.gatewaysPerEgress} gateways, ${SCENARIO.services} LB Services (${SCENARIO.lbPodsPerService} LB pods, ${SCENARIO.targetsPerService} targets each), steady window ${WINDOW_S} s.`,
     '',
-    '| nodes | store cmds/s | per node | reply B/s per node | RSS/node MiB | agree after loss ms | fan-out per new connection | Services refused (one node) | churn cmds/s |',
-    '|---:|---:|---:|---:|---:|---:|---:|---:|---:|',
+    '| store | nodes | start s | store cmds/s | per node | reply B/s | per node | RSS/node MiB | agree after loss ms | fan-out per new connection | Services refused (one node) | churn cmds/s |',
+    '|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|',
   ];
   for (const row of r.rows as Array<Record<string, any>>) {
     if (row.error) {
-      lines.push(`| ${row.nodes} | failed: ${row.error} |||||||`);
+      lines.push(`| ${kindOf(row)} | ${row.nodes} | failed: ${row.error} ||||||||||`);
       continue;
     }
-    lines.push(`| ${row.nodes} | ${row.store.commandsPerSec} | ${row.store.commandsPerSecPerNode} | ${row.store.replyBytesPerSecPerNode} | ${row.memory.rssPerNodeMiB} | ${row.loss.agreeMs ?? 'no agreement'} | ${row.lb.fanOutPerNewConnection ?? '-'} | ${row.lb.refusedAtOneNode} | ${row.churn.commandsPerSec} |`);
+    lines.push(`| ${row.store.kind} | ${row.nodes} | ${round(row.startMs / 1000)} | ${fmt(row.store.commandsPerSec)} | ${fmt(row.store.commandsPerSecPerNode)} | ${fmt(row.store.replyBytesPerSec)} | ${fmt(row.store.replyBytesPerSecPerNode)} | ${row.memory.rssPerNodeMiB} | ${row.loss.agreeMs ?? 'no agreement'} | ${row.lb.fanOutPerNewConnection ?? '-'} | ${row.lb.refusedAtOneNode} | ${fmt(row.churn.commandsPerSec)} |`);
   }
   const s = r.summary;
-  lines.push('', `Summary: maxNodes ${s.maxNodes}, perNodeGrowth ${s.perNodeGrowth} (N = ${s.maxNodes} over N = ${s.perNodeGrowthBase}), totalStoreOpsAt1000 ${s.totalStoreOpsAt1000} (${s.totalStoreOpsAt1000Is}).`);
+  lines.push('', `Summary (${s.store}): maxNodes ${s.maxNodes}, perNodeGrowth ${s.perNodeGrowth} (N = ${s.maxNodes} over N = ${s.perNodeGrowthBase}: commands/s x${s.perNodeGrowthCommands}, reply bytes/s x${s.perNodeGrowthReplyBytes}), totalStoreOpsAt1000 ${s.totalStoreOpsAt1000} (${s.totalStoreOpsAt1000Is}), lbServices ${s.lbServices}.`);
+  if (s.cluster) lines.push(`Cluster rows: maxNodes ${s.cluster.maxNodes}, perNodeGrowth ${s.cluster.perNodeGrowth}, totalStoreOpsAt1000 ${s.cluster.totalStoreOpsAt1000} (${s.cluster.totalStoreOpsAt1000Is}).`);
+
+  // Growth curve: per-node load by N (a flat curve is the target).
+  const ok = (r.rows as Row[]).filter((x) => !x.error && x.store.kind === (s.store.startsWith('redis standalone') ? 'standalone' : 'cluster'));
+  const maxC = Math.max(...ok.map((x) => x.store.commandsPerSecPerNode));
+  const maxB = Math.max(...ok.map((x) => x.store.replyBytesPerSecPerNode));
+  const bar = (v: number, max: number) => '#'.repeat(Math.max(1, Math.round((v / max) * 40)));
+  lines.push('', 'Growth curve (per node, steady state; bars scaled to the largest value):', '', '```');
+  for (const x of ok) lines.push(`N=${String(x.nodes).padEnd(5)} cmds/s ${fmt(x.store.commandsPerSecPerNode).padStart(7)} ${bar(x.store.commandsPerSecPerNode, maxC)}`);
+  for (const x of ok) lines.push(`N=${String(x.nodes).padEnd(5)} B/s    ${fmt(x.store.replyBytesPerSecPerNode).padStart(7)} ${bar(x.store.replyBytesPerSecPerNode, maxB)}`);
+  lines.push('```');
+
+  // Against the code before issue 21 (results/bench-scale-baseline.json), on the same scenario where one
+  // was measured with the new code too (results/bench-scale-like-baseline.json).
+  const basePath = path.join(ROOT, 'results/bench-scale-baseline.json');
+  const likePath = path.join(ROOT, 'results/bench-scale-like-baseline.json');
+  if (fs.existsSync(basePath)) {
+    const base = JSON.parse(fs.readFileSync(basePath, 'utf8')) as { scenario: Scenario; rows: Row[] };
+    const like = fs.existsSync(likePath) ? (JSON.parse(fs.readFileSync(likePath, 'utf8')) as { scenario: Scenario; rows: Row[] }) : undefined;
+    lines.push('', '| code | scenario | nodes | store cmds/s | per node | reply B/s per node | new / old per node (cmds, bytes) |', '|---|---|---:|---:|---:|---:|---|');
+    const sc = (x: Scenario) => `${x.egresses} Egresses, ${x.services} Services`;
+    for (const b of base.rows.filter((x) => !x.error)) {
+      lines.push(`| before issue 21 | ${sc(base.scenario)} | ${b.nodes} | ${fmt(b.store.commandsPerSec)} | ${fmt(b.store.commandsPerSecPerNode)} | ${fmt(b.store.replyBytesPerSecPerNode)} | |`);
+      const pairs: Array<[string, Scenario, Row | undefined]> = [
+        ['issue 21', base.scenario, like && JSON.stringify(like.scenario) === JSON.stringify(base.scenario) ? like.rows.find((x) => !x.error && x.nodes === b.nodes) : undefined],
+        ['issue 21', SCENARIO, ok.find((x) => x.nodes === b.nodes)],
+      ];
+      for (const [code, scen, x] of pairs) {
+        if (!x) continue;
+        lines.push(`| ${code} | ${sc(scen)} | ${x.nodes} | ${fmt(x.store.commandsPerSec)} | ${fmt(x.store.commandsPerSecPerNode)} | ${fmt(x.store.replyBytesPerSecPerNode)} | ${round(x.store.commandsPerSecPerNode / b.store.commandsPerSecPerNode, 3)}x, ${round(x.store.replyBytesPerSecPerNode / b.store.replyBytesPerSecPerNode, 3)}x |`);
+      }
+    }
+  }
   return lines.join('\n');
 }
 

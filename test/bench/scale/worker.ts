@@ -61,11 +61,13 @@ Redis.prototype.sendCommand = function (this: Redis, ...a: Parameters<typeof sen
   return send.apply(this, a);
 };
 
-// Load balancer mapping notices received by this process's nodes (pub/sub deliveries on the lb channel).
+// Load balancer mapping notices received by this process's nodes: deliveries on the per-VIP notice
+// channels (tether:lb:{<vip>}:notices; 'message' on one server, 'smessage' by sharded pub/sub on a
+// Cluster, whose subscriber connections are ioredis Redis instances too).
 let lbNotices = 0;
 const emit = Redis.prototype.emit;
 Redis.prototype.emit = function (this: Redis, event: string | symbol, ...a: unknown[]) {
-  if (event === 'message' && typeof a[0] === 'string' && a[0].endsWith('lb:mappings')) lbNotices++;
+  if ((event === 'message' || event === 'smessage') && typeof a[0] === 'string' && a[0].includes('lb:') && a[0].endsWith(':notices')) lbNotices++;
   return emit.call(this, event, ...a);
 };
 
