@@ -39,6 +39,7 @@ const MAIN_WORKERS = Number(args.workers);
 const SCENARIO: Scenario = { egresses: Number(args.egresses), gatewaysPerEgress: 3, services: Number(args.services), lbPodsPerService: 2, targetsPerService: 2 };
 /** Nodes 0..2 (egress e0's gateways) each run alone in a process, so losing one is a SIGKILL. */
 const VICTIMS = 3;
+const CHURN_STEP_MS = 30_000;
 const MEMORY_LIMIT_GIB = Math.max(2, Math.floor(require('node:os').totalmem() / 2 ** 30) - 4);
 
 let storeKind: 'standalone' | 'cluster' = process.env.TETHER_SIM_STORE === 'cluster' ? 'cluster' : 'standalone';
@@ -52,10 +53,16 @@ interface Store {
   /** INFO commands each counters() call adds per primary (taken out of the rates). */
   probeCommands: number;
   /** INFO stats counters summed over the store's primaries. */
-  counters(): Promise<{ commands: number; outBytes: number; inBytes: number; clients: number }>;
+  counters(): Promise<{ commands: number; outBytes: number; inBytes: number; clients: number; byCommand: Record<string, number> }>;
   stop(): Promise<void>;
 }
 
+/** INFO commandstats → calls per command (summed over the strings given). */
+const byCommand = (infos: string[]) => {
+  const out: Record<string, number> = {};
+  for (const i of infos) for (const m of i.matchAll(/^cmdstat_([^:]+):calls=(\d+)/gm)) out[m[1]] = (out[m[1]] ?? 0) + Number(m[2]);
+  return out;
+};
 const infoField = (info: string, name: string) => Number(new RegExp(`^${name}:(\\d+)`, 'm').exec(info)?.[1] ?? 0);
 
 async function startStore(): Promise<Store> {
@@ -68,8 +75,8 @@ async function startStore(): Promise<Store> {
     kind: 'standalone',
     probeCommands: 1,
     async counters() {
-      const info = await admin.info();
-      return { commands: infoField(info, 'total_commands_processed'), outBytes: infoField(info, 'total_net_output_bytes'), inBytes: infoField(info, 'total_net_input_bytes'), clients: infoField(info, 'connected_clients') };
+      const info = await admin.info('all');
+      return { commands: infoField(info, 'total_commands_processed'), outBytes: infoField(info, 'total_net_output_bytes'), inBytes: infoField(info, 'total_net_input_bytes'), clients: infoField(info, 'connected_clients'), byCommand: byCommand([info]) };
     },
     async stop() {
       admin.disconnect();
@@ -95,9 +102,9 @@ async function startClusterStore(): Promise<Store> {
       kind: 'cluster',
       probeCommands: primaries.length,
       async counters() {
-        const infos = await Promise.all(admins.map((a) => a.info()));
+        const infos = await Promise.all(admins.map((a) => a.info('all')));
         const sum = (name: string) => infos.reduce((acc, i) => acc + infoField(i, name), 0);
-        return { commands: sum('total_commands_processed'), outBytes: sum('total_net_output_bytes'), inBytes: sum('total_net_input_bytes'), clients: sum('connected_clients') };
+        return { commands: sum('total_commands_processed'), outBytes: sum('total_net_output_bytes'), inBytes: sum('total_net_input_bytes'), clients: sum('connected_clients'), byCommand: byCommand(infos) };
       },
       async stop() {
         for (const a of admins) a.disconnect();
@@ -117,6 +124,7 @@ interface WorkerStats {
   commandsSent: number;
   lbNotices: number;
   calls: Record<string, number>;
+  loopLag: { p50Ms: number; p99Ms: number; maxMs: number };
 }
 
 async function until<T>(fn: () => Promise<T | undefined>, timeoutMs: number, everyMs = 100): Promise<{ value?: T; ms: number }> {
@@ -201,7 +209,11 @@ async function runSize(sim: Sim, n: number): Promise<Record<string, unknown>> {
       for (const [k, v] of Object.entries(s.calls)) acc[k] = (acc[k] ?? 0) + v;
       return acc;
     }, {} as Record<string, number>);
-    log('steady', { n, cmds: round(cmds), outB: round(outB), perNodeCmds: round(cmds / n, 2), perNodeOutB: round(outB / n), rssPerNodeMiB: round(rssPerNode / 2 ** 20, 2) });
+    // Which commands the steady state is made of (INFO commandstats deltas), per node per second.
+    const perCommand = Object.fromEntries(Object.entries(c1.byCommand).map(([k, v]) => [k, round((v - (c0.byCommand[k] ?? 0)) / secs / n, 2)]).filter(([, v]) => (v as number) > 0).sort((a, b) => (b[1] as number) - (a[1] as number)));
+    // The main workers' event loop delay over the window (s1 answers for the window since s0 reset it).
+    const loopLag = { p50Ms: Math.max(...mainStats.map((x) => x.loopLag.p50Ms)), p99Ms: Math.max(...mainStats.map((x) => x.loopLag.p99Ms)), maxMs: Math.max(...mainStats.map((x) => x.loopLag.maxMs)) };
+    log('steady', { n, loopLag, perCommand, cmds: round(cmds), outB: round(outB), perNodeCmds: round(cmds / n, 2), perNodeOutB: round(outB / n), rssPerNodeMiB: round(rssPerNode / 2 ** 20, 2) });
 
     // Load balancer: refused Services and mapping fan-out per new connection.
     const lbNode = specs[(10 * SCENARIO.lbPodsPerService) % n].name;
@@ -251,20 +263,32 @@ async function runSize(sim: Sim, n: number): Promise<Record<string, unknown>> {
     log('loss', { n, lost: lostName, agreeMs, agreeNodes });
 
     // Churn: a node added, gateway pods added and removed, client pods added; its store load over a window.
+    // Each step is bounded (CHURN_STEP_MS): a step that does not answer is named in the row, not waited for.
+    const timedOut: string[] = [];
+    const bounded = <T>(label: string, p: Promise<T>): Promise<T | undefined> => {
+      let done = false;
+      return Promise.race([
+        p.catch(() => undefined).finally(() => (done = true)),
+        sleep(CHURN_STEP_MS).then(() => {
+          if (!done) timedOut.push(label);
+          return undefined;
+        }),
+      ]);
+    };
     const cc0 = await store.counters();
     const tc = Date.now();
     const extra = nodeSpec(n);
-    await Promise.all(live().map((w) => w.ask({ op: 'alive', address: extra.address, alive: true })));
-    const joined = await mains[0].ask<{ failed: unknown[] }>({ op: 'start', common, nodes: [extra], alive: [] });
-    await mains[0].ask({ op: 'addPods', pods: [{ node: extra.name, pod: { namespace: NS, name: 'gw-e1-extra', ip: '10.127.255.1', labels: { 'egress-gw': 'e1' } } }] });
+    await bounded('alive', Promise.all(live().map((w) => w.ask({ op: 'alive', address: extra.address, alive: true }))));
+    const joined = (await bounded('node start', mains[0].ask<{ failed: unknown[] }>({ op: 'start', common, nodes: [extra], alive: [] }))) ?? { failed: ['timed out'] };
+    await bounded('gateway pod added', mains[0].ask({ op: 'addPods', pods: [{ node: extra.name, pod: { namespace: NS, name: 'gw-e1-extra', ip: '10.127.255.1', labels: { 'egress-gw': 'e1' } } }] }));
     const gwVictim = placePods(SCENARIO, n).find((p) => p.pod.name === 'gw-e1-0')!;
-    await owner.get(specs[gwVictim.node].name)?.ask({ op: 'removePod', node: specs[gwVictim.node].name, namespace: NS, name: 'gw-e1-0' }).catch(() => undefined);
+    await bounded('gateway pod removed', owner.get(specs[gwVictim.node].name)!.ask({ op: 'removePod', node: specs[gwVictim.node].name, namespace: NS, name: 'gw-e1-0' }));
     const clients = Array.from({ length: 20 }, (_, i) => ({ node: specs[(7 * i + 5) % n], pod: { namespace: NS, name: `client-churn-${i}`, ip: podIp2(i), labels: { 'egress-client': `e${i % Math.max(1, SCENARIO.egresses)}` } } }));
-    for (const c of clients) await owner.get(c.node.name)?.ask({ op: 'addPods', pods: [{ node: c.node.name, pod: c.pod }] });
+    await bounded('client pods added', Promise.all(clients.map((c) => owner.get(c.node.name)!.ask({ op: 'addPods', pods: [{ node: c.node.name, pod: c.pod }] }))));
     await sleep(Math.max(0, WINDOW_S * 1000 - (Date.now() - tc)));
     const cc1 = await store.counters();
     const churnSecs = (Date.now() - tc) / 1000;
-    log('churn', { n, joined: joined.failed.length === 0, cmds: round((cc1.commands - cc0.commands) / churnSecs) });
+    log('churn', { n, timedOut, joined: joined.failed.length === 0, cmds: round((cc1.commands - cc0.commands) / churnSecs) });
 
     return {
       nodes: n,
@@ -278,12 +302,14 @@ async function runSize(sim: Sim, n: number): Promise<Record<string, unknown>> {
         commandsPerSecPerNode: round(cmds / n, 2),
         replyBytesPerSecPerNode: round(outB / n),
         clientCountedCommandsPerSec: round(sent),
+        commandsPerSecPerNodeByCommand: perCommand,
         connections: c1.clients,
       },
+      workerLoopLagMs: loopLag,
       memory: { rssPerNodeMiB: round(rssPerNode / 2 ** 20, 2), heapPerNodeMiB: round(heapPerNode / 2 ** 20, 2), rssTotalMiB: round(s1.reduce((a, s) => a + s.rss, 0) / 2 ** 20) },
       loss: { lostNode: lostName, agreeMs, nodesAgreeing: agreeNodes },
       lb: { servicesSeenByOneNode: lbs.length, refusedAtOneNode: refused, sampleProblem, fanOutPerNewConnection: receivedBy, installedOnOtherNodesPerNewConnection: fanOut, mappingsInstalledTotal: calls['lb.mappingsInstalled'] ?? 0 },
-      churn: { windowS: round(churnSecs), commandsPerSec: round((cc1.commands - cc0.commands) / churnSecs), nodeJoined: joined.failed.length === 0 },
+      churn: { timedOut, windowS: round(churnSecs), commandsPerSec: round((cc1.commands - cc0.commands) / churnSecs), nodeJoined: joined.failed.length === 0 },
       api: { mode: 'file', note: 'file config source: no API server requests (kube mode against test/lib/fake-apiserver.ts not wired yet)' },
       datapathCalls: calls,
     };
@@ -305,13 +331,18 @@ function podIp2(i: number): string {
   return `10.127.254.${i + 1}`;
 }
 
-/** Per-node commands/s as a + b·N (least squares) → total at 1,000 nodes. */
-function extrapolate(rows: Array<{ n: number; perNode: number }>, target: number): number {
-  if (rows.length === 1) return rows[0].perNode * target;
+/**
+ * Total commands/s at `target` nodes from the measured curve, fitted as total = a + b·N (least squares):
+ * a part that does not grow with N (per VIP and per Egress work, spread over however many nodes) plus a
+ * per-node constant. (A per-node model a + b·N goes negative when per-node load falls with N, as it does
+ * once the per-VIP work is spread over more nodes.) Never below the largest total measured.
+ */
+function extrapolate(rows: Array<{ n: number; total: number }>, target: number): number {
+  if (rows.length === 1) return (rows[0].total / rows[0].n) * target;
   const mx = rows.reduce((a, r) => a + r.n, 0) / rows.length;
-  const my = rows.reduce((a, r) => a + r.perNode, 0) / rows.length;
-  const b = rows.reduce((a, r) => a + (r.n - mx) * (r.perNode - my), 0) / rows.reduce((a, r) => a + (r.n - mx) ** 2, 0);
-  return (my + b * (target - mx)) * target;
+  const my = rows.reduce((a, r) => a + r.total, 0) / rows.length;
+  const b = rows.reduce((a, r) => a + (r.n - mx) * (r.total - my), 0) / rows.reduce((a, r) => a + (r.n - mx) ** 2, 0);
+  return Math.max(my + b * (target - mx), ...rows.map((r) => r.total));
 }
 
 async function main(): Promise<void> {
@@ -369,8 +400,8 @@ function summarize(rows: Row[]) {
     perNodeGrowthCommands: round(largest.store.commandsPerSecPerNode / first.store.commandsPerSecPerNode, 2),
     perNodeGrowthReplyBytes: round(largest.store.replyBytesPerSecPerNode / first.store.replyBytesPerSecPerNode, 2),
     perNodeGrowthBase: first.nodes,
-    totalStoreOpsAt1000: Math.round(at1000 ? at1000.store.commandsPerSec : extrapolate(ok.map((r) => ({ n: r.nodes, perNode: r.store.commandsPerSecPerNode })), 1000)),
-    totalStoreOpsAt1000Is: at1000 ? 'measured' : `extrapolated (per-node commands/s fitted as a + b·N over N = ${ok.map((r) => r.nodes).join(', ')})`,
+    totalStoreOpsAt1000: Math.round(at1000 ? at1000.store.commandsPerSec : extrapolate(ok.map((r) => ({ n: r.nodes, total: r.store.commandsPerSec })), 1000)),
+    totalStoreOpsAt1000Is: at1000 ? 'measured' : ok.length === 1 ? `extrapolated (per node x 1,000 from N = ${ok[0].nodes} alone)` : `extrapolated (total commands/s fitted as a + b·N over N = ${ok.map((r) => r.nodes).join(', ')})`,
     lbServices: SCENARIO.services,
     egresses: SCENARIO.egresses,
     gatewaysPerEgress: SCENARIO.gatewaysPerEgress,
@@ -403,15 +434,16 @@ function table(r: { machine: Record<string, unknown>; summary: Record<string, an
   const lines = [
     `Measured ${String(m.date).slice(0, 10)} on ${m.cpu} (${m.cores} cores, shared with other work; ${m.memoryGiB} GiB), Node ${m.node}, Redis 7.0; ${SCENARIO.egresses} Egresses x ${SCENARIO.gatewaysPerEgress} gateways, ${SCENARIO.services} LB Services (${SCENARIO.lbPodsPerService} LB pods, ${SCENARIO.targetsPerService} targets each), steady window ${WINDOW_S} s.`,
     '',
-    '| store | nodes | start s | store cmds/s | per node | reply B/s | per node | RSS/node MiB | agree after loss ms | fan-out per new connection | Services refused (one node) | churn cmds/s |',
-    '|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|',
+    '| store | nodes | start s | store cmds/s | per node | sent by clients per node | reply B/s | per node | RSS/node MiB | worker loop lag p50/p99 ms | agree after loss ms | fan-out per new connection | Services refused (one node) | churn cmds/s |',
+    '|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|',
   ];
   for (const row of r.rows as Array<Record<string, any>>) {
     if (row.error) {
-      lines.push(`| ${kindOf(row)} | ${row.nodes} | failed: ${row.error} ||||||||||`);
+      lines.push(`| ${kindOf(row)} | ${row.nodes} | failed: ${row.error} ||||||||||||`);
       continue;
     }
-    lines.push(`| ${row.store.kind} | ${row.nodes} | ${round(row.startMs / 1000)} | ${fmt(row.store.commandsPerSec)} | ${fmt(row.store.commandsPerSecPerNode)} | ${fmt(row.store.replyBytesPerSec)} | ${fmt(row.store.replyBytesPerSecPerNode)} | ${row.memory.rssPerNodeMiB} | ${row.loss.agreeMs ?? 'no agreement'} | ${row.lb.fanOutPerNewConnection ?? '-'} | ${row.lb.refusedAtOneNode} | ${fmt(row.churn.commandsPerSec)} |`);
+    const lag = row.workerLoopLagMs ? `${row.workerLoopLagMs.p50Ms}/${row.workerLoopLagMs.p99Ms}` : '-';
+    lines.push(`| ${row.store.kind} | ${row.nodes} | ${round(row.startMs / 1000)} | ${fmt(row.store.commandsPerSec)} | ${fmt(row.store.commandsPerSecPerNode)} | ${fmt(row.store.clientCountedCommandsPerSec / row.nodes)} | ${fmt(row.store.replyBytesPerSec)} | ${fmt(row.store.replyBytesPerSecPerNode)} | ${row.memory.rssPerNodeMiB} | ${lag} | ${row.loss.agreeMs ?? 'no agreement'} | ${row.lb.fanOutPerNewConnection ?? '-'} | ${row.lb.refusedAtOneNode} | ${fmt(row.churn.commandsPerSec)} |`);
   }
   const s = r.summary;
   lines.push('', `Summary (${s.store}): maxNodes ${s.maxNodes}, perNodeGrowth ${s.perNodeGrowth} (N = ${s.maxNodes} over N = ${s.perNodeGrowthBase}: commands/s x${s.perNodeGrowthCommands}, reply bytes/s x${s.perNodeGrowthReplyBytes}), totalStoreOpsAt1000 ${s.totalStoreOpsAt1000} (${s.totalStoreOpsAt1000Is}), lbServices ${s.lbServices}.`);
