@@ -3,16 +3,17 @@
 // gateway node is lost, mapping fan-out per new connection, and the load of churn. Writes
 // results/bench-scale.json and the README's bench:scale block.
 //
-//   tsx test/bench/scale/run.ts [--sizes 50,200,500,1000] [--window 10] [--workers 2] [--baseline]
+//   tsx test/bench/scale/run.ts [--sizes 50,200,500,1000] [--window 10] [--workers 2] [--baseline] [--merge] [--report-only]
 //
 // --baseline also writes results/bench-scale-baseline.json (the run on the code before issue 21's changes).
-// Store: a standalone redis-server started like the tests do. The hook for the 3-primary Cluster is
-// startStore() below: TETHER_SIM_STORE=cluster will use test/lib/redis-cluster.ts once it exists.
+// Store: a standalone redis-server started like the tests do, or with TETHER_SIM_STORE=cluster the 3-primary
+// Redis Cluster of test/lib/redis-cluster.ts (commands and bytes summed over its primaries).
 import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { parseArgs } from 'node:util';
 import Redis from 'ioredis';
 import { startRedis } from '../../lib/redis';
+import { startRedisCluster } from '../../lib/redis-cluster';
 import { machine, updateReadme } from '../stats';
 import { commonFor, nodeSpec, NS, placePods, Sim, type Scenario, type SimWorker } from './sim';
 import type { NodeSpec } from './worker';
@@ -28,6 +29,8 @@ const args = parseArgs({
     baseline: { type: 'boolean', default: false },
     out: { type: 'string', default: path.join(ROOT, 'results/bench-scale.json') },
     'no-readme': { type: 'boolean', default: false },
+    merge: { type: 'boolean', default: false },
+    'report-only': { type: 'boolean', default: false },
   },
 }).values;
 const SIZES = args.sizes!.split(',').map(Number);
@@ -36,8 +39,10 @@ const MAIN_WORKERS = Number(args.workers);
 const SCENARIO: Scenario = { egresses: Number(args.egresses), gatewaysPerEgress: 3, services: Number(args.services), lbPodsPerService: 2, targetsPerService: 2 };
 /** Nodes 0..2 (egress e0's gateways) each run alone in a process, so losing one is a SIGKILL. */
 const VICTIMS = 3;
+const CHURN_STEP_MS = 30_000;
 const MEMORY_LIMIT_GIB = Math.max(2, Math.floor(require('node:os').totalmem() / 2 ** 30) - 4);
 
+let storeKind: 'standalone' | 'cluster' = process.env.TETHER_SIM_STORE === 'cluster' ? 'cluster' : 'standalone';
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 const log = (m: string, x: Record<string, unknown> = {}) => process.stdout.write(`${new Date().toISOString()} ${m} ${Object.keys(x).length ? JSON.stringify(x) : ''}\n`);
 const round = (x: number, d = 1) => Math.round(x * 10 ** d) / 10 ** d;
@@ -45,32 +50,71 @@ const round = (x: number, d = 1) => Math.round(x * 10 ** d) / 10 ** d;
 interface Store {
   url: string;
   kind: 'standalone' | 'cluster';
+  /** INFO commands each counters() call adds per primary (taken out of the rates). */
+  probeCommands: number;
   /** INFO stats counters summed over the store's primaries. */
-  counters(): Promise<{ commands: number; outBytes: number; inBytes: number; clients: number }>;
+  counters(): Promise<{ commands: number; outBytes: number; inBytes: number; clients: number; byCommand: Record<string, number> }>;
   stop(): Promise<void>;
 }
 
+/** INFO commandstats → calls per command (summed over the strings given). */
+const byCommand = (infos: string[]) => {
+  const out: Record<string, number> = {};
+  for (const i of infos) for (const m of i.matchAll(/^cmdstat_([^:]+):calls=(\d+)/gm)) out[m[1]] = (out[m[1]] ?? 0) + Number(m[2]);
+  return out;
+};
+const infoField = (info: string, name: string) => Number(new RegExp(`^${name}:(\\d+)`, 'm').exec(info)?.[1] ?? 0);
+
 async function startStore(): Promise<Store> {
-  if (process.env.TETHER_SIM_STORE === 'cluster') {
-    // Hook: test/lib/redis-cluster.ts (branch i21-store) starts a 3-primary Cluster; sum INFO over primaries.
-    throw new Error('TETHER_SIM_STORE=cluster: needs test/lib/redis-cluster.ts (not on this branch yet)');
-  }
+  if (process.env.TETHER_SIM_STORE === 'cluster') return startClusterStore();
   const r = await startRedis();
   const admin = new Redis({ path: r.socketPath });
   await admin.config('SET', 'maxclients', '15000');
-  const field = (info: string, name: string) => Number(new RegExp(`^${name}:(\\d+)`, 'm').exec(info)?.[1] ?? 0);
   return {
     url: r.url,
     kind: 'standalone',
+    probeCommands: 1,
     async counters() {
-      const info = await admin.info();
-      return { commands: field(info, 'total_commands_processed'), outBytes: field(info, 'total_net_output_bytes'), inBytes: field(info, 'total_net_input_bytes'), clients: field(info, 'connected_clients') };
+      const info = await admin.info('all');
+      return { commands: infoField(info, 'total_commands_processed'), outBytes: infoField(info, 'total_net_output_bytes'), inBytes: infoField(info, 'total_net_input_bytes'), clients: infoField(info, 'connected_clients'), byCommand: byCommand([info]) };
     },
     async stop() {
       admin.disconnect();
       await r.stop();
     },
   };
+}
+
+/**
+ * TETHER_SIM_STORE=cluster: a 3-primary (+3 replicas) Redis Cluster from test/lib/redis-cluster.ts; the
+ * nodes get its redis+cluster:// URL. Counters are INFO stats summed over every primary serving slots
+ * (replicas' replication traffic is not client load: Redis 7 counts it apart, total_net_repl_*).
+ */
+async function startClusterStore(): Promise<Store> {
+  const c = await startRedisCluster();
+  try {
+    const primaries = (await c.nodes()).filter((n) => n.role === 'master' && !n.failed && n.slots.length).map((n) => n.port);
+    if (primaries.length !== 3) throw new Error(`expected 3 primaries, the cluster has ${primaries.length}`);
+    await Promise.all(c.ports.map((p) => c.cli(p, 'config', 'set', 'maxclients', '15000')));
+    const admins = primaries.map((port) => new Redis({ host: '127.0.0.1', port, lazyConnect: false }));
+    return {
+      url: c.url,
+      kind: 'cluster',
+      probeCommands: primaries.length,
+      async counters() {
+        const infos = await Promise.all(admins.map((a) => a.info('all')));
+        const sum = (name: string) => infos.reduce((acc, i) => acc + infoField(i, name), 0);
+        return { commands: sum('total_commands_processed'), outBytes: sum('total_net_output_bytes'), inBytes: sum('total_net_input_bytes'), clients: sum('connected_clients'), byCommand: byCommand(infos) };
+      },
+      async stop() {
+        for (const a of admins) a.disconnect();
+        await c.stop();
+      },
+    };
+  } catch (e) {
+    await c.stop();
+    throw e;
+  }
 }
 
 interface WorkerStats {
@@ -80,6 +124,7 @@ interface WorkerStats {
   commandsSent: number;
   lbNotices: number;
   calls: Record<string, number>;
+  loopLag: { p50Ms: number; p99Ms: number; maxMs: number };
 }
 
 async function until<T>(fn: () => Promise<T | undefined>, timeoutMs: number, everyMs = 100): Promise<{ value?: T; ms: number }> {
@@ -151,8 +196,9 @@ async function runSize(sim: Sim, n: number): Promise<Record<string, unknown>> {
     await sleep(WINDOW_S * 1000);
     const c1 = await store.counters();
     const s1 = await statsAll();
+    storeKind = store.kind;
     const secs = (Date.now() - w0) / 1000;
-    const cmds = (c1.commands - c0.commands - 2) / secs;
+    const cmds = (c1.commands - c0.commands - store.probeCommands) / secs;
     const outB = (c1.outBytes - c0.outBytes) / secs;
     const sent = (s1.reduce((a, s) => a + s.commandsSent, 0) - s0.reduce((a, s) => a + s.commandsSent, 0)) / secs;
     const mainStats = s1.slice(0, mains.length);
@@ -163,7 +209,11 @@ async function runSize(sim: Sim, n: number): Promise<Record<string, unknown>> {
       for (const [k, v] of Object.entries(s.calls)) acc[k] = (acc[k] ?? 0) + v;
       return acc;
     }, {} as Record<string, number>);
-    log('steady', { n, cmds: round(cmds), outB: round(outB), perNodeCmds: round(cmds / n, 2), perNodeOutB: round(outB / n), rssPerNodeMiB: round(rssPerNode / 2 ** 20, 2) });
+    // Which commands the steady state is made of (INFO commandstats deltas), per node per second.
+    const perCommand = Object.fromEntries(Object.entries(c1.byCommand).map(([k, v]) => [k, round((v - (c0.byCommand[k] ?? 0)) / secs / n, 2)]).filter(([, v]) => (v as number) > 0).sort((a, b) => (b[1] as number) - (a[1] as number)));
+    // The main workers' event loop delay over the window (s1 answers for the window since s0 reset it).
+    const loopLag = { p50Ms: Math.max(...mainStats.map((x) => x.loopLag.p50Ms)), p99Ms: Math.max(...mainStats.map((x) => x.loopLag.p99Ms)), maxMs: Math.max(...mainStats.map((x) => x.loopLag.maxMs)) };
+    log('steady', { n, loopLag, perCommand, cmds: round(cmds), outB: round(outB), perNodeCmds: round(cmds / n, 2), perNodeOutB: round(outB / n), rssPerNodeMiB: round(rssPerNode / 2 ** 20, 2) });
 
     // Load balancer: refused Services and mapping fan-out per new connection.
     const lbNode = specs[(10 * SCENARIO.lbPodsPerService) % n].name;
@@ -213,20 +263,32 @@ async function runSize(sim: Sim, n: number): Promise<Record<string, unknown>> {
     log('loss', { n, lost: lostName, agreeMs, agreeNodes });
 
     // Churn: a node added, gateway pods added and removed, client pods added; its store load over a window.
+    // Each step is bounded (CHURN_STEP_MS): a step that does not answer is named in the row, not waited for.
+    const timedOut: string[] = [];
+    const bounded = <T>(label: string, p: Promise<T>): Promise<T | undefined> => {
+      let done = false;
+      return Promise.race([
+        p.catch(() => undefined).finally(() => (done = true)),
+        sleep(CHURN_STEP_MS).then(() => {
+          if (!done) timedOut.push(label);
+          return undefined;
+        }),
+      ]);
+    };
     const cc0 = await store.counters();
     const tc = Date.now();
     const extra = nodeSpec(n);
-    await Promise.all(live().map((w) => w.ask({ op: 'alive', address: extra.address, alive: true })));
-    const joined = await mains[0].ask<{ failed: unknown[] }>({ op: 'start', common, nodes: [extra], alive: [] });
-    await mains[0].ask({ op: 'addPods', pods: [{ node: extra.name, pod: { namespace: NS, name: 'gw-e1-extra', ip: '10.127.255.1', labels: { 'egress-gw': 'e1' } } }] });
+    await bounded('alive', Promise.all(live().map((w) => w.ask({ op: 'alive', address: extra.address, alive: true }))));
+    const joined = (await bounded('node start', mains[0].ask<{ failed: unknown[] }>({ op: 'start', common, nodes: [extra], alive: [] }))) ?? { failed: ['timed out'] };
+    await bounded('gateway pod added', mains[0].ask({ op: 'addPods', pods: [{ node: extra.name, pod: { namespace: NS, name: 'gw-e1-extra', ip: '10.127.255.1', labels: { 'egress-gw': 'e1' } } }] }));
     const gwVictim = placePods(SCENARIO, n).find((p) => p.pod.name === 'gw-e1-0')!;
-    await owner.get(specs[gwVictim.node].name)?.ask({ op: 'removePod', node: specs[gwVictim.node].name, namespace: NS, name: 'gw-e1-0' }).catch(() => undefined);
+    await bounded('gateway pod removed', owner.get(specs[gwVictim.node].name)!.ask({ op: 'removePod', node: specs[gwVictim.node].name, namespace: NS, name: 'gw-e1-0' }));
     const clients = Array.from({ length: 20 }, (_, i) => ({ node: specs[(7 * i + 5) % n], pod: { namespace: NS, name: `client-churn-${i}`, ip: podIp2(i), labels: { 'egress-client': `e${i % Math.max(1, SCENARIO.egresses)}` } } }));
-    for (const c of clients) await owner.get(c.node.name)?.ask({ op: 'addPods', pods: [{ node: c.node.name, pod: c.pod }] });
+    await bounded('client pods added', Promise.all(clients.map((c) => owner.get(c.node.name)!.ask({ op: 'addPods', pods: [{ node: c.node.name, pod: c.pod }] }))));
     await sleep(Math.max(0, WINDOW_S * 1000 - (Date.now() - tc)));
     const cc1 = await store.counters();
     const churnSecs = (Date.now() - tc) / 1000;
-    log('churn', { n, joined: joined.failed.length === 0, cmds: round((cc1.commands - cc0.commands) / churnSecs) });
+    log('churn', { n, timedOut, joined: joined.failed.length === 0, cmds: round((cc1.commands - cc0.commands) / churnSecs) });
 
     return {
       nodes: n,
@@ -240,12 +302,14 @@ async function runSize(sim: Sim, n: number): Promise<Record<string, unknown>> {
         commandsPerSecPerNode: round(cmds / n, 2),
         replyBytesPerSecPerNode: round(outB / n),
         clientCountedCommandsPerSec: round(sent),
+        commandsPerSecPerNodeByCommand: perCommand,
         connections: c1.clients,
       },
+      workerLoopLagMs: loopLag,
       memory: { rssPerNodeMiB: round(rssPerNode / 2 ** 20, 2), heapPerNodeMiB: round(heapPerNode / 2 ** 20, 2), rssTotalMiB: round(s1.reduce((a, s) => a + s.rss, 0) / 2 ** 20) },
       loss: { lostNode: lostName, agreeMs, nodesAgreeing: agreeNodes },
       lb: { servicesSeenByOneNode: lbs.length, refusedAtOneNode: refused, sampleProblem, fanOutPerNewConnection: receivedBy, installedOnOtherNodesPerNewConnection: fanOut, mappingsInstalledTotal: calls['lb.mappingsInstalled'] ?? 0 },
-      churn: { windowS: round(churnSecs), commandsPerSec: round((cc1.commands - cc0.commands) / churnSecs), nodeJoined: joined.failed.length === 0 },
+      churn: { timedOut, windowS: round(churnSecs), commandsPerSec: round((cc1.commands - cc0.commands) / churnSecs), nodeJoined: joined.failed.length === 0 },
       api: { mode: 'file', note: 'file config source: no API server requests (kube mode against test/lib/fake-apiserver.ts not wired yet)' },
       datapathCalls: calls,
     };
@@ -267,20 +331,30 @@ function podIp2(i: number): string {
   return `10.127.254.${i + 1}`;
 }
 
-/** Per-node commands/s as a + b·N (least squares) → total at 1,000 nodes. */
-function extrapolate(rows: Array<{ n: number; perNode: number }>, target: number): number {
-  if (rows.length === 1) return rows[0].perNode * target;
+/**
+ * Total commands/s at `target` nodes from the measured curve, fitted as total = a + b·N (least squares):
+ * a part that does not grow with N (per VIP and per Egress work, spread over however many nodes) plus a
+ * per-node constant. (A per-node model a + b·N goes negative when per-node load falls with N, as it does
+ * once the per-VIP work is spread over more nodes.) Never below the largest total measured.
+ */
+function extrapolate(rows: Array<{ n: number; total: number }>, target: number): number {
+  if (rows.length === 1) return (rows[0].total / rows[0].n) * target;
   const mx = rows.reduce((a, r) => a + r.n, 0) / rows.length;
-  const my = rows.reduce((a, r) => a + r.perNode, 0) / rows.length;
-  const b = rows.reduce((a, r) => a + (r.n - mx) * (r.perNode - my), 0) / rows.reduce((a, r) => a + (r.n - mx) ** 2, 0);
-  return (my + b * (target - mx)) * target;
+  const my = rows.reduce((a, r) => a + r.total, 0) / rows.length;
+  const b = rows.reduce((a, r) => a + (r.n - mx) * (r.total - my), 0) / rows.reduce((a, r) => a + (r.n - mx) ** 2, 0);
+  return Math.max(my + b * (target - mx), ...rows.map((r) => r.total));
 }
 
 async function main(): Promise<void> {
+  // --merge: rows measured earlier (same scenario) are kept and this run's sizes replace theirs (per store
+  // kind), so sizes can be run one at a time within a time budget. --report-only: no run, only the report.
+  const earlier = args.merge || args['report-only'] ? readEarlier() : [];
+  const rows: Array<Record<string, unknown>> = [];
+  const all = () => [...earlier.filter((r) => !rows.some((x) => x.nodes === r.nodes && kindOf(x) === kindOf(r))), ...rows].sort((a, b) => kindOf(a).localeCompare(kindOf(b)) || Number(a.nodes) - Number(b.nodes));
+  if (args['report-only']) return report(all());
   log('bundling the simulation');
   const sim = await Sim.create();
   log('substituted', { modules: sim.substituted });
-  const rows: Array<Record<string, unknown>> = [];
   try {
     for (const n of SIZES) {
       const free = require('node:os').freemem() / 2 ** 30;
@@ -292,64 +366,120 @@ async function main(): Promise<void> {
       log('running', { n });
       try {
         rows.push(await runSize(sim, n));
-        report(rows); // written after every size: a run cut short keeps what it measured
+        report(all()); // written after every size: a run cut short keeps what it measured
       } catch (e) {
         log('size failed', { n, error: (e as Error).message });
-        rows.push({ nodes: n, error: (e as Error).message });
+        rows.push({ nodes: n, store: { kind: storeKind }, error: (e as Error).message });
         break;
       }
     }
   } finally {
     await sim.stop();
   }
-  report(rows);
+  report(all());
+}
+
+type Row = { nodes: number; error?: string; store: { kind: string; commandsPerSecPerNode: number; replyBytesPerSecPerNode: number; commandsPerSec: number; replyBytesPerSec: number } };
+const kindOf = (r: Record<string, unknown>) => String((r.store as { kind?: string } | undefined)?.kind ?? 'standalone');
+
+function readEarlier(): Array<Record<string, unknown>> {
+  if (!fs.existsSync(args.out!)) return [];
+  const old = JSON.parse(fs.readFileSync(args.out!, 'utf8')) as { scenario: Scenario; windowS?: number; rows: Array<Record<string, unknown>> };
+  if (JSON.stringify(old.scenario) !== JSON.stringify(SCENARIO)) throw new Error(`--merge: ${args.out} holds another scenario (${JSON.stringify(old.scenario)}; this run: ${JSON.stringify(SCENARIO)}); not mixing them`);
+  return old.rows;
+}
+
+function summarize(rows: Row[]) {
+  const ok = rows.filter((r) => !r.error);
+  const first = ok.find((r) => r.nodes === 50) ?? ok[0];
+  const largest = ok.at(-1)!;
+  const at1000 = ok.find((r) => r.nodes === 1000);
+  return {
+    maxNodes: largest.nodes,
+    perNodeGrowth: round(Math.max(largest.store.commandsPerSecPerNode / first.store.commandsPerSecPerNode, largest.store.replyBytesPerSecPerNode / first.store.replyBytesPerSecPerNode), 2),
+    perNodeGrowthCommands: round(largest.store.commandsPerSecPerNode / first.store.commandsPerSecPerNode, 2),
+    perNodeGrowthReplyBytes: round(largest.store.replyBytesPerSecPerNode / first.store.replyBytesPerSecPerNode, 2),
+    perNodeGrowthBase: first.nodes,
+    totalStoreOpsAt1000: Math.round(at1000 ? at1000.store.commandsPerSec : extrapolate(ok.map((r) => ({ n: r.nodes, total: r.store.commandsPerSec })), 1000)),
+    totalStoreOpsAt1000Is: at1000 ? 'measured' : ok.length === 1 ? `extrapolated (per node x 1,000 from N = ${ok[0].nodes} alone)` : `extrapolated (total commands/s fitted as a + b·N over N = ${ok.map((r) => r.nodes).join(', ')})`,
+    lbServices: SCENARIO.services,
+    egresses: SCENARIO.egresses,
+    gatewaysPerEgress: SCENARIO.gatewaysPerEgress,
+  };
 }
 
 function report(rows: Array<Record<string, unknown>>): void {
-  const ok = rows.filter((r) => !r.error) as Array<{ nodes: number; store: { commandsPerSecPerNode: number; replyBytesPerSecPerNode: number; commandsPerSec: number } }>;
+  fs.mkdirSync(path.dirname(args.out!), { recursive: true });
+  const ok = (rows as Row[]).filter((r) => !r.error);
   if (!ok.length) {
     fs.writeFileSync(args.out!, JSON.stringify({ benchmark: 'scale', machine: machine(), scenario: SCENARIO, rows }, null, 2) + '\n');
     return;
   }
-  const first = ok.find((r) => r.nodes === 50) ?? ok[0];
-  const largest = ok.at(-1)!;
-  const at1000 = ok.find((r) => r.nodes === 1000);
-  const summary = {
-    maxNodes: largest.nodes,
-    perNodeGrowth: round(Math.max(largest.store.commandsPerSecPerNode / first.store.commandsPerSecPerNode, largest.store.replyBytesPerSecPerNode / first.store.replyBytesPerSecPerNode), 2),
-    perNodeGrowthBase: first.nodes,
-    totalStoreOpsAt1000: Math.round(at1000 ? at1000.store.commandsPerSec : extrapolate(ok.map((r) => ({ n: r.nodes, perNode: r.store.commandsPerSecPerNode })), 1000)),
-    totalStoreOpsAt1000Is: at1000 ? 'measured' : `extrapolated (per-node commands/s fitted as a + b·N over N = ${ok.map((r) => r.nodes).join(', ')})`,
-    lbServices: SCENARIO.services,
-    egresses: SCENARIO.egresses,
-    gatewaysPerEgress: SCENARIO.gatewaysPerEgress,
-    store: 'redis standalone',
-  };
+  // The summary is over the standalone rows when there are any (the Cluster rows get their own).
+  const standalone = ok.filter((r) => r.store.kind === 'standalone');
+  const cluster = ok.filter((r) => r.store.kind === 'cluster');
+  const main = standalone.length ? standalone : cluster;
+  const summary = { ...summarize(main), store: main === standalone ? 'redis standalone' : 'redis cluster (3 primaries)', ...(cluster.length && main !== cluster ? { cluster: summarize(cluster) } : {}) };
   const report = { benchmark: 'scale', machine: machine(), loadAverage1m: require('node:os').loadavg()[0], scenario: SCENARIO, windowS: WINDOW_S, summary, rows };
-  fs.mkdirSync(path.dirname(args.out!), { recursive: true });
   fs.writeFileSync(args.out!, JSON.stringify(report, null, 2) + '\n');
   if (args.baseline) fs.writeFileSync(path.join(ROOT, 'results/bench-scale-baseline.json'), JSON.stringify(report, null, 2) + '\n');
   log('summary', summary);
   if (!args['no-readme']) updateReadme(path.join(ROOT, 'README.md'), 'scale', table(report));
 }
 
-function table(r: { machine: Record<string, unknown>; summary: Record<string, unknown>; rows: Array<Record<string, unknown>> }): string {
+const fmt = (x: number) => (x >= 100 ? Math.round(x).toLocaleString('en-US') : String(round(x, 2)));
+
+function table(r: { machine: Record<string, unknown>; summary: Record<string, any>; rows: Array<Record<string, unknown>> }): string {
   const m = r.machine;
   const lines = [
-    `Measured ${String(m.date).slice(0, 10)} on ${m.cpu} (${m.cores} cores, ${m.memoryGiB} GiB), Node ${m.node}, redis standalone; ${SCENARIO.egresses} Egresses x ${SCENARIO.gatewaysPerEgress} gateways, ${SCENARIO.services} LB Services, steady window ${WINDOW_S} s.`,
+    `Measured ${String(m.date).slice(0, 10)} on ${m.cpu} (${m.cores} cores, shared with other work; ${m.memoryGiB} GiB), Node ${m.node}, Redis 7.0; ${SCENARIO.egresses} Egresses x ${SCENARIO.gatewaysPerEgress} gateways, ${SCENARIO.services} LB Services (${SCENARIO.lbPodsPerService} LB pods, ${SCENARIO.targetsPerService} targets each), steady window ${WINDOW_S} s.`,
     '',
-    '| nodes | store cmds/s | per node | reply B/s per node | RSS/node MiB | agree after loss ms | fan-out per new connection | Services refused (one node) | churn cmds/s |',
-    '|---:|---:|---:|---:|---:|---:|---:|---:|---:|',
+    '| store | nodes | start s | store cmds/s | per node | sent by clients per node | reply B/s | per node | RSS/node MiB | worker loop lag p50/p99 ms | agree after loss ms | fan-out per new connection | Services refused (one node) | churn cmds/s |',
+    '|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|',
   ];
   for (const row of r.rows as Array<Record<string, any>>) {
     if (row.error) {
-      lines.push(`| ${row.nodes} | failed: ${row.error} |||||||`);
+      lines.push(`| ${kindOf(row)} | ${row.nodes} | failed: ${row.error} ||||||||||||`);
       continue;
     }
-    lines.push(`| ${row.nodes} | ${row.store.commandsPerSec} | ${row.store.commandsPerSecPerNode} | ${row.store.replyBytesPerSecPerNode} | ${row.memory.rssPerNodeMiB} | ${row.loss.agreeMs ?? 'no agreement'} | ${row.lb.fanOutPerNewConnection ?? '-'} | ${row.lb.refusedAtOneNode} | ${row.churn.commandsPerSec} |`);
+    const lag = row.workerLoopLagMs ? `${row.workerLoopLagMs.p50Ms}/${row.workerLoopLagMs.p99Ms}` : '-';
+    lines.push(`| ${row.store.kind} | ${row.nodes} | ${round(row.startMs / 1000)} | ${fmt(row.store.commandsPerSec)} | ${fmt(row.store.commandsPerSecPerNode)} | ${fmt(row.store.clientCountedCommandsPerSec / row.nodes)} | ${fmt(row.store.replyBytesPerSec)} | ${fmt(row.store.replyBytesPerSecPerNode)} | ${row.memory.rssPerNodeMiB} | ${lag} | ${row.loss.agreeMs ?? 'no agreement'} | ${row.lb.fanOutPerNewConnection ?? '-'} | ${row.lb.refusedAtOneNode} | ${fmt(row.churn.commandsPerSec)} |`);
   }
   const s = r.summary;
-  lines.push('', `Summary: maxNodes ${s.maxNodes}, perNodeGrowth ${s.perNodeGrowth} (N = ${s.maxNodes} over N = ${s.perNodeGrowthBase}), totalStoreOpsAt1000 ${s.totalStoreOpsAt1000} (${s.totalStoreOpsAt1000Is}).`);
+  lines.push('', `Summary (${s.store}): maxNodes ${s.maxNodes}, perNodeGrowth ${s.perNodeGrowth} (N = ${s.maxNodes} over N = ${s.perNodeGrowthBase}: commands/s x${s.perNodeGrowthCommands}, reply bytes/s x${s.perNodeGrowthReplyBytes}), totalStoreOpsAt1000 ${s.totalStoreOpsAt1000} (${s.totalStoreOpsAt1000Is}), lbServices ${s.lbServices}.`);
+  if (s.cluster) lines.push(`Cluster rows: maxNodes ${s.cluster.maxNodes}, perNodeGrowth ${s.cluster.perNodeGrowth}, totalStoreOpsAt1000 ${s.cluster.totalStoreOpsAt1000} (${s.cluster.totalStoreOpsAt1000Is}).`);
+
+  // Growth curve: per-node load by N (a flat curve is the target).
+  const ok = (r.rows as Row[]).filter((x) => !x.error && x.store.kind === (s.store.startsWith('redis standalone') ? 'standalone' : 'cluster'));
+  const maxC = Math.max(...ok.map((x) => x.store.commandsPerSecPerNode));
+  const maxB = Math.max(...ok.map((x) => x.store.replyBytesPerSecPerNode));
+  const bar = (v: number, max: number) => '#'.repeat(Math.max(1, Math.round((v / max) * 40)));
+  lines.push('', 'Growth curve (per node, steady state; bars scaled to the largest value):', '', '```');
+  for (const x of ok) lines.push(`N=${String(x.nodes).padEnd(5)} cmds/s ${fmt(x.store.commandsPerSecPerNode).padStart(7)} ${bar(x.store.commandsPerSecPerNode, maxC)}`);
+  for (const x of ok) lines.push(`N=${String(x.nodes).padEnd(5)} B/s    ${fmt(x.store.replyBytesPerSecPerNode).padStart(7)} ${bar(x.store.replyBytesPerSecPerNode, maxB)}`);
+  lines.push('```');
+
+  // Against the code before issue 21 (results/bench-scale-baseline.json), on the same scenario where one
+  // was measured with the new code too (results/bench-scale-like-baseline.json).
+  const basePath = path.join(ROOT, 'results/bench-scale-baseline.json');
+  const likePath = path.join(ROOT, 'results/bench-scale-like-baseline.json');
+  if (fs.existsSync(basePath)) {
+    const base = JSON.parse(fs.readFileSync(basePath, 'utf8')) as { scenario: Scenario; rows: Row[] };
+    const like = fs.existsSync(likePath) ? (JSON.parse(fs.readFileSync(likePath, 'utf8')) as { scenario: Scenario; rows: Row[] }) : undefined;
+    lines.push('', '| code | scenario | nodes | store cmds/s | per node | reply B/s per node | new / old per node (cmds, bytes) |', '|---|---|---:|---:|---:|---:|---|');
+    const sc = (x: Scenario) => `${x.egresses} Egresses, ${x.services} Services`;
+    for (const b of base.rows.filter((x) => !x.error)) {
+      lines.push(`| before issue 21 | ${sc(base.scenario)} | ${b.nodes} | ${fmt(b.store.commandsPerSec)} | ${fmt(b.store.commandsPerSecPerNode)} | ${fmt(b.store.replyBytesPerSecPerNode)} | |`);
+      const pairs: Array<[string, Scenario, Row | undefined]> = [
+        ['issue 21', base.scenario, like && JSON.stringify(like.scenario) === JSON.stringify(base.scenario) ? like.rows.find((x) => !x.error && x.nodes === b.nodes) : undefined],
+        ['issue 21', SCENARIO, ok.find((x) => x.nodes === b.nodes)],
+      ];
+      for (const [code, scen, x] of pairs) {
+        if (!x) continue;
+        lines.push(`| ${code} | ${sc(scen)} | ${x.nodes} | ${fmt(x.store.commandsPerSec)} | ${fmt(x.store.commandsPerSecPerNode)} | ${fmt(x.store.replyBytesPerSecPerNode)} | ${round(x.store.commandsPerSecPerNode / b.store.commandsPerSecPerNode, 3)}x, ${round(x.store.replyBytesPerSecPerNode / b.store.replyBytesPerSecPerNode, 3)}x |`);
+      }
+    }
+  }
   return lines.join('\n');
 }
 

@@ -138,7 +138,9 @@ export class Sim {
 
   async fork(logFile: string): Promise<SimWorker> {
     const out = fs.openSync(logFile, 'a');
-    const proc = fork(this.bundle, [], { stdio: ['ignore', out, out, 'ipc'], execArgv: ['--max-old-space-size=8192'] });
+    // TETHER_SIM_CPU_PROF=<dir>: every worker writes a V8 CPU profile there when it exits (not the SIGKILLed victim).
+    const prof = process.env.TETHER_SIM_CPU_PROF ? ['--cpu-prof', `--cpu-prof-dir=${path.resolve(process.env.TETHER_SIM_CPU_PROF)}`] : [];
+    const proc = fork(this.bundle, [], { stdio: ['ignore', out, out, 'ipc'], execArgv: ['--max-old-space-size=8192', ...prof] });
     fs.closeSync(out);
     await new Promise<void>((resolve, reject) => {
       proc.once('message', () => resolve());

@@ -1,6 +1,7 @@
 // A simulation worker process: hosts many simulated nodes (sim-node.ts), driven by the coordinator over
 // IPC (process.send). Only ever run as the bundle bundle.ts builds (fakes in place of the kernel).
 import * as path from 'node:path';
+import { monitorEventLoopDelay } from 'node:perf_hooks';
 import Redis from 'ioredis';
 import { makeLogger, setLogger } from '../../../daemon/log';
 import { SimNode, type SimPod } from './sim-node';
@@ -42,6 +43,10 @@ const logger = makeLogger({ level: process.env.TETHER_SIM_LOG_LEVEL ?? 'error' }
 logger.silent = !process.env.TETHER_SIM_LOG_LEVEL;
 setLogger(logger);
 const nodes = new Map<string, SimNode>();
+// Event loop delay of this process since the last stats question: a worker whose loop lags by most of a
+// second runs its nodes' 1 s passes less often than a real node would, and the rates measured undercount.
+const loopDelay = monitorEventLoopDelay({ resolution: 20 });
+loopDelay.enable();
 const addresses = new Set<string>();
 
 // The node addresses are the simulated nodes' interfaces (they are loopback addresses: 127/8 is local).
@@ -61,11 +66,13 @@ Redis.prototype.sendCommand = function (this: Redis, ...a: Parameters<typeof sen
   return send.apply(this, a);
 };
 
-// Load balancer mapping notices received by this process's nodes (pub/sub deliveries on the lb channel).
+// Load balancer mapping notices received by this process's nodes: deliveries on the per-VIP notice
+// channels (tether:lb:{<vip>}:notices; 'message' on one server, 'smessage' by sharded pub/sub on a
+// Cluster, whose subscriber connections are ioredis Redis instances too).
 let lbNotices = 0;
 const emit = Redis.prototype.emit;
 Redis.prototype.emit = function (this: Redis, event: string | symbol, ...a: unknown[]) {
-  if (event === 'message' && typeof a[0] === 'string' && a[0].endsWith('lb:mappings')) lbNotices++;
+  if ((event === 'message' || event === 'smessage') && typeof a[0] === 'string' && a[0].includes('lb:') && a[0].endsWith(':notices')) lbNotices++;
   return emit.call(this, event, ...a);
 };
 
@@ -133,7 +140,9 @@ async function handle(m: Request): Promise<unknown> {
     }
     case 'stats': {
       const mu = process.memoryUsage();
-      return { nodes: nodes.size, rss: mu.rss, heapUsed: mu.heapUsed, commandsSent, lbNotices, calls: recorded() };
+      const lag = { p50Ms: Math.round(loopDelay.percentile(50) / 1e6), p99Ms: Math.round(loopDelay.percentile(99) / 1e6), maxMs: Math.round(loopDelay.max / 1e6) };
+      loopDelay.reset();
+      return { nodes: nodes.size, rss: mu.rss, heapUsed: mu.heapUsed, commandsSent, lbNotices, calls: recorded(), loopLag: lag };
     }
     case 'lbConnect': {
       const n = nodes.get(m.node);
