@@ -206,6 +206,8 @@ return {token, math.max(0, now - tonumber(born)), 'kept', restarted}
  * - 'adopt': the pool's mark is an older generation's: the pool's keys outlived a generation change (only
  *   the generation's slot lost its data; a holder-side hold-off already ran for the current one), so what
  *   they hold is still true; ALLOCATE may replace the mark.
+ * - 'recheck': the pool is recorded as marked but the caller's read of its mark came before this check
+ *   (ARGV[5] not '1'): read the mark again, then ask again with ARGV[5] '1'.
  * - 'lost': the pool was marked in this generation and its mark is gone: the pool's slot lost its data
  *   (a Redis Cluster node restarted empty) while the generation's slot kept it. The generation is replaced
  *   here, as a restart, so every holder re-asserts and new addresses wait for the hold-off.
@@ -216,6 +218,9 @@ local token = redis.call('GET', KEYS[1])
 if token ~= ARGV[1] then return 'stale' end
 local member = redis.call('SISMEMBER', KEYS[4], ARGV[2]) == 1
 if ARGV[3] == '' and member then
+  -- The caller read the pool's mark before this membership: a racing first writer may have set the mark
+  -- and recorded the pool since. Only a mark read after membership was seen (ARGV[5] '1') proves a loss.
+  if ARGV[5] ~= '1' then return 'recheck' end
   local t = redis.call('TIME')
   redis.call('SET', KEYS[1], ARGV[4])
   redis.call('SET', KEYS[2], tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))

@@ -47,7 +47,7 @@ interface Scripts {
   tetherReleaseBlock(numKeys: number, ...keysAndArgs: string[]): Promise<number>;
   tetherAllocate(numKeys: number, ...keysAndArgs: Array<string | number>): Promise<unknown[]>;
   tetherGeneration(token: string, born: string, restarted: string, pools: string, fresh: string, mark: string): Promise<[string, number, string, number]>;
-  tetherMarkPool(token: string, born: string, restarted: string, pools: string, generation: string, pool: string, mark: string, fresh: string): Promise<'stale' | 'new' | 'adopt' | 'lost'>;
+  tetherMarkPool(token: string, born: string, restarted: string, pools: string, generation: string, pool: string, mark: string, fresh: string, markReadAfterMember: string): Promise<'stale' | 'new' | 'adopt' | 'lost' | 'recheck'>;
   tetherConfirmPool(token: string, pools: string, generation: string, pool: string): Promise<number>;
   tetherReleaseOwner(numKeys: number, ...keysAndArgs: string[]): Promise<string[]>;
 }
@@ -307,7 +307,9 @@ export class RedisStore implements ClusterStore {
     const k = this.keys;
     const token = guard.generation ?? '';
     let replaceMark = '-';
-    for (let round = 0; round < 3; round++) {
+    // Set once MARK_POOL said the pool is recorded as marked: the next mark read comes after that.
+    let memberSeen = false;
+    for (let round = 0; round < 4; round++) {
       const { reply: r, replicas, acked, waitMs } = await this.runAcked('allocateAddresses', k.addrs(pool), (p, key) =>
         p.tetherAllocate(...this.withOld([key, k.owner(pool, owner), k.mark(pool)], [this.old?.addrs(pool), this.old?.owner(pool, owner)]), owner, mode, count, token, guard.holdOff ? '1' : '0', replaceMark, ...addresses),
       );
@@ -330,8 +332,12 @@ export class RedisStore implements ClusterStore {
       }
       const mark = String(reply[1]);
       const fresh = randomBytes(8).toString('hex');
-      const verdict = await this.run('allocateAddresses (generation)', () => this.client.tetherMarkPool(k.generation, k.born, k.restarted, k.pools, token, pool, mark, fresh));
+      const verdict = await this.run('allocateAddresses (generation)', () => this.client.tetherMarkPool(k.generation, k.born, k.restarted, k.pools, token, pool, mark, fresh, memberSeen ? '1' : '0'));
       if (verdict === 'stale') return ['stale'];
+      if (verdict === 'recheck') {
+        memberSeen = true;
+        continue;
+      }
       if (verdict === 'lost') {
         log().warn('cluster store: the keys of a pool lost their data while the generation kept its own (a Redis Cluster node restarted empty?); generation replaced as a restart, holders re-assert', { store: this.where, pool, previous: token, generation: fresh });
         return ['stale'];

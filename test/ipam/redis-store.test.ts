@@ -7,7 +7,7 @@ import { captureLog } from '../lib/log-capture';
 import { makeLogger, setLogger } from '../../daemon/log';
 import { ErrorCode, TetherError } from '../../daemon/errors';
 import { parseRedisUrl, RedisStore, storeKeys, untaggedKeys, type RedisStoreOptions } from '../../ipam/store/redis-store';
-import { CLAIM_BLOCK } from '../../ipam/store/redis-scripts';
+import { CLAIM_BLOCK, MARK_POOL } from '../../ipam/store/redis-scripts';
 import { withRedis, type TestRedis } from '../lib/redis';
 
 // The store logs every claim; keep test output readable unless asked for.
@@ -386,6 +386,32 @@ test('rolling upgrade: a store with the untagged keys of an older tetherd is rea
       assert.ok(await fresh.claimBlock('pods', '10.244.0.0/26', 'n1'));
       assert.ok((await fresh.allocateAddresses(POOL, 'lb/ns/a', { count: 1, candidates: ['192.0.2.1'] })).ok);
       assert.equal((await raw.keys('fresh:*')).filter((k) => !k.includes('{')), [], 'only tagged keys');
+    } finally {
+      raw.disconnect();
+    }
+  });
+});
+
+test('a pool mark read before another node wrote and recorded it is not taken for lost data: MARK_POOL asks for a fresh read first', async () => {
+  await withStores(async (open, redis) => {
+    const store = await open();
+    const token = (await store.generation()).token;
+    const k = storeKeys('tether:');
+    const raw = new Redis({ path: redis.socketPath });
+    try {
+      // Node A set the pool's first mark and recorded the pool; node B read the mark (none) just before.
+      await raw.set(k.mark(POOL), token);
+      await raw.sadd(k.pools, POOL);
+      const ask = (readAfterMember: string) => raw.eval(MARK_POOL, 4, k.generation, k.born, k.restarted, k.pools, token, POOL, '', 'fresh-token', readAfterMember);
+      assert.is(await ask('0'), 'recheck', "B's stale read: read the mark again");
+      assert.is(await raw.get(k.generation), token, 'the generation is not replaced');
+      assert.is((await store.generation()).restarted, false, 'nor marked as a restart');
+      // B's next allocation reads the mark and goes ahead under the generation.
+      assert.equal(await store.allocateAddresses(POOL, 'lb/ns/b', { count: 1, candidates: range(2) }, { generation: token }), { ok: true, addresses: ['192.0.2.1'] });
+      // A mark gone after the pool was seen recorded is a loss: generation replaced as a restart.
+      await raw.del(k.mark(POOL));
+      assert.is(await ask('1'), 'lost');
+      assert.is.not(await raw.get(k.generation), token);
     } finally {
       raw.disconnect();
     }
