@@ -15,7 +15,7 @@ import { EventEmitter } from 'node:events';
 import { isIPv4 } from 'node:net';
 import { log } from '../log';
 import { createRedisClient, parseRedisUrl, reconnectAfterEnd } from '../common/redis';
-import { listNodes, NodeRegistry, registerNode } from '../common/node-registry';
+import { NodeRegistry } from '../common/node-registry';
 import { refuseRecord } from '../common/store-record';
 import type { MapKey } from '../bpf/lb-structs';
 import type { NodeHealthReport } from '../health/health-controller';
@@ -503,15 +503,6 @@ export class MappingStore extends EventEmitter {
   async beatNode(node: string, address: string, ttlMs: number): Promise<string[]> {
     if (!this.nodeRegistry) this.nodeRegistry = new NodeRegistry(this.client as unknown as Redis, this.prefix, node, address);
     return this.nodeRegistry.beat(ttlMs);
-  }
-
-  /** Publishes this node's address: targets accept FoU only from registered nodes. */
-  async registerNode(node: string, address: string, ttlMs: number): Promise<void> {
-    await registerNode(this.client, this.prefix, node, address, ttlMs);
-  }
-
-  async listNodes(): Promise<string[]> {
-    return listNodes(this.client, this.prefix);
   }
 
   /** This node's health-check answers, for the Services' status (the leader reads every node's). */
