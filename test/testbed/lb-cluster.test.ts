@@ -9,7 +9,7 @@ import { test } from 'uvu';
 import * as assert from 'uvu/assert';
 import type { ChildProcess } from 'node:child_process';
 import { withTestbed, type Testbed } from './testbed';
-import { PORT, configure, lbPodSpec, lbStatus, routerPaths, startBgp, startTargets, topology, traffic, until } from './lb-scenario';
+import { announcedOn, PORT, configure, lbPodSpec, lbStatus, startBgp, startTargets, topology, traffic, until } from './lb-scenario';
 import { LB_STORE_BUCKETS } from '../../daemon/lb/mapping-store';
 
 const CONNS = Number(process.env.LB_TEST_CONNS ?? 200);
@@ -17,16 +17,6 @@ const CONNS = Number(process.env.LB_TEST_CONNS ?? 200);
 const LATE = Number(process.env.LB_CLUSTER_LATE ?? 100);
 const TARGETS = ['n4-t1', 'n4-t2', 'n5-t3'];
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
-
-async function announcedOn(tb: Testbed, nodes: string[]): Promise<string> {
-  return until(`VIP announced by exactly ${nodes.join(', ')}`, async () => {
-    const st = await lbStatus(tb, nodes[0]);
-    if (!st?.vip) return undefined;
-    const paths = await routerPaths(tb, st.vip);
-    const want = nodes.map((n) => tb.node(n).fabricIp).sort();
-    return paths.join() === want.join() ? st.vip : undefined;
-  }, 30_000);
-}
 
 // New connections through the VIP, one every 100 ms (each: connect, one echo, close; 3 s at most), until
 // SIGTERM; then one JSON line: how many, the failures (with when), and the longest time between two

@@ -119,6 +119,17 @@ ${nodes.map((n) => `protocol bgp ${n.name} {
   return { birds, stop: async () => void (await Promise.all(birds.map((b) => b.stop()))) };
 }
 
+/** The VIP (read on nodes[0]) once the router spreads it over exactly `nodes`. */
+export async function announcedOn(tb: Testbed, nodes: string[]): Promise<string> {
+  return until(`VIP announced by exactly ${nodes.join(', ')}`, async () => {
+    const st = await lbStatus(tb, nodes[0]);
+    if (!st?.vip) return undefined;
+    const paths = await routerPaths(tb, st.vip);
+    const want = nodes.map((n) => tb.node(n).fabricIp).sort();
+    return paths.join() === want.join() ? st.vip : undefined;
+  }, 30_000);
+}
+
 /** The router's next hops for the VIP (the nodes it spreads connections over). */
 export async function routerPaths(tb: Testbed, vip: string): Promise<string[]> {
   const r = await tb.exec('router', ['ip', '-j', 'route', 'show', `${vip}/32`]);

@@ -5,7 +5,7 @@ import { test } from 'uvu';
 import * as assert from 'uvu/assert';
 import { withTestbed, type Testbed } from './testbed';
 import {
-  baselineAnnounce, baselineWithdraw, PORT, configure, lbPodSpec, pool, slice, lbStatus, routerPaths, service, startBgp, startTargets, targetSpec, topology, traffic, until,
+  announcedOn, baselineAnnounce, baselineWithdraw, PORT, configure, lbPodSpec, pool, slice, lbStatus, routerPaths, service, startBgp, startTargets, targetSpec, topology, traffic, until,
 } from './lb-scenario';
 
 const CONNS = Number(process.env.LB_TEST_CONNS ?? 200);
@@ -15,16 +15,6 @@ const scenario = (name: string, fn: () => Promise<void>) => (only && !name.inclu
 async function announcedOnVip(tb: Testbed, vip: string, nodes: string[]): Promise<void> {
   const want = nodes.map((n) => tb.node(n).fabricIp).sort().join();
   await until(`${vip} routed over exactly ${nodes.join(', ')}`, async () => (await routerPaths(tb, vip)).join() === want, 30_000);
-}
-
-async function announcedOn(tb: Testbed, nodes: string[]): Promise<string> {
-  return until(`VIP announced by exactly ${nodes.join(', ')}`, async () => {
-    const st = await lbStatus(tb, nodes[0]);
-    if (!st?.vip) return undefined;
-    const paths = await routerPaths(tb, st.vip);
-    const want = nodes.map((n) => tb.node(n).fabricIp).sort();
-    return paths.join() === want.join() ? st.vip : undefined;
-  }, 30_000);
 }
 
 const SOURCE_CLIENT = `
