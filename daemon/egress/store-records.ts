@@ -43,6 +43,9 @@ export class StoreRecords {
       await this.register();
       const watched = [...this.s.egresses.values()].filter((e) => full || this.s.involved(e.key));
       for (const e of watched) if (!this.registered.has(e.key)) this.s.registry.set(e.key, await this.s.o.ownership.listGateways(e.key));
+      // A node with no part in an Egress keeps no copy of its registry: it would read none again, so a
+      // kept copy would only go stale (its status would name candidates that left long ago).
+      for (const e of this.s.egresses.values()) if (!full && !this.s.involved(e.key)) this.s.registry.delete(e.key);
       if (full || watched.length) await this.reassertAddresses();
       await this.ensureAddresses(watched);
       for (const st of this.s.addresses.values()) {

@@ -155,6 +155,20 @@ test('entries of nodes that stopped are removed by the first pass that sees them
   assert.not.ok((await other.listGateways(EGRESS.key)).some((g) => g.node === 'n7'), 'the other copy dropped it too');
 });
 
+test('a node whose last part in an Egress ends (its client pod gone) drops its copy of the registry', async () => {
+  const p = 'noshare:';
+  await cluster(p, 4);
+  const meter = await meterRedis(redis.socketPath);
+  cleanups.push(() => meter.close());
+  const s = await simNode(p, 9, 'client', meter);
+  await s.store.storePass();
+  assert.is(s.registry.get(EGRESS.key)?.length, 3, 'a client knows the 3 candidates');
+  s.clients.clear();
+  await s.store.storePass();
+  assert.is(s.registry.get(EGRESS.key), undefined, 'no copy kept once it reads none');
+  assert.equal(s.peers.liveRegistry(EGRESS.key), [], 'and no candidates left in its view');
+});
+
 test('a gateway node whose last gateway pod leaves removes its entry at once', async () => {
   const p = 'leave:';
   await cluster(p, 4);
