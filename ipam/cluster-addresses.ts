@@ -89,10 +89,18 @@ export class ClusterAddresses {
       if (explicit) {
         out = await store.allocateAddresses(pool.name, owner, { explicit }, guard);
       } else {
-        const taken = await store.listAddresses(pool.name);
-        const mine = [...taken].filter(([, o]) => o === owner).length;
-        candidates = freeCandidates(fam!, taken, Math.max(0, count - mine) + 8);
-        out = await store.allocateAddresses(pool.name, owner, { count, candidates }, guard);
+        // Asked first without candidates: an owner that holds its addresses already (every node asks
+        // for every Service's VIP and every Egress's addresses, idempotently) is answered by the script
+        // without this node reading the whole pool; only an owner short of addresses ('need') has the
+        // pool read for candidates. (Reading it for every ask made a node's start cost grow with
+        // owners x pool size: 1,000 Services = 1,000 reads of a 1,000-entry hash per node.)
+        out = await store.allocateAddresses(pool.name, owner, { count, candidates: [] }, guard);
+        if (!out.ok && 'needCandidates' in out) {
+          const taken = await store.listAddresses(pool.name);
+          const mine = [...taken].filter(([, o]) => o === owner).length;
+          candidates = freeCandidates(fam!, taken, Math.max(0, count - mine) + 8);
+          out = await store.allocateAddresses(pool.name, owner, { count, candidates }, guard);
+        }
       }
       if (out.ok) return this.done(pool.name, owner, out);
       if ('conflict' in out) {

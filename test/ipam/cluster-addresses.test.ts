@@ -68,6 +68,29 @@ test('a brand-new store (a fresh install: no node saw an older generation) hands
   assert.is(g.restarted, false, 'nobody marked it as a restart');
 });
 
+test('an owner that holds its address is answered without reading the pool; only a new owner reads it (once)', async () => {
+  const { store, ca } = await open({ born: 'long ago' });
+  let reads = 0;
+  const list = store.listAddresses.bind(store);
+  store.listAddresses = (pool: string) => {
+    reads++;
+    return list(pool);
+  };
+  const a = await ca.allocate({ pool: 'float', owner: 'sim/s1', count: 1 });
+  assert.is(reads, 1, 'a new owner reads the pool for candidates');
+  const b = await ca.allocate({ pool: 'float', owner: 'sim/s2', count: 1 });
+  assert.is(reads, 2);
+  assert.is.not(b.addresses[0], a.addresses[0]);
+  // Asked again (as every other node does for the same Service): same address, no pool read.
+  for (let i = 0; i < 5; i++) assert.equal((await ca.allocate({ pool: 'float', owner: 'sim/s1', count: 1 })).addresses, a.addresses);
+  assert.is(reads, 2, 'held addresses are answered by the script alone');
+  // An owner asking for more than it holds reads the pool and gets a second, distinct address.
+  const c = await ca.allocate({ pool: 'float', owner: 'sim/s1', count: 2 });
+  assert.is(reads, 3);
+  assert.is(c.addresses.length, 2);
+  assert.ok(c.addresses.includes(a.addresses[0]) && !c.addresses.includes(b.addresses[0]), JSON.stringify(c));
+});
+
 test('store wiped (FLUSHALL): new owners wait, holders re-assert, and after the hold-off nobody else gets a re-asserted address', async () => {
   const { ca, store } = await open({ born: 'long ago' });
   const x = (await ca.allocate({ pool: 'float', owner: 'egress/ns/a#float/0' })).addresses;
