@@ -359,11 +359,13 @@ export class RedisStore implements ClusterStore {
     const waitMs = Math.max(10, Math.floor(this.timeoutMs / 2));
     return this.run(what, async () => {
       const replicas = await this.connectedReplicas(key);
-      const p = this.client.pipeline() as unknown as Scripts & { wait(n: number, ms: number): unknown; exec(): Promise<Array<[Error | null, unknown]> | null> };
-      add(p, key);
-      p.wait(replicas, waitMs);
-      const res = await p.exec();
-      if (!res || res.length !== 2) throw new Error(`no answer to ${what}`);
+      const res = await this.onKeySlot(key, what, () => {
+        const p = this.client.pipeline() as unknown as Scripts & { wait(n: number, ms: number): unknown; exec(): Promise<Array<[Error | null, unknown]> | null> };
+        add(p, key);
+        p.wait(replicas, waitMs);
+        return p.exec();
+      });
+      if (res.length !== 2) throw new Error(`no answer to ${what}`);
       for (const [err] of res) if (err) throw err;
       return { reply: res[0][1], replicas, acked: Number(res[1][1]), waitMs };
     });
@@ -376,8 +378,8 @@ export class RedisStore implements ClusterStore {
    */
   private async connectedReplicas(key: string): Promise<number> {
     // Sent with a command on `key`, so a Cluster client asks the primary serving the key's slot.
-    const res = await this.client.pipeline().exists(key).info('replication').exec();
-    const [err, reply] = res?.[1] ?? [new Error('no answer to INFO replication'), undefined];
+    const res = await this.onKeySlot(key, 'INFO replication', () => this.client.pipeline().exists(key).info('replication').exec());
+    const [err, reply] = res[1] ?? [new Error('no answer to INFO replication'), undefined];
     if (err) throw err;
     const info = String(reply);
     const m = /^connected_slaves:(\d+)/m.exec(info);
@@ -386,6 +388,26 @@ export class RedisStore implements ClusterStore {
     // Older servers without per-replica lines: every connected replica counts.
     if (!lines.length) return Number(m[1]);
     return lines.filter((l) => /(^|,)state=online(,|$)/.test(l[1].trim())).length;
+  }
+
+  /**
+   * A pipeline whose first command names `key`, sent to the node serving the key's slot. A Cluster
+   * client follows a MOVED redirect inside a pipeline only when every command of it was redirected, and
+   * a pipeline with a keyless command (WAIT, INFO) never is: the keyless command runs on the old node
+   * (INFO then describes the wrong primary) and the keyed one fails with MOVED, every time, since nothing
+   * updates the client's slot table. So a MOVED answer is followed by one plain command on the key (the
+   * client follows that redirect and learns the slot's node) and the pipeline is sent again, once. An ASK
+   * (the slot is being migrated) is not followed: the caller's call fails and is retried later.
+   */
+  private async onKeySlot(key: string, what: string, send: () => Promise<Array<[Error | null, unknown]> | null>): Promise<Array<[Error | null, unknown]>> {
+    for (let attempt = 0; ; attempt++) {
+      const res = await send();
+      if (!res) throw new Error(`no answer to ${what}`);
+      const moved = res.find(([e]) => e && /^MOVED /.test(e.message));
+      if (!moved || attempt > 0) return res;
+      log().info('cluster store: a slot moved to another node; following it', { store: this.where, key, redirect: moved[0]!.message });
+      await this.client.exists(key);
+    }
   }
 
   /** One call under one deadline: waiting for a reconnect in progress counts against the same timeout. */

@@ -267,6 +267,25 @@ test('a slot migrated key by key (CLUSTER SETSLOT / MIGRATE) under a stream of a
   assert.equal(odd, [], `only TRY_AGAIN_LATER while the slot moved: ${JSON.stringify(stream.failures)}`);
 });
 
+test('a pool\'s slot moved to another primary: a claim sent first (script + WAIT in one pipeline) follows the slot and waits for the new primary\'s replica', async () => {
+  const { store, prefix, keys } = await open();
+  const { name, port } = await poolAwayFromGeneration(prefix);
+  assert.ok(await store.claimBlock(name, '10.244.1.0/26', 'node-a'), 'first claim, before the move');
+  const slot = await cluster.slotOf(keys.blocks(name));
+  const to = (await cluster.nodes()).find((n) => n.role === 'master' && !n.failed && n.port !== port)!.port;
+  await cluster.migrateSlot(slot, to);
+  assert.is(await cluster.primaryOf(slot), to);
+  // The store's client still maps the slot to the old primary: its next call is a claim (a pipeline
+  // with the keyless WAIT, which a Cluster client never redirects as a whole).
+  let won = false;
+  const lines = await captureLog(async () => {
+    won = await store.claimBlock(name, '10.244.1.64/26', 'node-b');
+  });
+  assert.ok(won, 'the claim after the move went through');
+  assert.is(Number(lines.find((l) => l.message === 'block claimed')?.replicas), 1, 'and waited for the replica of the slot\'s new primary');
+  assert.equal(await store.listBlocks(name), new Map([['10.244.1.0/26', 'node-a'], ['10.244.1.64/26', 'node-b']]));
+});
+
 // Last: it leaves the cluster with one primary that has no replica.
 test('a primary SIGKILLed mid-stream: TRY_AGAIN_LATER while its replica takes over, then allocations go on; no address ever handed out twice, none acknowledged lost', async () => {
   const { store, prefix, keys } = await open(undefined, { commandTimeoutMs: 500 });
