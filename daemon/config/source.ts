@@ -11,6 +11,7 @@ import { isObject } from '../common/fields';
 import { ErrorCode, TetherError } from '../errors';
 import type { Logger } from '../log';
 import { emptyConfig, parseConfig, type ConfigObjects } from './objects';
+import { ReconcileLoop } from '../util/reconcile-loop';
 
 export interface ConfigSource extends EventEmitter {
   readonly name: string;
@@ -61,7 +62,12 @@ export class FileSource extends EventEmitter implements ConfigSource {
   private unreadable?: string;
   private watcher?: fs.FSWatcher;
   private timer?: NodeJS.Timeout;
-  private recheck?: NodeJS.Timeout;
+  /** Every read of the file: after the watch's settle time, and every RECHECK_MS. */
+  private readonly recheck = new ReconcileLoop({
+    run: () => this.check(),
+    everyMs: RECHECK_MS,
+    onError: (e) => this.logger.error('config: check failed', { source: this.name, error: e.message }),
+  });
   private stopped = false;
 
   constructor(
@@ -87,8 +93,7 @@ export class FileSource extends EventEmitter implements ConfigSource {
     if (why) throw new TetherError(ErrorCode.InvalidConfig, `${why.problem}; refused. ${why.remedy}`);
     this.text = text;
     this.current = config;
-    this.recheck = setInterval(() => this.check(), RECHECK_MS);
-    this.recheck.unref();
+    this.recheck.start();
     return this.current;
   }
 
@@ -96,7 +101,7 @@ export class FileSource extends EventEmitter implements ConfigSource {
     this.stopped = true;
     this.watcher?.close();
     clearTimeout(this.timer);
-    clearInterval(this.recheck);
+    await this.recheck.stop();
   }
 
   private watch(): void {
@@ -114,7 +119,7 @@ export class FileSource extends EventEmitter implements ConfigSource {
   private soon(): void {
     if (this.stopped) return;
     clearTimeout(this.timer);
-    this.timer = setTimeout(() => this.check(), SETTLE_MS);
+    this.timer = setTimeout(() => this.recheck.request(), SETTLE_MS);
   }
 
   /**

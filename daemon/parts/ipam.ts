@@ -3,7 +3,7 @@
 import * as fs from 'node:fs';
 import type { Logger } from '../log';
 import { Lifecycle, StartError } from '../lifecycle';
-import { InFlight } from '../util/in-flight';
+import { ReconcileLoop } from '../util/reconcile-loop';
 import { PodStore } from '../state/pod-store';
 import { AttachService } from '../pod/attach-service';
 import { parseRedisUrl } from '../common/redis';
@@ -66,15 +66,14 @@ export async function startIpam(
   await pods.start();
   const addresses = new ClusterAddresses(o.config.pools, o.store, logger);
   // IPAM maintenance (returning empty blocks) is awaited on stop, not cut off mid-write.
-  const maintenance = new InFlight();
-  const maintain = setInterval(
-    () => void maintenance.run(() => pods.maintain()).catch((e) => logger.warn('ipam: maintenance failed', { error: (e as Error).message })),
-    MAINTAIN_EVERY_MS,
-  );
-  maintain.unref();
+  const maintenance = new ReconcileLoop({
+    run: () => pods.maintain(),
+    everyMs: MAINTAIN_EVERY_MS,
+    skipBusyTicks: true,
+    onError: (e) => logger.warn('ipam: maintenance failed', { error: e.message }),
+  }).start();
   life.started('ipam maintenance', async () => {
-    clearInterval(maintain);
-    await maintenance.close(5000);
+    await maintenance.stop(5000);
   });
   return {
     pods,

@@ -4,13 +4,18 @@
 
 export interface ReconcileLoopOptions {
   /** One pass: converges to what is wanted now. May call request() to have another pass right after. */
-  run: () => Promise<void> | void;
+  run: () => unknown;
   /** A pass's error (logged by the caller, at its level, naming its subsystem); the loop goes on. */
   onError: (e: Error) => void;
   /** A pass at least this often besides the requests (none when absent). */
   everyMs?: number;
   /** Spread of the period, a fraction of it: each wait is everyMs × (1 ± jitter), so nodes do not beat together. */
   jitter?: number;
+  /**
+   * A periodic pass that falls due while a pass runs is dropped instead of queued (requests still queue
+   * one): for passes whose load on a shared store or API matters more than running right after a slow one.
+   */
+  skipBusyTicks?: boolean;
 }
 
 export class ReconcileLoop {
@@ -47,7 +52,7 @@ export class ReconcileLoop {
     const ms = this.o.everyMs! * (1 + j * (2 * Math.random() - 1));
     this.timer = setTimeout(() => {
       if (this.stopped) return;
-      this.request();
+      if (!(this.o.skipBusyTicks && this.current)) this.request();
       this.arm();
     }, ms);
     this.timer.unref();

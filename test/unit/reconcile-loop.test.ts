@@ -107,6 +107,24 @@ test('the period runs passes by itself, one at a time', async () => {
   await loop.stop();
 });
 
+test('skipBusyTicks: periodic passes due during a pass are dropped, requests still queue one', async () => {
+  const g = gated();
+  const loop = new ReconcileLoop({ run: g.run, everyMs: 10, skipBusyTicks: true, onError: () => {} }).start();
+  await sleep(35);
+  assert.is(g.st.passes, 1);
+  g.release();
+  await sleep(3);
+  assert.is(g.st.passes, 1, 'the ticks during the pass were dropped');
+  await sleep(15);
+  assert.is(g.st.passes, 2, 'the next tick after the pass runs one');
+  loop.request();
+  g.release();
+  await sleep(3);
+  assert.is(g.st.passes, 3, 'a request during a pass still queues one');
+  g.release();
+  await loop.stop();
+});
+
 test('jitter spreads the period within its bounds', async () => {
   let passes = 0;
   const loop = new ReconcileLoop({ run: () => void passes++, everyMs: 20, jitter: 0.5, onError: () => {} }).start();
