@@ -274,10 +274,10 @@ export function serialApply(apply: (c: ConfigObjects) => Promise<void>, onError:
   };
 }
 
-/** A subsystem that converges to each complete configuration it is given (level-triggered). */
-export interface Reconciler {
+/** A subsystem that converges to each complete configuration, or desired state, it is given (level-triggered). */
+export interface Reconciler<D = ConfigObjects> {
   readonly name: string;
-  apply(config: ConfigObjects): Promise<void> | void;
+  apply(desired: D): Promise<void> | void;
 }
 
 /**
@@ -286,11 +286,26 @@ export interface Reconciler {
  * reconciler is handed a configuration while it stops.
  */
 export function feedReconcilers(source: ConfigSource, reconcilers: Reconciler[], logger: Logger): { stop(): Promise<void> } {
+  return feedResolved(source, (c) => c, reconcilers, logger);
+}
+
+/**
+ * feedReconcilers through a resolve step: each configuration is resolved once into the desired state every
+ * reconciler is handed. A configuration that does not resolve is logged and changes nothing.
+ */
+export function feedResolved<D>(source: ConfigSource, resolve: (c: ConfigObjects) => D, reconcilers: Reconciler<D>[], logger: Logger): { stop(): Promise<void> } {
   let stopped = false;
   let current: Promise<void> = Promise.resolve();
   const apply = serialApply(
-    (c) => {
+    (config) => {
       current = (async () => {
+        let c: D;
+        try {
+          c = resolve(config);
+        } catch (e) {
+          logger.error('config: resolving a change failed; nothing applied', { error: (e as Error).message, stack: (e as Error).stack });
+          return;
+        }
         for (const r of reconcilers) {
           if (stopped) return;
           try {
