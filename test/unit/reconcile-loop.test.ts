@@ -109,17 +109,21 @@ test('the period runs passes by itself, one at a time', async () => {
 
 test('skipBusyTicks: periodic passes due during a pass are dropped, requests still queue one', async () => {
   const g = gated();
+  // setImmediate runs after the microtasks that would start a queued pass, and before any timer.
+  const settle = () => new Promise((r) => setImmediate(r));
   const loop = new ReconcileLoop({ run: g.run, everyMs: 10, skipBusyTicks: true, onError: () => {} }).start();
-  await sleep(35);
+  void loop.kick();
+  await sleep(45);
   assert.is(g.st.passes, 1);
   g.release();
-  await sleep(3);
+  await settle();
   assert.is(g.st.passes, 1, 'the ticks during the pass were dropped');
-  await sleep(15);
+  assert.not.ok(loop.running);
+  await sleep(40);
   assert.is(g.st.passes, 2, 'the next tick after the pass runs one');
   loop.request();
   g.release();
-  await sleep(3);
+  await settle();
   assert.is(g.st.passes, 3, 'a request during a pass still queues one');
   g.release();
   await loop.stop();
