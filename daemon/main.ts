@@ -1,25 +1,27 @@
 // tetherd: the node daemon. One per node; several can run side by side (the testbed), each with its own
 // socket, state dir and bpffs pin dir. Pods it attached are recorded in the state dir and survive restarts.
-// This file only wires the parts (daemon/parts/) together: the config source feeds each subsystem's
-// reconciler, and every part that starts registers its stop, so a stop (or a failed start) undoes them in
-// reverse order before the logger ends.
+// This file only wires the parts (daemon/parts/) together: every subsystem has one shape (start / apply
+// typed desired state / stop / status, parts/subsystem.ts), each configuration from the config source is
+// resolved once into every subsystem's desired state and applied, and every part that starts registers
+// its stop, so a stop (or a failed start) undoes them in reverse order before the logger ends.
 import * as path from 'node:path';
 import { makeLogger, setLogger, type Logger } from './log';
 import { endLogger, Lifecycle, StartError, stopSignal } from './lifecycle';
 import { LoopLag } from './util/loop-lag';
-import { feedReconcilers } from './config/source';
+import { feedResolved, type Reconciler } from './config/source';
 import { KubeSource } from './config/kube-source';
 import { EgressObjects } from './egress/egress-config';
-import { parseCandidates, startControllers } from './kube/controllers';
+import { parseCandidates } from './kube/controllers';
 import { checkRedisOption, flowsOption, nodeNameOf, parseOptions, portOption, USAGE, type Options } from './options';
 import { CurrentConfig, startSource } from './parts/source';
 import { openPodState, startIpam, startStore } from './parts/ipam';
 import { startDeleteQueue } from './pod/delete-queue';
-import { createEgress, egressReconciler, planEgress } from './parts/egress';
+import { createEgress, Egress, planEgress } from './parts/egress';
 import { apiServer, startProbes } from './parts/api';
 import { ensureBpffs, setBpffsMode } from './bpf/bpffs';
-import { createHealth, createLb, lbReconciler } from './parts/lb';
-import { resolveLoadBalancers } from './lb/lb-spec';
+import { createLb, Health, LoadBalancer } from './parts/lb';
+import { Controllers } from './parts/controllers';
+import { fed, resolveDesired, type DesiredState, type Subsystem } from './parts/subsystem';
 import { VERSION } from '../cni/about';
 import { useSysctlJournal } from './sys/sysctl-journal';
 
@@ -77,6 +79,8 @@ async function start(opts: Options, nodeName: string, logger: Logger, life: Life
   checkRedisOption(opts);
   const egressObjects = new EgressObjects(logger);
   const egressPlan = await planEgress(opts, source, config, egressObjects);
+  // The resolve step: each configuration into every subsystem's desired state, once.
+  const resolve = (c: typeof config): DesiredState => resolveDesired(c, { nodeName, egressObjects });
 
   const store = await startStore(opts, logger, life);
   const stateDir = opts['state-dir'];
@@ -87,23 +91,27 @@ async function start(opts: Options, nodeName: string, logger: Logger, life: Life
   const ipam = await startIpam({ nodeName, config, source, store, stateDir, logger }, life);
   // DELs the CNI clients queued while tetherd was away are replayed before roles start and the socket serves.
   await startDeleteQueue({ stateDir, attach, ipam: ipam.service, logger }, life);
-  const egress = egressPlan
-    ? await createEgress(opts, egressPlan, { nodeName, config, fouPort, syncPort, maxFlows, addresses: ipam.addresses, attach, logger }, (close) => life.started('ownership store', close))
-    : undefined;
-  const lb = await createLb(opts, { config, fouPort, addresses: ipam.addresses, attach, nodeName, logger }, (close) => life.started('lb mapping store', close));
+  const egress = new Egress(
+    egressPlan
+      ? await createEgress(opts, egressPlan, { nodeName, config, fouPort, syncPort, maxFlows, addresses: ipam.addresses, attach, logger }, (close) => life.started('ownership store', close))
+      : undefined,
+    logger,
+  );
+  const lb = new LoadBalancer(await createLb(opts, { config, fouPort, addresses: ipam.addresses, attach, nodeName, logger }, (close) => life.started('lb mapping store', close)), logger);
   // The main event loop's worst delay since start (status): what a busy tetherd does to its timers.
   const loopLag = new LoopLag();
   life.started('event loop monitor', () => loopLag.stop());
 
-  let healthStatus: (() => Record<string, unknown>) | undefined;
+  // In status order; the health checks join once they start.
+  const subsystems: Array<Subsystem<never>> = [ipam, egress, lb];
   const server = apiServer({
-    socket: opts.socket, nodeName, stateDir, bpfPinDir: opts['bpf-pin-dir'], current, podStore, attach, ipam, egress, lb, health: () => healthStatus?.(), loopLag, logger,
+    socket: opts.socket, nodeName, stateDir, bpfPinDir: opts['bpf-pin-dir'], current, podStore, attach, ipam, subsystems, loopLag, logger,
     kubernetes: source instanceof KubeSource ? () => ({ problems: source.problems(), resources: source.stats() }) : undefined,
   });
   // Egress stops after the socket (a CNI ADD under way still finds its roles), and also when its own start
   // fails half-way, so whatever it set up is undone.
-  if (egress) life.started('egress', () => egress.stop(), 15_000);
-  if (lb) life.started('load balancer', () => lb.stop(), 15_000);
+  if (egress.controller) life.started('egress', () => egress.stop(), 15_000);
+  if (lb.controller) life.started('load balancer', () => lb.stop(), 15_000);
   try {
     await server.listen();
   } catch (e) {
@@ -112,29 +120,45 @@ async function start(opts: Options, nodeName: string, logger: Logger, life: Life
   // The socket stops first: requests under way (a CNI ADD) are answered and written before anything
   // they use goes away; the runtime retries what arrives after.
   life.started('socket API', () => server.close());
-  if (egress) {
+  if (egress.controller) {
     try {
       await egress.start();
     } catch (err) {
       throw new StartError(1, `egress controller failed to start: ${(err as Error).message}`, { cause: err });
     }
   }
-  if (lb) {
+  const desired = resolve(config);
+  let health: Health | undefined;
+  if (lb.controller) {
     try {
-      await lb.apply(resolveLoadBalancers(config.others, config.pools), config.pods);
+      await lb.apply(desired.lb);
       await lb.start();
     } catch (err) {
       throw new StartError(1, `load balancer failed to start: ${(err as Error).message}`, { cause: err });
     }
-    const health = createHealth(opts, { lb, nodeName, eligible: () => current.node.eligible !== false, logger });
+    health = new Health(opts, { lb: lb.controller, nodeName, eligible: desired.health.eligible, logger });
     await health.start();
-    healthStatus = () => health.status();
-    life.started('health checks', () => health.stop());
+    subsystems.push(health);
+    life.started('health checks', () => health!.stop());
   }
-  // Every accepted configuration change reaches each subsystem, which converges to it.
-  const feed = feedReconcilers(source, [current, ipam.reconciler, egressReconciler(egressObjects, egress, logger), lbReconciler(lb, logger)], logger);
+  const controllers = source instanceof KubeSource
+    ? new Controllers({ source, nodeName, egress: egress.controller, egressObjects, lb: lb.controller, candidates: opts['controller-candidates'], labels: source.nodeLabels(), logger })
+    : undefined;
+  // Every accepted configuration change, resolved once, reaches each subsystem, which converges to it.
+  // Eligibility and candidacy first: they are cheap and were never held up by the others' passes.
+  const feed = feedResolved(source, resolve, [
+    { name: current.name, apply: (d) => current.apply(d.config) },
+    ...(health ? [fed(health, (d) => d.health)] : []),
+    ...(controllers ? [fed(controllers, (d) => d.controllers)] : []),
+    fed(ipam, (d) => d.ipam),
+    fed(egress, (d) => d.egress),
+    fed(lb, (d) => d.lb),
+  ] satisfies Array<Reconciler<DesiredState>>, logger);
   life.started('config updates', () => feed.stop());
-  if (source instanceof KubeSource) startControllers(source, nodeName, egress, egressObjects, logger, life, lb, opts['controller-candidates']);
+  if (controllers) {
+    await controllers.start();
+    life.started('controllers', () => controllers.stop());
+  }
   probes.markStarted();
   logger.info('tetherd started', { version: VERSION, socket: opts.socket, stateDir, bpfPinDir: opts['bpf-pin-dir'], podsRecorded: loaded });
 }

@@ -11,6 +11,7 @@ import { isObject } from '../common/fields';
 import { ErrorCode, TetherError } from '../errors';
 import type { Logger } from '../log';
 import { emptyConfig, parseConfig, type ConfigObjects } from './objects';
+import { ReconcileLoop } from '../util/reconcile-loop';
 
 export interface ConfigSource extends EventEmitter {
   readonly name: string;
@@ -61,7 +62,12 @@ export class FileSource extends EventEmitter implements ConfigSource {
   private unreadable?: string;
   private watcher?: fs.FSWatcher;
   private timer?: NodeJS.Timeout;
-  private recheck?: NodeJS.Timeout;
+  /** Every read of the file: after the watch's settle time, and every RECHECK_MS. */
+  private readonly recheck = new ReconcileLoop({
+    run: () => this.check(),
+    everyMs: RECHECK_MS,
+    onError: (e) => this.logger.error('config: check failed', { source: this.name, error: e.message }),
+  });
   private stopped = false;
 
   constructor(
@@ -87,8 +93,7 @@ export class FileSource extends EventEmitter implements ConfigSource {
     if (why) throw new TetherError(ErrorCode.InvalidConfig, `${why.problem}; refused. ${why.remedy}`);
     this.text = text;
     this.current = config;
-    this.recheck = setInterval(() => this.check(), RECHECK_MS);
-    this.recheck.unref();
+    this.recheck.start();
     return this.current;
   }
 
@@ -96,7 +101,7 @@ export class FileSource extends EventEmitter implements ConfigSource {
     this.stopped = true;
     this.watcher?.close();
     clearTimeout(this.timer);
-    clearInterval(this.recheck);
+    await this.recheck.stop();
   }
 
   private watch(): void {
@@ -114,7 +119,7 @@ export class FileSource extends EventEmitter implements ConfigSource {
   private soon(): void {
     if (this.stopped) return;
     clearTimeout(this.timer);
-    this.timer = setTimeout(() => this.check(), SETTLE_MS);
+    this.timer = setTimeout(() => this.recheck.request(), SETTLE_MS);
   }
 
   /**
@@ -269,10 +274,10 @@ export function serialApply(apply: (c: ConfigObjects) => Promise<void>, onError:
   };
 }
 
-/** A subsystem that converges to each complete configuration it is given (level-triggered). */
-export interface Reconciler {
+/** A subsystem that converges to each complete configuration, or desired state, it is given (level-triggered). */
+export interface Reconciler<D = ConfigObjects> {
   readonly name: string;
-  apply(config: ConfigObjects): Promise<void> | void;
+  apply(desired: D): Promise<void> | void;
 }
 
 /**
@@ -281,11 +286,26 @@ export interface Reconciler {
  * reconciler is handed a configuration while it stops.
  */
 export function feedReconcilers(source: ConfigSource, reconcilers: Reconciler[], logger: Logger): { stop(): Promise<void> } {
+  return feedResolved(source, (c) => c, reconcilers, logger);
+}
+
+/**
+ * feedReconcilers through a resolve step: each configuration is resolved once into the desired state every
+ * reconciler is handed. A configuration that does not resolve is logged and changes nothing.
+ */
+export function feedResolved<D>(source: ConfigSource, resolve: (c: ConfigObjects) => D, reconcilers: Reconciler<D>[], logger: Logger): { stop(): Promise<void> } {
   let stopped = false;
   let current: Promise<void> = Promise.resolve();
   const apply = serialApply(
-    (c) => {
+    (config) => {
       current = (async () => {
+        let c: D;
+        try {
+          c = resolve(config);
+        } catch (e) {
+          logger.error('config: resolving a change failed; nothing applied', { error: (e as Error).message, stack: (e as Error).stack });
+          return;
+        }
         for (const r of reconcilers) {
           if (stopped) return;
           try {

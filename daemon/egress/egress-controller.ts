@@ -22,12 +22,13 @@ import { addressSlots, slotOwner, type ResolvedEgress } from './egress-spec';
 import type { PodMeta } from '../config/objects';
 import { NoticeChannel, type GatewayAnnouncement, type OwnershipNotice } from './ownership-notice';
 import { type Ownership } from './ownership-store';
-import { EgressContext, streamOf, draining, type AddressState, type EgressControllerOptions, REGISTRY_TTL_MS, DRAIN_MS, TICK_MS, STORE_EVERY_MS, HEARTBEAT_MS, RESYNC_EVERY_MS } from './egress-context';
+import { EgressContext, streamOf, draining, type AddressState, type EgressControllerOptions, REGISTRY_TTL_MS, DRAIN_MS, STORE_EVERY_MS, HEARTBEAT_MS, RESYNC_EVERY_MS } from './egress-context';
 import { PeerLiveness } from './peer-liveness';
 import { PodRoles } from './pod-roles';
 import { Election } from './election';
 import { ConntrackStreams } from './conntrack-streams';
 import { StoreRecords } from './store-records';
+import { ReconcileLoop } from '../util/reconcile-loop';
 
 export type { EgressControllerOptions } from './egress-context';
 
@@ -35,9 +36,13 @@ export type { EgressControllerOptions } from './egress-context';
 const OBSERVED_MS = 30_000;
 
 export class EgressController {
-  private timers: NodeJS.Timeout[] = [];
-
   private readonly s: EgressContext;
+
+  /** The store passes (never overlapping; a full one asked for while one runs follows it). */
+  private readonly storeLoop: ReconcileLoop;
+  private fullStorePass = false;
+  /** Every periodic loop but the election's ticks (this.s.election.loop). */
+  private readonly loops: ReconcileLoop[];
 
   constructor(o: EgressControllerOptions) {
     this.s = new EgressContext(o);
@@ -51,6 +56,25 @@ export class EgressController {
       this.s.egressIds.set(e.key, i + 1);
     });
     this.s.podMeta = new Map(Object.entries(o.podLabels ?? {}));
+    const failed = (e: Error) => this.s.o.logger.error('egress: work failed', { error: e.message, stack: e.stack });
+    const every = (everyMs: number, run: () => unknown) => new ReconcileLoop({ run, everyMs, skipBusyTicks: true, onError: failed });
+    this.storeLoop = every(STORE_EVERY_MS, () => {
+      const full = this.fullStorePass;
+      this.fullStorePass = false;
+      return this.s.store.storePass({ full });
+    });
+    this.loops = [
+      this.storeLoop,
+      every(STORE_EVERY_MS, () => this.s.roles.retryFailedRoles()),
+      every(HEARTBEAT_MS, () => this.s.election.heartbeat()),
+      every(RESYNC_EVERY_MS, () => this.s.streams.periodicResync()),
+    ];
+  }
+
+  /** A store pass now or right after the one under way; a full one reads every Egress. */
+  private storePass(full: boolean): Promise<void> {
+    if (full) this.fullStorePass = true;
+    return this.storeLoop.kick();
   }
 
   /** Starts every part, with or without Egresses: they may come later from the config source. */
@@ -76,22 +100,17 @@ export class EgressController {
       this.trackExplicit(e);
     }
     this.s.o.ownership.on('change', (c: Ownership) => this.s.spawn(() => this.s.election.onStoreNotice(c)));
-    this.s.o.ownership.on('resync', () => this.s.spawn(() => this.s.store.storePass({ full: true })));
+    this.s.o.ownership.on('resync', () => void this.storePass(true));
     this.s.o.attach.on('attached', (r: PodRecord) => this.s.spawn(() => this.s.roles.podUp(r)));
     this.s.o.attach.onBeforeDetach((r: PodRecord) => (this.s.stopped ? Promise.resolve() : this.s.roles.podDown(r, 'gateway pod deleted', DRAIN_MS)));
     this.s.o.attach.on('detached', (r: PodRecord) => this.s.spawn(() => this.s.roles.podDown(r, 'gateway pod deleted')));
     // The store is asked once before anything else, so a start with the store up begins with its record.
-    await this.s.store.storePass({ full: true });
+    await this.storePass(true);
     // Pods recorded before a restart whose namespace is gone (killed without a DEL) play no role.
     for (const r of this.s.o.attach.pods()) if (fs.existsSync(r.netns)) await this.s.roles.podUp(r);
     this.s.roles.watchNetns();
-    this.timers = [
-      setInterval(() => this.s.election.requestTick(), TICK_MS),
-      setInterval(() => this.s.spawn(() => this.s.store.storePass()), STORE_EVERY_MS),
-      setInterval(() => this.s.spawn(() => this.s.roles.retryFailedRoles()), STORE_EVERY_MS),
-      setInterval(() => this.s.election.heartbeat(), HEARTBEAT_MS),
-      setInterval(() => this.s.streams.periodicResync(), RESYNC_EVERY_MS),
-    ];
+    this.s.election.loop.start();
+    for (const l of this.loops) l.start();
     await this.s.election.tick();
   }
 
@@ -142,7 +161,7 @@ export class EgressController {
     this.s.peers.applyBfdTimers();
     // Selectors, labels or destinations may have changed: every pod's roles are evaluated again.
     for (const r of this.s.o.attach.pods()) if (fs.existsSync(r.netns)) await this.s.roles.podUp(r);
-    this.s.spawn(() => this.s.store.storePass({ full: true }));
+    if (!this.s.stopped) void this.storePass(true);
   }
 
   private addEgress(e: ResolvedEgress): void {
@@ -236,9 +255,12 @@ export class EgressController {
   async stop(): Promise<void> {
     if (this.s.stopped) return;
     this.s.stopped = true;
-    for (const t of this.timers) clearInterval(t);
     this.s.roles.watcher?.close();
-    if (!(await this.s.work.close(10_000))) this.s.o.logger.warn('egress: work still running at stop', { pending: this.s.work.size });
+    const [loopsDone, workDone] = await Promise.all([
+      Promise.all([this.s.election.loop, ...this.loops].map((l) => l.stop(10_000))).then((d) => d.every(Boolean)),
+      this.s.work.close(10_000),
+    ]);
+    if (!loopsDone || !workDone) this.s.o.logger.warn('egress: work still running at stop', { pending: this.s.work.size, passes: !loopsDone });
     const held = [...this.s.addresses.values()].filter((st) => st.holder);
     for (const st of held) {
       await this.s.mutex.run(streamOf(st), async () => {

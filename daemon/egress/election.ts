@@ -4,14 +4,20 @@ import { decide, handoverTarget, orderCandidates, placeAddresses, scoreOf, super
 import { type ResolvedEgress } from './egress-spec';
 import { type OwnershipNotice } from './ownership-notice';
 import { UnreadableRecordError, type GatewayInfo, type Ownership } from './ownership-store';
-import { EgressContext, streamOf, isDraining, type AddressState, type LocalGateway, CONFIRM_WAIT_MS, INITIAL_SETTLE_MS, NOTICE_REPEAT_MS } from './egress-context';
+import { EgressContext, streamOf, isDraining, type AddressState, type LocalGateway, CONFIRM_WAIT_MS, INITIAL_SETTLE_MS, NOTICE_REPEAT_MS, TICK_MS } from './egress-context';
+import { ReconcileLoop } from '../util/reconcile-loop';
 
 export class Election {
-  constructor(private readonly s: EgressContext) {}
+  /** The ticks: every TICK_MS (once the controller starts it) and on request; they never overlap. */
+  readonly loop: ReconcileLoop;
 
-  private ticking = false;
-
-  private tickAgain = false;
+  constructor(private readonly s: EgressContext) {
+    this.loop = new ReconcileLoop({
+      run: () => this.pass(),
+      everyMs: TICK_MS,
+      onError: (e) => this.s.o.logger.error('egress: work failed', { error: e.message, stack: e.stack }),
+    });
+  }
 
   /** The candidates of each Egress as last seen, and since when (initial placement waits for them to settle). */
   private readonly registrySeen = new Map<string, { sig: string; since: number }>();
@@ -21,35 +27,29 @@ export class Election {
 
   /** Ticks never overlap: a tick asked for while one runs runs right after it. */
   requestTick(): void {
-    if (this.ticking) {
-      this.tickAgain = true;
-      return;
-    }
-    this.s.spawn(() => this.tick());
+    if (!this.s.stopped) this.loop.request();
+  }
+
+  /**
+   * A tick now, awaited; while one runs, one more is asked for and not awaited (the caller may hold a
+   * stream's lock the tick under way needs).
+   */
+  async tick(): Promise<void> {
+    if (this.s.stopped) return;
+    if (this.loop.running) return this.loop.request();
+    await this.loop.kick();
   }
 
   /** One reconcile pass over every address, from what this node knows now: it never waits for the store. */
-  async tick(): Promise<void> {
+  private async pass(): Promise<void> {
     if (this.s.stopped) return;
-    if (this.ticking) {
-      this.tickAgain = true;
-      return;
-    }
-    this.ticking = true;
-    try {
-      do {
-        this.tickAgain = false;
-        await this.s.roles.dropVanishedGateways();
-        this.s.peers.dropLapsedAnnouncements();
-        this.s.peers.ensureBfd();
-        this.placements.clear();
-        for (const st of this.s.addresses.values()) {
-          if (this.s.stopped) return;
-          await this.s.mutex.run(streamOf(st), () => this.evaluate(st));
-        }
-      } while (this.tickAgain && !this.s.stopped);
-    } finally {
-      this.ticking = false;
+    await this.s.roles.dropVanishedGateways();
+    this.s.peers.dropLapsedAnnouncements();
+    this.s.peers.ensureBfd();
+    this.placements.clear();
+    for (const st of this.s.addresses.values()) {
+      if (this.s.stopped) return;
+      await this.s.mutex.run(streamOf(st), () => this.evaluate(st));
     }
   }
 

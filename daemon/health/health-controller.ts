@@ -7,6 +7,7 @@ import type { Logger } from '../log';
 import type { ResolvedLoadBalancer } from '../lb/lb-spec';
 import { HealthListener, countLocalEndpoints, nodeAnswer, serviceAnswer } from './health-server';
 import { portHolder } from '../sys/port-holder';
+import { ReconcileLoop } from '../util/reconcile-loop';
 
 const TICK_MS = 250;
 /** This node's answers are reported (for the Services' status) on every change and at least this often. */
@@ -62,8 +63,13 @@ export class HealthController {
   private node?: HealthListener;
   private nodeProblem?: string;
   private lastUpdated = new Date();
-  private timer?: NodeJS.Timeout;
-  private busy = false;
+  /** Listeners reconciled with the Services every TICK_MS. */
+  private readonly loop = new ReconcileLoop({
+    run: () => this.reconcileOnce(),
+    everyMs: TICK_MS,
+    skipBusyTicks: true,
+    onError: (e) => this.o.logger.error('health: reconcile failed', { error: e.message }),
+  });
   private lastReport = '';
   private lastReportAt = 0;
   private reporting = false;
@@ -86,8 +92,7 @@ export class HealthController {
         this.o.logger.error('health: node health port not opened', { port: this.o.port, error: this.nodeProblem });
       }
     }
-    this.timer = setInterval(() => void this.reconcile(), TICK_MS);
-    this.timer.unref();
+    this.loop.start();
     await this.reconcile();
   }
 
@@ -96,58 +101,56 @@ export class HealthController {
   }
 
   /** Opens and closes listeners to match the Services; logs each answer that flips. */
-  async reconcile(): Promise<void> {
-    if (this.busy) return;
-    this.busy = true;
-    try {
-      const want = new Map(this.o.services().filter((l) => l.externalTrafficPolicy === 'Local' && l.healthCheckNodePort).map((l) => [l.key, l]));
-      for (const [key, c] of this.checks) {
-        const lb = want.get(key);
-        if (lb && lb.healthCheckNodePort === c.port) continue;
-        await c.listener.close();
-        this.checks.delete(key);
-        this.o.logger.info('health: service health check closed', { service: key, port: c.port });
-      }
-      for (const [key, lb] of want) {
-        let c = this.checks.get(key);
-        if (!c) {
-          const [ns, name] = key.split('/');
-          const listener = new HealthListener(() => {
-            const cur = this.o.services().find((l) => l.key === key);
-            return serviceAnswer(ns, name, cur ? this.local(cur) : 0, this.o.healthy());
-          });
-          c = { port: lb.healthCheckNodePort!, listener, open: false };
-          this.checks.set(key, c);
-        }
-        if (!c.open) {
-          try {
-            await c.listener.listen(c.port);
-            c.open = true;
-            c.problem = undefined;
-            c.heldBy = undefined;
-            this.o.logger.info('health: service health check open', { service: key, port: c.port });
-          } catch (e) {
-            const inUse = (e as NodeJS.ErrnoException).code === 'EADDRINUSE';
-            const holder = inUse ? await holderOf(c.port, key) : undefined;
-            const why = `health-check port ${c.port}: ${inUse ? `in use on this node ${holder?.text ?? ''}`.trimEnd() : (e as Error).message}`;
-            c.heldBy = holder?.name;
-            if (c.problem !== why) this.o.logger.error('health: service health check not opened; retried', { service: key, problem: why });
-            c.problem = why;
-            continue;
-          }
-        }
-        const local = this.local(lb);
-        const status = local > 0 && this.o.healthy() ? 200 : 503;
-        if (status !== c.lastStatus || local !== c.lastLocal) {
-          this.o.logger.info('health: service health answer', { service: key, port: c.port, localEndpoints: local, status, was: c.lastStatus });
-          c.lastStatus = status;
-          c.lastLocal = local;
-        }
-      }
-      this.publish(want);
-    } finally {
-      this.busy = false;
+  reconcile(): Promise<void> {
+    return this.loop.kick();
+  }
+
+  private async reconcileOnce(): Promise<void> {
+    const want = new Map(this.o.services().filter((l) => l.externalTrafficPolicy === 'Local' && l.healthCheckNodePort).map((l) => [l.key, l]));
+    for (const [key, c] of this.checks) {
+      const lb = want.get(key);
+      if (lb && lb.healthCheckNodePort === c.port) continue;
+      await c.listener.close();
+      this.checks.delete(key);
+      this.o.logger.info('health: service health check closed', { service: key, port: c.port });
     }
+    for (const [key, lb] of want) {
+      let c = this.checks.get(key);
+      if (!c) {
+        const [ns, name] = key.split('/');
+        const listener = new HealthListener(() => {
+          const cur = this.o.services().find((l) => l.key === key);
+          return serviceAnswer(ns, name, cur ? this.local(cur) : 0, this.o.healthy());
+        });
+        c = { port: lb.healthCheckNodePort!, listener, open: false };
+        this.checks.set(key, c);
+      }
+      if (!c.open) {
+        try {
+          await c.listener.listen(c.port);
+          c.open = true;
+          c.problem = undefined;
+          c.heldBy = undefined;
+          this.o.logger.info('health: service health check open', { service: key, port: c.port });
+        } catch (e) {
+          const inUse = (e as NodeJS.ErrnoException).code === 'EADDRINUSE';
+          const holder = inUse ? await holderOf(c.port, key) : undefined;
+          const why = `health-check port ${c.port}: ${inUse ? `in use on this node ${holder?.text ?? ''}`.trimEnd() : (e as Error).message}`;
+          c.heldBy = holder?.name;
+          if (c.problem !== why) this.o.logger.error('health: service health check not opened; retried', { service: key, problem: why });
+          c.problem = why;
+          continue;
+        }
+      }
+      const local = this.local(lb);
+      const status = local > 0 && this.o.healthy() ? 200 : 503;
+      if (status !== c.lastStatus || local !== c.lastLocal) {
+        this.o.logger.info('health: service health answer', { service: key, port: c.port, localEndpoints: local, status, was: c.lastStatus });
+        c.lastStatus = status;
+        c.lastLocal = local;
+      }
+    }
+    this.publish(want);
   }
 
   /** This node's answers now, as reported. */
@@ -189,7 +192,7 @@ export class HealthController {
 
   async stop(): Promise<void> {
     this.stopped = true;
-    clearInterval(this.timer);
+    await this.loop.stop();
     for (const c of this.checks.values()) await c.listener.close();
     this.checks.clear();
     await this.node?.close();

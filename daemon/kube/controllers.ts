@@ -13,14 +13,7 @@
 // effect at once with no polling; a leader that stops being a candidate hands the Lease over.
 import * as k8s from '@kubernetes/client-node';
 import type { Logger } from '../log';
-import type { Lifecycle } from '../lifecycle';
-import type { KubeSource } from '../config/kube-source';
-import type { LbController } from '../lb/lb-controller';
-import type { EgressController } from '../egress/egress-controller';
-import type { EgressObjects } from '../egress/egress-config';
 import { LeaderElection } from './leader';
-import { StatusController } from './status-controller';
-import { ServiceLabeler } from './service-labeler';
 import { describeError } from './reflector';
 
 export const CANDIDATE_LABEL = 'tether.dev/controller-candidate';
@@ -138,46 +131,4 @@ export class Candidacy {
     if (m.kind === 'auto') return this.labelledAnywhere === false ? `auto: no node labelled ${CANDIDATE_LABEL}=true, every node competes` : `auto: nodes labelled ${CANDIDATE_LABEL}=true`;
     return m.kind;
   }
-}
-
-export function startControllers(
-  source: KubeSource, nodeName: string, egress: EgressController | undefined, egressObjects: EgressObjects, logger: Logger, life: Lifecycle, lb?: LbController,
-  candidates?: string,
-): void {
-  const status = new StatusController({
-    kc: source.kc,
-    logger,
-    verdicts: () => source.currentVerdicts(),
-    refused: () => egressObjects.problems(),
-    egressAddresses: () => (egress?.status() ?? []).map((a) => ({
-      egress: String(a.egress), address: String(a.address), owner: String(a.owner ?? ''), ownerNode: a.ownerNode as string | undefined, ownerZone: a.ownerZone as string | undefined, epoch: Number(a.epoch),
-      ...(a.clusterFlows !== undefined ? { flows: Number(a.clusterFlows), bytes: Number(a.clusterBytes ?? 0) } : {}),
-    })),
-    egressSummary: () => egress?.egressSummary() ?? {},
-    loadBalancers: () => lb?.status() ?? [],
-    healthReports: lb?.store && (() => lb.store!.healthReports()),
-  });
-  let labeler: ServiceLabeler | undefined;
-  const work: LeaderWork = {
-    start: () => {
-      status.start();
-      labeler ??= new ServiceLabeler({ kc: source.kc, logger });
-      labeler.start();
-    },
-    stop: async () => {
-      await status.stop();
-      await labeler?.stop();
-    },
-  };
-  const candidacy = new Candidacy({
-    kc: source.kc, nodeName, mode: parseCandidates(candidates), labels: () => source.nodeLabels(), work, logger,
-    namespace: process.env.POD_NAMESPACE || 'tether-system',
-  });
-  const onUpdate = () => candidacy.evaluate();
-  source.on('update', onUpdate);
-  void candidacy.start();
-  life.started('controllers', async () => {
-    source.off('update', onUpdate);
-    await candidacy.stop();
-  });
 }

@@ -11,6 +11,7 @@ import type { Verdicts } from '../config/kube-source';
 import { NODE_LABEL } from './block-claims';
 import { objectKey } from '../config/objects';
 import type { NodeHealthReport } from '../health/health-controller';
+import { ReconcileLoop } from '../util/reconcile-loop';
 
 type Obj = Record<string, any>;
 
@@ -116,11 +117,9 @@ const message = (problems: string[]) => problems.join('; ').slice(0, 4000);
 export class StatusController {
   private readonly api: k8s.CustomObjectsApi;
   private readonly core: k8s.CoreV1Api;
-  private timer?: NodeJS.Timeout;
-  private gcTimer?: NodeJS.Timeout;
-  private running = false;
+  /** The status passes and the block claim collection while leading (new loops on each start). */
+  private loops?: { pass: ReconcileLoop; gc: ReconcileLoop };
   private stopping = false;
-  private busy?: Promise<void>;
   /** When each object's status was last written (for the counters' rate limit). */
   private readonly countsWritten = new Map<string, number>();
   /** Counters for status and tests. */
@@ -132,26 +131,21 @@ export class StatusController {
   }
 
   start(): void {
-    if (this.running) return;
-    this.running = true;
+    if (this.loops) return;
     this.stopping = false;
-    const pass = () => {
-      if (!this.running) return;
-      this.busy = this.pass().catch((e) => {
-        this.o.logger.warn('kube: status pass failed', { error: (e as Error).message });
-      });
+    this.loops = {
+      pass: new ReconcileLoop({ run: () => this.pass(), everyMs: this.o.everyMs ?? 2000, skipBusyTicks: true, onError: (e) => this.o.logger.warn('kube: status pass failed', { error: e.message }) }),
+      gc: new ReconcileLoop({ run: () => this.collectClaims(), everyMs: this.o.gcEveryMs ?? 60_000, skipBusyTicks: true, onError: (e) => this.o.logger.warn('kube: block claim collection failed', { error: e.message }) }),
     };
-    pass();
-    this.timer = setInterval(pass, this.o.everyMs ?? 2000);
-    this.gcTimer = setInterval(() => void this.collectClaims().catch((e) => this.o.logger.warn('kube: block claim collection failed', { error: (e as Error).message })), this.o.gcEveryMs ?? 60_000);
+    this.loops.pass.start().request();
+    this.loops.gc.start();
   }
 
   async stop(): Promise<void> {
-    this.running = false;
     this.stopping = true;
-    clearInterval(this.timer);
-    clearInterval(this.gcTimer);
-    await this.busy;
+    const loops = this.loops;
+    this.loops = undefined;
+    await Promise.all([loops?.pass.stop(), loops?.gc.stop()]);
   }
 
   /** One pass: every AddressPool's and Egress's status as it should be now. */

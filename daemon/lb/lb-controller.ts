@@ -23,6 +23,7 @@ import { VipPrograms } from './vip-programs';
 import { LbPods, type Selections } from './lb-pods';
 import { LbTargets } from './targets';
 import { MappingSync } from './mapping-sync';
+import { ReconcileLoop } from '../util/reconcile-loop';
 
 export { FOU_OVERHEAD, type LbControllerOptions };
 
@@ -40,11 +41,10 @@ export class LbController {
   private readonly pods: LbPods;
   private readonly targets: LbTargets;
   private readonly sync: MappingSync;
-  private timer?: NodeJS.Timeout;
-  private poller?: NodeJS.Timeout;
-  private running: Promise<void> = Promise.resolve();
-  private again = false;
-  private busy = false;
+  /** The reconcile passes: on every configuration, pod event, store reconnect, and each TICK_MS. */
+  private readonly loop: ReconcileLoop;
+  /** Mappings learnt by the datapath, read every EVENT_POLL_MS. */
+  private readonly poller: ReconcileLoop;
   private stopped = false;
   /** When the last reconcile pass completed without an error (programming is fresh while recent). */
   private lastGoodPass = 0;
@@ -59,6 +59,15 @@ export class LbController {
     this.sync = new MappingSync(this.s);
     this.programs = new VipPrograms(this.s, pickable, (vip) => this.sync.expires(vip));
     this.targets = new LbTargets(this.s);
+    this.loop = new ReconcileLoop({
+      run: async () => {
+        await this.pass();
+        this.lastGoodPass = Date.now();
+      },
+      everyMs: TICK_MS,
+      onError: (e) => this.o.logger.error('lb: reconcile pass failed', { error: e.message, stack: e.stack }),
+    });
+    this.poller = new ReconcileLoop({ run: () => this.sync.poll(), everyMs: EVENT_POLL_MS, onError: (e) => this.o.logger.warn('lb: reading mappings failed', { error: e.message }) });
   }
 
   /**
@@ -88,10 +97,8 @@ export class LbController {
     this.o.attach.on('detached', () => this.kick());
     this.sync.start();
     this.o.store?.on('ready', () => void this.kick());
-    this.timer = setInterval(() => this.kick(), TICK_MS);
-    this.timer.unref();
-    this.poller = setInterval(() => this.sync.poll(), EVENT_POLL_MS);
-    this.poller.unref();
+    this.loop.start();
+    this.poller.start();
     await this.kick();
   }
 
@@ -107,32 +114,13 @@ export class LbController {
 
   /** Runs a pass now, or right after the one under way. */
   kick(): Promise<void> {
-    if (this.stopped) return this.running;
-    if (this.busy) {
-      this.again = true;
-      return this.running;
-    }
-    this.busy = true;
-    this.running = (async () => {
-      do {
-        this.again = false;
-        try {
-          await this.pass();
-          this.lastGoodPass = Date.now();
-        } catch (e) {
-          this.o.logger.error('lb: reconcile pass failed', { error: (e as Error).message, stack: (e as Error).stack });
-        }
-      } while (this.again && !this.stopped);
-      this.busy = false;
-    })();
-    return this.running;
+    return this.loop.kick();
   }
 
   async stop(): Promise<void> {
     this.stopped = true;
-    clearInterval(this.timer);
-    clearInterval(this.poller);
-    await this.running;
+    await this.poller.stop();
+    await this.loop.stop();
     // Programs, routes and pinned maps stay: forwarding goes on while tetherd restarts, and the restarted
     // tetherd finds the mappings (and each VIP's slot) in the pinned maps.
     this.s.dp?.close();
@@ -144,7 +132,7 @@ export class LbController {
     await this.registry();
     const vips = await this.addresses.apply(this.lbs);
     if (vips.wiped) this.sync.storeWiped();
-    if (vips.more) this.again = true; // the next part of a large batch of new Services, right after this pass
+    if (vips.more) this.loop.request(); // the next part of a large batch of new Services, right after this pass
     const served = [...this.lbs.values()].filter((l) => this.s.vips.get(l.key)?.vip);
     const sel = this.pods.selections(served);
     this.assignSlots(served, sel);

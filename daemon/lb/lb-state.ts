@@ -7,6 +7,8 @@ import type { LbDatapath, LbMapping } from '../bpf/lb';
 import type { FouDecap } from '../bpf/fou';
 import type { ClusterAddresses } from '../../ipam/cluster-addresses';
 import type { AttachService } from '../pod/attach-service';
+import type { DsrTarget } from '../pod/dsr-target';
+import type { AttachmentKey } from '../state/pod-store';
 import type { MappingStore } from './mapping-store';
 import type { ResolvedLoadBalancer } from './lb-spec';
 
@@ -62,13 +64,15 @@ export interface LbPod {
 
 export interface TargetPod {
   pod: string;
+  /** Its pod record's key (the set-up is recorded there). */
+  key: AttachmentKey;
   netns: string;
   ifName: string;
   ip: string;
   vips: Set<string>;
   decap?: FouDecap;
-  mtuBefore?: number;
-  vipDev: string;
+  /** What the DSR set-up changed (pod/dsr-target.ts), as in the pod record. */
+  setup: DsrTarget;
 }
 
 export class LbShared {

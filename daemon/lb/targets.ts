@@ -1,12 +1,13 @@
-// The node's target pods (endpoints of a served Service running here) set up for direct server return:
-// the VIPs on a dummy link or lo (ARP silent), FoU decapsulation accepted from registered node addresses
-// only, the MTU lowered by the encapsulation overhead. Undone when the pod is no longer a target.
-import { NetlinkHandle } from '../netlink';
-import { netnsExists, writeNetSysctl } from '../sys/netns';
+// The node's target pods (endpoints of a served Service running here) set up for direct server return
+// (pod/dsr-target.ts: the VIPs on a dummy link or lo, ARP silent, the MTU lowered by the encapsulation
+// overhead) with FoU decapsulation accepted from registered node addresses only. The set-up is kept in the
+// pod record: undone when the pod is no longer a target, or by the pod's DEL.
+import { netnsExists } from '../sys/netns';
 import { attachFouDecap } from '../bpf/fou';
+import { setTargetVips, setUpDsrTarget, undoDsrTarget, type DsrTarget } from '../pod/dsr-target';
 import { podKeyOf, type PodRecord } from '../state/pod-store';
 import type { ResolvedLoadBalancer } from './lb-spec';
-import { FOU_OVERHEAD, ignoreGone, type LbShared, type TargetPod } from './lb-state';
+import { FOU_OVERHEAD, type LbShared, type TargetPod } from './lb-state';
 
 export class LbTargets {
   constructor(private readonly s: LbShared) {}
@@ -34,6 +35,8 @@ export class LbTargets {
       }
     }
     for (const [pod, t] of this.s.targets) if (!seen.has(pod)) this.down(pod, t);
+    // A set-up recorded by a previous run is adopted once its pod is a target again, and undone by its DEL
+    // otherwise: a first pass after a restart may not know every VIP yet, and must not strip targets.
   }
 
   /** The registered node addresses changed: every target's decapsulation accepts the new list. */
@@ -43,50 +46,41 @@ export class LbTargets {
 
   private up(pod: string, r: PodRecord, ip: string, vips: Set<string>): void {
     let t = this.s.targets.get(pod);
+    const who = { pod, ip };
     if (!t) {
-      t = { pod, netns: r.netns, ifName: r.ifName, ip, vips: new Set(), vipDev: 'lo' };
-      const tt = t;
-      NetlinkHandle.with(r.netns, (h) => {
-        if (h.kernelHasDummy()) {
-          if (!h.getLink('tether0')) h.createDummy('tether0');
-          h.setLinkUp('tether0', true);
-          tt.vipDev = 'tether0';
-        } else h.setLinkUp('lo', true);
-        // The MSS the target advertises must leave room for the encapsulation on the way in.
-        const link = h.requireLink(r.ifName);
-        const host = r.hostIfName ? NetlinkHandle.with(undefined, (hh) => hh.getLink(r.hostIfName!)) : undefined;
-        const want = (host?.mtu ?? link.mtu) - FOU_OVERHEAD;
-        if (host && link.mtu > want) {
-          tt.mtuBefore = link.mtu;
-          h.setLinkMtu(link.index, want);
-        }
-      });
-      for (const dev of ['all', r.ifName]) {
-        writeNetSysctl(r.netns, `net/ipv4/conf/${dev}/arp_ignore`, '1');
-        writeNetSysctl(r.netns, `net/ipv4/conf/${dev}/arp_announce`, '2');
-      }
+      // Set up by a previous run (recorded), or now: the set-up adopts what is there either way.
+      const recorded = r.dsrTarget ? structuredClone(r.dsrTarget as DsrTarget) : undefined;
+      const setup = recorded ?? setUpDsrTarget({ netns: r.netns, ifName: r.ifName, hostIfName: r.hostIfName, overhead: FOU_OVERHEAD }, who);
+      t = { pod, key: { network: r.network, containerId: r.containerId, ifName: r.ifName }, netns: r.netns, ifName: r.ifName, ip, vips: new Set(setup.vips.map((v) => v.address)), setup };
       // Decapsulated on the host side, before the pod: a full-size encapsulated frame would exceed the
       // pod interface's lowered MTU, and a veth drops what is longer than its peer's MTU.
       const sources = this.s.nodes.length ? this.s.nodes : [this.s.o.node.address];
       const port = this.s.o.fouPort;
-      t.decap = r.hostIfName
-        ? attachFouDecap({ ifName: r.hostIfName, direction: 'egress', port, localAddress: ip, allowedSources: sources })
-        : attachFouDecap({ netns: r.netns, ifName: r.ifName, port, localAddress: ip, allowedSources: sources });
+      try {
+        t.decap = r.hostIfName
+          ? attachFouDecap({ ifName: r.hostIfName, direction: 'egress', port, localAddress: ip, allowedSources: sources })
+          : attachFouDecap({ netns: r.netns, ifName: r.ifName, port, localAddress: ip, allowedSources: sources });
+      } catch (e) {
+        if (!r.dsrTarget) undoDsrTarget(setup, who);
+        throw e;
+      }
+      setup.decap = r.hostIfName ? { ifName: r.hostIfName, direction: 'egress' } : { netns: r.netns, ifName: r.ifName, direction: 'ingress' };
       this.s.targets.set(pod, t);
-      this.s.logger.info('lb: target pod ready for DSR', { pod, ip, vipDev: t.vipDev, mtuLoweredFrom: t.mtuBefore });
+      this.record(t);
+      if (!r.dsrTarget) this.s.logger.info('lb: target pod ready for DSR', { pod, ip, vipDev: setup.vipDev, mtuLoweredFrom: setup.podMtu?.previous });
     }
     const cur = t;
-    const add = [...vips].filter((v) => !cur.vips.has(v));
-    const del = [...cur.vips].filter((v) => !vips.has(v));
-    if (add.length || del.length) {
-      NetlinkHandle.with(r.netns, (h) => {
-        const dev = h.requireLink(cur.vipDev);
-        for (const v of add) h.addAddress({ address: `${v}/32`, index: dev.index, replace: true, noDad: true });
-        for (const v of del) ignoreGone(() => h.deleteAddress({ address: `${v}/32`, index: dev.index }));
-      });
+    const { added, removed } = setTargetVips(cur.setup, vips, who);
+    if (added.length || removed.length) {
       cur.vips = new Set(vips);
-      this.s.logger.info('lb: target VIPs', { pod, added: add, removed: del });
+      this.record(cur);
+      this.s.logger.info('lb: target VIPs', { pod, added, removed });
     }
+  }
+
+  /** The set-up goes into the pod record, which a DEL undoes (and a restarted tetherd adopts). */
+  private record(t: TargetPod): boolean {
+    return this.s.o.attach.updateRecord(t.key, (r) => ({ ...r, dsrTarget: t.setup }));
   }
 
   private down(pod: string, t: TargetPod): void {
@@ -96,19 +90,8 @@ export class LbTargets {
     } catch {
       // the pod (and its veth, with the filter) is gone
     }
-    if (netnsExists(t.netns)) {
-      try {
-        NetlinkHandle.with(t.netns, (h) => {
-          const dev = h.getLink(t.vipDev);
-          if (dev) for (const v of t.vips) ignoreGone(() => h.deleteAddress({ address: `${v}/32`, index: dev.index }));
-          if (t.vipDev === 'tether0') ignoreGone(() => h.deleteLink('tether0'));
-          const link = h.getLink(t.ifName);
-          if (link && t.mtuBefore) h.setLinkMtu(link.index, t.mtuBefore);
-        });
-      } catch (e) {
-        this.s.logger.debug('lb: target teardown: pod gone', { pod, error: (e as Error).message });
-      }
-    }
+    // Still recorded: undone here. Gone from the records: its DEL undid the set-up already.
+    if (this.s.o.attach.updateRecord(t.key, (r) => ({ ...r, dsrTarget: undefined }))) undoDsrTarget({ ...t.setup, decap: undefined }, { pod });
     this.s.logger.info('lb: pod no longer a target', { pod });
   }
 }

@@ -5,14 +5,13 @@ import { ApiServer } from '../server';
 import type { Logger } from '../log';
 import type { PodStore } from '../state/pod-store';
 import type { AttachService } from '../pod/attach-service';
-import type { EgressController } from '../egress/egress-controller';
-import type { LbController } from '../lb/lb-controller';
 import type { OwnerRequest } from '../../ipam/cluster-addresses';
 import type { LoopLag } from '../util/loop-lag';
 import { VERSION } from '../../cni/about';
 import { validateCniRequest, type CniRequestFields } from '../../cni/validate';
 import type { Ipam } from './ipam';
 import type { CurrentConfig } from './source';
+import type { Subsystem } from './subsystem';
 import { ProbeServer } from '../health/probe-server';
 import { readiness } from '../../install/cni/installer';
 import { RUNTIMES, type Runtime } from '../../install/cni/libcni';
@@ -43,10 +42,8 @@ export interface ApiDeps {
   podStore: PodStore;
   attach: AttachService;
   ipam: Ipam;
-  egress?: EgressController;
-  lb?: LbController;
-  /** Health checks' status (absent until they start). */
-  health?: () => Record<string, unknown> | undefined;
+  /** Every subsystem, in the order their fields appear in the status answer (health checks join once started). */
+  subsystems: ReadonlyArray<Subsystem<never>>;
   loopLag: LoopLag;
   logger: Logger;
   /** The Kubernetes source's watches (each resource followed, and what keeps one from being followed). */
@@ -55,7 +52,7 @@ export interface ApiDeps {
 
 export function apiServer(d: ApiDeps): ApiServer {
   const started = Date.now();
-  const { attach, ipam, egress } = d;
+  const { attach, ipam } = d;
   return new ApiServer(
     d.socket,
     {
@@ -82,13 +79,7 @@ export function apiServer(d: ApiDeps): ApiServer {
         stateDir: d.stateDir,
         bpfPinDir: d.bpfPinDir,
         pools: d.current.config.pools.map((p) => p.name),
-        ipam: { pods: ipam.pods.usage(), cluster: await ipam.addresses.usage() },
-        egress: egress?.status() ?? [],
-        egressSummary: egress?.egressSummary() ?? {},
-        egressSecurity: egress?.security(),
-        bfd: egress?.bfdStatus(),
-        loadBalancers: d.lb?.status() ?? [],
-        health: d.health?.(),
+        ...Object.assign({}, ...(await Promise.all(d.subsystems.map((s) => s.status())))),
         kubernetes: d.kubernetes?.(),
         roleProblems: attach.roleProblems.list(),
         eventLoop: { lagMaxMs: d.loopLag.maxMs(), lagMaxPerSecondMs: d.loopLag.series() },

@@ -1,5 +1,6 @@
 // Egress: the checks made before anything starts (objects, options, the cluster key), the controller, and
-// its reconciler (Egresses added, changed, removed; pod roles from labels).
+// the subsystem around it (desired state: the Egresses and pods' metadata; Egresses added, changed,
+// removed; pod roles from labels).
 import * as fs from 'node:fs';
 import type { Logger } from '../log';
 import { StartError } from '../lifecycle';
@@ -15,6 +16,7 @@ import { OwnershipStore } from '../egress/ownership-store';
 import type { ClusterAddresses } from '../../ipam/cluster-addresses';
 import type { AttachService } from '../pod/attach-service';
 import { kubeMode, requireLocalAddress, type Options } from '../options';
+import type { EgressDesired, Subsystem } from './subsystem';
 
 /** A node's cap on the addresses of one Egress it holds (overrides the Egress's maxAddressesPerNode). */
 export const MAX_EGRESS_ADDRESSES_LABEL = 'tether.dev/max-egress-addresses';
@@ -103,13 +105,36 @@ export async function createEgress(
   });
 }
 
+/** Egress on this node: the controller when the node serves Egress (planEgress), else only the error saying why not. */
+export class Egress implements Subsystem<EgressDesired> {
+  readonly name = 'egress';
+
+  constructor(
+    readonly controller: EgressController | undefined,
+    private readonly logger: Logger,
+  ) {}
+
+  async start(): Promise<void> {
+    await this.controller?.start();
+  }
+
+  async apply(d: EgressDesired): Promise<void> {
+    if (this.controller) await this.controller.apply(d.egresses, d.podMeta);
+    else if (d.egresses.length) this.logger.error('egress: Egress objects need --node-address, --cluster-key-file and --redis; not served', { egresses: d.egresses.map((x) => x.key) });
+  }
+
+  async stop(): Promise<void> {
+    await this.controller?.stop();
+  }
+
+  status(): Record<string, unknown> {
+    const c = this.controller;
+    return { egress: c?.status() ?? [], egressSummary: c?.egressSummary() ?? {}, egressSecurity: c?.security(), bfd: c?.bfdStatus() };
+  }
+}
+
+/** A reconciler of whole configurations (for wiring without the resolve step: the scale simulation). */
 export function egressReconciler(objects: EgressObjects, controller: EgressController | undefined, logger: Logger): Reconciler {
-  return {
-    name: 'egress',
-    async apply(c) {
-      const egresses = objects.resolve(c);
-      if (controller) await controller.apply(egresses, c.pods);
-      else if (egresses.length) logger.error('egress: Egress objects need --node-address, --cluster-key-file and --redis; not served', { egresses: egresses.map((x) => x.key) });
-    },
-  };
+  const egress = new Egress(controller, logger);
+  return { name: egress.name, apply: (c) => egress.apply({ egresses: objects.resolve(c), podMeta: c.pods }) };
 }

@@ -1,14 +1,16 @@
 // The cluster store, the pod records, and IPAM: per-node blocks and allocations for pods, cluster-wide
-// floating and load-balancer addresses. Its reconciler adds, updates and retires pools live.
+// floating and load-balancer addresses. Its desired state (pools, this node's facts) adds, updates and
+// retires pools live.
 import * as fs from 'node:fs';
 import type { Logger } from '../log';
 import { Lifecycle, StartError } from '../lifecycle';
-import { InFlight } from '../util/in-flight';
+import { ReconcileLoop } from '../util/reconcile-loop';
 import { PodStore } from '../state/pod-store';
 import { AttachService } from '../pod/attach-service';
 import { parseRedisUrl } from '../common/redis';
 import type { ConfigObjects } from '../config/objects';
 import type { ConfigSource, Reconciler } from '../config/source';
+import type { IpamDesired, Subsystem } from './subsystem';
 import { KubeSource } from '../config/kube-source';
 import { KubeBlockClaims } from '../kube/block-claims';
 import type { ClusterStore } from '../../ipam/types';
@@ -45,47 +47,63 @@ export function openPodState(stateDir: string, logger: Logger): { podStore: PodS
   return { podStore, attach: new AttachService(podStore, logger), loaded };
 }
 
-export interface Ipam {
-  pods: PodAllocator;
-  addresses: ClusterAddresses;
-  service: IpamService;
-  reconciler: Reconciler;
+export class Ipam implements Subsystem<IpamDesired> {
+  readonly name = 'ipam';
+  readonly pods: PodAllocator;
+  readonly addresses: ClusterAddresses;
+  readonly service: IpamService;
+  /** Maintenance (returning empty blocks), awaited on stop, not cut off mid-write. */
+  private readonly maintenance: ReconcileLoop;
+
+  constructor(private readonly o: { nodeName: string; config: ConfigObjects; source: ConfigSource; store?: LazyStore; stateDir: string; logger: Logger }) {
+    const { logger } = o;
+    const nodeConfig = o.config.nodes[o.nodeName] ?? { labels: {} };
+    const node = { name: o.nodeName, zone: nodeConfig.zone, labels: nodeConfig.labels };
+    // In a cluster, block claims are AddressBlock resources (etcd is their durable record); Redis keeps
+    // only what can be rebuilt (cluster-wide addresses, ownership records).
+    const blocks: ClusterStore | undefined = o.source instanceof KubeSource ? new KubeBlockClaims(o.source.kc, o.store) : o.store;
+    this.pods = new PodAllocator(node, o.config.pools, blocks, new AllocationStore(o.stateDir), logger);
+    this.addresses = new ClusterAddresses(o.config.pools, o.store, logger);
+    this.service = new IpamService(this.pods, logger);
+    this.maintenance = new ReconcileLoop({
+      run: () => this.pods.maintain(),
+      everyMs: MAINTAIN_EVERY_MS,
+      skipBusyTicks: true,
+      onError: (e) => logger.warn('ipam: maintenance failed', { error: e.message }),
+    });
+  }
+
+  async start(): Promise<void> {
+    await this.pods.start();
+    this.maintenance.start();
+  }
+
+  apply(d: IpamDesired): void {
+    this.pods.setPools(d.pools, d.node);
+    this.addresses.setPools(d.pools);
+  }
+
+  async stop(): Promise<void> {
+    await this.maintenance.stop(5000);
+  }
+
+  async status(): Promise<Record<string, unknown>> {
+    return { ipam: { pods: this.pods.usage(), cluster: await this.addresses.usage() } };
+  }
+
+  /** A reconciler of whole configurations (for wiring without the resolve step: the scale simulation). */
+  get reconciler(): Reconciler {
+    return { name: this.name, apply: (c) => this.apply({ pools: c.pools, node: c.nodes[this.o.nodeName] ?? { labels: {} } }) };
+  }
 }
 
+/** IPAM, started, its stop registered with `life`. */
 export async function startIpam(
   o: { nodeName: string; config: ConfigObjects; source: ConfigSource; store?: LazyStore; stateDir: string; logger: Logger },
   life: Lifecycle,
 ): Promise<Ipam> {
-  const { logger } = o;
-  const nodeConfig = o.config.nodes[o.nodeName] ?? { labels: {} };
-  const node = { name: o.nodeName, zone: nodeConfig.zone, labels: nodeConfig.labels };
-  // In a cluster, block claims are AddressBlock resources (etcd is their durable record); Redis keeps
-  // only what can be rebuilt (cluster-wide addresses, ownership records).
-  const blocks: ClusterStore | undefined = o.source instanceof KubeSource ? new KubeBlockClaims(o.source.kc, o.store) : o.store;
-  const pods = new PodAllocator(node, o.config.pools, blocks, new AllocationStore(o.stateDir), logger);
-  await pods.start();
-  const addresses = new ClusterAddresses(o.config.pools, o.store, logger);
-  // IPAM maintenance (returning empty blocks) is awaited on stop, not cut off mid-write.
-  const maintenance = new InFlight();
-  const maintain = setInterval(
-    () => void maintenance.run(() => pods.maintain()).catch((e) => logger.warn('ipam: maintenance failed', { error: (e as Error).message })),
-    MAINTAIN_EVERY_MS,
-  );
-  maintain.unref();
-  life.started('ipam maintenance', async () => {
-    clearInterval(maintain);
-    await maintenance.close(5000);
-  });
-  return {
-    pods,
-    addresses,
-    service: new IpamService(pods, logger),
-    reconciler: {
-      name: 'ipam',
-      apply(c) {
-        pods.setPools(c.pools, c.nodes[o.nodeName] ?? { labels: {} });
-        addresses.setPools(c.pools);
-      },
-    },
-  };
+  const ipam = new Ipam(o);
+  await ipam.start();
+  life.started('ipam maintenance', () => ipam.stop());
+  return ipam;
 }

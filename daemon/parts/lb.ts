@@ -1,5 +1,6 @@
 // The load balancer: whether this node serves it (Services of tether's class configured, or the options
-// for them given), its mapping store connection, the controller, and its reconciler.
+// for them given), its mapping store connection, the controller, and the subsystems around it and its
+// health checks.
 import type { Logger } from '../log';
 import { StartError } from '../lifecycle';
 import type { ConfigObjects } from '../config/objects';
@@ -11,6 +12,7 @@ import { isTetherService, resolveLoadBalancers } from '../lb/lb-spec';
 import type { ClusterAddresses } from '../../ipam/cluster-addresses';
 import type { AttachService } from '../pod/attach-service';
 import { lbOptions, requireLocalAddress, type Options } from '../options';
+import type { HealthDesired, LbDesired, Subsystem } from './subsystem';
 
 /**
  * The controller when this node can serve load balancers: it needs --node-address (the outer source of
@@ -46,15 +48,66 @@ export async function createLb(
   });
 }
 
+/** The load balancer on this node: the controller when the node serves it (createLb), else only the error saying why not. */
+export class LoadBalancer implements Subsystem<LbDesired> {
+  readonly name = 'load balancer';
+
+  constructor(
+    readonly controller: LbController | undefined,
+    private readonly logger: Logger,
+  ) {}
+
+  async start(): Promise<void> {
+    await this.controller?.start();
+  }
+
+  async apply(d: LbDesired): Promise<void> {
+    const r = d.resolution;
+    if (this.controller) await this.controller.apply(r, d.podMeta);
+    else if (r.loadBalancers.length || r.refused.length) this.logger.error('lb: load balancer Services need --node-address and --redis; not served', { services: [...r.loadBalancers.map((l) => l.key)] });
+  }
+
+  async stop(): Promise<void> {
+    await this.controller?.stop();
+  }
+
+  status(): Record<string, unknown> {
+    return { loadBalancers: this.controller?.status() ?? [] };
+  }
+}
+
+/** A reconciler of whole configurations (for wiring without the resolve step: the scale simulation). */
 export function lbReconciler(controller: LbController | undefined, logger: Logger): Reconciler {
-  return {
-    name: 'load balancer',
-    async apply(c) {
-      const r = resolveLoadBalancers(c.others, c.pools);
-      if (controller) await controller.apply(r, c.pods);
-      else if (r.loadBalancers.length || r.refused.length) logger.error('lb: load balancer Services need --node-address and --redis; not served', { services: [...r.loadBalancers.map((l) => l.key)] });
-    },
-  };
+  const lb = new LoadBalancer(controller, logger);
+  return { name: lb.name, apply: (c) => lb.apply({ resolution: resolveLoadBalancers(c.others, c.pools), podMeta: c.pods }) };
+}
+
+/** Health checks of the load balancer's Services (desired state: whether the node is eligible; the Services are the LB's). */
+export class Health implements Subsystem<HealthDesired> {
+  readonly name = 'health checks';
+  private eligible: boolean;
+  readonly checks: HealthController;
+
+  constructor(opts: Options, o: { lb: LbController; nodeName: string; eligible: boolean; logger: Logger }) {
+    this.eligible = o.eligible;
+    this.checks = createHealth(opts, { ...o, eligible: () => this.eligible });
+  }
+
+  start(): Promise<void> {
+    return this.checks.start();
+  }
+
+  apply(d: HealthDesired): void {
+    this.eligible = d.eligible;
+  }
+
+  stop(): Promise<void> {
+    return this.checks.stop();
+  }
+
+  status(): Record<string, unknown> {
+    return { health: this.checks.status() };
+  }
 }
 
 /** Health checks for the load balancer's Services with Local policy, and the node's health port. */

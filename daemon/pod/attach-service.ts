@@ -17,6 +17,7 @@ import {
   type AppliedPodNetwork,
 } from './pod-network';
 import { RoleProblems } from './role-problems';
+import { undoDsrTarget, type DsrTarget } from './dsr-target';
 
 type Json = Record<string, unknown>;
 
@@ -39,6 +40,17 @@ export class AttachService extends EventEmitter {
   }
 
   /** Every attached pod (for controllers starting up). */
+  /**
+   * Changes an attached pod's record (durably) through `change`; false when there is none any more (a DEL
+   * came first): what the change records must then not be recorded.
+   */
+  updateRecord(k: AttachmentKey, change: (r: PodRecord) => PodRecord): boolean {
+    const rec = this.store.get(k);
+    if (!rec || rec.phase !== 'attached') return false;
+    this.store.put(change(rec));
+    return true;
+  }
+
   pods(): PodRecord[] {
     return this.store.all().filter((r) => r.phase === 'attached');
   }
@@ -133,7 +145,8 @@ export class AttachService extends EventEmitter {
     }
     this.emit('detached', rec);
     this.roleProblems.forget(podKeyOf(rec) ?? rec.containerId);
-    this.undoRecord(rec, who);
+    // Read again: a role controller may have changed the record while the hooks ran (dsrTarget).
+    this.undoRecord(this.store.get(key) ?? rec, who);
     this.store.remove(key);
     this.logger.info('pod detached', { ...who, durationMs: msSince(t0) });
   }
@@ -178,6 +191,8 @@ export class AttachService extends EventEmitter {
   }
 
   private undoRecord(rec: PodRecord, who: Json): void {
+    // Newest first: the load balancer's target set-up sits on top of the pod network.
+    if (rec.dsrTarget) undoDsrTarget(rec.dsrTarget as DsrTarget, who);
     if (rec.phase === 'attached' && rec.applied) {
       undoPodNetwork(rec.applied as AppliedPodNetwork);
     } else {

@@ -11,7 +11,7 @@ import { validateCniRequest, type CniRequestFields } from '../../cni/validate';
 import { fsyncDir, removeFileDurable } from '../state/atomic-file';
 import type { Lifecycle } from '../lifecycle';
 import type { Logger } from '../log';
-import { InFlight } from '../util/in-flight';
+import { ReconcileLoop } from '../util/reconcile-loop';
 import type { AttachService } from './attach-service';
 import type { IpamService } from '../../ipam/ipam-service';
 
@@ -38,8 +38,8 @@ const STALE_TEMP_MS = 60_000;
 export const GARBLED_DIR = 'garbled';
 
 export class DeleteQueue {
-  private timer?: NodeJS.Timeout;
-  private readonly work = new InFlight();
+  /** The periodic drains. */
+  private readonly loop: ReconcileLoop;
   private draining?: Promise<DrainSummary>;
   /** Failed requests by file name: how often, and when to try again. Lost on restart, which retries all. */
   private readonly failures = new Map<string, { count: number; nextAt: number }>();
@@ -52,6 +52,12 @@ export class DeleteQueue {
   ) {
     // The clients create only the last component (daemon/api/delete-queue.ts): make it here, root only.
     fs.mkdirSync(dir, { recursive: true, mode: 0o700 });
+    this.loop = new ReconcileLoop({
+      run: () => this.drain(),
+      everyMs: retryEveryMs,
+      skipBusyTicks: true,
+      onError: (e) => this.logger.error('delete queue: drain failed', { dir: this.dir, error: e.message }),
+    });
   }
 
   /** Replays every queued request due now; one drain at a time (a call during a drain gets its result). */
@@ -66,16 +72,12 @@ export class DeleteQueue {
 
   /** Drains every retryEveryMs until stop(). */
   start(): void {
-    this.timer = setInterval(() => {
-      void this.work.run(() => this.drain()).catch((e) => this.logger.error('delete queue: drain failed', { dir: this.dir, error: (e as Error).message }));
-    }, this.retryEveryMs);
-    this.timer.unref();
+    this.loop.start();
   }
 
   /** Stops the timer and waits for a drain under way (a DEL half replayed is finished, not cut off). */
   async stop(): Promise<void> {
-    clearInterval(this.timer);
-    if (!(await this.work.close(10_000))) this.logger.warn('delete queue: a drain was still running at stop', { dir: this.dir });
+    if (!(await this.loop.stop(10_000))) this.logger.warn('delete queue: a drain was still running at stop', { dir: this.dir });
   }
 
   private async drainOnce(): Promise<DrainSummary> {

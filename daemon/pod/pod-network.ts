@@ -4,10 +4,11 @@
 // a JSON-serialisable AppliedPodNetwork, so undo works after a daemon restart.
 import { ErrorCode, TetherError } from '../errors';
 import { log } from '../log';
-import { NetlinkHandle, isNetlinkError, type Link } from '../netlink';
+import { NetlinkHandle, type Link } from '../netlink';
 import { ipFamily } from '../netlink/ip-bytes';
-import { netnsExists, readNetSysctl, writeNetSysctl } from '../sys/netns';
+import { netnsExists, readNetSysctl } from '../sys/netns';
 import { MIN_MTU, type PodNetConfig } from './pod-net-config';
+import { addVip, ignoreGone, silenceArp, undoDsr, vipDevice, type DsrApplied } from './dsr-target';
 
 export { validatePodNetConfig, type PodNetConfig } from './pod-net-config';
 
@@ -22,29 +23,23 @@ export interface PodTarget {
   hostNetns?: string;
 }
 
-export const VIP_LINK_NAME = 'tether0';
+export { VIP_LINK_NAME } from './dsr-target';
 
 interface MtuChange { ifName: string; ifIndex: number; previous: number; value: number }
 
-/** What applyPodNetwork changed, in order. Plain JSON: it is persisted and read back by a later daemon. */
-export interface AppliedPodNetwork {
+/**
+ * What applyPodNetwork changed, in order. Plain JSON: it is persisted and read back by a later daemon.
+ * The DSR part (sysctls, VIP link or lo, VIPs) is dsr-target.ts's record.
+ */
+export interface AppliedPodNetwork extends DsrApplied {
   version: 1;
   netns: string;
   ifName: string;
   hostNetns?: string;
   podMtu?: MtuChange;
   hostMtu?: MtuChange;
-  sysctls: Array<{ key: string; previous: string; value: string }>;
-  /** Dummy link created for the VIPs (absent when they sit on lo). */
-  vipLink?: { name: string; mac?: string };
-  /** lo was down and was brought up to hold the VIPs. */
-  loBroughtUp?: boolean;
-  vips: Array<{ address: string; prefixLen: number; dev: string }>;
   routes: Array<{ dst: string; gw?: string; dev: string; table?: number; mtu?: number }>;
 }
-
-// Errors meaning "already gone", which undo treats as done.
-const GONE = ['ENODEV', 'ESRCH', 'ENOENT', 'EADDRNOTAVAIL', 'ENXIO'];
 
 function who(t: { netns: string; ifName: string }) {
   return { netns: t.netns, ifName: t.ifName };
@@ -119,41 +114,10 @@ function applyVips(pod: NetlinkHandle, podIf: Link, cfg: PodNetConfig, applied: 
   const vips = cfg.vips ?? [];
   if (vips.length === 0) return;
   const t = { netns: applied.netns, ifName: applied.ifName };
-  // Addresses on any interface answer ARP on every interface by default; DSR needs the pod to stay
-  // silent for its VIPs (the load balancer owns them on the wire).
-  if (vips.some((v) => ipFamily(v) === 4)) {
-    for (const [key, value] of [['arp_ignore', '1'], ['arp_announce', '2']]) {
-      for (const dev of ['all', podIf.name]) {
-        const k = `net/ipv4/conf/${dev}/${key}`;
-        const previous = writeNetSysctl(applied.netns, k, value);
-        applied.sysctls.push({ key: k, previous, value });
-        log().info('pod sysctl set', { ...t, key: k, value, previous });
-      }
-    }
-  }
-  let dev = 'lo';
-  if (pod.kernelHasDummy()) {
-    pod.createDummy(VIP_LINK_NAME);
-    applied.vipLink = { name: VIP_LINK_NAME };
-    pod.setLinkUp(VIP_LINK_NAME, true);
-    applied.vipLink.mac = pod.requireLink(VIP_LINK_NAME).mac;
-    dev = VIP_LINK_NAME;
-    log().info('VIP link created', { ...t, link: VIP_LINK_NAME });
-  } else {
-    const lo = pod.requireLink('lo');
-    if (!lo.up) {
-      pod.setLinkUp('lo', true);
-      applied.loBroughtUp = true;
-      log().info('pod lo brought up to hold VIPs', t);
-    }
-  }
-  const index = pod.requireLink(dev).index;
-  for (const vip of vips) {
-    const prefixLen = ipFamily(vip) === 4 ? 32 : 128;
-    pod.addAddress({ address: `${vip}/${prefixLen}`, index, noDad: true });
-    applied.vips.push({ address: vip, prefixLen, dev });
-    log().info('VIP added', { ...t, vip, dev });
-  }
+  if (vips.some((v) => ipFamily(v) === 4)) silenceArp(applied.netns, podIf.name, applied, t);
+  // Not adopted: a tether0 already there is EEXIST (undo never removes what it did not add).
+  const dev = vipDevice(pod, applied, { adopt: false }, t);
+  for (const vip of vips) addVip(pod, dev, vip, applied, {}, t);
 }
 
 function applyRoutes(pod: NetlinkHandle, podIf: Link, cfg: PodNetConfig, applied: AppliedPodNetwork): void {
@@ -161,14 +125,6 @@ function applyRoutes(pod: NetlinkHandle, podIf: Link, cfg: PodNetConfig, applied
     pod.addRoute({ dst: r.dst, gateway: r.gw, index: podIf.index, table: r.table, mtu: r.mtu });
     applied.routes.push({ dst: r.dst, gw: r.gw, dev: podIf.name, table: r.table, mtu: r.mtu });
     log().info('pod route added', { netns: applied.netns, ifName: applied.ifName, dst: r.dst, gw: r.gw, table: r.table, mtu: r.mtu });
-  }
-}
-
-function ignoreGone(fn: () => void): void {
-  try {
-    fn();
-  } catch (e) {
-    if (!isNetlinkError(e, ...GONE)) throw e;
   }
 }
 
@@ -221,29 +177,7 @@ function undoInPod(pod: NetlinkHandle, applied: AppliedPodNetwork): void {
     ignoreGone(() => pod.deleteRoute({ dst: r.dst, gateway: r.gw, index: dev.index, table: r.table }));
     log().info('pod route removed', { ...t, dst: r.dst, table: r.table });
   }
-  for (const v of [...applied.vips].reverse()) {
-    const dev = pod.getLink(v.dev);
-    if (!dev) continue;
-    ignoreGone(() => pod.deleteAddress({ address: `${v.address}/${v.prefixLen}`, index: dev.index }));
-    log().info('VIP removed', { ...t, vip: v.address, dev: v.dev });
-  }
-  if (applied.vipLink && pod.getLink(applied.vipLink.name)) {
-    ignoreGone(() => pod.deleteLink(applied.vipLink!.name));
-    log().info('VIP link deleted', { ...t, link: applied.vipLink.name });
-  }
-  if (applied.loBroughtUp) {
-    ignoreGone(() => pod.setLinkUp('lo', false));
-    log().info('pod lo set down again', t);
-  }
-  for (const s of [...applied.sysctls].reverse()) {
-    try {
-      writeNetSysctl(applied.netns, s.key, s.previous);
-      log().info('pod sysctl restored', { ...t, key: s.key, value: s.previous });
-    } catch (e) {
-      // A per-interface key disappears with its interface: nothing left to restore.
-      if ((e as NodeJS.ErrnoException).code !== 'ENOENT') throw e;
-    }
-  }
+  undoDsr(pod, applied.netns, { ...applied, vips: [...applied.vips] }, t);
   if (applied.podMtu) {
     const m = applied.podMtu;
     const l = pod.getLink(m.ifName);

@@ -30,6 +30,8 @@ export interface PodRecord extends AttachmentKey {
   phase: 'applying' | 'attached';
   /** Opaque to the store: what the pod network layer changed, with previous values. */
   applied?: unknown;
+  /** Opaque to the store: the DSR set-up of a load balancer target (pod/dsr-target.ts), while it is one. */
+  dsrTarget?: unknown;
   /** The plugin config the pod was attached with (for CHECK and reconciliation). */
   config: Record<string, unknown>;
   createdAt: string;

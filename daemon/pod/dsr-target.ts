@@ -1,0 +1,205 @@
+// A pod's set-up for direct server return, in one place for both callers: VIPs from the CNI config
+// (pod-network.ts, on ADD) and load balancer targets (lb/targets.ts, while the pod is a target). ARP
+// silence for the VIPs (sysctls), the device holding them (a dummy `tether0`, or lo where the kernel has no
+// dummy), the VIPs, and for an LB target its MTU lowered by the encapsulation and the FoU decapsulation on
+// its host-side veth. Every action is recorded with what it replaced, in JSON the pod record keeps, so
+// removing the pod (or the pod ceasing to be a target, even after a restart) undoes exactly those actions.
+import { log } from '../log';
+import { NetlinkHandle, isNetlinkError } from '../netlink';
+import { ipFamily } from '../netlink/ip-bytes';
+import { netnsExists, writeNetSysctl } from '../sys/netns';
+import { detachFou } from '../bpf/fou';
+
+export const VIP_LINK_NAME = 'tether0';
+
+/** What a DSR set-up changed, in order (plain JSON: persisted in the pod record). */
+export interface DsrApplied {
+  sysctls: Array<{ key: string; previous: string; value: string }>;
+  /** Dummy link created for the VIPs (absent when they sit on lo, or on a link someone else created). */
+  vipLink?: { name: string; mac?: string };
+  /** lo was down and was brought up to hold the VIPs. */
+  loBroughtUp?: boolean;
+  vips: Array<{ address: string; prefixLen: number; dev: string }>;
+}
+
+type Who = Record<string, unknown>;
+
+// Errors meaning "already gone", which undo treats as done.
+const GONE = ['ENODEV', 'ESRCH', 'ENOENT', 'EADDRNOTAVAIL', 'ENXIO'];
+
+export function ignoreGone(fn: () => void): void {
+  try {
+    fn();
+  } catch (e) {
+    if (!isNetlinkError(e, ...GONE)) throw e;
+  }
+}
+
+/**
+ * Addresses on any interface answer ARP on every interface by default; DSR needs the pod to stay silent
+ * for its VIPs (the load balancer owns them on the wire): arp_ignore 1, arp_announce 2 on `all` and the
+ * pod interface. Each write is recorded with the value it replaced.
+ */
+export function silenceArp(netns: string, podIfName: string, applied: DsrApplied, who: Who): void {
+  for (const [key, value] of [['arp_ignore', '1'], ['arp_announce', '2']]) {
+    for (const dev of ['all', podIfName]) {
+      const k = `net/ipv4/conf/${dev}/${key}`;
+      const previous = writeNetSysctl(netns, k, value);
+      applied.sysctls.push({ key: k, previous, value });
+      log().info('pod sysctl set', { ...who, key: k, value, previous });
+    }
+  }
+}
+
+/**
+ * The device that holds the VIPs: a dummy `tether0` where the kernel has the dummy driver, else lo
+ * (brought up if down). With `adopt`, a `tether0` already there (the CNI config's VIPs made it) is used
+ * and left out of the record: its creator removes it.
+ */
+export function vipDevice(pod: NetlinkHandle, applied: DsrApplied, o: { adopt: boolean }, who: Who): string {
+  if (pod.kernelHasDummy()) {
+    if (o.adopt && pod.getLink(VIP_LINK_NAME)) {
+      pod.setLinkUp(VIP_LINK_NAME, true);
+      return VIP_LINK_NAME;
+    }
+    pod.createDummy(VIP_LINK_NAME);
+    applied.vipLink = { name: VIP_LINK_NAME };
+    pod.setLinkUp(VIP_LINK_NAME, true);
+    applied.vipLink.mac = pod.requireLink(VIP_LINK_NAME).mac;
+    log().info('VIP link created', { ...who, link: VIP_LINK_NAME });
+    return VIP_LINK_NAME;
+  }
+  const lo = pod.requireLink('lo');
+  if (!lo.up) {
+    pod.setLinkUp('lo', true);
+    applied.loBroughtUp = true;
+    log().info('pod lo brought up to hold VIPs', who);
+  }
+  return 'lo';
+}
+
+/** Adds a VIP on `dev`; `replace` takes an address already there (an LB target re-set-up after a restart). */
+export function addVip(pod: NetlinkHandle, dev: string, vip: string, applied: DsrApplied, o: { replace?: boolean }, who: Who): void {
+  const prefixLen = ipFamily(vip) === 4 ? 32 : 128;
+  pod.addAddress({ address: `${vip}/${prefixLen}`, index: pod.requireLink(dev).index, noDad: true, ...(o.replace ? { replace: true } : {}) });
+  if (!applied.vips.some((v) => v.address === vip && v.dev === dev)) applied.vips.push({ address: vip, prefixLen, dev });
+  log().info('VIP added', { ...who, vip, dev });
+}
+
+/** Removes one recorded VIP (gone already counts as removed). */
+export function removeVip(pod: NetlinkHandle, vip: string, applied: DsrApplied, who: Who): void {
+  for (const v of applied.vips.filter((x) => x.address === vip)) {
+    const dev = pod.getLink(v.dev);
+    if (!dev) continue; // gone with its device
+    ignoreGone(() => pod.deleteAddress({ address: `${v.address}/${v.prefixLen}`, index: dev.index }));
+    log().info('VIP removed', { ...who, vip: v.address, dev: v.dev });
+  }
+  applied.vips = applied.vips.filter((x) => x.address !== vip);
+}
+
+/** Reverts a DSR set-up inside the pod, newest first: VIPs, the link, lo, sysctls. Idempotent. */
+export function undoDsr(pod: NetlinkHandle, netns: string, applied: DsrApplied, who: Who): void {
+  for (const v of [...applied.vips].reverse()) removeVip(pod, v.address, applied, who);
+  if (applied.vipLink && pod.getLink(applied.vipLink.name)) {
+    ignoreGone(() => pod.deleteLink(applied.vipLink!.name));
+    log().info('VIP link deleted', { ...who, link: applied.vipLink.name });
+  }
+  if (applied.loBroughtUp) {
+    ignoreGone(() => pod.setLinkUp('lo', false));
+    log().info('pod lo set down again', who);
+  }
+  for (const s of [...applied.sysctls].reverse()) {
+    try {
+      writeNetSysctl(netns, s.key, s.previous);
+      log().info('pod sysctl restored', { ...who, key: s.key, value: s.previous });
+    } catch (e) {
+      // A per-interface key disappears with its interface: nothing left to restore.
+      if ((e as NodeJS.ErrnoException).code !== 'ENOENT') throw e;
+    }
+  }
+}
+
+// ---- a load balancer target ------------------------------------------------------------------------------
+
+/** An LB target pod's DSR set-up (the pod record's `dsrTarget`). */
+export interface DsrTarget extends DsrApplied {
+  version: 1;
+  netns: string;
+  ifName: string;
+  /** The device holding the VIPs (tether0 or lo). */
+  vipDev: string;
+  /** The pod interface's MTU before it was lowered by the encapsulation overhead. */
+  podMtu?: { ifName: string; ifIndex: number; previous: number; value: number };
+  /** Where the FoU decapsulation is attached (host-side veth egress, else the pod interface's ingress). */
+  decap?: { ifName: string; netns?: string; direction: 'ingress' | 'egress' };
+}
+
+/**
+ * Sets a target pod up (idempotent on a pod a previous run set up: it adopts what is there): ARP silence,
+ * the VIP device, and the pod interface's MTU lowered to the host veth's less `overhead` (the MSS the
+ * target advertises must leave room for the encapsulation on the way in). On failure, undoes what it did.
+ */
+export function setUpDsrTarget(o: { netns: string; ifName: string; hostIfName?: string; overhead: number }, who: Who): DsrTarget {
+  const t: DsrTarget = { version: 1, netns: o.netns, ifName: o.ifName, vipDev: VIP_LINK_NAME, sysctls: [], vips: [] };
+  try {
+    NetlinkHandle.with(o.netns, (h) => {
+      t.vipDev = vipDevice(h, t, { adopt: true }, who);
+      const link = h.requireLink(o.ifName);
+      const host = o.hostIfName ? NetlinkHandle.with(undefined, (hh) => hh.getLink(o.hostIfName!)) : undefined;
+      const want = (host?.mtu ?? link.mtu) - o.overhead;
+      if (host && link.mtu > want) {
+        h.setLinkMtu(link.index, want);
+        t.podMtu = { ifName: link.name, ifIndex: link.index, previous: link.mtu, value: want };
+      }
+    });
+    silenceArp(o.netns, o.ifName, t, who);
+  } catch (e) {
+    try {
+      undoDsrTarget(t, who);
+    } catch (undoErr) {
+      log().error('lb: target set-up rollback failed', { ...who, error: (undoErr as Error).message });
+    }
+    throw e;
+  }
+  return t;
+}
+
+/** Makes the target's VIPs exactly `vips`; returns what changed. */
+export function setTargetVips(t: DsrTarget, vips: Set<string>, who: Who): { added: string[]; removed: string[] } {
+  const have = new Set(t.vips.map((v) => v.address));
+  const added = [...vips].filter((v) => !have.has(v));
+  const removed = [...have].filter((v) => !vips.has(v));
+  if (added.length || removed.length) {
+    NetlinkHandle.with(t.netns, (h) => {
+      for (const v of added) addVip(h, t.vipDev, v, t, { replace: true }, who);
+      for (const v of removed) removeVip(h, v, t, who);
+    });
+  }
+  return { added, removed };
+}
+
+/**
+ * Undoes a target's set-up: the decapsulation (by the record: also after a restart), then inside the pod
+ * the VIPs, link, lo and sysctls, and the MTU. A pod already gone counts as undone.
+ */
+export function undoDsrTarget(t: DsrTarget, who: Who): void {
+  if (t.decap) {
+    try {
+      detachFou({ which: 'decap', netns: t.decap.netns, ifName: t.decap.ifName, direction: t.decap.direction });
+    } catch {
+      // the pod (and its veth, with the filter) is gone
+    }
+  }
+  if (!netnsExists(t.netns)) return;
+  try {
+    NetlinkHandle.with(t.netns, (h) => {
+      undoDsr(h, t.netns, t, who);
+      const m = t.podMtu;
+      const l = m && h.getLink(m.ifName);
+      // Names can be reused: only the very link that was lowered is restored.
+      if (m && l && l.index === m.ifIndex) ignoreGone(() => h.setLinkMtu(l.index, m.previous));
+    });
+  } catch (e) {
+    log().debug('lb: target teardown: pod gone', { ...who, error: (e as Error).message });
+  }
+}
