@@ -140,6 +140,12 @@ export class ClusterAddresses {
    */
   async generation(): Promise<string> {
     if (!this.store) throw new TetherError(ErrorCode.TryAgainLater, 'cluster-wide addresses need the cluster store (start tetherd with --redis)');
+    // Polled every second by every holder: one plain read while the token is the one this node saw; the
+    // script (which creates a missing token and marks a changed one as a restart) only when it is not.
+    if (this.seen !== undefined && this.store.generationToken) {
+      const token = await this.store.generationToken();
+      if (token === this.seen) return token;
+    }
     return (await this.seeGeneration(this.store)).token;
   }
 
