@@ -89,10 +89,21 @@ export class ClusterAddresses {
       if (explicit) {
         out = await store.allocateAddresses(pool.name, owner, { explicit }, guard);
       } else {
-        const taken = await store.listAddresses(pool.name);
-        const mine = [...taken].filter(([, o]) => o === owner).length;
-        candidates = freeCandidates(fam!, taken, Math.max(0, count - mine) + 8);
-        out = await store.allocateAddresses(pool.name, owner, { count, candidates }, guard);
+        // An owner that may hold its addresses already (every node but the first asking for a Service's
+        // VIP, an Egress slot after a restart) is answered without listing the pool (a reply that grows
+        // with the pool); only an owner short of addresses lists it for candidates.
+        let first: AddressOutcome | undefined;
+        if (attempt === 0) {
+          first = await store.allocateAddresses(pool.name, owner, { count, candidates: [] }, guard);
+          if (!first.ok && 'needCandidates' in first) first = undefined;
+        }
+        if (first) out = first;
+        else {
+          const taken = await store.listAddresses(pool.name);
+          const mine = [...taken].filter(([, o]) => o === owner).length;
+          candidates = freeCandidates(fam!, taken, Math.max(0, count - mine) + 8);
+          out = await store.allocateAddresses(pool.name, owner, { count, candidates }, guard);
+        }
       }
       if (out.ok) return this.done(pool.name, owner, out);
       if ('conflict' in out) {
