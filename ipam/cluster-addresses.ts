@@ -89,13 +89,16 @@ export class ClusterAddresses {
       if (explicit) {
         out = await store.allocateAddresses(pool.name, owner, { explicit }, guard);
       } else {
-        // Asked first without candidates: an owner that holds its addresses already (every node asks
-        // for every Service's VIP and every Egress's addresses, idempotently) is answered by the script
-        // without this node reading the whole pool; only an owner short of addresses ('need') has the
-        // pool read for candidates. (Reading it for every ask made a node's start cost grow with
-        // owners x pool size: 1,000 Services = 1,000 reads of a 1,000-entry hash per node.)
-        out = await store.allocateAddresses(pool.name, owner, { count, candidates: [] }, guard);
-        if (!out.ok && 'needCandidates' in out) {
+        // An owner that may hold its addresses already (every node but the first asking for a Service's
+        // VIP, an Egress slot after a restart) is answered without listing the pool (a reply that grows
+        // with the pool); only an owner short of addresses lists it for candidates.
+        let first: AddressOutcome | undefined;
+        if (attempt === 0) {
+          first = await store.allocateAddresses(pool.name, owner, { count, candidates: [] }, guard);
+          if (!first.ok && 'needCandidates' in first) first = undefined;
+        }
+        if (first) out = first;
+        else {
           const taken = await store.listAddresses(pool.name);
           const mine = [...taken].filter(([, o]) => o === owner).length;
           candidates = freeCandidates(fam!, taken, Math.max(0, count - mine) + 8);
@@ -148,6 +151,12 @@ export class ClusterAddresses {
    */
   async generation(): Promise<string> {
     if (!this.store) throw new TetherError(ErrorCode.TryAgainLater, 'cluster-wide addresses need the cluster store (start tetherd with --redis)');
+    // Polled every second by every holder: one plain read while the token is the one this node saw; the
+    // script (which creates a missing token and marks a changed one as a restart) only when it is not.
+    if (this.seen !== undefined && this.store.generationToken) {
+      const token = await this.store.generationToken();
+      if (token === this.seen) return token;
+    }
     return (await this.seeGeneration(this.store)).token;
   }
 

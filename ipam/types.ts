@@ -97,6 +97,13 @@ export interface ClusterStore {
    */
   generation(opts?: { markRestarted?: string }): Promise<StoreGeneration>;
 
+  /**
+   * The generation token alone, read with one plain command (undefined: none yet): what a holder that
+   * polls for a wipe asks first; generation() only when it differs from the one it saw. Optional: a store
+   * without it is asked generation() every time.
+   */
+  generationToken?(): Promise<string | undefined>;
+
   close(): Promise<void>;
 }
 

@@ -17,7 +17,10 @@ const PRUNE_MAX = 16;
 const LOG_MAX = 256;
 
 // KEYS: hash, expiry, version, log.
-// ARGV: member ('' none), value ('' removes the member), ttlMs, since (-1: send no changes), pruneMax, logMax.
+// ARGV: member ('' none), value ('' removes the member), ttlMs, since (-1: send no changes), pruneMax, logMax,
+// check ('1': compare the stored value with ours and write it if it differs; '0': only when the member was
+// not in the set, i.e. new, expired and pruned, or the store lost its data; the caller sends '1' whenever
+// its value changed since its last call that went through).
 // Returns {version, mode, data}: mode 0 nothing changed since `since` (or none asked), 1 the log entries
 // newer than `since` (newest first, each JSON [version, member, value|false]), 2 the whole hash.
 // Versions start at the store's clock in ms (13 digits: exact in Lua's doubles and its %.14g), so a set
@@ -44,8 +47,8 @@ if ARGV[1] ~= '' then
     redis.call('ZREM', KEYS[2], ARGV[1])
     if redis.call('HDEL', KEYS[1], ARGV[1]) == 1 then change(ARGV[1], false) end
   else
-    redis.call('ZADD', KEYS[2], now + tonumber(ARGV[3]), ARGV[1])
-    if redis.call('HGET', KEYS[1], ARGV[1]) ~= ARGV[2] then
+    local added = redis.call('ZADD', KEYS[2], now + tonumber(ARGV[3]), ARGV[1])
+    if (added == 1 or ARGV[7] == '1') and redis.call('HGET', KEYS[1], ARGV[1]) ~= ARGV[2] then
       redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
       change(ARGV[1], ARGV[2])
     end
@@ -79,7 +82,7 @@ return {v, 2, out}
 type Reply = [string, number, string[]?];
 
 interface Scripted extends Redis {
-  tetherMembers(hash: string, expiry: string, version: string, log: string, member: string, value: string, ttlMs: number, since: number, pruneMax: number, logMax: number): Promise<Reply>;
+  tetherMembers(hash: string, expiry: string, version: string, log: string, member: string, value: string, ttlMs: number, since: number, pruneMax: number, logMax: number, check: string): Promise<Reply>;
 }
 
 function scripted(client: Redis): Scripted {
@@ -89,9 +92,17 @@ function scripted(client: Redis): Scripted {
 }
 
 /** One call: heartbeat `member` (value undefined: remove it; member '': nobody), prune, changes since `since`. */
-export async function memberCall(client: Redis, base: string, member: string, value: string | undefined, ttlMs: number, since: number): Promise<Reply> {
-  return scripted(client).tetherMembers(...memberKeys(base), member, value ?? '', ttlMs, since, PRUNE_MAX, LOG_MAX);
+export async function memberCall(client: Redis, base: string, member: string, value: string | undefined, ttlMs: number, since: number, check = true): Promise<Reply> {
+  return scripted(client).tetherMembers(...memberKeys(base), member, value ?? '', ttlMs, since, PRUNE_MAX, LOG_MAX, check ? '1' : '0');
 }
+
+/**
+ * A registration is refreshed at most this often (a fraction of its TTL) while its value stays the same:
+ * with the callers' 1 s passes, every other pass at a 5 s TTL, leaving 3 s of slack for a late pass.
+ */
+export const REFRESH_FRACTION = 0.3;
+/** An unchanged registration's stored value is compared with it at least this often. */
+const CHECK_EVERY_MS = 30_000;
 
 /**
  * A copy of one set, kept current by the changes each call brings. `parse` validates a value (undefined
@@ -114,9 +125,28 @@ export class MemberView<T> {
     return this.parsed;
   }
 
-  /** Heartbeats `member` with `value` (undefined: removes it) and brings this copy up to date. Returns whether it changed. */
+  private checkedAt = 0;
+
+  /** The last beat that went through: what it wrote, and when. */
+  private last?: { member: string; value: string | undefined; at: number };
+
+  /**
+   * Heartbeats `member` with `value` (undefined: removes it) and brings this copy up to date. Returns
+   * whether it changed. An unchanged registration is refreshed only once REFRESH_FRACTION of its TTL has
+   * passed since the last beat that went through (until then nothing is sent and the copy stays as it
+   * is); a changed one is sent at once, and only then is the stored value compared and written.
+   */
   async beat(member: string, value: string | undefined, ttlMs: number): Promise<boolean> {
-    return this.apply(await memberCall(this.client, this.base, member, value, ttlMs, this.version));
+    const now = Date.now();
+    const same = this.last !== undefined && this.last.member === member && this.last.value === value;
+    if (same && value !== undefined && now - this.last!.at < ttlMs * REFRESH_FRACTION) return false;
+    // The stored value is compared when ours changed, and now and then anyway (a hand edit or garbage in
+    // our own entry is repaired within CHECK_EVERY_MS).
+    const check = !same || now - this.checkedAt >= CHECK_EVERY_MS;
+    const changed = this.apply(await memberCall(this.client, this.base, member, value, ttlMs, this.version, check));
+    this.last = { member, value, at: now };
+    if (check) this.checkedAt = now;
+    return changed;
   }
 
   /** Brings this copy up to date (and prunes expired members, as every call does). Returns whether it changed. */

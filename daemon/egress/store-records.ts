@@ -6,6 +6,16 @@ import { addressSlots, slotOwner, type ResolvedEgress } from './egress-spec';
 import { UnreadableRecordError, type Ownership } from './ownership-store';
 import { EgressContext, streamOf, type AddressState, REGISTRY_TTL_MS } from './egress-context';
 
+/** The safety net's period: records a node follows by change notice are read whole this often anyway. */
+export const SAFETY_EVERY_MS = 15_000;
+
+/** This node's safety-net period: SAFETY_EVERY_MS ± 25 %, fixed per node name, so nodes do not read in step. */
+export function safetyPeriodMs(node: string): number {
+  let h = 0x811c9dc5;
+  for (let i = 0; i < node.length; i++) h = Math.imul(h ^ node.charCodeAt(i), 0x01000193);
+  return Math.round(SAFETY_EVERY_MS * (0.75 + ((h >>> 0) / 2 ** 32) * 0.5));
+}
+
 export class StoreRecords {
   constructor(private readonly s: EgressContext) {}
 
@@ -16,6 +26,9 @@ export class StoreRecords {
 
   /** A full pass was asked for while one ran: the next pass is full. */
   private fullAgain = true;
+
+  /** When the next pass reads every involved record (the safety net behind the change notices). */
+  private nextSafetyMs = 0;
 
   /** Egresses this node has registered gateway pods for (so the last one leaving removes the entry). */
   private readonly registered = new Set<string>();
@@ -48,8 +61,16 @@ export class StoreRecords {
       for (const e of this.s.egresses.values()) if (!full && !this.s.involved(e.key)) this.s.registry.delete(e.key);
       if (full || watched.length) await this.reassertAddresses();
       await this.ensureAddresses(watched);
+      // Records are followed by the store's change notices; a pass reads one only where that is not enough:
+      // on a full pass, for the holder (it repairs a record that lost or garbled its decision), where this
+      // node's view is not known to be the store's (learnt from a peer's notice, not yet confirmed), and on
+      // the slow safety-net pass (a notice lost), spread over the nodes.
+      const now = Date.now();
+      const safety = full || now >= this.nextSafetyMs;
+      if (safety) this.nextSafetyMs = now + safetyPeriodMs(this.s.o.node.name);
       for (const st of this.s.addresses.values()) {
         if (!full && !this.s.involved(st.egress.key)) continue;
+        if (!safety && !st.holder && st.recorded) continue;
         let rec: Ownership;
         try {
           rec = await this.s.o.ownership.get(st.egress.key, st.address);

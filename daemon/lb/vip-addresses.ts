@@ -75,13 +75,24 @@ export class VipAddresses {
       const changed = lb && (lb.vip.pool !== st.pool || (lb.vip.address !== undefined && lb.vip.address !== st.vip));
       if (lb && !changed) continue;
       if (st.vip) this.withdraw(st);
+      let freed: string[];
       try {
-        await this.s.o.addresses.release(st.pool, ownerOf(key));
+        freed = await this.s.o.addresses.release(st.pool, ownerOf(key));
       } catch (e) {
         this.s.logger.warn('lb: VIP release failed; retried', { service: key, error: (e as Error).message });
         continue;
       }
       if (st.vip) this.s.logger.info('lb: VIP released', { service: key, vip: st.vip, pool: st.pool });
+      // The one node whose release freed the VIP (the others find it freed already) removes its mappings
+      // and expirer lease from the store: nothing of a deleted Service stays there, and a Service given
+      // the address later starts with no stale mappings.
+      if (st.vip && freed.includes(st.vip) && this.s.o.store) {
+        const vip = st.vip;
+        await this.s.o.store.dropVip(vip).then(
+          () => this.s.logger.info('lb: mappings of a released VIP removed from the store', { service: key, vip }),
+          (e: Error) => this.s.logger.warn('lb: mappings of a released VIP not removed from the store (left there)', { service: key, vip, error: e.message }),
+        );
+      }
       this.s.vips.delete(key);
     }
   }

@@ -56,6 +56,10 @@ export class LazyStore implements ClusterStore {
   async generation(opts?: { markRestarted?: string }): Promise<StoreGeneration> {
     return (await this.get()).generation(opts);
   }
+  async generationToken(): Promise<string | undefined> {
+    const inner = await this.get();
+    return inner.generationToken ? inner.generationToken() : (await inner.generation()).token;
+  }
   async close(): Promise<void> {
     this.closed = true;
     await this.inner?.close();

@@ -192,6 +192,12 @@ export class RedisStore implements ClusterStore {
     return { token, ageMs: Number(ageMs), restarted: restarted === 1 };
   }
 
+  /** The generation token with one GET (a single key: any Redis, a Cluster alike); undefined when there is none. */
+  async generationToken(): Promise<string | undefined> {
+    const k = this.keys;
+    return (await this.run('generationToken', () => this.client.get(k.generation))) ?? undefined;
+  }
+
   /**
    * Every claimed block of the pool. An entry that is not a block (not a canonical network CIDR) or not a
    * node name is left out with one warn line; that is safe: a claim is decided by the script, which still

@@ -94,3 +94,25 @@ function countCommands(buf: Buffer, seen: (name: string) => void): Buffer {
     at = p;
   }
 }
+
+/**
+ * Commands the server ran, by name, from INFO commandstats: unlike the relay's count this includes the
+ * commands run inside Lua scripts (TIME, GET, ZADD…), as the scale bench counts them. Diff two reads
+ * with serverDelta (the INFO of the reads themselves is left out).
+ */
+export async function serverCommands(client: { info(section: string): Promise<string> }): Promise<Map<string, number>> {
+  const out = new Map<string, number>();
+  for (const m of (await client.info('commandstats')).matchAll(/^cmdstat_([^:]+):calls=(\d+)/gm)) out.set(m[1].toLowerCase(), Number(m[2]));
+  return out;
+}
+
+export function serverDelta(before: Map<string, number>, after: Map<string, number>): Record<string, number> {
+  const out: Record<string, number> = {};
+  for (const [k, v] of after) {
+    const d = v - (before.get(k) ?? 0);
+    if (d > 0 && k !== 'info') out[k] = d;
+  }
+  return Object.fromEntries(Object.entries(out).sort());
+}
+
+export const totalOf = (d: Record<string, number>): number => Object.values(d).reduce((a, b) => a + b, 0);

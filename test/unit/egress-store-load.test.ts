@@ -24,7 +24,18 @@ import type { ResolvedEgress } from '../../daemon/egress/egress-spec';
 import type { AttachService } from '../../daemon/pod/attach-service';
 import { registerNode } from '../../daemon/common/node-registry';
 import { startRedis, type TestRedis } from '../lib/redis';
-import { meterRedis, type RedisMeter } from '../lib/redis-meter';
+import { meterRedis, serverCommands, serverDelta, totalOf, type RedisMeter } from '../lib/redis-meter';
+import { SAFETY_EVERY_MS } from '../../daemon/egress/store-records';
+
+// Passes run 1 s apart on a virtual clock (Date.now moved forward between passes), as the controller's
+// timer runs them: what is sent only every few seconds shows at its real rate. The store's own clock (TTLs)
+// is not moved, so nothing expires meanwhile.
+const realNow = Date.now;
+let skew = 0;
+Date.now = () => realNow() + skew;
+const later = (ms: number) => {
+  skew += ms;
+};
 
 const quiet = makeLogger({ level: 'error', stream: new Writable({ write: (_c, _e, cb) => cb() }) });
 setLogger(quiet);
@@ -38,7 +49,7 @@ const EGRESS: ResolvedEgress = {
   destinations: ['203.0.113.0/24'], excluded: [], addresses: [{ pool: 'float', count: 1 }], zonePolicy: 'any',
   failover: { intervalMs: 50, detectMultiplier: 3 }, announce: { mode: 'l2' },
 };
-const PASSES = 5;
+const PASSES = 8;
 const addressOf = (i: number) => `10.1.${i >> 8}.${i & 255}`;
 const gw = (i: number): GatewayInfo => ({ pod: `shop/gw-${i}`, node: `n${i}`, nodeAddress: addressOf(i), podIp: `10.244.${i >> 8}.${i & 255}` });
 
@@ -99,11 +110,20 @@ async function steadyCost(prefix: string, i: number, role: Role, observed = fals
   const meter = await meterRedis(redis.socketPath);
   cleanups.push(() => meter.close());
   const s = await simNode(prefix, i, role, meter);
-  for (let k = 0; k < 3; k++) await s.store.storePass();
+  for (let k = 0; k < 3; k++) {
+    later(1000);
+    await s.store.storePass();
+  }
   if (observed) s.observedUntil = Date.now() + 60_000;
   meter.reset();
-  for (let k = 0; k < PASSES; k++) await s.store.storePass();
-  return { commands: Object.fromEntries([...meter.commands].sort()), total: meter.totalCommands(), bytes: meter.replyBytes, s };
+  const before = await serverCommands(raw);
+  for (let k = 0; k < PASSES; k++) {
+    later(1000);
+    await s.store.storePass();
+  }
+  // What the server ran, scripts' inner commands included (the scale bench's count).
+  const server = serverDelta(before, await serverCommands(raw));
+  return { commands: Object.fromEntries([...meter.commands].sort()), total: meter.totalCommands(), bytes: meter.replyBytes, server, s };
 }
 
 for (const role of ['gateway', 'client', 'none'] as Role[]) {
@@ -115,7 +135,7 @@ for (const role of ['gateway', 'client', 'none'] as Role[]) {
     // The measured node is one more node (a gateway: the fourth gateway of the Egress).
     const a = await steadyCost(small, 500, role, role !== 'none');
     const b = await steadyCost(large, 500, role, role !== 'none');
-    process.stdout.write(`\n  ${role}: 4 nodes ${a.total / PASSES} commands/pass ${a.bytes / PASSES} B/pass; 200 nodes ${b.total / PASSES} commands/pass ${b.bytes / PASSES} B/pass ${JSON.stringify(b.commands)}\n`);
+    process.stdout.write(`\n  ${role}: 4 nodes ${a.total / PASSES} commands/pass ${a.bytes / PASSES} B/pass; 200 nodes ${b.total / PASSES} commands/pass ${b.bytes / PASSES} B/pass ${JSON.stringify(b.commands)}; server-side ${totalOf(b.server) / PASSES}/pass ${JSON.stringify(b.server)}\n`);
     assert.equal(b.commands, a.commands, 'the same commands');
     assert.ok(Math.abs(b.bytes - a.bytes) <= a.bytes * 0.1, `reply bytes within 10 %: ${a.bytes} vs ${b.bytes}`);
     assert.ok(b.bytes / PASSES < 400, `a pass's replies are small: ${b.bytes / PASSES} B`);
@@ -123,9 +143,22 @@ for (const role of ['gateway', 'client', 'none'] as Role[]) {
     assert.is(b.s.nodes.length, role === 'none' ? 201 : 201);
     if (role !== 'none') assert.is(b.s.registry.get(EGRESS.key)?.length, role === 'gateway' ? 4 : 3);
     if (role !== 'none') assert.equal(b.s.usage.get(EGRESS.key)?.['198.51.100.1']?.flows, 200, 'usage summed in the store over 200 nodes');
+    // Server-side commands (inside scripts too) per 1 s pass. Before issue 21's store-load cuts: 6 (none),
+    // 16 (client), 18 (gateway): a registration refreshed every pass with its value read back, the
+    // generation script (TIME + 3 GETs) every pass, the Egress's record read every pass.
+    // Measured without a status reader (one sums the usage in the store, an HGET per reporting node).
+    const c = role === 'none' ? b : await steadyCost(large, 501, role);
+    const perPass = totalOf(c.server) / PASSES;
+    process.stdout.write(`  ${role}: unobserved, server-side ${perPass}/pass ${JSON.stringify(c.server)}\n`);
+    const cap = { none: 3, client: 8, gateway: 7 }[role];
+    assert.ok(perPass <= cap, `${role}: ${perPass} server-side commands per pass (at most ${cap}): ${JSON.stringify(c.server)}`);
+    // A record is followed by the store's change notices: no periodic read of it (this node holds none).
+    assert.not.ok(c.server.hgetall, `no record read in the steady state: ${JSON.stringify(c.server)}`);
+    // A registration's value is compared (HGET) only when it changed: not in the steady state.
+    assert.not.ok(c.server.hget, `no registration read back in the steady state: ${JSON.stringify(c.server)}`);
     if (role === 'none') {
-      // Nothing but its own registration: one script call per pass, whose reply is a version number.
-      assert.equal(b.commands, { evalsha: PASSES }, `only the node's own registration: ${JSON.stringify(b.commands)}`);
+      // Nothing but its own registration: one script call every other pass (refreshed at 0.3 of its 5 s TTL), whose reply is a version number.
+      assert.equal(b.commands, { evalsha: PASSES / 2 }, `only the node's own registration: ${JSON.stringify(b.commands)}`);
     }
   });
 }
@@ -141,10 +174,12 @@ test('entries of nodes that stopped are removed by the first pass that sees them
   cleanups.push(() => other.close());
   await registerNode(raw, p, 'n7', addressOf(7), 300);
   await other.registerGateways(EGRESS.key, 'n7', [gw(7)], 300);
+  later(2000); // past the node registration's refresh interval: this pass reads what changed
   await s.store.storePass();
   assert.ok(s.nodes.includes(addressOf(7)), 'n7 registered');
   assert.ok(s.registry.get(EGRESS.key)?.some((g) => g.node === 'n7'), 'n7 a candidate');
   await new Promise((r) => setTimeout(r, 500));
+  later(2000);
   await s.store.storePass();
   assert.not.ok(s.nodes.includes(addressOf(7)), 'n7 gone from the node list');
   assert.not.ok(s.registry.get(EGRESS.key)?.some((g) => g.node === 'n7'), 'n7 gone from the candidates');
@@ -181,8 +216,36 @@ test('a gateway node whose last gateway pod leaves removes its entry at once', a
   await s.store.storePass();
   assert.is(await raw.hexists(`{${p}egress:${EGRESS.key}}:gateways`, 'n8'), 0, 'entry removed by the pass after the pod left');
   meter.reset();
+  later(2000);
   await s.store.storePass();
   assert.is(meter.commands.get('evalsha'), 1, `no longer a gateway nor a client: only the node registration (${JSON.stringify(Object.fromEntries(meter.commands))})`);
+});
+
+test('a record that changed without a notice (lost) is followed by the safety-net pass, not before', async () => {
+  const p = 'safety:';
+  await cluster(p, 4);
+  const meter = await meterRedis(redis.socketPath);
+  cleanups.push(() => meter.close());
+  const s = await simNode(p, 9, 'client', meter);
+  later(1000);
+  await s.store.storePass();
+  const st = [...s.addresses.values()][0];
+  assert.ok(st, 'the address is tracked');
+  const key = `${p}egress:${EGRESS.key}:owner:${st.address}`;
+  // Written by hand: no notice goes out, as if the notice had been lost.
+  await raw.hset(key, 'owner', 'shop/gw-2', 'epoch', String(st.own.epoch + 5), 'cause', 'test', 'score', '1', 'ownerNode', 'n2', 'ownerNodeAddress', addressOf(2), 'ownerPodIp', gw(2).podIp);
+  meter.reset();
+  for (let k = 0; k < 5; k++) {
+    later(1000);
+    await s.store.storePass();
+  }
+  assert.not.ok(meter.commands.get('hgetall'), 'no periodic read of the record between safety-net passes');
+  assert.is.not(st.own.owner, 'shop/gw-2', 'not followed yet');
+  later(SAFETY_EVERY_MS * 1.25);
+  await s.store.storePass();
+  assert.is(meter.commands.get('hgetall'), 1, 'the safety-net pass reads it');
+  assert.is(st.own.owner, 'shop/gw-2', 'and follows it');
+  assert.is(st.own.epoch, 5 + (st.own.epoch - 5));
 });
 
 test.run();
