@@ -89,15 +89,10 @@ export class ClusterAddresses {
       if (explicit) {
         out = await store.allocateAddresses(pool.name, owner, { explicit }, guard);
       } else {
-        // First only what the owner holds (no candidates): an owner that has its addresses, as every node
-        // asking for a Service's or Egress's addresses again does, gets them without a read of the whole pool.
-        out = await store.allocateAddresses(pool.name, owner, { count, candidates: [] }, guard);
-        if (!out.ok && 'needCandidates' in out) {
-          const taken = await store.listAddresses(pool.name);
-          const mine = [...taken].filter(([, o]) => o === owner).length;
-          candidates = freeCandidates(fam!, taken, Math.max(0, count - mine) + 8);
-          out = await store.allocateAddresses(pool.name, owner, { count, candidates }, guard);
-        }
+        const taken = await store.listAddresses(pool.name);
+        const mine = [...taken].filter(([, o]) => o === owner).length;
+        candidates = freeCandidates(fam!, taken, Math.max(0, count - mine) + 8);
+        out = await store.allocateAddresses(pool.name, owner, { count, candidates }, guard);
       }
       if (out.ok) return this.done(pool.name, owner, out);
       if ('conflict' in out) {
