@@ -36,6 +36,7 @@ const args = parseArgs({
     api: { type: 'string', default: 'kube' },
     'mappings-1m': { type: 'boolean', default: false },
     mappings: { type: 'string', default: '1000000' },
+    'start-budget': { type: 'string', default: '600' },
   },
 }).values;
 // --sizes none: no simulation (e.g. only --mappings-1m, with --merge to keep the rows measured before).
@@ -198,14 +199,29 @@ async function runSize(sim: Sim, n: number): Promise<Record<string, unknown>> {
   try {
     for (let i = 0; i < Math.min(VICTIMS, n); i++) victims.push(await sim.fork(path.join(runDir, `victim-${i}.log`)));
     for (let i = 0; i < MAIN_WORKERS; i++) mains.push(await sim.fork(path.join(runDir, `worker-${i}.log`)));
+    // Kube mode: the controller candidates (one of them the leader, whose status passes are per-cluster
+    // work) run in a process of their own, as the leader runs on a node of its own, not on the main
+    // workers' nodes' CPU time.
+    const candidates = new Set(API_MODE === 'kube' ? CANDIDATES.split(',') : []);
+    const ctl = specs.some((s) => candidates.has(s.name)) ? await sim.fork(path.join(runDir, 'controllers.log')) : undefined;
     const placement = new Map<SimWorker, NodeSpec[]>();
+    let m = 0;
     specs.forEach((s, i) => {
-      const w = i < victims.length ? victims[i] : mains[(i - victims.length) % mains.length];
+      const w = i < victims.length ? victims[i] : ctl && candidates.has(s.name) ? ctl : mains[m++ % mains.length];
       owner.set(s.name, w);
       placement.set(w, [...(placement.get(w) ?? []), s]);
     });
     const alive = specs.map((s) => s.address);
-    const started = await Promise.all([...placement].map(([w, nodes]) => w.ask<{ started: string[]; failed: Array<{ name: string; error: string }> }>({ op: 'start', common, nodes, alive })));
+    // Start-up is bounded (--start-budget s): a size that cannot start in time is a row naming that, and
+    // the run goes on to write what it measured.
+    const budgetMs = Number(args['start-budget']) * 1000;
+    let budget: NodeJS.Timeout | undefined;
+    const started = await Promise.race([
+      Promise.all([...placement].map(([w, nodes]) => w.ask<{ started: string[]; failed: Array<{ name: string; error: string }> }>({ op: 'start', common, nodes, alive }))),
+      new Promise<never>((_, reject) => {
+        budget = setTimeout(() => reject(new Error(`${n} simulated nodes did not all start within ${budgetMs / 1000} s (see the workers' "started k/m" lines)`)), budgetMs);
+      }),
+    ]).finally(() => clearTimeout(budget));
     const failed = started.flatMap((s) => s.failed);
     if (failed.length) throw new Error(`${failed.length} simulated nodes failed to start, e.g. ${failed[0].name}: ${failed[0].error}`);
     const startMs = Date.now() - t0;
@@ -233,7 +249,7 @@ async function runSize(sim: Sim, n: number): Promise<Record<string, unknown>> {
     await sleep(5000);
 
     // Steady state window.
-    const statsAllDef = () => Promise.all(mains.concat(victims).filter((w) => !w.exited).map((w) => w.ask<WorkerStats>({ op: 'stats' })));
+    const statsAllDef = () => Promise.all(mains.concat(victims, ctl ? [ctl] : []).filter((w) => !w.exited).map((w) => w.ask<WorkerStats>({ op: 'stats' })));
     const statsAll = statsAllDef;
     const names = new Set(specs.map((x) => x.name));
     const aStart = await api?.load();
@@ -353,7 +369,7 @@ async function runSize(sim: Sim, n: number): Promise<Record<string, unknown>> {
 
     return {
       nodes: n,
-      workers: mains.length + victims.length,
+      workers: mains.length + victims.length + (ctl ? 1 : 0),
       startMs,
       convergedMs: conv.value !== undefined ? conv.ms : undefined,
       store: {
