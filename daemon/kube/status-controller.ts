@@ -211,7 +211,7 @@ export class StatusController {
       loadBalancer: lb.vip && !refused ? { ingress: [{ ip: lb.vip, ipMode: 'Proxy' }] } : {},
       conditions: mergeConditions(cur.status?.conditions, conditions),
     };
-    if (JSON.stringify(cur.status ?? {}) === JSON.stringify(status)) return;
+    if (sameJson(cur.status ?? {}, status)) return;
     try {
       await this.core.replaceNamespacedServiceStatus({ name, namespace, body: { ...cur, status } as k8s.V1Service });
       this.stats.statusWrites++;
@@ -267,7 +267,7 @@ export class StatusController {
   }
 
   private async write(cur: Obj, status: Obj, put: () => Promise<unknown>, what: string): Promise<void> {
-    if (JSON.stringify(cur.status ?? {}) === JSON.stringify(status)) return;
+    if (sameJson(cur.status ?? {}, status)) return;
     // Usage counters change all the time: a status that differs only in them is written at most every
     // COUNTS_EVERY_MS, so the API server is not written to on every pass.
     const withoutCounts = (x: Obj) => JSON.stringify({ ...x, addresses: (x.addresses as Obj[] | undefined)?.map(({ flows: _f, bytes: _b, ...rest }) => rest) });
@@ -306,4 +306,16 @@ export class StatusController {
     this.stats.claimsCollected += n;
     return n;
   }
+}
+
+/**
+ * Equal as JSON whatever the order of keys: a status read back through client-node comes with its keys in
+ * the model's order (conditions: lastTransitionTime, message, observedGeneration, reason, status, type),
+ * not the order it was built in, so a plain JSON.stringify comparison saw a change on every pass and
+ * rewrote every Service's status every 2 s.
+ */
+export function sameJson(a: unknown, b: unknown): boolean {
+  const canon = (v: unknown): unknown =>
+    Array.isArray(v) ? v.map(canon) : v && typeof v === 'object' ? Object.fromEntries(Object.keys(v as object).sort().filter((k) => (v as Record<string, unknown>)[k] !== undefined).map((k) => [k, canon((v as Record<string, unknown>)[k])])) : v;
+  return JSON.stringify(canon(a)) === JSON.stringify(canon(b));
 }

@@ -4,7 +4,34 @@
 // kubectl's strict field validation. Every problem names the field, e.g. `spec.addresses.count`.
 import Ajv, { type ErrorObject, type ValidateFunction } from 'ajv';
 import addFormats from 'ajv-formats';
-import { run, type CelInput } from '@bufbuild/cel';
+import { celEnv, celError, parse, plan, type CelInput } from '@bufbuild/cel';
+
+/**
+ * Each CEL rule parsed and planned once (run() parses and plans on every call: every node validating every
+ * Egress and AddressPool on each configuration rebuild spent most of its start-up there). A rule that does
+ * not parse answers its error every time, as run() does.
+ */
+const programs = new Map<string, (vars: Record<string, CelInput>) => unknown>();
+function run(rule: string, vars: Record<string, CelInput>): unknown {
+  let p = programs.get(rule);
+  if (!p) {
+    try {
+      const planned = plan(celEnv(), parse(rule)) as (vars: Record<string, CelInput>) => unknown;
+      p = (v) => {
+        try {
+          return planned(v);
+        } catch (e) {
+          return celError(e);
+        }
+      };
+    } catch (e) {
+      const err = celError(e);
+      p = () => err;
+    }
+    programs.set(rule, p);
+  }
+  return p(vars);
+}
 import { isIP } from 'node:net';
 import { parseCidr } from '../common/ip-math';
 import { API_VERSION, DNS1123_LABEL, describe, isDnsSubdomain, isObject } from '../common/fields';

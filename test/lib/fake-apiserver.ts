@@ -49,6 +49,20 @@ interface Watcher {
   match: (o: Obj) => boolean;
   res_: http.ServerResponse;
   bookmarks: boolean;
+  token?: string;
+}
+
+/** What one client (by bearer token) asked of the fake and was sent: for load measurements (the scale bench). */
+export interface ClientLoad {
+  /** Requests of any kind, watches included. */
+  requests: number;
+  lists: number;
+  watches: number;
+  writes: number;
+  /** Events and bookmarks written to its watches. */
+  events: number;
+  /** Response bytes: list and object bodies, watch events. */
+  bytes: number;
 }
 
 /** A request as the fake saw it. */
@@ -88,6 +102,18 @@ export class FakeApiServer {
   readonly requests: string[] = [];
   /** Requests seen with their query parameters. */
   readonly calls: Call[] = [];
+  /** Keep `requests` and `calls` (false: only `load`, for long runs with many clients). */
+  recordCalls = true;
+  /** Per bearer token ('' without one): requests, events and bytes (see ClientLoad). */
+  readonly load = new Map<string, ClientLoad>();
+  private readonly tokenOf = new WeakMap<http.ServerResponse, string>();
+
+  private tally(token: string | undefined): ClientLoad {
+    const k = token ?? '';
+    let l = this.load.get(k);
+    if (!l) this.load.set(k, (l = { requests: 0, lists: 0, watches: 0, writes: 0, events: 0, bytes: 0 }));
+    return l;
+  }
 
   constructor(private readonly token?: string) {}
 
@@ -137,7 +163,11 @@ export class FakeApiServer {
     let n = 0;
     for (const w of this.watchers) {
       if (!w.bookmarks || this.muteWatches) continue;
-      w.res_.write(JSON.stringify({ type: 'BOOKMARK', object: { apiVersion: apiVersionOf(w.res), kind: w.res.kind, metadata: { resourceVersion: String(this.rv) } } }) + '\n');
+      const line = JSON.stringify({ type: 'BOOKMARK', object: { apiVersion: apiVersionOf(w.res), kind: w.res.kind, metadata: { resourceVersion: String(this.rv) } } }) + '\n';
+      w.res_.write(line);
+      const l = this.tally(w.token);
+      l.events++;
+      l.bytes += line.length;
       n++;
     }
     return n;
@@ -189,8 +219,17 @@ export class FakeApiServer {
 
   private handle(req: http.IncomingMessage, res: http.ServerResponse): void {
     const url = new URL(req.url ?? '/', 'http://x');
-    this.requests.push(`${req.method} ${url.pathname}${url.searchParams.get('watch') ? ' (watch)' : ''}`);
-    this.calls.push({ method: req.method ?? 'GET', path: url.pathname, watch: !!url.searchParams.get('watch'), query: Object.fromEntries(url.searchParams), at: Date.now(), token: req.headers.authorization?.replace(/^Bearer /, '') });
+    const token = req.headers.authorization?.replace(/^Bearer /, '');
+    if (this.recordCalls) {
+      this.requests.push(`${req.method} ${url.pathname}${url.searchParams.get('watch') ? ' (watch)' : ''}`);
+      this.calls.push({ method: req.method ?? 'GET', path: url.pathname, watch: !!url.searchParams.get('watch'), query: Object.fromEntries(url.searchParams), at: Date.now(), token });
+    }
+    const l = this.tally(token);
+    l.requests++;
+    if (req.method !== 'GET') l.writes++;
+    else if (url.searchParams.get('watch')) l.watches++;
+    else l.lists++;
+    this.tokenOf.set(res, token ?? '');
     if (this.token && req.headers.authorization !== `Bearer ${this.token}`) return this.status(res, 401, 'Unauthorized', 'bad or missing token');
     const m = /^\/(?:api\/(v1)|apis\/([^/]+)\/([^/]+))(?:\/namespaces\/([^/]+))?\/([^/]+)(?:\/([^/]+))?(?:\/(status))?$/.exec(url.pathname);
     if (!m) return this.status(res, 404, 'NotFound', `no route ${url.pathname}`);
@@ -259,8 +298,8 @@ export class FakeApiServer {
       res.end(JSON.stringify({ type: 'ERROR', object: { kind: 'Status', apiVersion: 'v1', status: 'Failure', reason: 'Expired', code: 410, message: `too old resource version: ${from} (${this.compactedBefore})` } }) + '\n');
       return;
     }
-    const w: Watcher = { res: r, ns, match, res_: res, bookmarks: url.searchParams.get('allowWatchBookmarks') === 'true' };
-    for (const e of this.history) if (e.rv > from && e.res === r && (!ns || e.obj.metadata.namespace === ns) && match(e.obj)) res.write(JSON.stringify({ type: e.type, object: e.obj }) + '\n');
+    const w: Watcher = { res: r, ns, match, res_: res, bookmarks: url.searchParams.get('allowWatchBookmarks') === 'true', token: this.tokenOf.get(res) };
+    for (const e of this.history) if (e.rv > from && e.res === r && (!ns || e.obj.metadata.namespace === ns) && match(e.obj)) this.deliver(w, JSON.stringify({ type: e.type, object: e.obj }) + '\n');
     this.watchers.add(w);
     res.on('close', () => this.watchers.delete(w));
   }
@@ -268,11 +307,19 @@ export class FakeApiServer {
   private emit(type: Event['type'], res: Resource, obj: Obj): void {
     this.history.push({ rv: this.rv, type, res, obj });
     if (this.history.length > HISTORY) this.compactedBefore = this.history.shift()!.rv + 1;
+    let line: string | undefined;
     for (const w of this.watchers) {
       if (this.muteWatches) break;
       if (w.res !== res || (w.ns && w.ns !== obj.metadata.namespace) || !w.match(obj)) continue;
-      w.res_.write(JSON.stringify({ type, object: obj }) + '\n');
+      this.deliver(w, (line ??= JSON.stringify({ type, object: obj }) + '\n'));
     }
+  }
+
+  private deliver(w: Watcher, line: string): void {
+    w.res_.write(line);
+    const l = this.tally(w.token);
+    l.events++;
+    l.bytes += line.length;
   }
 
   private create(r: Resource, obj: Obj): Obj {
@@ -381,8 +428,10 @@ export class FakeApiServer {
   }
 
   private send(res: http.ServerResponse, code: number, body: unknown): void {
+    const text = JSON.stringify(body);
+    this.tally(this.tokenOf.get(res)).bytes += text.length;
     res.writeHead(code, { 'content-type': 'application/json' });
-    res.end(JSON.stringify(body));
+    res.end(text);
   }
 }
 

@@ -9,7 +9,7 @@ import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { startRedis, type TestRedis } from '../lib/redis';
 import { until } from '../lib/wait';
-import { commonFor, nodeSpec, placePods, Sim, writeScenario, type Scenario } from '../bench/scale/sim';
+import { addressBase, apiObjects, commonFor, nodeSpec, placePods, Sim, SimApi, writeScenario, type Scenario } from '../bench/scale/sim';
 
 let redis: TestRedis;
 let sim: Sim;
@@ -30,7 +30,8 @@ test('3 simulated nodes converge on the real controllers, with the datapath fake
   const n = 3;
   const configFile = path.join(sim.dir, 'config.yaml');
   writeScenario(configFile, s, n);
-  const specs = Array.from({ length: n }, (_, i) => nodeSpec(i));
+  const base = addressBase(); // this run's own 127.<base>.0.x addresses: another run at once binds others
+  const specs = Array.from({ length: n }, (_, i) => nodeSpec(i, base));
   const w = await sim.fork(path.join(sim.dir, 'worker.log'));
   const r = await w.ask<{ started: string[]; failed: unknown[] }>({ op: 'start', common: commonFor(sim, redis.url, configFile), nodes: specs, alive: specs.map((x) => x.address) });
   assert.equal(r.failed, [], fs.existsSync(path.join(sim.dir, 'worker.log')) ? fs.readFileSync(path.join(sim.dir, 'worker.log'), 'utf8').slice(-3000) : '');
@@ -56,6 +57,35 @@ test('3 simulated nodes converge on the real controllers, with the datapath fake
   await w.ask({ op: 'alive', address: lost.address, alive: false });
   const next = await until('every live node sees the new owner', () => agreed(lost.name), 15_000);
   assert.is.not(next, owner);
+});
+
+test('kube mode: the nodes read the fake API server, each with its own token; the fake tallies their lists, watches and events', async () => {
+  const s: Scenario = { egresses: 1, gatewaysPerEgress: 2, services: 1, lbPodsPerService: 1, targetsPerService: 1 };
+  const n = 3;
+  const base = addressBase();
+  const specs = Array.from({ length: n }, (_, i) => nodeSpec(i, base));
+  const api = await SimApi.start(path.join(sim.dir, 'apiserver.log'));
+  try {
+    await api.apply(apiObjects(s, n, base));
+    const w = await sim.fork(path.join(sim.dir, 'worker-kube.log'));
+    const r = await w.ask<{ failed: unknown[] }>({ op: 'start', common: commonFor(sim, redis.url, undefined, { apiUrl: api.url, controllerCandidates: specs[0].name, redisPrefix: 'kube:' }), nodes: specs, alive: specs.map((x) => x.address) });
+    assert.equal(r.failed, []);
+    await w.ask({ op: 'addPods', pods: placePods(s, n).map((p) => ({ node: specs[p.node].name, pod: p.pod })) });
+    await until('every node sees one owner', async () => {
+      const view = await w.ask<Record<string, Record<string, string>>>({ op: 'egressView' });
+      const owners = new Set(Object.values(view).flatMap((v) => Object.values(v)));
+      return owners.size === 1 && !owners.has('') && Object.values(view).every((v) => Object.keys(v).length > 0);
+    }, 15_000);
+    const load = await api.load();
+    for (const x of specs) {
+      const l = load.clients[x.name];
+      assert.ok(l && l.lists >= 6 && l.watches >= 6, `${x.name} listed and watched its 6 resources: ${JSON.stringify(l)}`);
+    }
+    assert.ok(load.openWatches >= 6 * n, `open watches ${load.openWatches}`);
+    await w.ask({ op: 'exit' }).catch(() => undefined);
+  } finally {
+    await api.stop();
+  }
 });
 
 test.run();

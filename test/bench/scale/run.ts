@@ -15,7 +15,9 @@ import Redis from 'ioredis';
 import { startRedis } from '../../lib/redis';
 import { startRedisCluster } from '../../lib/redis-cluster';
 import { machine, updateReadme } from '../stats';
-import { commonFor, nodeSpec, NS, placePods, Sim, type Scenario, type SimWorker } from './sim';
+import { addressBase, apiObjects, commonFor, nodeObject, nodeSpec as nodeSpecAt, NS, placePods, podObject, Sim, SimApi, type Scenario, type SimWorker } from './sim';
+import type { ApiLoad } from './api-proc';
+import { runMillion, type MillionResult } from './mappings-1m';
 import type { NodeSpec } from './worker';
 
 const ROOT = path.resolve(__dirname, '../../..');
@@ -31,15 +33,29 @@ const args = parseArgs({
     'no-readme': { type: 'boolean', default: false },
     merge: { type: 'boolean', default: false },
     'report-only': { type: 'boolean', default: false },
+    api: { type: 'string', default: 'kube' },
+    'mappings-1m': { type: 'boolean', default: false },
+    mappings: { type: 'string', default: '1000000' },
+    'start-budget': { type: 'string', default: '600' },
   },
 }).values;
-const SIZES = args.sizes!.split(',').map(Number);
+// --sizes none: no simulation (e.g. only --mappings-1m, with --merge to keep the rows measured before).
+const SIZES = args.sizes === 'none' ? [] : args.sizes!.split(',').map(Number);
+/** --mappings-1m: the 1M-mappings phase's result (mappings-1m.ts), kept in the report. */
+let million: MillionResult | undefined;
 const WINDOW_S = Number(args.window);
 const MAIN_WORKERS = Number(args.workers);
 const SCENARIO: Scenario = { egresses: Number(args.egresses), gatewaysPerEgress: 3, services: Number(args.services), lbPodsPerService: 2, targetsPerService: 2 };
 /** Nodes 0..2 (egress e0's gateways) each run alone in a process, so losing one is a SIGKILL. */
 const VICTIMS = 3;
 const CHURN_STEP_MS = 30_000;
+/** This run's node addresses: 127.<BASE>.x.y, drawn per run so overlapping runs do not collide (EADDRINUSE). */
+const BASE = addressBase();
+const nodeSpec = (i: number) => nodeSpecAt(i, BASE);
+const API_MODE = args.api === 'file' ? 'file' : 'kube';
+if (args.api !== 'file' && args.api !== 'kube') throw new Error(`--api ${args.api}: give kube (the fake API server) or file`);
+/** Kube mode: the nodes that compete for the controllers' Lease (as --controller-candidates names a few); not the victims. */
+const CANDIDATES = 'sim-0003,sim-0004,sim-0005';
 const MEMORY_LIMIT_GIB = Math.max(2, Math.floor(require('node:os').totalmem() / 2 ** 30) - 4);
 
 let storeKind: 'standalone' | 'cluster' = process.env.TETHER_SIM_STORE === 'cluster' ? 'cluster' : 'standalone';
@@ -137,14 +153,44 @@ async function until<T>(fn: () => Promise<T | undefined>, timeoutMs: number, eve
   }
 }
 
+/** API load between two tallies of the fake: per simulated node (mean and max) and the leader's, per second. */
+function apiRates(a0: ApiLoad, a1: ApiLoad, names: Set<string>, secs: number) {
+  const zero = { requests: 0, lists: 0, watches: 0, writes: 0, events: 0, bytes: 0 };
+  const per = [...names].map((name) => {
+    const x = a1.clients[name] ?? zero;
+    const y = a0.clients[name] ?? zero;
+    return { name, requests: (x.requests - y.requests) / secs, writes: (x.writes - y.writes) / secs, events: (x.events - y.events) / secs, bytes: (x.bytes - y.bytes) / secs };
+  });
+  // The controllers' leader (the one node writing: status, labels) does per-cluster work; it is reported
+  // apart, and the per-node figures are over the other nodes.
+  const leader = per.reduce((a, p) => (p.writes > a.writes ? p : a), per[0]);
+  const others = leader && leader.writes > 0 ? per.filter((p) => p !== leader) : per;
+  const mean = (k: 'requests' | 'events' | 'bytes' | 'writes') => others.reduce((a, p) => a + p[k], 0) / Math.max(1, others.length);
+  const max = (k: 'requests' | 'events' | 'bytes') => others.reduce((a, p) => (p[k] > a[k] ? p : a), others[0] ?? { name: '-', requests: 0, events: 0, bytes: 0, writes: 0 });
+  return {
+    requestsPerSecPerNode: round(mean('requests'), 3), watchEventsPerSecPerNode: round(mean('events'), 3), bytesPerSecPerNode: round(mean('bytes')),
+    maxNode: { requests: { node: max('requests').name, perSec: round(max('requests').requests, 3) }, events: { node: max('events').name, perSec: round(max('events').events, 3) }, bytes: { node: max('bytes').name, perSec: round(max('bytes').bytes) } },
+    leader: leader && leader.writes > 0 ? { node: leader.name, requestsPerSec: round(leader.requests, 2), writesPerSec: round(leader.writes, 2), eventsPerSec: round(leader.events, 2), bytesPerSec: round(leader.bytes) } : undefined,
+    nodesCounted: per.length,
+  };
+}
+
 async function runSize(sim: Sim, n: number): Promise<Record<string, unknown>> {
   const store = await startStore();
   const runDir = path.join(sim.dir, `n${n}`);
   fs.mkdirSync(runDir, { recursive: true });
-  const configFile = path.join(runDir, 'config.yaml');
-  const { writeScenario } = await import('./sim');
-  writeScenario(configFile, SCENARIO, n);
-  const common = commonFor(sim, store.url, configFile, { dir: path.join(runDir, 'nodes') });
+  let api: SimApi | undefined;
+  let common;
+  if (API_MODE === 'kube') {
+    api = await SimApi.start(path.join(runDir, 'apiserver.log'));
+    await api.apply(apiObjects(SCENARIO, n, BASE));
+    common = commonFor(sim, store.url, undefined, { dir: path.join(runDir, 'nodes'), apiUrl: api.url, controllerCandidates: CANDIDATES });
+  } else {
+    const configFile = path.join(runDir, 'config.yaml');
+    const { writeScenario } = await import('./sim');
+    writeScenario(configFile, SCENARIO, n);
+    common = commonFor(sim, store.url, configFile, { dir: path.join(runDir, 'nodes') });
+  }
   const specs = Array.from({ length: n }, (_, i) => nodeSpec(i));
   const owner = new Map<string, SimWorker>();
   const victims: SimWorker[] = [];
@@ -153,14 +199,29 @@ async function runSize(sim: Sim, n: number): Promise<Record<string, unknown>> {
   try {
     for (let i = 0; i < Math.min(VICTIMS, n); i++) victims.push(await sim.fork(path.join(runDir, `victim-${i}.log`)));
     for (let i = 0; i < MAIN_WORKERS; i++) mains.push(await sim.fork(path.join(runDir, `worker-${i}.log`)));
+    // Kube mode: the controller candidates (one of them the leader, whose status passes are per-cluster
+    // work) run in a process of their own, as the leader runs on a node of its own, not on the main
+    // workers' nodes' CPU time.
+    const candidates = new Set(API_MODE === 'kube' ? CANDIDATES.split(',') : []);
+    const ctl = specs.some((s) => candidates.has(s.name)) ? await sim.fork(path.join(runDir, 'controllers.log')) : undefined;
     const placement = new Map<SimWorker, NodeSpec[]>();
+    let m = 0;
     specs.forEach((s, i) => {
-      const w = i < victims.length ? victims[i] : mains[(i - victims.length) % mains.length];
+      const w = i < victims.length ? victims[i] : ctl && candidates.has(s.name) ? ctl : mains[m++ % mains.length];
       owner.set(s.name, w);
       placement.set(w, [...(placement.get(w) ?? []), s]);
     });
     const alive = specs.map((s) => s.address);
-    const started = await Promise.all([...placement].map(([w, nodes]) => w.ask<{ started: string[]; failed: Array<{ name: string; error: string }> }>({ op: 'start', common, nodes, alive })));
+    // Start-up is bounded (--start-budget s): a size that cannot start in time is a row naming that, and
+    // the run goes on to write what it measured.
+    const budgetMs = Number(args['start-budget']) * 1000;
+    let budget: NodeJS.Timeout | undefined;
+    const started = await Promise.race([
+      Promise.all([...placement].map(([w, nodes]) => w.ask<{ started: string[]; failed: Array<{ name: string; error: string }> }>({ op: 'start', common, nodes, alive }))),
+      new Promise<never>((_, reject) => {
+        budget = setTimeout(() => reject(new Error(`${n} simulated nodes did not all start within ${budgetMs / 1000} s (see the workers' "started k/m" lines)`)), budgetMs);
+      }),
+    ]).finally(() => clearTimeout(budget));
     const failed = started.flatMap((s) => s.failed);
     if (failed.length) throw new Error(`${failed.length} simulated nodes failed to start, e.g. ${failed[0].name}: ${failed[0].error}`);
     const startMs = Date.now() - t0;
@@ -188,16 +249,24 @@ async function runSize(sim: Sim, n: number): Promise<Record<string, unknown>> {
     await sleep(5000);
 
     // Steady state window.
-    const statsAllDef = () => Promise.all(mains.concat(victims).filter((w) => !w.exited).map((w) => w.ask<WorkerStats>({ op: 'stats' })));
+    const statsAllDef = () => Promise.all(mains.concat(victims, ctl ? [ctl] : []).filter((w) => !w.exited).map((w) => w.ask<WorkerStats>({ op: 'stats' })));
     const statsAll = statsAllDef;
+    const names = new Set(specs.map((x) => x.name));
+    const aStart = await api?.load();
     const c0 = await store.counters();
     const s0 = await statsAll();
+    const a0 = await api?.load();
     const w0 = Date.now();
     await sleep(WINDOW_S * 1000);
     const c1 = await store.counters();
     const s1 = await statsAll();
+    const a1 = await api?.load();
     storeKind = store.kind;
     const secs = (Date.now() - w0) / 1000;
+    const apiSteady = a0 && a1 ? apiRates(a0, a1, names, secs) : undefined;
+    // Start-up (lists and first watches, up to convergence), per node: requests and bytes.
+    const apiStart = aStart ? apiRates({ clients: {}, openWatches: 0, rss: 0, cpuUserMs: 0, cpuSystemMs: 0 }, aStart, names, 1) : undefined;
+    if (apiSteady) log('api steady', { n, ...apiSteady, openWatches: a1!.openWatches });
     const cmds = (c1.commands - c0.commands - store.probeCommands) / secs;
     const outB = (c1.outBytes - c0.outBytes) / secs;
     const sent = (s1.reduce((a, s) => a + s.commandsSent, 0) - s0.reduce((a, s) => a + s.commandsSent, 0)) / secs;
@@ -276,23 +345,31 @@ async function runSize(sim: Sim, n: number): Promise<Record<string, unknown>> {
       ]);
     };
     const cc0 = await store.counters();
+    const ac0 = await api?.load();
     const tc = Date.now();
     const extra = nodeSpec(n);
+    // In kube mode the API server holds the churn too: the new Node and the pods added and removed.
+    const gwExtra = { namespace: NS, name: 'gw-e1-extra', ip: '10.127.255.1', labels: { 'egress-gw': 'e1' } };
+    await api?.apply([nodeObject(extra), podObject(extra.name, gwExtra)]);
     await bounded('alive', Promise.all(live().map((w) => w.ask({ op: 'alive', address: extra.address, alive: true }))));
     const joined = (await bounded('node start', mains[0].ask<{ failed: unknown[] }>({ op: 'start', common, nodes: [extra], alive: [] }))) ?? { failed: ['timed out'] };
-    await bounded('gateway pod added', mains[0].ask({ op: 'addPods', pods: [{ node: extra.name, pod: { namespace: NS, name: 'gw-e1-extra', ip: '10.127.255.1', labels: { 'egress-gw': 'e1' } } }] }));
+    await bounded('gateway pod added', mains[0].ask({ op: 'addPods', pods: [{ node: extra.name, pod: gwExtra }] }));
     const gwVictim = placePods(SCENARIO, n).find((p) => p.pod.name === 'gw-e1-0')!;
+    await api?.ask({ op: 'remove', kind: 'Pod', name: 'gw-e1-0', namespace: NS });
     await bounded('gateway pod removed', owner.get(specs[gwVictim.node].name)!.ask({ op: 'removePod', node: specs[gwVictim.node].name, namespace: NS, name: 'gw-e1-0' }));
     const clients = Array.from({ length: 20 }, (_, i) => ({ node: specs[(7 * i + 5) % n], pod: { namespace: NS, name: `client-churn-${i}`, ip: podIp2(i), labels: { 'egress-client': `e${i % Math.max(1, SCENARIO.egresses)}` } } }));
+    await api?.apply(clients.map((c) => podObject(c.node.name, c.pod)));
     await bounded('client pods added', Promise.all(clients.map((c) => owner.get(c.node.name)!.ask({ op: 'addPods', pods: [{ node: c.node.name, pod: c.pod }] }))));
     await sleep(Math.max(0, WINDOW_S * 1000 - (Date.now() - tc)));
     const cc1 = await store.counters();
+    const ac1 = await api?.load();
     const churnSecs = (Date.now() - tc) / 1000;
-    log('churn', { n, timedOut, joined: joined.failed.length === 0, cmds: round((cc1.commands - cc0.commands) / churnSecs) });
+    const apiChurn = ac0 && ac1 ? apiRates(ac0, ac1, new Set([...names, extra.name]), churnSecs) : undefined;
+    log('churn', { n, timedOut, joined: joined.failed.length === 0, cmds: round((cc1.commands - cc0.commands) / churnSecs), api: apiChurn && { requestsPerSecPerNode: apiChurn.requestsPerSecPerNode, watchEventsPerSecPerNode: apiChurn.watchEventsPerSecPerNode } });
 
     return {
       nodes: n,
-      workers: mains.length + victims.length,
+      workers: mains.length + victims.length + (ctl ? 1 : 0),
       startMs,
       convergedMs: conv.value !== undefined ? conv.ms : undefined,
       store: {
@@ -310,7 +387,14 @@ async function runSize(sim: Sim, n: number): Promise<Record<string, unknown>> {
       loss: { lostNode: lostName, agreeMs, nodesAgreeing: agreeNodes },
       lb: { servicesSeenByOneNode: lbs.length, refusedAtOneNode: refused, sampleProblem, fanOutPerNewConnection: receivedBy, installedOnOtherNodesPerNewConnection: fanOut, mappingsInstalledTotal: calls['lb.mappingsInstalled'] ?? 0 },
       churn: { timedOut, windowS: round(churnSecs), commandsPerSec: round((cc1.commands - cc0.commands) / churnSecs), nodeJoined: joined.failed.length === 0 },
-      api: { mode: 'file', note: 'file config source: no API server requests (kube mode against test/lib/fake-apiserver.ts not wired yet)' },
+      api: api
+        ? {
+          mode: 'kube', server: 'test/lib/fake-apiserver.ts (a fake) in one process, serving every node',
+          controllerCandidates: CANDIDATES, openWatches: a1?.openWatches, steady: apiSteady, churn: apiChurn,
+          startup: apiStart && { requestsPerNode: apiStart.requestsPerSecPerNode, bytesPerNode: apiStart.bytesPerSecPerNode, eventsPerNode: apiStart.watchEventsPerSecPerNode },
+          fakeRssMiB: a1 && round(a1.rss / 2 ** 20), fakeCpuS: a1 && round((a1.cpuUserMs + a1.cpuSystemMs) / 1000),
+        }
+        : { mode: 'file', note: 'file config source (--api file): no API server' },
       datapathCalls: calls,
     };
   } finally {
@@ -322,6 +406,7 @@ async function runSize(sim: Sim, n: number): Promise<Record<string, unknown>> {
       await exited;
       clearTimeout(t);
     }));
+    await api?.stop();
     await store.stop();
     fs.rmSync(runDir, { recursive: true, force: true });
   }
@@ -376,6 +461,11 @@ async function main(): Promise<void> {
   } finally {
     await sim.stop();
   }
+  if (args['mappings-1m']) {
+    log('1M mappings of one VIP in the Redis Cluster', { mappings: Number(args.mappings) });
+    million = await runMillion(Number(args.mappings), log);
+    log('1M mappings done', { ok: million.ok, errors: million.errors, writeMs: million.write.ms, loadMs: million.load.ms, expireMs: million.expire.ms });
+  }
   report(all());
 }
 
@@ -384,9 +474,16 @@ const kindOf = (r: Record<string, unknown>) => String((r.store as { kind?: strin
 
 function readEarlier(): Array<Record<string, unknown>> {
   if (!fs.existsSync(args.out!)) return [];
-  const old = JSON.parse(fs.readFileSync(args.out!, 'utf8')) as { scenario: Scenario; windowS?: number; rows: Array<Record<string, unknown>> };
+  const old = JSON.parse(fs.readFileSync(args.out!, 'utf8')) as { scenario: Scenario; windowS?: number; rows: Array<Record<string, unknown>>; mappings1M?: MillionResult };
+  million ??= old.mappings1M;
   if (JSON.stringify(old.scenario) !== JSON.stringify(SCENARIO)) throw new Error(`--merge: ${args.out} holds another scenario (${JSON.stringify(old.scenario)}; this run: ${JSON.stringify(SCENARIO)}); not mixing them`);
   return old.rows;
+}
+
+function apiOf(r: Row): Record<string, number> | undefined {
+  const a = (r as unknown as { api?: { steady?: { requestsPerSecPerNode: number; watchEventsPerSecPerNode: number; bytesPerSecPerNode: number }; churn?: { requestsPerSecPerNode: number; watchEventsPerSecPerNode: number } } }).api;
+  if (!a?.steady) return undefined;
+  return { requestsPerSec: a.steady.requestsPerSecPerNode, watchEventsPerSec: a.steady.watchEventsPerSecPerNode, bytesPerSec: a.steady.bytesPerSecPerNode, churnRequestsPerSec: a.churn?.requestsPerSecPerNode ?? NaN, churnWatchEventsPerSec: a.churn?.watchEventsPerSecPerNode ?? NaN };
 }
 
 function summarize(rows: Row[]) {
@@ -403,6 +500,8 @@ function summarize(rows: Row[]) {
     totalStoreOpsAt1000: Math.round(at1000 ? at1000.store.commandsPerSec : extrapolate(ok.map((r) => ({ n: r.nodes, total: r.store.commandsPerSec })), 1000)),
     totalStoreOpsAt1000Is: at1000 ? 'measured' : ok.length === 1 ? `extrapolated (per node x 1,000 from N = ${ok[0].nodes} alone)` : `extrapolated (total commands/s fitted as a + b·N over N = ${ok.map((r) => r.nodes).join(', ')})`,
     lbServices: SCENARIO.services,
+    // API load per node (kube mode; the controllers' leader apart) at N = 50 and the largest N.
+    ...(apiOf(first) && apiOf(largest) ? { apiPerNode: { [`n${first.nodes}`]: apiOf(first), [`n${largest.nodes}`]: apiOf(largest) } } : {}),
     egresses: SCENARIO.egresses,
     gatewaysPerEgress: SCENARIO.gatewaysPerEgress,
   };
@@ -412,7 +511,7 @@ function report(rows: Array<Record<string, unknown>>): void {
   fs.mkdirSync(path.dirname(args.out!), { recursive: true });
   const ok = (rows as Row[]).filter((r) => !r.error);
   if (!ok.length) {
-    fs.writeFileSync(args.out!, JSON.stringify({ benchmark: 'scale', machine: machine(), scenario: SCENARIO, rows }, null, 2) + '\n');
+    fs.writeFileSync(args.out!, JSON.stringify({ benchmark: 'scale', machine: machine(), scenario: SCENARIO, rows, ...(million ? { mappings1M: million } : {}) }, null, 2) + '\n');
     return;
   }
   // The summary is over the standalone rows when there are any (the Cluster rows get their own).
@@ -420,7 +519,8 @@ function report(rows: Array<Record<string, unknown>>): void {
   const cluster = ok.filter((r) => r.store.kind === 'cluster');
   const main = standalone.length ? standalone : cluster;
   const summary = { ...summarize(main), store: main === standalone ? 'redis standalone' : 'redis cluster (3 primaries)', ...(cluster.length && main !== cluster ? { cluster: summarize(cluster) } : {}) };
-  const report = { benchmark: 'scale', machine: machine(), loadAverage1m: require('node:os').loadavg()[0], scenario: SCENARIO, windowS: WINDOW_S, summary, rows };
+  const m1 = million && { mappings: million.mappings, errors: million.errors, ok: million.ok, writeMs: million.write.ms, loadMs: million.load.ms, expireMs: million.expire.ms };
+  const report = { benchmark: 'scale', machine: machine(), loadAverage1m: require('node:os').loadavg()[0], scenario: SCENARIO, windowS: WINDOW_S, summary: { ...summary, ...(m1 ? { mappings1M: m1 } : {}) }, rows, ...(million ? { mappings1M: million } : {}) };
   fs.writeFileSync(args.out!, JSON.stringify(report, null, 2) + '\n');
   if (args.baseline) fs.writeFileSync(path.join(ROOT, 'results/bench-scale-baseline.json'), JSON.stringify(report, null, 2) + '\n');
   log('summary', summary);
@@ -434,19 +534,24 @@ function table(r: { machine: Record<string, unknown>; summary: Record<string, an
   const lines = [
     `Measured ${String(m.date).slice(0, 10)} on ${m.cpu} (${m.cores} cores, shared with other work; ${m.memoryGiB} GiB), Node ${m.node}, Redis 7.0; ${SCENARIO.egresses} Egresses x ${SCENARIO.gatewaysPerEgress} gateways, ${SCENARIO.services} LB Services (${SCENARIO.lbPodsPerService} LB pods, ${SCENARIO.targetsPerService} targets each), steady window ${WINDOW_S} s.`,
     '',
-    '| store | nodes | start s | store cmds/s | per node | sent by clients per node | reply B/s | per node | RSS/node MiB | worker loop lag p50/p99 ms | agree after loss ms | fan-out per new connection | Services refused (one node) | churn cmds/s |',
-    '|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|',
+    '| store | nodes | start s | store cmds/s | per node | sent by clients per node | reply B/s | per node | API req/s per node (steady / churn) | API watch events/s per node (steady / churn) | RSS/node MiB | worker loop lag p50/p99 ms | agree after loss ms | fan-out per new connection | Services refused (one node) | churn cmds/s |',
+    '|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|',
   ];
   for (const row of r.rows as Array<Record<string, any>>) {
     if (row.error) {
-      lines.push(`| ${kindOf(row)} | ${row.nodes} | failed: ${row.error} ||||||||||||`);
+      lines.push(`| ${kindOf(row)} | ${row.nodes} | failed: ${row.error} ||||||||||||||`);
       continue;
     }
     const lag = row.workerLoopLagMs ? `${row.workerLoopLagMs.p50Ms}/${row.workerLoopLagMs.p99Ms}` : '-';
-    lines.push(`| ${row.store.kind} | ${row.nodes} | ${round(row.startMs / 1000)} | ${fmt(row.store.commandsPerSec)} | ${fmt(row.store.commandsPerSecPerNode)} | ${fmt(row.store.clientCountedCommandsPerSec / row.nodes)} | ${fmt(row.store.replyBytesPerSec)} | ${fmt(row.store.replyBytesPerSecPerNode)} | ${row.memory.rssPerNodeMiB} | ${lag} | ${row.loss.agreeMs ?? 'no agreement'} | ${row.lb.fanOutPerNewConnection ?? '-'} | ${row.lb.refusedAtOneNode} | ${fmt(row.churn.commandsPerSec)} |`);
+    const a = row.api?.steady ? row.api : undefined;
+    const apiReq = a ? `${a.steady.requestsPerSecPerNode} / ${a.churn?.requestsPerSecPerNode ?? '-'}` : 'file source';
+    const apiEv = a ? `${a.steady.watchEventsPerSecPerNode} / ${a.churn?.watchEventsPerSecPerNode ?? '-'}` : '-';
+    lines.push(`| ${row.store.kind} | ${row.nodes} | ${round(row.startMs / 1000)} | ${fmt(row.store.commandsPerSec)} | ${fmt(row.store.commandsPerSecPerNode)} | ${fmt(row.store.clientCountedCommandsPerSec / row.nodes)} | ${fmt(row.store.replyBytesPerSec)} | ${fmt(row.store.replyBytesPerSecPerNode)} | ${apiReq} | ${apiEv} | ${row.memory.rssPerNodeMiB} | ${lag} | ${row.loss.agreeMs ?? 'no agreement'} | ${row.lb.fanOutPerNewConnection ?? '-'} | ${row.lb.refusedAtOneNode} | ${fmt(row.churn.commandsPerSec)} |`);
   }
   const s = r.summary;
   lines.push('', `Summary (${s.store}): maxNodes ${s.maxNodes}, perNodeGrowth ${s.perNodeGrowth} (N = ${s.maxNodes} over N = ${s.perNodeGrowthBase}: commands/s x${s.perNodeGrowthCommands}, reply bytes/s x${s.perNodeGrowthReplyBytes}), totalStoreOpsAt1000 ${s.totalStoreOpsAt1000} (${s.totalStoreOpsAt1000Is}), lbServices ${s.lbServices}.`);
+  if (s.apiPerNode) lines.push('', `API load per node (fake API server, the controllers' leader apart), steady / churn: ${Object.entries(s.apiPerNode as Record<string, Record<string, number>>).map(([k, v]) => `N = ${k.slice(1)}: ${v.requestsPerSec} / ${v.churnRequestsPerSec} requests/s, ${v.watchEventsPerSec} / ${v.churnWatchEventsPerSec} watch events/s, ${fmt(v.bytesPerSec)} B/s steady`).join('; ')}.`);
+  if (million) lines.push('', `1M mappings of one VIP in the 3-primary Redis Cluster (daemon/lb/mapping-store.ts): ${million.mappings.toLocaleString('en-US')} claimed in ${round(million.write.ms / 1000)} s (${million.write.concurrentClaims} claims at once), loaded back in pages in ${round(million.load.ms / 1000)} s, expired by the VIP's expirer in ${round(million.expire.ms / 1000)} s; errors ${million.errors}${million.errors ? ` (${million.errorSamples.join('; ')})` : ''}; per primary (keys, mappings, used memory): ${million.perPrimary.map((p) => `${p.keys}, ${p.mappings.toLocaleString('en-US')}, ${p.usedMemoryMiB} MiB`).join(' | ')}; bench process RSS peak ${million.process.rssPeakMiB} MiB.`);
   if (s.cluster) lines.push(`Cluster rows: maxNodes ${s.cluster.maxNodes}, perNodeGrowth ${s.cluster.perNodeGrowth}, totalStoreOpsAt1000 ${s.cluster.totalStoreOpsAt1000} (${s.cluster.totalStoreOpsAt1000Is}).`);
 
   // Growth curve: per-node load by N (a flat curve is the target).

@@ -16,6 +16,8 @@ import { openPodState, startIpam, startStore } from '../../../daemon/parts/ipam'
 import { createEgress, egressReconciler, planEgress } from '../../../daemon/parts/egress';
 import { createHealth, createLb, lbReconciler } from '../../../daemon/parts/lb';
 import { resolveLoadBalancers } from '../../../daemon/lb/lb-spec';
+import { KubeSource } from '../../../daemon/config/kube-source';
+import { startControllers } from '../../../daemon/kube/controllers';
 import type { EgressController } from '../../../daemon/egress/egress-controller';
 import type { LbController } from '../../../daemon/lb/lb-controller';
 import type { PodRecord, PodStore } from '../../../daemon/state/pod-store';
@@ -28,7 +30,12 @@ export interface SimNodeOptions {
   address: string;
   redisUrl: string;
   redisPrefix: string;
-  configFile: string;
+  /** The file config source's file; or, with `kubeconfig`, none: the Kubernetes source (the fake API server). */
+  configFile?: string;
+  /** Kube mode: this node's kubeconfig (its own token, so the fake API server tallies its load). */
+  kubeconfig?: string;
+  /** Kube mode: --controller-candidates (the few nodes that compete for the controllers' Lease). */
+  controllerCandidates?: string;
   clusterKeyFile: string;
   /** This node's own directory (state, pin dir, pod namespace stand-ins). */
   dir: string;
@@ -65,7 +72,8 @@ export class SimNode {
     const { logger, name: nodeName } = o;
     fs.mkdirSync(path.join(o.dir, 'netns'), { recursive: true });
     const opts = parseOptions([
-      '--node-name', nodeName, '--config', o.configFile, '--redis', o.redisUrl, '--redis-prefix', o.redisPrefix,
+      '--node-name', nodeName, ...(o.kubeconfig ? ['--kubeconfig', o.kubeconfig] : ['--config', o.configFile!]), '--redis', o.redisUrl, '--redis-prefix', o.redisPrefix,
+      ...(o.controllerCandidates ? ['--controller-candidates', o.controllerCandidates] : []),
       '--state-dir', path.join(o.dir, 'state'), '--socket', path.join(o.dir, 'tether.sock'), '--bpf-pin-dir', path.join(o.dir, 'bpf'),
       '--node-address', o.address, '--cluster-key-file', o.clusterKeyFile, '--sync-port', String(o.syncPort),
       '--lb-max-vips', String(o.maxVips), '--health-port', '0', '--probe-port', '0', '--log-level', 'warn',
@@ -99,6 +107,8 @@ export class SimNode {
       }
       const feed = feedReconcilers(source, [current, ipam.reconciler, egressReconciler(egressObjects, egress, logger), lbReconciler(lb, logger)], logger);
       life.started('config updates', () => feed.stop());
+      // As main.ts: in kube mode the controllers' Lease candidacy (and on the leader, status and the labeler).
+      if (source instanceof KubeSource) startControllers(source, nodeName, egress, egressObjects, logger, life, lb ?? undefined, opts['controller-candidates']);
       return new SimNode(o, life, podStore, attach, ipam, egress, lb);
     } catch (e) {
       await life.stopAll();

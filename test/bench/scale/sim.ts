@@ -9,6 +9,8 @@ import { stringify } from 'yaml';
 import { bundleSim } from './bundle';
 import type { Common, NodeSpec, Request } from './worker';
 import type { SimPod } from './sim-node';
+import type { ApiLoad, ApiRequest } from './api-proc';
+import { TETHER_SERVICE_LABEL } from '../../../daemon/kube/service-labeler';
 
 export interface Scenario {
   egresses: number;
@@ -20,10 +22,18 @@ export interface Scenario {
 
 export const NS = 'sim';
 
-/** Node i's name and address (127.20.0.0/14: one address per node, all local). */
-export function nodeSpec(i: number): NodeSpec {
+/**
+ * Node i's name and address (127.<base>.0.0/16 and up: one address per node, all local). Runs pick their
+ * own base (addressBase()), so two runs at once do not bind the same addresses.
+ */
+export function nodeSpec(i: number, base = 20): NodeSpec {
   const a = i + 1;
-  return { name: `sim-${String(i).padStart(4, '0')}`, address: `127.${20 + (a >> 16)}.${(a >> 8) & 255}.${a & 255}` };
+  return { name: `sim-${String(i).padStart(4, '0')}`, address: `127.${base + (a >> 16)}.${(a >> 8) & 255}.${a & 255}` };
+}
+
+/** A second octet for this run's node addresses (32..231), drawn at random: overlapping runs do not collide. */
+export function addressBase(): number {
+  return 32 + Math.floor(Math.random() * 200);
 }
 
 /** The k-th pod IP of node i (10.128.0.0/9, 256 per node). */
@@ -82,6 +92,93 @@ export function scenarioObjects(s: Scenario, n: number): unknown[] {
     });
   }
   return objs;
+}
+
+/**
+ * The same scenario as the API server holds it (kube mode): the objects above, with the Services carrying
+ * the label the leader's service labeler puts on tether's Services (already there, as after a leader ran),
+ * a Node per simulated node, and a Pod (ready, on its node) per pod of placePods.
+ */
+export function apiObjects(s: Scenario, n: number, base: number): Array<Record<string, any>> {
+  const objs = scenarioObjects(s, n) as Array<Record<string, any>>;
+  for (const o of objs) if (o.kind === 'Service') o.metadata.labels = { [TETHER_SERVICE_LABEL]: 'true' };
+  for (let i = 0; i < n; i++) objs.push(nodeObject(nodeSpec(i, base)));
+  for (const p of placePods(s, n)) objs.push(podObject(nodeSpec(p.node, base).name, p.pod));
+  return objs;
+}
+
+export function nodeObject(spec: NodeSpec): Record<string, any> {
+  return { apiVersion: 'v1', kind: 'Node', metadata: { name: spec.name, labels: { 'kubernetes.io/hostname': spec.name } }, spec: {}, status: { addresses: [{ type: 'InternalIP', address: spec.address }] } };
+}
+
+export function podObject(node: string, p: SimPod): Record<string, any> {
+  return {
+    apiVersion: 'v1', kind: 'Pod', metadata: { name: p.name, namespace: p.namespace, labels: p.labels }, spec: { nodeName: node, containers: [{ name: 'c', image: 'sim' }] },
+    status: { phase: 'Running', podIP: p.ip, conditions: [{ type: 'Ready', status: 'True' }] },
+  };
+}
+
+/** The fake API server's process (api-proc.ts). */
+export class SimApi {
+  private next = 1;
+  private readonly waiting = new Map<number, { resolve: (v: unknown) => void; reject: (e: Error) => void }>();
+  exited = false;
+
+  private constructor(
+    readonly proc: ChildProcess,
+    readonly url: string,
+  ) {
+    proc.on('message', (m: { id?: number; result?: unknown; error?: string }) => {
+      if (m.id === undefined) return;
+      const w = this.waiting.get(m.id);
+      this.waiting.delete(m.id);
+      if (m.error !== undefined) w?.reject(new Error(m.error));
+      else w?.resolve(m.result);
+    });
+    proc.on('exit', () => {
+      this.exited = true;
+      for (const w of this.waiting.values()) w.reject(new Error('fake apiserver process exited'));
+      this.waiting.clear();
+    });
+  }
+
+  static async start(logFile: string): Promise<SimApi> {
+    const out = fs.openSync(logFile, 'a');
+    const proc = fork(path.join(__dirname, 'api-proc.ts'), [], { stdio: ['ignore', out, out, 'ipc'], execArgv: ['--import', 'tsx', '--max-old-space-size=4096'] });
+    fs.closeSync(out);
+    const url = await new Promise<string>((resolve, reject) => {
+      proc.once('message', (m: { url: string }) => resolve(m.url));
+      proc.once('exit', (code) => reject(new Error(`fake apiserver process exited at start (${code}); see ${logFile}`)));
+    });
+    return new SimApi(proc, url);
+  }
+
+  ask<T>(req: ApiRequest): Promise<T> {
+    if (this.exited) return Promise.reject(new Error('fake apiserver process exited'));
+    const id = this.next++;
+    return new Promise<T>((resolve, reject) => {
+      this.waiting.set(id, { resolve: resolve as (v: unknown) => void, reject });
+      this.proc.send({ id, req });
+    });
+  }
+
+  /** Applies objects in chunks (one IPC message of every Pod of 1,000 nodes is large). */
+  async apply(objects: Array<Record<string, any>>): Promise<void> {
+    for (let i = 0; i < objects.length; i += 500) await this.ask({ op: 'apply', objects: objects.slice(i, i + 500) });
+  }
+
+  load(): Promise<ApiLoad> {
+    return this.ask<ApiLoad>({ op: 'load' });
+  }
+
+  async stop(): Promise<void> {
+    if (this.exited) return;
+    const exited = new Promise((r) => this.proc.once('exit', r));
+    await Promise.race([this.ask({ op: 'exit' }).catch(() => undefined), new Promise((r) => setTimeout(r, 5000))]);
+    const t = setTimeout(() => this.proc.kill('SIGKILL'), 2000);
+    await exited;
+    clearTimeout(t);
+  }
 }
 
 export function writeScenario(file: string, s: Scenario, n: number): void {
@@ -170,7 +267,7 @@ export class Sim {
   }
 }
 
-export function commonFor(sim: Sim, redisUrl: string, configFile: string, extra: Partial<Common> = {}): Common {
+export function commonFor(sim: Sim, redisUrl: string, configFile: string | undefined, extra: Partial<Common> = {}): Common {
   const keyFile = path.join(sim.dir, 'cluster.key');
   if (!fs.existsSync(keyFile)) fs.writeFileSync(keyFile, `${'5e'.repeat(32)}\n`);
   return { redisUrl, redisPrefix: 'tether:', configFile, clusterKeyFile: keyFile, dir: path.join(sim.dir, 'nodes'), maxVips: 256, syncPort: 3785, ...extra };

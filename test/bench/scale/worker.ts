@@ -1,6 +1,8 @@
 // A simulation worker process: hosts many simulated nodes (sim-node.ts), driven by the coordinator over
 // IPC (process.send). Only ever run as the bundle bundle.ts builds (fakes in place of the kernel).
+import * as fs from 'node:fs';
 import * as path from 'node:path';
+import { kubeconfigFor } from '../../lib/fake-apiserver';
 import { monitorEventLoopDelay } from 'node:perf_hooks';
 import Redis from 'ioredis';
 import { makeLogger, setLogger } from '../../../daemon/log';
@@ -17,7 +19,11 @@ export interface NodeSpec {
 export interface Common {
   redisUrl: string;
   redisPrefix: string;
-  configFile: string;
+  /** File mode: the scenario's config file. */
+  configFile?: string;
+  /** Kube mode: the fake API server's URL (each node gets a kubeconfig with its own token). */
+  apiUrl?: string;
+  controllerCandidates?: string;
   clusterKeyFile: string;
   dir: string;
   maxVips: number;
@@ -86,7 +92,14 @@ async function startAll(common: Common, specs: NodeSpec[]): Promise<{ started: s
     Array.from({ length: 8 }, async () => {
       for (let s = queue.shift(); s; s = queue.shift()) {
         try {
-          const n = await SimNode.start({ ...common, name: s.name, address: s.address, dir: path.join(common.dir, s.name), logger: logger.child({ node: s.name }) });
+          const dir = path.join(common.dir, s.name);
+          let kubeconfig: string | undefined;
+          if (common.apiUrl) {
+            fs.mkdirSync(dir, { recursive: true });
+            kubeconfig = path.join(dir, 'kubeconfig');
+            fs.writeFileSync(kubeconfig, kubeconfigFor(common.apiUrl, s.name));
+          }
+          const n = await SimNode.start({ ...common, kubeconfig, name: s.name, address: s.address, dir, logger: logger.child({ node: s.name }) });
           nodes.set(s.name, n);
           started.push(s.name);
           if (started.length % 10 === 0) process.stderr.write(`${new Date().toISOString()} started ${started.length}/${specs.length}\n`);
