@@ -17,7 +17,7 @@ import { createEgress, egressReconciler, planEgress } from '../../../daemon/part
 import { createHealth, createLb, lbReconciler } from '../../../daemon/parts/lb';
 import { resolveLoadBalancers } from '../../../daemon/lb/lb-spec';
 import { KubeSource } from '../../../daemon/config/kube-source';
-import { startControllers } from '../../../daemon/kube/controllers';
+import { Controllers } from '../../../daemon/parts/controllers';
 import type { EgressController } from '../../../daemon/egress/egress-controller';
 import type { LbController } from '../../../daemon/lb/lb-controller';
 import type { PodRecord, PodStore } from '../../../daemon/state/pod-store';
@@ -108,7 +108,11 @@ export class SimNode {
       const feed = feedReconcilers(source, [current, ipam.reconciler, egressReconciler(egressObjects, egress, logger), lbReconciler(lb, logger)], logger);
       life.started('config updates', () => feed.stop());
       // As main.ts: in kube mode the controllers' Lease candidacy (and on the leader, status and the labeler).
-      if (source instanceof KubeSource) startControllers(source, nodeName, egress, egressObjects, logger, life, lb ?? undefined, opts['controller-candidates']);
+      if (source instanceof KubeSource) {
+        const controllers = new Controllers({ source, nodeName, egress, egressObjects, lb: lb ?? undefined, candidates: opts['controller-candidates'], labels: source.nodeLabels(), logger });
+        await controllers.start();
+        life.started('controllers', () => controllers.stop());
+      }
       return new SimNode(o, life, podStore, attach, ipam, egress, lb);
     } catch (e) {
       await life.stopAll();
