@@ -4,6 +4,20 @@
 import { setImmediate as nextTurn } from 'node:timers/promises';
 import { ConntrackHandle, type ApplyResult, type TableOp } from '../conntrack/handle';
 import type { ConntrackEntry, ConntrackEvent } from '../conntrack/types';
+import { Digests, inBuckets, keyHash, type BucketSet, type KeySet } from './digest';
+
+/**
+ * A standby's copy of an entry lives at least this long (seconds). Its own timer is not what ends it: the
+ * owner's destroy event, or a sweep when the owner no longer has it, does. An owner's UDP flow that
+ * keeps going sends no events, so its copy would otherwise expire at the standby; the consistency check
+ * (syncedDigests) re-arms copies below half of this. After a takeover, traffic resets the timers of live
+ * flows to the kernel's own; dead ones go within this time.
+ */
+export const STANDBY_MIN_TIMEOUT = 600;
+
+function standby(e: ConntrackEntry, minTimeout: number): ConntrackEntry {
+  return e.timeout !== undefined && e.timeout < minTimeout ? { ...e, timeout: minTimeout } : e;
+}
 
 /** Ops per slice between two turns of the event loop (~10–20 ms of kernel work). */
 export const SLICE_OPS = 2048;
@@ -26,10 +40,10 @@ export async function applyInSlices(h: ConntrackHandle, ops: readonly TableOp[],
 }
 
 /** Applies one frame's events (new/update upserted, destroy deleted) to the table at nsPath. */
-export async function applySyncedEvents(nsPath: string, events: readonly ConntrackEvent[]): Promise<ApplyResult> {
+export async function applySyncedEvents(nsPath: string, events: readonly ConntrackEvent[], minTimeout = 0): Promise<ApplyResult> {
   const h = ConntrackHandle.open(nsPath);
   try {
-    return await applyInSlices(h, events.map((ev) => ({ kind: ev.type === 'destroy' ? 'delete' : ev.type === 'new' ? 'create' : 'update', entry: ev.entry })));
+    return await applyInSlices(h, events.map((ev) => ({ kind: ev.type === 'destroy' ? 'delete' : ev.type === 'new' ? 'create' : 'update', entry: standby(ev.entry, minTimeout) })));
   } finally {
     h.close();
   }
@@ -42,6 +56,54 @@ export async function replaceSyncedEntries(nsPath: string, entries: readonly Con
     const ops = h.planReconcile(entries, inScope);
     await nextTurn();
     return await applyInSlices(h, ops);
+  } finally {
+    h.close();
+  }
+}
+
+/** A transfer's chunk: each entry created, or updated where it exists. */
+export async function upsertSyncedEntries(nsPath: string, entries: readonly ConntrackEntry[], minTimeout = 0): Promise<ApplyResult> {
+  const h = ConntrackHandle.open(nsPath);
+  try {
+    return await applyInSlices(h, entries.map((e) => ({ kind: 'create', entry: standby(e, minTimeout) })));
+  } finally {
+    h.close();
+  }
+}
+
+/** The end of a transfer: deletes the in-scope entries of its buckets that it did not carry. */
+export async function sweepSyncedEntries(nsPath: string, inScope: (e: ConntrackEntry) => boolean, keep: KeySet, buckets: BucketSet): Promise<ApplyResult> {
+  const h = ConntrackHandle.open(nsPath);
+  try {
+    const ops: TableOp[] = [];
+    for (const e of h.dump()) {
+      if (!inScope(e) || !inBuckets(buckets, e)) continue;
+      const [hi, lo] = keyHash(e);
+      if (!keep.has(hi, lo)) ops.push({ kind: 'delete', entry: e });
+    }
+    await nextTurn();
+    return await applyInSlices(h, ops);
+  } finally {
+    h.close();
+  }
+}
+
+/**
+ * Digests of the in-scope entries at nsPath (the standby's side of a consistency check), re-arming copies
+ * whose timeout fell under half of `minTimeout` (0: none). One dump; the kernel work is the re-armed ones.
+ */
+export async function syncedDigests(nsPath: string, inScope: (e: ConntrackEntry) => boolean, k: number, minTimeout = 0): Promise<{ digests: Digests; refreshed: number }> {
+  const h = ConntrackHandle.open(nsPath);
+  try {
+    const d = new Digests(k);
+    const ops: TableOp[] = [];
+    for (const e of h.dump()) {
+      if (!inScope(e)) continue;
+      d.add(e);
+      if (minTimeout && e.timeout !== undefined && e.timeout < minTimeout / 2) ops.push({ kind: 'update', entry: { ...e, timeout: minTimeout }, keepStatus: e.status });
+    }
+    if (ops.length) await applyInSlices(h, ops);
+    return { digests: d, refreshed: ops.length };
   } finally {
     h.close();
   }
