@@ -108,3 +108,40 @@ export async function syncedDigests(nsPath: string, inScope: (e: ConntrackEntry)
     h.close();
   }
 }
+
+/**
+ * How long a standby's digests are reused while nothing was written to its table: its copies change by
+ * themselves only by expiring, which the dump behind fresh digests prevents (syncedDigests re-arms copies
+ * under half of STANDBY_MIN_TIMEOUT, so a dump at most this often keeps every copy alive).
+ */
+export const STANDBY_REDIGEST_MS = 180_000;
+
+/**
+ * The standby's side of the consistency check without a dump per check: digests per stream, kept until
+ * something is written for that stream (invalidate) or they are maxAgeMs old. With nothing changed, a
+ * check costs a comparison of K buckets on both sides.
+ */
+export class StandbyDigests {
+  private readonly cache = new Map<string, { k: number; at: number; digests: Digests | undefined }>();
+  computed = 0;
+
+  constructor(private readonly maxAgeMs = STANDBY_REDIGEST_MS) {}
+
+  invalidate(key: string): void {
+    this.cache.delete(key);
+  }
+
+  invalidatePrefix(prefix: string): void {
+    for (const key of this.cache.keys()) if (key.startsWith(prefix)) this.cache.delete(key);
+  }
+
+  async get(key: string, k: number, compute: () => Promise<Digests | undefined>): Promise<Digests | undefined> {
+    const c = this.cache.get(key);
+    if (c && c.k === k && Date.now() - c.at < this.maxAgeMs) return c.digests;
+    const at = Date.now();
+    this.computed++;
+    const digests = await compute();
+    this.cache.set(key, { k, at, digests });
+    return digests;
+  }
+}

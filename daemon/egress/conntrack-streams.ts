@@ -8,7 +8,7 @@
 // periodicResync() (the controller's RESYNC_EVERY_MS timer, name kept) runs the consistency check.
 import { ConntrackEvents, ConntrackHandle, type ApplyResult, type ConntrackEntry, type ConntrackEvent, type ConntrackEventType } from '../conntrack';
 import {
-  applySyncedEvents, Digests, encodedReplyDst, encodeEventPayload, STANDBY_MIN_TIMEOUT, SyncSender, syncedDigests, sweepSyncedEntries, upsertSyncedEntries,
+  applySyncedEvents, Digests, encodedReplyDst, encodeEventPayload, STANDBY_MIN_TIMEOUT, StandbyDigests, SyncSender, syncedDigests, sweepSyncedEntries, upsertSyncedEntries,
   type BucketSet, type KeySet, type SyncPeerInfo,
 } from '../conntrack-sync';
 import { ipToBytes } from '../netlink/ip-bytes';
@@ -30,6 +30,8 @@ interface DigestCache {
 export class ConntrackStreams {
   private readonly namespaces = new Map<string, NsEvents>();
   private readonly digestCache = new Map<AddressState, DigestCache>();
+  /** This node's digests per received stream and set of target pods, until written to (or re-armed). */
+  private readonly standbyDigests = new StandbyDigests();
 
   constructor(private readonly s: EgressContext) {}
 
@@ -165,11 +167,13 @@ export class ConntrackStreams {
   }
 
   async applySynced(events: ConntrackEvent[], from: SyncPeerInfo): Promise<void> {
+    this.forget(from);
     for (const gw of this.targetsFor(from)) this.reportApply(await applySyncedEvents(gw.netns, events, STANDBY_MIN_TIMEOUT), gw, from, 'events');
   }
 
   /** A chunk of a transfer, written as it arrives. */
   async upsertSynced(entries: ConntrackEntry[], from: SyncPeerInfo): Promise<void> {
+    this.forget(from);
     for (const gw of this.targetsFor(from)) this.reportApply(await upsertSyncedEntries(gw.netns, entries, STANDBY_MIN_TIMEOUT), gw, from, 'transfer');
   }
 
@@ -177,6 +181,7 @@ export class ConntrackStreams {
   async sweepSynced(keep: KeySet, buckets: BucketSet, from: SyncPeerInfo): Promise<number> {
     const address = from.stream.split('|')[1];
     let deleted = 0;
+    this.forget(from);
     for (const gw of this.targetsFor(from)) {
       const t0 = Date.now();
       const r = await sweepSyncedEntries(gw.netns, (e) => e.reply.dst === address, keep, buckets);
@@ -195,16 +200,26 @@ export class ConntrackStreams {
    */
   async syncedDigests(k: number, from: SyncPeerInfo): Promise<Digests | undefined> {
     const address = from.stream.split('|')[1];
-    let out: Digests | undefined;
-    for (const gw of this.targetsFor(from)) {
-      const { digests } = await syncedDigests(gw.netns, (e) => e.reply.dst === address, k, STANDBY_MIN_TIMEOUT);
-      if (!out) out = digests;
-      else {
-        // Another standby of the same address: where it differs from the first, make the bucket differ.
-        for (const b of out.diff(digests)) out.count[b] = 0xffffffff;
+    const targets = this.targetsFor(from);
+    // Kept while nothing was written for the stream and its target pods are the same ones.
+    const key = `${from.stream}#${targets.map((g) => g.netns).sort().join(',')}`;
+    return this.standbyDigests.get(key, k, async () => {
+      let out: Digests | undefined;
+      for (const gw of targets) {
+        const { digests } = await syncedDigests(gw.netns, (e) => e.reply.dst === address, k, STANDBY_MIN_TIMEOUT);
+        if (!out) out = digests;
+        else {
+          // Another standby of the same address: where it differs from the first, make the bucket differ.
+          for (const b of out.diff(digests)) out.count[b] = 0xffffffff;
+        }
       }
-    }
-    return out;
+      return out;
+    });
+  }
+
+  /** Something is written for the stream: its cached standby digests no longer hold. */
+  private forget(from: SyncPeerInfo): void {
+    this.standbyDigests.invalidatePrefix(`${from.stream}#`);
   }
 
   /** Entries the kernel refused are logged, not retried: a resync would meet the same refusal. */

@@ -5,7 +5,7 @@
 import { test } from 'uvu';
 import * as assert from 'uvu/assert';
 import { entryKey, type ConntrackEntry } from '../../daemon/conntrack/types';
-import { Digests, KeySet, SyncSender, bucketOf, keyHash, type SyncSenderOptions } from '../../daemon/conntrack-sync';
+import { Digests, KeySet, StandbyDigests, SyncSender, bucketOf, keyHash, type SyncSenderOptions } from '../../daemon/conntrack-sync';
 import { FrameType } from '../../daemon/conntrack-sync/frame';
 import { KEY, captureLogs, restoreLogs, Proxy, Table, entry, ev, sameTable, sleep, startReceiver, waitFor } from './conntrack-sync-fixtures';
 
@@ -50,6 +50,26 @@ test('key set: every added key is found, others are not, across growth', () => {
   const others = [...tableOf(5000, 100_000).values()].map((e) => keyHash(e));
   assert.is(others.filter(([h, l]) => s.has(h, l)).length, 0);
   assert.ok(s.bytes <= 50_001 * 32, `${s.bytes} bytes`);
+});
+
+test('standby digests are kept until the stream writes, or until they are old enough to re-arm copies', async () => {
+  const c = new StandbyDigests(200);
+  let n = 0;
+  const compute = async () => {
+    n++;
+    return new Digests(8);
+  };
+  await c.get('s#a', 8, compute);
+  await c.get('s#a', 8, compute);
+  assert.is(n, 1, 'an idle check computes nothing');
+  c.invalidatePrefix('s#');
+  await c.get('s#a', 8, compute);
+  assert.is(n, 2, 'after a write');
+  await c.get('s#a', 16, compute);
+  assert.is(n, 3, 'another bucket count');
+  await sleep(220);
+  await c.get('s#a', 16, compute);
+  assert.is(n, 4, 'after maxAge');
 });
 
 for (const n of [2000, 50_000]) {
