@@ -75,12 +75,12 @@ export async function upsertSyncedEntries(nsPath: string, entries: readonly Conn
 export async function sweepSyncedEntries(nsPath: string, inScope: (e: ConntrackEntry) => boolean, keep: KeySet, buckets: BucketSet): Promise<ApplyResult> {
   const h = ConntrackHandle.open(nsPath);
   try {
-    const ops: TableOp[] = [];
-    for (const e of h.dump()) {
-      if (!inScope(e) || !inBuckets(buckets, e)) continue;
+    let ops: TableOp[] = [];
+    await h.dumpEach({}, (e) => {
+      if (!inScope(e) || !inBuckets(buckets, e)) return;
       const [hi, lo] = keyHash(e);
       if (!keep.has(hi, lo)) ops.push({ kind: 'delete', entry: e });
-    }
+    }, () => { ops = []; });
     await nextTurn();
     return await applyInSlices(h, ops);
   } finally {
@@ -95,13 +95,16 @@ export async function sweepSyncedEntries(nsPath: string, inScope: (e: ConntrackE
 export async function syncedDigests(nsPath: string, inScope: (e: ConntrackEntry) => boolean, k: number, minTimeout = 0): Promise<{ digests: Digests; refreshed: number }> {
   const h = ConntrackHandle.open(nsPath);
   try {
-    const d = new Digests(k);
-    const ops: TableOp[] = [];
-    for (const e of h.dump()) {
-      if (!inScope(e)) continue;
+    let d = new Digests(k);
+    let ops: TableOp[] = [];
+    await h.dumpEach({}, (e) => {
+      if (!inScope(e)) return;
       d.add(e);
       if (minTimeout && e.timeout !== undefined && e.timeout < minTimeout / 2) ops.push({ kind: 'update', entry: { ...e, timeout: minTimeout }, keepStatus: e.status });
-    }
+    }, () => {
+      d = new Digests(k);
+      ops = [];
+    });
     if (ops.length) await applyInSlices(h, ops);
     return { digests: d, refreshed: ops.length };
   } finally {
@@ -143,5 +146,31 @@ export class StandbyDigests {
     const digests = await compute();
     this.cache.set(key, { k, at, digests });
     return digests;
+  }
+}
+
+/**
+ * The owner's side: its in-scope entries (a transfer's snapshot), read without holding the event loop.
+ */
+export async function dumpScope(nsPath: string, family: 4 | 6, inScope: (e: ConntrackEntry) => boolean): Promise<ConntrackEntry[]> {
+  const h = ConntrackHandle.open(nsPath);
+  try {
+    let out: ConntrackEntry[] = [];
+    await h.dumpEach({ family }, (e) => { if (inScope(e)) out.push(e); }, () => { out = []; });
+    return out;
+  } finally {
+    h.close();
+  }
+}
+
+/** The owner's digests of its in-scope entries: one dump, nothing kept but the K buckets. */
+export async function scopeDigests(nsPath: string, family: 4 | 6, inScope: (e: ConntrackEntry) => boolean, k: number): Promise<Digests> {
+  const h = ConntrackHandle.open(nsPath);
+  try {
+    let d = new Digests(k);
+    await h.dumpEach({ family }, (e) => { if (inScope(e)) d.add(e); }, () => { d = new Digests(k); });
+    return d;
+  } finally {
+    h.close();
   }
 }

@@ -6,9 +6,9 @@
 // table are computed once for all its peers and kept until an event of that address arrives (an owner
 // whose table did not change dumps nothing for a check). Nothing is re-sent periodically in full:
 // periodicResync() (the controller's RESYNC_EVERY_MS timer, name kept) runs the consistency check.
-import { ConntrackEvents, ConntrackHandle, type ApplyResult, type ConntrackEntry, type ConntrackEvent, type ConntrackEventType } from '../conntrack';
+import { ConntrackEvents, type ApplyResult, type ConntrackEntry, type ConntrackEvent, type ConntrackEventType } from '../conntrack';
 import {
-  applySyncedEvents, Digests, encodedReplyDst, encodeEventPayload, STANDBY_MIN_TIMEOUT, StandbyDigests, SyncSender, syncedDigests, sweepSyncedEntries, upsertSyncedEntries,
+  applySyncedEvents, Digests, dumpScope, scopeDigests, encodedReplyDst, encodeEventPayload, STANDBY_MIN_TIMEOUT, StandbyDigests, SyncSender, syncedDigests, sweepSyncedEntries, upsertSyncedEntries,
   type BucketSet, type KeySet, type SyncPeerInfo,
 } from '../conntrack-sync';
 import { ipToBytes } from '../netlink/ip-bytes';
@@ -100,8 +100,13 @@ export class ConntrackStreams {
   private ownerDigests(st: AddressState, netns: string, k: number): Digests | Promise<Digests> {
     const c = this.digestCache.get(st);
     if (c && c.k === k) return c.digests;
-    const digests = Digests.of(ConntrackHandle.with(netns, (h) => h.dump({ family: st.address.includes(":") ? 6 : 4 })).filter((e) => e.reply.dst === st.address), k);
-    this.digestCache.set(st, { k, digests });
+    const digests = scopeDigests(netns, st.address.includes(':') ? 6 : 4, (e) => e.reply.dst === st.address, k);
+    const entry = { k, digests };
+    this.digestCache.set(st, entry);
+    // A failed dump is not kept; an event meanwhile has already dropped this entry.
+    digests.catch(() => {
+      if (this.digestCache.get(st) === entry) this.digestCache.delete(st);
+    });
     return digests;
   }
 
@@ -109,7 +114,8 @@ export class ConntrackStreams {
   ensureSenders(st: AddressState): void {
     if (!st.holder || !st.events) return;
     const gw = st.holder;
-    const snapshot = () => ConntrackHandle.with(gw.netns, (h) => h.dump({ family: st.address.includes(":") ? 6 : 4 })).filter((e) => e.reply.dst === st.address);
+    // Read in slices: a large table does not hold the loop (and the sync heartbeats) for seconds.
+    const snapshot = () => dumpScope(gw.netns, st.address.includes(':') ? 6 : 4, (e) => e.reply.dst === st.address);
     const digests = (k: number) => this.ownerDigests(st, gw.netns, k);
     const want = new Set(st.candidates.filter((c) => c.node !== this.s.o.node.name).map((c) => c.nodeAddress));
     for (const peer of want) {
