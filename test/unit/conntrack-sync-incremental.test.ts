@@ -7,7 +7,7 @@ import * as assert from 'uvu/assert';
 import { entryKey, type ConntrackEntry } from '../../daemon/conntrack/types';
 import { Digests, KeySet, StandbyDigests, SyncSender, bucketOf, keyHash, type SyncSenderOptions } from '../../daemon/conntrack-sync';
 import { FrameType } from '../../daemon/conntrack-sync/frame';
-import { KEY, captureLogs, restoreLogs, Proxy, Table, entry, ev, sameTable, sleep, startReceiver, waitFor } from './conntrack-sync-fixtures';
+import { KEY, captureLogs, logLines, restoreLogs, Proxy, Table, entry, ev, sameTable, sleep, startReceiver, waitFor } from './conntrack-sync-fixtures';
 
 function sender(port: number, truth: Map<string, ConntrackEntry>, opts: Partial<SyncSenderOptions> = {}): SyncSender {
   return new SyncSender({ key: KEY, id: 'node-a', host: '127.0.0.1', port, stream: '203.0.113.10', epoch: 1, snapshot: () => [...truth.values()], backoffMinMs: 20, backoffMaxMs: 100, ...opts });
@@ -228,7 +228,7 @@ test('a transfer cut off halfway deletes nothing at the receiver; the next one c
   }
 });
 
-test('a garbled DIGEST or BUCKET_REQUEST is refused with a reason, counted, and the stream recovers', async () => {
+test('a garbled BUCKET_REQUEST or DIGEST is refused with a reason, counted, and the stream recovers with nothing lost', async () => {
   const truth = tableOf(500);
   const { rx, table, port } = await startReceiver();
   const tx = sender(port, truth, { buckets: 16 });
@@ -245,6 +245,17 @@ test('a garbled DIGEST or BUCKET_REQUEST is refused with a reason, counted, and 
     });
     await waitFor(() => tx.stats().rejected.malformed === 1, 'refused');
     await waitFor(() => tx.stats().connects === 2 && tx.stats().state === 'streaming', 'reconnected');
+    assert.is(sameTable(truth, table.map), undefined, 'nothing lost');
+    // A DIGEST whose length does not match its bucket count: the receiver refuses it, counted, by reason.
+    const ch = (tx as unknown as { ch: { send: (t: number, n: number, f: (b: Buffer, o: number) => number) => number } }).ch;
+    ch.send(FrameType.DIGEST, 8, (b, o) => {
+      b.writeUInt32BE(4, o);
+      b.writeUInt32BE(0, o + 4);
+      return o + 8;
+    });
+    await waitFor(() => rx.stats().rejected.malformed === 1, 'the receiver refused it');
+    assert.ok(logLines.some((l) => l.role === 'receiver' && l.reason === 'malformed' && /digest of 4 buckets in 8 bytes/.test(JSON.stringify(l))), 'a clear reason is logged');
+    await waitFor(() => tx.stats().connects === 3 && table.replaceCalls.length === 3, 'reconnected with a full transfer');
     assert.is(sameTable(truth, table.map), undefined, 'nothing lost');
   } finally {
     await tx.close();
