@@ -24,8 +24,12 @@ interface NsEvents {
 /** The owner's digests of one address, valid until the next event of that address. */
 interface DigestCache {
   k: number;
+  at: number;
   digests: Digests | Promise<Digests>;
 }
+
+/** Owner digests are computed again at least this often even without events (insurance, not needed). */
+const OWNER_DIGEST_MAX_AGE_MS = 300_000;
 
 export class ConntrackStreams {
   private readonly namespaces = new Map<string, NsEvents>();
@@ -99,9 +103,9 @@ export class ConntrackStreams {
   /** The owner's digests of one address's flows, shared by its senders (one dump per change, not per peer). */
   private ownerDigests(st: AddressState, netns: string, k: number): Digests | Promise<Digests> {
     const c = this.digestCache.get(st);
-    if (c && c.k === k) return c.digests;
+    if (c && c.k === k && Date.now() - c.at < OWNER_DIGEST_MAX_AGE_MS) return c.digests;
     const digests = scopeDigests(netns, st.address.includes(':') ? 6 : 4, (e) => e.reply.dst === st.address, k);
-    const entry = { k, digests };
+    const entry = { k, at: Date.now(), digests };
     this.digestCache.set(st, entry);
     // A failed dump is not kept; an event meanwhile has already dropped this entry.
     digests.catch(() => {
