@@ -136,6 +136,8 @@ export class SyncSender {
   /** Buckets a receiver asked for while a transfer was under way: sent after it. */
   private bucketsPending: Set<number> | undefined;
   private checking = false;
+  /** Sequence number of the last DIGEST sent: no other goes out before the receiver acked (compared) it. */
+  private checkSeq = -1;
   private pumpScheduled = false;
   private reconnectTimer: NodeJS.Timeout | undefined;
   private backoff: number;
@@ -213,6 +215,8 @@ export class SyncSender {
    */
   checkConsistency(): void {
     if (this.state !== 'streaming' || this.resync || this.resyncPending || this.checking || !this.ch) return;
+    // A standby still comparing the last one (a large table) is not sent another.
+    if (this.checkSeq > this.s.ackedSeq) return;
     const gen = this.generation;
     const k = this.o.buckets;
     let d: Digests | Promise<Digests>;
@@ -228,6 +232,7 @@ export class SyncSender {
       this.checking = false;
       if (gen !== this.generation || this.state !== 'streaming' || !this.ch) return;
       if (dg.k !== k) throw new RangeError(`digests of ${dg.k} buckets, ${k} wanted`);
+      this.checkSeq = this.ch.writer.seq;
       const bytes = this.sendFrame(FrameType.DIGEST, dg.wireBytes, (b, o) => dg.write(b, o), 0, Date.now());
       this.s.checks++;
       this.s.checkBytes += bytes;
@@ -388,6 +393,7 @@ export class SyncSender {
     this.resyncPending = false;
     this.bucketsPending = undefined;
     this.checking = false;
+    this.checkSeq = -1;
     this.s.ackedSeq = -1;
     if (wasUp) {
       this.s.disconnects++;

@@ -125,7 +125,8 @@ test('a standby that lost and gained entries behind the stream gets just those b
     const resent = tx.stats().entriesSent - sentBefore;
     assert.ok(resent < 200, `${resent} entries re-sent for ${buckets.size} buckets of ~20 entries`);
     assert.is(rx.stats().bucketsRequested, buckets.size);
-    // Nothing left to fix: the next check asks for nothing.
+    // Nothing left to fix: the next check asks for nothing (sent once the last one is acked).
+    await waitFor(() => tx.stats().ackedSeq === tx.stats().lastSeq, 'all acked');
     tx.checkConsistency();
     await waitFor(() => rx.stats().checks === 2, 'second check');
     await sleep(50);
