@@ -200,3 +200,14 @@ function encode(type: ConntrackEventType, payload: Buffer, replyDst?: Buffer): E
   slabOff = (o + 7) & ~7;
   return { type, key: buf.toString('latin1', keyStart, keyEnd), bytes: buf.subarray(start, o) };
 }
+
+/**
+ * The reply tuple's destination address of an encoded event, as a latin1 string of its 4 or 16 bytes
+ * (compare with `ipToBytes(address).toString('latin1')`): how one event socket per namespace is shared
+ * among the floating addresses of that namespace.
+ */
+export function encodedReplyDst(ev: EncodedEvent): string {
+  const at = 1 + 4 + ev.key.length;
+  const len = ev.bytes[at] & T_V6 ? 16 : 4;
+  return ev.bytes.toString('latin1', at + 2 + len, at + 2 + 2 * len);
+}

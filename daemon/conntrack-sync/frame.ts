@@ -5,7 +5,7 @@ import { createHmac, timingSafeEqual } from 'node:crypto';
 /**
  * Frame layout, big-endian:
  *   0  u32  length of what follows (rest of header + payload + MAC)
- *   4  u8   protocol version (1)
+ *   4  u8   protocol version (2: RESYNC_BEGIN names its buckets, DIGEST and BUCKET_REQUEST exist)
  *   5  u8   frame type (FrameType)
  *   6  u8   flags (0; reserved)
  *   7  u8   sender id length n (1..64)
@@ -15,10 +15,13 @@ import { createHmac, timingSafeEqual } from 'node:crypto';
  *  24+n     payload
  *  end-16   MAC: HMAC-SHA256(key, bytes 0 .. end-16) truncated to 128 bits
  */
-export const PROTOCOL_VERSION = 1;
+export const PROTOCOL_VERSION = 2;
 export const FrameType = {
   HELLO: 1,
   EVENTS: 2,
+  /** Sender → receiver: a transfer starts. u32 entries, then its bucket set (digest.ts; no buckets = the
+   *  whole table). Its CHUNKs are applied as they arrive; at END the receiver deletes what the transfer's
+   *  buckets hold and the transfer did not carry (mark and sweep). */
   RESYNC_BEGIN: 3,
   RESYNC_CHUNK: 4,
   RESYNC_END: 5,
@@ -26,6 +29,10 @@ export const FrameType = {
   HEARTBEAT: 7,
   /** Receiver → sender, empty: send the whole table again (a new standby on the receiving node needs it). */
   RESYNC_REQUEST: 8,
+  /** Sender → receiver: the owner's per-bucket digests (digest.ts), the periodic consistency check. */
+  DIGEST: 9,
+  /** Receiver → sender: u32 k, u32 n, n bucket numbers whose digest differs here: send those buckets. */
+  BUCKET_REQUEST: 10,
 } as const;
 export type FrameType = (typeof FrameType)[keyof typeof FrameType];
 

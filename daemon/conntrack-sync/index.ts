@@ -6,9 +6,19 @@
 // a slow or dead candidate never holds back the others; the owner fans its events out with push() to
 // each. The receiver is one listening socket per node serving every stream and owner.
 // Protocol, framing and security: see frame.ts (wire layout) and handshake.ts (HELLO exchange).
+//
+// Incremental at any table size: a full transfer of a stream's table only when its connection starts,
+// when the receiver asks (RESYNC_REQUEST: a new standby on that node) or when the sender's queue
+// overflowed. Otherwise only events flow, plus a periodic consistency check whose cost does not grow with
+// the table when nothing changed: the sender sends K bucket digests (digest.ts: the table split by a hash
+// of the original tuple, per bucket the count and XOR of 64-bit hashes of what matters), the receiver
+// compares them with its own table's and asks for the buckets that differ, and only those are sent again.
+// Every transfer is applied while it streams and swept (what its buckets hold and it did not carry is
+// deleted) only at its end, so a transfer cut off halfway deletes nothing (receiver.ts).
 export { SyncSender, type SyncSenderOptions, type SyncSenderStats, type SyncSenderState } from './sender';
 export { SyncReceiver, type SyncReceiverOptions, type SyncReceiverStats, type SyncPeerInfo, type SyncPeerStats } from './receiver';
 export { FrameType, PROTOCOL_VERSION, DEFAULT_MAX_FRAME, type RejectReason } from './frame';
 export { MIN_KEY_LEN } from './handshake';
-export { applySyncedEvents, replaceSyncedEntries, applyInSlices } from './table-apply';
-export { encodeEventPayload, type EncodedEvent } from './event-transcode';
+export { applySyncedEvents, replaceSyncedEntries, applyInSlices, upsertSyncedEntries, sweepSyncedEntries, syncedDigests, STANDBY_MIN_TIMEOUT, STANDBY_REDIGEST_MS, StandbyDigests, dumpScope, scopeDigests } from './table-apply';
+export { Digests, KeySet, keyHash, bucketOf, entryHash, inBuckets, DEFAULT_BUCKETS, MAX_BUCKETS, type BucketSet } from './digest';
+export { encodeEventPayload, encodedReplyDst, type EncodedEvent } from './event-transcode';

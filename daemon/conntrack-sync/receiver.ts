@@ -1,14 +1,22 @@
 // SyncReceiver: on each candidate gateway node, accepts authenticated SyncSenders and hands their
-// events and full resyncs to the caller (which writes the kernel table), acking what was applied.
+// events and transfers to the caller (which writes the kernel table), acking what was applied.
+//
+// A transfer (full, or the buckets a consistency check found different) is applied while it streams:
+// each RESYNC_CHUNK is upserted as it arrives (memory bounded by maxPendingFrames, TCP pushes back), and
+// only the key hashes it carried are kept (KeySet, 8 bytes an entry). At RESYNC_END the caller sweeps: in
+// the transfer's buckets, what the table holds and the transfer did not carry is deleted. A transfer cut
+// off before its END sweeps nothing, so it never deletes a live entry. A DIGEST frame is compared with the
+// caller's digests of its own table, and the differing buckets are asked for (BUCKET_REQUEST).
 import * as net from 'node:net';
 import type { ConntrackEntry, ConntrackEvent } from '../conntrack/types';
 import { log } from '../log';
 import { SyncChannel, type ChannelTiming } from './channel';
+import { Digests, KeySet, bucketSetBytes, keyHash, readBucketSet, writeBucketSet, type BucketSet } from './digest';
 import { Cursor, readEntry, readEvent, readList } from './entry-codec';
 import { DEFAULT_MAX_FRAME, FrameRejected, FrameType, emptyRejects, senderBytes, writeU64, type Frame, type RejectReason } from './frame';
 import { checkClusterKey, deriveSession, handshakeKey, newNonce, proofsEqual, readHello, readProof, writeAccept, writeChallenge, type SessionKeys } from './handshake';
 
-/** Who a batch came from. replaceAll replaces the entries of this (id, stream) only. */
+/** Who a batch came from. A sweep deletes entries of this (id, stream) only. */
 export interface SyncPeerInfo {
   id: string;
   stream: string;
@@ -26,8 +34,15 @@ export interface SyncReceiverOptions {
   port?: number;
   /** Applies events in order (upsert for new/update, delete-if-present for destroy). Throwing drops the connection, which makes the sender resync. */
   apply: (events: ConntrackEvent[], from: SyncPeerInfo) => void | Promise<void>;
-  /** Replaces everything previously received from `from` with `entries`, the sender's complete table. */
-  replaceAll: (entries: ConntrackEntry[], from: SyncPeerInfo) => void | Promise<void>;
+  /** A chunk of a transfer: create or update each entry (applied as it arrives). */
+  upsert: (entries: ConntrackEntry[], from: SyncPeerInfo) => void | Promise<void>;
+  /**
+   * The end of a transfer: delete the stream's entries in `buckets` whose key hash (digest.ts keyHash) is
+   * not in `keep`. Returns how many were deleted (for stats) or nothing.
+   */
+  sweep: (keep: KeySet, buckets: BucketSet, from: SyncPeerInfo) => void | number | Promise<void | number>;
+  /** Digests of the stream's entries as held here, or undefined when there is nowhere to hold them. */
+  digests: (k: number, from: SyncPeerInfo) => Digests | undefined | Promise<Digests | undefined>;
   maxFrameBytes?: number;
   /** ACK after this many applied frames, or ackDelayMs after the first unacked one. */
   ackEvery?: number;
@@ -35,7 +50,7 @@ export interface SyncReceiverOptions {
   heartbeatMs?: number;
   deadAfterMs?: number;
   handshakeTimeoutMs?: number;
-  /** A resync announcing more entries is refused (counted as oversize). */
+  /** A transfer announcing more entries is refused (counted as oversize). */
   maxResyncEntries?: number;
   maxConnections?: number;
   /** Decoded frames waiting for apply before the socket is paused (TCP then slows the sender). */
@@ -49,6 +64,7 @@ export interface SyncPeerStats extends SyncPeerInfo {
   framesApplied: number;
   entriesApplied: number;
   resyncs: number;
+  bucketResyncs: number;
   /** Frames received but not yet applied. */
   pendingFrames: number;
 }
@@ -61,9 +77,19 @@ export interface SyncReceiverStats {
   connectionsRefused: number;
   framesApplied: number;
   entriesApplied: number;
+  /** Full transfers completed (swept), with the entries and time of the last one. */
   resyncs: number;
   lastResyncEntries: number;
   lastResyncMs: number;
+  /** Partial transfers completed. */
+  bucketResyncs: number;
+  /** Entries deleted by sweeps (held here, not in the sender's transfer). */
+  swept: number;
+  /** Consistency checks received, and the buckets found different and asked for again. */
+  checks: number;
+  bucketsRequested: number;
+  /** Largest key set a transfer held (bytes): the receiver's per-transfer memory besides pending frames. */
+  maxKeySetBytes: number;
   /** From receipt of the oldest frame in an ACK to sending that ACK; last and worst. */
   ackLagMs: number;
   maxAckLagMs: number;
@@ -72,8 +98,18 @@ export interface SyncReceiverStats {
 
 type Work =
   | { kind: 'apply'; seq: number; rxAt: number; events: ConntrackEvent[] }
-  | { kind: 'replace'; seq: number; rxAt: number; entries: ConntrackEntry[]; began: number }
+  | { kind: 'upsert'; seq: number; rxAt: number; entries: ConntrackEntry[] }
+  | { kind: 'sweep'; seq: number; rxAt: number; t: Transfer }
+  | { kind: 'check'; seq: number; rxAt: number; digests: Digests }
   | { kind: 'none'; seq: number; rxAt: number };
+
+interface Transfer {
+  total: number;
+  got: number;
+  keys: KeySet;
+  set: BucketSet;
+  began: number;
+}
 
 interface Conn {
   ch: SyncChannel;
@@ -83,7 +119,7 @@ interface Conn {
   pending: { keys: SessionKeys; id: string; stream: string; epoch: number } | undefined;
   info: SyncPeerInfo | undefined;
   stats: SyncPeerStats | undefined;
-  resync: { total: number; entries: ConntrackEntry[]; began: number } | undefined;
+  resync: Transfer | undefined;
   work: Work[];
   running: boolean;
   sinceAck: number;
@@ -92,7 +128,7 @@ interface Conn {
 }
 
 export class SyncReceiver {
-  private readonly o: Required<Omit<SyncReceiverOptions, 'apply' | 'replaceAll'>>;
+  private readonly o: Required<Omit<SyncReceiverOptions, 'apply' | 'upsert' | 'sweep' | 'digests'>>;
   private readonly hsKey: Buffer;
   private readonly idBytes: Buffer;
   private readonly timing: ChannelTiming;
@@ -102,7 +138,7 @@ export class SyncReceiver {
   private readonly epochs = new Map<string, number>();
   private s = {
     connectionsAccepted: 0, connectionsRefused: 0, framesApplied: 0, entriesApplied: 0, resyncs: 0, lastResyncEntries: 0,
-    lastResyncMs: 0, ackLagMs: 0, maxAckLagMs: 0, rejected: emptyRejects(),
+    lastResyncMs: 0, bucketResyncs: 0, swept: 0, checks: 0, bucketsRequested: 0, maxKeySetBytes: 0, ackLagMs: 0, maxAckLagMs: 0, rejected: emptyRejects(),
   };
 
   constructor(private readonly opts: SyncReceiverOptions) {
@@ -155,7 +191,7 @@ export class SyncReceiver {
     return n;
   }
 
-  /** Stops listening and drops every connection. Whatever resync was half received is discarded. */
+  /** Stops listening and drops every connection. A half-received transfer is not swept. */
   async close(): Promise<void> {
     const closed = new Promise<void>((resolve) => this.server.close(() => resolve()));
     const done = [...this.conns].map((c) => {
@@ -197,26 +233,37 @@ export class SyncReceiver {
         return this.enqueue(c, { kind: 'apply', seq: f.seq, rxAt: now, events: readList(f.payload, 0xffffffff, readEvent) });
       case FrameType.RESYNC_BEGIN: {
         if (c.resync) throw new FrameRejected('malformed', 'RESYNC_BEGIN inside a resync');
-        const total = u32Payload(f);
+        const cur = new Cursor(f.payload);
+        const total = cur.u32();
+        const set = readBucketSet(cur);
+        cur.done();
         if (total > this.o.maxResyncEntries) throw new FrameRejected('oversize', `resync of ${total} entries over the limit of ${this.o.maxResyncEntries}`);
-        c.resync = { total, entries: [], began: now };
+        c.resync = { total, got: 0, keys: new KeySet(Math.min(total, 1 << 16)), set, began: now };
         return this.enqueue(c, { kind: 'none', seq: f.seq, rxAt: now });
       }
       case FrameType.RESYNC_CHUNK: {
         const r = c.resync;
         if (!r) throw new FrameRejected('malformed', 'RESYNC_CHUNK outside a resync');
-        const got = readList(f.payload, r.total - r.entries.length, readEntry);
-        for (const e of got) r.entries.push(e);
-        return this.enqueue(c, { kind: 'none', seq: f.seq, rxAt: now });
+        const got = readList(f.payload, r.total - r.got, readEntry);
+        r.got += got.length;
+        for (const e of got) {
+          const [hi, lo] = keyHash(e);
+          r.keys.add(hi, lo);
+        }
+        return this.enqueue(c, { kind: 'upsert', seq: f.seq, rxAt: now, entries: got });
       }
       case FrameType.RESYNC_END: {
         const r = c.resync;
         if (!r) throw new FrameRejected('malformed', 'RESYNC_END outside a resync');
         const total = u32Payload(f);
-        if (total !== r.total || r.entries.length !== r.total) throw new FrameRejected('malformed', `resync ended with ${r.entries.length} of ${r.total} entries (END says ${total})`);
+        if (total !== r.total || r.got !== r.total) throw new FrameRejected('malformed', `resync ended with ${r.got} of ${r.total} entries (END says ${total})`);
         c.resync = undefined;
-        return this.enqueue(c, { kind: 'replace', seq: f.seq, rxAt: now, entries: r.entries, began: r.began });
+        if (r.keys.bytes > this.s.maxKeySetBytes) this.s.maxKeySetBytes = r.keys.bytes;
+        return this.enqueue(c, { kind: 'sweep', seq: f.seq, rxAt: now, t: r });
       }
+      case FrameType.DIGEST:
+        if (c.resync) throw new FrameRejected('malformed', 'DIGEST inside a resync');
+        return this.enqueue(c, { kind: 'check', seq: f.seq, rxAt: now, digests: Digests.read(f.payload) });
       case FrameType.HEARTBEAT:
         return this.enqueue(c, { kind: 'none', seq: f.seq, rxAt: now });
       default:
@@ -248,7 +295,7 @@ export class SyncReceiver {
     c.ch.establish(keys.toSender, keys.toReceiver, keys.session, f.sender);
     c.pending = undefined;
     c.info = { id, stream, epoch, remote: c.remote };
-    c.stats = { ...c.info, connectedAt: Date.now(), appliedSeq: f.seq, ackedSeq: -1, framesApplied: 0, entriesApplied: 0, resyncs: 0, pendingFrames: 0 };
+    c.stats = { ...c.info, connectedAt: Date.now(), appliedSeq: f.seq, ackedSeq: -1, framesApplied: 0, entriesApplied: 0, resyncs: 0, bucketResyncs: 0, pendingFrames: 0 };
     log().info('conntrack sync connected', { role: 'receiver', peerId: id, remote: c.remote, stream, epoch, peers: this.stats().connectedPeers });
   }
 
@@ -293,7 +340,33 @@ export class SyncReceiver {
 
   private exec(c: Conn, w: Work): void | Promise<void> {
     if (w.kind === 'apply') return this.opts.apply(w.events, c.info!);
-    if (w.kind === 'replace') return this.opts.replaceAll(w.entries, c.info!);
+    if (w.kind === 'upsert') return this.opts.upsert(w.entries, c.info!);
+    if (w.kind === 'sweep') {
+      const r = this.opts.sweep(w.t.keys, w.t.set, c.info!);
+      const count = (n: void | number) => {
+        if (typeof n === 'number') this.s.swept += n;
+      };
+      if (r && typeof (r as Promise<void | number>).then === 'function') return (r as Promise<void | number>).then(count);
+      count(r as void | number);
+      return;
+    }
+    if (w.kind === 'check') {
+      const mine = this.opts.digests(w.digests.k, c.info!);
+      if (mine && typeof (mine as Promise<Digests | undefined>).then === 'function') return (mine as Promise<Digests | undefined>).then((d) => this.compare(c, w.digests, d));
+      this.compare(c, w.digests, mine as Digests | undefined);
+    }
+  }
+
+  /** Asks for the buckets whose digest differs here (none asked when equal, or nothing is held here). */
+  private compare(c: Conn, theirs: Digests, mine: Digests | undefined): void {
+    this.s.checks++;
+    if (!mine || c.ch.closed) return;
+    const list = theirs.diff(mine);
+    if (!list.length) return;
+    this.s.bucketsRequested += list.length;
+    const set: BucketSet = { k: theirs.k, list };
+    log().info('conntrack sync: buckets differ from the owner\'s, asking for them', { role: 'receiver', peerId: c.info!.id, stream: c.info!.stream, buckets: list.length, of: theirs.k });
+    c.ch.send(FrameType.BUCKET_REQUEST, bucketSetBytes(set), (b, o) => writeBucketSet(b, o, set));
   }
 
   private applied(c: Conn, w: Work): void {
@@ -302,15 +375,19 @@ export class SyncReceiver {
     st.appliedSeq = w.seq;
     st.framesApplied++;
     this.s.framesApplied++;
-    const n = w.kind === 'apply' ? w.events.length : w.kind === 'replace' ? w.entries.length : 0;
+    const n = w.kind === 'apply' ? w.events.length : w.kind === 'upsert' ? w.entries.length : 0;
     st.entriesApplied += n;
     this.s.entriesApplied += n;
-    if (w.kind === 'replace') {
+    if (w.kind === 'sweep' && w.t.set.list) {
+      st.bucketResyncs++;
+      this.s.bucketResyncs++;
+      log().info('conntrack sync buckets applied', { role: 'receiver', peerId: c.info!.id, stream: c.info!.stream, buckets: w.t.set.list.length, entries: w.t.total, ms: Date.now() - w.t.began });
+    } else if (w.kind === 'sweep') {
       st.resyncs++;
       this.s.resyncs++;
-      this.s.lastResyncEntries = n;
-      this.s.lastResyncMs = Date.now() - w.began;
-      log().info('conntrack sync resync applied', { role: 'receiver', peerId: c.info!.id, stream: c.info!.stream, entries: n, ms: this.s.lastResyncMs, resyncs: st.resyncs });
+      this.s.lastResyncEntries = w.t.total;
+      this.s.lastResyncMs = Date.now() - w.t.began;
+      log().info('conntrack sync resync applied', { role: 'receiver', peerId: c.info!.id, stream: c.info!.stream, entries: w.t.total, ms: this.s.lastResyncMs, resyncs: st.resyncs });
     }
     if (c.sinceAck++ === 0) c.oldestUnacked = w.rxAt;
     if (c.sinceAck >= this.o.ackEvery) this.ack(c);

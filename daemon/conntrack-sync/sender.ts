@@ -1,11 +1,15 @@
 // SyncSender: on the owner of a floating address, streams its gateway's conntrack events to one
-// candidate's SyncReceiver; full resync on every (re)connect and whenever the peer fell too far behind.
+// candidate's SyncReceiver. A full transfer of the table only when a connection starts, the receiver asks
+// (RESYNC_REQUEST) or the peer fell too far behind; otherwise checkConsistency() (periodic, the caller's
+// timer) sends per-bucket digests (digest.ts), and the receiver asks back for just the buckets that differ.
 import * as net from 'node:net';
 import type { ConntrackEntry } from '../conntrack/types';
 import { log } from '../log';
 import { SyncChannel, type ChannelTiming } from './channel';
 import { CoalescingQueue } from './coalescing-queue';
 import { CodecError, MAX_EVENT_BYTES, writeEntry, writeList, writeSyncEvent, type SyncEvent } from './entry-codec';
+import { DEFAULT_BUCKETS, Digests, bucketSetBytes, checkBuckets, inBuckets, readBucketSet, writeBucketSet, type BucketSet } from './digest';
+import { Cursor } from './entry-codec';
 import { DEFAULT_MAX_FRAME, FrameRejected, FrameType, emptyRejects, readU64, senderBytes, type Frame, type RejectReason } from './frame';
 import { checkClusterKey, deriveSession, handshakeKey, newNonce, proofsEqual, readAccept, readChallenge, writeHello, writeProof, type SessionKeys } from './handshake';
 
@@ -24,6 +28,11 @@ export interface SyncSenderOptions {
   /** The full current table, taken when a resync starts (may be a kernel dump). The array is sent in
    *  chunks afterwards, so it must be a fresh one that the caller no longer changes. */
   snapshot: () => ConntrackEntry[] | Promise<ConntrackEntry[]>;
+  /** Buckets of the consistency check (digest.ts); both ends use the sender's. */
+  buckets?: number;
+  /** The current table's digests for checkConsistency(); computed from snapshot() when not given. A
+   *  caller with several senders per table shares one (cached while no event changed the table). */
+  digests?: (k: number) => Digests | Promise<Digests>;
   /** Refuse a receiver that authenticates under another id. */
   expectReceiverId?: string;
   maxFrameBytes?: number;
@@ -70,7 +79,14 @@ export interface SyncSenderStats {
   /** From the first queued event of the last acked frame to its ack; and the worst seen. */
   lagMs: number;
   maxLagMs: number;
+  /** Full transfers sent. */
   resyncs: number;
+  /** Partial transfers (buckets a consistency check found different) and the buckets they carried. */
+  bucketResyncs: number;
+  bucketsResent: number;
+  /** Consistency checks (DIGEST frames) sent, and their bytes. */
+  checks: number;
+  checkBytes: number;
   /** Resyncs the receiver asked for (RESYNC_REQUEST). */
   resyncsRequested: number;
   lastResyncEntries: number;
@@ -92,6 +108,7 @@ interface Inflight {
 }
 
 interface Resync {
+  set: BucketSet;
   entries: ConntrackEntry[];
   next: number;
   started: number;
@@ -100,7 +117,7 @@ interface Resync {
 const ackPayload = 8;
 
 export class SyncSender {
-  private readonly o: Required<Omit<SyncSenderOptions, 'expectReceiverId' | 'stream' | 'epoch'>> & Pick<SyncSenderOptions, 'expectReceiverId'> & { stream: string; epoch: number };
+  private readonly o: Required<Omit<SyncSenderOptions, 'expectReceiverId' | 'stream' | 'epoch' | 'digests'>> & Pick<SyncSenderOptions, 'expectReceiverId' | 'digests'> & { stream: string; epoch: number };
   private readonly idBytes: Buffer;
   private readonly hsKey: Buffer;
   private readonly timing: ChannelTiming;
@@ -116,6 +133,11 @@ export class SyncSender {
   private inflightEntries = 0;
   private resync: Resync | undefined;
   private resyncPending = false;
+  /** Buckets a receiver asked for while a transfer was under way: sent after it. */
+  private bucketsPending: Set<number> | undefined;
+  private checking = false;
+  /** Sequence number of the last DIGEST sent: no other goes out before the receiver acked (compared) it. */
+  private checkSeq = -1;
   private pumpScheduled = false;
   private reconnectTimer: NodeJS.Timeout | undefined;
   private backoff: number;
@@ -124,7 +146,7 @@ export class SyncSender {
   private receiverId: string | undefined;
   private s = {
     connects: 0, disconnects: 0, handshakeFailures: 0, framesSent: 0, entriesSent: 0, bytesSent: 0, ackedSeq: -1,
-    lagMs: 0, maxLagMs: 0, resyncs: 0, resyncsRequested: 0, lastResyncEntries: 0, lastResyncMs: 0, overflows: 0, dropped: 0, invalidEntries: 0,
+    lagMs: 0, maxLagMs: 0, resyncs: 0, resyncsRequested: 0, lastResyncEntries: 0, lastResyncMs: 0, bucketResyncs: 0, bucketsResent: 0, checks: 0, checkBytes: 0, overflows: 0, dropped: 0, invalidEntries: 0,
     rejected: emptyRejects(),
   };
 
@@ -134,11 +156,12 @@ export class SyncSender {
     this.hsKey = handshakeKey(opts.key);
     this.o = {
       maxFrameBytes: DEFAULT_MAX_FRAME, batchEntries: 1000, chunkEntries: 4000, maxInflightFrames: 128, maxInflightBytes: 8 << 20,
-      maxQueuedEntries: 200_000, heartbeatMs: 250, deadAfterMs: 1000, handshakeTimeoutMs: 2000, backoffMinMs: 50, backoffMaxMs: 2000,
+      maxQueuedEntries: 200_000, buckets: DEFAULT_BUCKETS, heartbeatMs: 250, deadAfterMs: 1000, handshakeTimeoutMs: 2000, backoffMinMs: 50, backoffMaxMs: 2000,
       ...opts,
       stream: opts.stream ?? '',
       epoch: opts.epoch ?? 0,
     };
+    checkBuckets(this.o.buckets);
     this.timing = { heartbeatMs: this.o.heartbeatMs, deadAfterMs: this.o.deadAfterMs, handshakeTimeoutMs: this.o.handshakeTimeoutMs };
     this.backoff = this.o.backoffMinMs;
   }
@@ -183,6 +206,42 @@ export class SyncSender {
     this.resyncPending = true;
     this.queue.clear();
     this.schedulePump();
+  }
+
+  /**
+   * The periodic consistency check: sends the table's bucket digests (O(buckets) bytes, whatever the
+   * table's size); the receiver answers with the buckets it holds differently, which are then sent again.
+   * Skipped while a transfer is under way or owed (that one brings the peer up to date anyway).
+   */
+  checkConsistency(): void {
+    if (this.state !== 'streaming' || this.resync || this.resyncPending || this.checking || !this.ch) return;
+    // A standby still comparing the last one (a large table) is not sent another.
+    if (this.checkSeq > this.s.ackedSeq) return;
+    const gen = this.generation;
+    const k = this.o.buckets;
+    let d: Digests | Promise<Digests>;
+    this.checking = true;
+    try {
+      d = this.o.digests ? this.o.digests(k) : Promise.resolve(this.o.snapshot()).then((entries) => Digests.of(entries, k));
+    } catch (e) {
+      this.checking = false;
+      log().error('conntrack sync: digests failed', { peer: this.peer, stream: this.o.stream, error: (e as Error).message ?? String(e) });
+      return;
+    }
+    const go = (dg: Digests) => {
+      this.checking = false;
+      if (gen !== this.generation || this.state !== 'streaming' || !this.ch) return;
+      if (dg.k !== k) throw new RangeError(`digests of ${dg.k} buckets, ${k} wanted`);
+      this.checkSeq = this.ch.writer.seq;
+      const bytes = this.sendFrame(FrameType.DIGEST, dg.wireBytes, (b, o) => dg.write(b, o), 0, Date.now());
+      this.s.checks++;
+      this.s.checkBytes += bytes;
+    };
+    if (d instanceof Digests) go(d);
+    else d.then(go, (e) => {
+      this.checking = false;
+      log().error('conntrack sync: digests failed', { peer: this.peer, stream: this.o.stream, error: (e as Error).message ?? String(e) });
+    });
   }
 
   stats(): SyncSenderStats {
@@ -249,6 +308,7 @@ export class SyncSender {
         this.s.resyncsRequested++;
         log().info('conntrack sync: resync requested by the receiver', { role: 'sender', peer: this.peer, receiverId: this.receiverId, stream: this.o.stream });
         return this.requestResync();
+      case FrameType.BUCKET_REQUEST: return this.onBucketRequest(f);
       default: throw new FrameRejected('malformed', `unexpected frame type ${f.type} from a receiver`);
     }
   }
@@ -304,6 +364,19 @@ export class SyncSender {
     this.pump();
   }
 
+  private onBucketRequest(f: Frame): void {
+    const c = new Cursor(f.payload);
+    const set = readBucketSet(c);
+    c.done();
+    if (set.k !== this.o.buckets) throw new FrameRejected('malformed', `BUCKET_REQUEST over ${set.k} buckets, ${this.o.buckets} in use`);
+    if (!set.list) throw new FrameRejected('malformed', 'BUCKET_REQUEST without buckets');
+    log().info('conntrack sync: buckets differ at the receiver, sending them again', { role: 'sender', peer: this.peer, stream: this.o.stream, buckets: set.list.length, of: set.k });
+    if (this.resyncPending) return;
+    this.bucketsPending ??= new Set();
+    for (const b of set.list) this.bucketsPending.add(b);
+    this.schedulePump();
+  }
+
   private onClosed(gen: number, reason: string): void {
     if (gen !== this.generation) return;
     const wasUp = this.up;
@@ -318,6 +391,9 @@ export class SyncSender {
     this.inflightEntries = 0;
     this.resync = undefined;
     this.resyncPending = false;
+    this.bucketsPending = undefined;
+    this.checking = false;
+    this.checkSeq = -1;
     this.s.ackedSeq = -1;
     if (wasUp) {
       this.s.disconnects++;
@@ -334,12 +410,19 @@ export class SyncSender {
     this.reconnectTimer = setTimeout(() => this.connect(), delay);
   }
 
-  private startResync(): void {
+  /**
+   * A transfer: the whole table (set without a list), or the listed buckets. A full one supersedes whatever
+   * is queued; a partial one leaves the queue alone (its events are the newer state, sent after it).
+   */
+  private startResync(set: BucketSet = { k: this.o.buckets }): void {
     const gen = this.generation;
     this.state = 'resync';
-    this.resyncPending = false;
-    // The snapshot supersedes everything queued so far; events from now on are queued behind it.
-    this.queue.clear();
+    if (!set.list) {
+      this.resyncPending = false;
+      this.bucketsPending = undefined;
+      // The snapshot supersedes everything queued so far; events from now on are queued behind it.
+      this.queue.clear();
+    }
     const started = Date.now();
     let snap: ConntrackEntry[] | Promise<ConntrackEntry[]>;
     try {
@@ -347,12 +430,13 @@ export class SyncSender {
     } catch (e) {
       return this.snapshotFailed(gen, e);
     }
-    const go = (entries: ConntrackEntry[]) => {
+    const go = (all: ConntrackEntry[]) => {
       if (gen !== this.generation || this.state !== 'resync' || !this.ch) return;
-      this.resync = { entries, next: 0, started };
-      this.sendFrame(FrameType.RESYNC_BEGIN, 4, (b, o) => {
+      const entries = set.list ? all.filter((e) => inBuckets(set, e)) : all;
+      this.resync = { set, entries, next: 0, started };
+      this.sendFrame(FrameType.RESYNC_BEGIN, 4 + bucketSetBytes(set), (b, o) => {
         b.writeUInt32BE(entries.length, o);
-        return o + 4;
+        return writeBucketSet(b, o + 4, set);
       }, 0, started);
       this.pump();
     };
@@ -396,14 +480,25 @@ export class SyncSender {
         }, 0, r.started);
         this.resync = undefined;
         this.state = 'streaming';
-        this.s.resyncs++;
-        this.s.lastResyncEntries = r.entries.length;
-        this.s.lastResyncMs = Date.now() - r.started;
-        log().info('conntrack sync resync sent', { role: 'sender', peer: this.peer, stream: this.o.stream, entries: r.entries.length, ms: this.s.lastResyncMs, resyncs: this.s.resyncs });
+        if (r.set.list) {
+          this.s.bucketResyncs++;
+          this.s.bucketsResent += r.set.list.length;
+          log().info('conntrack sync buckets sent', { role: 'sender', peer: this.peer, stream: this.o.stream, buckets: r.set.list.length, entries: r.entries.length, ms: Date.now() - r.started });
+        } else {
+          this.s.resyncs++;
+          this.s.lastResyncEntries = r.entries.length;
+          this.s.lastResyncMs = Date.now() - r.started;
+          log().info('conntrack sync resync sent', { role: 'sender', peer: this.peer, stream: this.o.stream, entries: r.entries.length, ms: this.s.lastResyncMs, resyncs: this.s.resyncs });
+        }
         continue;
       }
       if (this.state !== 'streaming') return;
       if (this.resyncPending) return this.startResync();
+      if (this.bucketsPending) {
+        const list = [...this.bucketsPending].sort((a, b) => a - b);
+        this.bucketsPending = undefined;
+        return this.startResync({ k: this.o.buckets, list });
+      }
       if (this.queue.size === 0) return;
       const { events, since } = this.queue.take(this.o.batchEntries);
       const cursor = { entries: events, next: 0 };
@@ -427,11 +522,11 @@ export class SyncSender {
     }, () => sent, since);
   }
 
-  private sendFrame(type: FrameType, maxPayload: number, fill: (b: Buffer, o: number) => number, entries: number | (() => number), since: number): void {
+  private sendFrame(type: FrameType, maxPayload: number, fill: (b: Buffer, o: number) => number, entries: number | (() => number), since: number): number {
     const ch = this.ch!;
     const seq = ch.writer.seq;
     const bytes = ch.send(type, maxPayload, fill);
-    if (!bytes) return;
+    if (!bytes) return 0;
     const n = typeof entries === 'function' ? entries() : entries;
     this.inflight.push({ seq, bytes, entries: n, since });
     this.inflightBytes += bytes;
@@ -439,5 +534,6 @@ export class SyncSender {
     this.s.framesSent++;
     this.s.entriesSent += n;
     this.s.bytesSent += bytes;
+    return bytes;
   }
 }

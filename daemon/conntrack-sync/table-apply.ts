@@ -4,6 +4,20 @@
 import { setImmediate as nextTurn } from 'node:timers/promises';
 import { ConntrackHandle, type ApplyResult, type TableOp } from '../conntrack/handle';
 import type { ConntrackEntry, ConntrackEvent } from '../conntrack/types';
+import { Digests, inBuckets, keyHash, type BucketSet, type KeySet } from './digest';
+
+/**
+ * A standby's copy of an entry lives at least this long (seconds). Its own timer is not what ends it: the
+ * owner's destroy event, or a sweep when the owner no longer has it, does. An owner's UDP flow that
+ * keeps going sends no events, so its copy would otherwise expire at the standby; the consistency check
+ * (syncedDigests) re-arms copies below half of this. After a takeover, traffic resets the timers of live
+ * flows to the kernel's own; dead ones go within this time.
+ */
+export const STANDBY_MIN_TIMEOUT = 600;
+
+function standby(e: ConntrackEntry, minTimeout: number): ConntrackEntry {
+  return e.timeout !== undefined && e.timeout < minTimeout ? { ...e, timeout: minTimeout } : e;
+}
 
 /** Ops per slice between two turns of the event loop (~10–20 ms of kernel work). */
 export const SLICE_OPS = 2048;
@@ -26,10 +40,10 @@ export async function applyInSlices(h: ConntrackHandle, ops: readonly TableOp[],
 }
 
 /** Applies one frame's events (new/update upserted, destroy deleted) to the table at nsPath. */
-export async function applySyncedEvents(nsPath: string, events: readonly ConntrackEvent[]): Promise<ApplyResult> {
+export async function applySyncedEvents(nsPath: string, events: readonly ConntrackEvent[], minTimeout = 0): Promise<ApplyResult> {
   const h = ConntrackHandle.open(nsPath);
   try {
-    return await applyInSlices(h, events.map((ev) => ({ kind: ev.type === 'destroy' ? 'delete' : ev.type === 'new' ? 'create' : 'update', entry: ev.entry })));
+    return await applyInSlices(h, events.map((ev) => ({ kind: ev.type === 'destroy' ? 'delete' : ev.type === 'new' ? 'create' : 'update', entry: standby(ev.entry, minTimeout) })));
   } finally {
     h.close();
   }
@@ -42,6 +56,120 @@ export async function replaceSyncedEntries(nsPath: string, entries: readonly Con
     const ops = h.planReconcile(entries, inScope);
     await nextTurn();
     return await applyInSlices(h, ops);
+  } finally {
+    h.close();
+  }
+}
+
+/** A transfer's chunk: each entry created, or updated where it exists. */
+export async function upsertSyncedEntries(nsPath: string, entries: readonly ConntrackEntry[], minTimeout = 0): Promise<ApplyResult> {
+  const h = ConntrackHandle.open(nsPath);
+  try {
+    return await applyInSlices(h, entries.map((e) => ({ kind: 'create', entry: standby(e, minTimeout) })));
+  } finally {
+    h.close();
+  }
+}
+
+/** The end of a transfer: deletes the in-scope entries of its buckets that it did not carry. */
+export async function sweepSyncedEntries(nsPath: string, inScope: (e: ConntrackEntry) => boolean, keep: KeySet, buckets: BucketSet): Promise<ApplyResult> {
+  const h = ConntrackHandle.open(nsPath);
+  try {
+    let ops: TableOp[] = [];
+    await h.dumpEach({}, (e) => {
+      if (!inScope(e) || !inBuckets(buckets, e)) return;
+      const [hi, lo] = keyHash(e);
+      if (!keep.has(hi, lo)) ops.push({ kind: 'delete', entry: e });
+    }, () => { ops = []; });
+    await nextTurn();
+    return await applyInSlices(h, ops);
+  } finally {
+    h.close();
+  }
+}
+
+/**
+ * Digests of the in-scope entries at nsPath (the standby's side of a consistency check), re-arming copies
+ * whose timeout fell under half of `minTimeout` (0: none). One dump; the kernel work is the re-armed ones.
+ */
+export async function syncedDigests(nsPath: string, inScope: (e: ConntrackEntry) => boolean, k: number, minTimeout = 0): Promise<{ digests: Digests; refreshed: number }> {
+  const h = ConntrackHandle.open(nsPath);
+  try {
+    let d = new Digests(k);
+    let ops: TableOp[] = [];
+    await h.dumpEach({}, (e) => {
+      if (!inScope(e)) return;
+      d.add(e);
+      if (minTimeout && e.timeout !== undefined && e.timeout < minTimeout / 2) ops.push({ kind: 'update', entry: { ...e, timeout: minTimeout }, keepStatus: e.status });
+    }, () => {
+      d = new Digests(k);
+      ops = [];
+    });
+    if (ops.length) await applyInSlices(h, ops);
+    return { digests: d, refreshed: ops.length };
+  } finally {
+    h.close();
+  }
+}
+
+/**
+ * How long a standby's digests are reused while nothing was written to its table: its copies change by
+ * themselves only by expiring, which the dump behind fresh digests prevents (syncedDigests re-arms copies
+ * under half of STANDBY_MIN_TIMEOUT, so a dump at most this often keeps every copy alive).
+ */
+export const STANDBY_REDIGEST_MS = 180_000;
+
+/**
+ * The standby's side of the consistency check without a dump per check: digests per stream, kept until
+ * something is written for that stream (invalidate) or they are maxAgeMs old. With nothing changed, a
+ * check costs a comparison of K buckets on both sides.
+ */
+export class StandbyDigests {
+  private readonly cache = new Map<string, { k: number; at: number; digests: Digests | undefined }>();
+  computed = 0;
+
+  constructor(private readonly maxAgeMs = STANDBY_REDIGEST_MS) {}
+
+  invalidate(key: string): void {
+    this.cache.delete(key);
+  }
+
+  invalidatePrefix(prefix: string): void {
+    for (const key of this.cache.keys()) if (key.startsWith(prefix)) this.cache.delete(key);
+  }
+
+  async get(key: string, k: number, compute: () => Promise<Digests | undefined>): Promise<Digests | undefined> {
+    const c = this.cache.get(key);
+    if (c && c.k === k && Date.now() - c.at < this.maxAgeMs) return c.digests;
+    const at = Date.now();
+    this.computed++;
+    const digests = await compute();
+    this.cache.set(key, { k, at, digests });
+    return digests;
+  }
+}
+
+/**
+ * The owner's side: its in-scope entries (a transfer's snapshot), read without holding the event loop.
+ */
+export async function dumpScope(nsPath: string, family: 4 | 6, inScope: (e: ConntrackEntry) => boolean): Promise<ConntrackEntry[]> {
+  const h = ConntrackHandle.open(nsPath);
+  try {
+    let out: ConntrackEntry[] = [];
+    await h.dumpEach({ family }, (e) => { if (inScope(e)) out.push(e); }, () => { out = []; });
+    return out;
+  } finally {
+    h.close();
+  }
+}
+
+/** The owner's digests of its in-scope entries: one dump, nothing kept but the K buckets. */
+export async function scopeDigests(nsPath: string, family: 4 | 6, inScope: (e: ConntrackEntry) => boolean, k: number): Promise<Digests> {
+  const h = ConntrackHandle.open(nsPath);
+  try {
+    let d = new Digests(k);
+    await h.dumpEach({ family }, (e) => { if (inScope(e)) d.add(e); }, () => { d = new Digests(k); });
+    return d;
   } finally {
     h.close();
   }

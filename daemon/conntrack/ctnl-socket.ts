@@ -4,8 +4,9 @@
 import * as os from 'node:os';
 import { koffi } from '../sys/ffi';
 import * as libc from '../sys/libc';
-import { decodeMessages } from '../netlink/codec';
-import { NETLINK_CAP_ACK, NLM_F_ACK, NLM_F_REQUEST, NLMSG_ERROR } from '../netlink/constants';
+import { setImmediate as nextTurn } from 'node:timers/promises';
+import { decodeMessages, encodeMessage, type NlMsg } from '../netlink/codec';
+import { NETLINK_CAP_ACK, NLM_F_ACK, NLM_F_DUMP, NLM_F_DUMP_INTR, NLM_F_REQUEST, NLMSG_DONE, NLMSG_ERROR, NLMSG_NOOP, NLMSG_OVERRUN } from '../netlink/constants';
 import { NetlinkError } from '../netlink/netlink-error';
 import { decodeError, NetlinkSocket, type NetlinkTransport } from '../netlink/socket';
 import { NETLINK_NETFILTER } from './constants';
@@ -110,6 +111,48 @@ export class CtnlSocket {
 
   get closed(): boolean {
     return this.nl.closed;
+  }
+
+  /**
+   * A dump read one receive at a time, each message handed to `each` and dropped, with a turn of the
+   * event loop every `sliceMsgs` messages: a table of a million entries neither sits in memory as
+   * messages nor holds the loop for seconds (sync heartbeats and BFD go on). The kernel keeps the dump's
+   * place between receives. Returns false when the kernel flagged the dump as interrupted by concurrent
+   * changes (NLM_F_DUMP_INTR: entries may be missing or seen twice), for the caller to start again. No
+   * other request may use this socket until it settles.
+   */
+  async dumpEach(type: number, body: Buffer[], op: string, each: (m: NlMsg) => void, sliceMsgs = 4096): Promise<boolean> {
+    if (this.nl.closed) throw new NetlinkError(op, os.constants.errno.EBADF, undefined, { message: `${op}: netlink socket is closed` });
+    this.seq = (this.seq + 1) >>> 0;
+    const seq = this.seq;
+    this.transport.send(encodeMessage({ type, flags: NLM_F_REQUEST | NLM_F_DUMP, seq, pid: 0 }, body));
+    let interrupted = false;
+    let sinceYield = 0;
+    for (;;) {
+      const n = this.transport.recv(this.rbuf);
+      if (n < 0) throw new NetlinkError(op, os.constants.errno.ETIMEDOUT, undefined, { message: `${op}: no answer from the kernel within the receive timeout` });
+      for (const m of decodeMessages(this.rbuf, n)) {
+        if (m.seq !== seq || m.pid !== this.portId) continue;
+        if (m.flags & NLM_F_DUMP_INTR) interrupted = true;
+        if (m.type === NLMSG_DONE) {
+          const err = m.payload.length >= 4 ? m.payload.readInt32LE(0) : 0;
+          if (err < 0) throw new NetlinkError(op, -err);
+          return !interrupted;
+        }
+        if (m.type === NLMSG_ERROR) {
+          const e = decodeError(m);
+          throw new NetlinkError(op, e.errno || os.constants.errno.EPROTO, e.msg);
+        }
+        if (m.type === NLMSG_NOOP || m.type === NLMSG_OVERRUN) continue;
+        each(m);
+        sinceYield++;
+      }
+      if (sinceYield >= sliceMsgs) {
+        sinceYield = 0;
+        await nextTurn();
+        if (this.nl.closed) throw new NetlinkError(op, os.constants.errno.EBADF, undefined, { message: `${op}: netlink socket closed during the dump` });
+      }
+    }
   }
 
   /**

@@ -128,6 +128,29 @@ export class ConntrackHandle {
     return out;
   }
 
+  /**
+   * All entries, each handed to `each` and not kept, yielding to the event loop as it goes (see
+   * CtnlSocket.dumpEach); restarted (onRestart first) a bounded number of times if a concurrent change
+   * interrupts it, so `each` may see an entry again only after onRestart.
+   */
+  async dumpEach(filter: DumpFilter, each: (e: ConntrackEntry) => void, onRestart: () => void = () => undefined): Promise<void> {
+    const body = [nfgenmsg(filter.family ?? 0)];
+    if (filter.mark) body.push(be32(CTA.MARK, filter.mark.value), be32(CTA.MARK_MASK, filter.mark.mask));
+    for (let attempt = 0; attempt < 4; attempt++) {
+      if (attempt > 0) onRestart();
+      const complete = await this.socket.dumpEach(ctMsgType(IPCTNL_MSG.CT_GET), body, 'IPCTNL_MSG_CT_GET dump', (m) => {
+        if (m.type >> 8 !== NFNL_SUBSYS_CTNETLINK) return;
+        const e = decodeEntry(m.payload);
+        if (filter.family && e.orig.family !== filter.family) return;
+        if (filter.mark && ((e.mark ?? 0) & filter.mark.mask) !== (filter.mark.value & filter.mark.mask)) return;
+        if (filter.zone !== undefined && (e.zone ?? 0) !== filter.zone) return;
+        each(e);
+      });
+      if (complete) return;
+    }
+    throw new NetlinkError('IPCTNL_MSG_CT_GET dump', os.constants.errno.EINTR, undefined, { message: 'IPCTNL_MSG_CT_GET dump: interrupted 4 times in a row by concurrent changes; giving up' });
+  }
+
   /** The entry whose original tuple is `orig`, or undefined. */
   get(orig: CtTuple, zone?: number): ConntrackEntry | undefined {
     try {

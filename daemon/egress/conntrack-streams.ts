@@ -1,12 +1,48 @@
 // Conntrack state sync for the Egress controller: the owner streams its gateway's conntrack events to the
 // other candidates' nodes; a standby applies what it receives to its own gateway pods.
-import { ConntrackEvents, ConntrackHandle, type ApplyResult, type ConntrackEntry, type ConntrackEvent, type ConntrackEventType } from '../conntrack';
-import { applySyncedEvents, encodeEventPayload, replaceSyncedEntries, SyncSender, type SyncPeerInfo } from '../conntrack-sync';
+//
+// One event socket per gateway namespace, however many floating addresses it holds: events are encoded
+// once and handed to the address their reply goes to. Per address, the bucket digests of the owner's
+// table are computed once for all its peers and kept until an event of that address arrives (an owner
+// whose table did not change dumps nothing for a check). Nothing is re-sent periodically in full:
+// periodicResync() (the controller's RESYNC_EVERY_MS timer, name kept) runs the consistency check.
+import { ConntrackEvents, type ApplyResult, type ConntrackEntry, type ConntrackEvent, type ConntrackEventType } from '../conntrack';
+import {
+  applySyncedEvents, Digests, dumpScope, scopeDigests, encodedReplyDst, encodeEventPayload, STANDBY_MIN_TIMEOUT, StandbyDigests, SyncSender, syncedDigests, sweepSyncedEntries, upsertSyncedEntries,
+  type BucketSet, type KeySet, type SyncPeerInfo,
+} from '../conntrack-sync';
 import { ipToBytes } from '../netlink/ip-bytes';
 import { EgressContext, streamOf, type AddressState, type LocalGateway, IN_SYNC_MAX_LAG } from './egress-context';
 
+/** The shared event socket of one gateway namespace and the addresses streaming from it. */
+interface NsEvents {
+  events: ConntrackEvents;
+  /** Address bytes (latin1) → the address streaming from this namespace. */
+  byAddress: Map<string, AddressState>;
+}
+
+/** The owner's digests of one address, valid until the next event of that address. */
+interface DigestCache {
+  k: number;
+  at: number;
+  digests: Digests | Promise<Digests>;
+}
+
+/** Owner digests are computed again at least this often even without events (insurance, not needed). */
+const OWNER_DIGEST_MAX_AGE_MS = 300_000;
+
 export class ConntrackStreams {
+  private readonly namespaces = new Map<string, NsEvents>();
+  private readonly digestCache = new Map<AddressState, DigestCache>();
+  /** This node's digests per received stream and set of target pods, until written to (or re-armed). */
+  private readonly standbyDigests = new StandbyDigests();
+
   constructor(private readonly s: EgressContext) {}
+
+  /** Event sockets open (one per gateway namespace that holds a streaming address). */
+  get eventSockets(): number {
+    return this.namespaces.size;
+  }
 
   /** Nodes whose sync stream from here is streaming with little lag: their standbys have the connections. */
   computeInSync(st: AddressState): string[] {
@@ -22,41 +58,73 @@ export class ConntrackStreams {
 
   async startStreaming(st: AddressState): Promise<void> {
     if (!st.holder || this.s.o.conntrackSync === false) return;
-    const gw = st.holder;
-    const events = ConntrackEvents.open(gw.netns);
-    // Events are encoded for the wire straight from their netlink bytes; only flows SNATed to this
-    // floating address (their reply goes to it) are synced.
-    const scope = ipToBytes(st.address);
+    const ns = this.eventsOf(st.holder.netns);
+    ns.byAddress.set(ipToBytes(st.address).toString('latin1'), st);
+    st.events = ns.events;
+    this.ensureSenders(st);
+  }
+
+  /** The namespace's shared event socket, opened on first use. */
+  private eventsOf(netns: string): NsEvents {
+    const have = this.namespaces.get(netns);
+    if (have) return have;
+    const events = ConntrackEvents.open(netns);
+    const ns: NsEvents = { events, byAddress: new Map() };
+    const all = () => [...ns.byAddress.values()];
+    const resyncAll = () => {
+      for (const st of all()) {
+        this.digestCache.delete(st);
+        for (const s of st.senders.values()) s.requestResync();
+      }
+    };
+    // Events are encoded for the wire straight from their netlink bytes; only flows SNATed to a floating
+    // address of this namespace (their reply goes to it) are synced, to that address's peers.
     events.on('raw', (type: ConntrackEventType, payload: Buffer) => {
       let ev;
       try {
-        ev = encodeEventPayload(type, payload, scope);
+        ev = encodeEventPayload(type, payload);
       } catch (e) {
         // The kernel's own message: should not happen; a resync covers whatever it was.
-        this.s.o.logger.error('egress: conntrack event not encodable; resyncing', { address: st.address, error: (e as Error).message });
-        for (const s of st.senders.values()) s.requestResync();
-        return;
+        this.s.o.logger.error('egress: conntrack event not encodable; resyncing', { netns, addresses: all().map((st) => st.address), error: (e as Error).message });
+        return resyncAll();
       }
       if (!ev) return;
+      const st = ns.byAddress.get(encodedReplyDst(ev));
+      if (!st) return;
+      this.digestCache.delete(st);
       for (const s of st.senders.values()) s.push(ev);
     });
-    events.on('overrun', () => {
-      for (const s of st.senders.values()) s.requestResync();
+    events.on('overrun', resyncAll);
+    events.on('error', (e: Error) => this.s.o.logger.error('egress: conntrack events stopped', { netns, addresses: all().map((st) => st.address), error: e.message }));
+    this.namespaces.set(netns, ns);
+    return ns;
+  }
+
+  /** The owner's digests of one address's flows, shared by its senders (one dump per change, not per peer). */
+  private ownerDigests(st: AddressState, netns: string, k: number): Digests | Promise<Digests> {
+    const c = this.digestCache.get(st);
+    if (c && c.k === k && Date.now() - c.at < OWNER_DIGEST_MAX_AGE_MS) return c.digests;
+    const digests = scopeDigests(netns, st.address.includes(':') ? 6 : 4, (e) => e.reply.dst === st.address, k);
+    const entry = { k, at: Date.now(), digests };
+    this.digestCache.set(st, entry);
+    // A failed dump is not kept; an event meanwhile has already dropped this entry.
+    digests.catch(() => {
+      if (this.digestCache.get(st) === entry) this.digestCache.delete(st);
     });
-    events.on('error', (e: Error) => this.s.o.logger.error('egress: conntrack events stopped', { address: st.address, error: e.message }));
-    st.events = events;
-    this.ensureSenders(st);
+    return digests;
   }
 
   /** The owner keeps one sync stream to every other candidate's node; candidates come and go. */
   ensureSenders(st: AddressState): void {
     if (!st.holder || !st.events) return;
     const gw = st.holder;
-    const snapshot = () => ConntrackHandle.with(gw.netns, (h) => h.dump({ family: 4 })).filter((e) => e.reply.dst === st.address);
+    // Read in slices: a large table does not hold the loop (and the sync heartbeats) for seconds.
+    const snapshot = () => dumpScope(gw.netns, st.address.includes(':') ? 6 : 4, (e) => e.reply.dst === st.address);
+    const digests = (k: number) => this.ownerDigests(st, gw.netns, k);
     const want = new Set(st.candidates.filter((c) => c.node !== this.s.o.node.name).map((c) => c.nodeAddress));
     for (const peer of want) {
       if (st.senders.has(peer)) continue;
-      const s = new SyncSender({ key: this.s.o.clusterKey, id: this.s.o.node.name, host: peer, port: this.s.o.syncPort, stream: streamOf(st), epoch: st.own.epoch, snapshot });
+      const s = new SyncSender({ key: this.s.o.clusterKey, id: this.s.o.node.name, host: peer, port: this.s.o.syncPort, stream: streamOf(st), epoch: st.own.epoch, snapshot, digests });
       s.start();
       st.senders.set(peer, s);
     }
@@ -73,13 +141,28 @@ export class ConntrackStreams {
     const senders = [...st.senders.values()];
     st.events = undefined;
     st.senders.clear();
-    await events?.close();
+    this.digestCache.delete(st);
+    let close: Promise<void> | undefined;
+    for (const [netns, ns] of this.namespaces) {
+      if (ns.events !== events) continue;
+      for (const [k, x] of ns.byAddress) if (x === st) ns.byAddress.delete(k);
+      // The namespace's socket closes with its last address.
+      if (ns.byAddress.size === 0) {
+        this.namespaces.delete(netns);
+        close = ns.events.close();
+      }
+    }
+    await close;
     for (const s of senders) await s.close();
   }
 
+  /**
+   * The periodic consistency check (no full re-send): every sender sends its address's bucket digests,
+   * and only buckets a standby holds differently travel again. Standby copies need no periodic refresh
+   * from here: they live STANDBY_MIN_TIMEOUT and the standby re-arms them during its side of the check.
+   */
   periodicResync(): void {
-    // Update events only come on state changes; a periodic resync refreshes standby timeouts (UDP).
-    for (const st of this.s.addresses.values()) for (const s of st.senders.values()) s.requestResync();
+    for (const st of this.s.addresses.values()) for (const s of st.senders.values()) s.checkConsistency();
   }
 
   /**
@@ -94,19 +177,59 @@ export class ConntrackStreams {
   }
 
   async applySynced(events: ConntrackEvent[], from: SyncPeerInfo): Promise<void> {
-    for (const gw of this.targetsFor(from)) this.reportApply(await applySyncedEvents(gw.netns, events), gw, from, 'events');
+    this.forget(from);
+    for (const gw of this.targetsFor(from)) this.reportApply(await applySyncedEvents(gw.netns, events, STANDBY_MIN_TIMEOUT), gw, from, 'events');
   }
 
-  async replaceSynced(entries: ConntrackEntry[], from: SyncPeerInfo): Promise<void> {
+  /** A chunk of a transfer, written as it arrives. */
+  async upsertSynced(entries: ConntrackEntry[], from: SyncPeerInfo): Promise<void> {
+    this.forget(from);
+    for (const gw of this.targetsFor(from)) this.reportApply(await upsertSyncedEntries(gw.netns, entries, STANDBY_MIN_TIMEOUT), gw, from, 'transfer');
+  }
+
+  /** The end of a transfer: the address's entries in its buckets that it did not carry go. */
+  async sweepSynced(keep: KeySet, buckets: BucketSet, from: SyncPeerInfo): Promise<number> {
     const address = from.stream.split('|')[1];
+    let deleted = 0;
+    this.forget(from);
     for (const gw of this.targetsFor(from)) {
       const t0 = Date.now();
-      const r = await replaceSyncedEntries(gw.netns, entries, (e) => e.reply.dst === address);
-      this.reportApply(r, gw, from, 'resync');
-      this.s.o.logger.info('egress: conntrack resync applied', {
-        pod: gw.info.pod, from: from.id, stream: from.stream, entries: entries.length, created: r.created, updated: r.updated, deleted: r.deleted, failed: r.failed.length, ms: Date.now() - t0,
+      const r = await sweepSyncedEntries(gw.netns, (e) => e.reply.dst === address, keep, buckets);
+      this.reportApply(r, gw, from, 'sweep');
+      deleted += r.deleted;
+      this.s.o.logger.info('egress: conntrack transfer applied', {
+        pod: gw.info.pod, from: from.id, stream: from.stream, transferred: keep.size, buckets: buckets.list ? buckets.list.length : 'all', deleted: r.deleted, failed: r.failed.length, ms: Date.now() - t0,
       });
     }
+    return deleted;
+  }
+
+  /**
+   * This node's side of a consistency check: digests of what its standbys hold of the address (buckets
+   * differing in any of them count), re-arming copies that would otherwise expire.
+   */
+  async syncedDigests(k: number, from: SyncPeerInfo): Promise<Digests | undefined> {
+    const address = from.stream.split('|')[1];
+    const targets = this.targetsFor(from);
+    // Kept while nothing was written for the stream and its target pods are the same ones.
+    const key = `${from.stream}#${targets.map((g) => g.netns).sort().join(',')}`;
+    return this.standbyDigests.get(key, k, async () => {
+      let out: Digests | undefined;
+      for (const gw of targets) {
+        const { digests } = await syncedDigests(gw.netns, (e) => e.reply.dst === address, k, STANDBY_MIN_TIMEOUT);
+        if (!out) out = digests;
+        else {
+          // Another standby of the same address: where it differs from the first, make the bucket differ.
+          for (const b of out.diff(digests)) out.count[b] = 0xffffffff;
+        }
+      }
+      return out;
+    });
+  }
+
+  /** Something is written for the stream: its cached standby digests no longer hold. */
+  private forget(from: SyncPeerInfo): void {
+    this.standbyDigests.invalidatePrefix(`${from.stream}#`);
   }
 
   /** Entries the kernel refused are logged, not retried: a resync would meet the same refusal. */

@@ -86,7 +86,9 @@ export class EgressController {
       host: this.s.o.node.address,
       port: this.s.o.syncPort,
       apply: (events, from) => this.s.work.run(() => this.s.streams.applySynced(events, from)),
-      replaceAll: (entries, from) => this.s.work.run(() => this.s.streams.replaceSynced(entries, from)),
+      upsert: (entries, from) => this.s.work.run(() => this.s.streams.upsertSynced(entries, from)),
+      sweep: (keep, buckets, from) => this.s.work.run(() => this.s.streams.sweepSynced(keep, buckets, from)),
+      digests: (k, from) => this.s.work.run(() => this.s.streams.syncedDigests(k, from)),
     });
     await this.s.receiver.listen();
     this.s.notices = await NoticeChannel.open({ clusterKey: this.s.o.clusterKey, node: this.s.o.node.name, address: this.s.o.node.address, port: this.s.o.syncPort });

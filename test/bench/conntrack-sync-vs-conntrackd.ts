@@ -296,7 +296,10 @@ async function main() {
     fs.rmSync(dir, { recursive: true, force: true });
   }
   const m = machine();
-  fs.writeFileSync(path.join(repo, 'results/bench-sync.json'), JSON.stringify({ benchmark: 'conntrack-sync', machine: m, results }, null, 2) + '\n');
+  // conntrack-sync-scale.ts keeps its figures in the same file under "incremental": left as they are.
+  const file = path.join(repo, 'results/bench-sync.json');
+  const incremental = fs.existsSync(file) ? JSON.parse(fs.readFileSync(file, 'utf8')).incremental : undefined;
+  fs.writeFileSync(file, JSON.stringify({ benchmark: 'conntrack-sync', machine: m, results, incremental }, null, 2) + '\n');
   const ratio = (x: Run, y: Run) => `${Math.round((x.perSec / y.perSec) * 100) / 100}×`;
   const cell = (r: Run) => `${r.ms} ms, ${r.perSec}/s${r.complete ? '' : ' (incomplete)'}`;
   const cpu = (r: Run) => `${Math.round(r.cpuMs ?? NaN)} ms`;

@@ -69,7 +69,9 @@ async function loopback(n: number, streamed: number): Promise<void> {
   let t1 = 0;
   const rx = new SyncReceiver({
     key: KEY, id: 'rx', host: '127.0.0.1',
-    replaceAll: (e) => { replaced = e.length; t1 = Date.now(); },
+    upsert: () => undefined,
+    sweep: (keep) => { replaced = keep.size; t1 = Date.now(); },
+    digests: () => undefined,
     apply: (e) => { applied += e.length; },
   });
   const port = await rx.listen();

@@ -2,7 +2,7 @@
 // on its own node), from an esbuild bundle as in the tetherd executable. It uses the code tetherd uses:
 //   sender <keyHex> <peerHost> <peerPort> <address>: conntrack events of this namespace whose reply goes
 //     to <address> (the floating address), encoded from their netlink bytes → SyncSender, as the egress owner does;
-//   receiver <keyHex> <host> <expected> [kernel|memory] (stdin "expect <n>" restarts the count): SyncReceiver → applySyncedEvents/replaceSyncedEntries
+//   receiver <keyHex> <host> <expected> [kernel|memory] (stdin "expect <n>" restarts the count): SyncReceiver → applySyncedEvents/upsertSyncedEntries/sweepSyncedEntries
 //     into this namespace's table, as a candidate does (kernel); or only kept in a Map keyed like the
 //     table (memory), which is where conntrackd's FTFW keeps a peer's entries until a failover commits them.
 // It speaks one JSON line per fact on stdout: {ready, port}, {streaming}, {applied, at} when the receiver
@@ -10,7 +10,7 @@
 import { createInterface } from 'node:readline';
 import { Writable } from 'node:stream';
 import { ConntrackEvents, ConntrackHandle, entryKey, type ConntrackEntry } from '../../daemon/conntrack';
-import { applySyncedEvents, encodeEventPayload, replaceSyncedEntries, SyncReceiver, SyncSender } from '../../daemon/conntrack-sync';
+import { applySyncedEvents, Digests, encodeEventPayload, inBuckets, keyHash, SyncReceiver, SyncSender, sweepSyncedEntries, syncedDigests, upsertSyncedEntries } from '../../daemon/conntrack-sync';
 import { ipToBytes } from '../../daemon/netlink/ip-bytes';
 import { makeLogger, setLogger } from '../../daemon/log';
 
@@ -50,14 +50,22 @@ async function receiver(initial: number, memory: boolean): Promise<void> {
       applied += evs.length;
       reached();
     },
-    replaceAll: async (entries, from) => {
-      if (memory) {
-        cache.clear();
-        for (const e of entries) cache.set(entryKey(e), e);
-      } else await replaceSyncedEntries(NS, entries, (e) => e.reply.dst === from.stream);
+    // A transfer is applied as it streams (upsert), and swept at its end.
+    upsert: async (entries) => {
+      if (memory) for (const e of entries) cache.set(entryKey(e), e);
+      else await upsertSyncedEntries(NS, entries);
       applied += entries.length;
       reached();
     },
+    sweep: async (keep, buckets, from) => {
+      if (!memory) return (await sweepSyncedEntries(NS, (e) => e.reply.dst === from.stream, keep, buckets)).deleted;
+      for (const [k, e] of cache) {
+        if (!inBuckets(buckets, e)) continue;
+        const [hi, lo] = keyHash(e);
+        if (!keep.has(hi, lo)) cache.delete(k);
+      }
+    },
+    digests: async (k, from) => memory ? Digests.of(cache.values(), k) : (await syncedDigests(NS, (e) => e.reply.dst === from.stream, k)).digests,
   });
   say({ ready: true, port: await rx.listen() });
 }

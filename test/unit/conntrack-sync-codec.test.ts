@@ -172,8 +172,8 @@ test('a cluster key under 32 bytes or a bad id is refused up front, naming the p
   const noop = () => undefined;
   assert.throws(() => new SyncSender({ key: randomBytes(31), id: 'a', host: '127.0.0.1', port: 1, snapshot: () => [] }),
     (e: Error) => e instanceof TetherError && e.code === 'INVALID_CONFIG' && /conntrack sync key/.test(e.message));
-  assert.throws(() => new SyncReceiver({ key: randomBytes(16), id: 'b', apply: noop, replaceAll: noop }), (e: Error) => e instanceof TetherError);
-  assert.throws(() => new SyncReceiver({ key: randomBytes(32), id: '', apply: noop, replaceAll: noop }), /sender id/);
+  assert.throws(() => new SyncReceiver({ key: randomBytes(16), id: 'b', apply: noop, upsert: noop, sweep: noop, digests: () => undefined }), (e: Error) => e instanceof TetherError);
+  assert.throws(() => new SyncReceiver({ key: randomBytes(32), id: '', apply: noop, upsert: noop, sweep: noop, digests: () => undefined }), /sender id/);
   assert.throws(() => new SyncSender({ key: randomBytes(32), id: 'x'.repeat(65), host: '127.0.0.1', port: 1, snapshot: () => [] }), /sender id/);
 });
 

@@ -5,7 +5,7 @@ import * as net from 'node:net';
 import { Writable } from 'node:stream';
 import { entryKey, IPS, type ConntrackEntry, type ConntrackEvent } from '../../daemon/conntrack/types';
 import { log, makeLogger, setLogger, type Logger } from '../../daemon/log';
-import { SyncReceiver, type SyncReceiverOptions } from '../../daemon/conntrack-sync';
+import { Digests, inBuckets, keyHash, SyncReceiver, type BucketSet, type KeySet, type SyncReceiverOptions } from '../../daemon/conntrack-sync';
 import { sleep, waitFor as pollFor } from '../lib/wait';
 
 export const KEY = randomBytes(32);
@@ -58,11 +58,41 @@ export function entry6(i: number): ConntrackEntry {
 
 export const ev = (type: ConntrackEvent['type'], e: ConntrackEntry): ConntrackEvent => ({ type, entry: e });
 
-/** What a kernel table would hold: upserts for new/update, delete for destroy, wholesale replace. */
+/** What a kernel table would hold: upserts for new/update and transfer chunks, delete for destroy and sweeps. */
 export class Table {
   readonly map = new Map<string, ConntrackEntry>();
   readonly applied: ConntrackEvent[] = [];
+  /** Entries carried by each completed full transfer (recorded at its sweep). */
   replaceCalls: number[] = [];
+  /** Buckets of each completed partial transfer. */
+  bucketCalls: number[][] = [];
+  upserted = 0;
+  swept = 0;
+
+  upsert(entries: ConntrackEntry[]): void {
+    this.upserted += entries.length;
+    for (const e of entries) this.map.set(entryKey(e), e);
+  }
+
+  sweep(keep: KeySet, set: BucketSet): number {
+    let n = 0;
+    for (const [k, e] of this.map) {
+      if (!inBuckets(set, e)) continue;
+      const [hi, lo] = keyHash(e);
+      if (!keep.has(hi, lo)) {
+        this.map.delete(k);
+        n++;
+      }
+    }
+    this.swept += n;
+    if (set.list) this.bucketCalls.push(set.list);
+    else this.replaceCalls.push(keep.size);
+    return n;
+  }
+
+  digests(k: number): Digests {
+    return Digests.of(this.map.values(), k);
+  }
 
   apply(events: ConntrackEvent[]): void {
     for (const e of events) {
@@ -84,7 +114,9 @@ export async function startReceiver(opts: Partial<SyncReceiverOptions> = {}, tab
   const rx = new SyncReceiver({
     key: KEY, id: 'node-b', host: '127.0.0.1', port: 0,
     apply: (evs) => table.apply(evs),
-    replaceAll: (entries) => table.replaceAll(entries),
+    upsert: (entries) => table.upsert(entries),
+    sweep: (keep, set) => table.sweep(keep, set),
+    digests: (k) => table.digests(k),
     ...opts,
   });
   const port = await rx.listen();
