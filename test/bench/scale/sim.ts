@@ -118,15 +118,15 @@ export function podObject(node: string, p: SimPod): Record<string, any> {
   };
 }
 
-/** The fake API server's process (api-proc.ts). */
-export class SimApi {
+/** Requests to a forked process over IPC, each answered by the message with its id. */
+class ChildRpc<Req> {
   private next = 1;
   private readonly waiting = new Map<number, { resolve: (v: unknown) => void; reject: (e: Error) => void }>();
   exited = false;
 
-  private constructor(
+  constructor(
     readonly proc: ChildProcess,
-    readonly url: string,
+    private readonly what: string,
   ) {
     proc.on('message', (m: { id?: number; result?: unknown; error?: string }) => {
       if (m.id === undefined) return;
@@ -137,9 +137,28 @@ export class SimApi {
     });
     proc.on('exit', () => {
       this.exited = true;
-      for (const w of this.waiting.values()) w.reject(new Error('fake apiserver process exited'));
+      for (const w of this.waiting.values()) w.reject(new Error(`${this.what} exited`));
       this.waiting.clear();
     });
+  }
+
+  ask<T>(req: Req): Promise<T> {
+    if (this.exited) return Promise.reject(new Error(`${this.what} exited`));
+    const id = this.next++;
+    return new Promise<T>((resolve, reject) => {
+      this.waiting.set(id, { resolve: resolve as (v: unknown) => void, reject });
+      this.proc.send({ id, req });
+    });
+  }
+}
+
+/** The fake API server's process (api-proc.ts). */
+export class SimApi extends ChildRpc<ApiRequest> {
+  private constructor(
+    proc: ChildProcess,
+    readonly url: string,
+  ) {
+    super(proc, 'fake apiserver process');
   }
 
   static async start(logFile: string): Promise<SimApi> {
@@ -151,15 +170,6 @@ export class SimApi {
       proc.once('exit', (code) => reject(new Error(`fake apiserver process exited at start (${code}); see ${logFile}`)));
     });
     return new SimApi(proc, url);
-  }
-
-  ask<T>(req: ApiRequest): Promise<T> {
-    if (this.exited) return Promise.reject(new Error('fake apiserver process exited'));
-    const id = this.next++;
-    return new Promise<T>((resolve, reject) => {
-      this.waiting.set(id, { resolve: resolve as (v: unknown) => void, reject });
-      this.proc.send({ id, req });
-    });
   }
 
   /** Applies objects in chunks (one IPC message of every Pod of 1,000 nodes is large). */
@@ -186,34 +196,11 @@ export function writeScenario(file: string, s: Scenario, n: number): void {
 }
 
 /** One worker process. */
-export class SimWorker {
-  private next = 1;
-  private readonly waiting = new Map<number, { resolve: (v: unknown) => void; reject: (e: Error) => void }>();
+export class SimWorker extends ChildRpc<Request> {
   readonly nodes: NodeSpec[] = [];
-  exited = false;
 
-  constructor(readonly proc: ChildProcess) {
-    proc.on('message', (m: { id?: number; result?: unknown; error?: string }) => {
-      if (m.id === undefined) return;
-      const w = this.waiting.get(m.id);
-      this.waiting.delete(m.id);
-      if (m.error !== undefined) w?.reject(new Error(m.error));
-      else w?.resolve(m.result);
-    });
-    proc.on('exit', () => {
-      this.exited = true;
-      for (const w of this.waiting.values()) w.reject(new Error('simulation worker exited'));
-      this.waiting.clear();
-    });
-  }
-
-  ask<T>(req: Request): Promise<T> {
-    if (this.exited) return Promise.reject(new Error('simulation worker exited'));
-    const id = this.next++;
-    return new Promise<T>((resolve, reject) => {
-      this.waiting.set(id, { resolve: resolve as (v: unknown) => void, reject });
-      this.proc.send({ id, req });
-    });
+  constructor(proc: ChildProcess) {
+    super(proc, 'simulation worker');
   }
 }
 
