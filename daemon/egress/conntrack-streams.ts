@@ -5,7 +5,7 @@
 // once and handed to the address their reply goes to. Per address, the bucket digests of the owner's
 // table are computed once for all its peers and kept until an event of that address arrives (an owner
 // whose table did not change dumps nothing for a check). Nothing is re-sent periodically in full:
-// periodicResync() (the controller's RESYNC_EVERY_MS timer, name kept) runs the consistency check.
+// checkConsistency() runs it every CONSISTENCY_EVERY_MS.
 import { ConntrackEvents, type ApplyResult, type ConntrackEntry, type ConntrackEvent, type ConntrackEventType } from '../conntrack';
 import {
   applySyncedEvents, Digests, dumpScope, scopeDigests, encodedReplyDst, encodeEventPayload, STANDBY_MIN_TIMEOUT, StandbyDigests, SyncSender, syncedDigests, sweepSyncedEntries, upsertSyncedEntries,
@@ -161,7 +161,7 @@ export class ConntrackStreams {
    * and only buckets a standby holds differently travel again. Standby copies need no periodic refresh
    * from here: they live STANDBY_MIN_TIMEOUT and the standby re-arms them during its side of the check.
    */
-  periodicResync(): void {
+  checkConsistency(): void {
     for (const st of this.s.addresses.values()) for (const s of st.senders.values()) s.checkConsistency();
   }
 

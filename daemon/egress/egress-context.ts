@@ -119,7 +119,8 @@ export const STORE_EVERY_MS = 1000;
 export const HEARTBEAT_MS = 1000;
 /** A decision is sent twice: UDP may lose one datagram, a retransmission timeout costs far more. */
 export const NOTICE_REPEAT_MS = 20;
-export const RESYNC_EVERY_MS = 30_000;
+/** How often an owner checks each standby against its table (bucket digests; no full re-send). */
+export const CONSISTENCY_EVERY_MS = 30_000;
 /** A sync peer with fewer entries than this waiting is "in sync" (its standby has the connections). */
 export const IN_SYNC_MAX_LAG = 1000;
 

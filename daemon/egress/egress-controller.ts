@@ -22,7 +22,7 @@ import { addressSlots, slotOwner, type ResolvedEgress } from './egress-spec';
 import type { PodMeta } from '../config/objects';
 import { NoticeChannel, type GatewayAnnouncement, type OwnershipNotice } from './ownership-notice';
 import { type Ownership } from './ownership-store';
-import { EgressContext, streamOf, draining, type AddressState, type EgressControllerOptions, REGISTRY_TTL_MS, DRAIN_MS, STORE_EVERY_MS, HEARTBEAT_MS, RESYNC_EVERY_MS } from './egress-context';
+import { EgressContext, streamOf, draining, type AddressState, type EgressControllerOptions, REGISTRY_TTL_MS, DRAIN_MS, STORE_EVERY_MS, HEARTBEAT_MS, CONSISTENCY_EVERY_MS } from './egress-context';
 import { PeerLiveness } from './peer-liveness';
 import { PodRoles } from './pod-roles';
 import { Election } from './election';
@@ -67,7 +67,7 @@ export class EgressController {
       this.storeLoop,
       every(STORE_EVERY_MS, () => this.s.roles.retryFailedRoles()),
       every(HEARTBEAT_MS, () => this.s.election.heartbeat()),
-      every(RESYNC_EVERY_MS, () => this.s.streams.periodicResync()),
+      every(CONSISTENCY_EVERY_MS, () => this.s.streams.checkConsistency()),
     ];
   }
 
