@@ -5,7 +5,7 @@
 // once and handed to the address their reply goes to. Per address, the bucket digests of the owner's
 // table are computed once for all its peers and kept until an event of that address arrives (an owner
 // whose table did not change dumps nothing for a check). Nothing is re-sent periodically in full:
-// checkConsistency() runs it every CONSISTENCY_EVERY_MS.
+// checkConsistency(), every CONSISTENCY_EVERY_MS, compares bucket digests instead.
 import { ConntrackEvents, type ApplyResult, type ConntrackEntry, type ConntrackEvent, type ConntrackEventType } from '../conntrack';
 import {
   applySyncedEvents, Digests, dumpScope, scopeDigests, encodedReplyDst, encodeEventPayload, STANDBY_MIN_TIMEOUT, StandbyDigests, SyncSender, syncedDigests, sweepSyncedEntries, upsertSyncedEntries,
