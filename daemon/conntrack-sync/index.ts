@@ -19,6 +19,6 @@ export { SyncSender, type SyncSenderOptions, type SyncSenderStats, type SyncSend
 export { SyncReceiver, type SyncReceiverOptions, type SyncReceiverStats, type SyncPeerInfo, type SyncPeerStats } from './receiver';
 export { FrameType, PROTOCOL_VERSION, DEFAULT_MAX_FRAME, type RejectReason } from './frame';
 export { MIN_KEY_LEN } from './handshake';
-export { applySyncedEvents, replaceSyncedEntries, applyInSlices, upsertSyncedEntries, sweepSyncedEntries, syncedDigests, STANDBY_MIN_TIMEOUT, STANDBY_REDIGEST_MS, StandbyDigests, dumpScope, scopeDigests } from './table-apply';
+export { applySyncedEvents, replaceSyncedEntries, applyInSlices, upsertSyncedEntries, sweepSyncedEntries, syncedDigests, STANDBY_MIN_TIMEOUT, STANDBY_REDIGEST_MS, StandbyDigests, DigestCache, dumpScope, scopeDigests } from './table-apply';
 export { Digests, KeySet, keyHash, bucketOf, entryHash, inBuckets, DEFAULT_BUCKETS, MAX_BUCKETS, type BucketSet } from './digest';
 export { encodeEventPayload, encodedReplyDst, type EncodedEvent } from './event-transcode';

@@ -120,32 +120,50 @@ export async function syncedDigests(nsPath: string, inScope: (e: ConntrackEntry)
 export const STANDBY_REDIGEST_MS = 180_000;
 
 /**
+ * Digests kept per key until invalidated (something was written, an event arrived) or maxAgeMs old, for
+ * either side of the consistency check. The computation's promise is what is kept, so callers asking at
+ * once share one dump, and an invalidation during a dump drops it (its result may predate the change); a
+ * failed one is not kept.
+ */
+export class DigestCache<K, D> {
+  private readonly cache = new Map<K, { k: number; at: number; digests: Promise<D> }>();
+  computed = 0;
+
+  constructor(private readonly maxAgeMs: number) {}
+
+  invalidate(key: K): void {
+    this.cache.delete(key);
+  }
+
+  get(key: K, k: number, compute: () => Promise<D>): Promise<D> {
+    const c = this.cache.get(key);
+    if (c && c.k === k && Date.now() - c.at < this.maxAgeMs) return c.digests;
+    this.computed++;
+    const entry = { k, at: Date.now(), digests: compute() };
+    this.cache.set(key, entry);
+    entry.digests.catch(() => {
+      if (this.cache.get(key) === entry) this.cache.delete(key);
+    });
+    return entry.digests;
+  }
+
+  protected keys(): IterableIterator<K> {
+    return this.cache.keys();
+  }
+}
+
+/**
  * The standby's side of the consistency check without a dump per check: digests per stream, kept until
  * something is written for that stream (invalidate) or they are maxAgeMs old. With nothing changed, a
  * check costs a comparison of K buckets on both sides.
  */
-export class StandbyDigests {
-  private readonly cache = new Map<string, { k: number; at: number; digests: Digests | undefined }>();
-  computed = 0;
-
-  constructor(private readonly maxAgeMs = STANDBY_REDIGEST_MS) {}
-
-  invalidate(key: string): void {
-    this.cache.delete(key);
+export class StandbyDigests extends DigestCache<string, Digests | undefined> {
+  constructor(maxAgeMs = STANDBY_REDIGEST_MS) {
+    super(maxAgeMs);
   }
 
   invalidatePrefix(prefix: string): void {
-    for (const key of this.cache.keys()) if (key.startsWith(prefix)) this.cache.delete(key);
-  }
-
-  async get(key: string, k: number, compute: () => Promise<Digests | undefined>): Promise<Digests | undefined> {
-    const c = this.cache.get(key);
-    if (c && c.k === k && Date.now() - c.at < this.maxAgeMs) return c.digests;
-    const at = Date.now();
-    this.computed++;
-    const digests = await compute();
-    this.cache.set(key, { k, at, digests });
-    return digests;
+    for (const key of [...this.keys()]) if (key.startsWith(prefix)) this.invalidate(key);
   }
 }
 

@@ -8,7 +8,7 @@
 // checkConsistency(), every CONSISTENCY_EVERY_MS, compares bucket digests instead.
 import { ConntrackEvents, type ApplyResult, type ConntrackEntry, type ConntrackEvent, type ConntrackEventType } from '../conntrack';
 import {
-  applySyncedEvents, Digests, dumpScope, scopeDigests, encodedReplyDst, encodeEventPayload, STANDBY_MIN_TIMEOUT, StandbyDigests, SyncSender, syncedDigests, sweepSyncedEntries, upsertSyncedEntries,
+  applySyncedEvents, DigestCache, Digests, dumpScope, scopeDigests, encodedReplyDst, encodeEventPayload, STANDBY_MIN_TIMEOUT, StandbyDigests, SyncSender, syncedDigests, sweepSyncedEntries, upsertSyncedEntries,
   type BucketSet, type KeySet, type SyncPeerInfo,
 } from '../conntrack-sync';
 import { ipToBytes } from '../netlink/ip-bytes';
@@ -21,19 +21,13 @@ interface NsEvents {
   byAddress: Map<string, AddressState>;
 }
 
-/** The owner's digests of one address, valid until the next event of that address. */
-interface DigestCache {
-  k: number;
-  at: number;
-  digests: Digests | Promise<Digests>;
-}
-
 /** Owner digests are computed again at least this often even without events (insurance, not needed). */
 const OWNER_DIGEST_MAX_AGE_MS = 300_000;
 
 export class ConntrackStreams {
   private readonly namespaces = new Map<string, NsEvents>();
-  private readonly digestCache = new Map<AddressState, DigestCache>();
+  /** The owner's digests per address, valid until the next event of that address. */
+  private readonly digestCache = new DigestCache<AddressState, Digests>(OWNER_DIGEST_MAX_AGE_MS);
   /** This node's digests per received stream and set of target pods, until written to (or re-armed). */
   private readonly standbyDigests = new StandbyDigests();
 
@@ -73,7 +67,7 @@ export class ConntrackStreams {
     const all = () => [...ns.byAddress.values()];
     const resyncAll = () => {
       for (const st of all()) {
-        this.digestCache.delete(st);
+        this.digestCache.invalidate(st);
         for (const s of st.senders.values()) s.requestResync();
       }
     };
@@ -91,7 +85,7 @@ export class ConntrackStreams {
       if (!ev) return;
       const st = ns.byAddress.get(encodedReplyDst(ev));
       if (!st) return;
-      this.digestCache.delete(st);
+      this.digestCache.invalidate(st);
       for (const s of st.senders.values()) s.push(ev);
     });
     events.on('overrun', resyncAll);
@@ -101,17 +95,8 @@ export class ConntrackStreams {
   }
 
   /** The owner's digests of one address's flows, shared by its senders (one dump per change, not per peer). */
-  private ownerDigests(st: AddressState, netns: string, k: number): Digests | Promise<Digests> {
-    const c = this.digestCache.get(st);
-    if (c && c.k === k && Date.now() - c.at < OWNER_DIGEST_MAX_AGE_MS) return c.digests;
-    const digests = scopeDigests(netns, st.address.includes(':') ? 6 : 4, (e) => e.reply.dst === st.address, k);
-    const entry = { k, at: Date.now(), digests };
-    this.digestCache.set(st, entry);
-    // A failed dump is not kept; an event meanwhile has already dropped this entry.
-    digests.catch(() => {
-      if (this.digestCache.get(st) === entry) this.digestCache.delete(st);
-    });
-    return digests;
+  private ownerDigests(st: AddressState, netns: string, k: number): Promise<Digests> {
+    return this.digestCache.get(st, k, () => scopeDigests(netns, st.address.includes(':') ? 6 : 4, (e) => e.reply.dst === st.address, k));
   }
 
   /** The owner keeps one sync stream to every other candidate's node; candidates come and go. */
@@ -141,7 +126,7 @@ export class ConntrackStreams {
     const senders = [...st.senders.values()];
     st.events = undefined;
     st.senders.clear();
-    this.digestCache.delete(st);
+    this.digestCache.invalidate(st);
     let close: Promise<void> | undefined;
     for (const [netns, ns] of this.namespaces) {
       if (ns.events !== events) continue;
