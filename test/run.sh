@@ -24,15 +24,17 @@ for group in test/unit test/cni test/ipam test/kernel test/testbed; do
   echo "== $group"
   # Testbed nodes run tetherd in the DaemonSet's container (install/'s manifest, the image, containerd + runc).
   containers=0; [ "$name" = testbed ] && containers=1
-  TETHER_TESTBED_CONTAINERS=$containers NODE_DISABLE_COLORS=1 FORCE_COLOR=0 node_modules/.bin/uvu -r tsx/cjs "$group" '\.test\.ts$' 2>&1 | tee "$logdir/$name.log"
+  TETHER_TESTBED_CONTAINERS=$containers NODE_DISABLE_COLORS=1 FORCE_COLOR=0 node_modules/.bin/uvu -r tsx/cjs -r "$PWD/test/lib/process-guard.js" "$group" '\.test\.ts$' 2>&1 | tee "$logdir/$name.log"
   total=$(sed -n 's/^ *Total: *\([0-9]*\).*/\1/p' "$logdir/$name.log" | tail -1)
   ok=$(sed -n 's/^ *Passed: *\([0-9]*\).*/\1/p' "$logdir/$name.log" | tail -1)
   skipped=$(sed -n 's/^ *Skipped: *\([0-9]*\).*/\1/p' "$logdir/$name.log" | tail -1)
   if [ -z "$total" ] || [ -z "$ok" ]; then
     echo "!! $group did not finish (no uvu summary): counted as one failure"
+    { echo "== $group did not finish; its last lines:"; tail -n 40 "$logdir/$name.log"; } >> "$logdir/digest"
     failed=$((failed + 1))
     continue
   fi
+  grep -A 12 '^ *FAIL  "' "$logdir/$name.log" | sed "s|^|$name: |" >> "$logdir/digest" || true
   # uvu's Total can leave out a test that failed (seen: Total 84, Passed 83, Skipped 1 with one FAIL), so
   # the FAIL lines count too: the larger of the two is this group's failures.
   fails=$(grep -c '^ *FAIL  "' "$logdir/$name.log" || true)
@@ -41,6 +43,8 @@ for group in test/unit test/cni test/ipam test/kernel test/testbed; do
   passed=$((passed + ok))
   failed=$((failed + counted))
 done
+# What failed, again at the end, where a log cut to its first and last lines still shows it.
+if [ -s "$logdir/digest" ]; then echo; echo "== failures"; cat "$logdir/digest"; fi
 rm -rf "$logdir"
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ] && [ "$passed" -gt 0 ]

@@ -281,15 +281,18 @@ export async function main(argv: string[], logger?: Logger): Promise<number> {
   try {
     switch (cmd) {
       case 'install': {
-        const w = watch(opts, interval);
+        // The handlers first: the first check runs (and logs, synchronously on a pipe) inside watch(),
+        // and a SIGTERM that follows its log line must stop the installer, not kill it.
         const stop = untilSignal().then(() => undefined);
+        const w = watch(opts, interval);
         const out = await Promise.race([w.installed, stop]);
         await w.stop();
         return out ? 0 : 1;
       }
       case 'watch': {
+        const signalled = untilSignal();
         const w = watch(opts, interval);
-        await untilSignal();
+        await signalled;
         await w.stop();
         return 0; // a stop (upgrade, node drain) never uninstalls
       }

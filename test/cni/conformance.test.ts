@@ -46,7 +46,7 @@ test.before(async () => {
   d = await startDaemon();
 });
 test.after(async () => {
-  await d.stop();
+  await d?.stop();
   removeDaemonDir(d);
 });
 

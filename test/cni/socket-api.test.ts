@@ -16,7 +16,7 @@ test.before(async () => {
   d = await startDaemon();
 });
 test.after(async () => {
-  await d.stop('SIGKILL');
+  await d?.stop('SIGKILL');
   removeDaemonDir(d);
 });
 

@@ -34,8 +34,8 @@ test.after.each(async () => {
   for (const c of cleanups.splice(0).reverse()) await c();
 });
 test.after(async () => {
-  raw.disconnect();
-  await redis.stop();
+  raw?.disconnect();
+  await redis?.stop();
 });
 
 async function open(opts: { born?: 'long ago' } = {}) {

@@ -56,7 +56,7 @@ test.after.each(async () => {
   for (const c of cleanups.splice(0).reverse()) await c();
 });
 test.after(async () => {
-  await redis.stop();
+  await redis?.stop();
 });
 
 test('dual-stack: one address per family, gateway is the block start and never handed out; ADD again = same', async () => {

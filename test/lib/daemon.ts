@@ -57,6 +57,7 @@ export async function startDaemon(opts: { netns?: string; dir?: string; node?: s
   return d;
 }
 
-export function removeDaemonDir(d: TestDaemon): void {
+export function removeDaemonDir(d: TestDaemon | undefined): void {
+  if (!d) return;
   fs.rmSync(d.dir, { recursive: true, force: true });
 }

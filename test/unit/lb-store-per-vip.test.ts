@@ -43,8 +43,8 @@ test.before(async () => {
 
 test.after(async () => {
   for (const s of stores) await s.close();
-  raw.disconnect();
-  await redis.stop();
+  raw?.disconnect();
+  await redis?.stop();
 });
 
 test('a node not serving a VIP receives none of its mappings; one that stops serving it hears no more', async () => {

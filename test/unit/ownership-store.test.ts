@@ -30,8 +30,8 @@ test.after.each(async () => {
   await store?.close();
 });
 test.after(async () => {
-  raw.disconnect();
-  await redis.stop();
+  raw?.disconnect();
+  await redis?.stop();
 });
 
 const logged = captureLog;

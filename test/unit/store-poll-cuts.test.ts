@@ -33,8 +33,8 @@ test.before(async () => {
   raw = new Redis({ path: redis.socketPath });
 });
 test.after(async () => {
-  raw.disconnect();
-  await redis.stop();
+  raw?.disconnect();
+  await redis?.stop();
 });
 
 async function cost(fn: () => Promise<unknown>): Promise<Record<string, number>> {
