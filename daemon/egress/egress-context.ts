@@ -183,11 +183,20 @@ export class EgressContext {
    * of its addresses. Only then does the store pass read the Egress's registry and records periodically.
    */
   involved(egress: string): boolean {
-    const id = this.egressIds.get(egress);
-    for (const g of this.gateways.values()) if (g.egresses.has(egress)) return true;
-    for (const c of this.clients.values()) if (id !== undefined && c.egressIds.includes(id)) return true;
-    for (const st of this.addresses.values()) if (st.egress.key === egress && st.holder) return true;
-    return false;
+    return this.involvedSet().has(egress);
+  }
+
+  /** Every Egress this node plays a part in (involved()), in one walk over its gateways, clients and addresses. */
+  involvedSet(): Set<string> {
+    const out = new Set<string>();
+    for (const g of this.gateways.values()) for (const e of g.egresses) out.add(e);
+    const byId = new Map([...this.egressIds].map(([k, id]) => [id, k]));
+    for (const c of this.clients.values()) for (const id of c.egressIds) {
+      const k = byId.get(id);
+      if (k) out.add(k);
+    }
+    for (const st of this.addresses.values()) if (st.holder) out.add(st.egress.key);
+    return out;
   }
 
   /** Runs event- or timer-driven work unless stopping; its failure is logged, never thrown. */

@@ -306,6 +306,11 @@ export class EgressController {
   }
 
   /** Status per floating address: owner, epoch, candidates with their liveness, sync counters, last takeover. */
+  /** Each tracked address's owner node as this node knows it (a cheap view: no counters, no candidates). */
+  owners(): Array<{ egress: string; address: string; ownerNode: string }> {
+    return [...this.s.addresses.values()].map((st) => ({ egress: st.egress.key, address: st.address, ownerNode: st.own.ownerNode ?? '' }));
+  }
+
   status(): Array<Record<string, unknown>> {
     this.s.observedUntil = Date.now() + OBSERVED_MS;
     let counters = new Map<string, { flows: bigint; packets: bigint; bytes: bigint }>();

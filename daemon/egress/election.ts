@@ -47,8 +47,16 @@ export class Election {
     this.s.peers.dropLapsedAnnouncements();
     this.s.peers.ensureBfd();
     this.placements.clear();
+    const involved = this.s.involvedSet();
     for (const st of this.s.addresses.values()) {
       if (this.s.stopped) return;
+      // A node with no part in the Egress (no gateway or client pod of it, holding none of its addresses)
+      // decides nothing about it: it is no candidate, steers no client, and learns owners from notices.
+      // Only the node an owner record names still looks (a pod of it gone: this node must hand over).
+      if (!involved.has(st.egress.key) && st.own.ownerNode !== this.s.o.node.name) {
+        if (st.candidates.length) st.candidates = [];
+        continue;
+      }
       await this.s.mutex.run(streamOf(st), () => this.evaluate(st));
     }
   }

@@ -54,11 +54,12 @@ export class StoreRecords {
       const full = opts.full || this.fullAgain || this.s.storeDown;
       this.fullAgain = false;
       await this.register();
-      const watched = [...this.s.egresses.values()].filter((e) => full || this.s.involved(e.key));
+      const involved = this.s.involvedSet();
+      const watched = [...this.s.egresses.values()].filter((e) => full || involved.has(e.key));
       for (const e of watched) if (!this.registered.has(e.key)) this.s.registry.set(e.key, await this.s.o.ownership.listGateways(e.key));
       // A node with no part in an Egress keeps no copy of its registry: it would read none again, so a
       // kept copy would only go stale (its status would name candidates that left long ago).
-      for (const e of this.s.egresses.values()) if (!full && !this.s.involved(e.key)) this.s.registry.delete(e.key);
+      for (const e of this.s.egresses.values()) if (!full && !involved.has(e.key)) this.s.registry.delete(e.key);
       if (full || watched.length) await this.reassertAddresses();
       await this.ensureAddresses(watched);
       // Records are followed by the store's change notices; a pass reads one only where that is not enough:
@@ -69,7 +70,7 @@ export class StoreRecords {
       const safety = full || now >= this.nextSafetyMs;
       if (safety) this.nextSafetyMs = now + safetyPeriodMs(this.s.o.node.name);
       for (const st of this.s.addresses.values()) {
-        if (!full && !this.s.involved(st.egress.key)) continue;
+        if (!full && !involved.has(st.egress.key)) continue;
         if (!safety && !st.holder && st.recorded) continue;
         let rec: Ownership;
         try {

@@ -248,4 +248,51 @@ test('a record that changed without a notice (lost) is followed by the safety-ne
   assert.is(st.own.epoch, 5 + (st.own.epoch - 5));
 });
 
+
+test("the election tick looks only at Egresses the node plays a part in (and addresses an owner record puts on it)", async () => {
+  const p = 'tick:';
+  await cluster(p, 4);
+  const meter = await meterRedis(redis.socketPath);
+  cleanups.push(() => meter.close());
+  const count = (s: EgressContext) => {
+    const seen = new Map<string, number>();
+    const real = s.peers.liveRegistry.bind(s.peers);
+    s.peers.liveRegistry = (egress: string) => {
+      seen.set(egress, (seen.get(egress) ?? 0) + 1);
+      return real(egress);
+    };
+    return seen;
+  };
+  const tick = (s: EgressContext) => (s.election as unknown as { pass(): Promise<void> }).pass();
+  // 40 more Egresses this node has no part in, each with one address whose owner is a node elsewhere.
+  const others: ResolvedEgress[] = Array.from({ length: 40 }, (_, i) => ({ ...EGRESS, key: `shop/other-${i}`, name: `other-${i}` }));
+  const setUp = async (i: number, role: Role) => {
+    const s = await simNode(p, i, role, meter);
+    await s.store.storePass();
+    others.forEach((e, k) => {
+      s.egresses.set(e.key, e);
+      s.egressIds.set(e.key, k + 2);
+      s.track(e, `198.51.100.${k + 2}`, { pool: 'float', index: 0 }, { egress: e.key, address: `198.51.100.${k + 2}`, owner: 'shop/gw-1', epoch: 3, ownerNode: 'n1', ownerNodeAddress: addressOf(1), ownerPodIp: gw(1).podIp });
+    });
+    return s;
+  };
+  const client = await setUp(9, 'client');
+  const seen = count(client);
+  await tick(client);
+  assert.equal([...seen.keys()], [EGRESS.key], `a client of one Egress evaluates that one alone: ${[...seen.keys()].slice(0, 5).join(', ')}`);
+  assert.ok([...client.addresses.values()].filter((st) => st.egress.key !== EGRESS.key).every((st) => st.candidates.length === 0), 'no candidates listed for Egresses it has no part in');
+
+  // An owner record naming this node (its gateway pod gone, nothing held): it still looks, to hand over.
+  const former = await setUp(1, 'none');
+  const seen1 = count(former);
+  await tick(former);
+  const namedN1 = [...former.addresses.values()].filter((st) => st.own.ownerNode === 'n1').map((st) => st.egress.key).sort();
+  assert.ok(namedN1.length >= others.length, `the 40 records name n1 (${namedN1.length})`);
+  assert.equal([...seen1.keys()].sort(), namedN1, 'every Egress whose record names n1 is looked at, and no other');
+  const none = await setUp(12, 'none');
+  const seen2 = count(none);
+  await tick(none);
+  assert.is(seen2.size, 0, `no part in anything: nothing evaluated (${[...seen2.keys()].slice(0, 3).join(', ')})`);
+});
+
 test.run();

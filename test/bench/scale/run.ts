@@ -257,7 +257,15 @@ async function runSize(sim: Sim, n: number): Promise<Record<string, unknown>> {
     const s0 = await statsAll();
     const a0 = await api?.load();
     const w0 = Date.now();
+    // TETHER_SIM_STEADY_PROF=<dir>: each worker's CPU profile of this window (steady state only).
+    const profDir = process.env.TETHER_SIM_STEADY_PROF && path.resolve(process.env.TETHER_SIM_STEADY_PROF);
+    const profiled = live();
+    if (profDir) await Promise.all(profiled.map((w) => w.ask({ op: 'profStart' })));
     await sleep(WINDOW_S * 1000);
+    if (profDir) {
+      fs.mkdirSync(profDir, { recursive: true });
+      await Promise.all(profiled.map((w, i) => w.ask({ op: 'profStop', file: path.join(profDir, `n${n}-w${i}-${w === ctl ? 'controllers' : victims.includes(w) ? 'victim' : 'main'}.cpuprofile`) })));
+    }
     const c1 = await store.counters();
     const s1 = await statsAll();
     const a1 = await api?.load();

@@ -4,6 +4,7 @@ import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { kubeconfigFor } from '../../lib/fake-apiserver';
 import { monitorEventLoopDelay } from 'node:perf_hooks';
+import { Session } from 'node:inspector/promises';
 import Redis from 'ioredis';
 import { makeLogger, setLogger } from '../../../daemon/log';
 import { SimNode, type SimPod } from './sim-node';
@@ -41,6 +42,8 @@ export type Request =
   | { op: 'lbConnect'; node: string; key: MapKey; target: string }
   | { op: 'lbHolders'; key: MapKey }
   | { op: 'lbStatus'; node: string }
+  | { op: 'profStart' }
+  | { op: 'profStop'; file: string }
   | { op: 'exit' };
 
 // Quiet by default: N nodes' log lines (every refused Service, every store timeout) cost the simulation
@@ -54,6 +57,9 @@ const nodes = new Map<string, SimNode>();
 const loopDelay = monitorEventLoopDelay({ resolution: 20 });
 loopDelay.enable();
 const addresses = new Set<string>();
+// TETHER_SIM_STEADY_PROF (run.ts): a CPU profile of the steady-state window only, start-up left out.
+const profiler = new Session();
+profiler.connect();
 
 // The node addresses are the simulated nodes' interfaces (they are loopback addresses: 127/8 is local).
 // eslint-disable-next-line @typescript-eslint/no-var-requires
@@ -137,7 +143,7 @@ async function handle(m: Request): Promise<unknown> {
       const view: Record<string, Record<string, string>> = {};
       for (const [name, n] of nodes) {
         const v: Record<string, string> = {};
-        for (const s of n.status().egress) v[`${s.egress}/${s.address}`] = String(s.ownerNode ?? '');
+        for (const s of n.egress?.owners() ?? []) v[`${s.egress}/${s.address}`] = s.ownerNode;
         view[name] = v;
       }
       return view;
@@ -146,8 +152,10 @@ async function handle(m: Request): Promise<unknown> {
       // Per node that tracks the Egress: the owner node of its (first) address.
       const out: Record<string, string> = {};
       for (const [name, n] of nodes) {
-        const s = n.status().egress.find((x) => x.egress === m.egress);
-        if (s) out[name] = String(s.ownerNode ?? '');
+        // The cheap view: the agreement is polled every 50 ms, and a full status() of every node (each
+        // Service's LB status, each address's counters) would be load the simulation measures itself.
+        const s = n.egress?.owners().find((x) => x.egress === m.egress);
+        if (s) out[name] = s.ownerNode;
       }
       return out;
     }
@@ -171,6 +179,15 @@ async function handle(m: Request): Promise<unknown> {
     }
     case 'lbStatus':
       return nodes.get(m.node)?.status().loadBalancers ?? [];
+    case 'profStart':
+      await profiler.post('Profiler.enable');
+      await profiler.post('Profiler.start');
+      return true;
+    case 'profStop': {
+      const { profile } = (await profiler.post('Profiler.stop')) as { profile: unknown };
+      fs.writeFileSync(m.file, JSON.stringify(profile));
+      return true;
+    }
     case 'exit':
       await Promise.all([...nodes.values()].map((n) => n.stop().catch(() => undefined)));
       setTimeout(() => process.exit(0), 100);
