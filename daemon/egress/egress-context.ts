@@ -186,15 +186,21 @@ export class EgressContext {
     return this.involvedSet().has(egress);
   }
 
-  /** Every Egress this node plays a part in (involved()), in one walk over its gateways, clients and addresses. */
-  involvedSet(): Set<string> {
-    const out = new Set<string>();
-    for (const g of this.gateways.values()) for (const e of g.egresses) out.add(e);
+  /** The Egresses this node has client pods of. */
+  clientEgresses(): Set<string> {
     const byId = new Map([...this.egressIds].map(([k, id]) => [id, k]));
+    const out = new Set<string>();
     for (const c of this.clients.values()) for (const id of c.egressIds) {
       const k = byId.get(id);
       if (k) out.add(k);
     }
+    return out;
+  }
+
+  /** Every Egress this node plays a part in (involved()), in one walk over its gateways, clients and addresses. */
+  involvedSet(): Set<string> {
+    const out = this.clientEgresses();
+    for (const g of this.gateways.values()) for (const e of g.egresses) out.add(e);
     for (const st of this.addresses.values()) if (st.holder) out.add(st.egress.key);
     return out;
   }

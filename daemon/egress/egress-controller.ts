@@ -94,6 +94,7 @@ export class EgressController {
     this.s.notices = await NoticeChannel.open({ clusterKey: this.s.o.clusterKey, node: this.s.o.node.name, address: this.s.o.node.address, port: this.s.o.syncPort });
     this.s.notices.on('heard', (_from: string, address: string) => this.s.peers.heard.set(address, Date.now()));
     this.s.notices.on('gateways', (list: GatewayAnnouncement[], from: string, address: string) => this.s.peers.onAnnounced(list, from, address));
+    this.s.notices.on('clients', (egresses: string[], _from: string, address: string) => this.s.peers.onClients(egresses, address));
     this.s.notices.on('notice', (n: OwnershipNotice, from: string, address: string) => this.s.spawn(() => this.s.election.onNotice(n, from, address)));
     this.s.maps = openEgressMaps(this.s.o.pinDir, { create: true, maxFlows: this.s.o.maxFlows });
     for (const e of this.s.egresses.values()) {

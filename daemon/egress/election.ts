@@ -329,23 +329,35 @@ export class Election {
   }
 
   /**
-   * Every second: the owner repeats its ownership (nodes that missed a notice or just started catch up), and
-   * a node with gateway pods announces them to the other candidates of their Egresses and to the owners,
-   * so candidates know each other (BFD sessions, conntrack streams) even when the store is down.
+   * Every second: the owner repeats its ownership to the Egress's candidates and its clients' nodes (those
+   * that missed a notice or just started catch up); a node with gateway pods announces them to the other
+   * candidates of their Egresses and to the owners, so candidates know each other (BFD sessions, conntrack
+   * streams) even when the store is down; a node with client pods tells the same nodes it has clients, so
+   * owners (a candidate that takes over included) repeat their ownership to it. A node with no part in an
+   * Egress is sent nothing periodically: it hears a change of owner when it happens (sent to every node).
    */
   heartbeat(): void {
     if (this.s.stopped || !this.s.notices) return;
     const held = [...this.s.addresses.values()].filter((st) => st.holder);
     for (const st of held) st.inSync = new Set(this.s.streams.computeInSync(st));
     try {
-      if (held.length) this.s.notices.send(this.s.peers.peerAddresses(), held.map((st) => this.noticeOf(st)));
+      // Per Egress: the owner's notices to its candidates and its clients' nodes.
+      const byEgress = new Map<string, AddressState[]>();
+      for (const st of held) byEgress.set(st.egress.key, [...(byEgress.get(st.egress.key) ?? []), st]);
+      for (const [egress, list] of byEgress) this.s.notices.send(this.s.peers.heartbeatPeers(egress), list.map((st) => this.noticeOf(st)));
+      // This node's gateway pods (to the other candidates and the owners) and the Egresses it has clients
+      // of (to their candidates and owners, so owners repeat their ownership to this node).
+      const involved = this.s.involvedSet();
+      const clientOf = this.s.clientEgresses();
       for (const e of this.s.egresses.values()) {
+        if (!involved.has(e.key)) continue;
         const mine = [...this.s.gateways.values()].filter((g) => g.egresses.has(e.key)).map((g) => ({ ...g.info, egress: e.key }));
-        if (!mine.length) continue;
+        const client = clientOf.has(e.key);
+        if (!mine.length && !client) continue;
         const peers = new Set(this.s.peers.liveRegistry(e.key).filter((g) => g.node !== this.s.o.node.name).map((g) => g.nodeAddress));
         for (const st of this.s.addresses.values()) if (st.egress.key === e.key && st.own.ownerNodeAddress) peers.add(st.own.ownerNodeAddress);
         peers.delete(this.s.o.node.address);
-        this.s.notices.send(peers, [], mine);
+        this.s.notices.send(peers, [], mine, { clients: client ? [e.key] : [] });
       }
     } catch (e) {
       this.s.o.logger.error('egress: heartbeat notice not sent', { error: (e as Error).message });

@@ -61,6 +61,12 @@ interface Envelope {
   notices: OwnershipNotice[];
   /** Optional (older senders do not send it): the sender's gateway pods, by Egress. */
   gateways?: GatewayAnnouncement[];
+  /**
+   * Optional: the Egresses ("ns/name") the sender has client pods of. Sent to their candidates and owners,
+   * who then repeat their ownership to the sender's node too: owners heartbeat to the nodes that use them,
+   * not to every node (a change of owner still goes to every node at once).
+   */
+  clients?: string[];
 }
 
 export function noticeKey(clusterKey: Buffer): Buffer {
@@ -115,6 +121,9 @@ function checkEnvelope(raw: unknown): Envelope {
   if (!Number.isSafeInteger(r.seq) || (r.seq as number) < 0) bad('seq');
   if (!Number.isSafeInteger(r.at)) bad('at');
   if (!Array.isArray(r.notices) || r.notices.length > MAX_PER_DATAGRAM) bad(`notices: ${Array.isArray(r.notices) ? `${r.notices.length} in one datagram (at most ${MAX_PER_DATAGRAM})` : 'not an array'}`);
+  if (r.clients !== undefined && (!Array.isArray(r.clients) || r.clients.length > MAX_PER_DATAGRAM || r.clients.some((c) => typeof c !== 'string' || !c || c.length > 253))) {
+    bad(`clients: ${Array.isArray(r.clients) ? (r.clients.length > MAX_PER_DATAGRAM ? `${r.clients.length} in one datagram (at most ${MAX_PER_DATAGRAM})` : 'an entry is not an Egress name') : 'not an array'}`);
+  }
   if (r.gateways !== undefined && (!Array.isArray(r.gateways) || r.gateways.length > MAX_PER_DATAGRAM)) {
     bad(`gateways: ${Array.isArray(r.gateways) ? `${r.gateways.length} in one datagram (at most ${MAX_PER_DATAGRAM})` : 'not an array'}`);
   }
@@ -153,37 +162,46 @@ function checkEnvelope(raw: unknown): Envelope {
     if (out.node !== r.from) bad(`gateways[${i}].node: ${out.node} announced by ${String(r.from)}`);
     return out;
   });
-  return { from: r.from as string, boot: r.boot as string, seq: r.seq as number, at: r.at as number, notices, ...(gateways ? { gateways } : {}) };
+  const clients = r.clients as string[] | undefined;
+  return { from: r.from as string, boot: r.boot as string, seq: r.seq as number, at: r.at as number, notices, ...(gateways ? { gateways } : {}), ...(clients?.length ? { clients } : {}) };
 }
 
 /**
- * Packs notices and gateway announcements into as few datagrams as fit MAX_NOTICE_BYTES (and
- * MAX_PER_DATAGRAM of each). An item too large for a datagram on its own is returned in `tooLarge`.
+ * Packs notices, gateway announcements and client Egresses into as few datagrams as fit MAX_NOTICE_BYTES
+ * (and MAX_PER_DATAGRAM of each). An item too large for a datagram on its own is returned in `tooLarge`.
  */
 export function packNotices(
-  key: Buffer, head: Omit<Envelope, 'notices' | 'gateways' | 'seq'>, nextSeq: () => number,
-  notices: OwnershipNotice[], gateways: GatewayAnnouncement[] = [],
-): { datagrams: Buffer[]; tooLarge: Array<OwnershipNotice | GatewayAnnouncement> } {
+  key: Buffer, head: Omit<Envelope, 'notices' | 'gateways' | 'clients' | 'seq'>, nextSeq: () => number,
+  notices: OwnershipNotice[], gateways: GatewayAnnouncement[] = [], clients: string[] = [],
+): { datagrams: Buffer[]; tooLarge: Array<OwnershipNotice | GatewayAnnouncement | string> } {
   // The envelope's fixed part with the widest numbers it can carry, so an estimate never falls short.
-  const fixed = HEADER + MAC_BYTES + Buffer.byteLength(JSON.stringify({ ...head, seq: Number.MAX_SAFE_INTEGER, at: -Number.MAX_SAFE_INTEGER, notices: [], gateways: [] }));
-  const items = [...notices.map((n) => ({ kind: 'n' as const, item: n })), ...gateways.map((g) => ({ kind: 'g' as const, item: g }))];
+  const fixed = HEADER + MAC_BYTES + Buffer.byteLength(JSON.stringify({ ...head, seq: Number.MAX_SAFE_INTEGER, at: -Number.MAX_SAFE_INTEGER, notices: [], gateways: [], clients: [] }));
+  const items = [
+    ...notices.map((n) => ({ kind: 'notices' as const, item: n as unknown })),
+    ...gateways.map((g) => ({ kind: 'gateways' as const, item: g as unknown })),
+    ...clients.map((c) => ({ kind: 'clients' as const, item: c as unknown })),
+  ];
   const datagrams: Buffer[] = [];
-  const tooLarge: Array<OwnershipNotice | GatewayAnnouncement> = [];
-  let cur = { notices: [] as OwnershipNotice[], gateways: [] as GatewayAnnouncement[], bytes: fixed };
+  const tooLarge: Array<OwnershipNotice | GatewayAnnouncement | string> = [];
+  const empty = () => ({ notices: [] as unknown[], gateways: [] as unknown[], clients: [] as unknown[], bytes: fixed });
+  let cur = empty();
   const flush = () => {
-    if (!cur.notices.length && !cur.gateways.length) return;
-    datagrams.push(encodeNotices(key, { ...head, seq: nextSeq(), notices: cur.notices, ...(cur.gateways.length ? { gateways: cur.gateways } : {}) }));
-    cur = { notices: [], gateways: [], bytes: fixed };
+    if (!cur.notices.length && !cur.gateways.length && !cur.clients.length) return;
+    datagrams.push(encodeNotices(key, {
+      ...head, seq: nextSeq(), notices: cur.notices as OwnershipNotice[],
+      ...(cur.gateways.length ? { gateways: cur.gateways as GatewayAnnouncement[] } : {}),
+      ...(cur.clients.length ? { clients: cur.clients as string[] } : {}),
+    }));
+    cur = empty();
   };
   for (const { kind, item } of items) {
     const size = Buffer.byteLength(JSON.stringify(item)) + 1;
     if (fixed + size > MAX_NOTICE_BYTES) {
-      tooLarge.push(item);
+      tooLarge.push(item as OwnershipNotice | GatewayAnnouncement | string);
       continue;
     }
-    const list = kind === 'n' ? cur.notices : cur.gateways;
-    if (cur.bytes + size > MAX_NOTICE_BYTES || list.length >= MAX_PER_DATAGRAM) flush();
-    (kind === 'n' ? cur.notices : cur.gateways).push(item as never);
+    if (cur.bytes + size > MAX_NOTICE_BYTES || cur[kind].length >= MAX_PER_DATAGRAM) flush();
+    cur[kind].push(item);
     cur.bytes += size;
   }
   flush();
@@ -202,7 +220,7 @@ export interface NoticeChannelOptions {
 /**
  * Sends and receives ownership notices. Emits 'notice' (OwnershipNotice, from: string) for every
  * authentic, fresh notice, 'gateways' (GatewayAnnouncement[], from: string) for a node's announced gateway
- * pods, and 'heard' (from: string, address: string) for every authentic datagram (a sign of life of the
+ * pods, 'clients' (string[], from: string, address: string) for the Egresses a node has client pods of, and 'heard' (from: string, address: string) for every authentic datagram (a sign of life of the
  * sender's node); rejected datagrams are counted per reason and logged (rate-limited) with what was refused.
  */
 export class NoticeChannel extends EventEmitter {
@@ -251,11 +269,14 @@ export class NoticeChannel extends EventEmitter {
    * need. Send errors are what liveness detects: logged at debug. An item too large for any datagram is
    * not sent, and named in an error log line.
    */
-  send(peers: Iterable<string>, notices: OwnershipNotice[], gateways: GatewayAnnouncement[] = [], port = this.o.port): void {
-    if (!notices.length && !gateways.length) return;
-    const { datagrams, tooLarge } = packNotices(this.key, { from: this.o.node, boot: this.boot, at: this.now() }, () => ++this.seq, notices, gateways);
+  send(peers: Iterable<string>, notices: OwnershipNotice[], gateways: GatewayAnnouncement[] = [], opts: { clients?: string[]; port?: number } = {}): void {
+    const clients = opts.clients ?? [];
+    const port = opts.port ?? this.o.port;
+    if (!notices.length && !gateways.length && !clients.length) return;
+    const { datagrams, tooLarge } = packNotices(this.key, { from: this.o.node, boot: this.boot, at: this.now() }, () => ++this.seq, notices, gateways, clients);
     for (const t of tooLarge) {
-      log().error('egress: ownership notice too large for a datagram; not sent', { egress: t.egress, item: 'address' in t ? t.address : t.pod, bytes: Buffer.byteLength(JSON.stringify(t)) });
+      const item = typeof t === 'string' ? { egress: t, item: 'client' } : { egress: t.egress, item: 'address' in t ? t.address : t.pod };
+      log().error('egress: ownership notice too large for a datagram; not sent', { ...item, bytes: Buffer.byteLength(JSON.stringify(t)) });
     }
     for (const p of new Set(peers)) {
       if (p === this.o.address) continue;
@@ -316,6 +337,7 @@ export class NoticeChannel extends EventEmitter {
     this.counters.accepted++;
     this.emit('heard', env.from, from);
     if (env.gateways?.length) this.emit('gateways', env.gateways, env.from, from);
+    if (env.clients?.length) this.emit('clients', env.clients, env.from, from);
     for (const n of env.notices) this.emit('notice', n, env.from, from);
   }
 

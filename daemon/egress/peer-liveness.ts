@@ -20,6 +20,12 @@ export class PeerLiveness {
    */
   private readonly announced = new Map<string, Map<string, { info: GatewayInfo; until: number }>>();
 
+  /**
+   * Nodes with client pods of an Egress, by Egress then node address, with when their word lapses: an
+   * owner repeats its ownership to them (and to the candidates), not to every node.
+   */
+  private readonly clientNodes = new Map<string, Map<string, number>>();
+
   /** When an authentic notice last came from a node's address (a sign of life while BFD is not Up). */
   readonly heard = new Map<string, number>();
 
@@ -78,6 +84,35 @@ export class PeerLiveness {
     if (added) this.s.election.requestTick();
   }
 
+  /** A node said it has client pods of these Egresses (an authenticated notice from its own address). */
+  onClients(egresses: string[], address: string): void {
+    const until = Date.now() + ANNOUNCED_TTL_MS;
+    for (const e of egresses) {
+      if (!this.s.egresses.has(e) || address === this.s.o.node.address) continue;
+      let m = this.clientNodes.get(e);
+      if (!m) this.clientNodes.set(e, (m = new Map()));
+      m.set(address, until);
+    }
+  }
+
+  /** The node addresses that said, within ANNOUNCED_TTL_MS, that they have client pods of `egress`. */
+  clientNodesOf(egress: string): string[] {
+    const now = Date.now();
+    return [...(this.clientNodes.get(egress) ?? [])].filter(([, until]) => until > now).map(([a]) => a);
+  }
+
+  /**
+   * Where an owner's heartbeat for `egress` goes: the Egress's other candidates (standbys, failover) and the
+   * nodes of its clients (they steer to the owner). Nodes with no part in it learn of a change of owner from
+   * the notice sent to every node when it happens, and from the store.
+   */
+  heartbeatPeers(egress: string): Set<string> {
+    const out = new Set(this.liveRegistry(egress).map((g) => g.nodeAddress));
+    for (const a of this.clientNodesOf(egress)) out.add(a);
+    out.delete(this.s.o.node.address);
+    return out;
+  }
+
   /** Logs a refused sender once per kind (the channel counts every refusal). */
   refuseSender(key: string, msg: string, fields: Record<string, unknown>): void {
     if (this.refusedSenders.has(key)) return;
@@ -87,7 +122,7 @@ export class PeerLiveness {
 
   /** A node address this node knows: the store's node list, a registered or announced gateway's, an owner's. */
   knownNode(address: string): boolean {
-    if (this.s.nodes.includes(address)) return true;
+    if (this.nodeSet(this.s.nodes).has(address)) return true;
     for (const list of this.s.registry.values()) if (list.some((g) => g.nodeAddress === address)) return true;
     for (const m of this.announced.values()) for (const a of m.values()) if (a.info.nodeAddress === address) return true;
     for (const st of this.s.addresses.values()) if (st.own.ownerNodeAddress === address) return true;
@@ -112,8 +147,23 @@ export class PeerLiveness {
     return [...local, ...remote.values()];
   }
 
+  /** The store's node list as a set (kept while the list is the same array). */
+  private nodeSet(nodes: string[]): Set<string> {
+    if (this.nodeSetOf !== nodes) {
+      this.nodeSetOf = nodes;
+      this.nodeSet_ = new Set(nodes);
+    }
+    return this.nodeSet_;
+  }
+  private nodeSetOf?: string[];
+  private nodeSet_ = new Set<string>();
+
   dropLapsedAnnouncements(): void {
     const now = Date.now();
+    for (const [egress, m] of this.clientNodes) {
+      for (const [a, until] of m) if (until <= now) m.delete(a);
+      if (!m.size || !this.s.egresses.has(egress)) this.clientNodes.delete(egress);
+    }
     for (const [egress, m] of this.announced) {
       for (const [pod, a] of m) if (a.until <= now) m.delete(pod);
       if (!m.size || !this.s.egresses.has(egress)) this.announced.delete(egress);

@@ -295,4 +295,48 @@ test("the election tick looks only at Egresses the node plays a part in (and add
   assert.is(seen2.size, 0, `no part in anything: nothing evaluated (${[...seen2.keys()].slice(0, 3).join(', ')})`);
 });
 
+test('heartbeats go to the Egress\'s candidates and its clients\' nodes, not to every registered node', async () => {
+  const p = 'beat:';
+  await cluster(p, 200);
+  const meter = await meterRedis(redis.socketPath);
+  cleanups.push(() => meter.close());
+  type Sent = { peers: string[]; notices: number; gateways: number; clients: string[] };
+  const recorder = (s: EgressContext) => {
+    const sent: Sent[] = [];
+    s.notices = { send: (peers: Iterable<string>, notices: unknown[], gateways: unknown[] = [], opts: { clients?: string[] } = {}) => {
+      sent.push({ peers: [...peers].sort(), notices: notices.length, gateways: gateways.length, clients: opts.clients ?? [] });
+    } } as unknown as EgressContext['notices'];
+    return sent;
+  };
+  const owner = await simNode(p, 1, 'gateway', meter);
+  await owner.store.storePass();
+  const st = [...owner.addresses.values()][0];
+  assert.ok(st, 'the address is tracked');
+  st.own = { egress: EGRESS.key, address: st.address, owner: 'shop/gw-1', epoch: 1, ownerNode: 'n1', ownerNodeAddress: addressOf(1), ownerPodIp: gw(1).podIp };
+  st.holder = owner.gateways.get('shop/gw-1');
+  const ownerSent = recorder(owner);
+  owner.election.heartbeat();
+  const beat = ownerSent.filter((x) => x.notices);
+  assert.equal(beat.map((x) => x.peers), [[addressOf(2), addressOf(3)]], `the other two candidates only, not the 200 nodes: ${JSON.stringify(beat.map((x) => x.peers.length))}`);
+
+  // A client node tells the candidates and the owner that it has clients of the Egress...
+  const client = await simNode(p, 150, 'client', meter);
+  await client.store.storePass();
+  const cst = [...client.addresses.values()][0];
+  cst.own = { ...st.own };
+  const clientSent = recorder(client);
+  client.election.heartbeat();
+  assert.equal(clientSent, [{ peers: [addressOf(1), addressOf(2), addressOf(3)], notices: 0, gateways: 0, clients: [EGRESS.key] }]);
+  // ...and the owner's heartbeats reach it from then on (until its word lapses).
+  owner.peers.onClients([EGRESS.key], addressOf(150));
+  owner.peers.onClients(['shop/unknown'], addressOf(151));
+  ownerSent.length = 0;
+  owner.election.heartbeat();
+  assert.equal(ownerSent.filter((x) => x.notices).map((x) => x.peers), [[addressOf(150), addressOf(2), addressOf(3)]]);
+  later(4000);
+  ownerSent.length = 0;
+  owner.election.heartbeat();
+  assert.equal(ownerSent.filter((x) => x.notices).map((x) => x.peers), [[addressOf(2), addressOf(3)]], 'a client that stopped saying so is dropped');
+});
+
 test.run();

@@ -109,7 +109,7 @@ test('a heartbeat of many addresses is split over datagrams of at most 1,400 byt
     const got: OwnershipNotice[] = [];
     a.on('notice', (n: OwnershipNotice) => got.push(n));
     const notices = Array.from({ length: 64 }, (_, i) => longNotice(i));
-    b.send(['127.0.0.1'], notices, [], a.port);
+    b.send(['127.0.0.1'], notices, [], { port: a.port });
     for (let i = 0; i < 50 && got.length < 64; i++) await new Promise((r) => setTimeout(r, 20));
     assert.is(got.length, 64, `${got.length}/64 notices of one heartbeat arrived`);
     assert.equal(new Set(got.map((n) => n.address)).size, 64);
@@ -140,6 +140,37 @@ test('a datagram carrying 64 notices, or a node announcing another node\'s gatew
   const own = { ...gw, node: 'n2', nodeAddress: '198.18.0.12' };
   assert.equal(decodeNotices(key, encodeNotices(key, env({ notices: [], gateways: [own] }))).gateways, [own]);
   assert.match(reason(encodeNotices(key, env({ notices: [], gateways: [{ ...own, podIp: 'nope' }] }))), 'gateways[0].podIp');
+});
+
+test('client Egresses: carried, packed over datagrams, delivered with the sender\'s address; a garbled list is refused whole', async () => {
+  const d = decodeNotices(key, encodeNotices(key, env({ notices: [], clients: ['shop/out', 'shop/other'] })));
+  assert.equal(d.clients, ['shop/out', 'shop/other']);
+  for (const bad of [[3], [''], 'shop/out', Array.from({ length: 17 }, (_, i) => `shop/e${i}`)]) {
+    try {
+      decodeNotices(key, encodeNotices(key, env({ clients: bad })));
+      assert.unreachable(`accepted clients ${JSON.stringify(bad).slice(0, 40)}`);
+    } catch (e) {
+      assert.instance(e, NoticeRejected);
+      assert.match((e as Error).message, /clients/);
+    }
+  }
+  let seq = 0;
+  const many = Array.from({ length: 40 }, (_, i) => `ns-${'x'.repeat(50)}/egress-${i}`);
+  const { datagrams } = packNotices(key, { from: 'n2', boot: '0123456789abcdef', at: Date.now() }, () => ++seq, [], [], many);
+  assert.ok(datagrams.length >= 3, `40 Egresses in ${datagrams.length} datagrams`);
+  assert.equal(datagrams.flatMap((g) => decodeNotices(key, g).clients ?? []), many, 'every one, in order');
+  const a = await NoticeChannel.open({ clusterKey, node: 'n1', address: '127.0.0.1', port: 0 });
+  const b = await NoticeChannel.open({ clusterKey, node: 'n2', address: '127.0.0.2', port: 0 });
+  try {
+    const got: Array<[string[], string, string]> = [];
+    a.on('clients', (list: string[], from: string, address: string) => got.push([list, from, address]));
+    b.send(['127.0.0.1'], [], [], { clients: ['shop/out'], port: a.port });
+    for (let i = 0; i < 50 && !got.length; i++) await new Promise((r) => setTimeout(r, 10));
+    assert.equal(got, [[['shop/out'], 'n2', '127.0.0.2']]);
+  } finally {
+    await a.close();
+    await b.close();
+  }
 });
 
 test.run();
