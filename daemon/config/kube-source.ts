@@ -204,7 +204,9 @@ export class KubeSource extends EventEmitter implements ConfigSource {
     }
     // Services of tether's class and the EndpointSlices naming them, as the API server validated them
     // (lb-spec.ts judges tether's own meaning; a refused one is reported in the Service's status).
-    const services: Obj[] = this.objectsOf('services').map((o) => ({ ...o, apiVersion: 'v1', kind: 'Service' })).filter((o) => isTetherService(o));
+    // Only what tether reads of a Service (its spec, labels and annotations): a status write (the leader's
+    // VIP and conditions) or any other metadata change is then no new configuration on every node.
+    const services: Obj[] = this.objectsOf('services').map((o) => serviceObject(o)).filter((o) => isTetherService(o));
     const named = new Set(services.map((o) => `${o.metadata?.namespace}/${o.metadata?.name}`));
     others.push(...services);
     for (const o of this.objectsOf('endpointslices')) {
@@ -243,4 +245,13 @@ function crObject(raw: Obj, kind: string): Obj {
   if (m.namespace) metadata.namespace = m.namespace;
   if (m.labels) metadata.labels = m.labels;
   return { apiVersion: raw.apiVersion ?? `${GROUP}/${VERSION}`, kind: raw.kind ?? kind, metadata, spec: raw.spec };
+}
+
+/** A Service as the configuration holds it: spec, name, namespace, labels and annotations (status left out). */
+function serviceObject(raw: Obj): Obj {
+  const m = raw.metadata ?? {};
+  const metadata: Obj = { name: m.name, namespace: m.namespace };
+  if (m.labels) metadata.labels = m.labels;
+  if (m.annotations) metadata.annotations = m.annotations;
+  return { apiVersion: 'v1', kind: 'Service', metadata, spec: raw.spec };
 }

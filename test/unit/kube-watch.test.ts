@@ -230,4 +230,23 @@ test('backoff: doubles to its cap, half fixed and half random', () => {
   assert.is(b.failures, 0);
 });
 
+test("a Service's status written (the leader's VIP and conditions) is no new configuration: no update on the nodes", async () => {
+  const { api, src, done } = await setup();
+  try {
+    await src.start();
+    let updates = 0;
+    src.on('update', () => updates++);
+    const builds = src.counts.builds;
+    api.apply({ ...svc('web', true), status: { loadBalancer: { ingress: [{ ip: '198.51.100.7', ipMode: 'Proxy' }] }, conditions: [{ type: 'tether.dev/Ready', status: 'True' }] } });
+    await until('the event rebuilt the configuration', () => src.counts.builds > builds);
+    await new Promise((r) => setTimeout(r, 300));
+    assert.is(updates, 0, 'the status write changed nothing a node reads');
+    // A change of what a node reads still is one.
+    api.apply({ ...svc('web', true), metadata: { ...svc('web', true).metadata, annotations: { 'lb.tether.dev/affinity': 'flow' } } });
+    await updateWhere(src, (c) => c.others.some((o) => o.kind === 'Service' && (o.metadata as { annotations?: Record<string, string> }).annotations?.['lb.tether.dev/affinity'] === 'flow'));
+  } finally {
+    await done();
+  }
+});
+
 test.run();
