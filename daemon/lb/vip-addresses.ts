@@ -1,6 +1,13 @@
 // Each Service's VIP: requested or from its loadBalancer pool, allocated idempotently per Service (every
-// node asks for the same owner and gets the same address), released when the Service goes or asks for
-// another; after the store lost its data, the VIPs this node holds are put back under their Services.
+// node that asks names the same owner and gets the same address), released when the Service goes or asks
+// for another; after the store lost its data, the VIPs this node holds are put back under their Services.
+// A node asks only for the VIPs it needs (the caller says which: a local LB pod selects the Service, a
+// local pod is one of its targets, or the node runs the cluster's controllers, which hold every VIP for
+// the Services' status): a Service no local pod concerns costs this node no store command. A Service
+// whose need here ends is forgotten here only — its VIP stays allocated in the store, for the nodes that
+// still serve it. Releasing (the Service deleted, or asking for another pool or address) is done by every
+// node that holds the VIP then, the controllers' node among them; the one whose release freed it drops
+// its mappings from the store.
 import { ErrorCode, TetherError } from '../errors';
 import type { ResolvedLoadBalancer } from './lb-spec';
 import { ownerOf, type LbShared, type VipState } from './lb-state';
@@ -25,10 +32,10 @@ export class VipAddresses {
    * Converges the VIPs to the Services: `wiped` when the store lost its data since the last look, `more`
    * when Services still wait for their first allocation attempt (the caller runs another pass).
    */
-  async apply(lbs: Map<string, ResolvedLoadBalancer>): Promise<{ wiped: boolean; more: boolean }> {
+  async apply(lbs: Map<string, ResolvedLoadBalancer>, needed: Set<string>): Promise<{ wiped: boolean; more: boolean }> {
     const wiped = await this.reassert();
-    await this.release(lbs);
-    const more = await this.allocate(lbs);
+    await this.release(lbs, needed);
+    const more = await this.allocate(lbs, needed);
     return { wiped, more };
   }
 
@@ -39,6 +46,12 @@ export class VipAddresses {
    */
   private async reassert(): Promise<boolean> {
     const a = this.s.o.addresses;
+    const held = [...this.s.vips.values()].filter((v) => v.vip);
+    // Holding nothing, nothing is re-asserted: no look at the generation (the first VIP held starts afresh).
+    if (!held.length) {
+      this.generation = undefined;
+      return false;
+    }
     let g: string;
     try {
       g = await a.generation();
@@ -47,7 +60,6 @@ export class VipAddresses {
     }
     if (g === this.generation) return false;
     const first = this.generation === undefined;
-    const held = [...this.s.vips.values()].filter((v) => v.vip);
     if (!first && held.length) {
       this.s.logger.warn('lb: cluster store lost its data; re-asserting the VIPs this node serves', { vips: held.map((v) => v.vip), generation: g });
       await a.markRestarted(g);
@@ -69,11 +81,19 @@ export class VipAddresses {
     return !first;
   }
 
-  private async release(lbs: Map<string, ResolvedLoadBalancer>): Promise<void> {
+  private async release(lbs: Map<string, ResolvedLoadBalancer>, needed: Set<string>): Promise<void> {
     for (const [key, st] of this.s.vips) {
       const lb = lbs.get(key);
       const changed = lb && (lb.vip.pool !== st.pool || (lb.vip.address !== undefined && lb.vip.address !== st.vip));
-      if (lb && !changed) continue;
+      if (lb && !changed) {
+        // No longer needed here, and nothing of it left on this node (its slot given back, its routes
+        // withdrawn, no local target): forgotten here, not released (other nodes may serve it).
+        if (!needed.has(key) && st.slot === undefined && !st.announced && !this.inUse(st)) {
+          this.s.vips.delete(key);
+          if (st.vip) this.s.logger.info('lb: VIP no longer needed on this node; forgotten here, kept allocated in the store', { service: key, vip: st.vip });
+        }
+        continue;
+      }
       if (st.vip) this.withdraw(st);
       let freed: string[];
       try {
@@ -97,10 +117,19 @@ export class VipAddresses {
     }
   }
 
-  private async allocate(lbs: Map<string, ResolvedLoadBalancer>): Promise<boolean> {
+  /** A local LB pod or target pod still carries the VIP. */
+  private inUse(st: VipState): boolean {
+    if (!st.vip) return false;
+    for (const p of this.s.lbPods.values()) if (p.vips.has(st.vip)) return true;
+    for (const t of this.s.targets.values()) if (t.vips.has(st.vip)) return true;
+    return false;
+  }
+
+  private async allocate(lbs: Map<string, ResolvedLoadBalancer>, needed: Set<string>): Promise<boolean> {
     let asked = 0;
     let more = false;
     for (const lb of lbs.values()) {
+      if (!needed.has(lb.key)) continue;
       let st = this.s.vips.get(lb.key);
       if (st?.vip) continue;
       // Past the limit: a new Service makes the caller run another pass at once; one refused before is
