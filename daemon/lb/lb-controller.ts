@@ -32,6 +32,8 @@ export { FOU_OVERHEAD, type LbControllerOptions };
 const TICK_MS = 1000;
 const EVENT_POLL_MS = 20;
 const REGISTRY_TTL_MS = 5000;
+/** How often the controllers' node looks for VIPs of Services deleted while no node held them. */
+const COLLECT_EVERY_MS = 60_000;
 
 export class LbController {
   private lbs = new Map<string, ResolvedLoadBalancer>();
@@ -55,6 +57,9 @@ export class LbController {
   private needed = new Set<string>();
   /** This node runs the cluster's controllers (it holds every Service's VIP, for their status). */
   private controllers = false;
+  /** A configuration was applied (the Services are known: what no Service names may be collected). */
+  private configured = false;
+  private lastCollect = 0;
 
   constructor(private readonly o: LbControllerOptions) {
     this.s = new LbShared(o);
@@ -95,6 +100,8 @@ export class LbController {
   setControllers(on: boolean): void {
     if (on === this.controllers) return;
     this.controllers = on;
+    this.addresses.resetCollection();
+    this.lastCollect = 0;
     this.o.logger.info(on ? 'lb: this node runs the controllers: holding every Service\'s VIP' : 'lb: this node no longer runs the controllers: holding only the VIPs its pods need', { services: this.lbs.size });
     void this.kick();
   }
@@ -126,6 +133,7 @@ export class LbController {
   /** A new configuration: the Services, EndpointSlices and pods' metadata. */
   async apply(r: LbResolution, podMeta?: Record<string, PodMeta>): Promise<void> {
     this.lbs = new Map(r.loadBalancers.map((l) => [l.key, l]));
+    this.configured = true;
     const refused = new Map(r.refused.map((x) => [x.key, x.problems]));
     for (const [k, p] of refused) if (JSON.stringify(this.refused.get(k)) !== JSON.stringify(p)) this.o.logger.error('lb: Service refused', { service: k, problems: p });
     this.refused = refused;
@@ -156,6 +164,10 @@ export class LbController {
     const vips = await this.addresses.apply(this.lbs, needed);
     if (vips.wiped) this.sync.storeWiped();
     if (vips.more) this.loop.request(); // the next part of a large batch of new Services, right after this pass
+    if (this.controllers && this.configured && !vips.more && Date.now() - this.lastCollect >= COLLECT_EVERY_MS) {
+      this.lastCollect = Date.now();
+      await this.addresses.collect(this.lbs).catch((e: Error) => this.o.logger.warn('lb: looking for VIPs of deleted Services failed; retried', { error: e.message }));
+    }
     const served = [...this.lbs.values()].filter((l) => this.s.vips.get(l.key)?.vip);
     const sel = this.pods.selections(served);
     this.assignSlots(served, sel);

@@ -7,7 +7,9 @@
 // whose need here ends is forgotten here only — its VIP stays allocated in the store, for the nodes that
 // still serve it. Releasing (the Service deleted, or asking for another pool or address) is done by every
 // node that holds the VIP then, the controllers' node among them; the one whose release freed it drops
-// its mappings from the store.
+// its mappings from the store. A Service deleted while no node held its VIP (no leader then) is collected
+// by the controllers' node: an lb/ owner of a loadBalancer pool that no Service of its configuration
+// names, seen so on two looks at least ORPHAN_GRACE_MS apart, is released and its mappings dropped.
 import { ErrorCode, TetherError } from '../errors';
 import type { ResolvedLoadBalancer } from './lb-spec';
 import { ownerOf, type LbShared, type VipState } from './lb-state';
@@ -18,9 +20,14 @@ import { ownerOf, type LbShared, type VipState } from './lb-state';
  */
 export const ALLOCATE_PER_PASS = 200;
 
+/** How long an owner no Service names must stay so before it is collected (a node's view may be ahead of the leader's). */
+export const ORPHAN_GRACE_MS = 60_000;
+
 export class VipAddresses {
   /** The cluster store's generation last seen (a new one: the store lost its data). */
   private generation?: string;
+  /** Owners ("pool\nowner") no Service names, with when that was first seen. */
+  private readonly orphans = new Map<string, number>();
 
   constructor(
     private readonly s: LbShared,
@@ -115,6 +122,43 @@ export class VipAddresses {
       }
       this.s.vips.delete(key);
     }
+  }
+
+  /**
+   * On the controllers' node: releases the VIPs of Services that no longer exist and that no node held
+   * when they went (their owner in a loadBalancer pool named by no Service here, on two looks at least
+   * ORPHAN_GRACE_MS apart), and drops their mappings. Returns the VIPs collected.
+   */
+  async collect(lbs: Map<string, ResolvedLoadBalancer>, now = Date.now()): Promise<string[]> {
+    const a = this.s.o.addresses;
+    const named = new Set([...lbs.values()].map((l) => `${l.vip.pool}\n${ownerOf(l.key)}`));
+    const seen = new Set<string>();
+    const out: string[] = [];
+    for (const pool of a.loadBalancerPools()) {
+      const owners = new Set([...(await a.holders(pool)).values()].filter((o) => o.startsWith('lb/')));
+      for (const owner of owners) {
+        const k = `${pool}\n${owner}`;
+        if (named.has(k)) continue;
+        seen.add(k);
+        const first = this.orphans.get(k);
+        if (first === undefined) this.orphans.set(k, now);
+        if (first === undefined || now - first < ORPHAN_GRACE_MS) continue;
+        const freed = await a.release(pool, owner);
+        this.orphans.delete(k);
+        this.s.logger.info('lb: VIP of a Service that no longer exists collected (no node held it when it went)', { owner, pool, vips: freed });
+        for (const vip of freed) {
+          out.push(vip);
+          await this.s.o.store?.dropVip(vip).catch((e: Error) => this.s.logger.warn('lb: mappings of a collected VIP not removed from the store (left there)', { owner, vip, error: e.message }));
+        }
+      }
+    }
+    for (const k of this.orphans.keys()) if (!seen.has(k)) this.orphans.delete(k);
+    return out;
+  }
+
+  /** Forgets what earlier looks saw (this node starts or stops running the controllers). */
+  resetCollection(): void {
+    this.orphans.clear();
   }
 
   /** A local LB pod or target pod still carries the VIP. */

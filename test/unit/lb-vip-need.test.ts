@@ -191,4 +191,43 @@ test('a deleted Service\'s VIP is released and its mappings dropped exactly once
   }
 });
 
+test('a Service deleted while no node held its VIP (no controllers\' node then) is collected by the next controllers\' node, after a grace', async () => {
+  const prefix = 'orphan:';
+  const realNow = Date.now;
+  let skew = 0;
+  Date.now = () => realNow() + skew;
+  const n1 = await node('n1', prefix);
+  const lead = await node('n0', prefix);
+  const lookStore = await RedisStore.connect(redis.url, { keyPrefix: prefix });
+  const look = new ClusterAddresses(pools, lookStore, quiet);
+  try {
+    const all = objects((i) => (i === 3 ? 'n1' : 'n9'), 5);
+    await n1.ctl.apply(resolveLoadBalancers(all, pools));
+    const vip = String(n1.ctl.status().find((s) => s.service === 'shop/svc-3')!.vip);
+    assert.ok(vip && vip !== 'undefined');
+    // Its target leaves n1 (forgotten, not released), then the Service is deleted: nobody holds it.
+    await n1.ctl.apply(resolveLoadBalancers(objects(() => 'n9', 5), pools));
+    const without = resolveLoadBalancers(all.filter((o) => !String((o.metadata as { name: string }).name).startsWith('svc-3')), pools);
+    await n1.ctl.apply(without);
+    const stillHeld = async () => (await look.holders('lb')).get(vip);
+    assert.is(await stillHeld(), 'lb/shop/svc-3', 'left allocated in the store');
+    // A controllers' node starts: the first look only notes the owner no Service names.
+    lead.ctl.setControllers(true);
+    await lead.ctl.apply(without);
+    assert.is(await stillHeld(), 'lb/shop/svc-3', 'not collected on the first look');
+    const live = new Map(lead.ctl.status().map((s) => [s.service, s.vip]));
+    assert.is(live.size, 4);
+    skew += 61_000;
+    await lead.ctl.kick();
+    assert.is(await stillHeld(), undefined, 'collected after the grace');
+    assert.equal(lead.drops, [vip], 'its mappings dropped once');
+    assert.equal(new Map(lead.ctl.status().map((s) => [s.service, s.vip])), live, 'the live Services keep their VIPs');
+  } finally {
+    Date.now = realNow;
+    await lookStore.close();
+    await lead.close();
+    await n1.close();
+  }
+});
+
 test.run();
