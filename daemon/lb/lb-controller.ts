@@ -20,7 +20,7 @@ import type { LbResolution, ResolvedLoadBalancer } from './lb-spec';
 import type { MappingStore } from './mapping-store';
 import { FOU_OVERHEAD, LbShared, groupByVip, pickableTargets, type LbControllerOptions } from './lb-state';
 import { VipAddresses } from './vip-addresses';
-import { VipSlots, overflowProblem } from './vip-slots';
+import { SLOT_RELEASE_MS, VipSlots, overflowProblem } from './vip-slots';
 import { VipPrograms } from './vip-programs';
 import { LbPods, type Selections } from './lb-pods';
 import { LbTargets } from './targets';
@@ -60,6 +60,8 @@ export class LbController {
   /** A configuration was applied (the Services are known: what no Service names may be collected). */
   private configured = false;
   private lastCollect = 0;
+  /** When the datapath was loaded (slots adopted from a previous run are kept a release delay at least). */
+  private loadedAt = 0;
 
   constructor(private readonly o: LbControllerOptions) {
     this.s = new LbShared(o);
@@ -225,10 +227,12 @@ export class LbController {
     if (wanted.length && !this.s.dp) this.loadDatapath();
     if (!this.s.dp) return;
     // While a Service still waits for its VIP, a VIP a previous run left here may be its own: kept (until
-    // the release delay) rather than cleared at once.
+    // the release delay) rather than cleared at once. So for the release delay after the datapath is
+    // loaded: this node does not ask for the VIPs it does not need, so an adopted slot's VIP is unknown
+    // here while its LB pod is being re-created, and must not lose its slot for that.
     const allocated = [...this.needed].every((k) => this.s.vips.get(k)?.vip);
     const known = new Set(served.map((l) => this.s.vips.get(l.key)!.vip!));
-    if (!allocated) for (const v of this.slots.held()) known.add(v);
+    if (!allocated || Date.now() - this.loadedAt < SLOT_RELEASE_MS) for (const v of this.slots.held()) known.add(v);
     const ch = this.slots.apply(wanted, known);
     const byVip = new Map(served.map((l) => [this.s.vips.get(l.key)!.vip!, this.s.vips.get(l.key)!]));
     for (const { vip, slot } of ch.released) {
@@ -255,6 +259,7 @@ export class LbController {
     dp.configure(this.o.node.address, this.o.fouPort);
     dp.onEvents((e) => this.sync.picked(e.key, e.target));
     this.s.dp = dp;
+    this.loadedAt = Date.now();
     const prior = dp.services();
     this.slots.adopt(prior);
     this.o.logger.info('lb: datapath loaded', { maglevSize: dp.maglevSize, maxVips: dp.maxVips, reusedMappings: dp.mappings().length, reusedSlots: prior.size });
