@@ -60,8 +60,9 @@ export class LbController {
   /** A configuration was applied (the Services are known: what no Service names may be collected). */
   private configured = false;
   private lastCollect = 0;
-  /** When the datapath was loaded (slots adopted from a previous run are kept a release delay at least). */
+  /** When the datapath was loaded, and the VIPs of the slots a previous run left (kept a release delay at least). */
   private loadedAt = 0;
+  private adopted = new Set<string>();
 
   constructor(private readonly o: LbControllerOptions) {
     this.s = new LbShared(o);
@@ -227,12 +228,13 @@ export class LbController {
     if (wanted.length && !this.s.dp) this.loadDatapath();
     if (!this.s.dp) return;
     // While a Service still waits for its VIP, a VIP a previous run left here may be its own: kept (until
-    // the release delay) rather than cleared at once. So for the release delay after the datapath is
-    // loaded: this node does not ask for the VIPs it does not need, so an adopted slot's VIP is unknown
-    // here while its LB pod is being re-created, and must not lose its slot for that.
+    // the release delay) rather than cleared at once. So are the slots a previous run left, for the release
+    // delay after the datapath loads: this node does not ask for the VIPs it does not need, so an adopted
+    // slot's VIP is unknown here while its LB pod is being re-created, and must not lose its slot for that.
     const allocated = [...this.needed].every((k) => this.s.vips.get(k)?.vip);
     const known = new Set(served.map((l) => this.s.vips.get(l.key)!.vip!));
-    if (!allocated || Date.now() - this.loadedAt < SLOT_RELEASE_MS) for (const v of this.slots.held()) known.add(v);
+    const adopting = Date.now() - this.loadedAt < SLOT_RELEASE_MS;
+    for (const v of this.slots.held()) if (!allocated || (adopting && this.adopted.has(v))) known.add(v);
     const ch = this.slots.apply(wanted, known);
     const byVip = new Map(served.map((l) => [this.s.vips.get(l.key)!.vip!, this.s.vips.get(l.key)!]));
     for (const { vip, slot } of ch.released) {
@@ -262,6 +264,7 @@ export class LbController {
     this.loadedAt = Date.now();
     const prior = dp.services();
     this.slots.adopt(prior);
+    this.adopted = new Set(prior.keys());
     this.o.logger.info('lb: datapath loaded', { maglevSize: dp.maglevSize, maxVips: dp.maxVips, reusedMappings: dp.mappings().length, reusedSlots: prior.size });
   }
 
