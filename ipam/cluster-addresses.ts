@@ -195,6 +195,16 @@ export class ClusterAddresses {
     return freed;
   }
 
+  /** The loadBalancer pools configured (the controllers' node collects VIPs of deleted Services there). */
+  loadBalancerPools(): string[] {
+    return [...this.pools.values()].filter((p) => p.usage === 'loadBalancer').map((p) => p.name);
+  }
+
+  /** Every address of the pool allocated now, with its owner. */
+  async holders(poolName: string): Promise<Map<string, string>> {
+    return this.resolve(poolName).store.listAddresses(poolName);
+  }
+
   async usage(): Promise<Array<Record<string, unknown>>> {
     const out: Array<Record<string, unknown>> = [];
     for (const p of this.pools.values()) {

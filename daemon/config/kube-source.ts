@@ -122,6 +122,11 @@ export class KubeSource extends EventEmitter implements ConfigSource {
     return this.current?.nodes[this.o.nodeName]?.labels ?? {};
   }
 
+  /** The objects a resource's watch holds now, as the API server sent them (the leader's status controller reads Services here). */
+  cachedObjects(resource: 'services'): Obj[] {
+    return this.objectsOf(resource);
+  }
+
   /** Each object's current verdict (for the status controller). */
   currentVerdicts(): Verdicts {
     return this.verdicts;

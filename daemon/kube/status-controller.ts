@@ -3,7 +3,8 @@
 // Ready when every address has an owner, or why the Egress is refused), and garbage collection of the
 // block claims of nodes that no longer exist. Status is written through the status subresource with the
 // resourceVersion read (a 409 is retried on the next pass), and only when it changed, so conditions keep
-// their lastTransitionTime.
+// their lastTransitionTime. Services are read from the leader's own watch cache (services option), not
+// with a GET each per pass: a pass over unchanged Services sends the API server nothing.
 import * as k8s from '@kubernetes/client-node';
 import type { Logger } from '../log';
 import { GROUP, VERSION } from '../objects/crds';
@@ -62,6 +63,11 @@ export interface StatusControllerOptions {
   egressSummary?: () => Record<string, EgressSummary>;
   /** The load balancer's view of each tether Service (LbController.status()). */
   loadBalancers?: () => Array<Record<string, unknown>>;
+  /**
+   * The tether Services as this node's watch holds them (with status and resourceVersion), by
+   * "namespace/name": read instead of a GET per Service per pass. Without it each Service is read (GET).
+   */
+  services?: () => Map<string, Obj>;
   /** Every node's health-check answers (from the store), for the Local Services' status. */
   healthReports?: () => Promise<Record<string, NodeHealthReport>>;
   everyMs?: number;
@@ -122,6 +128,12 @@ export class StatusController {
   private stopping = false;
   /** When each object's status was last written (for the counters' rate limit). */
   private readonly countsWritten = new Map<string, number>();
+  /**
+   * Per Service: the resourceVersion a status was last written over and the status written. Until the
+   * watch brings the write back, the cache still holds the version written over: the same status is not
+   * written again (it would only meet a 409).
+   */
+  private readonly servicesWritten = new Map<string, { over: string; status: Obj }>();
   /** Counters for status and tests. */
   readonly stats = { statusWrites: 0, conflicts: 0, claimsCollected: 0 };
 
@@ -172,9 +184,11 @@ export class StatusController {
         return undefined;
       });
     }
+    const cache = this.o.services?.();
+    if (cache) for (const k of this.servicesWritten.keys()) if (!cache.has(k)) this.servicesWritten.delete(k);
     for (const lb of lbs) {
       if (this.stopping) return;
-      await this.writeService(lb, health);
+      await this.writeService(lb, health, cache);
     }
   }
 
@@ -182,16 +196,26 @@ export class StatusController {
    * A tether Service's status: its VIP in status.loadBalancer.ingress with ipMode Proxy (kube-proxy then
    * leaves VIP traffic to tether's datapath), and a tether.dev/Ready condition saying why not when it is not.
    */
-  private async writeService(lb: Record<string, unknown>, health?: Record<string, NodeHealthReport>): Promise<void> {
-    const [namespace, name] = String(lb.service).split('/');
-    let cur: Obj;
-    try {
-      cur = (await this.core.readNamespacedServiceStatus({ name, namespace })) as unknown as Obj;
-    } catch (e) {
-      if (statusOf(e) === 404) return;
-      throw e;
-    }
+  private async writeService(lb: Record<string, unknown>, health?: Record<string, NodeHealthReport>, cache?: Map<string, Obj>): Promise<void> {
+    const key = String(lb.service);
+    const [namespace, name] = key.split('/');
     const refused = lb.refused as string[] | undefined;
+    // This node does not know the VIP yet (just elected, its first passes still asking): the status
+    // stays as written rather than flapping to NoVIP.
+    if (!refused && !lb.vip && lb.vipHere) return;
+    let cur: Obj;
+    if (cache) {
+      const c = cache.get(key);
+      if (!c) return; // not in the watch (deleted, or not labelled yet): as a 404
+      cur = c;
+    } else {
+      try {
+        cur = (await this.core.readNamespacedServiceStatus({ name, namespace })) as unknown as Obj;
+      } catch (e) {
+        if (statusOf(e) === 404) return;
+        throw e;
+      }
+    }
     const gen = cur.metadata?.generation;
     const ready = refused
       ? { type: 'tether.dev/Ready', status: 'False' as const, reason: 'Invalid', message: message(refused) }
@@ -212,8 +236,14 @@ export class StatusController {
       conditions: mergeConditions(cur.status?.conditions, conditions),
     };
     if (sameJson(cur.status ?? {}, status)) return;
+    const rv = String(cur.metadata?.resourceVersion ?? '');
+    const last = this.servicesWritten.get(key);
+    if (cache && last && last.over === rv && sameJson(last.status, status)) return; // written; the watch has not brought it back yet
     try {
-      await this.core.replaceNamespacedServiceStatus({ name, namespace, body: { ...cur, status } as k8s.V1Service });
+      // With the cached resourceVersion: a Service changed since is refused (409) and re-read from the
+      // cache on the next pass.
+      await this.core.replaceNamespacedServiceStatus({ name, namespace, body: { ...cur, apiVersion: 'v1', kind: 'Service', status } as k8s.V1Service });
+      if (cache) this.servicesWritten.set(key, { over: rv, status });
       this.stats.statusWrites++;
       this.o.logger.info('kube: status written', { object: `Service ${namespace}/${name}`, vip: lb.vip, ready: ready.status, reason: ready.reason });
     } catch (e) {

@@ -1,6 +1,8 @@
 // The load balancer on one node, a level-triggered reconciler: from the resolved Services (lb-spec.ts) and
 // the pods this node attached it converges, on every configuration, pod event and tick, to
-//  - each Service's VIP allocated from its loadBalancer pool (vip-addresses.ts);
+//  - the VIP of each Service this node needs allocated from its loadBalancer pool (vip-addresses.ts): the
+//    Services a local LB pod selects or a local pod is a target of, and every Service while this node runs
+//    the cluster's controllers (their status shows every VIP); the others cost this node nothing;
 //  - a datapath slot for each VIP a local LB pod serves, within this node's budget (vip-slots.ts), and
 //    the VIP's ports, targets and Maglev row programmed there (vip-programs.ts) — nodes without an LB pod
 //    of a Service program nothing for it, so the cluster has no cap on Services;
@@ -18,7 +20,7 @@ import type { LbResolution, ResolvedLoadBalancer } from './lb-spec';
 import type { MappingStore } from './mapping-store';
 import { FOU_OVERHEAD, LbShared, groupByVip, pickableTargets, type LbControllerOptions } from './lb-state';
 import { VipAddresses } from './vip-addresses';
-import { VipSlots, overflowProblem } from './vip-slots';
+import { SLOT_RELEASE_MS, VipSlots, overflowProblem } from './vip-slots';
 import { VipPrograms } from './vip-programs';
 import { LbPods, type Selections } from './lb-pods';
 import { LbTargets } from './targets';
@@ -30,6 +32,8 @@ export { FOU_OVERHEAD, type LbControllerOptions };
 const TICK_MS = 1000;
 const EVENT_POLL_MS = 20;
 const REGISTRY_TTL_MS = 5000;
+/** How often the controllers' node looks for VIPs of Services deleted while no node held them. */
+const COLLECT_EVERY_MS = 60_000;
 
 export class LbController {
   private lbs = new Map<string, ResolvedLoadBalancer>();
@@ -49,6 +53,16 @@ export class LbController {
   /** When the last reconcile pass completed without an error (programming is fresh while recent). */
   private lastGoodPass = 0;
   private programmed: ResolvedLoadBalancer[] = [];
+  /** Services whose VIP this node needs (as of the last pass). */
+  private needed = new Set<string>();
+  /** This node runs the cluster's controllers (it holds every Service's VIP, for their status). */
+  private controllers = false;
+  /** A configuration was applied (the Services are known: what no Service names may be collected). */
+  private configured = false;
+  private lastCollect = 0;
+  /** When the datapath was loaded, and the VIPs of the slots a previous run left (kept a release delay at least). */
+  private loadedAt = 0;
+  private adopted = new Set<string>();
 
   constructor(private readonly o: LbControllerOptions) {
     this.s = new LbShared(o);
@@ -73,9 +87,26 @@ export class LbController {
   /**
    * The Services as last programmed (after the pass that converged to them): health checks answer from
    * this, so a node that lost its last local target withdraws its route before its health check fails.
+   * Services no local pod concerns are there too (this node holds no VIP for them, but answers their
+   * health checks as kube-proxy does: no local endpoint); a Service this node needs and has no VIP for
+   * yet is not.
    */
   current(): ResolvedLoadBalancer[] {
     return this.programmed;
+  }
+
+  /**
+   * Whether this node runs the cluster's controllers: while it does it holds every Service's VIP (the
+   * leader's status controller writes each one into its Service); when it stops, the VIPs it does not
+   * need otherwise are forgotten here (not released).
+   */
+  setControllers(on: boolean): void {
+    if (on === this.controllers) return;
+    this.controllers = on;
+    this.addresses.resetCollection();
+    this.lastCollect = 0;
+    this.o.logger.info(on ? 'lb: this node runs the controllers: holding every Service\'s VIP' : 'lb: this node no longer runs the controllers: holding only the VIPs its pods need', { services: this.lbs.size });
+    void this.kick();
   }
 
   /**
@@ -105,6 +136,7 @@ export class LbController {
   /** A new configuration: the Services, EndpointSlices and pods' metadata. */
   async apply(r: LbResolution, podMeta?: Record<string, PodMeta>): Promise<void> {
     this.lbs = new Map(r.loadBalancers.map((l) => [l.key, l]));
+    this.configured = true;
     const refused = new Map(r.refused.map((x) => [x.key, x.problems]));
     for (const [k, p] of refused) if (JSON.stringify(this.refused.get(k)) !== JSON.stringify(p)) this.o.logger.error('lb: Service refused', { service: k, problems: p });
     this.refused = refused;
@@ -130,9 +162,15 @@ export class LbController {
 
   private async pass(): Promise<void> {
     await this.registry();
-    const vips = await this.addresses.apply(this.lbs);
+    const needed = this.needs();
+    this.needed = needed;
+    const vips = await this.addresses.apply(this.lbs, needed);
     if (vips.wiped) this.sync.storeWiped();
     if (vips.more) this.loop.request(); // the next part of a large batch of new Services, right after this pass
+    if (this.controllers && this.configured && !vips.more && Date.now() - this.lastCollect >= COLLECT_EVERY_MS) {
+      this.lastCollect = Date.now();
+      await this.addresses.collect(this.lbs).catch((e: Error) => this.o.logger.warn('lb: looking for VIPs of deleted Services failed; retried', { error: e.message }));
+    }
     const served = [...this.lbs.values()].filter((l) => this.s.vips.get(l.key)?.vip);
     const sel = this.pods.selections(served);
     this.assignSlots(served, sel);
@@ -143,8 +181,25 @@ export class LbController {
     await this.sync.serve(slotted);
     await this.pods.apply(served, sel, (lb, st) => this.sync.ensureLoaded(lb, st));
     this.targets.apply(served);
-    this.programmed = served;
+    this.programmed = [...this.lbs.values()].filter((l) => this.s.vips.get(l.key)?.vip || (!needed.has(l.key) && !this.s.vips.has(l.key)));
     await this.sync.sync();
+  }
+
+  /**
+   * The Services whose VIP this node needs: every one while it runs the controllers; else those a local LB
+   * pod selects (it serves the VIP) and those with a target on this node (its DSR set-up holds the VIP).
+   */
+  private needs(): Set<string> {
+    if (this.controllers) return new Set(this.lbs.keys());
+    const out = new Set<string>();
+    for (const w of this.pods.selections([...this.lbs.values()]).values()) for (const k of w.services) out.add(k);
+    const local = new Set<string>();
+    for (const r of this.o.attach.pods()) for (const ip of r.ips ?? []) local.add(ip);
+    const node = this.o.node.name;
+    for (const lb of this.lbs.values()) {
+      if (!out.has(lb.key) && lb.targets.some((t) => t.node === node || local.has(t.address))) out.add(lb.key);
+    }
+    return out;
   }
 
   /** Publishes this node's address and reads the others' (targets accept FoU from registered nodes only). */
@@ -173,10 +228,13 @@ export class LbController {
     if (wanted.length && !this.s.dp) this.loadDatapath();
     if (!this.s.dp) return;
     // While a Service still waits for its VIP, a VIP a previous run left here may be its own: kept (until
-    // the release delay) rather than cleared at once.
-    const allocated = [...this.lbs.keys()].every((k) => this.s.vips.get(k)?.vip);
+    // the release delay) rather than cleared at once. So are the slots a previous run left, for the release
+    // delay after the datapath loads: this node does not ask for the VIPs it does not need, so an adopted
+    // slot's VIP is unknown here while its LB pod is being re-created, and must not lose its slot for that.
+    const allocated = [...this.needed].every((k) => this.s.vips.get(k)?.vip);
     const known = new Set(served.map((l) => this.s.vips.get(l.key)!.vip!));
-    if (!allocated) for (const v of this.slots.held()) known.add(v);
+    const adopting = Date.now() - this.loadedAt < SLOT_RELEASE_MS;
+    for (const v of this.slots.held()) if (!allocated || (adopting && this.adopted.has(v))) known.add(v);
     const ch = this.slots.apply(wanted, known);
     const byVip = new Map(served.map((l) => [this.s.vips.get(l.key)!.vip!, this.s.vips.get(l.key)!]));
     for (const { vip, slot } of ch.released) {
@@ -203,8 +261,10 @@ export class LbController {
     dp.configure(this.o.node.address, this.o.fouPort);
     dp.onEvents((e) => this.sync.picked(e.key, e.target));
     this.s.dp = dp;
+    this.loadedAt = Date.now();
     const prior = dp.services();
     this.slots.adopt(prior);
+    this.adopted = new Set(prior.keys());
     this.o.logger.info('lb: datapath loaded', { maglevSize: dp.maglevSize, maxVips: dp.maxVips, reusedMappings: dp.mappings().length, reusedSlots: prior.size });
   }
 
@@ -219,9 +279,13 @@ export class LbController {
       const vip = st?.vip;
       const stats: LbStats | undefined = st?.slot !== undefined && dp ? dp.stats(st.slot) : undefined;
       const mine = <T extends { vips: Set<string> }>(m: Map<string, T>) => [...m.values()].filter((x) => vip && x.vips.has(vip));
+      // No VIP state here: not needed (no local LB pod or target; the controllers' node holds it), or
+      // needed and not asked for yet. Either way this node does not know the VIP — not "no VIP".
+      const vipHere = st ? undefined : this.needed.has(lb.key) ? 'pending: not asked for yet' : 'not needed on this node (no local LB pod or target)';
       out.push({
         service: lb.key,
         vip,
+        ...(vipHere ? { vipHere } : {}),
         pool: lb.vip.pool,
         ports: lb.ports.map((p) => `${p.port}/${p.protocol}`),
         affinity: lb.affinity,

@@ -1,6 +1,15 @@
 // Each Service's VIP: requested or from its loadBalancer pool, allocated idempotently per Service (every
-// node asks for the same owner and gets the same address), released when the Service goes or asks for
-// another; after the store lost its data, the VIPs this node holds are put back under their Services.
+// node that asks names the same owner and gets the same address), released when the Service goes or asks
+// for another; after the store lost its data, the VIPs this node holds are put back under their Services.
+// A node asks only for the VIPs it needs (the caller says which: a local LB pod selects the Service, a
+// local pod is one of its targets, or the node runs the cluster's controllers, which hold every VIP for
+// the Services' status): a Service no local pod concerns costs this node no store command. A Service
+// whose need here ends is forgotten here only — its VIP stays allocated in the store, for the nodes that
+// still serve it. Releasing (the Service deleted, or asking for another pool or address) is done by every
+// node that holds the VIP then, the controllers' node among them; the one whose release freed it drops
+// its mappings from the store. A Service deleted while no node held its VIP (no leader then) is collected
+// by the controllers' node: an lb/ owner of a loadBalancer pool that no Service of its configuration
+// names, seen so on two looks at least ORPHAN_GRACE_MS apart, is released and its mappings dropped.
 import { ErrorCode, TetherError } from '../errors';
 import type { ResolvedLoadBalancer } from './lb-spec';
 import { ownerOf, type LbShared, type VipState } from './lb-state';
@@ -11,9 +20,14 @@ import { ownerOf, type LbShared, type VipState } from './lb-state';
  */
 export const ALLOCATE_PER_PASS = 200;
 
+/** How long an owner no Service names must stay so before it is collected (a node's view may be ahead of the leader's). */
+export const ORPHAN_GRACE_MS = 60_000;
+
 export class VipAddresses {
   /** The cluster store's generation last seen (a new one: the store lost its data). */
   private generation?: string;
+  /** Owners ("pool\nowner") no Service names, with when that was first seen. */
+  private readonly orphans = new Map<string, number>();
 
   constructor(
     private readonly s: LbShared,
@@ -25,10 +39,10 @@ export class VipAddresses {
    * Converges the VIPs to the Services: `wiped` when the store lost its data since the last look, `more`
    * when Services still wait for their first allocation attempt (the caller runs another pass).
    */
-  async apply(lbs: Map<string, ResolvedLoadBalancer>): Promise<{ wiped: boolean; more: boolean }> {
+  async apply(lbs: Map<string, ResolvedLoadBalancer>, needed: Set<string>): Promise<{ wiped: boolean; more: boolean }> {
     const wiped = await this.reassert();
-    await this.release(lbs);
-    const more = await this.allocate(lbs);
+    await this.release(lbs, needed);
+    const more = await this.allocate(lbs, needed);
     return { wiped, more };
   }
 
@@ -39,6 +53,12 @@ export class VipAddresses {
    */
   private async reassert(): Promise<boolean> {
     const a = this.s.o.addresses;
+    const held = [...this.s.vips.values()].filter((v) => v.vip);
+    // Holding nothing, nothing is re-asserted: no look at the generation (the first VIP held starts afresh).
+    if (!held.length) {
+      this.generation = undefined;
+      return false;
+    }
     let g: string;
     try {
       g = await a.generation();
@@ -47,7 +67,6 @@ export class VipAddresses {
     }
     if (g === this.generation) return false;
     const first = this.generation === undefined;
-    const held = [...this.s.vips.values()].filter((v) => v.vip);
     if (!first && held.length) {
       this.s.logger.warn('lb: cluster store lost its data; re-asserting the VIPs this node serves', { vips: held.map((v) => v.vip), generation: g });
       await a.markRestarted(g);
@@ -69,11 +88,19 @@ export class VipAddresses {
     return !first;
   }
 
-  private async release(lbs: Map<string, ResolvedLoadBalancer>): Promise<void> {
+  private async release(lbs: Map<string, ResolvedLoadBalancer>, needed: Set<string>): Promise<void> {
     for (const [key, st] of this.s.vips) {
       const lb = lbs.get(key);
       const changed = lb && (lb.vip.pool !== st.pool || (lb.vip.address !== undefined && lb.vip.address !== st.vip));
-      if (lb && !changed) continue;
+      if (lb && !changed) {
+        // No longer needed here, and nothing of it left on this node (its slot given back, its routes
+        // withdrawn, no local target): forgotten here, not released (other nodes may serve it).
+        if (!needed.has(key) && st.slot === undefined && !st.announced && !this.inUse(st)) {
+          this.s.vips.delete(key);
+          if (st.vip) this.s.logger.info('lb: VIP no longer needed on this node; forgotten here, kept allocated in the store', { service: key, vip: st.vip });
+        }
+        continue;
+      }
       if (st.vip) this.withdraw(st);
       let freed: string[];
       try {
@@ -97,10 +124,56 @@ export class VipAddresses {
     }
   }
 
-  private async allocate(lbs: Map<string, ResolvedLoadBalancer>): Promise<boolean> {
+  /**
+   * On the controllers' node: releases the VIPs of Services that no longer exist and that no node held
+   * when they went (their owner in a loadBalancer pool named by no Service here, on two looks at least
+   * ORPHAN_GRACE_MS apart), and drops their mappings. Returns the VIPs collected.
+   */
+  async collect(lbs: Map<string, ResolvedLoadBalancer>, now = Date.now()): Promise<string[]> {
+    const a = this.s.o.addresses;
+    const named = new Set([...lbs.values()].map((l) => `${l.vip.pool}\n${ownerOf(l.key)}`));
+    const seen = new Set<string>();
+    const out: string[] = [];
+    for (const pool of a.loadBalancerPools()) {
+      const owners = new Set([...(await a.holders(pool)).values()].filter((o) => o.startsWith('lb/')));
+      for (const owner of owners) {
+        const k = `${pool}\n${owner}`;
+        if (named.has(k)) continue;
+        seen.add(k);
+        const first = this.orphans.get(k);
+        if (first === undefined) this.orphans.set(k, now);
+        if (first === undefined || now - first < ORPHAN_GRACE_MS) continue;
+        const freed = await a.release(pool, owner);
+        this.orphans.delete(k);
+        this.s.logger.info('lb: VIP of a Service that no longer exists collected (no node held it when it went)', { owner, pool, vips: freed });
+        for (const vip of freed) {
+          out.push(vip);
+          await this.s.o.store?.dropVip(vip).catch((e: Error) => this.s.logger.warn('lb: mappings of a collected VIP not removed from the store (left there)', { owner, vip, error: e.message }));
+        }
+      }
+    }
+    for (const k of this.orphans.keys()) if (!seen.has(k)) this.orphans.delete(k);
+    return out;
+  }
+
+  /** Forgets what earlier looks saw (this node starts or stops running the controllers). */
+  resetCollection(): void {
+    this.orphans.clear();
+  }
+
+  /** A local LB pod or target pod still carries the VIP. */
+  private inUse(st: VipState): boolean {
+    if (!st.vip) return false;
+    for (const p of this.s.lbPods.values()) if (p.vips.has(st.vip)) return true;
+    for (const t of this.s.targets.values()) if (t.vips.has(st.vip)) return true;
+    return false;
+  }
+
+  private async allocate(lbs: Map<string, ResolvedLoadBalancer>, needed: Set<string>): Promise<boolean> {
     let asked = 0;
     let more = false;
     for (const lb of lbs.values()) {
+      if (!needed.has(lb.key)) continue;
       let st = this.s.vips.get(lb.key);
       if (st?.vip) continue;
       // Past the limit: a new Service makes the caller run another pass at once; one refused before is

@@ -33,11 +33,14 @@ export class Controllers implements Subsystem<ControllersDesired> {
       })),
       egressSummary: () => egress?.egressSummary() ?? {},
       loadBalancers: () => lb?.status() ?? [],
+      services: () => new Map(source.cachedObjects('services').map((o) => [`${o.metadata?.namespace}/${o.metadata?.name}`, o])),
       healthReports: lb?.store && (() => lb.store!.healthReports()),
     });
     let labeler: ServiceLabeler | undefined;
     const work: LeaderWork = {
       start: () => {
+        // The leader holds every Service's VIP (its status shows them); the others only those they serve.
+        lb?.setControllers(true);
         status.start();
         labeler ??= new ServiceLabeler({ kc: source.kc, logger });
         labeler.start();
@@ -45,6 +48,7 @@ export class Controllers implements Subsystem<ControllersDesired> {
       stop: async () => {
         await status.stop();
         await labeler?.stop();
+        lb?.setControllers(false);
       },
     };
     this.candidacy = new Candidacy({

@@ -54,6 +54,8 @@ test('1,000 Services accepted with VIPs; a node without their LB pods programs, 
   try {
     const r = resolveLoadBalancers(objects(), pools);
     assert.is(r.loadBalancers.length, N);
+    // n1 runs the cluster's controllers: it holds every Service's VIP (for their status).
+    ctl.setControllers(true);
     await ctl.apply(r);
     const st = ctl.status();
     assert.is(st.length, N);
@@ -65,7 +67,7 @@ test('1,000 Services accepted with VIPs; a node without their LB pods programs, 
     assert.equal(store.subscriptions(), [], 'no VIP is served here: no notice channel subscribed');
     assert.not.ok(fs.existsSync(path.join(dir, 'bpf')), 'no datapath loaded');
     assert.is(ctl.current().length, N, 'health checks still know every Service');
-    // Every node agrees on the VIPs: a second node's controller gets the same ones.
+    // Every node agrees on the VIPs: a second node's controller (every Service has its target there) gets the same ones.
     const other = new LbController({
       node: { name: 'n2', address: '127.0.0.2' }, pinDir: path.join(dir, 'bpf2'), fouPort: 5555, exportTable: 0, maxVips: 16,
       store, addresses: new ClusterAddresses(pools, ipam, quiet), attach: new AttachService(new PodStore(path.join(dir, 'state2')), quiet), logger: quiet,

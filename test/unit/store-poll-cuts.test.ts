@@ -134,7 +134,7 @@ test('a deleted Service\'s mappings and expirer lease are removed from the store
   }));
   try {
     const lb = { key: 'shop/web', vip: { pool: 'lb' } } as unknown as ResolvedLoadBalancer;
-    for (const n of nodes) await n.v.apply(new Map([[lb.key, lb]]));
+    for (const n of nodes) await n.v.apply(new Map([[lb.key, lb]]), new Set([lb.key]));
     const vip = nodes[0].s.vips.get(lb.key)!.vip!;
     assert.is(nodes[1].s.vips.get(lb.key)!.vip, vip);
     const store = nodes[0].s.o.store!;
@@ -144,7 +144,7 @@ test('a deleted Service\'s mappings and expirer lease are removed from the store
     assert.ok((await keys()).length >= 3, `mappings and lease stored: ${await keys()}`);
     // The Service is deleted: every node releases; the first one's release frees the VIP and drops its keys.
     const before = await serverCommands(raw);
-    for (const n of nodes) await n.v.apply(new Map());
+    for (const n of nodes) await n.v.apply(new Map(), new Set());
     const d = serverDelta(before, await serverCommands(raw));
     assert.equal(await keys(), [], 'nothing of the VIP left in the store');
     // One node's drop: a DEL per bucket (16) and one for the lease (the releases' own scripts add a DEL
