@@ -95,6 +95,13 @@ export class LbController {
     return this.programmed;
   }
 
+  /** Services this node needs whose VIP it does not hold yet (0: every one it needs is in place). */
+  pendingVips(): number {
+    let n = 0;
+    for (const k of this.needed) if (!this.s.vips.get(k)?.vip) n++;
+    return n;
+  }
+
   /**
    * Whether this node runs the cluster's controllers: while it does it holds every Service's VIP (the
    * leader's status controller writes each one into its Service); when it stops, the VIPs it does not
@@ -103,6 +110,7 @@ export class LbController {
   setControllers(on: boolean): void {
     if (on === this.controllers) return;
     this.controllers = on;
+    this.needsCache = undefined;
     this.addresses.resetCollection();
     this.lastCollect = 0;
     this.o.logger.info(on ? 'lb: this node runs the controllers: holding every Service\'s VIP' : 'lb: this node no longer runs the controllers: holding only the VIPs its pods need', { services: this.lbs.size });
@@ -123,9 +131,9 @@ export class LbController {
   }
 
   async start(): Promise<void> {
-    this.o.attach.on('attached', () => this.kick());
-    this.o.attach.onBeforeDetach((r: PodRecord) => (this.stopped ? Promise.resolve() : this.pods.leaving(r, () => this.kick())));
-    this.o.attach.on('detached', () => this.kick());
+    this.o.attach.on('attached', () => this.podsChanged());
+    this.o.attach.onBeforeDetach((r: PodRecord) => (this.stopped ? Promise.resolve() : this.pods.leaving(r, () => this.podsChanged())));
+    this.o.attach.on('detached', () => this.podsChanged());
     this.sync.start();
     this.o.store?.on('ready', () => void this.kick());
     this.loop.start();
@@ -137,6 +145,7 @@ export class LbController {
   async apply(r: LbResolution, podMeta?: Record<string, PodMeta>): Promise<void> {
     this.lbs = new Map(r.loadBalancers.map((l) => [l.key, l]));
     this.configured = true;
+    this.needsCache = undefined;
     const refused = new Map(r.refused.map((x) => [x.key, x.problems]));
     for (const [k, p] of refused) if (JSON.stringify(this.refused.get(k)) !== JSON.stringify(p)) this.o.logger.error('lb: Service refused', { service: k, problems: p });
     this.refused = refused;
@@ -190,6 +199,21 @@ export class LbController {
    * pod selects (it serves the VIP) and those with a target on this node (its DSR set-up holds the VIP).
    */
   private needs(): Set<string> {
+    // Kept until the Services, the local pods or the controllers' role change: a tick with nothing new does
+    // not match every local LB pod against every Service again.
+    this.needsCache ??= this.computeNeeds();
+    return this.needsCache;
+  }
+
+  private needsCache?: Set<string>;
+
+  /** A local pod came, is leaving or went: what this node needs is computed again. */
+  private podsChanged(): Promise<void> {
+    this.needsCache = undefined;
+    return this.kick();
+  }
+
+  private computeNeeds(): Set<string> {
     if (this.controllers) return new Set(this.lbs.keys());
     const out = new Set<string>();
     for (const w of this.pods.selections([...this.lbs.values()]).values()) for (const k of w.services) out.add(k);

@@ -246,7 +246,20 @@ async function runSize(sim: Sim, n: number): Promise<Record<string, unknown>> {
     };
     const conv = await until(agreedAll, 240_000, 1000);
     log('converged', { n, ok: conv.value !== undefined, ms: conv.ms });
-    await sleep(5000);
+    // The load balancer settled too: every node holds the VIPs it needs (the controllers' node all of
+    // them), and the leader's status writes for them are done (3 s without one): the window measures the
+    // steady state, not the tail of the start.
+    const lbSettled = await until(async () => {
+      const pending = (await Promise.all(live().map((w) => w.ask<number>({ op: 'lbPending' })))).reduce((a, b) => a + b, 0);
+      if (pending) return undefined;
+      if (!api) return true;
+      const writes = async () => Object.values((await api!.load()).clients).reduce((a, c) => a + c.writes, 0);
+      const w0 = await writes();
+      await sleep(3000);
+      return (await writes()) === w0 ? true : undefined;
+    }, 240_000, 1000);
+    log('lb settled', { n, ok: lbSettled.value !== undefined, ms: lbSettled.ms });
+    await sleep(2000);
 
     // Steady state window.
     const statsAllDef = () => Promise.all(mains.concat(victims, ctl ? [ctl] : []).filter((w) => !w.exited).map((w) => w.ask<WorkerStats>({ op: 'stats' })));

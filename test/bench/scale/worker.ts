@@ -42,6 +42,7 @@ export type Request =
   | { op: 'lbConnect'; node: string; key: MapKey; target: string }
   | { op: 'lbHolders'; key: MapKey }
   | { op: 'lbStatus'; node: string }
+  | { op: 'lbPending' }
   | { op: 'profStart' }
   | { op: 'profStop'; file: string }
   | { op: 'exit' };
@@ -176,6 +177,12 @@ async function handle(m: Request): Promise<unknown> {
       let held = 0;
       for (const n of nodes.values()) if (lbDatapaths.get(n.pinDir)?.simHas(m.key)) held++;
       return held;
+    }
+    case 'lbPending': {
+      // Per process: Services its nodes need whose VIP they do not hold yet.
+      let n = 0;
+      for (const node of nodes.values()) n += node.lb?.pendingVips() ?? 0;
+      return n;
     }
     case 'lbStatus':
       return nodes.get(m.node)?.status().loadBalancers ?? [];
