@@ -34,20 +34,27 @@ export class NodeRegistry {
     this.view = new MemberView(client, key, (n, raw) => readNode(key, n, raw));
   }
 
-  /** Registers (refreshes) this node for `ttlMs` and returns every registered node's address, sorted. */
+  /**
+   * Registers (refreshes) this node for `ttlMs` and returns every registered node's address, sorted: the
+   * same array as before while the registry did not change (a caller may compare by identity).
+   */
   async beat(ttlMs: number): Promise<string[]> {
-    await this.view.beat(this.node, JSON.stringify({ address: this.address }), ttlMs);
+    if (await this.view.beat(this.node, JSON.stringify({ address: this.address }), ttlMs)) this.sorted = undefined;
     return this.addresses();
   }
+
+  private sorted?: string[];
 
   /** Removes this node's registration (a clean stop): the others drop it at once instead of at expiry. */
   async leave(): Promise<void> {
     await this.view.beat(this.node, undefined, 0);
+    this.sorted = undefined;
   }
 
   /** Every registered node's address as of the last beat, sorted. */
   addresses(): string[] {
-    return [...new Set(this.view.entries().values())].sort();
+    this.sorted ??= Object.freeze([...new Set(this.view.entries().values())].sort()) as string[];
+    return this.sorted;
   }
 }
 

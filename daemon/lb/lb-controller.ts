@@ -26,12 +26,12 @@ import { LbPods, type Selections } from './lb-pods';
 import { LbTargets } from './targets';
 import { MappingSync } from './mapping-sync';
 import { ReconcileLoop } from '../util/reconcile-loop';
+import { REGISTRY_TTL_MS } from '../egress/egress-context';
 
 export { FOU_OVERHEAD, type LbControllerOptions };
 
 const TICK_MS = 1000;
 const EVENT_POLL_MS = 20;
-const REGISTRY_TTL_MS = 5000;
 /** How often the controllers' node looks for VIPs of Services deleted while no node held them. */
 const COLLECT_EVERY_MS = 60_000;
 
@@ -206,6 +206,8 @@ export class LbController {
   }
 
   private needsCache?: Set<string>;
+  /** The node registry's list as last returned (the same array while it does not change). */
+  private registered?: string[];
 
   /** A local pod came, is leaving or went: what this node needs is computed again. */
   private podsChanged(): Promise<void> {
@@ -231,7 +233,10 @@ export class LbController {
     const store = this.o.store;
     if (!store?.connected) return;
     try {
-      const nodes = [...new Set([...(await store.beatNode(this.o.node.name, this.o.node.address, REGISTRY_TTL_MS)), this.o.node.address])].sort();
+      const listed = await store.beatNode(this.o.node.name, this.o.node.address, REGISTRY_TTL_MS);
+      if (listed === this.registered) return; // the same list (NodeRegistry keeps it while nothing changes)
+      this.registered = listed;
+      const nodes = [...new Set([...listed, this.o.node.address])].sort();
       if (nodes.join() !== this.s.nodes.join()) {
         this.s.nodes = nodes;
         this.targets.setSources(nodes);

@@ -172,8 +172,9 @@ export class VipAddresses {
   private async allocate(lbs: Map<string, ResolvedLoadBalancer>, needed: Set<string>): Promise<boolean> {
     let asked = 0;
     let more = false;
-    for (const lb of lbs.values()) {
-      if (!needed.has(lb.key)) continue;
+    for (const key of needed) {
+      const lb = lbs.get(key);
+      if (!lb) continue;
       let st = this.s.vips.get(lb.key);
       if (st?.vip) continue;
       // Past the limit: a new Service makes the caller run another pass at once; one refused before is
