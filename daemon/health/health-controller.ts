@@ -105,8 +105,15 @@ export class HealthController {
     return this.loop.kick();
   }
 
+  /** The Services last read and the health-checked ones among them (kept while the list is the same array). */
+  private seen?: { services: ResolvedLoadBalancer[]; want: Map<string, ResolvedLoadBalancer> };
+
   private async reconcileOnce(): Promise<void> {
-    const want = new Map(this.o.services().filter((l) => l.externalTrafficPolicy === 'Local' && l.healthCheckNodePort).map((l) => [l.key, l]));
+    const services = this.o.services();
+    if (this.seen?.services !== services) {
+      this.seen = { services, want: new Map(services.filter((l) => l.externalTrafficPolicy === 'Local' && l.healthCheckNodePort).map((l) => [l.key, l])) };
+    }
+    const want = this.seen.want;
     for (const [key, c] of this.checks) {
       const lb = want.get(key);
       if (lb && lb.healthCheckNodePort === c.port) continue;

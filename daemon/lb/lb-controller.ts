@@ -190,7 +190,9 @@ export class LbController {
     await this.sync.serve(slotted);
     await this.pods.apply(served, sel, (lb, st) => this.sync.ensureLoaded(lb, st));
     this.targets.apply(served);
-    this.programmed = [...this.lbs.values()].filter((l) => this.s.vips.get(l.key)?.vip || (!needed.has(l.key) && !this.s.vips.has(l.key)));
+    const programmed = [...this.lbs.values()].filter((l) => this.s.vips.get(l.key)?.vip || (!needed.has(l.key) && !this.s.vips.has(l.key)));
+    // The same array while nothing in it changed: readers (health checks) may compare by identity.
+    if (programmed.length !== this.programmed.length || programmed.some((l, i) => l !== this.programmed[i])) this.programmed = programmed;
     await this.sync.sync();
   }
 
