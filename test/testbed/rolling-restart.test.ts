@@ -76,6 +76,8 @@ async function nodeReady(tb: Testbed, node: string, vip: string): Promise<void> 
   await vipServed(tb);
   await until(`${node}'s load balancer roles`, async () => {
     const st = await lb.lbStatus(tb, node).catch(() => undefined);
+    // A node with neither an LB pod nor a target of the Service does not hold its VIP (it never asks).
+    if (!LB_NODES.includes(node) && !TARGETS[node]) return !!st && st.vip === undefined && /not needed/.test(String((st as { vipHere?: string }).vipHere));
     if (st?.vip !== vip) return false;
     if (LB_NODES.includes(node)) return st.announced && st.localLbPods.includes('shop/lb');
     return (TARGETS[node] ?? []).every((k) => st.localTargets.includes(`shop/${tb.pod(k).name}`));

@@ -231,13 +231,17 @@ test('backoff: doubles to its cap, half fixed and half random', () => {
 });
 
 test("a Service's status written (the leader's VIP and conditions) is no new configuration: no update on the nodes", async () => {
-  const { api, src, done } = await setup();
+  const { api, src, kc, done } = await setup();
   try {
     await src.start();
     let updates = 0;
     src.on('update', () => updates++);
     const builds = src.counts.builds;
-    api.apply({ ...svc('web', true), status: { loadBalancer: { ingress: [{ ip: '198.51.100.7', ipMode: 'Proxy' }] }, conditions: [{ type: 'tether.dev/Ready', status: 'True' }] } });
+    // Through the status subresource, as the leader writes it.
+    const core = kc.makeApiClient(k8s.CoreV1Api);
+    const cur = await core.readNamespacedService({ name: 'web', namespace: 'shop' });
+    await core.replaceNamespacedServiceStatus({ name: 'web', namespace: 'shop', body: { ...cur, status: { loadBalancer: { ingress: [{ ip: '198.51.100.7', ipMode: 'Proxy' }] }, conditions: [{ type: 'tether.dev/Ready', status: 'True', reason: 'Serving', message: 'ok', lastTransitionTime: new Date() }] } } });
+    assert.is(api.get('Service', 'web', 'shop')?.status?.loadBalancer?.ingress?.[0]?.ip, '198.51.100.7', 'the status was written');
     await until('the event rebuilt the configuration', () => src.counts.builds > builds);
     await new Promise((r) => setTimeout(r, 300));
     assert.is(updates, 0, 'the status write changed nothing a node reads');
