@@ -122,8 +122,8 @@ export class KubeSource extends EventEmitter implements ConfigSource {
     return this.current?.nodes[this.o.nodeName]?.labels ?? {};
   }
 
-  /** The objects a resource's watch holds now, as the API server sent them (the leader's status controller reads Services here). */
-  cachedObjects(resource: 'services'): Obj[] {
+  /** The objects a resource's watch holds now, as the API server sent them (the leader's status controller reads them here). */
+  cachedObjects(resource: 'services' | 'addresspools' | 'egresses'): Obj[] {
     return this.objectsOf(resource);
   }
 

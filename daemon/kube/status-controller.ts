@@ -3,8 +3,11 @@
 // Ready when every address has an owner, or why the Egress is refused), and garbage collection of the
 // block claims of nodes that no longer exist. Status is written through the status subresource with the
 // resourceVersion read (a 409 is retried on the next pass), and only when it changed, so conditions keep
-// their lastTransitionTime. Services are read from the leader's own watch cache (services option), not
-// with a GET each per pass: a pass over unchanged Services sends the API server nothing.
+// their lastTransitionTime. Services, AddressPools and Egresses are read from the leader's own watch cache
+// (services, addressPools and egresses options), not with a GET each per pass: a pass over unchanged
+// objects sends the API server nothing (an AddressPool or Egress the cache has no copy of is read with a
+// GET). A status written is remembered over the version it was written on until the watch brings it
+// back, so it is neither written again nor compared against the stale cached one meanwhile.
 import * as k8s from '@kubernetes/client-node';
 import type { Logger } from '../log';
 import { GROUP, VERSION } from '../objects/crds';
@@ -68,6 +71,10 @@ export interface StatusControllerOptions {
    * "namespace/name": read instead of a GET per Service per pass. Without it each Service is read (GET).
    */
   services?: () => Map<string, Obj>;
+  /** The AddressPools as this node's watch holds them, by name: read instead of a GET per pool per pass. */
+  addressPools?: () => Map<string, Obj>;
+  /** The Egresses as this node's watch holds them, by "namespace/name": read instead of a GET per Egress per pass. */
+  egresses?: () => Map<string, Obj>;
   /** Every node's health-check answers (from the store), for the Local Services' status. */
   healthReports?: () => Promise<Record<string, NodeHealthReport>>;
   everyMs?: number;
@@ -129,11 +136,13 @@ export class StatusController {
   /** When each object's status was last written (for the counters' rate limit). */
   private readonly countsWritten = new Map<string, number>();
   /**
-   * Per Service: the resourceVersion a status was last written over and the status written. Until the
-   * watch brings the write back, the cache still holds the version written over: the same status is not
-   * written again (it would only meet a 409).
+   * Per object ("Kind namespace/name"): the resourceVersion a status was last written over and the status
+   * written. Until the watch brings the write back, the cache still holds the version written over: the
+   * status written stands for the object's status then (not written again: it would only meet a 409).
    */
-  private readonly servicesWritten = new Map<string, { over: string; status: Obj }>();
+  private readonly written = new Map<string, { over: string; status: Obj }>();
+  /** Objects looked at in the pass under way (what is written or counted of others is forgotten after it). */
+  private seen = new Set<string>();
   /** Counters for status and tests. */
   readonly stats = { statusWrites: 0, conflicts: 0, claimsCollected: 0 };
 
@@ -166,14 +175,17 @@ export class StatusController {
     const addresses = this.o.egressAddresses();
     const refused = this.o.refused?.() ?? {};
     const summaries = this.o.egressSummary?.() ?? {};
+    const pools = this.o.addressPools?.();
+    const egresses = this.o.egresses?.();
+    this.seen = new Set();
     for (const { obj, problems: schemaProblems } of verdicts.values()) {
       if (this.stopping) return;
       const why = refused[objectKey(obj)];
       const problems = why ? [...schemaProblems, ...why.split('\n')] : schemaProblems;
-      if (obj.kind === 'AddressPool') await this.writePool(obj.metadata.name, problems);
+      if (obj.kind === 'AddressPool') await this.writePool(obj.metadata.name, problems, pools?.get(obj.metadata.name));
       else if (obj.kind === 'Egress') {
         const key = `${obj.metadata.namespace}/${obj.metadata.name}`;
-        await this.writeEgress(obj.metadata.namespace, obj.metadata.name, problems, addresses.filter((a) => a.egress === key), summaries[key]);
+        await this.writeEgress(obj.metadata.namespace, obj.metadata.name, problems, addresses.filter((a) => a.egress === key), summaries[key], egresses?.get(key));
       }
     }
     const lbs = this.o.loadBalancers?.() ?? [];
@@ -185,11 +197,13 @@ export class StatusController {
       });
     }
     const cache = this.o.services?.();
-    if (cache) for (const k of this.servicesWritten.keys()) if (!cache.has(k)) this.servicesWritten.delete(k);
     for (const lb of lbs) {
       if (this.stopping) return;
       await this.writeService(lb, health, cache);
     }
+    // Objects gone (or no longer tether's): what was remembered of them goes.
+    for (const k of this.written.keys()) if (!this.seen.has(k)) this.written.delete(k);
+    for (const k of this.countsWritten.keys()) if (!this.seen.has(k)) this.countsWritten.delete(k);
   }
 
   /**
@@ -199,6 +213,8 @@ export class StatusController {
   private async writeService(lb: Record<string, unknown>, health?: Record<string, NodeHealthReport>, cache?: Map<string, Obj>): Promise<void> {
     const key = String(lb.service);
     const [namespace, name] = key.split('/');
+    const what = `Service ${key}`;
+    this.seen.add(what);
     const refused = lb.refused as string[] | undefined;
     // This node does not know the VIP yet (just elected, its first passes still asking): the status
     // stays as written rather than flapping to NoVIP.
@@ -216,6 +232,7 @@ export class StatusController {
         throw e;
       }
     }
+    const prev = this.statusNow(what, cur);
     const gen = cur.metadata?.generation;
     const ready = refused
       ? { type: 'tether.dev/Ready', status: 'False' as const, reason: 'Invalid', message: message(refused) }
@@ -227,44 +244,38 @@ export class StatusController {
     const conditions: Array<Omit<Condition, 'lastTransitionTime'>> = [{ ...ready, observedGeneration: gen }];
     if (lb.externalTrafficPolicy === 'Local' && !refused) {
       // Read failed: the condition stays as it was rather than flapping away.
-      const hc = health ? healthCondition(String(lb.service), health) : (cur.status?.conditions as Condition[] | undefined)?.find((c) => c.type === HEALTH_CONDITION);
+      const hc = health ? healthCondition(String(lb.service), health) : (prev.conditions as Condition[] | undefined)?.find((c) => c.type === HEALTH_CONDITION);
       if (hc) conditions.push({ type: hc.type, status: hc.status, reason: hc.reason, message: hc.message, observedGeneration: gen });
     }
     const status: Obj = {
-      ...(cur.status ?? {}),
+      ...prev,
       loadBalancer: lb.vip && !refused ? { ingress: [{ ip: lb.vip, ipMode: 'Proxy' }] } : {},
-      conditions: mergeConditions(cur.status?.conditions, conditions),
+      conditions: mergeConditions(prev.conditions, conditions),
     };
-    if (sameJson(cur.status ?? {}, status)) return;
-    const rv = String(cur.metadata?.resourceVersion ?? '');
-    const last = this.servicesWritten.get(key);
-    if (cache && last && last.over === rv && sameJson(last.status, status)) return; // written; the watch has not brought it back yet
-    try {
-      // With the cached resourceVersion: a Service changed since is refused (409) and re-read from the
-      // cache on the next pass.
-      await this.core.replaceNamespacedServiceStatus({ name, namespace, body: { ...cur, apiVersion: 'v1', kind: 'Service', status } as k8s.V1Service });
-      if (cache) this.servicesWritten.set(key, { over: rv, status });
-      this.stats.statusWrites++;
-      this.o.logger.info('kube: status written', { object: `Service ${namespace}/${name}`, vip: lb.vip, ready: ready.status, reason: ready.reason });
-    } catch (e) {
-      if (statusOf(e) === 409) this.stats.conflicts++;
-      else if (statusOf(e) !== 404) throw e;
-    }
+    await this.write(what, cur, status, () => this.core.replaceNamespacedServiceStatus({ name, namespace, body: { ...cur, apiVersion: 'v1', kind: 'Service', status } as k8s.V1Service }), { vip: lb.vip });
   }
 
-  private async writePool(name: string, problems: string[]): Promise<void> {
+  private async writePool(name: string, problems: string[], cached?: Obj): Promise<void> {
+    const what = `AddressPool ${name}`;
+    this.seen.add(what);
     const params = { group: GROUP, version: VERSION, plural: 'addresspools', name };
-    const cur = (await this.api.getClusterCustomObject(params)) as Obj;
+    const cur = cached ?? (await this.read(() => this.api.getClusterCustomObject(params)));
+    if (!cur) return;
+    const prev = this.statusNow(what, cur);
     const ready = problems.length
       ? { type: 'Ready', status: 'False' as const, reason: problems.some((p) => p.includes(' overlaps ')) ? 'Overlaps' : 'Invalid', message: message(problems) }
       : { type: 'Ready', status: 'True' as const, reason: 'Valid', message: 'the pool is in use' };
-    const status = { ...(cur.status ?? {}), observedGeneration: cur.metadata?.generation, conditions: mergeConditions(cur.status?.conditions, [{ ...ready, observedGeneration: cur.metadata?.generation }]) };
-    await this.write(cur, status, () => this.api.replaceClusterCustomObjectStatus({ ...params, body: { ...cur, status } }), `AddressPool ${name}`);
+    const status = { ...prev, observedGeneration: cur.metadata?.generation, conditions: mergeConditions(prev.conditions, [{ ...ready, observedGeneration: cur.metadata?.generation }]) };
+    await this.write(what, cur, status, () => this.api.replaceClusterCustomObjectStatus({ ...params, body: { apiVersion: `${GROUP}/${VERSION}`, kind: 'AddressPool', ...cur, status } }));
   }
 
-  private async writeEgress(namespace: string, name: string, problems: string[], addrs: EgressAddressStatus[], sum?: EgressSummary): Promise<void> {
+  private async writeEgress(namespace: string, name: string, problems: string[], addrs: EgressAddressStatus[], sum?: EgressSummary, cached?: Obj): Promise<void> {
+    const what = `Egress ${namespace}/${name}`;
+    this.seen.add(what);
     const params = { group: GROUP, version: VERSION, plural: 'egresses', namespace, name };
-    const cur = (await this.api.getNamespacedCustomObject(params)) as Obj;
+    const cur = cached ?? (await this.read(() => this.api.getNamespacedCustomObject(params)));
+    if (!cur) return;
+    const prev = this.statusNow(what, cur);
     const owned = addrs.filter((a) => a.owner);
     const gen = cur.metadata?.generation;
     const ready = problems.length
@@ -291,26 +302,52 @@ export class StatusController {
         address: a.address, ...(a.ownerNode ? { ownerNode: a.ownerNode } : {}), ...(a.ownerZone ? { zone: a.ownerZone } : {}), ...(a.owner ? { ownerPod: a.owner } : {}), epoch: a.epoch,
         ...(a.flows !== undefined ? { flows: a.flows, bytes: a.bytes ?? 0 } : {}),
       })),
-      conditions: mergeConditions(cur.status?.conditions, [{ ...ready, observedGeneration: gen }, ...more]),
+      conditions: mergeConditions(prev.conditions, [{ ...ready, observedGeneration: gen }, ...more]),
     };
-    await this.write(cur, status, () => this.api.replaceNamespacedCustomObjectStatus({ ...params, body: { ...cur, status } }), `Egress ${namespace}/${name}`);
+    await this.write(what, cur, status, () => this.api.replaceNamespacedCustomObjectStatus({ ...params, body: { apiVersion: `${GROUP}/${VERSION}`, kind: 'Egress', ...cur, status } }));
   }
 
-  private async write(cur: Obj, status: Obj, put: () => Promise<unknown>, what: string): Promise<void> {
-    if (sameJson(cur.status ?? {}, status)) return;
+  /** An object read with a GET (the cache has no copy of it); undefined when it is gone (404). */
+  private async read(get: () => Promise<unknown>): Promise<Obj | undefined> {
+    try {
+      return (await get()) as Obj;
+    } catch (e) {
+      if (statusOf(e) === 404) return undefined;
+      throw e;
+    }
+  }
+
+  /**
+   * An object's status as it stands: the one last written over this very resourceVersion when the watch
+   * has not brought that write back yet (the cache still holds the version written over), else the one read.
+   */
+  private statusNow(what: string, cur: Obj): Obj {
+    const last = this.written.get(what);
+    return last && last.over === String(cur.metadata?.resourceVersion ?? '') ? last.status : (cur.status ?? {});
+  }
+
+  /**
+   * Writes `status` over `cur` (with cur's resourceVersion: an object changed since is refused with a 409,
+   * counted, and read again on the next pass) when it differs from the status as it stands (statusNow).
+   */
+  private async write(what: string, cur: Obj, status: Obj, put: () => Promise<unknown>, log: Record<string, unknown> = {}): Promise<void> {
+    const prev = this.statusNow(what, cur);
+    if (sameJson(prev, status)) return;
     // Usage counters change all the time: a status that differs only in them is written at most every
     // COUNTS_EVERY_MS, so the API server is not written to on every pass.
-    const withoutCounts = (x: Obj) => JSON.stringify({ ...x, addresses: (x.addresses as Obj[] | undefined)?.map(({ flows: _f, bytes: _b, ...rest }) => rest) });
+    const withoutCounts = (x: Obj) => ({ ...x, addresses: (x.addresses as Obj[] | undefined)?.map(({ flows: _f, bytes: _b, ...rest }) => rest) });
     // Only changed numbers wait: counts that appear (or go) where the written status has none are written now.
     const hasCounts = (x: Obj) => JSON.stringify((x.addresses as Obj[] | undefined)?.map((a) => a.flows !== undefined) ?? []);
     const last = this.countsWritten.get(what) ?? 0;
-    if (withoutCounts(cur.status ?? {}) === withoutCounts(status) && hasCounts(cur.status ?? {}) === hasCounts(status) && Date.now() - last < COUNTS_EVERY_MS) return;
-    this.countsWritten.set(what, Date.now());
+    if (sameJson(withoutCounts(prev), withoutCounts(status)) && hasCounts(prev) === hasCounts(status) && Date.now() - last < COUNTS_EVERY_MS) return;
+    const over = String(cur.metadata?.resourceVersion ?? '');
     try {
       await put();
+      this.countsWritten.set(what, Date.now());
+      this.written.set(what, { over, status });
       this.stats.statusWrites++;
-      const ready = (status.conditions as Condition[]).find((c) => c.type === 'Ready');
-      this.o.logger.info('kube: status written', { object: what, ready: ready?.status, reason: ready?.reason });
+      const ready = (status.conditions as Condition[]).find((c) => c.type === 'Ready' || c.type === 'tether.dev/Ready');
+      this.o.logger.info('kube: status written', { object: what, ...log, ready: ready?.status, reason: ready?.reason });
     } catch (e) {
       if (statusOf(e) === 409) this.stats.conflicts++;
       else if (statusOf(e) !== 404) throw e;

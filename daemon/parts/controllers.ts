@@ -34,6 +34,8 @@ export class Controllers implements Subsystem<ControllersDesired> {
       egressSummary: () => egress?.egressSummary() ?? {},
       loadBalancers: () => lb?.status() ?? [],
       services: () => new Map(source.cachedObjects('services').map((o) => [`${o.metadata?.namespace}/${o.metadata?.name}`, o])),
+      addressPools: () => new Map(source.cachedObjects('addresspools').map((o) => [String(o.metadata?.name), o])),
+      egresses: () => new Map(source.cachedObjects('egresses').map((o) => [`${o.metadata?.namespace}/${o.metadata?.name}`, o])),
       healthReports: lb?.store && (() => lb.store!.healthReports()),
     });
     let labeler: ServiceLabeler | undefined;
