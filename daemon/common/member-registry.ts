@@ -98,9 +98,10 @@ export async function memberCall(client: Redis, base: string, member: string, va
 
 /**
  * A registration is refreshed at most this often (a fraction of its TTL) while its value stays the same:
- * with the callers' 1 s passes, every other pass at a 5 s TTL, leaving 3 s of slack for a late pass.
+ * with the callers' 1 s passes and 15 s TTL, every other pass (1.5 s: a change reaches every copy within
+ * that), leaving 13.5 s of slack for a node that stalls.
  */
-export const REFRESH_FRACTION = 0.3;
+export const REFRESH_FRACTION = 0.1;
 /** An unchanged registration's stored value is compared with it at least this often. */
 const CHECK_EVERY_MS = 30_000;
 

@@ -239,8 +239,17 @@ export class KubeSource extends EventEmitter implements ConfigSource {
 }
 
 /** What a configuration holds, comparable (pools carry bigints). */
+/**
+ * The configuration's identity, with object keys sorted: a list answer (decoded by client-node's models,
+ * which order fields their way) and a watch event (the server's order) of the same object are the same
+ * configuration.
+ */
 function fingerprint(c: ConfigObjects): string {
-  return JSON.stringify(c, (_k, v: unknown) => (typeof v === 'bigint' ? v.toString() : v));
+  return JSON.stringify(c, (_k, v: unknown) => {
+    if (typeof v === 'bigint') return v.toString();
+    if (v && typeof v === 'object' && !Array.isArray(v)) return Object.fromEntries(Object.entries(v).sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0)));
+    return v;
+  });
 }
 
 /** A custom resource as the schemas see it: what the user wrote (spec), without server-set metadata. */

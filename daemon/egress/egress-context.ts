@@ -84,7 +84,7 @@ export interface AddressState {
 }
 
 /**
- * A registration (node address, gateway pods) lives this long unless refreshed; it is refreshed at 0.3 of it
+ * A registration (node address, gateway pods) lives this long unless refreshed; it is refreshed at 0.1 of it
  * (member-registry.ts) and removed at once on a clean stop. Liveness is BFD's, not the registry's: a crashed
  * node's entry only lingers in the FoU allow-lists and candidate lists (where BFD marks it down) for up to
  * this long. Long enough that a node stalled for seconds (a loaded machine) does not drop out and come back,
