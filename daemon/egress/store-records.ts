@@ -56,7 +56,11 @@ export class StoreRecords {
       await this.register();
       const involved = this.s.involvedSet();
       const watched = [...this.s.egresses.values()].filter((e) => full || involved.has(e.key));
-      for (const e of watched) if (!this.registered.has(e.key)) this.s.registry.set(e.key, await this.s.o.ownership.listGateways(e.key));
+      // Read together (one round trip's wait, not one per Egress): a full pass reads every Egress, and as
+      // many sequential round trips outlast a loaded store's timeouts, leaving the node in full passes.
+      const unlisted = watched.filter((e) => !this.registered.has(e.key));
+      const lists = await Promise.all(unlisted.map((e) => this.s.o.ownership.listGateways(e.key)));
+      unlisted.forEach((e, i) => this.s.registry.set(e.key, lists[i]));
       // A node with no part in an Egress keeps no copy of its registry: it would read none again, so a
       // kept copy would only go stale (its status would name candidates that left long ago).
       for (const e of this.s.egresses.values()) if (!full && !involved.has(e.key)) this.s.registry.delete(e.key);
@@ -69,14 +73,18 @@ export class StoreRecords {
       const now = Date.now();
       const safety = full || now >= this.nextSafetyMs;
       if (safety) this.nextSafetyMs = now + safetyPeriodMs(this.s.o.node.name);
-      for (const st of this.s.addresses.values()) {
-        if (!full && !involved.has(st.egress.key)) continue;
-        if (!safety && !st.holder && st.recorded) continue;
-        let rec: Ownership;
-        try {
-          rec = await this.s.o.ownership.get(st.egress.key, st.address);
-        } catch (e) {
-          if (!(e instanceof UnreadableRecordError)) throw e;
+      const toRead = [...this.s.addresses.values()].filter((st) => (full || involved.has(st.egress.key)) && (safety || st.holder || !st.recorded));
+      // Read together, then followed one by one (each under its address's lock).
+      const read = await Promise.all(toRead.map((st) => this.s.o.ownership.get(st.egress.key, st.address).then(
+        (rec): Ownership | 'unreadable' => rec,
+        (e): 'unreadable' => {
+          if (e instanceof UnreadableRecordError) return 'unreadable';
+          throw e;
+        },
+      )));
+      for (const [i, st] of toRead.entries()) {
+        const rec = read[i];
+        if (rec === 'unreadable') {
           // A garbled record (refused and logged by the store layer): nothing in it is followed; the
           // holder's decision replaces it, the others wait for that.
           if (st.holder) await this.record(st);

@@ -303,6 +303,15 @@ async function runSize(sim: Sim, n: number): Promise<Record<string, unknown>> {
     const perCommand = Object.fromEntries(Object.entries(c1.byCommand).map(([k, v]) => [k, round((v - (c0.byCommand[k] ?? 0)) / secs / n, 2)]).filter(([, v]) => (v as number) > 0).sort((a, b) => (b[1] as number) - (a[1] as number)));
     // The main workers' event loop delay over the window (s1 answers for the window since s0 reset it).
     const loopLag = { p50Ms: Math.max(...mainStats.map((x) => x.loopLag.p50Ms)), p99Ms: Math.max(...mainStats.map((x) => x.loopLag.p99Ms)), maxMs: Math.max(...mainStats.map((x) => x.loopLag.maxMs)) };
+    // Member-set reads in the window by reply mode, summed over the workers (diagnostics: whole reads are the costly ones).
+    const modes: Record<string, number[]> = {};
+    for (const [i, x] of s1.entries()) {
+      const m1 = (x as unknown as { memberReads?: Record<string, number[]> }).memberReads ?? {};
+      const m0 = (s0[i] as unknown as { memberReads?: Record<string, number[]> })?.memberReads ?? {};
+      for (const [b, v] of Object.entries(m1)) modes[b] = v.map((c, k) => (modes[b]?.[k] ?? 0) + c - (m0[b]?.[k] ?? 0));
+    }
+    const whole = s1.flatMap((x) => (x as unknown as { wholeReads?: unknown[] }).wholeReads ?? []).slice(0, 6);
+    log('member reads', { n, modes, whole });
     log('steady', { n, loopLag, perCommand, cmds: round(cmds), outB: round(outB), perNodeCmds: round(cmds / n, 2), perNodeOutB: round(outB / n), rssPerNodeMiB: round(rssPerNode / 2 ** 20, 2) });
 
     // Load balancer: refused Services and mapping fan-out per new connection.

@@ -8,6 +8,7 @@ import { Session } from 'node:inspector/promises';
 import Redis from 'ioredis';
 import { makeLogger, setLogger } from '../../../daemon/log';
 import { SimNode, type SimPod } from './sim-node';
+import { MemberView } from '../../../daemon/common/member-registry';
 import { setAlive } from './fakes/bfd-threaded';
 import { lbDatapaths } from './fakes/bpf-lb';
 import { recorded } from './fakes/record';
@@ -77,6 +78,18 @@ const send = Redis.prototype.sendCommand;
 Redis.prototype.sendCommand = function (this: Redis, ...a: Parameters<typeof send>) {
   commandsSent++;
   return send.apply(this, a);
+};
+
+// Member-set reads by reply mode (0 nothing new, 1 changes, 2 the whole set), per set, and what a whole
+// read was asked with (the reader's version against the set's): where whole reads come from.
+const memberReads: Record<string, [number, number, number]> = {};
+const wholeReads: Array<{ base: string; since: number; version: string }> = [];
+const applyReply = (MemberView.prototype as unknown as { apply: (r: [string, number, string[]?]) => boolean }).apply;
+(MemberView.prototype as unknown as { apply: (r: [string, number, string[]?]) => boolean }).apply = function (this: MemberView<unknown>, r: [string, number, string[]?]) {
+  const base = this.base.replace(/egress:[^}]*/, 'egress:*');
+  (memberReads[base] ??= [0, 0, 0])[r[1]]++;
+  if (r[1] === 2 && wholeReads.length < 20) wholeReads.push({ base, since: this.version, version: r[0] });
+  return applyReply.call(this, r);
 };
 
 // Load balancer mapping notices received by this process's nodes: deliveries on the per-VIP notice
@@ -164,7 +177,7 @@ async function handle(m: Request): Promise<unknown> {
       const mu = process.memoryUsage();
       const lag = { p50Ms: Math.round(loopDelay.percentile(50) / 1e6), p99Ms: Math.round(loopDelay.percentile(99) / 1e6), maxMs: Math.round(loopDelay.max / 1e6) };
       loopDelay.reset();
-      return { nodes: nodes.size, rss: mu.rss, heapUsed: mu.heapUsed, commandsSent, lbNotices, calls: recorded(), loopLag: lag };
+      return { nodes: nodes.size, rss: mu.rss, heapUsed: mu.heapUsed, commandsSent, lbNotices, calls: recorded(), loopLag: lag, memberReads, wholeReads: wholeReads.splice(0) };
     }
     case 'lbConnect': {
       const n = nodes.get(m.node);
