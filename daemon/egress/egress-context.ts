@@ -185,14 +185,6 @@ export class EgressContext {
   /** Until when someone reads the cluster-wide status (status(), egressSummary()): the store pass reads usage meanwhile. */
   observedUntil = 0;
 
-  /**
-   * Whether this node plays a part in an Egress: it has a gateway pod or a client pod of it, or holds one
-   * of its addresses. Only then does the store pass read the Egress's registry and records periodically.
-   */
-  involved(egress: string): boolean {
-    return this.involvedSet().has(egress);
-  }
-
   /** The Egresses this node has client pods of. */
   clientEgresses(): Set<string> {
     const byId = new Map([...this.egressIds].map(([k, id]) => [id, k]));
@@ -204,7 +196,10 @@ export class EgressContext {
     return out;
   }
 
-  /** Every Egress this node plays a part in (involved()), in one walk over its gateways, clients and addresses. */
+  /**
+   * The Egresses this node plays a part in: it has a gateway or a client pod of them, or holds one of their
+   * addresses (one walk). Only those does the store pass read periodically and the election tick evaluate.
+   */
   involvedSet(): Set<string> {
     const out = this.clientEgresses();
     for (const g of this.gateways.values()) for (const e of g.egresses) out.add(e);

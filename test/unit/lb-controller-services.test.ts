@@ -14,30 +14,17 @@ import { validatePools } from '../../ipam/pool';
 import { RedisStore } from '../../ipam/store/redis-store';
 import { LbController } from '../../daemon/lb/lb-controller';
 import { MappingStore } from '../../daemon/lb/mapping-store';
-import { resolveLoadBalancers, LB_CLASS } from '../../daemon/lb/lb-spec';
+import { resolveLoadBalancers } from '../../daemon/lb/lb-spec';
 import { PodStore } from '../../daemon/state/pod-store';
 import { AttachService } from '../../daemon/pod/attach-service';
+import { lbServiceObjects } from '../lib/lb-objects';
 import { startRedis } from '../lib/redis';
 
 const quiet = makeLogger({ level: 'error', stream: new Writable({ write: (_c, _e, cb) => cb() }) });
 setLogger(quiet);
 const N = 1000;
 
-function objects(): Array<Record<string, unknown>> {
-  const out: Array<Record<string, unknown>> = [];
-  for (let i = 0; i < N; i++) {
-    const name = `svc-${i}`;
-    out.push({
-      apiVersion: 'v1', kind: 'Service', metadata: { name, namespace: 'shop' },
-      spec: { type: 'LoadBalancer', loadBalancerClass: LB_CLASS, ports: [{ port: 80, protocol: 'TCP' }] },
-    });
-    out.push({
-      apiVersion: 'discovery.k8s.io/v1', kind: 'EndpointSlice', metadata: { name: `${name}-x`, namespace: 'shop', labels: { 'kubernetes.io/service-name': name } },
-      addressType: 'IPv4', endpoints: [{ addresses: [`10.244.${i >> 8}.${(i & 255) || 1}`], conditions: { ready: true }, nodeName: 'n2' }],
-    });
-  }
-  return out;
-}
+const objects = () => lbServiceObjects(N, () => 'n2');
 
 test('1,000 Services accepted with VIPs; a node without their LB pods programs, slots and subscribes nothing', async () => {
   const redis = await startRedis();

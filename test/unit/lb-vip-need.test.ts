@@ -19,6 +19,7 @@ import { MappingStore } from '../../daemon/lb/mapping-store';
 import { resolveLoadBalancers, LB_CLASS } from '../../daemon/lb/lb-spec';
 import { PodStore } from '../../daemon/state/pod-store';
 import { AttachService } from '../../daemon/pod/attach-service';
+import { lbServiceObjects } from '../lib/lb-objects';
 import { startRedis, type TestRedis } from '../lib/redis';
 import { meterRedis, type RedisMeter } from '../lib/redis-meter';
 
@@ -30,21 +31,7 @@ const pools = validatePools([
 ]);
 
 /** N Services; each one's single target on the node `targetNode(i)` names. */
-function objects(targetNode: (i: number) => string, n = N): Array<Record<string, unknown>> {
-  const out: Array<Record<string, unknown>> = [];
-  for (let i = 0; i < n; i++) {
-    const name = `svc-${i}`;
-    out.push({
-      apiVersion: 'v1', kind: 'Service', metadata: { name, namespace: 'shop' },
-      spec: { type: 'LoadBalancer', loadBalancerClass: LB_CLASS, ports: [{ port: 80, protocol: 'TCP' }] },
-    });
-    out.push({
-      apiVersion: 'discovery.k8s.io/v1', kind: 'EndpointSlice', metadata: { name: `${name}-x`, namespace: 'shop', labels: { 'kubernetes.io/service-name': name } },
-      addressType: 'IPv4', endpoints: [{ addresses: [`10.244.${i >> 8}.${(i & 255) || 1}`], conditions: { ready: true }, nodeName: targetNode(i) }],
-    });
-  }
-  return out;
-}
+const objects = (targetNode: (i: number) => string, n = N) => lbServiceObjects(n, targetNode);
 
 interface Node {
   ctl: LbController;

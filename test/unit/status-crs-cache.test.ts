@@ -7,13 +7,10 @@
 // with the new observedGeneration; an object the cache has no copy of is read with a GET.
 import { test } from 'uvu';
 import * as assert from 'uvu/assert';
-import * as fs from 'node:fs';
-import * as os from 'node:os';
-import * as path from 'node:path';
 import { Writable } from 'node:stream';
-import { FakeApiServer, kubeconfigFor } from '../lib/fake-apiserver';
+import { apiWithSource } from '../lib/kube-fixture';
+import { waitFor } from '../lib/wait';
 import { StatusController, type EgressAddressStatus } from '../../daemon/kube/status-controller';
-import { KubeSource } from '../../daemon/config/kube-source';
 import { makeLogger } from '../../daemon/log';
 
 const quiet = makeLogger({ level: 'error', stream: new Writable({ write: (_c, _e, cb) => cb() }) });
@@ -23,28 +20,14 @@ const EGRESSES = 20;
 
 type Obj = Record<string, any>;
 
-const until = async (what: string, fn: () => boolean, ms = 5000) => {
-  const end = Date.now() + ms;
-  while (!fn()) {
-    if (Date.now() > end) throw new Error(`timed out: ${what}`);
-    await new Promise((r) => setTimeout(r, 20));
-  }
-};
 
 const pool = (i: number) => ({ apiVersion: V, kind: 'AddressPool', metadata: { name: `p-${i}` }, spec: { usage: 'floating', ipv4: { cidr: `198.51.100.${16 * i}/28` } } });
 const egress = (i: number, p = i % POOLS, labels: Record<string, string> = {}) => ({ apiVersion: V, kind: 'Egress', metadata: { name: `e-${i}`, namespace: 'shop', labels }, spec: { clients: { podSelector: { matchLabels: { app: 'web' } } }, gateways: { podSelector: { matchLabels: { app: 'gw' } } }, addresses: { pool: `p-${p}` } } });
 
 test('status of unchanged AddressPools and Egresses: no request per pass; a change is one PUT; a 409 retried on a later pass; lastTransitionTime kept', async () => {
-  const api = new FakeApiServer('fake-token');
-  const url = (await api.listen({ port: 0 }))!;
-  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'tether-status-crs-'));
-  fs.writeFileSync(path.join(dir, 'kubeconfig'), kubeconfigFor(url));
-  for (let i = 0; i < POOLS; i++) api.apply(pool(i));
-  for (let i = 0; i < EGRESSES; i++) api.apply(egress(i));
-  const source = new KubeSource({ kubeconfig: path.join(dir, 'kubeconfig'), nodeName: 'n1', logger: quiet, syncTimeoutMs: 10_000 });
+  const { api, source, close } = await apiWithSource([...Array.from({ length: POOLS }, (_, i) => pool(i)), ...Array.from({ length: EGRESSES }, (_, i) => egress(i))], quiet);
   let ctl: StatusController | undefined;
   try {
-    await source.start();
     const addrs = new Map<string, EgressAddressStatus>();
     for (let i = 0; i < EGRESSES; i++) addrs.set(`shop/e-${i}`, { egress: `shop/e-${i}`, address: `198.51.100.${16 * (i % POOLS) + 1 + Math.floor(i / POOLS)}`, owner: `shop/gw-${i}`, ownerNode: 'n1', epoch: 1 });
     const livePools = () => new Map(source.cachedObjects('addresspools').map((o) => [String(o.metadata?.name), o]));
@@ -68,7 +51,7 @@ test('status of unchanged AddressPools and Egresses: no request per pass; a chan
     const since = ready('e-3').lastTransitionTime;
 
     // The watch brings the writes back; passes over unchanged objects send nothing.
-    await until('the writes back in the watch cache', () => [...livePools().values(), ...liveEgresses().values()].every((o) => o.status?.conditions?.length));
+    await waitFor(() => [...livePools().values(), ...liveEgresses().values()].every((o) => o.status?.conditions?.length), 'the writes back in the watch cache');
     before = api.requests.length;
     for (let i = 0; i < 3; i++) await ctl.pass();
     assert.equal(crCalls(before), [], 'no request for unchanged pools and Egresses (before: a GET of each per pass)');
@@ -92,7 +75,7 @@ test('status of unchanged AddressPools and Egresses: no request per pass; a chan
 
     // Written, not seen back by the watch yet (frozen cache): the same status is not written again, even a
     // second later when a condition that changed would be stamped with a new transition time.
-    await until('the writes back in the watch cache', () => liveEgresses().get('shop/e-3')?.status?.addresses?.[0]?.epoch === 2);
+    await waitFor(() => liveEgresses().get('shop/e-3')?.status?.addresses?.[0]?.epoch === 2, 'the writes back in the watch cache');
     const preWrite = structuredClone(liveEgresses().get('shop/e-4')!);
     addrs.set('shop/e-4', { ...addrs.get('shop/e-4')!, owner: '', ownerNode: undefined });
     before = api.requests.length;
@@ -115,7 +98,7 @@ test('status of unchanged AddressPools and Egresses: no request per pass; a chan
     assert.is(ready('e-4').lastTransitionTime, lost.lastTransitionTime);
     assert.is(ready('e-7').status, 'True', 'the status as it was');
     frozen = undefined;
-    await until('the change in the watch cache', () => liveEgresses().get('shop/e-7')?.metadata?.labels?.team === 'a');
+    await waitFor(() => liveEgresses().get('shop/e-7')?.metadata?.labels?.team === 'a', 'the change in the watch cache');
     before = api.requests.length;
     await ctl.pass();
     assert.equal(crCalls(before), ['PUT /apis/tether.dev/v1alpha1/namespaces/shop/egresses/e-7/status'], 'written on a later pass, with no GET');
@@ -124,7 +107,7 @@ test('status of unchanged AddressPools and Egresses: no request per pass; a chan
     assert.is(ready('e-4').lastTransitionTime, lost.lastTransitionTime, 'e-4 not rewritten once its write came back');
 
     // A pool the cache has no copy of (yet): read with a GET, not written when unchanged.
-    await until('the writes back in the watch cache', () => liveEgresses().get('shop/e-7')?.status?.observedGeneration === 2);
+    await waitFor(() => liveEgresses().get('shop/e-7')?.status?.observedGeneration === 2, 'the writes back in the watch cache');
     poolCache = () => {
       const m = livePools();
       m.delete('p-2');
@@ -135,9 +118,7 @@ test('status of unchanged AddressPools and Egresses: no request per pass; a chan
     assert.equal(crCalls(before), ['GET /apis/tether.dev/v1alpha1/addresspools/p-2']);
   } finally {
     await ctl?.stop();
-    await source.stop();
-    await api.close();
-    fs.rmSync(dir, { recursive: true, force: true });
+    await close();
   }
 });
 

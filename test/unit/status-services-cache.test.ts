@@ -5,13 +5,10 @@
 // and is made on a later pass; a Service whose VIP this node does not know yet keeps its status.
 import { test } from 'uvu';
 import * as assert from 'uvu/assert';
-import * as fs from 'node:fs';
-import * as os from 'node:os';
-import * as path from 'node:path';
 import { Writable } from 'node:stream';
-import { FakeApiServer, kubeconfigFor } from '../lib/fake-apiserver';
+import { apiWithSource } from '../lib/kube-fixture';
+import { waitFor } from '../lib/wait';
 import { StatusController } from '../../daemon/kube/status-controller';
-import { KubeSource } from '../../daemon/config/kube-source';
 import { TETHER_SERVICE_LABEL } from '../../daemon/kube/service-labeler';
 import { LB_CLASS } from '../../daemon/lb/lb-spec';
 import { makeLogger } from '../../daemon/log';
@@ -19,13 +16,6 @@ import { makeLogger } from '../../daemon/log';
 const quiet = makeLogger({ level: 'error', stream: new Writable({ write: (_c, _e, cb) => cb() }) });
 const N = 20;
 
-const until = async (what: string, fn: () => boolean, ms = 5000) => {
-  const end = Date.now() + ms;
-  while (!fn()) {
-    if (Date.now() > end) throw new Error(`timed out: ${what}`);
-    await new Promise((r) => setTimeout(r, 20));
-  }
-};
 
 const service = (i: number, labels: Record<string, string> = {}) => ({
   apiVersion: 'v1', kind: 'Service', metadata: { name: `svc-${i}`, namespace: 'shop', labels: { [TETHER_SERVICE_LABEL]: 'true', ...labels } },
@@ -33,15 +23,9 @@ const service = (i: number, labels: Record<string, string> = {}) => ({
 });
 
 test('status of unchanged Services: no request per pass; a change is one PUT over the cached version; a 409 retried on a later pass', async () => {
-  const api = new FakeApiServer('fake-token');
-  const url = (await api.listen({ port: 0 }))!;
-  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'tether-status-cache-'));
-  fs.writeFileSync(path.join(dir, 'kubeconfig'), kubeconfigFor(url));
-  for (let i = 0; i < N; i++) api.apply(service(i));
-  const source = new KubeSource({ kubeconfig: path.join(dir, 'kubeconfig'), nodeName: 'n1', logger: quiet, syncTimeoutMs: 10_000 });
+  const { api, source, close } = await apiWithSource(Array.from({ length: N }, (_, i) => service(i)), quiet);
   let ctl: StatusController | undefined;
   try {
-    await source.start();
     const lbs = new Map<string, Record<string, unknown>>();
     for (let i = 0; i < N; i++) lbs.set(`shop/svc-${i}`, { service: `shop/svc-${i}`, vip: `198.18.0.${i + 1}`, externalTrafficPolicy: 'Cluster' });
     const live = () => new Map(source.cachedObjects('services').map((o) => [`${o.metadata?.namespace}/${o.metadata?.name}`, o]));
@@ -59,7 +43,7 @@ test('status of unchanged Services: no request per pass; a change is one PUT ove
     const ready = (i: number) => (api.get('Service', `svc-${i}`, 'shop')?.status?.conditions as Array<Record<string, string>>).find((c) => c.type === 'tether.dev/Ready')!;
     const since = ready(2).lastTransitionTime;
     // The watch brings the writes back; passes over unchanged Services send nothing.
-    await until('the writes back in the watch cache', () => [...live().values()].every((o) => o.status?.loadBalancer?.ingress?.length === 1));
+    await waitFor(() => [...live().values()].every((o) => o.status?.loadBalancer?.ingress?.length === 1), 'the writes back in the watch cache');
     let before = api.requests.length;
     for (let i = 0; i < 3; i++) await ctl.pass();
     assert.equal(api.requests.slice(before), [], 'no request for unchanged Services (before: a GET per Service per pass)');
@@ -86,7 +70,7 @@ test('status of unchanged Services: no request per pass; a change is one PUT ove
     assert.equal(api.requests.slice(before), ['PUT /api/v1/namespaces/shop/services/svc-5/status']);
     assert.equal(ingress(5), [{ ip: '198.18.0.6', ipMode: 'Proxy' }], 'the status as it was');
     frozen = undefined;
-    await until('the change in the watch cache', () => live().get('shop/svc-5')?.metadata?.labels?.team === 'a');
+    await waitFor(() => live().get('shop/svc-5')?.metadata?.labels?.team === 'a', 'the change in the watch cache');
     await ctl.pass();
     assert.equal(ingress(5), [{ ip: '198.18.1.5', ipMode: 'Proxy' }], 'written on a later pass');
     // A Service whose VIP this node does not know yet (a new leader's first passes): its status stays.
@@ -97,9 +81,7 @@ test('status of unchanged Services: no request per pass; a change is one PUT ove
     assert.equal(ingress(9), [{ ip: '198.18.0.10', ipMode: 'Proxy' }], 'not flapped to no VIP');
   } finally {
     await ctl?.stop();
-    await source.stop();
-    await api.close();
-    fs.rmSync(dir, { recursive: true, force: true });
+    await close();
   }
 });
 
