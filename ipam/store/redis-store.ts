@@ -389,7 +389,9 @@ export class RedisStore implements ClusterStore {
     if (err) throw err;
     const info = String(reply);
     const m = /^connected_slaves:(\d+)/m.exec(info);
-    if (!m) throw new TetherError(ErrorCode.Internal, `cluster store (${this.where}): INFO replication has no connected_slaves line`);
+    // A node that cannot describe its replication now (seen while a Cluster primary was SIGKILLed and its
+    // replica took over) is a store in transition, not a bug: the caller tries again later.
+    if (!m) throw new TetherError(ErrorCode.TryAgainLater, `cluster store (${this.where}): the node serving ${key} did not describe its replicas (INFO replication answered ${JSON.stringify(info.slice(0, 80))}); try again`);
     const lines = [...info.matchAll(/^slave\d+:(.*)$/gm)];
     // Older servers without per-replica lines: every connected replica counts.
     if (!lines.length) return Number(m[1]);

@@ -255,6 +255,8 @@ function allocationStream(ca: ClusterAddresses, pool: string, workers: number) {
     }
   };
   const running = Promise.all(Array.from({ length: workers }, worker));
+  // A worker's unexpected error is rethrown by stop(); until then it is held here, not left unhandled.
+  running.catch(() => undefined);
   return {
     handedOut,
     failures,
