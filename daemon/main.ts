@@ -71,7 +71,7 @@ async function start(opts: Options, nodeName: string, logger: Logger, life: Life
   } catch (e) {
     throw new StartError(2, (e as Error).message);
   }
-  const { source, config } = await startSource(opts, nodeName, logger, life);
+  const { source, config, takeMissed } = await startSource(opts, nodeName, logger, life);
   const current = new CurrentConfig(config, nodeName);
   const fouPort = portOption('fou-port', opts['fou-port']);
   const syncPort = portOption('sync-port', opts['sync-port']);
@@ -153,7 +153,7 @@ async function start(opts: Options, nodeName: string, logger: Logger, life: Life
     fed(ipam, (d) => d.ipam),
     fed(egress, (d) => d.egress),
     fed(lb, (d) => d.lb),
-  ] satisfies Array<Reconciler<DesiredState>>, logger);
+  ] satisfies Array<Reconciler<DesiredState>>, logger, takeMissed);
   life.started('config updates', () => feed.stop());
   if (controllers) {
     await controllers.start();

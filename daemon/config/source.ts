@@ -285,15 +285,15 @@ export interface Reconciler<D = ConfigObjects> {
  * (a newer one replaces one still waiting). stop() detaches and waits for the one being applied, so no
  * reconciler is handed a configuration while it stops.
  */
-export function feedReconcilers(source: ConfigSource, reconcilers: Reconciler[], logger: Logger): { stop(): Promise<void> } {
-  return feedResolved(source, (c) => c, reconcilers, logger);
+export function feedReconcilers(source: ConfigSource, reconcilers: Reconciler[], logger: Logger, takeMissed?: () => ConfigObjects | undefined): { stop(): Promise<void> } {
+  return feedResolved(source, (c) => c, reconcilers, logger, takeMissed);
 }
 
 /**
  * feedReconcilers through a resolve step: each configuration is resolved once into the desired state every
  * reconciler is handed. A configuration that does not resolve is logged and changes nothing.
  */
-export function feedResolved<D>(source: ConfigSource, resolve: (c: ConfigObjects) => D, reconcilers: Reconciler<D>[], logger: Logger): { stop(): Promise<void> } {
+export function feedResolved<D>(source: ConfigSource, resolve: (c: ConfigObjects) => D, reconcilers: Reconciler<D>[], logger: Logger, takeMissed?: () => ConfigObjects | undefined): { stop(): Promise<void> } {
   let stopped = false;
   let current: Promise<void> = Promise.resolve();
   const apply = serialApply(
@@ -323,6 +323,10 @@ export function feedResolved<D>(source: ConfigSource, resolve: (c: ConfigObjects
     if (!stopped) apply(c);
   };
   source.on('update', onUpdate);
+  // An update that came before this subscription (held by the caller since the source started) is applied
+  // now; subscribing and taking it happen in one tick, so none falls between.
+  const missed = takeMissed?.();
+  if (missed) apply(missed);
   return {
     async stop() {
       stopped = true;

@@ -24,7 +24,7 @@ export class CurrentConfig {
   }
 }
 
-export async function startSource(opts: Options, nodeName: string, logger: Logger, life: Lifecycle): Promise<{ source: ConfigSource; config: ConfigObjects }> {
+export async function startSource(opts: Options, nodeName: string, logger: Logger, life: Lifecycle): Promise<{ source: ConfigSource; config: ConfigObjects; takeMissed: () => ConfigObjects | undefined }> {
   const kube = kubeMode(opts);
   if (kube && opts.config) throw new StartError(2, '--config and --kubernetes/--kubeconfig are two config sources: give one');
   let source: ConfigSource;
@@ -41,5 +41,17 @@ export async function startSource(opts: Options, nodeName: string, logger: Logge
     throw new StartError(kube ? 1 : 2, `config rejected: ${(e as Error).message}`);
   }
   life.started('config source', () => source.stop());
-  return { source, config };
+  // Updates until the feed subscribes (the parts start meanwhile, from `config`) are held, not lost: a Pod
+  // seen in that window (its pod's ADD arriving just then) would otherwise get its roles only at the
+  // next, unrelated update.
+  let missed: ConfigObjects | undefined;
+  const hold = (c: ConfigObjects) => (missed = c);
+  source.on('update', hold);
+  const takeMissed = () => {
+    source.off('update', hold);
+    const m = missed;
+    missed = undefined;
+    return m;
+  };
+  return { source, config, takeMissed };
 }

@@ -83,7 +83,10 @@ export async function waitStandbyReady(tb: Testbed, ownerNode: string, standby: 
     const ownerSees = o?.egress[0]?.candidates.some((c) => c.node === standby && (!pod || c.pod === pod) && c.bfd === 'Up' && (c.inSync || !inSync));
     const standbySees = s?.egress[0]?.candidates.some((c) => c.node === ownerNode && c.bfd === 'Up');
     if (ownerSees && standbySees) return;
-    if (Date.now() > end) throw new Error(`${standby} is not ready to take over from ${ownerNode}: owner sees it ${ownerSees ? 'Up and in sync' : 'not Up or not in sync'}, it sees the owner ${standbySees ? 'Up' : 'not Up'}`);
+    if (Date.now() > end) {
+      const view = (v: View | undefined) => JSON.stringify(v?.egress[0]?.candidates.map((c) => `${c.pod}@${c.node}:${c.bfd}${c.inSync ? '+sync' : ''}`) ?? 'no answer');
+      throw new Error(`${standby} is not ready to take over from ${ownerNode}: owner sees it ${ownerSees ? 'Up and in sync' : 'not Up or not in sync'}, it sees the owner ${standbySees ? 'Up' : 'not Up'} (owner's candidates ${view(o)}; standby's ${view(s)})`);
+    }
     await new Promise((r) => setTimeout(r, 200));
   }
 }

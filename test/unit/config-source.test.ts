@@ -14,6 +14,9 @@ import type { ConfigObjects } from '../../daemon/config/objects';
 import { Writable } from 'node:stream';
 import { makeLogger } from '../../daemon/log';
 import { captureLogger } from '../lib/log-capture';
+import { startSource } from '../../daemon/parts/source';
+import { Lifecycle } from '../../daemon/lifecycle';
+import { parseOptions } from '../../daemon/options';
 
 const logger = makeLogger({ level: 'error', node: 'test', stream: new Writable({ write: (_c, _e, cb) => cb() }) });
 const POOL = (name: string, cidr: string, usage = 'floating') =>
@@ -360,6 +363,32 @@ test('serialApply: one change at a time, in order; a newer change replaces one s
   release();
   await new Promise((r) => setTimeout(r, 20));
   assert.equal(seen, ['1', '3']);
+});
+
+
+test('an update that comes while the parts start (before the feed subscribes) is held and applied when the feed starts, not lost', async () => {
+  const dir = tmpDir();
+  const file = path.join(dir, 'tether.yaml');
+  fs.writeFileSync(file, POOL('a', '10.1.0.0/24'));
+  const life = new Lifecycle(logger);
+  try {
+    const { source, config, takeMissed } = await startSource(parseOptions(['--config', file, '--node-name', 'n1']), 'n1', logger, life);
+    assert.equal(config.pools.map((p) => p.name), ['a']);
+    // tetherd starts its parts from `config` now; meanwhile the configuration changes (seen in the cluster:
+    // a Pod object arriving just then, its pod left without its roles until an unrelated update).
+    const seen = next<ConfigObjects>(source as FileSource, 'update');
+    fs.writeFileSync(file, POOL('a', '10.1.0.0/24') + '---\n' + POOL('b', '10.2.0.0/24'));
+    await seen;
+    const applied: string[][] = [];
+    const feed = feedReconcilers(source, [{ name: 'recorder', apply: (c) => void applied.push(c.pools.map((p) => p.name)) }], logger, takeMissed);
+    for (let i = 0; i < 50 && !applied.length; i++) await sleep(10);
+    await feed.stop();
+    assert.equal(applied, [['a', 'b']], 'the change made before the feed subscribed reaches the reconcilers');
+    assert.is(takeMissed(), undefined, 'held once');
+  } finally {
+    await life.stopAll();
+    fs.rmSync(dir, { recursive: true, force: true });
+  }
 });
 
 test.run();

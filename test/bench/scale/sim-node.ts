@@ -80,7 +80,7 @@ export class SimNode {
     ]);
     const life = new Lifecycle(logger);
     try {
-      const { source, config } = await startSource(opts, nodeName, logger, life);
+      const { source, config, takeMissed } = await startSource(opts, nodeName, logger, life);
       const current = new CurrentConfig(config, nodeName);
       const fouPort = portOption('fou-port', opts['fou-port']);
       const syncPort = portOption('sync-port', opts['sync-port']);
@@ -105,7 +105,7 @@ export class SimNode {
         await health.start();
         life.started('health checks', () => health.stop());
       }
-      const feed = feedReconcilers(source, [current, ipam.reconciler, egressReconciler(egressObjects, egress, logger), lbReconciler(lb, logger)], logger);
+      const feed = feedReconcilers(source, [current, ipam.reconciler, egressReconciler(egressObjects, egress, logger), lbReconciler(lb, logger)], logger, takeMissed);
       life.started('config updates', () => feed.stop());
       // As main.ts: in kube mode the controllers' Lease candidacy (and on the leader, status and the labeler).
       if (source instanceof KubeSource) {
