@@ -14,7 +14,7 @@ import { EgressObjects } from './egress/egress-config';
 import { parseCandidates } from './kube/controllers';
 import { checkRedisOption, flowsOption, nodeNameOf, parseOptions, portOption, USAGE, type Options } from './options';
 import { CurrentConfig, startSource } from './parts/source';
-import { openPodState, startIpam, startStore } from './parts/ipam';
+import { openPodState, startIpam, startStore, withStorePassword } from './parts/ipam';
 import { startDeleteQueue } from './pod/delete-queue';
 import { createEgress, Egress, planEgress } from './parts/egress';
 import { apiServer, startProbes } from './parts/api';
@@ -77,6 +77,7 @@ async function start(opts: Options, nodeName: string, logger: Logger, life: Life
   const syncPort = portOption('sync-port', opts['sync-port']);
   const maxFlows = flowsOption(opts['egress-flows']);
   checkRedisOption(opts);
+  opts = await withStorePassword(opts, source, logger);
   const egressObjects = new EgressObjects(logger);
   const egressPlan = await planEgress(opts, source, config, egressObjects);
   // The resolve step: each configuration into every subsystem's desired state, once.

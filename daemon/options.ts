@@ -18,6 +18,8 @@ export const USAGE = `usage: tetherd [--node-name NAME] [--socket PATH] [--state
                   redis://[:password@]host:port[/db], unix:///path.sock[?password=…],
                   redis+sentinel://[:password@]host[:port][,…]/master[/db] or
                   redis+cluster://[:password@]host[:port][,host[:port]…] (a Redis Cluster)
+  --redis-password-secret NAME  in a cluster: the store's password from Secret NAME (entry "password") in
+                          $POD_NAMESPACE, created by the first tetherd; a password in the URL wins
   Egress (objects of kind Egress in --config) also needs:
   --node-address IP       this node's address: BFD, conntrack sync and FoU between nodes use it
   --uplink IF             the node's interface on the L2 segment (announcements); default: eth0
@@ -52,6 +54,7 @@ export type Options = {
   kubeconfig?: string;
   redis?: string;
   'redis-prefix': string;
+  'redis-password-secret'?: string;
   'node-address'?: string;
   uplink: string;
   'cluster-key-file'?: string;
@@ -88,6 +91,7 @@ export function parseOptions(argv: string[]): Options {
       kubeconfig: { type: 'string' },
       redis: { type: 'string', default: process.env.TETHER_REDIS_URL },
       'redis-prefix': { type: 'string', default: 'tether:' },
+      'redis-password-secret': { type: 'string' },
       'node-address': { type: 'string' },
       uplink: { type: 'string', default: 'eth0' },
       'cluster-key-file': { type: 'string' },

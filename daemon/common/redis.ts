@@ -13,18 +13,34 @@ export type RedisClient = Redis | Cluster;
 
 export function unreachable(where: string, e: unknown): TetherError {
   const msg = e instanceof Error ? e.message : String(e);
+  const auth = authProblems.get(where);
+  // A refused password shows as a closed connection to the caller: say what the store answered instead.
+  if (auth) return new TetherError(ErrorCode.TryAgainLater, `cluster store (${where}) refused authentication: ${auth} (tether's password comes from the store URL or --redis-password-secret)`, { cause: e });
   return new TetherError(ErrorCode.TryAgainLater, `cluster store (${where}) unreachable: ${msg}`, { cause: e });
 }
+
+/** The store's last answer refusing authentication, per store (cleared once a connection is ready). */
+const authProblems = new Map<string, string>();
+const AUTH_REFUSED = /WRONGPASS|NOAUTH|invalid password|without any password configured|invalid username-password/i;
 
 /** Logs losing and regaining Redis once per transition; ioredis's per-attempt errors only at debug. */
 export function watchConnection(client: RedisClient, where: string): void {
   let lost = false;
-  client.on('error', (e: Error) => log().debug('cluster store connection error', { store: where, error: e.message }));
+  client.on('error', (e: Error) => {
+    if (AUTH_REFUSED.test(e.message)) {
+      // Not an outage that heals by itself: one error line per change of answer, and every call says it.
+      if (authProblems.get(where) !== e.message) log().error('cluster store refused the password; retrying', { store: where, error: e.message });
+      authProblems.set(where, e.message);
+      return;
+    }
+    log().debug('cluster store connection error', { store: where, error: e.message });
+  });
   client.on('close', () => {
     if (!lost && client.options.enableOfflineQueue === false) log().warn('cluster store connection lost', { store: where });
     lost = true;
   });
   client.on('ready', () => {
+    if (authProblems.delete(where)) log().info('cluster store accepted the password', { store: where });
     if (lost) log().info('cluster store reconnected', { store: where });
     lost = false;
   });
@@ -210,6 +226,39 @@ export function parseRedisUrl(url: string): RedisTarget {
     return { options, where: `redis at ${u.hostname}:${port}${d === undefined ? '' : `/${d}`}` };
   }
   throw new TetherError(ErrorCode.InvalidConfig, `store url: unsupported scheme ${u.protocol} (use redis://, unix://, redis+sentinel:// or redis+cluster://)`);
+}
+
+/**
+ * The store URL with `password` as the servers' password where the URL gives none (a password in the URL
+ * wins); through Sentinel also as the sentinels' own (they run with the same one in tether's manifests)
+ * unless the URL says sentinelPassword. The URL is checked first (parseRedisUrl's errors).
+ */
+export function withRedisPassword(url: string, password: string): string {
+  const target = parseRedisUrl(url);
+  if (target.options.password) return url;
+  const enc = encodeURIComponent(password);
+  for (const scheme of [SENTINEL_SCHEME, CLUSTER_SCHEME]) {
+    if (!url.startsWith(scheme)) continue;
+    const rest = url.slice(scheme.length);
+    const q = rest.indexOf('?');
+    const query = new URLSearchParams(q >= 0 ? rest.slice(q + 1) : '');
+    const beforeQuery = q >= 0 ? rest.slice(0, q) : rest;
+    const slash = beforeQuery.indexOf('/');
+    const authority = slash >= 0 ? beforeQuery.slice(0, slash) : beforeQuery;
+    const tail = slash >= 0 ? beforeQuery.slice(slash) : '';
+    const at = authority.lastIndexOf('@');
+    // A user name without a password keeps its name: user@ becomes user:password@.
+    const user = at >= 0 ? authority.slice(0, at).split(':')[0] : '';
+    const hosts = at >= 0 ? authority.slice(at + 1) : authority;
+    if (scheme === CLUSTER_SCHEME) query.delete('password');
+    if (scheme === SENTINEL_SCHEME && !query.has('sentinelPassword')) query.set('sentinelPassword', password);
+    const qs = query.toString();
+    return `${scheme}${user}:${enc}@${hosts}${tail}${qs ? `?${qs}` : ''}`;
+  }
+  const u = new URL(url);
+  if (u.protocol === 'unix:') u.searchParams.set('password', password);
+  else u.password = enc;
+  return u.toString();
 }
 
 /** How a store's client is set up; the same for one server, Sentinel and Cluster. */

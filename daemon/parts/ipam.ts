@@ -7,7 +7,8 @@ import { Lifecycle, StartError } from '../lifecycle';
 import { ReconcileLoop } from '../util/reconcile-loop';
 import { PodStore } from '../state/pod-store';
 import { AttachService } from '../pod/attach-service';
-import { parseRedisUrl } from '../common/redis';
+import { parseRedisUrl, withRedisPassword } from '../common/redis';
+import { redisPasswordFromSecret } from '../kube/cluster-key';
 import type { ConfigObjects } from '../config/objects';
 import type { ConfigSource, Reconciler } from '../config/source';
 import type { IpamDesired, Subsystem } from './subsystem';
@@ -21,6 +22,26 @@ import { MAINTAIN_EVERY_MS, PodAllocator } from '../../ipam/pod-allocator';
 import { LazyStore } from '../../ipam/store/lazy-store';
 import { RedisStore } from '../../ipam/store/redis-store';
 import type { Options } from '../options';
+
+/**
+ * The options with the store's password from --redis-password-secret put into the store URL (every store
+ * client reads the URL). Outside a cluster the option cannot be used: said at start, not ignored.
+ */
+export async function withStorePassword(opts: Options, source: ConfigSource, logger: Logger): Promise<Options> {
+  const secret = opts['redis-password-secret'];
+  if (!secret || !opts.redis) return opts;
+  if (!(source instanceof KubeSource)) throw new StartError(2, '--redis-password-secret needs the Kubernetes API (--kubernetes or --kubeconfig); give the password in the --redis URL instead');
+  const ns = process.env.POD_NAMESPACE || 'tether-system';
+  let password: string;
+  try {
+    password = await redisPasswordFromSecret(source.kc, ns, secret);
+  } catch (e) {
+    throw new StartError(1, `--redis-password-secret: Secret ${ns}/${secret}: ${(e as Error).message}`);
+  }
+  const redis = withRedisPassword(opts.redis, password);
+  logger.info('cluster store password from Secret', { secret: `${ns}/${secret}`, store: parseRedisUrl(redis).where, inUrl: redis === opts.redis });
+  return { ...opts, redis };
+}
 
 /** The cluster store (Redis), connected lazily: tetherd starts without it and retries on use. */
 export async function startStore(opts: Options, logger: Logger, life: Lifecycle): Promise<LazyStore | undefined> {
