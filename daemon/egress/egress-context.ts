@@ -240,6 +240,10 @@ export function streamOf(st: AddressState): string {
   return `${st.egress.key}|${st.address}`;
 }
 
-export function selects(sel: { namespace: string; matchLabels: Record<string, string> }, ns: string, labels: Record<string, string>): boolean {
-  return sel.namespace === ns && Object.entries(sel.matchLabels).every(([k, v]) => labels[k] === v);
+/**
+ * Whether `e` takes the pod of namespace `ns` with `labels` as one of its clients or gateways: a pod of the
+ * Egress's own namespace whose labels match (a selector has no namespace of its own: egress-spec.ts).
+ */
+export function selects(e: Pick<ResolvedEgress, 'namespace' | 'clients' | 'gateways'>, role: 'clients' | 'gateways', ns: string, labels: Record<string, string>): boolean {
+  return e.namespace === ns && Object.entries(e[role].matchLabels).every(([k, v]) => labels[k] === v);
 }

@@ -5,6 +5,7 @@ import { ErrorCode, TetherError } from '../errors';
 import { formatCidr, inSubnet, parseCidr, parseIp } from '../common/ip-math';
 import { API_VERSION, describe, isLabelKey, isLabelValue, isObject } from '../common/fields';
 import type { ResolvedPool } from '../../ipam/types';
+import { OWN_NAMESPACE_ONLY } from '../objects/crds';
 
 export type AnnounceMode = 'l2' | 'routeTable';
 export type ZonePolicy = 'any' | 'preferLocalNode' | 'preferZone' | 'requireZone';
@@ -13,8 +14,8 @@ export const ZONE_POLICIES: ZonePolicy[] = ['any', 'preferLocalNode', 'preferZon
 /** One floating address an Egress asks for: `count` addresses from a pool are slots pool#0..#count-1. */
 export type AddressSlot = { pool: string; index: number } | { pool: string; explicit: string };
 
+/** Pods of the Egress's own namespace (never another: crds.ts) whose labels match all of matchLabels. */
 export interface PodSelection {
-  namespace: string;
   /** matchLabels; empty selects every pod of the namespace. */
   matchLabels: Record<string, string>;
 }
@@ -66,8 +67,8 @@ export function validateEgress(raw: unknown, ctx: EgressContext): ResolvedEgress
   const spec = isObject(r.spec) ? r.spec : (bad('spec: missing or not an object'), {});
   for (const k of Object.keys(spec)) if (!SPEC_FIELDS.has(k)) bad(`spec.${k} is not a field of Egress (fields: ${[...SPEC_FIELDS].join(', ')})`);
 
-  const clients = selection(spec.clients, 'spec.clients', namespace, bad);
-  const gateways = selection(spec.gateways, 'spec.gateways', namespace, bad);
+  const clients = selection(spec.clients, 'spec.clients', bad);
+  const gateways = selection(spec.gateways, 'spec.gateways', bad);
   const floating = ctx.pools.filter((p) => p.usage === 'floating');
   const addresses = checkAddresses(spec.addresses, floating, bad);
 
@@ -113,17 +114,17 @@ export function validateEgress(raw: unknown, ctx: EgressContext): ResolvedEgress
   };
 }
 
-function selection(raw: unknown, field: string, defaultNs: string, bad: (m: string) => void): PodSelection {
+function selection(raw: unknown, field: string, bad: (m: string) => void): PodSelection {
   if (!isObject(raw)) {
-    bad(`${field} must be an object with podSelector (and optional namespace)${field === 'spec.gateways' ? ': an Egress without gateways cannot work' : ''}`);
-    return { namespace: defaultNs, matchLabels: {} };
+    bad(`${field} must be an object with podSelector${field === 'spec.gateways' ? ': an Egress without gateways cannot work' : ''}`);
+    return { matchLabels: {} };
   }
-  for (const k of Object.keys(raw)) if (k !== 'podSelector' && k !== 'namespace') bad(`${field}.${k} is not a field (podSelector, namespace)`);
-  const ns = raw.namespace === undefined ? defaultNs : typeof raw.namespace === 'string' && NAME.test(raw.namespace) ? raw.namespace : (bad(`${field}.namespace ${describe(raw.namespace)} must be a DNS-1123 label`), defaultNs);
+  for (const k of Object.keys(raw)) if (k !== 'podSelector' && k !== 'namespace') bad(`${field}.${k} is not a field (podSelector)`);
+  if (raw.namespace !== undefined) bad(`${field}.namespace: ${OWN_NAMESPACE_ONLY}`);
   const sel = raw.podSelector;
   if (!isObject(sel)) {
     bad(`${field}.podSelector must map label names to values`);
-    return { namespace: ns, matchLabels: {} };
+    return { matchLabels: {} };
   }
   const labels = isObject(sel.matchLabels) ? sel.matchLabels : sel;
   const matchLabels: Record<string, string> = {};
@@ -133,7 +134,7 @@ function selection(raw: unknown, field: string, defaultNs: string, bad: (m: stri
     else matchLabels[k] = v;
   }
   if (field === 'spec.gateways' && Object.keys(matchLabels).length === 0) bad(`${field}.podSelector must name at least one label: every pod of the namespace as a gateway is never meant`);
-  return { namespace: ns, matchLabels };
+  return { matchLabels };
 }
 
 function checkAddresses(raw: unknown, floating: ResolvedPool[], bad: (m: string) => void): ResolvedEgress['addresses'] | undefined {

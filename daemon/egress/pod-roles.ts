@@ -51,8 +51,8 @@ export class PodRoles {
     const labels = meta?.labels ?? r.labels ?? {};
     // A gateway serves only while ready and not terminating: a terminating one hands over before its DEL.
     const serving = meta?.ready !== false && !meta?.deleting;
-    const gwOf = serving ? [...this.s.egresses.values()].filter((e) => selects(e.gateways, r.podNamespace!, labels)) : [];
-    const clientOf = [...this.s.egresses.values()].filter((e) => selects(e.clients, r.podNamespace!, labels));
+    const gwOf = serving ? [...this.s.egresses.values()].filter((e) => selects(e, 'gateways', r.podNamespace!, labels)) : [];
+    const clientOf = [...this.s.egresses.values()].filter((e) => selects(e, 'clients', r.podNamespace!, labels));
     await this.gatewayRole(r, pod, ip, gwOf);
     this.clientRole(r, pod, ip, clientOf);
     await this.s.election.tick();

@@ -1,9 +1,9 @@
 // The cluster's controllers, run by the leader only (leader.ts): status of AddressPools (Ready, or why a
 // pool is refused: invalid, overlapping) and of Egresses (each address with its owner node, pod and epoch;
-// Ready when every address has an owner, or why the Egress is refused), and garbage collection of the
-// block claims of nodes that no longer exist. Status is written through the status subresource with the
-// resourceVersion read (a 409 is retried on the next pass), and only when it changed, so conditions keep
-// their lastTransitionTime. Services, AddressPools and Egresses are read from the leader's own watch cache
+// the counts kubectl's columns show: wanted, allocated, held, nodes; Ready when every address has an owner,
+// or why the Egress is refused), and garbage collection of the block claims of nodes that no longer exist.
+// Status is written through the status subresource with the resourceVersion read (a 409 is retried on the
+// next pass), and only when it changed, so conditions keep their lastTransitionTime. Services, AddressPools and Egresses are read from the leader's own watch cache
 // (services, addressPools and egresses options), not with a GET each per pass: a pass over unchanged
 // objects sends the API server nothing (an AddressPool or Egress the cache has no copy of is read with a
 // GET). A status written is remembered over the version it was written on until the watch brings it
@@ -296,8 +296,14 @@ export class StatusController {
         : { type: 'Spread', status: 'True', reason: 'Spread', message: `addresses on ${sum.ownerNodes} node(s)`, observedGeneration: gen });
       if (sum.zoneProblem) more.push({ type: 'ZonePolicy', status: 'False', reason: 'NoZone', message: sum.zoneProblem, observedGeneration: gen });
     }
+    // The counts kubectl shows (printer columns cannot count a list): wanted only when the egress
+    // controller serves the Egress (it knows what spec.addresses asks for, pools resolved).
     const status = {
       observedGeneration: gen,
+      ...(sum ? { wanted: sum.asked } : {}),
+      allocated: addrs.length,
+      held: owned.length,
+      nodes: new Set(owned.map((a) => a.ownerNode).filter(Boolean)).size,
       addresses: addrs.map((a) => ({
         address: a.address, ...(a.ownerNode ? { ownerNode: a.ownerNode } : {}), ...(a.ownerZone ? { zone: a.ownerZone } : {}), ...(a.owner ? { ownerPod: a.owner } : {}), epoch: a.epoch,
         ...(a.flows !== undefined ? { flows: a.flows, bytes: a.bytes ?? 0 } : {}),

@@ -38,13 +38,23 @@ const labelSelector: Schema = {
   properties: { matchLabels: labelMap },
 };
 
+/** What an Egress answers to a selector that names a namespace (the one message for files and custom resources). */
+export const OWN_NAMESPACE_ONLY = "an Egress selects pods in its own namespace only: remove namespace and create the Egress in the pods' namespace";
+
+// An Egress selects pods of its own namespace only: otherwise anyone allowed to create an Egress in one
+// namespace could route another namespace's traffic through gateways of their choice (or make another
+// namespace's pods its gateways). `namespace` stays in the schema only to be refused by name: dropped from
+// it, the API server would prune it (without strict field validation) and an Egress written for another
+// namespace would silently select pods of its own. CEL cannot compare it with metadata.namespace (a rule
+// sees only the name of the object), so even the Egress's own namespace is refused.
 const podSelection: Schema = {
   type: 'object',
   required: ['podSelector'],
   properties: {
-    namespace: { type: 'string', description: "The pods' namespace; default: the Egress's own.", maxLength: 63 },
+    namespace: { type: 'string', maxLength: 63, description: "Not allowed: an Egress selects pods in its own namespace only." },
     podSelector: labelSelector,
   },
+  'x-kubernetes-validations': [{ rule: '!has(self.namespace)', fieldPath: '.namespace', message: OWN_NAMESPACE_ONLY }],
 };
 
 const family = (v: 4 | 6): Schema => ({
@@ -54,10 +64,21 @@ const family = (v: 4 | 6): Schema => ({
     cidr: { type: 'string', format: 'cidr', description: `The pool's IPv${v} subnet (a network address with its prefix).` },
     blockSize: { type: 'integer', minimum: 0, maximum: v === 4 ? 32 : 128, description: 'Prefix length of the blocks nodes claim (pod pools only).' },
   },
-  'x-kubernetes-validations': [
-    { rule: 'self.cidr == oldSelf.cidr', message: 'cidr is immutable: addresses are allocated from it; create a new pool instead' },
-  ],
 });
+
+// A family, once set, keeps its cidr and blockSize and stays: addresses and node blocks are allocated from
+// it (block claims are keyed by their CIDR, so a new blockSize would let two nodes claim overlapping
+// blocks). A family may be added to a pool. The rules sit on spec, where the family's presence on both
+// sides is itself checked: a transition rule on the family node would not run when the family is absent
+// on either side, and the family could be removed in one update and added back with a new cidr in the next.
+const familyFixed = (f: 'ipv4' | 'ipv6'): Schema[] => [
+  { rule: `!has(oldSelf.${f}) || has(self.${f})`, fieldPath: `.${f}`, message: `${f} cannot be removed once set: addresses are allocated from it; create a new pool instead` },
+  {
+    rule: `!has(oldSelf.${f}) || !has(self.${f}) || self.${f} == oldSelf.${f}`,
+    fieldPath: `.${f}`,
+    message: `${f} is immutable once set (cidr and blockSize): addresses are allocated from it; create a new pool instead`,
+  },
+];
 
 const addressPoolSchema: Schema = {
   type: 'object',
@@ -79,7 +100,9 @@ const addressPoolSchema: Schema = {
       },
       'x-kubernetes-validations': [
         { rule: 'has(self.ipv4) || has(self.ipv6)', message: 'needs ipv4, ipv6 or both' },
-        { rule: 'self.usage == oldSelf.usage', message: 'usage is immutable' },
+        { rule: 'self.usage == oldSelf.usage', fieldPath: '.usage', message: 'usage is immutable: create a new pool instead' },
+        ...familyFixed('ipv4'),
+        ...familyFixed('ipv6'),
         {
           rule: "self.usage == 'pod' || ((!has(self.ipv4) || !has(self.ipv4.blockSize)) && (!has(self.ipv6) || !has(self.ipv6.blockSize)))",
           message: 'blockSize applies to pod pools only (floating and loadBalancer addresses are allocated cluster-wide)',
@@ -169,6 +192,11 @@ const egressSchema: Schema = {
       properties: {
         observedGeneration: { type: 'integer', format: 'int64' },
         conditions,
+        // Counts for kubectl's columns (a printer column's JSONPath shows one value of a list, not a count).
+        wanted: { type: 'integer', minimum: 0, description: 'Addresses spec.addresses asks for.' },
+        allocated: { type: 'integer', minimum: 0, description: 'Addresses allocated from their pools.' },
+        held: { type: 'integer', minimum: 0, description: 'Addresses held by a live gateway.' },
+        nodes: { type: 'integer', minimum: 0, description: 'Nodes holding them.' },
         addresses: {
           type: 'array',
           'x-kubernetes-list-type': 'map',
@@ -236,8 +264,11 @@ export interface CrdDef {
   status: boolean;
 }
 
+// A printer column shows the first value its JSONPath finds: columns name single values (counts the leader
+// writes into status, not lists). priority 1: shown with -o wide only.
 const age = { name: 'Age', type: 'date', jsonPath: '.metadata.creationTimestamp' };
 const ready = (what: string) => ({ name: 'Ready', type: 'string', jsonPath: ".status.conditions[?(@.type=='Ready')].status", description: what });
+const reason = { name: 'Reason', type: 'string', jsonPath: ".status.conditions[?(@.type=='Ready')].reason", description: 'Why it is (not) Ready', priority: 1 };
 
 export const CRDS: CrdDef[] = [
   {
@@ -254,6 +285,8 @@ export const CRDS: CrdDef[] = [
       { name: 'IPv6', type: 'string', jsonPath: '.spec.ipv6.cidr' },
       ready('The pool is valid and overlaps no other pool'),
       age,
+      { name: 'Zone', type: 'string', jsonPath: '.spec.zone', priority: 1 },
+      reason,
     ],
   },
   {
@@ -265,11 +298,13 @@ export const CRDS: CrdDef[] = [
     schema: egressSchema,
     status: true,
     columns: [
-      { name: 'Pool', type: 'string', jsonPath: '.spec.addresses.pool' },
-      { name: 'Addresses', type: 'string', jsonPath: '.status.addresses[*].address' },
-      { name: 'Owners', type: 'string', jsonPath: '.status.addresses[*].ownerNode' },
+      { name: 'Wanted', type: 'integer', jsonPath: '.status.wanted', description: 'Addresses spec.addresses asks for' },
+      { name: 'Held', type: 'integer', jsonPath: '.status.held', description: 'Addresses held by a live gateway' },
       ready('Every address has a live owner'),
       age,
+      { name: 'Allocated', type: 'integer', jsonPath: '.status.allocated', description: 'Addresses allocated from their pools', priority: 1 },
+      { name: 'Nodes', type: 'integer', jsonPath: '.status.nodes', description: 'Nodes holding them', priority: 1 },
+      reason,
     ],
   },
   {

@@ -1,47 +1,85 @@
 // Validates an object against its kind's schema the way the API server does: the OpenAPI v3 structural
-// schema (with ajv) and the CEL rules in x-kubernetes-validations (with @bufbuild/cel), transition rules
-// (those naming oldSelf) only when a previous version is given. Unknown fields are errors, as with
-// kubectl's strict field validation. Every problem names the field, e.g. `spec.addresses.count`.
+// schema (with ajv) and the CEL rules in x-kubernetes-validations (with @bufbuild/cel). Transition rules
+// (those whose expression refers to oldSelf) run as the API server runs them: on an update only, and only
+// at a node whose old value exists and correlates with the new one (same property path; a map-list item by
+// its keys; never an item of another kind of list). A rule on an optional field therefore never sees the
+// field added or removed: immutability rules that must hold across that are written on the parent.
+// Unknown fields are errors, as with kubectl's strict field validation. Every problem names the field,
+// e.g. `spec.addresses.count` (a rule's fieldPath, when it has one, is added to the node's path).
 import Ajv, { type ErrorObject, type ValidateFunction } from 'ajv';
 import addFormats from 'ajv-formats';
 import { celEnv, celError, parse, plan, type CelInput } from '@bufbuild/cel';
-
-/**
- * Each CEL rule parsed and planned once (run() parses and plans on every call: every node validating every
- * Egress and AddressPool on each configuration rebuild spent most of its start-up there). A rule that does
- * not parse answers its error every time, as run() does.
- */
-const programs = new Map<string, (vars: Record<string, CelInput>) => unknown>();
-function run(rule: string, vars: Record<string, CelInput>): unknown {
-  let p = programs.get(rule);
-  if (!p) {
-    try {
-      const planned = plan(celEnv(), parse(rule)) as (vars: Record<string, CelInput>) => unknown;
-      p = (v) => {
-        try {
-          return planned(v);
-        } catch (e) {
-          return celError(e);
-        }
-      };
-    } catch (e) {
-      const err = celError(e);
-      p = () => err;
-    }
-    programs.set(rule, p);
-  }
-  return p(vars);
-}
 import { isIP } from 'node:net';
 import { parseCidr } from '../common/ip-math';
 import { API_VERSION, DNS1123_LABEL, describe, isDnsSubdomain, isObject } from '../common/fields';
 import { CRDS, NODE_SCHEMA } from './crds';
 import { CORE_KINDS } from './core-kinds';
 
+/**
+ * Each CEL rule parsed and planned once (@bufbuild/cel's run() parses and plans on every call: every node
+ * validating every Egress and AddressPool on each configuration rebuild spent most of its start-up there).
+ * A rule that does not parse answers its error every time, as run() does.
+ */
+interface Program {
+  run: (vars: Record<string, CelInput>) => unknown;
+  /** The expression refers to the variable oldSelf: a transition rule. */
+  transition: boolean;
+}
+const programs = new Map<string, Program>();
+function program(rule: string): Program {
+  let p = programs.get(rule);
+  if (!p) {
+    try {
+      const parsed = parse(rule);
+      const planned = plan(celEnv(), parsed) as (vars: Record<string, CelInput>) => unknown;
+      const run = (v: Record<string, CelInput>) => {
+        try {
+          return planned(v);
+        } catch (e) {
+          return celError(e);
+        }
+      };
+      p = { run, transition: identifiers(parsed).has('oldSelf') };
+    } catch (e) {
+      const err = celError(e);
+      // Unparsed: whether it names oldSelf is read from its text; it fails either way.
+      p = { run: () => err, transition: /\boldSelf\b/.test(rule) };
+    }
+    programs.set(rule, p);
+  }
+  return p;
+}
+
+/** Whether the API server treats `rule` as a transition rule (it refers to oldSelf). */
+export function isTransitionRule(rule: string): boolean {
+  return program(rule).transition;
+}
+
+/** The identifiers a parsed expression refers to (as the API server decides what is a transition rule: by the AST, not the text). */
+function identifiers(parsed: unknown): Set<string> {
+  const out = new Set<string>();
+  const walk = (x: unknown): void => {
+    if (Array.isArray(x)) return x.forEach(walk);
+    if (!x || typeof x !== 'object') return;
+    const o = x as Record<string, unknown>;
+    if (o.case === 'identExpr' && isObject(o.value) && typeof o.value.name === 'string') out.add(o.value.name);
+    for (const [k, v] of Object.entries(o)) if (k !== '$typeName' && k !== 'sourceInfo') walk(v);
+  };
+  walk(parsed);
+  return out;
+}
+
 type Schema = Record<string, unknown>;
 interface Rule {
   rule: string;
   message?: string;
+  /** Where the API server reports a failure, relative to the rule's node (e.g. `.ipv4`). */
+  fieldPath?: string;
+  /**
+   * Not supported here (@bufbuild/cel has no optional types): the schemas use none, and a unit test
+   * refuses one, so tetherd never skips a rule that the API server would run.
+   */
+  optionalOldSelf?: boolean;
 }
 
 /** Kinds with a schema, and whether their objects live in a namespace. */
@@ -141,23 +179,23 @@ function celValue(v: unknown, s: Schema | undefined): unknown {
   return v;
 }
 
-/** Runs the CEL rules of every schema node that has a value, depth first. */
+/**
+ * Runs the CEL rules of every schema node that has a value, depth first. `old` is the correlated old value
+ * of the node (undefined on a create, where the old object has no such field, or where no old value
+ * correlates): transition rules run only when it is there, as in the API server.
+ */
 function celProblems(s: Schema, v: unknown, old: unknown, field: string, out: string[]): void {
-  if (v === undefined) return;
+  if (v === undefined || v === null) return;
   const rules = (s['x-kubernetes-validations'] ?? []) as Rule[];
   for (const r of rules) {
-    const transition = /\boldSelf\b/.test(r.rule);
-    if (transition && old === undefined) continue;
-    let result: unknown;
-    try {
-      const vars = (transition ? { self: celValue(v, s), oldSelf: celValue(old, s) } : { self: celValue(v, s) }) as Record<string, CelInput>;
-      result = run(r.rule, vars);
-    } catch (e) {
-      result = e;
-    }
+    const p = program(r.rule);
+    if (p.transition && (old === undefined || old === null)) continue;
+    const vars = (p.transition ? { self: celValue(v, s), oldSelf: celValue(old, s) } : { self: celValue(v, s) }) as Record<string, CelInput>;
+    const result = p.run(vars);
     if (result !== true) {
       const why = result instanceof Error ? ` (rule ${JSON.stringify(r.rule)} failed: ${result.message.split('\n')[0]})` : '';
-      out.push(`${field || 'object'}: ${r.message ?? `failed rule ${r.rule}`}${why}`);
+      const at = r.fieldPath ? `${field}${r.fieldPath}`.replace(/^\./, '') : field;
+      out.push(`${at || 'object'}: ${r.message ?? `failed rule ${r.rule}`}${why}`);
     }
   }
   if (isObject(v)) {
@@ -166,9 +204,22 @@ function celProblems(s: Schema, v: unknown, old: unknown, field: string, out: st
       celProblems(sub, v[k], isObject(old) ? old[k] : undefined, field ? `${field}.${k}` : k, out);
     }
   } else if (Array.isArray(v) && isObject(s.items)) {
-    // List items are matched by position for transition rules only when the list is not keyed.
-    v.forEach((x, i) => celProblems(s.items as Schema, x, undefined, `${field}[${i}]`, out));
+    // An item correlates with an old one only in a map list (by its keys); items of other lists have no old value.
+    const keys = s['x-kubernetes-list-type'] === 'map' ? ((s['x-kubernetes-list-map-keys'] ?? []) as string[]) : undefined;
+    const olds = keys && Array.isArray(old) ? old.filter(isObject) : [];
+    const keyOf = (x: unknown) => (isObject(x) ? JSON.stringify(keys!.map((k) => x[k])) : undefined);
+    v.forEach((x, i) => {
+      const was = keys ? olds.find((o) => keyOf(o) === keyOf(x)) : undefined;
+      celProblems(s.items as Schema, x, was, `${field}[${i}]`, out);
+    });
   }
+}
+
+/** The CEL problems of `v` against `schema` alone (`old`: its old version, for transition rules). */
+export function celProblemsOf(schema: Schema, v: unknown, old?: unknown): string[] {
+  const out: string[] = [];
+  celProblems(schema, v, old, '', out);
+  return out;
 }
 
 /** metadata as the API server checks it: a name of the right shape; a namespace for namespaced kinds. */

@@ -5,6 +5,7 @@ import * as assert from 'uvu/assert';
 import { addressSlots, slotOwner, validateEgress } from '../../daemon/egress/egress-spec';
 import { validatePools } from '../../ipam/pool';
 import { TetherError } from '../../daemon/errors';
+import { selects } from '../../daemon/egress/egress-context';
 
 const pools = validatePools([
   { apiVersion: 'tether.dev/v1alpha1', kind: 'AddressPool', metadata: { name: 'pods' }, spec: { usage: 'pod', ipv4: { cidr: '10.244.0.0/16' } } },
@@ -26,8 +27,8 @@ function good(spec: Record<string, unknown> = {}, meta: Record<string, unknown> 
 test('a good Egress resolves with defaults: everything outside the cluster, l2, 50 ms × 3', () => {
   const e = validateEgress(good(), ctx);
   assert.is(e.key, 'shop/out');
-  assert.equal(e.clients, { namespace: 'shop', matchLabels: { app: 'web' } });
-  assert.equal(e.gateways, { namespace: 'shop', matchLabels: { app: 'gw' } });
+  assert.equal(e.clients, { matchLabels: { app: 'web' } });
+  assert.equal(e.gateways, { matchLabels: { app: 'gw' } });
   assert.equal(e.destinations, ['0.0.0.0/0']);
   assert.equal(e.excluded, ['10.244.0.0/16', '10.96.0.0/12']);
   assert.equal(e.addresses, [{ pool: 'float', count: 2 }]);
@@ -37,10 +38,10 @@ test('a good Egress resolves with defaults: everything outside the cluster, l2, 
   assert.equal(e.announce, { mode: 'l2' });
 });
 
-test('explicit addresses, routeTable announce, matchLabels form, other namespace for gateways', () => {
+test('explicit addresses, routeTable announce, matchLabels form', () => {
   const e = validateEgress(
     good({
-      gateways: { namespace: 'egress', podSelector: { matchLabels: { role: 'gw' } } },
+      gateways: { podSelector: { matchLabels: { role: 'gw' } } },
       addresses: { explicit: ['198.51.100.3', '198.51.100.4'] },
       destinations: ['203.0.113.0/24'],
       announce: { mode: 'routeTable', table: 300 },
@@ -48,7 +49,7 @@ test('explicit addresses, routeTable announce, matchLabels form, other namespace
     }),
     ctx,
   );
-  assert.equal(e.gateways, { namespace: 'egress', matchLabels: { role: 'gw' } });
+  assert.equal(e.gateways, { matchLabels: { role: 'gw' } });
   assert.equal(e.addresses, [{ pool: 'float', explicit: ['198.51.100.3', '198.51.100.4'] }]);
   assert.equal(e.announce, { mode: 'routeTable', table: 300 });
   assert.equal(e.failover, { intervalMs: 50, detectMultiplier: 4 });
@@ -89,6 +90,10 @@ const BAD: Array<[string, Record<string, unknown>, RegExp]> = [
   ['no namespace', good({}, { namespace: undefined }), /metadata\.namespace missing must be a DNS-1123 label/],
   ['bad name', good({}, { name: 'Out_1' }), /metadata\.name "Out_1" must be a DNS-1123 label/],
   ['wrong kind', { ...good(), kind: 'Egres' }, /kind "Egres" must be "Egress"/],
+  // An Egress selects pods of its own namespace only: a selector naming any namespace is refused by name.
+  ['clients in another namespace', good({ clients: { namespace: 'bank', podSelector: { matchLabels: { app: 'web' } } } }), /Egress "shop\/out": spec\.clients\.namespace: an Egress selects pods in its own namespace only/],
+  ['gateways in another namespace', good({ gateways: { namespace: 'egress', podSelector: { matchLabels: { role: 'gw' } } } }), /Egress "shop\/out": spec\.gateways\.namespace: an Egress selects pods in its own namespace only/],
+  ['clients naming its own namespace', good({ clients: { namespace: 'shop', podSelector: { matchLabels: { app: 'web' } } } }), /spec\.clients\.namespace: an Egress selects pods in its own namespace only/],
 ];
 
 for (const [what, raw, re] of BAD) {
@@ -103,6 +108,15 @@ for (const [what, raw, re] of BAD) {
     }
   });
 }
+
+test("selects: pods of the Egress's own namespace only, whatever their labels", () => {
+  const e = validateEgress(good(), ctx);
+  assert.ok(selects(e, 'clients', 'shop', { app: 'web', tier: 'front' }));
+  assert.not.ok(selects(e, 'clients', 'bank', { app: 'web' }), 'same labels, another namespace');
+  assert.not.ok(selects(e, 'clients', 'shop', { app: 'db' }));
+  assert.ok(selects(e, 'gateways', 'shop', { app: 'gw' }));
+  assert.not.ok(selects(e, 'gateways', 'kube-system', { app: 'gw' }), 'same labels, another namespace');
+});
 
 test('several pools, explicit across pools, zone policy and cap; slots and their owners', () => {
   const e = validateEgress(good({ addresses: { pools: [{ pool: 'float', count: 2 }, { pool: 'float2' }] }, zonePolicy: 'preferZone', maxAddressesPerNode: 1 }), ctx);

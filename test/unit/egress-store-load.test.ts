@@ -45,7 +45,7 @@ const pools: ResolvedPool[] = validatePools([
 ]);
 const EGRESS: ResolvedEgress = {
   key: 'shop/out', name: 'out', namespace: 'shop',
-  clients: { namespace: 'shop', matchLabels: { app: 'client' } }, gateways: { namespace: 'shop', matchLabels: { app: 'gw' } },
+  clients: { matchLabels: { app: 'client' } }, gateways: { matchLabels: { app: 'gw' } },
   destinations: ['203.0.113.0/24'], excluded: [], addresses: [{ pool: 'float', count: 1 }], zonePolicy: 'any',
   failover: { intervalMs: 50, detectMultiplier: 3 }, announce: { mode: 'l2' },
 };

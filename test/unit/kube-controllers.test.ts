@@ -15,6 +15,8 @@ import { StatusController, mergeConditions, type EgressAddressStatus } from '../
 import type { Verdicts } from '../../daemon/config/kube-source';
 import { makeLogger } from '../../daemon/log';
 import { clusterKeyFromSecret } from '../../daemon/kube/cluster-key';
+import { schemaProblems } from '../../daemon/objects/schema';
+import { CRDS } from '../../daemon/objects/crds';
 
 const quiet = makeLogger({ level: 'error', stream: new Writable({ write: (_c, _e, cb) => cb() }) });
 const V = 'tether.dev/v1alpha1';
@@ -127,6 +129,35 @@ test('status: pools and Egresses, refused ones with the reason; unchanged status
     const t = api.get('Egress', 'typo', 'shop')!.status.conditions[0];
     assert.equal([t.status, t.reason], ['False', 'Invalid']);
     assert.match(t.message, /"flaot" is not a floating pool/);
+  } finally {
+    await done();
+  }
+});
+
+test("status: the counts kubectl's columns show (wanted, allocated, held, nodes), each a field of the schema", async () => {
+  const { api, kc, done } = await setup();
+  try {
+    const eg = api.apply({ apiVersion: V, kind: 'Egress', metadata: { name: 'out', namespace: 'shop' }, spec: { addresses: { pool: 'float', count: 4 } } });
+    const verdicts: Verdicts = new Map([['Egress shop/out', { obj: eg, problems: [] }]]);
+    const a = (address: string, owner: string, ownerNode?: string): EgressAddressStatus => ({ egress: 'shop/out', address, owner, ...(ownerNode ? { ownerNode } : {}), epoch: 1 });
+    let addrs = [a('198.51.100.1', 'shop/gw1', 'n1'), a('198.51.100.2', 'shop/gw2', 'n1'), a('198.51.100.3', '')];
+    const summary = { 'shop/out': { asked: 4, allocated: 3, owned: 2, ownerNodes: 1, capLimited: false } };
+    const ctl = new StatusController({ kc, logger: quiet, verdicts: () => verdicts, egressAddresses: () => addrs, egressSummary: () => summary, everyMs: 3_600_000, gcEveryMs: 3_600_000 });
+    await ctl.pass();
+    const counts = () => {
+      const st = api.get('Egress', 'out', 'shop')!.status;
+      return { wanted: st.wanted, allocated: st.allocated, held: st.held, nodes: st.nodes };
+    };
+    assert.equal(counts(), { wanted: 4, allocated: 3, held: 2, nodes: 1 });
+    // An owner moves to another node and the third address gets one: the counts follow.
+    addrs = [a('198.51.100.1', 'shop/gw1', 'n1'), a('198.51.100.2', 'shop/gw3', 'n2'), a('198.51.100.3', 'shop/gw4', 'n3')];
+    await ctl.pass();
+    assert.equal(counts(), { wanted: 4, allocated: 3, held: 3, nodes: 3 });
+    // The fields are in the schema (the API server would prune them otherwise) and the columns name them.
+    const st = api.get('Egress', 'out', 'shop')!.status;
+    assert.equal(schemaProblems({ ...eg, spec: { clients: { podSelector: {} }, gateways: { podSelector: { matchLabels: { a: 'b' } } }, addresses: { pool: 'float', count: 4 } }, status: st }), []);
+    const cols = CRDS.find((d) => d.kind === 'Egress')!.columns;
+    assert.equal(cols.filter((c) => !c.priority).map((c) => c.jsonPath), ['.status.wanted', '.status.held', ".status.conditions[?(@.type=='Ready')].status", '.metadata.creationTimestamp']);
   } finally {
     await done();
   }

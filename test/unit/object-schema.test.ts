@@ -6,7 +6,10 @@ import * as assert from 'uvu/assert';
 import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { parseAllDocuments } from 'yaml';
-import { schemaProblems } from '../../daemon/objects/schema';
+import { celProblemsOf, isTransitionRule, schemaProblems } from '../../daemon/objects/schema';
+import { CRDS } from '../../daemon/objects/crds';
+import { parseConfig } from '../../daemon/config/objects';
+import { celEnv, parse, plan } from '@bufbuild/cel';
 import { generatedCrds } from '../../install/gen-crds';
 
 const V = 'tether.dev/v1alpha1';
@@ -69,6 +72,9 @@ const BAD: Array<[string, unknown, string]> = [
   ['kernel table (CEL, int list)', egress({ announce: { mode: 'routeTable', table: 254 } }), 'spec.announce: table must not be one of the kernel tables 253, 254, 255'],
   ['table with l2 (CEL)', egress({ announce: { mode: 'l2', table: 7 } }), 'spec.announce: table applies to mode routeTable only'],
   ['selector shorthand', egress({ clients: { podSelector: { app: 'web' } } }), 'unknown field spec.clients.podSelector.app'],
+  ['clients in another namespace (CEL)', egress({ clients: { namespace: 'bank', podSelector: { matchLabels: { app: 'web' } } } }), "spec.clients.namespace: an Egress selects pods in its own namespace only: remove namespace and create the Egress in the pods' namespace"],
+  ['gateways in another namespace (CEL)', egress({ gateways: { namespace: 'egress', podSelector: { matchLabels: { role: 'gw' } } } }), "spec.gateways.namespace: an Egress selects pods in its own namespace only: remove namespace and create the Egress in the pods' namespace"],
+  ['a selector naming the own namespace (CEL cannot read metadata.namespace)', egress({ clients: { namespace: 'shop', podSelector: {} } }), "spec.clients.namespace: an Egress selects pods in its own namespace only: remove namespace and create the Egress in the pods' namespace"],
   ['no gateways', { ...egress(), spec: { clients: { podSelector: {} }, addresses: { pool: 'f' } } }, 'spec.gateways is missing'],
   ['namespace not a label', egress({}, { namespace: 'Shop' }), 'metadata.namespace "Shop" must be a DNS-1123 label'],
   ['pool usage', pool({ usage: 'pods', ipv4: { cidr: '10.0.0.0/16' } }), 'spec.usage "pods" must be one of "pod", "floating", "loadBalancer"'],
@@ -94,19 +100,139 @@ test(`bad objects: ${BAD.length} rows, each rejected naming the field`, () => {
   }
 });
 
-test('transition rules: usage, a family cidr and a block claim are immutable; other edits pass', () => {
+test('transition rules: usage, a family and a block claim are immutable; other edits pass', () => {
   const before = pool({ usage: 'pod', ipv4: { cidr: '10.0.0.0/16' }, reserved: ['10.0.0.1'] });
   assert.equal(schemaProblems(pool({ usage: 'pod', ipv4: { cidr: '10.0.0.0/16' }, reserved: ['10.0.0.2'] }), before), []);
   assert.equal(schemaProblems(pool({ usage: 'floating', ipv4: { cidr: '10.1.0.0/16' } }), before), [
-    'spec: usage is immutable',
-    'spec.ipv4: cidr is immutable: addresses are allocated from it; create a new pool instead',
+    'spec.usage: usage is immutable: create a new pool instead',
+    'spec.ipv4: ipv4 is immutable once set (cidr and blockSize): addresses are allocated from it; create a new pool instead',
   ]);
-  // A family added later has no old version: no transition rule applies to it.
+  // A family may be added to a pool (it has no old version to keep).
   assert.equal(schemaProblems(pool({ usage: 'pod', ipv4: { cidr: '10.0.0.0/16' }, ipv6: { cidr: 'fd00::/56' } }), before), []);
   const claim = block({ pool: 'default', cidr: '10.244.0.0/26', node: 'n1' });
   assert.equal(schemaProblems(block({ pool: 'default', cidr: '10.244.0.0/26', node: 'n2' }), claim), ['spec: a block claim is immutable: delete it to release the block']);
   // Without the old version (a create), transition rules do not run.
   assert.equal(schemaProblems(pool({ usage: 'floating', ipv4: { cidr: '10.1.0.0/16' } })), []);
+});
+
+// The bypass of a rule on the family itself (self.cidr == oldSelf.cidr on spec.ipv4): it does not run when
+// the family is absent on either side, so removing the family in one update and adding it back with a new
+// cidr in the next passed both steps. Each step is checked against the version before it, as the API
+// server (and the file source, against the configuration in force) does.
+for (const f of ['ipv4', 'ipv6'] as const) {
+  const other = f === 'ipv4' ? 'ipv6' : 'ipv4';
+  const cidrs = { ipv4: ['10.0.0.0/16', '10.9.0.0/16'], ipv6: ['fd00::/56', 'fd09::/56'] }[f];
+  const keep = { [other]: { cidr: other === 'ipv4' ? '10.0.0.0/16' : 'fd00::/56' } };
+  const v1 = pool({ usage: 'pod', ...keep, [f]: { cidr: cidrs[0] } });
+  const removed = pool({ usage: 'pod', ...keep });
+  const readded = pool({ usage: 'pod', ...keep, [f]: { cidr: cidrs[1] } });
+
+  test(`${f}: removing it is refused, so it cannot come back with a new cidr`, () => {
+    assert.equal(schemaProblems(removed, v1), [`spec.${f}: ${f} cannot be removed once set: addresses are allocated from it; create a new pool instead`]);
+    // Had the removal been stored, its re-adding would be a family added (allowed): the removal is the step that must fail.
+    assert.equal(schemaProblems(readded, removed), []);
+    // In one step: a changed cidr is refused too.
+    assert.equal(schemaProblems(readded, v1), [`spec.${f}: ${f} is immutable once set (cidr and blockSize): addresses are allocated from it; create a new pool instead`]);
+  });
+
+  test(`${f}: blockSize is fixed with it (a new size would let nodes claim overlapping blocks); legit edits pass`, () => {
+    const sized = pool({ usage: 'pod', ...keep, [f]: { cidr: cidrs[0], blockSize: f === 'ipv4' ? 26 : 122 } });
+    assert.equal(schemaProblems(pool({ usage: 'pod', ...keep, [f]: { cidr: cidrs[0], blockSize: f === 'ipv4' ? 24 : 120 } }), sized), [
+      `spec.${f}: ${f} is immutable once set (cidr and blockSize): addresses are allocated from it; create a new pool instead`,
+    ]);
+    assert.equal(schemaProblems(pool({ usage: 'pod', ...keep, [f]: { cidr: cidrs[0] } }), sized).length, 1, 'blockSize dropped (back to the default) is a change');
+    // Unchanged family, other fields edited; the same object again; the other family removed is refused on its own.
+    assert.equal(schemaProblems(pool({ usage: 'pod', ...keep, [f]: { cidr: cidrs[0], blockSize: f === 'ipv4' ? 26 : 122 }, zone: 'a', reserved: [] }), sized), []);
+    assert.equal(schemaProblems(sized, sized), []);
+    assert.equal(schemaProblems(pool({ usage: 'pod', [f]: { cidr: cidrs[0], blockSize: f === 'ipv4' ? 26 : 122 } }), sized), [
+      `spec.${other}: ${other} cannot be removed once set: addresses are allocated from it; create a new pool instead`,
+    ]);
+  });
+}
+
+test('a floating pool: a family added later, then kept; the bypass fails there too', () => {
+  const v1 = pool({ usage: 'floating', ipv4: { cidr: '198.51.100.0/28' } });
+  const v2 = pool({ usage: 'floating', ipv4: { cidr: '198.51.100.0/28' }, ipv6: { cidr: '2001:db8::/120' } });
+  assert.equal(schemaProblems(v2, v1), []);
+  assert.equal(schemaProblems(v1, v2), ['spec.ipv6: ipv6 cannot be removed once set: addresses are allocated from it; create a new pool instead']);
+});
+
+test('file source: the two-step bypass fails at the removal, against the configuration in force', () => {
+  const text = (v4: string | undefined) =>
+    `apiVersion: tether.dev/v1alpha1\nkind: AddressPool\nmetadata: { name: default }\nspec: { usage: pod, ${v4 ? `ipv4: { cidr: ${v4} }, ` : ''}ipv6: { cidr: "fd00::/56" } }\n`;
+  const v1 = parseConfig(text('10.244.0.0/16'), 'pools.yaml');
+  assert.throws(() => parseConfig(text(undefined), 'pools.yaml', v1), (e: Error) => /pools\.yaml.*AddressPool "default": spec\.ipv4: ipv4 cannot be removed once set/.test(e.message));
+  // The refused removal leaves v1 in force: the new cidr is then a change of v1's, refused too.
+  assert.throws(() => parseConfig(text('10.9.0.0/16'), 'pools.yaml', v1), (e: Error) => /spec\.ipv4: ipv4 is immutable once set/.test(e.message));
+});
+
+test('CEL as the API server runs it: transition rules on update only, where the old value exists and correlates', () => {
+  // On a create nothing is compared; on an update a rule on an optional field does not run when the field is new.
+  assert.equal(schemaProblems(pool({ usage: 'pod', ipv6: { cidr: 'fd00::/56' } })), []);
+  // A transition rule is one whose expression refers to oldSelf, not one whose text mentions it.
+  assert.ok(isTransitionRule('self.x == oldSelf.x'));
+  assert.not.ok(isTransitionRule("self.x != 'oldSelf'"));
+  // Every rule of every kind parses; none uses optionalOldSelf (tetherd cannot evaluate it: it would skip a
+  // rule the API server runs); a transition rule sits only where an old value can correlate (never under an
+  // item of a list that is not a map list, where the API server refuses the CRD).
+  const walk = (s: Record<string, unknown>, at: string, correlatable: boolean, out: string[]): void => {
+    for (const r of (s['x-kubernetes-validations'] ?? []) as Array<Record<string, unknown>>) {
+      try {
+        plan(celEnv(), parse(String(r.rule)));
+      } catch (e) {
+        out.push(`${at}: ${String(r.rule)} does not parse: ${(e as Error).message}`);
+      }
+      if (r.optionalOldSelf !== undefined) out.push(`${at}: optionalOldSelf`);
+      if (isTransitionRule(String(r.rule)) && !correlatable) out.push(`${at}: transition rule under a list that is not a map list`);
+      if (typeof r.fieldPath === 'string' && !/^(\.[A-Za-z_][A-Za-z0-9_]*)+$/.test(r.fieldPath)) out.push(`${at}: fieldPath ${r.fieldPath}`);
+      if (typeof r.fieldPath === 'string') {
+        let node: Record<string, unknown> | undefined = s;
+        for (const k of r.fieldPath.split('.').slice(1)) node = (node?.properties as Record<string, Record<string, unknown>> | undefined)?.[k];
+        if (!node) out.push(`${at}: fieldPath ${r.fieldPath} names no field of the schema`);
+      }
+    }
+    for (const [k, v] of Object.entries((s.properties ?? {}) as Record<string, Record<string, unknown>>)) walk(v, `${at}.${k}`, correlatable, out);
+    if (s.items) walk(s.items as Record<string, unknown>, `${at}[]`, correlatable && s['x-kubernetes-list-type'] === 'map', out);
+  };
+  const out: string[] = [];
+  for (const d of CRDS) walk(d.schema, d.kind, true, out);
+  assert.equal(out, []);
+});
+
+test('printer columns name single values: each a field of the schema, no list ([*] shows only its first value)', () => {
+  for (const d of CRDS) {
+    for (const c of d.columns) {
+      assert.not.ok(c.jsonPath.includes('[*]'), `${d.kind} column ${c.name}: ${c.jsonPath} would show only the first value`);
+      const path = c.jsonPath.replace(/\[\?\(@\.type=='\w+'\)\]/, '').split('.').slice(1);
+      let node: Record<string, unknown> | undefined = d.schema;
+      for (const k of path) node = node?.type === 'array' ? ((node.items as Record<string, any>)?.properties?.[k]) : (node?.properties as Record<string, any> | undefined)?.[k];
+      assert.ok(node || path[0] === 'metadata', `${d.kind} column ${c.name}: ${c.jsonPath} names no field of the schema`);
+      if (node && c.type === 'integer') assert.is(node.type, 'integer', `${d.kind} column ${c.name}`);
+    }
+  }
+});
+
+test('a map-list item correlates by its keys: a transition rule below it sees the old item of the same key', () => {
+  // No CRD has a transition rule inside a list today; a test-only schema checks the walk the API server does.
+  const s = {
+    type: 'object',
+    properties: {
+      items: {
+        type: 'array',
+        'x-kubernetes-list-type': 'map',
+        'x-kubernetes-list-map-keys': ['name'],
+        items: { type: 'object', properties: { name: { type: 'string' }, size: { type: 'integer' } }, 'x-kubernetes-validations': [{ rule: 'self.size >= oldSelf.size', message: 'size may only grow' }] },
+      },
+      plain: {
+        type: 'array',
+        items: { type: 'object', properties: { size: { type: 'integer' } }, 'x-kubernetes-validations': [{ rule: 'self.size >= oldSelf.size', message: 'never run' }] },
+      },
+    },
+  };
+  const old = { items: [{ name: 'a', size: 5 }, { name: 'b', size: 1 }], plain: [{ size: 9 }] };
+  // Reordered and b shrunk: b is compared with the old b (not the old item at its position); a new item c has no old one.
+  assert.equal(celProblemsOf(s, { items: [{ name: 'b', size: 0 }, { name: 'a', size: 5 }, { name: 'c', size: 0 }], plain: [{ size: 1 }] }, old), ['items[0]: size may only grow']);
+  assert.equal(celProblemsOf(s, { items: [{ name: 'b', size: 1 }, { name: 'a', size: 6 }], plain: [] }, old), []);
 });
 
 test.run();
