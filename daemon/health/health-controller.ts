@@ -1,11 +1,13 @@
 // Health checks on this node, a level-triggered reconciler: one listener per load balancer Service with
 // externalTrafficPolicy Local on its healthCheckNodePort (answering, per request, from the load balancer's
-// current view: this node's ready local targets and whether its programming is fresh), and the node's own
+// current view: this node's ready local targets and whether its programming is stale), and the node's own
 // /healthz and /livez on the health port. A port that cannot be opened (another Service's, or taken on the
-// node) is reported in status and retried; nothing else is disturbed. Every flip of an answer is logged.
+// node) is reported in status and retried; nothing else is disturbed. Every flip of an answer is logged,
+// and the answers are counted by check and code (status(), for the metrics).
 import type { Logger } from '../log';
 import type { ResolvedLoadBalancer } from '../lb/lb-spec';
-import { HealthListener, countLocalEndpoints, nodeAnswer, serviceAnswer } from './health-server';
+import { HealthListener, countLocalEndpoints, nodeAnswer, serviceAnswer, type HealthAnswer } from './health-server';
+import { HEALTH_TIMEOUT_MS, proxyHealth, type ProgrammingState, type ProxyHealth } from './proxy-health';
 import { portHolder } from '../sys/port-holder';
 import { ReconcileLoop } from '../util/reconcile-loop';
 
@@ -39,14 +41,21 @@ export interface HealthControllerOptions {
   port: number;
   /** The load balancer's valid Services now. */
   services: () => ResolvedLoadBalancer[];
-  /** tether's programming is not stale (the load balancer converged lately). */
-  healthy: () => boolean;
+  /** When the load balancer's programming last caught up, and since when a change waits (LbController.programming). */
+  programming: () => ProgrammingState;
+  /** How long a change may wait before this node is unhealthy (kube-proxy's healthTimeout; default 60 s). */
+  timeoutMs?: number;
   /** The node is not being deleted nor tainted for removal. */
   eligible: () => boolean;
   /** Publishes this node's answers (to the store, for the leader's Service status); errors are retried. */
   report?: (r: NodeHealthReport) => Promise<void>;
   logger: Logger;
+  /** The clock, ms (tests fix it). */
+  now?: () => number;
 }
+
+/** Which check answered: the node's /healthz or /livez, or a Service's health-check port. */
+export type HealthCheckKind = 'healthz' | 'livez' | 'service';
 
 interface Check {
   port: number;
@@ -62,7 +71,9 @@ export class HealthController {
   private readonly checks = new Map<string, Check>();
   private node?: HealthListener;
   private nodeProblem?: string;
-  private lastUpdated = new Date();
+  /** Answers given, by "check|code". */
+  private readonly answers = new Map<string, number>();
+  private wasHealthy = true;
   /** Listeners reconciled with the Services every TICK_MS. */
   private readonly loop = new ReconcileLoop({
     run: () => this.reconcileOnce(),
@@ -80,13 +91,13 @@ export class HealthController {
   async start(): Promise<void> {
     if (this.o.port) {
       this.node = new HealthListener((path) => {
-        const healthy = this.o.healthy();
-        if (healthy) this.lastUpdated = new Date();
-        return nodeAnswer(path, { healthy, nodeEligible: this.o.eligible(), lastUpdated: this.lastUpdated, now: new Date() });
+        const now = this.now();
+        const a = nodeAnswer(path, { proxy: this.proxy(now), nodeEligible: this.o.eligible(), now: new Date(now) });
+        return a.check ? this.counted(a.check, a) : a;
       });
       try {
         await this.node.listen(this.o.port);
-        this.o.logger.info('health: node health port open', { port: this.o.port });
+        this.o.logger.info('health: node health port open', { port: this.o.port, address: this.node.address });
       } catch (e) {
         this.nodeProblem = `node health port ${this.o.port}: ${(e as NodeJS.ErrnoException).code ?? (e as Error).message}`;
         this.o.logger.error('health: node health port not opened', { port: this.o.port, error: this.nodeProblem });
@@ -94,6 +105,25 @@ export class HealthController {
     }
     this.loop.start();
     await this.reconcile();
+  }
+
+  private now(): number {
+    return this.o.now?.() ?? Date.now();
+  }
+
+  /** tether's programming health now, by kube-proxy's staleness rule. */
+  private proxy(now = this.now()): ProxyHealth {
+    return proxyHealth(this.o.programming(), now, this.o.timeoutMs ?? HEALTH_TIMEOUT_MS);
+  }
+
+  private healthy(): boolean {
+    return this.proxy().healthy;
+  }
+
+  private counted(check: HealthCheckKind, a: HealthAnswer): HealthAnswer {
+    const k = `${check}|${a.status}`;
+    this.answers.set(k, (this.answers.get(k) ?? 0) + 1);
+    return a;
   }
 
   private local(lb: ResolvedLoadBalancer): number {
@@ -114,6 +144,13 @@ export class HealthController {
       this.seen = { services, want: new Map(services.filter((l) => l.externalTrafficPolicy === 'Local' && l.healthCheckNodePort).map((l) => [l.key, l])) };
     }
     const want = this.seen.want;
+    const proxy = this.proxy();
+    if (proxy.healthy !== this.wasHealthy) {
+      const p = this.o.programming();
+      if (proxy.healthy) this.o.logger.info('health: programming caught up: healthy again', { lastUpdated: proxy.lastUpdated?.toISOString() });
+      else this.o.logger.warn('health: programming stale: a change waits longer than the timeout; answering 503', { waitingSince: p.pendingSince === undefined ? undefined : new Date(p.pendingSince).toISOString(), timeoutMs: this.o.timeoutMs ?? HEALTH_TIMEOUT_MS });
+      this.wasHealthy = proxy.healthy;
+    }
     for (const [key, c] of this.checks) {
       const lb = want.get(key);
       if (lb && lb.healthCheckNodePort === c.port) continue;
@@ -127,7 +164,7 @@ export class HealthController {
         const [ns, name] = key.split('/');
         const listener = new HealthListener(() => {
           const cur = this.o.services().find((l) => l.key === key);
-          return serviceAnswer(ns, name, cur ? this.local(cur) : 0, this.o.healthy());
+          return this.counted('service', serviceAnswer(ns, name, cur ? this.local(cur) : 0, this.healthy()));
         });
         c = { port: lb.healthCheckNodePort!, listener, open: false };
         this.checks.set(key, c);
@@ -138,7 +175,7 @@ export class HealthController {
           c.open = true;
           c.problem = undefined;
           c.heldBy = undefined;
-          this.o.logger.info('health: service health check open', { service: key, port: c.port });
+          this.o.logger.info('health: service health check open', { service: key, port: c.port, address: c.listener.address });
         } catch (e) {
           const inUse = (e as NodeJS.ErrnoException).code === 'EADDRINUSE';
           const holder = inUse ? await holderOf(c.port, key) : undefined;
@@ -150,7 +187,7 @@ export class HealthController {
         }
       }
       const local = this.local(lb);
-      const status = local > 0 && this.o.healthy() ? 200 : 503;
+      const status = local > 0 && proxy.healthy ? 200 : 503;
       if (status !== c.lastStatus || local !== c.lastLocal) {
         this.o.logger.info('health: service health answer', { service: key, port: c.port, localEndpoints: local, status, was: c.lastStatus });
         c.lastStatus = status;
@@ -162,7 +199,7 @@ export class HealthController {
 
   /** This node's answers now, as reported. */
   report(services?: Map<string, ResolvedLoadBalancer>): NodeHealthReport {
-    const out: NodeHealthReport = { eligible: this.o.eligible(), healthy: this.o.healthy(), services: {} };
+    const out: NodeHealthReport = { eligible: this.o.eligible(), healthy: this.healthy(), services: {} };
     for (const [key, c] of this.checks) {
       const lb = services?.get(key);
       const local = lb ? this.local(lb) : c.lastLocal ?? 0;
@@ -192,9 +229,18 @@ export class HealthController {
       nodePort: this.o.port || undefined,
       nodeProblem: this.nodeProblem,
       nodeEligible: this.o.eligible(),
-      healthy: this.o.healthy(),
+      healthy: this.healthy(),
+      answers: this.answerCounts(),
       services: [...this.checks].map(([service, c]) => ({ service, port: c.port, open: c.open, localEndpoints: c.lastLocal, answer: c.lastStatus, problem: c.problem })),
     };
+  }
+
+  /** The answers given since start, by check and HTTP code (sorted). */
+  answerCounts(): Array<{ check: HealthCheckKind; code: number; count: number }> {
+    return [...this.answers].map(([k, count]) => {
+      const [check, code] = k.split('|');
+      return { check: check as HealthCheckKind, code: Number(code), count };
+    }).sort((a, b) => a.check.localeCompare(b.check) || a.code - b.code);
   }
 
   async stop(): Promise<void> {

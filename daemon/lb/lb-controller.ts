@@ -27,6 +27,7 @@ import { LbTargets } from './targets';
 import { MappingSync } from './mapping-sync';
 import { ReconcileLoop } from '../util/reconcile-loop';
 import { REGISTRY_TTL_MS } from '../egress/egress-context';
+import { ProgrammingTracker, type ProgrammingState } from '../health/proxy-health';
 
 export { FOU_OVERHEAD, type LbControllerOptions };
 
@@ -50,8 +51,8 @@ export class LbController {
   /** Mappings learnt by the datapath, read every EVENT_POLL_MS. */
   private readonly poller: ReconcileLoop;
   private stopped = false;
-  /** When the last reconcile pass completed without an error (programming is fresh while recent). */
-  private lastGoodPass = 0;
+  /** The changes waiting to be programmed and the passes that programmed them (the health checks' staleness). */
+  private readonly updates = new ProgrammingTracker();
   private programmed: ResolvedLoadBalancer[] = [];
   /** Services whose VIP this node needs (as of the last pass). */
   private needed = new Set<string>();
@@ -76,7 +77,7 @@ export class LbController {
     this.loop = new ReconcileLoop({
       run: async () => {
         await this.pass();
-        this.lastGoodPass = Date.now();
+        this.updates.updated();
       },
       everyMs: TICK_MS,
       onError: (e) => this.o.logger.error('lb: reconcile pass failed', { error: e.message, stack: e.stack }),
@@ -118,11 +119,12 @@ export class LbController {
   }
 
   /**
-   * tether's programming is not stale: a pass converged within the last 5 s (passes run every second and
-   * on every change; kube-proxy's own threshold is its healthz timeout, 2 × its sync period).
+   * When a pass last completed and since when a change (configuration, a local pod) waits for one: the
+   * health checks are unhealthy only when a change waits too long (kube-proxy's rule, proxy-health.ts),
+   * not when a quiet node's last pass is old.
    */
-  fresh(): boolean {
-    return Date.now() - this.lastGoodPass < 5000;
+  programming(): ProgrammingState {
+    return this.updates.state();
   }
 
   /** The mapping store (health checks report there too). */
@@ -136,6 +138,7 @@ export class LbController {
     this.o.attach.on('detached', () => this.podsChanged());
     this.sync.start();
     this.o.store?.on('ready', () => void this.kick());
+    this.updates.started();
     this.loop.start();
     this.poller.start();
     await this.kick();
@@ -144,6 +147,7 @@ export class LbController {
   /** A new configuration: the Services, EndpointSlices and pods' metadata. */
   async apply(r: LbResolution, podMeta?: Record<string, PodMeta>): Promise<void> {
     this.lbs = new Map(r.loadBalancers.map((l) => [l.key, l]));
+    this.updates.queued();
     this.configured = true;
     this.needsCache = undefined;
     const refused = new Map(r.refused.map((x) => [x.key, x.problems]));
@@ -214,6 +218,7 @@ export class LbController {
   /** A local pod came, is leaving or went: what this node needs is computed again. */
   private podsChanged(): Promise<void> {
     this.needsCache = undefined;
+    this.updates.queued();
     return this.kick();
   }
 

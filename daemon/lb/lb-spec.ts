@@ -52,7 +52,7 @@ export interface ResolvedLoadBalancer {
   idleTimeoutS: number;
   /** Where the VIP comes from: a requested address (with the pool holding it) or a pool. */
   vip: { pool: string; address?: string };
-  /** Targets by address: ready ones are active; terminating ones still serving keep their clients. */
+  /** Targets by address: ready ones are active (terminating or not); not ready but serving while terminating ones keep their clients. */
   targets: LbTarget[];
   externalTrafficPolicy: 'Cluster' | 'Local';
   /** With Local: the node port answering health checks (kube-proxy's contract). */
@@ -198,8 +198,12 @@ function resolveOne(o: Record<string, unknown>, key: string, slices: Array<Recor
     else vip = { pool: poolName };
   } else vip = { pool: lbPools[0].name };
 
-  // Targets from the EndpointSlices: IPv4 addresses; ready → active; serving while terminating → keeps its
-  // clients; anything else is not a target. An address listed twice counts once (the better state).
+  // Targets from the EndpointSlices, read as kube-proxy reads them (pkg/proxy endpointslicecache.go): an
+  // endpoint is its first address (the API makes its addresses fungible: "clients may choose to only use
+  // the first element"), IPv4 slices only; ready (the condition, absent = true) → active, terminating or
+  // not (publishNotReadyAddresses keeps a terminating pod ready, and kube-proxy sends it new connections);
+  // not ready but serving while terminating → keeps its clients; anything else is not a target. An
+  // address listed twice counts once (the better state).
   const targets = new Map<string, LbTarget>();
   for (const s of slices) {
     if (s.addressType !== 'IPv4') continue;
@@ -207,17 +211,16 @@ function resolveOne(o: Record<string, unknown>, key: string, slices: Array<Recor
       if (!isObject(ep)) continue;
       const c = isObject(ep.conditions) ? ep.conditions : {};
       const terminating = c.terminating === true;
-      const ready = c.ready !== false && !terminating;
+      const ready = c.ready !== false;
       const serving = c.serving ?? ready;
       const state: TargetState | undefined = ready ? 'active' : terminating && serving ? 'terminating' : undefined;
       if (!state) continue;
+      const addr = Array.isArray(ep.addresses) ? ep.addresses[0] : undefined;
+      if (typeof addr !== 'string' || !isIPv4(addr)) continue;
       const ref = isObject(ep.targetRef) && ep.targetRef.kind === 'Pod' ? `${String(ep.targetRef.namespace ?? m.namespace)}/${String(ep.targetRef.name)}` : undefined;
-      for (const addr of Array.isArray(ep.addresses) ? ep.addresses : []) {
-        if (typeof addr !== 'string' || !isIPv4(addr)) continue;
-        const prev = targets.get(addr);
-        if (prev?.state === 'active') continue;
-        targets.set(addr, { address: addr, state, ...(typeof ep.nodeName === 'string' ? { node: ep.nodeName } : {}), ...(ref ? { pod: ref } : {}) });
-      }
+      const prev = targets.get(addr);
+      if (prev?.state === 'active') continue;
+      targets.set(addr, { address: addr, state, ...(typeof ep.nodeName === 'string' ? { node: ep.nodeName } : {}), ...(ref ? { pod: ref } : {}) });
     }
   }
 

@@ -117,7 +117,7 @@ export function createHealth(opts: Options, o: { lb: LbController; nodeName: str
   if (!/^[0-9]+$/.test(raw) || port > 65535) throw new StartError(2, `--health-port: ${JSON.stringify(raw)} is not a port (0 turns it off)`);
   const store = o.lb.store;
   return new HealthController({
-    node: o.nodeName, port, services: () => o.lb.current(), healthy: () => o.lb.fresh(), eligible: o.eligible, logger: o.logger,
+    node: o.nodeName, port, services: () => o.lb.current(), programming: () => o.lb.programming(), eligible: o.eligible, logger: o.logger,
     report: store && ((r) => store.reportHealth(o.nodeName, r, REPORT_TTL_MS)),
   });
 }

@@ -1,6 +1,8 @@
 // The health-check contract against kube-proxy's (LOADBALANCER.md; pkg/proxy/healthcheck): status codes,
 // the exact bodies and headers, over real HTTP, for 0, 1 and 2 local endpoints, only terminating ones, and
-// stale programming; the node's /healthz and /livez with eligibility.
+// stale programming; the node's /healthz and /livez with eligibility, in kube-proxy 1.33+'s body; local
+// endpoints counted from EndpointSlices as kube-proxy counts them; staleness by kube-proxy's rule (a change
+// waiting longer than 60 s); listeners on both IP families; the answers counted by check and code.
 import { test } from 'uvu';
 import * as assert from 'uvu/assert';
 import * as http from 'node:http';
@@ -9,16 +11,21 @@ import { spawn } from 'node:child_process';
 import { mkdtempSync, rmSync, symlinkSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { HealthListener, countLocalEndpoints, goTime, nodeAnswer, serviceAnswer } from '../../daemon/health/health-server';
+import { existsSync, readFileSync } from 'node:fs';
+import type { ListenOptions } from 'node:net';
+import { HealthListener, countLocalEndpoints, listenAnyAddress, nodeAnswer, rfc3339, serviceAnswer } from '../../daemon/health/health-server';
 import { HealthController, holderOf, type NodeHealthReport } from '../../daemon/health/health-controller';
+import { ProgrammingTracker, proxyHealth, type ProgrammingState } from '../../daemon/health/proxy-health';
+import { resolveLoadBalancers } from '../../daemon/lb/lb-spec';
+import { validatePools } from '../../ipam/pool';
 import { healthCondition } from '../../daemon/kube/status-controller';
 import { portHolder } from '../../daemon/sys/port-holder';
 import type { ResolvedLoadBalancer } from '../../daemon/lb/lb-spec';
 import { log } from '../../daemon/log';
 
-function get(port: number, path: string): Promise<{ status: number; headers: http.IncomingHttpHeaders; body: string }> {
+function get(port: number, path: string, host = '127.0.0.1'): Promise<{ status: number; headers: http.IncomingHttpHeaders; body: string }> {
   return new Promise((resolve, reject) => {
-    http.get({ host: '127.0.0.1', port, path }, (res) => {
+    http.get({ host, port, path }, (res) => {
       let body = '';
       res.on('data', (d) => (body += d));
       res.on('end', () => resolve({ status: res.statusCode!, headers: res.headers, body }));
@@ -61,23 +68,176 @@ test('service health check: 200 only with local endpoints and fresh programming;
   }
 });
 
-test('node health: /healthz needs healthy and eligible, /livez only healthy, other paths 404; kube-proxy body layout', () => {
-  const last = new Date('2026-11-24T10:00:00.120Z');
-  const now = new Date('2026-11-24T10:00:05Z');
-  const rows: Array<[boolean, boolean, number, number]> = [[true, true, 200, 200], [true, false, 503, 200], [false, true, 503, 503], [false, false, 503, 503]];
-  for (const [healthy, nodeEligible, hz, lz] of rows) {
-    const h = nodeAnswer('/healthz', { healthy, nodeEligible, lastUpdated: last, now });
-    const l = nodeAnswer('/livez', { healthy, nodeEligible, lastUpdated: last, now });
-    assert.is(h.status, hz, `healthz healthy ${healthy} eligible ${nodeEligible}`);
-    assert.is(l.status, lz, `livez healthy ${healthy} eligible ${nodeEligible}`);
-    const lu = hz === 200 ? goTime(now) : goTime(last);
-    assert.is(h.body, `{"lastUpdated": "${lu}","currentTime": "${goTime(now)}", "nodeEligible": ${nodeEligible}}`);
-    assert.equal(Object.keys(JSON.parse(l.body)), ['lastUpdated', 'currentTime']);
-    assert.is(h.headers['X-Content-Type-Options'], 'nosniff');
+// Times of the node checks: T0 is when the programming last caught up.
+const T0 = Date.parse('2026-11-24T10:00:00.120Z');
+const at = (s: number) => T0 + s * 1000;
+
+test('node /healthz and /livez: kube-proxy 1.33+ bodies (healthy, per-family status, RFC 3339 times, old fields kept); an unhealthy lastUpdated is the last programming', () => {
+  const now = new Date(at(90.5));
+  const N = '"currentTime":"2026-11-24T10:01:30.62Z"';
+  const fresh = proxyHealth({ lastUpdated: T0 }, now.getTime());
+  const stale = proxyHealth({ lastUpdated: T0, pendingSince: at(10) }, now.getTime());
+  const never = proxyHealth({}, now.getTime());
+  const ok4 = '"status":{"IPv4":{"lastUpdated":"2026-11-24T10:00:00.12Z","healthy":true}}';
+  const bad4 = '"status":{"IPv4":{"lastUpdated":"2026-11-24T10:00:00.12Z","healthy":false}}';
+  const rows: Array<[string, typeof fresh, boolean, number, string, number, string]> = [
+    ['healthy, eligible', fresh, true,
+      200, `{"lastUpdated":"2026-11-24T10:01:30.62Z",${N},"nodeEligible":true,"healthy":true,${ok4}}`,
+      200, `{"lastUpdated":"2026-11-24T10:01:30.62Z",${N},"healthy":true,${ok4}}`],
+    ['healthy, not eligible (healthz 503 keeps the last programming time)', fresh, false,
+      503, `{"lastUpdated":"2026-11-24T10:00:00.12Z",${N},"nodeEligible":false,"healthy":true,${ok4}}`,
+      200, `{"lastUpdated":"2026-11-24T10:01:30.62Z",${N},"healthy":true,${ok4}}`],
+    ['stale: a change waits 80.5 s', stale, true,
+      503, `{"lastUpdated":"2026-11-24T10:00:00.12Z",${N},"nodeEligible":true,"healthy":false,${bad4}}`,
+      503, `{"lastUpdated":"2026-11-24T10:00:00.12Z",${N},"healthy":false,${bad4}}`],
+    ['never programmed, not eligible: Go\'s zero time, no status', never, false,
+      503, `{"lastUpdated":"0001-01-01T00:00:00Z",${N},"nodeEligible":false,"healthy":true}`,
+      200, `{"lastUpdated":"2026-11-24T10:01:30.62Z",${N},"healthy":true}`],
+  ];
+  for (const [what, proxy, nodeEligible, hz, hzBody, lz, lzBody] of rows) {
+    const h = nodeAnswer('/healthz', { proxy, nodeEligible, now });
+    const l = nodeAnswer('/livez?verbose', { proxy, nodeEligible, now });
+    assert.is(h.status, hz, `healthz: ${what}`);
+    assert.is(h.body, hzBody, `healthz body: ${what}`);
+    assert.is(l.status, lz, `livez: ${what}`);
+    assert.is(l.body, lzBody, `livez body: ${what}`);
+    // Decoded as kube-proxy's own test does: times parse, per-family health, nodeEligible only in healthz.
+    const d = JSON.parse(h.body);
+    assert.ok(!Number.isNaN(Date.parse(d.lastUpdated)) && Date.parse(d.currentTime) === now.getTime(), what);
+    assert.is(d.healthy, proxy.healthy);
+    assert.not.ok('nodeEligible' in JSON.parse(l.body), `livez has no nodeEligible: ${what}`);
+    assert.equal([h.headers['Content-Type'], h.headers['X-Content-Type-Options']], ['application/json', 'nosniff']);
   }
-  assert.is(goTime(last), '2026-11-24 10:00:00.12 +0000 UTC');
-  assert.is(goTime(now), '2026-11-24 10:00:05 +0000 UTC');
-  assert.is(nodeAnswer('/metrics', { healthy: true, nodeEligible: true, lastUpdated: last, now }).status, 404);
+  assert.equal([rfc3339(new Date('2026-11-24T10:00:05Z')), rfc3339(new Date('2026-11-24T10:00:05.100Z')), rfc3339(undefined)], ['2026-11-24T10:00:05Z', '2026-11-24T10:00:05.1Z', '0001-01-01T00:00:00Z']);
+  assert.is(nodeAnswer('/metrics', { proxy: fresh, nodeEligible: true, now }).status, 404);
+});
+
+test('staleness by kube-proxy\'s rule: unhealthy only when a change has waited 60 s or more; an old last pass with nothing waiting is healthy', () => {
+  const rows: Array<[string, ProgrammingState, number, boolean]> = [
+    ['last pass 30 s ago, nothing waits', { lastUpdated: T0 }, at(30), true],
+    ['last pass 10 min ago, nothing waits', { lastUpdated: T0 }, at(600), true],
+    ['a change waits 5 s', { lastUpdated: T0, pendingSince: at(100) }, at(105), true],
+    ['a change waits 59.999 s', { lastUpdated: T0, pendingSince: at(100) }, at(159.999), true],
+    ['a change waits 60 s', { lastUpdated: T0, pendingSince: at(100) }, at(160), false],
+    ['a change waits 5 min', { lastUpdated: T0, pendingSince: at(100) }, at(400), false],
+    ['never programmed (starting), a change waits 2 min', { pendingSince: T0 }, at(120), true],
+  ];
+  for (const [what, st, now, healthy] of rows) assert.is(proxyHealth(st, now).healthy, healthy, what);
+  assert.is(proxyHealth({ lastUpdated: T0, pendingSince: at(100) }, at(110), 10_000).healthy, false, 'the timeout is an option');
+
+  // The tracker: the oldest change waiting sets the age; a completed pass programs all of them.
+  let now = T0;
+  const t = new ProgrammingTracker(() => now);
+  t.started();
+  now = at(10);
+  t.queued();
+  now = at(20);
+  t.queued();
+  assert.equal(t.state(), { lastUpdated: T0, pendingSince: at(10) });
+  assert.is(proxyHealth(t.state(), at(69.9)).healthy, true);
+  assert.is(proxyHealth(t.state(), at(70)).healthy, false);
+  now = at(75);
+  t.updated();
+  assert.equal(t.state(), { lastUpdated: at(75), pendingSince: undefined });
+  assert.is(proxyHealth(t.state(), at(1000)).healthy, true);
+});
+
+/** A port free now (bound and released). */
+function freePort(): Promise<number> {
+  return new Promise((r) => { const s = net.createServer().listen(0, () => { const p = (s.address() as net.AddressInfo).port; s.close(() => r(p)); }); });
+}
+
+const hasIPv6Loopback = existsSync('/proc/net/if_inet6') && /^0{31}1 /m.test(readFileSync('/proc/net/if_inet6', 'utf8'));
+
+test('through the controller over HTTP: a stall answers 503 only after 60 s, with lastUpdated the last programming (not the last healthy probe); answers counted by check and code', async () => {
+  const [port, hcPort] = [await freePort(), await freePort()];
+  let now = at(100);
+  let prog: ProgrammingState = { lastUpdated: T0 };
+  const lb = { key: 'shop/db', externalTrafficPolicy: 'Local', healthCheckNodePort: hcPort, targets: [{ address: '10.244.0.1', state: 'active', node: 'n1' }] } as unknown as ResolvedLoadBalancer;
+  const hc = new HealthController({ node: 'n1', port, services: () => [lb], programming: () => prog, eligible: () => true, logger: log(), now: () => now });
+  try {
+    await hc.start();
+    let r = await get(port, '/healthz');
+    assert.is(r.status, 200, 'last pass 100 s ago, nothing waits: healthy (the old 5 s rule said 503)');
+    assert.is(JSON.parse(r.body).lastUpdated, rfc3339(new Date(at(100))), 'healthy: lastUpdated is now');
+    prog = { lastUpdated: T0, pendingSince: at(100) };
+    now = at(159);
+    assert.is((await get(port, '/healthz')).status, 200, 'a change waits 59 s');
+    assert.is((await get(hcPort, '/')).status, 200);
+    now = at(161);
+    r = await get(port, '/healthz');
+    assert.is(r.status, 503, 'a change waits 61 s');
+    assert.is(JSON.parse(r.body).lastUpdated, rfc3339(new Date(T0)), 'unhealthy: lastUpdated is the last programming, not the last healthy probe (at 159 s)');
+    assert.is((await get(port, '/livez')).status, 503);
+    const s = await get(hcPort, '/');
+    assert.is(s.status, 503);
+    assert.is(JSON.parse(s.body).serviceProxyHealthy, false);
+    assert.is((await get(port, '/metrics')).status, 404);
+    assert.equal(hc.status().answers, [
+      { check: 'healthz', code: 200, count: 2 }, { check: 'healthz', code: 503, count: 1 },
+      { check: 'livez', code: 503, count: 1 },
+      { check: 'service', code: 200, count: 1 }, { check: 'service', code: 503, count: 1 },
+    ]);
+  } finally {
+    await hc.stop();
+  }
+});
+
+test('the health ports listen on both IP families (:: accepting IPv4), as kube-proxy\'s; IPv4 only where the host has no IPv6', async () => {
+  const [port, hcPort] = [await freePort(), await freePort()];
+  const lb = { key: 'shop/db', externalTrafficPolicy: 'Local', healthCheckNodePort: hcPort, targets: [{ address: '10.244.0.1', state: 'active', node: 'n1' }] } as unknown as ResolvedLoadBalancer;
+  const hc = new HealthController({ node: 'n1', port, services: () => [lb], programming: () => ({ lastUpdated: Date.now() }), eligible: () => true, logger: log() });
+  try {
+    await hc.start();
+    for (const p of [port, hcPort]) {
+      assert.is((await get(p, p === port ? '/healthz' : '/')).status, 200, `IPv4 on ${p}`);
+      if (hasIPv6Loopback) assert.is((await get(p, p === port ? '/healthz' : '/', '::1')).status, 200, `IPv6 on ${p}`);
+    }
+  } finally {
+    await hc.stop();
+  }
+  // The choice of address: '::' dual-stack first; 0.0.0.0 only when IPv6 is unavailable; a port in use is not retried.
+  const rows: Array<[string | undefined, string[], string]> = [
+    [undefined, ['::/dual'], '::'],
+    ['EAFNOSUPPORT', ['::/dual', '0.0.0.0'], '0.0.0.0'],
+    ['EADDRNOTAVAIL', ['::/dual', '0.0.0.0'], '0.0.0.0'],
+    ['EADDRINUSE', ['::/dual'], 'EADDRINUSE'],
+  ];
+  for (const [v6error, tried, want] of rows) {
+    const seen: string[] = [];
+    const open = async (o: ListenOptions) => {
+      seen.push(o.host === '::' ? (o.ipv6Only === false ? '::/dual' : '::/v6only') : o.host!);
+      if (o.host === '::' && v6error) throw Object.assign(new Error(v6error), { code: v6error });
+      return o.host!;
+    };
+    const got = await listenAnyAddress(open).catch((e: NodeJS.ErrnoException) => e.code!);
+    assert.is(got, want, `IPv6 ${v6error ?? 'available'}`);
+    assert.equal(seen, tried, `IPv6 ${v6error ?? 'available'}`);
+  }
+});
+
+test('local endpoints from EndpointSlices, as kube-proxy counts them: ready (terminating or not), one per endpoint (its first address), distinct addresses, this node', () => {
+  const pools = validatePools([{ apiVersion: 'tether.dev/v1alpha1', kind: 'AddressPool', metadata: { name: 'lb' }, spec: { usage: 'loadBalancer', ipv4: { cidr: '198.51.100.0/28' } } }]);
+  const service = { apiVersion: 'v1', kind: 'Service', metadata: { name: 'db', namespace: 'shop' }, spec: { type: 'LoadBalancer', loadBalancerClass: 'tether.dev/lb', ports: [{ port: 5432 }], externalTrafficPolicy: 'Local', healthCheckNodePort: 32100, publishNotReadyAddresses: true } };
+  const count = (endpoints: Array<Record<string, unknown>>, addressType = 'IPv4') => {
+    const slice = { apiVersion: 'discovery.k8s.io/v1', kind: 'EndpointSlice', metadata: { name: 'db-x', namespace: 'shop', labels: { 'kubernetes.io/service-name': 'db' } }, addressType, endpoints };
+    const r = resolveLoadBalancers([service, slice], pools);
+    assert.equal(r.refused, []);
+    return countLocalEndpoints(r.loadBalancers[0].targets, 'n1');
+  };
+  const ep = (addresses: string[], conditions: Record<string, boolean>, nodeName = 'n1') => ({ addresses, conditions, nodeName });
+  const rows: Array<[string, Array<Record<string, unknown>>, number]> = [
+    ['ready and terminating (publishNotReadyAddresses)', [ep(['10.244.0.1'], { ready: true, serving: true, terminating: true })], 1],
+    ['ready and terminating, not serving (publishNotReadyAddresses, pod not ready)', [ep(['10.244.0.1'], { ready: true, serving: false, terminating: true })], 1],
+    ['one endpoint with two addresses', [ep(['10.244.0.1', '10.244.0.2'], { ready: true })], 1],
+    ['two endpoints, the second address of one is the other', [ep(['10.244.0.1', '10.244.0.2'], { ready: true }), ep(['10.244.0.2'], { ready: true })], 2],
+    ['one address in two endpoints', [ep(['10.244.0.1'], { ready: true }), ep(['10.244.0.1'], { ready: true })], 1],
+    ['ready not given (ready)', [ep(['10.244.0.1'], {})], 1],
+    ['serving while terminating, not ready', [ep(['10.244.0.1'], { ready: false, serving: true, terminating: true })], 0],
+    ['not ready', [ep(['10.244.0.1'], { ready: false })], 0],
+    ['another node', [ep(['10.244.0.1'], { ready: true }, 'n2')], 0],
+  ];
+  for (const [what, endpoints, want] of rows) assert.is(count(endpoints), want, what);
 });
 
 test('a port in use is refused with EADDRINUSE (reported by the caller, nothing else disturbed)', async () => {
@@ -151,14 +311,14 @@ test('the health controller reports its answers on a change (and only then, with
   const squat = net.createServer();
   await new Promise<void>((r) => squat.listen(0, '0.0.0.0', () => r()));
   const taken = (squat.address() as net.AddressInfo).port;
-  const free = await new Promise<number>((r) => { const s = net.createServer().listen(0, () => { const p = (s.address() as net.AddressInfo).port; s.close(() => r(p)); }); });
+  const free = await freePort();
   const lb = (name: string, hc: number, local: number) => ({
     key: `shop/${name}`, externalTrafficPolicy: 'Local', healthCheckNodePort: hc,
     targets: Array.from({ length: local }, (_, i) => ({ address: `10.244.0.${i + 1}`, state: 'active', node: 'n1' })),
   }) as unknown as ResolvedLoadBalancer;
   let services = [lb('db', free, 1), lb('web', taken, 1)];
   const reports: NodeHealthReport[] = [];
-  const hc = new HealthController({ node: 'n1', port: 0, services: () => services, healthy: () => true, eligible: () => true, report: async (r) => void reports.push(structuredClone(r)), logger: log() });
+  const hc = new HealthController({ node: 'n1', port: 0, services: () => services, programming: () => ({ lastUpdated: Date.now() }), eligible: () => true, report: async (r) => void reports.push(structuredClone(r)), logger: log() });
   try {
     await hc.start();
     await hc.reconcile();

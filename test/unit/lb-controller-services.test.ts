@@ -43,7 +43,10 @@ test('1,000 Services accepted with VIPs; a node without their LB pods programs, 
     assert.is(r.loadBalancers.length, N);
     // n1 runs the cluster's controllers: it holds every Service's VIP (for their status).
     ctl.setControllers(true);
+    assert.equal(ctl.programming(), { lastUpdated: undefined, pendingSince: undefined }, 'nothing programmed or waiting yet');
     await ctl.apply(r);
+    const prog = ctl.programming();
+    assert.ok(prog.lastUpdated !== undefined && prog.pendingSince === undefined, 'the applied Services are programmed: no change waits (the health checks\' staleness)');
     const st = ctl.status();
     assert.is(st.length, N);
     assert.equal(st.filter((s) => s.refused || s.problem || s.nodeProblem), [], 'no Service refused or with a problem');

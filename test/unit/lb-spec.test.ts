@@ -65,7 +65,7 @@ test('annotations and fields: affinity, selector, namespace, pool, requested VIP
   assert.equal(c.vip, { pool: 'lb', address: '198.51.100.9' });
 });
 
-test('targets: ready ones active, terminating-but-serving ones keep their clients, others are not targets; IPv4 only; one entry per address', () => {
+test('targets: ready ones active (terminating or not), not-ready terminating-but-serving ones keep their clients, others are not targets; IPv4 only; an endpoint is its first address; one entry per address', () => {
   const r = resolveLoadBalancers([svc(), slice([
     { addresses: ['10.244.0.5'], conditions: { ready: true }, nodeName: 'n4', targetRef: { kind: 'Pod', name: 't1' } },
     { addresses: ['10.244.0.6'], conditions: { ready: false, serving: true, terminating: true } },
@@ -73,8 +73,14 @@ test('targets: ready ones active, terminating-but-serving ones keep their client
     { addresses: ['10.244.0.8'], conditions: { ready: false } },
     { addresses: ['10.244.0.9'] },
     { addresses: ['10.244.0.5'], conditions: { ready: false, serving: true, terminating: true } },
+    // publishNotReadyAddresses: a terminating pod stays ready (kube-proxy sends it new connections).
+    { addresses: ['10.244.0.10'], conditions: { ready: true, serving: true, terminating: true } },
+    // Fungible addresses of one endpoint: kube-proxy uses the first only.
+    { addresses: ['10.244.0.11', '10.244.0.12'], conditions: { ready: true } },
   ]), { ...slice([{ addresses: ['fd00::1'] }]), addressType: 'IPv6' }], pools);
   assert.equal(r.loadBalancers[0].targets, [
+    { address: '10.244.0.10', state: 'active' },
+    { address: '10.244.0.11', state: 'active' },
     { address: '10.244.0.5', state: 'active', node: 'n4', pod: 'shop/t1' },
     { address: '10.244.0.6', state: 'terminating' },
     { address: '10.244.0.9', state: 'active' },
