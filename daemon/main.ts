@@ -23,6 +23,7 @@ import { createLb, Health, LoadBalancer } from './parts/lb';
 import { Controllers } from './parts/controllers';
 import { fed, resolveDesired, type DesiredState, type Subsystem } from './parts/subsystem';
 import { VERSION } from '../cni/about';
+import { observeSubsystems, startReporting } from './parts/kube-reporting';
 import { useSysctlJournal } from './sys/sysctl-journal';
 
 export async function main(argv: string[]): Promise<number> {
@@ -89,22 +90,25 @@ async function start(opts: Options, nodeName: string, logger: Logger, life: Life
   useSysctlJournal(path.join(stateDir, 'sysctl-journal.json'));
   const { podStore, attach, loaded } = openPodState(stateDir, logger);
   const probes = await startProbes(opts, attach, logger, (name, close) => life.started(name, close));
+  // Kubernetes Events and this node's TetherNode (with a config file there is no API: none of it).
+  const reporting = source instanceof KubeSource ? startReporting(opts, { source, nodeName, version: VERSION, roleProblems: () => attach.roleProblems.list(), logger }, life) : undefined;
   const ipam = await startIpam({ nodeName, config, source, store, stateDir, logger }, life);
   // DELs the CNI clients queued while tetherd was away are replayed before roles start and the socket serves.
   await startDeleteQueue({ stateDir, attach, ipam: ipam.service, logger }, life);
   const egress = new Egress(
     egressPlan
-      ? await createEgress(opts, egressPlan, { nodeName, config, fouPort, syncPort, maxFlows, addresses: ipam.addresses, attach, logger }, (close) => life.started('ownership store', close))
+      ? await createEgress(opts, egressPlan, { nodeName, config, fouPort, syncPort, maxFlows, addresses: ipam.addresses, attach, logger, onOwnershipChanged: reporting?.onOwnershipChanged }, (close) => life.started('ownership store', close))
       : undefined,
     logger,
   );
   const lb = new LoadBalancer(await createLb(opts, { config, fouPort, addresses: ipam.addresses, attach, nodeName, logger }, (close) => life.started('lb mapping store', close)), logger);
+  if (reporting) observeSubsystems(reporting, { egress: egress.controller, lb: lb.controller });
   // The main event loop's worst delay since start (status): what a busy tetherd does to its timers.
   const loopLag = new LoopLag();
   life.started('event loop monitor', () => loopLag.stop());
 
   // In status order; the health checks join once they start.
-  const subsystems: Array<Subsystem<never>> = [ipam, egress, lb];
+  const subsystems: Array<Subsystem<never>> = [ipam, egress, lb, ...(reporting ? [reporting] : [])];
   const server = apiServer({
     socket: opts.socket, nodeName, stateDir, bpfPinDir: opts['bpf-pin-dir'], current, podStore, attach, ipam, subsystems, loopLag, logger,
     kubernetes: source instanceof KubeSource ? () => ({ problems: source.problems(), resources: source.stats() }) : undefined,
@@ -137,29 +141,31 @@ async function start(opts: Options, nodeName: string, logger: Logger, life: Life
     } catch (err) {
       throw new StartError(1, `load balancer failed to start: ${(err as Error).message}`, { cause: err });
     }
-    health = new Health(opts, { lb: lb.controller, nodeName, eligible: desired.health.eligible, logger });
+    health = new Health(opts, { lb: lb.controller, nodeName, eligible: desired.health.eligible, logger, onFlip: reporting?.onHealthFlip });
     await health.start();
     subsystems.push(health);
     life.started('health checks', () => health!.stop());
   }
   const controllers = source instanceof KubeSource
-    ? new Controllers({ source, nodeName, egress: egress.controller, egressObjects, lb: lb.controller, candidates: opts['controller-candidates'], labels: source.nodeLabels(), logger })
+    ? new Controllers({ source, nodeName, egress: egress.controller, egressObjects, lb: lb.controller, candidates: opts['controller-candidates'], labels: source.nodeLabels(), logger, events: reporting?.emit })
     : undefined;
   // Every accepted configuration change, resolved once, reaches each subsystem, which converges to it.
   // Eligibility and candidacy first: they are cheap and were never held up by the others' passes.
-  const feed = feedResolved(source, resolve, [
+  const reconcilers = [
     { name: current.name, apply: (d) => current.apply(d.config) },
     ...(health ? [fed(health, (d) => d.health)] : []),
     ...(controllers ? [fed(controllers, (d) => d.controllers)] : []),
     fed(ipam, (d) => d.ipam),
     fed(egress, (d) => d.egress),
     fed(lb, (d) => d.lb),
-  ] satisfies Array<Reconciler<DesiredState>>, logger, takeMissed);
+  ] satisfies Array<Reconciler<DesiredState>>;
+  const feed = feedResolved(source, resolve, reporting?.track(reconcilers) ?? reconcilers, logger, takeMissed);
   life.started('config updates', () => feed.stop());
   if (controllers) {
     await controllers.start();
     life.started('controllers', () => controllers.stop());
   }
   probes.markStarted();
+  reporting?.markStarted();
   logger.info('tetherd started', { version: VERSION, socket: opts.socket, stateDir, bpfPinDir: opts['bpf-pin-dir'], podsRecorded: loaded });
 }

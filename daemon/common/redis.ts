@@ -21,7 +21,7 @@ export function unreachable(where: string, e: unknown): TetherError {
 
 /** The store's last answer refusing authentication, per store (cleared once a connection is ready). */
 const authProblems = new Map<string, string>();
-const AUTH_REFUSED = /WRONGPASS|NOAUTH|invalid password|without any password configured|invalid username-password/i;
+const AUTH_REFUSED = /WRONGPASS|NOAUTH|invalid password|invalid username-password/i;
 
 /** Logs losing and regaining Redis once per transition; ioredis's per-attempt errors only at debug. */
 export function watchConnection(client: RedisClient, where: string): void {

@@ -123,7 +123,7 @@ export class KubeSource extends EventEmitter implements ConfigSource {
   }
 
   /** The objects a resource's watch holds now, as the API server sent them (the leader's status controller reads them here). */
-  cachedObjects(resource: 'services' | 'addresspools' | 'egresses'): Obj[] {
+  cachedObjects(resource: 'services' | 'addresspools' | 'egresses' | 'nodes'): Obj[] {
     return this.objectsOf(resource);
   }
 

@@ -40,6 +40,21 @@ export interface EgressControllerOptions {
   conntrackSync?: boolean;
   /** Size of the node's flow pin map (flows of client pods on this node). */
   maxFlows?: number;
+  /** Told of every ownership change this node decides (Kubernetes Events); must not throw or wait. */
+  onOwnershipChanged?: (c: OwnershipChange) => void;
+}
+
+/** An ownership change this node decided: a first owner, a failover takeover or a planned handover. */
+export interface OwnershipChange {
+  /** "namespace/name" */
+  egress: string;
+  address: string;
+  /** The owner before (absent for the first owner). */
+  from?: { pod: string; node?: string };
+  to: { pod: string; node?: string };
+  cause: string;
+  epoch: number;
+  decidedBy: string;
 }
 
 export interface LocalGateway {
@@ -224,6 +239,15 @@ export class EgressContext {
       this.addresses.set(key, st);
     }
     return st;
+  }
+
+  /** Tells the ownership-change listener, if any; it is informative: its failure changes nothing. */
+  ownershipChanged(c: OwnershipChange): void {
+    try {
+      this.o.onOwnershipChanged?.(c);
+    } catch (e) {
+      this.o.logger.debug('egress: ownership change listener failed', { egress: c.egress, address: c.address, error: (e as Error).message });
+    }
   }
 
   storeFailed(e: unknown): void {

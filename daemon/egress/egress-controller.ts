@@ -306,6 +306,11 @@ export class EgressController {
     return st && { threadLagMaxMs: st.loopLagMaxMs, threadLagMaxPerSecondMs: st.loopLagPerSecondMs, sessions: st.sessions.map((x) => ({ peer: x.peer, state: x.state, ups: x.ups, downs: x.downs, rx: x.rx, tx: x.tx })) };
   }
 
+  /** Whether the cluster store answered this controller's last calls (a failed call marks it down until a store pass succeeds). */
+  storeReachable(): boolean {
+    return !this.s.storeDown;
+  }
+
   /** Status per floating address: owner, epoch, candidates with their liveness, sync counters, last takeover. */
   /** Each tracked address's owner node as this node knows it (a cheap view: no counters, no candidates). */
   owners(): Array<{ egress: string; address: string; ownerNode: string }> {

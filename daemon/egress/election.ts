@@ -174,12 +174,14 @@ export class Election {
     if (!gw) return;
     const t0 = Date.now();
     const from = st.own.owner;
+    const fromNode = st.own.ownerNode;
     st.own = { egress: st.egress.key, address: st.address, owner: pod, epoch: st.own.epoch + 1, cause, ownerNode: this.s.o.node.name, ownerNodeAddress: this.s.o.node.address, ownerPodIp: gw.info.podIp };
     st.recorded = recorded;
     st.inSync = new Set();
     await this.become(st, gw, cause);
     st.lastTakeover = { at: new Date().toISOString(), cause, ms: Date.now() - t0, epoch: st.own.epoch, from, to: pod, decidedBy: this.s.o.node.name };
     this.s.o.logger.info('egress: ownership changed', { egress: st.egress.key, address: st.address, from, to: pod, epoch: st.own.epoch, cause, decidedBy: this.s.o.node.name, ms: Date.now() - t0 });
+    this.s.ownershipChanged({ egress: st.egress.key, address: st.address, ...(from ? { from: { pod: from, node: fromNode } } : {}), to: { pod, node: this.s.o.node.name }, cause, epoch: st.own.epoch, decidedBy: this.s.o.node.name });
     this.s.roles.updateClients(st);
     if (!recorded) this.s.store.recordLater(st);
   }
@@ -194,12 +196,14 @@ export class Election {
     st.holder = undefined;
     if (!next) return undefined;
     const from = st.own.owner;
+    const fromNode = st.own.ownerNode;
     st.own = { egress: st.egress.key, address: st.address, owner: next.pod, epoch: st.own.epoch + 1, cause, ownerNode: next.node, ownerNodeAddress: next.nodeAddress, ownerPodIp: next.podIp };
     st.recorded = false;
     st.inSync = new Set();
     this.broadcast(st);
     st.lastTakeover = { at: new Date().toISOString(), cause, ms: 0, epoch: st.own.epoch, from, to: next.pod, decidedBy: this.s.o.node.name };
     this.s.o.logger.info('egress: ownership changed', { egress: st.egress.key, address: st.address, from, to: next.pod, epoch: st.own.epoch, cause, decidedBy: this.s.o.node.name });
+    this.s.ownershipChanged({ egress: st.egress.key, address: st.address, ...(from ? { from: { pod: from, node: fromNode } } : {}), to: { pod: next.pod, node: next.node }, cause, epoch: st.own.epoch, decidedBy: this.s.o.node.name });
     const local = this.s.gateways.get(next.pod);
     if (local) this.s.spawn(() => this.s.mutex.run(streamOf(st), () => this.become(st, local, cause)));
     else if (isDraining(cause)) this.steerOnConfirmation(st);

@@ -49,6 +49,8 @@ export interface HealthControllerOptions {
   eligible: () => boolean;
   /** Publishes this node's answers (to the store, for the leader's Service status); errors are retried. */
   report?: (r: NodeHealthReport) => Promise<void>;
+  /** Told when a Service's answer flips between 200 and 503 (Kubernetes Events); must not throw or wait. */
+  onFlip?: (f: { service: string; port: number; status: number; was: number; localEndpoints: number }) => void;
   logger: Logger;
   /** The clock, ms (tests fix it). */
   now?: () => number;
@@ -190,6 +192,7 @@ export class HealthController {
       const status = local > 0 && proxy.healthy ? 200 : 503;
       if (status !== c.lastStatus || local !== c.lastLocal) {
         this.o.logger.info('health: service health answer', { service: key, port: c.port, localEndpoints: local, status, was: c.lastStatus });
+        if (c.lastStatus !== undefined && status !== c.lastStatus) this.o.onFlip?.({ service: key, port: c.port, status, was: c.lastStatus, localEndpoints: local });
         c.lastStatus = status;
         c.lastLocal = local;
       }

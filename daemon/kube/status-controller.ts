@@ -16,6 +16,8 @@ import { NODE_LABEL } from './block-claims';
 import { objectKey } from '../config/objects';
 import type { NodeHealthReport } from '../health/health-controller';
 import { ReconcileLoop } from '../util/reconcile-loop';
+import type { TetherEvent } from './event-recorder';
+import { refusalEvents } from './tether-events';
 
 type Obj = Record<string, any>;
 
@@ -79,6 +81,8 @@ export interface StatusControllerOptions {
   healthReports?: () => Promise<Record<string, NodeHealthReport>>;
   everyMs?: number;
   gcEveryMs?: number;
+  /** Records an Event (a refusal or an address conflict written into an object's status); never waits. */
+  events?: (e: TetherEvent) => void;
 }
 
 /** `next` with each condition's lastTransitionTime kept from `prev` when its status did not change. */
@@ -354,10 +358,20 @@ export class StatusController {
       this.stats.statusWrites++;
       const ready = (status.conditions as Condition[]).find((c) => c.type === 'Ready' || c.type === 'tether.dev/Ready');
       this.o.logger.info('kube: status written', { object: what, ...log, ready: ready?.status, reason: ready?.reason });
+      this.refusals(what, cur, prev, status);
     } catch (e) {
       if (statusOf(e) === 409) this.stats.conflicts++;
       else if (statusOf(e) !== 404) throw e;
     }
+  }
+
+  /** Events for the refusals and address conflicts this write records (once: against the status it replaced). */
+  private refusals(what: string, cur: Obj, prev: Obj, status: Obj): void {
+    if (!this.o.events) return;
+    const [kind, key] = [what.slice(0, what.indexOf(' ')), what.slice(what.indexOf(' ') + 1)];
+    const [a, b] = key.split('/');
+    const regarding = { apiVersion: kind === 'Service' ? 'v1' : `${GROUP}/${VERSION}`, kind, ...(b !== undefined ? { namespace: a, name: b } : { name: a }), uid: cur.metadata?.uid };
+    for (const e of refusalEvents(regarding, prev.conditions as Condition[] | undefined, status.conditions as Condition[])) this.o.events(e);
   }
 
   /** Deletes the block claims of nodes that are gone (a node deleted while holding blocks). */

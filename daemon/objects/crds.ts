@@ -240,6 +240,28 @@ const addressBlockSchema: Schema = {
   },
 };
 
+/**
+ * One per node, named after it, written by that node's tetherd only (status: conditions Ready,
+ * DatapathAttached, StoreReachable; its version; a heartbeat at most once a minute). Owned by the core
+ * Node (ownerReference), so it goes with the Node. Not configuration: never read from a config file.
+ */
+const tetherNodeSchema: Schema = {
+  type: 'object',
+  properties: {
+    apiVersion: { type: 'string' },
+    kind: { type: 'string' },
+    metadata: { type: 'object' },
+    status: {
+      type: 'object',
+      properties: {
+        conditions,
+        version: { type: 'string', maxLength: 64, description: "The node's tetherd version." },
+        lastHeartbeatTime: { type: 'string', format: 'date-time', description: 'When tetherd last wrote this status: on every change, and at least once a minute while it runs.' },
+      },
+    },
+  },
+};
+
 /** The Node facts of the file source (zone, labels); in a cluster they come from the core Node. Not a CRD. */
 export const NODE_SCHEMA: Schema = {
   type: 'object',
@@ -262,6 +284,8 @@ export interface CrdDef {
   columns: Array<{ name: string; type: string; jsonPath: string; description?: string; priority?: number }>;
   /** Has a status subresource (written by tether's controllers). */
   status: boolean;
+  /** Written by tetherd only, never configuration: a config file cannot hold one. */
+  reportOnly?: boolean;
 }
 
 // A printer column shows the first value its JSONPath finds: columns name single values (counts the leader
@@ -319,6 +343,24 @@ export const CRDS: CrdDef[] = [
       { name: 'Pool', type: 'string', jsonPath: '.spec.pool' },
       { name: 'CIDR', type: 'string', jsonPath: '.spec.cidr' },
       { name: 'Node', type: 'string', jsonPath: '.spec.node' },
+      age,
+    ],
+  },
+  {
+    kind: 'TetherNode',
+    plural: 'tethernodes',
+    singular: 'tethernode',
+    shortNames: ['tnode'],
+    scope: 'Cluster',
+    schema: tetherNodeSchema,
+    status: true,
+    reportOnly: true,
+    columns: [
+      ready("tetherd started and its reconcilers run"),
+      { name: 'Datapath', type: 'string', jsonPath: ".status.conditions[?(@.type=='DatapathAttached')].status", description: "tether's eBPF programs are attached for every pod role" },
+      { name: 'Store', type: 'string', jsonPath: ".status.conditions[?(@.type=='StoreReachable')].status", description: 'The cluster store answers' },
+      { name: 'Version', type: 'string', jsonPath: '.status.version' },
+      { name: 'Heartbeat', type: 'date', jsonPath: '.status.lastHeartbeatTime', description: 'Older than two minutes: tetherd is not running on the node', priority: 1 },
       age,
     ],
   },

@@ -84,7 +84,7 @@ interface Rule {
 
 /** Kinds with a schema, and whether their objects live in a namespace. */
 const KINDS: Record<string, { schema: Schema; namespaced: boolean; apiVersion?: string }> = {
-  ...Object.fromEntries(CRDS.map((d) => [d.kind, { schema: d.schema, namespaced: d.scope === 'Namespaced' }])),
+  ...Object.fromEntries(CRDS.filter((d) => !d.reportOnly).map((d) => [d.kind, { schema: d.schema, namespaced: d.scope === 'Namespaced' }])),
   Node: { schema: NODE_SCHEMA, namespaced: false },
   ...CORE_KINDS,
 };

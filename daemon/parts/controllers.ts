@@ -7,7 +7,7 @@ import type { EgressController } from '../egress/egress-controller';
 import type { EgressObjects } from '../egress/egress-config';
 import type { LbController } from '../lb/lb-controller';
 import { Candidacy, parseCandidates, type LeaderWork } from '../kube/controllers';
-import { StatusController } from '../kube/status-controller';
+import { StatusController, type StatusControllerOptions } from '../kube/status-controller';
 import { ServiceLabeler } from '../kube/service-labeler';
 import type { ControllersDesired, Subsystem } from './subsystem';
 
@@ -19,6 +19,8 @@ export class Controllers implements Subsystem<ControllersDesired> {
   constructor(o: {
     source: KubeSource; nodeName: string; egress?: EgressController; egressObjects: EgressObjects; lb?: LbController; candidates?: string;
     labels: Record<string, string>; logger: Logger;
+    /** Records the leader's Events (refusals, address conflicts); none when absent. */
+    events?: StatusControllerOptions['events'];
   }) {
     const { source, egress, lb, logger } = o;
     this.labels = o.labels;
@@ -37,6 +39,7 @@ export class Controllers implements Subsystem<ControllersDesired> {
       addressPools: () => new Map(source.cachedObjects('addresspools').map((o) => [String(o.metadata?.name), o])),
       egresses: () => new Map(source.cachedObjects('egresses').map((o) => [`${o.metadata?.namespace}/${o.metadata?.name}`, o])),
       healthReports: lb?.store && (() => lb.store!.healthReports()),
+      events: o.events,
     });
     let labeler: ServiceLabeler | undefined;
     const work: LeaderWork = {

@@ -10,7 +10,7 @@ import type { ConfigSource, Reconciler } from '../config/source';
 import { KubeSource } from '../config/kube-source';
 import { clusterKeyFromSecret } from '../kube/cluster-key';
 import { EgressObjects } from '../egress/egress-config';
-import { EgressController, requireClusterKey } from '../egress/egress-controller';
+import { EgressController, requireClusterKey, type EgressControllerOptions } from '../egress/egress-controller';
 import type { ResolvedEgress } from '../egress/egress-spec';
 import { OwnershipStore } from '../egress/ownership-store';
 import type { ClusterAddresses } from '../../ipam/cluster-addresses';
@@ -74,7 +74,10 @@ export async function planEgress(opts: Options, source: ConfigSource, config: Co
 export async function createEgress(
   opts: Options,
   plan: EgressPlan,
-  o: { nodeName: string; config: ConfigObjects; fouPort: number; syncPort: number; maxFlows: number; addresses: ClusterAddresses; attach: AttachService; logger: Logger },
+  o: {
+    nodeName: string; config: ConfigObjects; fouPort: number; syncPort: number; maxFlows: number; addresses: ClusterAddresses; attach: AttachService; logger: Logger;
+    onOwnershipChanged?: EgressControllerOptions['onOwnershipChanged'];
+  },
   onOwnershipStarted: (close: () => Promise<void>) => void,
 ): Promise<EgressController> {
   let ownership: OwnershipStore;
@@ -102,6 +105,7 @@ export async function createEgress(
     attach: o.attach,
     logger: o.logger,
     conntrackSync: !opts['no-conntrack-sync'],
+    onOwnershipChanged: o.onOwnershipChanged,
   });
 }
 

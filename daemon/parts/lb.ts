@@ -6,7 +6,7 @@ import { StartError } from '../lifecycle';
 import type { ConfigObjects } from '../config/objects';
 import type { Reconciler } from '../config/source';
 import { LbController } from '../lb/lb-controller';
-import { HealthController, REPORT_TTL_MS } from '../health/health-controller';
+import { HealthController, REPORT_TTL_MS, type HealthControllerOptions } from '../health/health-controller';
 import { MappingStore } from '../lb/mapping-store';
 import { isTetherService, resolveLoadBalancers } from '../lb/lb-spec';
 import type { ClusterAddresses } from '../../ipam/cluster-addresses';
@@ -88,7 +88,7 @@ export class Health implements Subsystem<HealthDesired> {
   private eligible: boolean;
   readonly checks: HealthController;
 
-  constructor(opts: Options, o: { lb: LbController; nodeName: string; eligible: boolean; logger: Logger }) {
+  constructor(opts: Options, o: { lb: LbController; nodeName: string; eligible: boolean; logger: Logger; onFlip?: HealthControllerOptions['onFlip'] }) {
     this.eligible = o.eligible;
     this.checks = createHealth(opts, { ...o, eligible: () => this.eligible });
   }
@@ -111,13 +111,13 @@ export class Health implements Subsystem<HealthDesired> {
 }
 
 /** Health checks for the load balancer's Services with Local policy, and the node's health port. */
-export function createHealth(opts: Options, o: { lb: LbController; nodeName: string; eligible: () => boolean; logger: Logger }): HealthController {
+export function createHealth(opts: Options, o: { lb: LbController; nodeName: string; eligible: () => boolean; logger: Logger; onFlip?: HealthControllerOptions['onFlip'] }): HealthController {
   const raw = opts['health-port'];
   const port = Number(raw);
   if (!/^[0-9]+$/.test(raw) || port > 65535) throw new StartError(2, `--health-port: ${JSON.stringify(raw)} is not a port (0 turns it off)`);
   const store = o.lb.store;
   return new HealthController({
     node: o.nodeName, port, services: () => o.lb.current(), programming: () => o.lb.programming(), eligible: o.eligible, logger: o.logger,
-    report: store && ((r) => store.reportHealth(o.nodeName, r, REPORT_TTL_MS)),
+    report: store && ((r) => store.reportHealth(o.nodeName, r, REPORT_TTL_MS)), onFlip: o.onFlip,
   });
 }

@@ -34,6 +34,8 @@ export const RESOURCES: Resource[] = [
   { group: 'tether.dev', version: 'v1alpha1', plural: 'egresses', kind: 'Egress', namespaced: true, status: true },
   { group: 'tether.dev', version: 'v1alpha1', plural: 'addressblocks', kind: 'AddressBlock', namespaced: false, status: false },
   { group: 'coordination.k8s.io', version: 'v1', plural: 'leases', kind: 'Lease', namespaced: true, status: false },
+  { group: 'events.k8s.io', version: 'v1', plural: 'events', kind: 'Event', namespaced: true, status: false },
+  { group: 'tether.dev', version: 'v1alpha1', plural: 'tethernodes', kind: 'TetherNode', namespaced: false, status: true },
 ];
 
 interface Event {

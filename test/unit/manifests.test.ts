@@ -51,7 +51,7 @@ test('a bad manifest fails the same validation (the check can fail)', () => {
 test('the install holds the CRDs exactly as generated, the DaemonSet as promised, least-privilege RBAC', () => {
   const objs = build('install');
   const crds = objs.filter((o) => o.kind === 'CustomResourceDefinition');
-  assert.equal(crds.map((c) => c.metadata.name).sort(), ['addressblocks.tether.dev', 'addresspools.tether.dev', 'egresses.tether.dev']);
+  assert.equal(crds.map((c) => c.metadata.name).sort(), ['addressblocks.tether.dev', 'addresspools.tether.dev', 'egresses.tether.dev', 'tethernodes.tether.dev']);
   const gen = [...generatedCrds().entries()].filter(([f]) => f !== 'kustomization.yaml').map(([, t]) => parseAllDocuments(t)[0].toJS() as Obj);
   for (const g of gen) assert.equal(crds.find((c) => c.metadata.name === g.metadata.name), g);
 
@@ -102,6 +102,11 @@ test('the install holds the CRDs exactly as generated, the DaemonSet as promised
     }
   }
   const cluster = objs.find((o) => o.kind === 'ClusterRole')!;
+  const may = (group: string, resource: string, verb: string) => cluster.rules.some((rule: Obj) => rule.apiGroups.includes(group) && rule.resources.includes(resource) && rule.verbs.includes(verb));
+  for (const verb of ['create', 'patch']) assert.ok(may('events.k8s.io', 'events', verb), `events: ${verb} (Events, their series)`);
+  for (const verb of ['get', 'create', 'update']) assert.ok(may('tether.dev', 'tethernodes', verb), `tethernodes: ${verb}`);
+  assert.ok(may('tether.dev', 'tethernodes/status', 'update'), 'tethernodes/status: update');
+  assert.not.ok(may('tether.dev', 'tethernodes', 'delete') || may('tether.dev', 'tethernodes', 'list'), 'a node neither lists nor deletes TetherNodes');
   assert.not.ok(cluster.rules.some((rule: Obj) => rule.resources.includes('secrets')), 'no cluster-wide access to Secrets');
   assert.not.ok(cluster.rules.some((rule: Obj) => rule.resources.some((x: string) => ['addresspools', 'egresses'].includes(x)) && rule.verbs.some((v: string) => ['update', 'patch', 'create', 'delete'].includes(v))), 'the spec of AddressPools and Egresses is read-only to tetherd');
 });

@@ -1,0 +1,76 @@
+// The Kubernetes Events tetherd writes, in one place (their reasons are part of what users see and filter on):
+//   Egress      Normal  Assigned         a floating address got its first owner          (the deciding node)
+//   Egress      Warning Takeover         an owner was down: another gateway took over     (the deciding node)
+//   Egress      Normal  Handover         a planned move (gateway pod deleted, tetherd stopping)
+//   Service     Warning HealthCheckFailing  this node's health check answer flipped to 503 (each node, its own)
+//   Service     Normal  HealthCheckPassing  … and back to 200
+//   AddressPool, Egress, Service
+//               Warning Refused          refused as invalid (the leader only, on the status change)
+//               Warning AddressConflict  an overlapping pool, or an address held by another owner (the leader)
+//               Normal  Accepted         valid again after a refusal or conflict (the leader)
+import type { OwnershipChange } from '../egress/egress-context';
+import type { Condition } from './status-controller';
+import type { EventObject, TetherEvent } from './event-recorder';
+import { GROUP, VERSION } from '../objects/crds';
+
+const CR_API = `${GROUP}/${VERSION}`;
+
+/** The Event of an ownership change of an Egress's floating address. */
+export function ownershipEvent(c: OwnershipChange): TetherEvent {
+  const [namespace, name] = c.egress.split('/');
+  const regarding: EventObject = { apiVersion: CR_API, kind: 'Egress', namespace, name };
+  const to = `${c.to.pod}${c.to.node ? ` on node ${c.to.node}` : ''}`;
+  if (!c.from) return { regarding, type: 'Normal', reason: 'Assigned', action: 'Assign', note: `address ${c.address} assigned to ${to} (${c.cause})` };
+  const from = `${c.from.pod}${c.from.node ? ` on node ${c.from.node}` : ''}`;
+  // The epoch is left out of the note: the same move repeated (a gateway flapping) is one Event's series.
+  if (c.cause.startsWith('failover')) return { regarding, type: 'Warning', reason: 'Takeover', action: 'Failover', note: `address ${c.address} taken over from ${from} by ${to}: ${c.cause}` };
+  return { regarding, type: 'Normal', reason: 'Handover', action: 'Handover', note: `address ${c.address} handed over from ${from} to ${to}: ${c.cause}` };
+}
+
+/** A Service's health-check answer on `node` flipping between 200 and 503. */
+export function healthFlipEvent(f: { service: string; port: number; status: number; was: number; localEndpoints: number }, node: string): TetherEvent {
+  const [namespace, name] = f.service.split('/');
+  const regarding: EventObject = { apiVersion: 'v1', kind: 'Service', namespace, name };
+  if (f.status === 200) return { regarding, type: 'Normal', reason: 'HealthCheckPassing', action: 'HealthCheck', note: `node ${node} answers 200 on health-check port ${f.port} (was ${f.was})` };
+  const why = f.localEndpoints > 0 ? 'tether\'s programming on this node is stale' : 'no ready local endpoint';
+  return { regarding, type: 'Warning', reason: 'HealthCheckFailing', action: 'HealthCheck', note: `node ${node} answers ${f.status} on health-check port ${f.port} (was ${f.was}): ${why}` };
+}
+
+/**
+ * The message of an address conflict: another owner holds the address (ipam/cluster-addresses.ts's
+ * AddressConflict error, as the load balancer and the egress controller report it).
+ */
+export function isAddressConflict(message: string): boolean {
+  return /\bis held by \S+; .* cannot (have|re-assert) it\b/.test(message);
+}
+
+/** Conditions whose turn to False is a refusal or an address conflict. */
+const WATCHED = new Set(['Ready', 'tether.dev/Ready', 'AddressesComplete']);
+
+function refusal(c: Pick<Condition, 'status' | 'reason' | 'message'>): 'Refused' | 'AddressConflict' | undefined {
+  if (c.status !== 'False') return undefined;
+  if (c.reason === 'Invalid') return 'Refused';
+  if (c.reason === 'Overlaps' || isAddressConflict(c.message)) return 'AddressConflict';
+  return undefined;
+}
+
+/**
+ * The Events of a status change the leader wrote on `regarding`: a condition that turned into a refusal
+ * or an address conflict (or changed its message while one), and one that is fine again after one.
+ * Computed against the status as it was persisted, so a new leader does not repeat what the last wrote.
+ */
+export function refusalEvents(regarding: EventObject, prev: Condition[] | undefined, next: Condition[]): TetherEvent[] {
+  const out: TetherEvent[] = [];
+  for (const c of next) {
+    if (!WATCHED.has(c.type)) continue;
+    const old = prev?.find((p) => p.type === c.type);
+    if (old && old.status === c.status && old.reason === c.reason && old.message === c.message) continue;
+    const now = refusal(c);
+    if (now) {
+      out.push({ regarding, type: 'Warning', reason: now, action: now === 'Refused' ? 'Validate' : 'AllocateAddress', note: `${regarding.kind} ${now === 'Refused' ? 'refused' : 'address conflict'}: ${c.message}` });
+    } else if (old && refusal(old) && c.status === 'True') {
+      out.push({ regarding, type: 'Normal', reason: 'Accepted', action: 'Validate', note: `${regarding.kind} accepted: ${c.message}` });
+    }
+  }
+  return out;
+}
