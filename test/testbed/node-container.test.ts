@@ -42,7 +42,7 @@ function hostDirs(dirs: Record<string, string>) {
 
 /** The manifest's tetherd flags without those that need a cluster (service account, Secret, node address). */
 function standaloneArgv(c: ContainerSpec, node: string): string[] {
-  const drop = ['--kubernetes', '--cluster-key-secret', '--node-name', '--node-address'];
+  const drop = ['--kubernetes', '--cluster-key-secret', '--redis-password-secret', '--node-name', '--node-address'];
   return [...c.command.filter((a) => !drop.includes(a.split('=')[0])), `--node-name=${node}`];
 }
 

@@ -36,7 +36,7 @@ export interface TetherdOptions {
 }
 
 /** Flags of the manifest's command that need a cluster (its service account, Secrets): the testbed gives its own. */
-const CLUSTER_ONLY_FLAGS = ['--kubernetes', '--cluster-key-secret', '--node-name', '--node-address', '--cni-net-dir'];
+const CLUSTER_ONLY_FLAGS = ['--kubernetes', '--cluster-key-secret', '--redis-password-secret', '--node-name', '--node-address', '--cni-net-dir'];
 
 export interface ExitStatus {
   code: number | null;
