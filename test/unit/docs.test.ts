@@ -300,6 +300,9 @@ function checkKubectl(args: string[], pagePools: Obj[]): void {
     case 'describe':
       if (!rest.length || !LISTABLE.has(rest[0].split('/')[0])) throw new Error(`kubectl ${verb} ${rest[0] ?? ''}: not a resource tether has or uses`);
       return;
+    case 'events':
+      if (v.for !== undefined && !LISTABLE.has(v.for.split('/')[0])) throw new Error(`kubectl events --for ${v.for}: not a resource tether has or uses`);
+      return;
     case 'rollout':
       if (!['restart', 'status'].includes(rest[0])) throw new Error(`kubectl rollout ${rest[0]}: not checked here`);
       target(rest[1], ns);
@@ -493,6 +496,7 @@ spec:
   bad('sh', 'kubectl -n tether-system delete daemonset tetherdd', /no DaemonSet tether-system\/tetherdd/);
   bad('sh', 'kubectl -n tether-system exec ds/tetherd -c tetherd -- tetherctl statsu', /not a command/);
   bad('sh', 'kubectl -n tether-system logs ds/tetherd -c nope', /no container nope/);
+  bad('sh', 'kubectl -n shop events --for egres/out', /not a resource/);
   bad('sh', 'bash test/nowhere.sh', /no such file/);
   bad('sh', 'npm run nowhere', /no script nowhere/);
   bad('sh', 'curl http://example.com', /no check for this program/);
