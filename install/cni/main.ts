@@ -226,6 +226,19 @@ function parse(argv: string[]) {
   });
 }
 
+const COMMANDS = ['install', 'watch', 'uninstall', 'clean-node', 'hold', 'ready', 'sleep'];
+
+/**
+ * The command line checked as main() checks it before doing anything (options, command, runtime), without
+ * running it: throws naming what is wrong. The docs test checks every tether-install example with it.
+ */
+export function checkCommandLine(argv: string[]): void {
+  const { values: v, positionals } = parse(argv);
+  if (v.help) return;
+  if (!COMMANDS.includes(positionals[0])) throw new Error(`${JSON.stringify(positionals[0] ?? '')} is not a command (${COMMANDS.join(', ')})`);
+  runtimeFrom(v.runtime as string);
+}
+
 function entryFrom(file: string | undefined): Record<string, unknown> | undefined {
   if (!file) return undefined;
   const json = JSON.parse(fs.readFileSync(file, 'utf8')) as unknown;

@@ -589,7 +589,7 @@ function table(r: { machine: Record<string, unknown>; summary: Record<string, an
   const maxC = Math.max(...ok.map((x) => x.store.commandsPerSecPerNode));
   const maxB = Math.max(...ok.map((x) => x.store.replyBytesPerSecPerNode));
   const bar = (v: number, max: number) => '#'.repeat(Math.max(1, Math.round((v / max) * 40)));
-  lines.push('', 'Growth curve (per node, steady state; bars scaled to the largest value):', '', '```');
+  lines.push('', 'Growth curve (per node, steady state; bars scaled to the largest value):', '', '```text');
   for (const x of ok) lines.push(`N=${String(x.nodes).padEnd(5)} cmds/s ${fmt(x.store.commandsPerSecPerNode).padStart(7)} ${bar(x.store.commandsPerSecPerNode, maxC)}`);
   for (const x of ok) lines.push(`N=${String(x.nodes).padEnd(5)} B/s    ${fmt(x.store.replyBytesPerSecPerNode).padStart(7)} ${bar(x.store.replyBytesPerSecPerNode, maxB)}`);
   lines.push('```');
