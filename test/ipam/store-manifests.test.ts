@@ -193,6 +193,30 @@ test('install/ → install/ha: the store URL is a generated ConfigMap, so the Da
   assert.ok(args(one).includes('--redis-password-secret=tether-redis-auth') && args(ha).includes('--redis-password-secret=tether-redis-auth'));
   for (const objs of [one, ha]) assert.ok(objs.some((o) => o.kind === 'NetworkPolicy' && o.metadata.name === 'tether-store'));
   assert.ok(ha.some((o) => o.kind === 'PodDisruptionBudget' && o.spec.maxUnavailable === 1), 'a drain takes one of the three Sentinel pods at a time');
+
+  // docs/install.md's steps: applying install/ha, then its delete commands remove exactly what is left.
+  const doc = fs.readFileSync(path.join(root, 'docs/install.md'), 'utf8');
+  const section = doc.slice(doc.indexOf('### From a single Redis to Sentinel'));
+  const steps = section.slice(0, section.indexOf('\n## ') >= 0 ? section.indexOf('\n## ') : undefined).split('\n').filter((l) => /^\s*kubectl /.test(l)).map((l) => l.trim());
+  assert.ok(steps.includes('kubectl apply -k install/ha'), steps.join('\n'));
+  const KIND: Record<string, string> = { deployment: 'Deployment', service: 'Service', configmap: 'ConfigMap' };
+  const deleted = new Set<string>();
+  for (const l of steps.filter((x) => / delete /.test(x))) {
+    const words = l.split(/\s+/);
+    const ns = words[words.indexOf('-n') + 1];
+    const sel = words.indexOf('-l');
+    if (sel >= 0) {
+      const [k, v] = words[sel + 1].split('=');
+      const kind = KIND[words[words.indexOf('delete') + 1]];
+      for (const o of one) if (o.kind === kind && o.metadata.namespace === ns && o.metadata.labels?.[k] === v) deleted.add(key(o));
+    } else {
+      for (const ref of words.slice(words.indexOf('delete') + 1).filter((w) => w.includes('/'))) {
+        const [res, name] = ref.split('/');
+        deleted.add(`${KIND[res]}/${ns}/${name}`);
+      }
+    }
+  }
+  assert.equal([...deleted].sort(), left, 'the documented deletes remove exactly what install/ha leaves behind');
 });
 
 test.run();

@@ -293,8 +293,17 @@ function checkKubectl(args: string[], pagePools: Obj[]): void {
         }
         return;
       }
-      if (verb === 'delete' && rest.length === 2) return void manifestObject(KINDS_BY_RESOURCE[rest[0]] ?? '?', ns, rest[1]);
-      if (verb === 'delete' && rest.length === 1) return void target(rest[0], ns);
+      if (verb === 'delete' && v.selector !== undefined) {
+        // RESOURCE -l key=value: must select at least one object of the install's manifests.
+        const kind = KINDS_BY_RESOURCE[rest[0] ?? ''];
+        if (rest.length !== 1 || !kind) throw new Error(`kubectl delete -l: give one RESOURCE of a kind the install has`);
+        const [key, value] = v.selector.split('=');
+        const hit = ['install', 'install/ha', 'install/uninstall'].some((dir) => kustomize(dir).some((x) => x.kind === kind && (ns === undefined || x.metadata?.namespace === ns) && x.metadata?.labels?.[key] === value));
+        if (!hit) throw new Error(`kubectl delete ${rest[0]} -l ${v.selector}: selects no object of the install`);
+        return;
+      }
+      if (verb === 'delete' && rest.length === 2 && !rest[0].includes('/')) return void manifestObject(KINDS_BY_RESOURCE[rest[0]] ?? '?', ns, rest[1]);
+      if (verb === 'delete' && rest.length >= 1 && rest.every((r) => r.includes('/'))) return void rest.forEach((r) => target(r, ns));
       throw new Error(`kubectl ${verb}: give -k DIR, -f FILE or an object of the install`);
     case 'get':
     case 'describe':
