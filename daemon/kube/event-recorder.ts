@@ -6,6 +6,7 @@
 // waits and never throws: it only queues (a bounded queue; a full one drops), and one worker sends the
 // queue in order. API errors are logged (the first of a run at warn, the rest at debug) and never thrown:
 // Events are informative, and an Event flood during a takeover storm must not slow the egress path.
+import { microTime } from './micro-time';
 import { randomBytes } from 'node:crypto';
 import * as k8s from '@kubernetes/client-node';
 import type { Logger } from '../log';
@@ -105,10 +106,6 @@ export interface EventRecorderStats {
   queued: number;
 }
 
-/** An Event time as MicroTime: RFC 3339 with exactly six fractional digits (the API refuses three). */
-export function microTime(ms: number): string {
-  return new Date(ms).toISOString().replace(/\.(\d{3})Z$/, '.$1000Z');
-}
 
 const statusOf = (e: unknown) => (e as { code?: number }).code ?? (e as { statusCode?: number }).statusCode;
 
@@ -369,3 +366,5 @@ function cut(note: string): string {
 function eventName(objectName: string, ms: number): string {
   return `${objectName.slice(0, 200)}.${ms.toString(16)}${randomBytes(4).toString('hex')}`;
 }
+
+export { microTime };

@@ -6,6 +6,7 @@
 // Retries are jittered (candidates that started together do not hit the Lease together), and a candidate
 // whose attempts fail backs off exponentially, never past the lease duration, so a lost leader is still
 // replaced within about one lease duration.
+import { microTime } from './micro-time';
 import { EventEmitter } from 'node:events';
 import * as k8s from '@kubernetes/client-node';
 import type { Logger } from '../log';
@@ -119,8 +120,8 @@ export class LeaderElection extends EventEmitter {
         spec: {
           holderIdentity: this.o.identity,
           leaseDurationSeconds: this.durationS,
-          acquireTime: mine ? spec.acquireTime : now.toISOString(),
-          renewTime: now.toISOString(),
+          acquireTime: mine ? spec.acquireTime : microTime(now.getTime()),
+          renewTime: microTime(now.getTime()),
           leaseTransitions: (spec.leaseTransitions ?? 0) + (mine || !cur ? 0 : 1),
         },
       } as unknown as k8s.V1Lease;

@@ -55,7 +55,10 @@ test('one leader; a stopped leader releases the Lease and the other takes over w
     await first.stop();
     await until('the other takes over', () => second.isLeader(), 2000);
     assert.ok(Date.now() - t0 < 1500, `took over in ${Date.now() - t0} ms (the lease lasts 3 s)`);
-    assert.is(api.get('Lease', 'tether-controllers', 'tether-system')?.spec.holderIdentity, second === a ? 'n1' : 'n2');
+    const lease = api.get('Lease', 'tether-controllers', 'tether-system');
+    assert.is(lease?.spec.holderIdentity, second === a ? 'n1' : 'n2');
+    // MicroTime fields: the API server parses exactly six fractional digits (Go's RFC3339Micro), refusing three.
+    for (const f of ['acquireTime', 'renewTime']) assert.match(String(lease?.spec[f]), /^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z$/, `${f}: ${lease?.spec[f]}`);
   } finally {
     await a.stop();
     await b.stop();
