@@ -12,7 +12,7 @@ import { feedResolved, type Reconciler } from './config/source';
 import { KubeSource } from './config/kube-source';
 import { EgressObjects } from './egress/egress-config';
 import { parseCandidates } from './kube/controllers';
-import { checkRedisOption, flowsOption, nodeNameOf, parseOptions, portOption, USAGE, type Options } from './options';
+import { checkRedisOption, flowsOption, metricsAddressOption, nodeNameOf, parseOptions, portOption, USAGE, type Options } from './options';
 import { CurrentConfig, startSource } from './parts/source';
 import { openPodState, startIpam, startStore, withStorePassword } from './parts/ipam';
 import { startDeleteQueue } from './pod/delete-queue';
@@ -21,6 +21,8 @@ import { apiServer, startProbes } from './parts/api';
 import { ensureBpffs, setBpffsMode } from './bpf/bpffs';
 import { createLb, Health, LoadBalancer } from './parts/lb';
 import { Controllers } from './parts/controllers';
+import { startMetrics } from './parts/metrics';
+import { TetherMetrics } from './metrics/tether-metrics';
 import { fed, resolveDesired, type DesiredState, type Subsystem } from './parts/subsystem';
 import { VERSION } from '../cni/about';
 import { observeSubsystems, startReporting } from './parts/kube-reporting';
@@ -77,6 +79,7 @@ async function start(opts: Options, nodeName: string, logger: Logger, life: Life
   const fouPort = portOption('fou-port', opts['fou-port']);
   const syncPort = portOption('sync-port', opts['sync-port']);
   const maxFlows = flowsOption(opts['egress-flows']);
+  const metricsAddress = metricsAddressOption(opts['metrics-bind-address']);
   checkRedisOption(opts);
   opts = await withStorePassword(opts, source, logger);
   const egressObjects = new EgressObjects(logger);
@@ -107,11 +110,20 @@ async function start(opts: Options, nodeName: string, logger: Logger, life: Life
   const loopLag = new LoopLag();
   life.started('event loop monitor', () => loopLag.stop());
 
+  // Prometheus metrics: served while the rest starts (a port in use is retried, not fatal); CNI requests counted from the first.
+  let health: Health | undefined;
+  const metrics = new TetherMetrics(logger);
+  const metricsServer = await startMetrics(
+    { address: metricsAddress, metrics, parts: { ipam, egress: egress.controller, lb: lb.controller, health: () => health?.checks, store }, logger },
+    (close) => life.started('metrics', close),
+  );
+
   // In status order; the health checks join once they start.
-  const subsystems: Array<Subsystem<never>> = [ipam, egress, lb, ...(reporting ? [reporting] : [])];
+  const subsystems: Array<Subsystem<never>> = [ipam, egress, lb, metricsServer, ...(reporting ? [reporting] : [])];
   const server = apiServer({
     socket: opts.socket, nodeName, stateDir, bpfPinDir: opts['bpf-pin-dir'], current, podStore, attach, ipam, subsystems, loopLag, logger,
     kubernetes: source instanceof KubeSource ? () => ({ problems: source.problems(), resources: source.stats() }) : undefined,
+    cniAnswered: (plugin, command, seconds, code) => metrics.cniAnswered(plugin, command, seconds, code),
   });
   // Egress stops after the socket (a CNI ADD under way still finds its roles), and also when its own start
   // fails half-way, so whatever it set up is undone.
@@ -133,7 +145,6 @@ async function start(opts: Options, nodeName: string, logger: Logger, life: Life
     }
   }
   const desired = resolve(config);
-  let health: Health | undefined;
   if (lb.controller) {
     try {
       await lb.apply(desired.lb);

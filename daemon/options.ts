@@ -38,6 +38,8 @@ export const USAGE = `usage: tetherd [--node-name NAME] [--socket PATH] [--state
   --health-port N         the node's /healthz and /livez, kube-proxy's contract (default 10266; 0: off); Services
                           with externalTrafficPolicy Local answer on their healthCheckNodePort
   --probe-port N          kubelet's probes on 127.0.0.1: /livez, /readyz (default 0: off; the DaemonSet uses 10267)
+  --metrics-bind-address IP:PORT  Prometheus metrics on http://IP:PORT/metrics (default 127.0.0.1:10268, this
+                          node only; 0.0.0.0:10268 or [::]:10268 for the node's addresses; empty or port 0: off)
   --cni-net-dir DIR       the runtime's CNI configuration directory: /readyz is 503 while it does not chain tether
   --cni-runtime NAME      containerd (default) or crio: whose rules decide which file of --cni-net-dir is loaded
   --bpffs MODE            mount: mount a bpffs at /sys/fs/bpf when there is none (default); host: the host's
@@ -69,6 +71,7 @@ export type Options = {
   'lb-max-mappings': string;
   'health-port': string;
   'probe-port': string;
+  'metrics-bind-address': string;
   'cni-net-dir'?: string;
   'cni-runtime': string;
   bpffs: string;
@@ -106,6 +109,7 @@ export function parseOptions(argv: string[]): Options {
       'lb-max-mappings': { type: 'string', default: '262144' },
       'health-port': { type: 'string', default: '10266' },
       'probe-port': { type: 'string', default: '0' },
+      'metrics-bind-address': { type: 'string', default: DEFAULT_METRICS_ADDRESS },
       'cni-net-dir': { type: 'string' },
       'cni-runtime': { type: 'string', default: 'containerd' },
       bpffs: { type: 'string', default: 'mount' },
@@ -137,6 +141,24 @@ export function requireLocalAddress(addr: string): void {
   if (!isIP(addr)) throw new StartError(2, `--node-address: ${JSON.stringify(addr)} is not an IP address`);
   const local = Object.values(os.networkInterfaces()).flatMap((l) => (l ?? []).map((a) => a.address));
   if (!local.includes(addr)) throw new StartError(2, `--node-address: ${addr} is not an address of any local interface (have: ${local.join(', ') || 'none'})`);
+}
+
+/** tetherd's metrics: on this node only, next to the probes' 10267 (kube-proxy's are on 127.0.0.1:10249). */
+export const DEFAULT_METRICS_ADDRESS = '127.0.0.1:10268';
+
+/**
+ * --metrics-bind-address, as kube-proxy's: IP:PORT, an IPv6 address in brackets ([::]:10268). Empty or
+ * port 0 turns the metrics off (undefined).
+ */
+export function metricsAddressOption(raw: string): { host: string; port: number } | undefined {
+  if (raw === '') return undefined;
+  const m = /^(?:\[([^\]]+)\]|([^:[\]]+)):([0-9]{1,5})$/.exec(raw);
+  const host = m?.[1] ?? m?.[2];
+  const port = Number(m?.[3]);
+  if (!m || !host || isIP(host) !== (m[1] !== undefined ? 6 : 4) || port > 65535) {
+    throw new StartError(2, `--metrics-bind-address: ${JSON.stringify(raw)} is not IP:PORT (e.g. 127.0.0.1:10268, 0.0.0.0:10268 or [::]:10268; empty or port 0 turns metrics off)`);
+  }
+  return port === 0 ? undefined : { host, port };
 }
 
 /** --redis must be a store URL we understand (checked before anything starts). */

@@ -205,6 +205,11 @@ export class ClusterAddresses {
     return this.resolve(poolName).store.listAddresses(poolName);
   }
 
+  /** Each pool's capacity (poolCapacity), from the configuration alone. */
+  capacities(): Array<{ pool: string; capacity: number }> {
+    return [...this.pools.values()].map((p) => ({ pool: p.name, capacity: poolCapacity(p) }));
+  }
+
   async usage(): Promise<Array<Record<string, unknown>>> {
     const out: Array<Record<string, unknown>> = [];
     for (const p of this.pools.values()) {
@@ -214,7 +219,7 @@ export class ClusterAddresses {
       } catch {
         // reported as unknown: status must answer even when Redis is down
       }
-      out.push({ pool: p.name, usage: p.usage, families: p.families.map((f) => ({ family: f.family, cidr: f.cidr })), allocated });
+      out.push({ pool: p.name, usage: p.usage, families: p.families.map((f) => ({ family: f.family, cidr: f.cidr })), allocated, capacity: poolCapacity(p) });
     }
     return out;
   }
@@ -241,6 +246,35 @@ export class ClusterAddresses {
     if (!allowReserved && fam.reserved.some(([lo, hi]) => ip.value >= lo && ip.value <= hi)) throw bad(`${field}: ${a} is reserved in pool "${pool.name}"`);
     return formatIp(ip.family, ip.value);
   }
+}
+
+/** How many addresses a cluster-wide pool can hand out, over its families. */
+export function poolCapacity(p: ResolvedPool): number {
+  return Number(p.families.reduce((n, f) => n + familyCapacity(f), 0n));
+}
+
+/**
+ * How many addresses of one family a cluster-wide pool can hand out: its subnet less the reserved ranges and
+ * an IPv4 subnet's network and broadcast addresses (what freeCandidates skips).
+ */
+export function familyCapacity(fam: ResolvedFamily): bigint {
+  const size = sizeOf(fam.family, fam.prefix);
+  const first = fam.base;
+  const last = fam.base + size - 1n;
+  const excluded: Array<[bigint, bigint]> = fam.reserved
+    .map(([lo, hi]): [bigint, bigint] => [lo < first ? first : lo, hi > last ? last : hi])
+    .filter(([lo, hi]) => lo <= hi);
+  if (fam.family === 4 && fam.prefix <= 30) excluded.push([first, first], [last, last]);
+  excluded.sort((a, b) => (a[0] < b[0] ? -1 : a[0] > b[0] ? 1 : 0));
+  let out = size;
+  let covered = first - 1n; // excluded ranges may overlap: each address is taken off once
+  for (const [lo, hi] of excluded) {
+    const from = lo > covered ? lo : covered + 1n;
+    if (hi < from) continue;
+    out -= hi - from + 1n;
+    covered = hi;
+  }
+  return out;
 }
 
 /** Free addresses in pool order, skipping reserved ones and an IPv4 subnet's network and broadcast addresses. */

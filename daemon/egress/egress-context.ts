@@ -94,6 +94,8 @@ export interface AddressState {
   /** The store holds `own` (this node decided or learned it there). */
   recorded: boolean;
   lastTakeover?: { at: string; cause: string; ms: number; epoch: number; from: string; to: string; decidedBy: string };
+  /** Ownership changes of the address this node decided, by kind of cause (takeoverCause): status and metrics. */
+  takeovers?: Partial<Record<TakeoverCause, number>>;
   /** Clients re-steer when the new owner confirms (or at this timer): see adopt(). */
   steerTimer?: NodeJS.Timeout;
 }
@@ -132,6 +134,15 @@ export const CONFIRM_WAIT_MS = 150;
  * still sent to it is lost.)
  */
 export const draining = (cause: string) => `${cause} (old gateway draining)`;
+/** The kinds of ownership change, for counting: a cause's text names pods and nodes, its kind does not. */
+export type TakeoverCause = 'initial' | 'failover' | 'handover';
+/** The kind of a change this node decided: a claim is the first placement or a failover, anything handed on a handover. */
+export const takeoverCause = (cause: string, handedOver: boolean): TakeoverCause => (handedOver ? 'handover' : cause === 'initial' ? 'initial' : 'failover');
+/** One more change of `st` decided here, of this kind. */
+export function countTakeover(st: AddressState, kind: TakeoverCause): void {
+  const t = (st.takeovers ??= {});
+  t[kind] = (t[kind] ?? 0) + 1;
+}
 export const isDraining = (cause: string | undefined) => !!cause?.endsWith(' (old gateway draining)');
 export const TICK_MS = 250;
 /** The candidate set of an Egress must be unchanged this long before its addresses are first placed. */

@@ -317,8 +317,12 @@ export class EgressController {
     return [...this.s.addresses.values()].map((st) => ({ egress: st.egress.key, address: st.address, ownerNode: st.own.ownerNode ?? '' }));
   }
 
-  status(): Array<Record<string, unknown>> {
-    this.s.observedUntil = Date.now() + OBSERVED_MS;
+  /**
+   * `observe: false` (metrics scrapes): this node's view only; the store passes are not asked to read the
+   * cluster-wide use (clusterFlows, clusterBytes) on its account.
+   */
+  status(o: { observe?: boolean } = {}): Array<Record<string, unknown>> {
+    if (o.observe !== false) this.s.observedUntil = Date.now() + OBSERVED_MS;
     let counters = new Map<string, { flows: bigint; packets: bigint; bytes: bigint }>();
     try {
       counters = this.s.maps?.addressStats() ?? counters;
@@ -352,6 +356,7 @@ export class EgressController {
           })
         : this.s.receiver?.stats().peers.filter((p) => p.stream === streamOf(st)).map((p) => ({ from: p.id, entriesApplied: p.entriesApplied, resyncs: p.resyncs })),
       lastTakeover: st.lastTakeover,
+      takeovers: { ...st.takeovers },
     }));
   }
 

@@ -4,7 +4,7 @@ import { decide, handoverTarget, orderCandidates, placeAddresses, scoreOf, super
 import { type ResolvedEgress } from './egress-spec';
 import { type OwnershipNotice } from './ownership-notice';
 import { UnreadableRecordError, type GatewayInfo, type Ownership } from './ownership-store';
-import { EgressContext, streamOf, isDraining, type AddressState, type LocalGateway, CONFIRM_WAIT_MS, INITIAL_SETTLE_MS, NOTICE_REPEAT_MS, TICK_MS } from './egress-context';
+import { EgressContext, streamOf, isDraining, countTakeover, takeoverCause, type AddressState, type LocalGateway, CONFIRM_WAIT_MS, INITIAL_SETTLE_MS, NOTICE_REPEAT_MS, TICK_MS } from './egress-context';
 import { ReconcileLoop } from '../util/reconcile-loop';
 
 export class Election {
@@ -180,6 +180,7 @@ export class Election {
     st.inSync = new Set();
     await this.become(st, gw, cause);
     st.lastTakeover = { at: new Date().toISOString(), cause, ms: Date.now() - t0, epoch: st.own.epoch, from, to: pod, decidedBy: this.s.o.node.name };
+    countTakeover(st, takeoverCause(cause, false));
     this.s.o.logger.info('egress: ownership changed', { egress: st.egress.key, address: st.address, from, to: pod, epoch: st.own.epoch, cause, decidedBy: this.s.o.node.name, ms: Date.now() - t0 });
     this.s.ownershipChanged({ egress: st.egress.key, address: st.address, ...(from ? { from: { pod: from, node: fromNode } } : {}), to: { pod, node: this.s.o.node.name }, cause, epoch: st.own.epoch, decidedBy: this.s.o.node.name });
     this.s.roles.updateClients(st);
@@ -202,6 +203,7 @@ export class Election {
     st.inSync = new Set();
     this.broadcast(st);
     st.lastTakeover = { at: new Date().toISOString(), cause, ms: 0, epoch: st.own.epoch, from, to: next.pod, decidedBy: this.s.o.node.name };
+    countTakeover(st, takeoverCause(cause, true));
     this.s.o.logger.info('egress: ownership changed', { egress: st.egress.key, address: st.address, from, to: next.pod, epoch: st.own.epoch, cause, decidedBy: this.s.o.node.name });
     this.s.ownershipChanged({ egress: st.egress.key, address: st.address, ...(from ? { from: { pod: from, node: fromNode } } : {}), to: { pod: next.pod, node: next.node }, cause, epoch: st.own.epoch, decidedBy: this.s.o.node.name });
     const local = this.s.gateways.get(next.pod);

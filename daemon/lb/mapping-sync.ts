@@ -32,6 +32,8 @@ export function syncPeriodMs(idleTimeoutS: number): number {
 export interface MappingSyncStatus {
   expirer: boolean;
   subscribed: boolean;
+  /** New mappings picked here and not yet written to the store (they wait while it is away). */
+  queued: number;
 }
 
 export class MappingSync {
@@ -292,6 +294,6 @@ export class MappingSync {
 
   status(vip: string | undefined): MappingSyncStatus | undefined {
     if (!vip || !this.serving.has(vip)) return undefined;
-    return { expirer: this.expiring.has(vip), subscribed: this.s.o.store?.hears(vip) ?? false };
+    return { expirer: this.expiring.has(vip), subscribed: this.s.o.store?.hears(vip) ?? false, queued: this.pending.get(vip)?.size ?? 0 };
   }
 }

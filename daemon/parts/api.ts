@@ -1,7 +1,8 @@
 // tetherd's socket API: the methods the CNI clients and tetherctl call, and the status it reports.
 import type { CniParams } from '../api/protocol';
-import { ErrorCode, TetherError } from '../errors';
-import { ApiServer } from '../server';
+import { asTetherError, ErrorCode, TetherError } from '../errors';
+import { ApiServer, type Handler } from '../server';
+import type { CniPlugin } from '../metrics/tether-metrics';
 import type { Logger } from '../log';
 import type { PodStore } from '../state/pod-store';
 import type { AttachService } from '../pod/attach-service';
@@ -48,24 +49,45 @@ export interface ApiDeps {
   logger: Logger;
   /** The Kubernetes source's watches (each resource followed, and what keeps one from being followed). */
   kubernetes?: () => Record<string, unknown>;
+  /** Told of every CNI request answered (metrics): the plugin, its command, seconds taken, the error code if it failed. */
+  cniAnswered?: (plugin: CniPlugin, command: string, seconds: number, code?: string) => void;
+}
+
+/** A CNI method's handler, timed and its result told to `answered` (one place for every CNI request). */
+function timed(plugin: CniPlugin, command: string, h: Handler, answered: ApiDeps['cniAnswered']): Handler {
+  if (!answered) return h;
+  return async (p) => {
+    const t0 = process.hrtime.bigint();
+    const seconds = () => Number(process.hrtime.bigint() - t0) / 1e9;
+    try {
+      const r = await h(p);
+      answered(plugin, command, seconds());
+      return r;
+    } catch (e) {
+      answered(plugin, command, seconds(), asTetherError(e).code);
+      throw e;
+    }
+  };
 }
 
 export function apiServer(d: ApiDeps): ApiServer {
   const started = Date.now();
   const { attach, ipam } = d;
+  const cni = (command: string, h: Handler) => timed('tether', command, h, d.cniAnswered);
+  const cniIpam = (command: string, h: Handler) => timed('tether-ipam', command, h, d.cniAnswered);
   return new ApiServer(
     d.socket,
     {
       ping: () => ({ pong: true, node: d.nodeName }),
-      'cni.add': (p) => attach.add(asCni(p)),
-      'cni.del': (p) => attach.del(asCni(p)),
-      'cni.check': (p) => attach.check(asCni(p)),
-      'cni.gc': (p) => attach.gc(asCni(p)),
-      'cni.status': () => ({ ready: true }),
-      'ipam.add': (p) => ipam.service.add(asCni(p, false)),
-      'ipam.del': (p) => ipam.service.del(asCni(p, false)),
-      'ipam.check': (p) => ipam.service.check(asCni(p, false)),
-      'ipam.gc': (p) => ipam.service.gc(asCni(p, false)),
+      'cni.add': cni('ADD', (p) => attach.add(asCni(p))),
+      'cni.del': cni('DEL', (p) => attach.del(asCni(p))),
+      'cni.check': cni('CHECK', (p) => attach.check(asCni(p))),
+      'cni.gc': cni('GC', (p) => attach.gc(asCni(p))),
+      'cni.status': cni('STATUS', () => ({ ready: true })),
+      'ipam.add': cniIpam('ADD', (p) => ipam.service.add(asCni(p, false))),
+      'ipam.del': cniIpam('DEL', (p) => ipam.service.del(asCni(p, false))),
+      'ipam.check': cniIpam('CHECK', (p) => ipam.service.check(asCni(p, false))),
+      'ipam.gc': cniIpam('GC', (p) => ipam.service.gc(asCni(p, false))),
       'address.allocate': (p) => ipam.addresses.allocate(asObject<OwnerRequest>(p)),
       'address.release': (p) => {
         const r = asObject<{ pool: string; owner: string }>(p);

@@ -19,6 +19,11 @@ export class LazyStore implements ClusterStore {
     }
   }
 
+  /** Whether the store is connected now (read without a round trip): false before the first connect. */
+  get connected(): boolean {
+    return !this.closed && (this.inner as { connected?: boolean } | undefined)?.connected === true;
+  }
+
   private get(): Promise<ClusterStore> {
     if (this.inner) return Promise.resolve(this.inner);
     this.connecting ??= this.open().then(

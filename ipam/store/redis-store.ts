@@ -253,6 +253,11 @@ export class RedisStore implements ClusterStore {
     return readEntries(key, all, (a) => (isCanonicalAddress(a) ? undefined : 'not an IP address in canonical form'), MAX_OWNER, 'owner');
   }
 
+  /** Whether the connection is up now (a metric; read without a round trip). */
+  get connected(): boolean {
+    return !this.closed && this.client.status === 'ready';
+  }
+
   /** Drops the connection at once (no QUIT round trip that could wait on a dead Redis). Idempotent. */
   async close(): Promise<void> {
     if (this.closed) return;
