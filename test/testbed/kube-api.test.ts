@@ -8,6 +8,7 @@ import * as assert from 'uvu/assert';
 import { withTestbed, type Testbed } from './testbed';
 import { runTraffic, topology, waitOwner, waitStandbyReady } from './egress-scenario';
 import { CLIENT_SCRIPT } from './probe';
+import { compareWithStatus, namingProblems, parseExposition } from '../lib/metrics';
 
 const CONNS = Number(process.env.EGRESS_TEST_CONNS ?? 100);
 type Obj = Record<string, any>; // eslint-disable-line @typescript-eslint/no-explicit-any
@@ -26,6 +27,8 @@ async function sourceSeen(tb: Testbed, pod: string): Promise<string> {
   const r = await tb.exec(pod, [process.execPath, '-e', CLIENT_SCRIPT, tb.externalIp('server'), '9100', '2000']);
   return r.code === 0 ? r.stdout.trim() : `error ${r.stderr.trim()}`;
 }
+
+const METRICS_GET = "require('http').get('http://127.0.0.1:10268/metrics', (r) => { let b = ''; r.on('data', (d) => (b += d)); r.on('end', () => process.stdout.write(b)); })";
 
 const ready = (o: Obj | undefined) => (o?.status?.conditions as Obj[] | undefined)?.find((c) => c.type === 'Ready');
 
@@ -69,6 +72,36 @@ test('through the API: roles from Pod labels, steering, ownership and failover, 
       () => JSON.stringify(tb.api.get('Egress', 'out', 'shop')?.status?.addresses));
     await until('Egress status names the new owner', () => tb.api.get('Egress', 'out', 'shop')?.status?.addresses?.[0]?.ownerNode === second.node,
       15_000, () => JSON.stringify(tb.api.get('Egress', 'out', 'shop')?.status));
+
+    // Operability, on the real tetherds in their containers. The ownership change is an Event on the Egress,
+    // reported by the node that decided it, as itself.
+    const moves = await until('an Event on the Egress for the ownership change', () => {
+      const ev = tb.api.list('Event').filter((e) => e.regarding?.kind === 'Egress' && e.regarding?.name === 'out' && ['Handover', 'Takeover'].includes(e.reason));
+      return ev.length > 0 && ev;
+    }, 15_000, () => JSON.stringify(tb.api.list('Event').map((e) => [e.reason, e.regarding?.name, e.note])));
+    for (const e of moves) {
+      assert.is(e.reportingController, 'tether.dev/tetherd');
+      assert.ok(['n1', 'n2'].includes(e.reportingInstance), `reported by a gateway node, as itself: ${e.reportingInstance}`);
+      assert.match(e.note, new RegExp(first.st.address.replaceAll('.', '\\.')), e.note);
+    }
+    // Every node's TetherNode says it is ready, its datapath attached and its store reachable.
+    await until('a Ready TetherNode per node, store reachable', () => ['n1', 'n2', 'n3'].every((n) => {
+      const c = (tb.api.get('TetherNode', n)?.status?.conditions ?? []) as Obj[];
+      return ['Ready', 'DatapathAttached', 'StoreReachable'].every((t) => c.find((x) => x.type === t)?.status === 'True');
+    }), 15_000, () => JSON.stringify(tb.api.list('TetherNode').map((t) => [t.metadata.name, t.status?.conditions?.map((c: Obj) => `${c.type}=${c.status}`)])));
+    // /metrics on each node (127.0.0.1:10268, the DaemonSet's default) agrees with that node's status; the
+    // cluster-wide allocation count is re-read in the background, so the two are compared until they agree.
+    for (const n of ['n1', 'n2', 'n3']) {
+      let last: string[] = [];
+      await until(`${n}: /metrics agrees with tetherctl status`, async () => {
+        const status = await tb.status(n);
+        const r = await tb.exec(n, [process.execPath, '-e', METRICS_GET]);
+        const scrape = parseExposition(r.stdout);
+        assert.equal(namingProblems(scrape), [], `${n}: metric names`);
+        last = compareWithStatus(status as never, scrape);
+        return last.length === 0 && scrape;
+      }, 35_000, () => last.join('; '));
+    }
 
     const server = tb.spawn('server', [process.execPath, '-e', "require('net').createServer((s) => { s.on('error', () => {}); s.end(s.remoteAddress + '\\n'); }).listen(9100, '0.0.0.0', () => console.log('ready'))"]);
     try {
