@@ -144,6 +144,8 @@ function splitMultiHostUrl(url: string, scheme: string, what: string, defaultPor
     hosts,
     pathParts,
     query,
+    /** The parts as written, to put a URL back together: the host list and the path (with its slash). */
+    raw: { userinfo, hostList, path: slash >= 0 ? beforeQuery.slice(slash) : '' },
     username: username ? decodeURIComponent(username) : undefined,
     password: password ? decodeURIComponent(password) : undefined,
   };
@@ -239,21 +241,13 @@ export function withRedisPassword(url: string, password: string): string {
   const enc = encodeURIComponent(password);
   for (const scheme of [SENTINEL_SCHEME, CLUSTER_SCHEME]) {
     if (!url.startsWith(scheme)) continue;
-    const rest = url.slice(scheme.length);
-    const q = rest.indexOf('?');
-    const query = new URLSearchParams(q >= 0 ? rest.slice(q + 1) : '');
-    const beforeQuery = q >= 0 ? rest.slice(0, q) : rest;
-    const slash = beforeQuery.indexOf('/');
-    const authority = slash >= 0 ? beforeQuery.slice(0, slash) : beforeQuery;
-    const tail = slash >= 0 ? beforeQuery.slice(slash) : '';
-    const at = authority.lastIndexOf('@');
+    const { query, raw } = splitMultiHostUrl(url, scheme, 'host', REDIS_PORT, (why) => new TetherError(ErrorCode.InvalidConfig, why));
     // A user name without a password keeps its name: user@ becomes user:password@.
-    const user = at >= 0 ? authority.slice(0, at).split(':')[0] : '';
-    const hosts = at >= 0 ? authority.slice(at + 1) : authority;
+    const user = raw.userinfo.split(':')[0];
     if (scheme === CLUSTER_SCHEME) query.delete('password');
     if (scheme === SENTINEL_SCHEME && !query.has('sentinelPassword')) query.set('sentinelPassword', password);
     const qs = query.toString();
-    return `${scheme}${user}:${enc}@${hosts}${tail}${qs ? `?${qs}` : ''}`;
+    return `${scheme}${user}:${enc}@${raw.hostList}${raw.path}${qs ? `?${qs}` : ''}`;
   }
   const u = new URL(url);
   if (u.protocol === 'unix:') u.searchParams.set('password', password);

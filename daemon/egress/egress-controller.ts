@@ -35,6 +35,25 @@ export type { EgressControllerOptions } from './egress-context';
 /** After status() or egressSummary() is called, the store pass reads the addresses' cluster-wide use this long. */
 const OBSERVED_MS = 30_000;
 
+/**
+ * The controller's shared state with its parts wired to it (liveness, roles, election, sync streams, store
+ * records) and the configured Egresses numbered from 1: what the controller runs on, and what tests drive.
+ */
+export function egressContext(o: EgressControllerOptions): EgressContext {
+  const s = new EgressContext(o);
+  s.peers = new PeerLiveness(s);
+  s.roles = new PodRoles(s);
+  s.election = new Election(s);
+  s.streams = new ConntrackStreams(s);
+  s.store = new StoreRecords(s);
+  o.egresses.forEach((e, i) => {
+    s.egresses.set(e.key, e);
+    s.egressIds.set(e.key, i + 1);
+  });
+  s.podMeta = new Map(Object.entries(o.podLabels ?? {}));
+  return s;
+}
+
 export class EgressController {
   private readonly s: EgressContext;
 
@@ -45,17 +64,7 @@ export class EgressController {
   private readonly loops: ReconcileLoop[];
 
   constructor(o: EgressControllerOptions) {
-    this.s = new EgressContext(o);
-    this.s.peers = new PeerLiveness(this.s);
-    this.s.roles = new PodRoles(this.s);
-    this.s.election = new Election(this.s);
-    this.s.streams = new ConntrackStreams(this.s);
-    this.s.store = new StoreRecords(this.s);
-    o.egresses.forEach((e, i) => {
-      this.s.egresses.set(e.key, e);
-      this.s.egressIds.set(e.key, i + 1);
-    });
-    this.s.podMeta = new Map(Object.entries(o.podLabels ?? {}));
+    this.s = egressContext(o);
     const failed = (e: Error) => this.s.o.logger.error('egress: work failed', { error: e.message, stack: e.stack });
     const every = (everyMs: number, run: () => unknown) => new ReconcileLoop({ run, everyMs, skipBusyTicks: true, onError: failed });
     this.storeLoop = every(STORE_EVERY_MS, () => {

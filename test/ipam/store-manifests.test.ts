@@ -12,7 +12,7 @@ import * as os from 'node:os';
 import * as path from 'node:path';
 import { parseAllDocuments } from 'yaml';
 import { RedisStore } from '../../ipam/store/redis-store';
-import { withRedisPassword } from '../../daemon/common/redis';
+import { parseRedisUrl, withRedisPassword } from '../../daemon/common/redis';
 import { TetherError } from '../../daemon/errors';
 import { waitFor } from '../lib/wait';
 
@@ -217,6 +217,28 @@ test('install/ → install/ha: the store URL is a generated ConfigMap, so the Da
     }
   }
   assert.equal([...deleted].sort(), left, 'the documented deletes remove exactly what install/ha leaves behind');
+});
+
+test('the Secret\'s password goes into every form of store URL, once; a password in the URL wins; sentinels get it too unless the URL names theirs', () => {
+  const pw = 'p@ss/w:rd';
+  const rows: Array<[string, string | undefined, string | undefined, string | undefined]> = [
+    // url, the servers' password, the sentinels', the user
+    ['redis://h:6379/1', pw, undefined, undefined],
+    ['redis://:old@h', 'old', undefined, undefined],
+    ['redis://user@h', pw, undefined, 'user'],
+    ['redis://[::1]:6379', pw, undefined, undefined],
+    ['unix:///run/r.sock?db=2', pw, undefined, undefined],
+    ['redis+sentinel://a:26379,b/tether', pw, pw, undefined],
+    ['redis+sentinel://a/tether/2?sentinelPassword=x', pw, 'x', undefined],
+    ['redis+cluster://a,b:7000', pw, undefined, undefined],
+    ['redis+cluster://a?password=q', 'q', undefined, undefined],
+  ];
+  for (const [url, password, sentinelPassword, username] of rows) {
+    const t = parseRedisUrl(withRedisPassword(url, pw));
+    assert.equal([t.options.password, t.options.sentinelPassword, t.options.username], [password, sentinelPassword, username], url);
+    assert.is(t.where, parseRedisUrl(url).where, `${url}: the same store`);
+  }
+  assert.throws(() => withRedisPassword('http://h', pw), /unsupported scheme/);
 });
 
 test.run();

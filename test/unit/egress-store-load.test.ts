@@ -13,12 +13,8 @@ import { validatePools } from '../../ipam/pool';
 import { RedisStore } from '../../ipam/store/redis-store';
 import type { ResolvedPool } from '../../ipam/types';
 import { OwnershipStore, type GatewayInfo } from '../../daemon/egress/ownership-store';
-import { EgressContext } from '../../daemon/egress/egress-context';
-import { PeerLiveness } from '../../daemon/egress/peer-liveness';
-import { PodRoles } from '../../daemon/egress/pod-roles';
-import { Election } from '../../daemon/egress/election';
-import { ConntrackStreams } from '../../daemon/egress/conntrack-streams';
-import { StoreRecords } from '../../daemon/egress/store-records';
+import type { EgressContext } from '../../daemon/egress/egress-context';
+import { egressContext } from '../../daemon/egress/egress-controller';
 import type { GatewayDatapath } from '../../daemon/egress/gateway-datapath';
 import type { ResolvedEgress } from '../../daemon/egress/egress-spec';
 import type { AttachService } from '../../daemon/pod/attach-service';
@@ -76,17 +72,10 @@ async function simNode(prefix: string, i: number, role: Role, meter: RedisMeter)
   const ownership = await OwnershipStore.connect(meter.url, { keyPrefix: prefix });
   const store = await RedisStore.connect(meter.url, { keyPrefix: prefix });
   cleanups.push(() => ownership.close(), () => store.close());
-  const s = new EgressContext({
+  const s = egressContext({
     node: { name: `n${i}`, address: addressOf(i), uplink: 'eth0' }, pinDir: '/nonexistent', fouPort: 0, syncPort: 0, clusterKey: Buffer.alloc(32),
     egresses: [EGRESS], ownership, addresses: new ClusterAddresses(pools, store, quiet, { holdOffMs: 0 }), attach: {} as AttachService, logger: quiet,
   });
-  s.peers = new PeerLiveness(s);
-  s.roles = new PodRoles(s);
-  s.election = new Election(s);
-  s.streams = new ConntrackStreams(s);
-  s.store = new StoreRecords(s);
-  s.egresses.set(EGRESS.key, EGRESS);
-  s.egressIds.set(EGRESS.key, 1);
   // Recording stand-ins for the kernel side: only what the store pass touches.
   const allowed: string[][] = [];
   if (role === 'gateway') s.gateways.set(`shop/gw-${i}`, { info: gw(i), datapath: { setAllowedSources: (n: string[]) => allowed.push(n) } as unknown as GatewayDatapath, egresses: new Set([EGRESS.key]), guarded: '', netns: '' });

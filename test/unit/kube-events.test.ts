@@ -22,12 +22,8 @@ import { EventRecorder, REPORTING_CONTROLLER } from '../../daemon/kube/event-rec
 import { KubeReporting } from '../../daemon/parts/kube-reporting';
 import { StatusController } from '../../daemon/kube/status-controller';
 import { ownershipEvent } from '../../daemon/kube/tether-events';
-import { EgressContext, type OwnershipChange } from '../../daemon/egress/egress-context';
-import { PeerLiveness } from '../../daemon/egress/peer-liveness';
-import { PodRoles } from '../../daemon/egress/pod-roles';
-import { Election } from '../../daemon/egress/election';
-import { ConntrackStreams } from '../../daemon/egress/conntrack-streams';
-import { StoreRecords } from '../../daemon/egress/store-records';
+import type { EgressContext, OwnershipChange } from '../../daemon/egress/egress-context';
+import { egressContext } from '../../daemon/egress/egress-controller';
 import { addressSlots, type ResolvedEgress } from '../../daemon/egress/egress-spec';
 import type { GatewayInfo, OwnershipStore } from '../../daemon/egress/ownership-store';
 import type { GatewayDatapath } from '../../daemon/egress/gateway-datapath';
@@ -63,17 +59,10 @@ const EGRESS: ResolvedEgress = {
 function egressNode(onOwnershipChanged: (c: OwnershipChange) => void, netns: string): { s: EgressContext; owned: string[] } {
   const owned: string[] = [];
   const ownership = { record: async () => 'recorded', get: async () => undefined, on: () => undefined } as unknown as OwnershipStore;
-  const s = new EgressContext({
+  const s = egressContext({
     node: { name: 'n1', address: '10.1.0.1', uplink: 'eth0' }, pinDir: '/nonexistent', fouPort: 0, syncPort: 0, clusterKey: Buffer.alloc(32),
     egresses: [EGRESS], ownership, addresses: {} as ClusterAddresses, attach: {} as AttachService, logger: quiet, conntrackSync: false, onOwnershipChanged,
   });
-  s.peers = new PeerLiveness(s);
-  s.roles = new PodRoles(s);
-  s.election = new Election(s);
-  s.streams = new ConntrackStreams(s);
-  s.store = new StoreRecords(s);
-  s.egresses.set(EGRESS.key, EGRESS);
-  s.egressIds.set(EGRESS.key, 1);
   const gwA: GatewayInfo = { pod: 'shop/gw-a', node: 'n1', nodeAddress: '10.1.0.1', podIp: '10.244.1.5' };
   const gwB: GatewayInfo = { pod: 'shop/gw-b', node: 'n2', nodeAddress: '10.1.0.2', podIp: '10.244.2.5' };
   const datapath = { own: (a: string) => owned.push(a), takeUnannounced: () => undefined, release: () => undefined } as unknown as GatewayDatapath;
