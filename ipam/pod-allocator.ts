@@ -441,7 +441,7 @@ export class PodAllocator {
     this.generationSeen = g;
     this.files.saveGeneration(g);
     // A node that never saw a generation (a new node, a wiped state dir) has no blocks to re-assert, and
-    // holding its claims off would make every fresh install wait; see the README for the window this leaves.
+    // holding its claims off would make every fresh install wait; see docs/ipam.md ("Store restarted empty") for the window this leaves.
     if (first) return;
     // Tell every node (and ClusterAddresses on every node) that this generation replaced one this node saw.
     await this.store.generation({ markRestarted: g }).catch((e) => this.logger.warn('ipam: could not mark the store generation as a restart', { error: (e as Error).message }));

@@ -1,7 +1,7 @@
 // Install and uninstall at the node's boundary, in the DaemonSets' own containers (issue 19, items 5 and 6):
 // the tetherd DaemonSet's init containers `mount-bpf-fs` and `install-cni`, then its `cni-watch` container,
 // beside a tetherd that itself runs in its container (Testbed.up(…, { containers: true })); later the
-// uninstall DaemonSet's `uninstall-cni`, `clean-node --wait` and `hold`, in the order of the README's
+// uninstall DaemonSet's `uninstall-cni`, `clean-node --wait` and `hold`, in the order of docs/install.md's
 // removal steps. Every container is the manifest's (kubectl kustomize): its capabilities, seccomp, no_new_privs,
 // hostNetwork (the node's namespace) and hostPath volumes, here the node's own stand-in directories. The
 // commands are the manifest's, flags included (watch checks every 5 s, clean-node waits 15 s), except where
@@ -291,7 +291,7 @@ test('install-cni, cni-watch, then the uninstall DaemonSet, each in its manifest
     // ---- the node is clean.
     const after = await snapshotNode(tb, NODE);
     assert.equal(filesUnder(path.join(d.tetherdState, 'pods')), [], 'no pod records');
-    // /var/lib/tether is the clean-node container's hostPath mount: emptied, not removed (README).
+    // /var/lib/tether is the clean-node container's hostPath mount: emptied, not removed (docs/install.md).
     assert.equal(filesUnder(d.tetherdState), [], 'nothing left in tetherd\'s state dir');
     assert.not.ok(fs.existsSync(d.pinDir), 'no pins');
     assert.not.ok(fs.existsSync(runLib), 'tetherd\'s runtime files removed');

@@ -1,6 +1,6 @@
 // The store-fault matrix (issue 20; store-fault-matrix.ts): one test per fault of the cluster store, each
 // running every event of the matrix under that fault on one testbed and checking the invariants in every
-// cell; the matrix is printed when all rows have run (README, "Store faults").
+// cell; the matrix is printed when all rows have run (docs/testing.md, "Store faults").
 // STORE_MATRIX_FAULTS=down,cut and STORE_MATRIX_EVENTS=join,podkill run a part of it (for debugging).
 import { test } from 'uvu';
 import * as assert from 'uvu/assert';

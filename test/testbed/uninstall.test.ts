@@ -1,6 +1,6 @@
 // Uninstall leaves a working, clean node (issue 19, item 6). One node with tether doing real work (an
 // egress gateway and a client pod: pins, tc filters on their host veths, an nft table in the gateway, the
-// floating address's route and proxy ARP entry, node sysctls changed). Then the README's removal steps, in
+// floating address's route and proxy ARP entry, node sysctls changed). Then docs/install.md's removal steps, in
 // order, as the DaemonSets run them on the node — at EVERY step a pod is created and deleted through the
 // configuration then in the node's CNI directory — and at the end nothing of ours is left.
 //
@@ -20,7 +20,7 @@ import {
 const NODE = 'n1';
 const WATCH_MS = 300;
 
-test('the README removal steps keep pods creatable and deletable at every step and leave the node clean', async () => {
+test('the documented removal steps keep pods creatable and deletable at every step and leave the node clean', async () => {
   await withTestbed(oneNodeEgressTopology(NODE), async (tb) => {
     const d = nodeDirs(tb, NODE, '10.250.1.0/24');
     const before = await snapshotNode(tb, NODE);
