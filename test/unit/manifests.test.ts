@@ -84,7 +84,7 @@ test('the install holds the CRDs exactly as generated, the DaemonSet as promised
   for (const [probe, p] of [['startupProbe', '/livez'], ['readinessProbe', '/readyz'], ['livenessProbe', '/livez']]) {
     assert.equal(tetherd[probe].httpGet, { host: '127.0.0.1', port: probePort, path: p }, probe);
   }
-  assert.equal(tetherd.ports.map((p: Obj) => `${p.hostPort}/${p.protocol}`).sort(), ['10266/TCP', '10267/TCP', '10268/TCP', '3784/UDP', '3785/TCP', '5555/UDP']);
+  assert.equal(tetherd.ports.map((p: Obj) => `${p.hostPort}/${p.protocol}`).sort(), ['10266/TCP', '10267/TCP', '10268/TCP', '3784/UDP', '3785/TCP', '3785/UDP', '5555/UDP']);
   assert.is(tetherd.env.find((e: Obj) => e.name === 'TETHER_PROC_SYS_NET').value, '/host/proc/sys/net');
   assert.equal(spec.nodeSelector, { 'kubernetes.io/os': 'linux' });
   const mounts = Object.fromEntries(tetherd.volumeMounts.map((m: Obj) => [m.mountPath, m]));
