@@ -80,13 +80,18 @@ const familyFixed = (f: 'ipv4' | 'ipv6'): Schema[] => [
   },
 ];
 
+/** What every object's schema has around its spec and status (the API server checks these itself). */
+const OBJECT_ENVELOPE = {
+  apiVersion: { type: 'string' },
+  kind: { type: 'string' },
+  metadata: { type: 'object' },
+} as const;
+
 const addressPoolSchema: Schema = {
   type: 'object',
   required: ['spec'],
   properties: {
-    apiVersion: { type: 'string' },
-    kind: { type: 'string' },
-    metadata: { type: 'object' },
+    ...OBJECT_ENVELOPE,
     spec: {
       type: 'object',
       required: ['usage'],
@@ -125,9 +130,7 @@ const egressSchema: Schema = {
   type: 'object',
   required: ['spec'],
   properties: {
-    apiVersion: { type: 'string' },
-    kind: { type: 'string' },
-    metadata: { type: 'object' },
+    ...OBJECT_ENVELOPE,
     spec: {
       type: 'object',
       required: ['clients', 'gateways', 'addresses'],
@@ -224,9 +227,7 @@ const addressBlockSchema: Schema = {
   type: 'object',
   required: ['spec'],
   properties: {
-    apiVersion: { type: 'string' },
-    kind: { type: 'string' },
-    metadata: { type: 'object' },
+    ...OBJECT_ENVELOPE,
     spec: {
       type: 'object',
       required: ['pool', 'cidr', 'node'],
@@ -248,9 +249,7 @@ const addressBlockSchema: Schema = {
 const tetherNodeSchema: Schema = {
   type: 'object',
   properties: {
-    apiVersion: { type: 'string' },
-    kind: { type: 'string' },
-    metadata: { type: 'object' },
+    ...OBJECT_ENVELOPE,
     status: {
       type: 'object',
       properties: {
@@ -266,9 +265,7 @@ const tetherNodeSchema: Schema = {
 export const NODE_SCHEMA: Schema = {
   type: 'object',
   properties: {
-    apiVersion: { type: 'string' },
-    kind: { type: 'string' },
-    metadata: { type: 'object' },
+    ...OBJECT_ENVELOPE,
     spec: { type: 'object', properties: { zone: { type: 'string', minLength: 1, maxLength: 63 } } },
     status: { type: 'object', 'x-kubernetes-preserve-unknown-fields': true },
   },
