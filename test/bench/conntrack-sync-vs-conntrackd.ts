@@ -25,7 +25,9 @@ function median(runs: Run[]): Run {
 
 /** Entries synced before each measured burst (they stay in the tables). */
 const WARMUP = 20_000;
-const SIZES = (process.env.BENCH_SYNC_SIZES ?? '10000,100000').split(',').map(Number);
+const SIZES = (process.env.BENCH_SYNC_SIZES ?? '10000,100000,1000000').split(',').map(Number);
+/** When set, each Tether peer writes a V8 CPU profile (--cpu-prof, every thread) into this directory. */
+const PROF_DIR = process.env.BENCH_SYNC_PROF;
 const repo = path.resolve(__dirname, '../..');
 
 function sh(...argv: string[]): string {
@@ -88,7 +90,8 @@ class Peer {
   private waiters: Array<() => void> = [];
 
   constructor(bundle: string, ns: string, args: string[]) {
-    this.proc = spawn('ip', ['netns', 'exec', ns, process.execPath, bundle, ...args], {
+    const prof = PROF_DIR ? ['--cpu-prof', `--cpu-prof-dir=${PROF_DIR}`, `--cpu-prof-name=${args[0]}-${Date.now()}-\${pid}.cpuprofile`] : [];
+    this.proc = spawn('ip', ['netns', 'exec', ns, process.execPath, ...prof, bundle, ...args], {
       stdio: ['pipe', 'pipe', 'inherit'], env: { ...process.env, NODE_PATH: path.join(repo, 'node_modules') },
     });
     createInterface({ input: this.proc.stdout! }).on('line', (l) => {
@@ -168,6 +171,21 @@ async function tetherRun(bundle: string, a: string, b: string, n: number, salt: 
   }
 }
 
+/**
+ * The event source alone: the same warm-up and burst inserted into A with no syncer running (no event
+ * listener). Every syncer's time above is bounded by this one (its rate is the most either can show).
+ */
+function sourceRun(a: string, n: number, salt: number): Run {
+  ConntrackHandle.with(`/run/netns/${a}`, (h) => h.insertMany(entries(WARMUP, 50 + salt)));
+  const list = entries(n, salt);
+  const c0 = process.cpuUsage();
+  const t0 = Date.now();
+  const r = ConntrackHandle.with(`/run/netns/${a}`, (h) => h.insertMany(list));
+  const ms = Date.now() - t0;
+  const c = process.cpuUsage(c0);
+  return { entries: n, ms, perSec: Math.round(n / (ms / 1000)), complete: r.failed.length === 0, cpuMs: Math.round((c.user + c.system) / 1000) };
+}
+
 function conntrackdConf(dir: string, me: string, peer: string, dev: string, name: string): string {
   const conf = `Sync {
   Mode FTFW { }
@@ -183,7 +201,7 @@ function conntrackdConf(dir: string, me: string, peer: string, dev: string, name
 }
 General {
   HashSize 262144
-  HashLimit 1048576
+  HashLimit 4194304
   LogFile ${dir}/${name}.log
   LockFile ${dir}/${name}.lock
   UNIX { Path ${dir}/${name}.ctl }
@@ -256,7 +274,12 @@ async function main() {
   const id = randomBytes(3).toString('hex');
   const [a, b] = [`tbs-${id}-a`, `tbs-${id}-b`];
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'tether-syncbench-'));
-  const results: Array<{ size: number; tetherMemory: Run; tetherKernel: Run; conntrackdCache: Run; conntrackdKernel: Run; conntrackdCommitMs: number; trials: unknown[] }> = [];
+  const results: Array<{ size: number; source: Run; tetherMemory: Run; tetherKernel: Run; conntrackdCache: Run; conntrackdKernel: Run; conntrackdCommitMs: number; trials: unknown[] }> = [];
+  // Both namespaces hold the warm-up and N entries: raise the table limit for the run, restored after.
+  const maxFile = '/proc/sys/net/netfilter/nf_conntrack_max';
+  const oldMax = fs.readFileSync(maxFile, 'utf8').trim();
+  const want = 2 * (Math.max(...SIZES) + WARMUP) + 100_000;
+  if (Number(oldMax) < want) fs.writeFileSync(maxFile, String(want));
   try {
     sh('ip', 'netns', 'add', a);
     sh('ip', 'netns', 'add', b);
@@ -274,19 +297,21 @@ async function main() {
     };
     const show = (r: Run) => `${r.ms} ms (${r.perSec}/s, CPU ${Math.round(r.cpuMs ?? NaN)} ms${r.cpuSplitMs ? ` = A ${r.cpuSplitMs[0]} + B ${r.cpuSplitMs[1]}` : ''}${r.complete ? '' : ', INCOMPLETE'})`;
     for (const size of SIZES) {
-      const t: Array<{ tetherMemory: Run; tetherKernel: Run; conntrackdCache: Run; conntrackdKernel: Run; conntrackdCommitMs: number }> = [];
+      const t: Array<{ source: Run; tetherMemory: Run; tetherKernel: Run; conntrackdCache: Run; conntrackdKernel: Run; conntrackdCommitMs: number }> = [];
       for (let trial = 0; trial < TRIALS; trial++) {
+        flush();
+        const source = sourceRun(a, size, ++salt);
         flush();
         const tetherMemory = await tetherRun(bundle, a, b, size, ++salt, 'memory');
         flush();
         const tetherKernel = await tetherRun(bundle, a, b, size, ++salt, 'kernel');
         flush();
         const ctd = await conntrackdRun(a, b, dir, size, ++salt);
-        t.push({ tetherMemory, tetherKernel, conntrackdCache: ctd.cache, conntrackdKernel: ctd.kernel, conntrackdCommitMs: ctd.commitMs });
-        process.stdout.write(`  ${size} #${trial + 1}: to B's memory: tether ${show(tetherMemory)}, conntrackd ${show(ctd.cache)}; to B's kernel: tether ${show(tetherKernel)}, conntrackd ${show(ctd.kernel)} (commit ${ctd.commitMs} ms)\n`);
+        t.push({ source, tetherMemory, tetherKernel, conntrackdCache: ctd.cache, conntrackdKernel: ctd.kernel, conntrackdCommitMs: ctd.commitMs });
+        process.stdout.write(`  ${size} #${trial + 1}: source alone ${show(source)}; to B's memory: tether ${show(tetherMemory)}, conntrackd ${show(ctd.cache)}; to B's kernel: tether ${show(tetherKernel)}, conntrackd ${show(ctd.kernel)} (commit ${ctd.commitMs} ms)\n`);
       }
       results.push({
-        size, tetherMemory: median(t.map((x) => x.tetherMemory)), tetherKernel: median(t.map((x) => x.tetherKernel)),
+        size, source: median(t.map((x) => x.source)), tetherMemory: median(t.map((x) => x.tetherMemory)), tetherKernel: median(t.map((x) => x.tetherKernel)),
         conntrackdCache: median(t.map((x) => x.conntrackdCache)), conntrackdKernel: median(t.map((x) => x.conntrackdKernel)),
         conntrackdCommitMs: percentile(t.map((x) => x.conntrackdCommitMs), 50), trials: t,
       });
@@ -294,6 +319,7 @@ async function main() {
   } finally {
     for (const ns of [a, b]) spawnQuiet('ip', 'netns', 'del', ns);
     fs.rmSync(dir, { recursive: true, force: true });
+    fs.writeFileSync(maxFile, oldMax);
   }
   const m = machine();
   // conntrack-sync-scale.ts keeps its figures in the same file under "incremental": left as they are.
