@@ -77,23 +77,44 @@ function sysctlFile(key: string): string {
 
 /** Writes a sysctl (slash path under /proc/sys, e.g. net/ipv4/conf/eth0/arp_ignore, since interface names may hold dots) inside a namespace; returns the previous value. */
 export function writeNetSysctl(nsPath: string | null, key: string, value: string): string {
-  const file = sysctlFile(key);
-  const work = () => {
-    const prev = fs.readFileSync(file, 'utf8').trim();
-    if (prev !== value) {
-      // The node's own sysctls outlive tetherd: remember the original first, so an uninstall can restore it.
-      if (!nsPath) journalHostSysctl(key, prev, value);
-      try {
-        fs.writeFileSync(file, value);
-      } catch (e) {
-        const code = (e as NodeJS.ErrnoException).code;
-        const hint = code === 'EROFS' ? ` (read-only: mount the host's /proc/sys/net elsewhere and set TETHER_PROC_SYS_NET to it)` : '';
-        throw new TetherError(ErrorCode.Internal, `sysctl ${key}=${value} in ${nsPath ?? 'the node namespace'}: ${(e as Error).message}${hint}`, { cause: e });
-      }
-    }
-    return prev;
-  };
+  return writeNetSysctls(nsPath, [[key, value]])[0];
+}
+
+/**
+ * Writes several sysctls in one namespace, in order, entering it once; returns each previous value. Each
+ * write is told to `written` as soon as it is done (synchronously, still inside the namespace: record it,
+ * nothing more), so a failure part way, thrown as writeNetSysctl throws it, leaves the caller knowing every
+ * value it replaced.
+ */
+export function writeNetSysctls(
+  nsPath: string | null,
+  entries: ReadonlyArray<readonly [key: string, value: string]>,
+  written: (key: string, value: string, previous: string) => void = () => undefined,
+): string[] {
+  const work = () =>
+    entries.map(([key, value]) => {
+      const previous = writeOne(nsPath, key, value);
+      written(key, value, previous);
+      return previous;
+    });
   return nsPath ? inNetns(nsPath, work) : work();
+}
+
+function writeOne(nsPath: string | null, key: string, value: string): string {
+  const file = sysctlFile(key);
+  const prev = fs.readFileSync(file, 'utf8').trim();
+  if (prev !== value) {
+    // The node's own sysctls outlive tetherd: remember the original first, so an uninstall can restore it.
+    if (!nsPath) journalHostSysctl(key, prev, value);
+    try {
+      fs.writeFileSync(file, value);
+    } catch (e) {
+      const code = (e as NodeJS.ErrnoException).code;
+      const hint = code === 'EROFS' ? ` (read-only: mount the host's /proc/sys/net elsewhere and set TETHER_PROC_SYS_NET to it)` : '';
+      throw new TetherError(ErrorCode.Internal, `sysctl ${key}=${value} in ${nsPath ?? 'the node namespace'}: ${(e as Error).message}${hint}`, { cause: e });
+    }
+  }
+  return prev;
 }
 
 export function readNetSysctl(nsPath: string | null, key: string): string {
