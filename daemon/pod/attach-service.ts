@@ -104,7 +104,8 @@ export class AttachService extends EventEmitter {
     try {
       applied = holdLogs(() => applyPodNetwork({ netns: p.netns, ifName: p.ifName, hostIfName: hostInterface(prev), hostNetns: this.opts.hostNetns }, cfg));
     } catch (e) {
-      this.logger.warn('pod attach failed; nothing left applied', { ...who, error: (e as Error).message });
+      // After the held lines of what was done and undone, as everything else here.
+      setImmediate(() => this.logger.warn('pod attach failed; nothing left applied', { ...who, error: (e as Error).message }));
       throw e;
     }
     const rec: PodRecord = {

@@ -6,6 +6,13 @@ import { CLONE_NEWNET, setns } from './libc';
 import { TetherError, ErrorCode } from '../errors';
 import { journalHostSysctl } from './sysctl-journal';
 
+/**
+ * The thread's own namespace, opened once (each entry returns to it; opening it through /proc on every entry
+ * cost as much as the entry). Only outside any inNetns: a nested entry returns to the one around it.
+ */
+let ownNs: number | undefined;
+let depth = 0;
+
 /** Runs fn synchronously inside the network namespace at nsPath (e.g. /run/netns/x or /proc/PID/ns/net). */
 export function inNetns<T>(nsPath: string, fn: () => T): T {
   let target: number;
@@ -14,7 +21,15 @@ export function inNetns<T>(nsPath: string, fn: () => T): T {
   } catch (e) {
     throw new TetherError(ErrorCode.NetnsGone, `network namespace ${nsPath} cannot be opened: ${(e as Error).message}`, { cause: e });
   }
-  const home = fs.openSync('/proc/thread-self/ns/net', 'r');
+  const nested = depth > 0;
+  let home: number;
+  try {
+    home = nested ? fs.openSync('/proc/thread-self/ns/net', 'r') : (ownNs ??= fs.openSync('/proc/thread-self/ns/net', 'r'));
+  } catch (e) {
+    fs.closeSync(target);
+    throw e;
+  }
+  depth++;
   try {
     setns(target, CLONE_NEWNET, nsPath);
     try {
@@ -33,8 +48,9 @@ export function inNetns<T>(nsPath: string, fn: () => T): T {
       }
     }
   } finally {
+    depth--;
     fs.closeSync(target);
-    fs.closeSync(home);
+    if (nested) fs.closeSync(home);
   }
 }
 

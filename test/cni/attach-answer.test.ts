@@ -11,7 +11,7 @@ import * as path from 'node:path';
 import { AttachService } from '../../daemon/pod/attach-service';
 import { PodStore, type PodRecord } from '../../daemon/state/pod-store';
 import { setLogger, log } from '../../daemon/log';
-import { readNetSysctl, writeNetSysctls } from '../../daemon/sys/netns';
+import { inNetns, readNetSysctl, writeNetSysctls } from '../../daemon/sys/netns';
 import type { CniParams } from '../../daemon/api/protocol';
 import { captureLogger } from '../lib/log-capture';
 import { addNetns, delNetns, ipJson, uniqueName } from '../lib/netns';
@@ -209,6 +209,30 @@ test('writeNetSysctls: one entry into the namespace; each write told as made, so
   assert.equal(told, [`net/ipv4/conf/all/arp_ignore=1 (was ${was})`, 'net/ipv4/conf/eth0/arp_ignore=1 (was 0)']);
   assert.is(readNetSysctl(pod, 'net/ipv4/conf/all/arp_ignore'), '1');
   assert.is(readNetSysctl(pod, 'net/ipv4/conf/all/arp_announce'), '0', 'nothing after the failure was written');
+});
+
+test('inNetns returns to where it was entered from, nested or not, and keeps no descriptor per entry', () => {
+  const a = podPair();
+  const b = podPair();
+  const here = () => fs.statSync('/proc/thread-self/ns/net').ino;
+  const ino = (p: string) => fs.statSync(p).ino;
+  const own = here();
+  const fds = () => fs.readdirSync('/proc/self/fd').length;
+  inNetns(a.pod, () => undefined); // the first entry opens the thread's own namespace once
+  const before = fds();
+  const seen: number[] = [];
+  for (let i = 0; i < 5; i++) {
+    inNetns(a.pod, () => {
+      seen.push(here());
+      inNetns(b.pod, () => seen.push(here()));
+      seen.push(here());
+    });
+    seen.push(here());
+  }
+  assert.equal(seen.slice(0, 4), [ino(a.pod), ino(b.pod), ino(a.pod), own]);
+  assert.is(fds(), before, 'no descriptor left behind');
+  assert.throws(() => inNetns('/run/netns/no-such-ns', () => undefined), /cannot be opened/);
+  assert.is(here(), own);
 });
 
 test.run();
