@@ -1,4 +1,4 @@
-/* lb-maps.h: maps of the load balancer program; pinned per node and shared by its LB pods. */
+/* lb-maps.h: maps of the load balancer programs (lb.bpf.c), pinned per node and shared by both attach points. */
 #ifndef TETHER_LB_MAPS_H
 #define TETHER_LB_MAPS_H
 
@@ -9,6 +9,9 @@
 #endif
 #ifndef LB_MAX_MAPPINGS
 #define LB_MAX_MAPPINGS 262144
+#endif
+#ifndef LB_MAX_FRAGS
+#define LB_MAX_FRAGS 8192
 #endif
 #ifndef LB_MAX_TARGETS
 #define LB_MAX_TARGETS 16384
@@ -29,10 +32,12 @@ struct {
 	__type(value, struct lb_service);
 } lb_services SEC(".maps");
 
-/* Client -> target. LRU: an idle mapping the store also expired can be evicted under pressure; the
- * store (Redis) holds the authoritative copy, so an evicted mapping still in use is installed again. */
+/* Client -> target. A plain hash, not an LRU: a flood of new flows must not evict the mapping of a live
+ * connection (after a scale-out its Maglev pick may name another target). When it is full, new flows are
+ * forwarded by their Maglev pick unrecorded here (counted: mapping_full); tetherd expires idle mappings,
+ * sooner while the table is nearly full (daemon/lb/mapping-sync.ts). */
 struct {
-	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, LB_MAX_MAPPINGS);
 	__type(key, struct lb_map_key);
 	__type(value, struct lb_mapping);
@@ -53,6 +58,15 @@ struct {
 	__type(key, __u32);
 	__type(value, __be32);
 } lb_maglev SEC(".maps");
+
+/* Datagram identity -> where its first fragment went. LRU: entries are never deleted (fragments come in
+ * any order and may repeat); an old one is simply evicted. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, LB_MAX_FRAGS);
+	__type(key, struct lb_frag_key);
+	__type(value, struct lb_frag);
+} lb_frags SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);

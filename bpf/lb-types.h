@@ -15,6 +15,21 @@
 #define LB_TARGET_ACTIVE 1
 #define LB_TARGET_TERMINATING 2
 
+/* lb_frag_key / lb_frag: a fragmented datagram's later fragments carry no ports; its first fragment's
+ * decision is kept under the datagram's identity (RFC 791: source, destination, protocol, ID). */
+struct lb_frag_key {
+	__be32 saddr;
+	__be32 daddr;
+	__be16 id;
+	__u8 proto;
+	__u8 pad;
+};
+
+struct lb_frag {
+	__be32 target;
+	__u32 hash; /* the first fragment's outer source port hash: every fragment takes one path */
+};
+
 /* lb_event.kind */
 #define LB_EV_NEW 1 /* a mapping was chosen by Maglev on this LB pod */
 
@@ -81,9 +96,16 @@ struct lb_stats {
 	__u64 drop_no_target;   /* the VIP has no active target */
 	__u64 drop_no_port;     /* addressed to the VIP on a port it does not serve */
 	__u64 drop_icmp_no_flow;/* ICMP error about a flow no target holds here */
-	__u64 drop_fragment;    /* a non-first fragment (no ports to look up) */
+	__u64 drop_fragment;    /* a later fragment whose first fragment was not seen (no ports to look up) */
 	__u64 drop_error;       /* failed encapsulation or redirect */
 	__u64 report_lost;      /* new mapping not reported: ring buffer full */
+	/* Appended fields (the map-layout converter of lb_stats keeps the prefix of older pins). */
+	__u64 drop_bad_header;  /* IPv4 header checksum wrong, or its lengths inconsistent */
+	__u64 drop_ip_options;  /* IPv4 options: not forwarded (ports at a variable offset; no client needs them) */
+	__u64 fragments;        /* later fragments forwarded to their first fragment's target */
+	__u64 too_big;          /* over the path MTU once encapsulated: ICMP frag-needed sent to the client */
+	__u64 mapping_full;     /* mapping table full: forwarded by the Maglev pick, not recorded on this node */
+	__u64 drop_no_route;    /* node datapath: no route (or neighbour) towards the target */
 };
 
 #endif

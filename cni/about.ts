@@ -31,12 +31,17 @@ export function about(name: string): string {
   return `${DESCRIPTION[name] ?? DESCRIPTION.tether} v${VERSION}${isCniPlugin(name) ? `\n${CNI_VERSIONS}` : ''}`;
 }
 
+/** Where answerCommandLine writes (process.stdout and process.stderr unless told otherwise). */
+export interface TextSink {
+  write(text: string): unknown;
+}
+
 /**
  * The answers that need no daemon: `--version` and `--help` for every name (tetherd and tetherctl print
  * their own usage), and the CNI plugins run with no CNI_COMMAND. Returns the exit code, or undefined when
  * the command line is not one of these.
  */
-export function answerCommandLine(name: string, args: string[], env: NodeJS.ProcessEnv, out = process.stdout, err = process.stderr): number | undefined {
+export function answerCommandLine(name: string, args: string[], env: NodeJS.ProcessEnv, out: TextSink = process.stdout, err: TextSink = process.stderr): number | undefined {
   if (args.includes('--version')) {
     out.write(`${about(name)}\n`);
     return 0;

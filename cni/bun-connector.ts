@@ -9,6 +9,9 @@ interface BunSocket {
 
 interface BunRuntime {
   stdin: { text(): Promise<string> };
+  stdout: unknown;
+  stderr: unknown;
+  write(destination: unknown, data: string): Promise<number>;
   connect(o: {
     unix: string;
     socket: {
@@ -78,6 +81,25 @@ export const bunConnector: Connector = (socketPath, ev) => {
     },
   };
 };
+
+/**
+ * stdout and stderr through Bun.write: process.stdout and process.stderr would build Node's stream objects,
+ * about 7 ms of a Bun executable's start. A write that fails (the reader went away) is dropped, as Node drops
+ * an EPIPE on a closed stdout; the exit code still tells the runtime what happened.
+ */
+export const bunOutput = {
+  out: (text: string): Promise<void> => bunWrite('stdout', text),
+  err: (text: string): Promise<void> => bunWrite('stderr', text),
+};
+
+function bunWrite(to: 'stdout' | 'stderr', text: string): Promise<void> {
+  const bun = bunRuntime();
+  if (!bun) throw new Error('bunOutput needs the Bun runtime');
+  return bun.write(bun[to], text).then(
+    () => undefined,
+    () => undefined,
+  );
+}
 
 /** The request on stdin through Bun's API (no node:fs); a closed stdin reads as empty, as in readStdin. */
 export async function bunReadStdin(): Promise<string> {

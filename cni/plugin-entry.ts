@@ -2,10 +2,11 @@
 // dispatched on the name it was run by). Compiled with Bun (`bun build --compile --bytecode`,
 // install/build.sh) for start-up time; it holds only the thin client (cni/client-main.ts), never daemon
 // code, and reaches tetherd through Bun's own sockets. Bun loads every module a bundle imports at start,
-// so nothing here imports node:net or node:path.
+// so nothing here imports node:net or node:path; and nothing touches process.stdout or process.stderr
+// (building Node's streams there costs more than the request): output goes through Bun.write.
 import { answerCommandLine } from './about';
-import { bunConnector, bunReadStdin, bunRuntime } from './bun-connector';
-import { useConnector, useStdinReader } from './client-main';
+import { bunConnector, bunOutput, bunReadStdin, bunRuntime } from './bun-connector';
+import { useConnector, useOutput, useStdinReader } from './client-main';
 import { main as tetherMain } from './main';
 import { main as ipamMain } from '../ipam/main';
 
@@ -13,12 +14,18 @@ async function run(): Promise<number> {
   const args = process.argv.slice(2);
   const invoked = process.env.TETHER_CALLED_AS || process.argv0 || process.argv[1] || 'tether';
   const name = invoked.slice(invoked.lastIndexOf('/') + 1);
-  const answered = answerCommandLine(name === 'tether-ipam' ? name : 'tether', args, process.env);
+  const bun = bunRuntime() !== undefined;
+  const pending: Array<Promise<void>> = [];
+  const answered = bun
+    ? answerCommandLine(name === 'tether-ipam' ? name : 'tether', args, process.env, { write: (t) => pending.push(bunOutput.out(t)) }, { write: (t) => pending.push(bunOutput.err(t)) })
+    : answerCommandLine(name === 'tether-ipam' ? name : 'tether', args, process.env);
+  await Promise.all(pending);
   if (answered !== undefined) return answered;
   // Under Node (not how it ships) cni/entry.ts is the entry; this one speaks only through Bun.
-  if (!bunRuntime()) throw new Error('cni/plugin-entry.ts runs under Bun (the Node build starts at cni/entry.ts)');
+  if (!bun) throw new Error('cni/plugin-entry.ts runs under Bun (the Node build starts at cni/entry.ts)');
   useConnector(bunConnector);
   useStdinReader(bunReadStdin);
+  useOutput(bunOutput);
   return name === 'tether-ipam' ? ipamMain() : tetherMain();
 }
 
@@ -26,8 +33,8 @@ run().then(
   (code) => {
     process.exitCode = code;
   },
-  (e) => {
-    process.stderr.write(`${(e as Error).stack ?? e}\n`);
+  async (e) => {
     process.exitCode = 1;
+    await (bunRuntime() ? bunOutput.err(`${(e as Error).stack ?? e}\n`) : process.stderr.write(`${(e as Error).stack ?? e}\n`));
   },
 );

@@ -35,6 +35,8 @@ export const USAGE = `usage: tetherd [--node-name NAME] [--socket PATH] [--state
   --lb-max-vips N         VIPs this node's LB pods can serve (default 16, at most 256): the node's own budget; a
                           node programs only the VIPs of its LB pods, so the cluster's Services are not capped
   --lb-maglev-size P      Maglev table size, a prime (65537); --lb-max-mappings N  clients held per node (262144)
+  --lb-datapath MODE      where VIP traffic is handled: pod (default: in the LB pods) or node (at tc ingress of
+                          --uplink, where it arrives; the LB pods still decide where the VIP is announced)
   --health-port N         the node's /healthz and /livez, kube-proxy's contract (default 10266; 0: off); Services
                           with externalTrafficPolicy Local answer on their healthCheckNodePort
   --probe-port N          kubelet's probes on 127.0.0.1: /livez, /readyz (default 0: off; the DaemonSet uses 10267)
@@ -69,6 +71,7 @@ export type Options = {
   'lb-max-vips': string;
   'lb-maglev-size': string;
   'lb-max-mappings': string;
+  'lb-datapath': string;
   'health-port': string;
   'probe-port': string;
   'metrics-bind-address': string;
@@ -107,6 +110,7 @@ export function parseOptions(argv: string[]): Options {
       'lb-max-vips': { type: 'string', default: '16' },
       'lb-maglev-size': { type: 'string', default: '65537' },
       'lb-max-mappings': { type: 'string', default: '262144' },
+      'lb-datapath': { type: 'string', default: 'pod' },
       'health-port': { type: 'string', default: '10266' },
       'probe-port': { type: 'string', default: '0' },
       'metrics-bind-address': { type: 'string', default: DEFAULT_METRICS_ADDRESS },
@@ -178,8 +182,8 @@ export function flowsOption(raw: string): number {
   return n;
 }
 
-/** --lb-export-table, --lb-max-vips, --lb-maglev-size and --lb-max-mappings, checked: they size the maps at start. */
-export function lbOptions(opts: Options): { exportTable: number; maxVips: number; maglevSize: number; maxMappings: number } {
+/** --lb-export-table, --lb-max-vips, --lb-maglev-size, --lb-max-mappings (they size the maps at start) and --lb-datapath, checked. */
+export function lbOptions(opts: Options): { exportTable: number; maxVips: number; maglevSize: number; maxMappings: number; datapath: 'node' | 'pod' } {
   const int = (name: keyof Options, min: number, max: number): number => {
     const raw = String(opts[name]);
     const n = Number(raw);
@@ -190,5 +194,7 @@ export function lbOptions(opts: Options): { exportTable: number; maxVips: number
   if ([253, 254, 255].includes(exportTable)) throw new StartError(2, `--lb-export-table: ${exportTable} is a kernel table (local/main/default); pick another`);
   const maglevSize = int('lb-maglev-size', 7, 1_000_003);
   if (!isPrime(maglevSize)) throw new StartError(2, `--lb-maglev-size: ${maglevSize} is not a prime`);
-  return { exportTable, maxVips: int('lb-max-vips', 1, 256), maglevSize, maxMappings: int('lb-max-mappings', 1024, 16_777_216) };
+  const datapath = opts['lb-datapath'] ?? 'pod';
+  if (datapath !== 'node' && datapath !== 'pod') throw new StartError(2, `--lb-datapath: ${JSON.stringify(datapath)} is not node or pod`);
+  return { exportTable, maxVips: int('lb-max-vips', 1, 256), maglevSize, maxMappings: int('lb-max-mappings', 1024, 16_777_216), datapath };
 }

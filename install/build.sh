@@ -49,9 +49,11 @@ rm -f "$out/bin/tetherd"
 mv -f "$tmp" "$out/bin/tetherd"
 for name in tetherctl tether-install; do ln -sfn tetherd "$out/bin/$name"; done
 
-# 4. The CNI executables: only the thin client (cni/plugin-entry.ts), compiled with Bun.
+# 4. The CNI executables: only the thin client (cni/plugin-entry.ts), compiled with Bun. A runtime runs them
+#    in whatever directory it is in: they read no .env or bunfig.toml from there (Bun's default would).
 rm -f "$out/bin/tether" "$out/bin/tether-ipam"
-node_modules/.bin/bun build --compile --minify --bytecode cni/plugin-entry.ts --outfile "$out/bin/.tether.tmp" >"$out/bun.log" 2>&1 || { cat "$out/bun.log"; exit 1; }
+node_modules/.bin/bun build --compile --minify --bytecode --no-compile-autoload-dotenv --no-compile-autoload-bunfig \
+  cni/plugin-entry.ts --outfile "$out/bin/.tether.tmp" >"$out/bun.log" 2>&1 || { cat "$out/bun.log"; exit 1; }
 mv -f "$out/bin/.tether.tmp" "$out/bin/tether"
 ln -sfn tether "$out/bin/tether-ipam"
 echo "built $out/bin/tetherd ($(du -h "$out/bin/tetherd" | cut -f1); links tetherctl, tether-install; bundle $(du -h "$out/tetherd.js" | cut -f1)) and $out/bin/tether ($(du -h "$out/bin/tether" | cut -f1), Bun; link tether-ipam)"

@@ -18,6 +18,8 @@ export interface AllocationRecord {
 
 export class AllocationStore {
   private readonly root: string;
+  /** Pool directories made (or found) by this process: made once, not on every allocation. */
+  private readonly made = new Set<string>();
 
   constructor(stateDir: string) {
     this.root = path.join(stateDir, 'ipam');
@@ -26,7 +28,10 @@ export class AllocationStore {
 
   private poolDir(pool: string): string {
     const d = path.join(this.root, encodeURIComponent(pool));
-    fs.mkdirSync(path.join(d, 'addrs'), { recursive: true, mode: 0o700 });
+    if (!this.made.has(d)) {
+      fs.mkdirSync(path.join(d, 'addrs'), { recursive: true, mode: 0o700 });
+      this.made.add(d);
+    }
     return d;
   }
 
@@ -38,7 +43,16 @@ export class AllocationStore {
   create(rec: AllocationRecord): void {
     const file = this.addrFile(rec.pool, rec.address);
     const tmp = path.join(path.dirname(file), `.${path.basename(file)}.${process.pid}.tmp`);
-    const fd = fs.openSync(tmp, 'w', 0o600);
+    let fd: number;
+    try {
+      fd = fs.openSync(tmp, 'w', 0o600);
+    } catch (e) {
+      // The pool's directory was removed under us: made again.
+      if ((e as NodeJS.ErrnoException).code !== 'ENOENT') throw e;
+      this.made.clear();
+      this.poolDir(rec.pool);
+      fd = fs.openSync(tmp, 'w', 0o600);
+    }
     try {
       fs.writeSync(fd, JSON.stringify(rec));
       fs.fsyncSync(fd);

@@ -21,11 +21,15 @@ export const LB_LAYOUTS: Record<string, StructLayout> = {
   lb_mapping: { size: 16, fields: { target: { offset: 0, size: 4 }, pad: { offset: 4, size: 4 }, last_ns: { offset: 8, size: 8 } } },
   lb_target_key: { size: 8, fields: { vip: { offset: 0, size: 4 }, target: { offset: 4, size: 4 } } },
   lb_event: { size: 24, fields: { key: { offset: 0, size: 16 }, target: { offset: 16, size: 4 }, kind: { offset: 20, size: 4 } } },
+  lb_frag_key: { size: 12, fields: { saddr: { offset: 0, size: 4 }, daddr: { offset: 4, size: 4 }, id: { offset: 8, size: 2 }, proto: { offset: 10, size: 1 }, pad: { offset: 11, size: 1 } } },
+  lb_frag: { size: 8, fields: { target: { offset: 0, size: 4 }, hash: { offset: 4, size: 4 } } },
   lb_stats: {
-    size: 80,
+    size: 128,
     fields: Object.fromEntries(
-      ['packets', 'bytes', 'misses', 'icmp_forwarded', 'drop_no_target', 'drop_no_port', 'drop_icmp_no_flow', 'drop_fragment', 'drop_error', 'report_lost']
-        .map((n, i) => [n, { offset: i * 8, size: 8 }]),
+      [
+        'packets', 'bytes', 'misses', 'icmp_forwarded', 'drop_no_target', 'drop_no_port', 'drop_icmp_no_flow', 'drop_fragment', 'drop_error', 'report_lost',
+        'drop_bad_header', 'drop_ip_options', 'fragments', 'too_big', 'mapping_full', 'drop_no_route',
+      ].map((n, i) => [n, { offset: i * 8, size: 8 }]),
     ),
   },
 };
@@ -47,13 +51,15 @@ export const LB_MAP_LAYOUTS: Record<string, MapLayout> = {
   lb_cfg: { version: 1, convert: 'prefix' },
   lb_services: { version: 1, convert: 'copy' },
   // Client → target: a live client keeps its target only if its mapping survives (the store may hold it too).
+  // A pin of the LRU type (before the node datapath) is copied into the plain hash as it is.
   lb_mappings: { version: 1, convert: 'copy', catchUp: true },
+  lb_frags: { version: 1, convert: 'replace' }, // where fragmented datagrams in flight went: seconds of state
   lb_targets: { version: 1, convert: 'copy' },
   // Rows of maglev_size entries per slot: a resize may change the row length, and the controller writes
   // every served VIP's row before it attaches an LB pod, so the rows are rebuilt rather than copied.
   lb_maglev: { version: 1, convert: 'replace' },
   lb_events: { version: 1, convert: 'replace' }, // a ring buffer: nothing to carry
-  lb_stats: { version: 1, convert: 'prefix' }, // per-slot counters; slots keep their index
+  lb_stats: { version: 1, convert: 'prefix' }, // per-slot counters; slots keep their index; new counters start at 0
 };
 
 export function encodeLbConfig(c: { outerSource: string; port: number; maglevSize: number; seed: number }): Buffer {
@@ -145,9 +151,22 @@ export interface LbStats {
   dropFragment: bigint;
   dropError: bigint;
   reportLost: bigint;
+  /** IPv4 header checksum wrong or lengths inconsistent. */
+  dropBadHeader: bigint;
+  dropIpOptions: bigint;
+  /** Later fragments forwarded to their first fragment's target. */
+  fragments: bigint;
+  /** Over the path MTU once encapsulated: ICMP frag-needed sent to the client (node datapath). */
+  tooBig: bigint;
+  /** New flows forwarded by their Maglev pick without a mapping here: the table was full. */
+  mappingFull: bigint;
+  dropNoRoute: bigint;
 }
 
-const STAT_NAMES: Array<keyof LbStats> = ['packets', 'bytes', 'misses', 'icmpForwarded', 'dropNoTarget', 'dropNoPort', 'dropIcmpNoFlow', 'dropFragment', 'dropError', 'reportLost'];
+export const STAT_NAMES: Array<keyof LbStats> = [
+  'packets', 'bytes', 'misses', 'icmpForwarded', 'dropNoTarget', 'dropNoPort', 'dropIcmpNoFlow', 'dropFragment', 'dropError', 'reportLost',
+  'dropBadHeader', 'dropIpOptions', 'fragments', 'tooBig', 'mappingFull', 'dropNoRoute',
+];
 
 export function sumLbStats(perCpu: Buffer[]): LbStats {
   const s = Object.fromEntries(STAT_NAMES.map((n) => [n, 0n])) as unknown as LbStats;

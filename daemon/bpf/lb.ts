@@ -1,5 +1,6 @@
 // The load balancer datapath of one node: one lb.bpf.o whose maps are pinned under <pinDir>/lb and shared
-// by every LB pod of the node (each pod's interface gets the same program at tc ingress). tetherd writes
+// by its two programs: lb_ingress at tc ingress of every LB pod's interface, and (--lb-datapath=node)
+// lb_node at tc ingress of the node's uplink, which handles VIP traffic where it arrives. tetherd writes
 // the services, targets and Maglev rows, installs mappings learnt from the store, reads the mappings the
 // program chose from the ring buffer, and reads counters. After a restart the pinned maps (and with them
 // every mapping) are reused, and the filters are found again by their fixed tc id.
@@ -8,7 +9,8 @@ import { log } from '../log';
 import { BpfObject } from './object';
 import { BPF_ANY } from './map';
 import { RingBufferReader } from './libbpf';
-import { attachTc, detachTc, type TcAttachment } from './tc';
+import { attachTc, detachTc, queryTc, type TcAttachment } from './tc';
+import { BpfCallError } from './libbpf';
 import { bpfObjectDir } from './fou';
 import {
   LB_MAGLEV_DEFAULT, LB_MAX_VIPS_DEFAULT, LB_TARGET_ACTIVE, LB_TARGET_TERMINATING, decodeEvent, decodeMapKey, decodeMapping, decodeTargetKey,
@@ -17,6 +19,11 @@ import {
 import { ipv4Bytes } from './fou-structs';
 
 export const LB_TC = { handle: 1, priority: 0x110, object: 'lb', program: 'lb_ingress' } as const;
+/** The uplink program's filter: its own priority, so it never replaces another program on the uplink. */
+export const LB_NODE_TC = { handle: 1, priority: 0x130, program: 'lb_node' } as const;
+
+/** Where VIP traffic is handled: on the node's uplink as it arrives, or in the LB pods (tetherd --lb-datapath). */
+export type LbDatapathMode = 'node' | 'pod';
 
 /** A fixed flow-hash seed: every node must hash a client alike (the Maglev row is the same everywhere). */
 export const LB_HASH_SEED = 0x7e7e1b5d;
@@ -31,6 +38,11 @@ export interface LbDatapathOptions {
   maglevSize?: number;
   maxMappings?: number;
   objectPath?: string;
+  /**
+   * Load the uplink program too (default true). Off in pod mode: it needs newer kernel helpers
+   * (bpf_redirect_neigh with a next hop, the FIB's MTU result: Linux 5.12) that the LB pods' program does not.
+   */
+  nodeProgram?: boolean;
 }
 
 export type TargetState = 'active' | 'terminating';
@@ -64,6 +76,7 @@ export class LbDatapath {
       pinDir: o.pinDir,
       maxEntries: { lb_maglev: maxVips * maglevSize, lb_stats: maxVips, ...(o.maxMappings ? { lb_mappings: o.maxMappings } : {}) },
       layouts: LB_MAP_LAYOUTS,
+      skipPrograms: o.nodeProgram === false ? [LB_NODE_TC.program] : [],
     });
     return new LbDatapath(obj, maxVips, maglevSize);
   }
@@ -84,6 +97,31 @@ export class LbDatapath {
     this.attached.set(`${netns} ${ifName}`, a);
     this.o().settle();
     return a;
+  }
+
+  /**
+   * Attaches the node program at ingress of the node's uplink (netns: the node's namespace, when not
+   * tetherd's own). Idempotent: a program already there is replaced in place, no packet passes unhandled.
+   */
+  attachNode(ifName: string, netns?: string): TcAttachment {
+    const a = attachTc({ netns, ifName, direction: 'ingress', progFd: this.o().programFd(LB_NODE_TC.program), handle: LB_NODE_TC.handle, priority: LB_NODE_TC.priority });
+    this.o().settle();
+    return a;
+  }
+
+  /** Removes the node program from the uplink; false when it was not there. */
+  detachNode(ifName: string, netns?: string): boolean {
+    return LbDatapath.detachNodeFrom(ifName, netns);
+  }
+
+  /** detachNode without a loaded datapath: what an earlier tetherd in node mode left on the uplink. */
+  static detachNodeFrom(ifName: string, netns?: string): boolean {
+    return detachTc({ netns, ifName, direction: 'ingress', handle: LB_NODE_TC.handle, priority: LB_NODE_TC.priority });
+  }
+
+  /** Whether a node program is attached at the uplink (by this or an earlier tetherd). */
+  nodeAttached(ifName: string, netns?: string): boolean {
+    return queryTc({ netns, ifName, direction: 'ingress', handle: LB_NODE_TC.handle, priority: LB_NODE_TC.priority }) !== undefined;
   }
 
   /** Removes the program from an LB pod's interface; false when it was not there (or the pod is gone). */
@@ -167,13 +205,40 @@ export class LbDatapath {
     this.o().map('lb_maglev').updateBatch(entries);
   }
 
+  /** Entries the mapping table holds at most (--lb-max-mappings). */
+  get maxMappings(): number {
+    return this.o().map('lb_mappings').info.maxEntries;
+  }
+
   /**
    * Installs mappings (from the store; lastNs 0: unused since); an existing mapping for the same key is
-   * replaced. A lastNs is given only where a mapping's use is carried over (tests, a map upgrade).
+   * replaced. A lastNs is given only where a mapping's use is carried over (tests, a map upgrade). When
+   * the table is full, what does not fit is left out and counted in `full` (those clients are forwarded by
+   * their Maglev pick meanwhile); nothing else fails.
    */
-  installMappings(list: Array<{ key: MapKey; target: string; lastNs?: bigint }>): void {
-    if (!list.length) return;
-    this.o().map('lb_mappings').updateBatch(list.map((m) => [encodeMapKey(m.key), encodeMapping(m.target, m.lastNs ?? 0n)]), BPF_ANY);
+  installMappings(list: Array<{ key: MapKey; target: string; lastNs?: bigint }>): { installed: number; full: number } {
+    if (!list.length) return { installed: 0, full: 0 };
+    const map = this.o().map('lb_mappings');
+    const entries = list.map((m): [Buffer, Buffer] => [encodeMapKey(m.key), encodeMapping(m.target, m.lastNs ?? 0n)]);
+    try {
+      map.updateBatch(entries, BPF_ANY);
+      return { installed: entries.length, full: 0 };
+    } catch (e) {
+      if (!(e instanceof BpfCallError) || e.errno !== 7 /* E2BIG: the table is full */) throw e;
+    }
+    // A batch stops at the first entry that does not fit: one by one, replacing what is there still works.
+    let installed = 0;
+    let full = 0;
+    for (const [k, v] of entries) {
+      try {
+        map.update(k, v, BPF_ANY);
+        installed++;
+      } catch (e) {
+        if (!(e instanceof BpfCallError) || e.errno !== 7) throw e;
+        full++;
+      }
+    }
+    return { installed, full };
   }
 
   /** Every mapping the node holds. */

@@ -16,6 +16,7 @@ export interface Libbpf {
   bpf_object__find_map_by_name(obj: Ptr, name: string): Ptr | null;
   bpf_object__next_map(obj: Ptr, prev: Ptr | null): Ptr | null;
   bpf_program__fd(prog: Ptr): number;
+  bpf_program__set_autoload(prog: Ptr, autoload: boolean): number;
   bpf_map__name(map: Ptr): string;
   bpf_map__fd(map: Ptr): number;
   bpf_map__key_size(map: Ptr): number;
@@ -66,6 +67,7 @@ export function libbpf(): Libbpf {
     bpf_object__find_map_by_name: f('void *bpf_object__find_map_by_name(void *obj, const char *name)'),
     bpf_object__next_map: f('void *bpf_object__next_map(void *obj, void *prev)'),
     bpf_program__fd: f('int bpf_program__fd(void *prog)'),
+    bpf_program__set_autoload: f('int bpf_program__set_autoload(void *prog, bool autoload)'),
     bpf_map__name: f('const char *bpf_map__name(void *map)'),
     bpf_map__fd: f('int bpf_map__fd(void *map)'),
     bpf_map__key_size: f('uint32_t bpf_map__key_size(void *map)'),

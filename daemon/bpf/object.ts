@@ -34,6 +34,11 @@ export interface BpfObjectOptions {
   maxEntries?: Record<string, number>;
   /** Layout version and converter of each map (from its struct mirror); a map not listed has UNDECLARED. */
   layouts?: Record<string, MapLayout>;
+  /**
+   * Programs not loaded (a program this node does not use, whose helpers an older kernel may lack, must not
+   * fail the load of the others).
+   */
+  skipPrograms?: string[];
 }
 
 /** What the object declares for a map, as the kernel will report it once created. */
@@ -83,6 +88,10 @@ export class BpfObject {
     const obj = checkPtr(lib.bpf_object__open_file(file, null), 'bpf_object__open_file', what);
     const migrations: Migration[] = [];
     try {
+      for (const progName of opts.skipPrograms ?? []) {
+        const prog = checkPtr(lib.bpf_object__find_program_by_name(obj, progName), 'bpf_object__find_program_by_name', `${what} program ${progName}`);
+        check(lib.bpf_program__set_autoload(prog, false), 'bpf_program__set_autoload', `${what} program ${progName}`);
+      }
       // Sizes first: they are part of the shape a pin is compared with.
       for (const [mapName, n] of Object.entries(opts.maxEntries ?? {})) {
         const m = checkPtr(lib.bpf_object__find_map_by_name(obj, mapName), 'bpf_object__find_map_by_name', `${what} map ${mapName}`);

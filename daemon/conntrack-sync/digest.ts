@@ -11,6 +11,7 @@
 // one pass over a dump, 12 bytes per bucket on the wire. Keys in a table are unique, so XOR never cancels
 // an entry against itself.
 import type { ConntrackEntry, CtTuple } from '../conntrack/types';
+import { formatV6 } from './address-text';
 import { CodecError, Cursor } from './entry-codec';
 
 /** Buckets per stream unless configured: 12 KiB of digests per check, ~1,000 entries a bucket at 1M. */
@@ -53,6 +54,96 @@ export function bucketOf(e: Pick<ConntrackEntry, 'orig' | 'zone'>, k: number): n
 export function entryHash(e: ConntrackEntry): [number, number] {
   const s = `${tupleText(e.orig)}>${tupleText(e.reply)}#${e.zone ?? 0}#${e.tcp?.state ?? ''}`;
   return [fnv(s), mix(s)];
+}
+
+// keyHash straight from an entry's wire bytes (entry-codec.ts): the same characters of the same text fed
+// to both hashes as they are produced, with no string and no objects (a transfer hashes every entry).
+let fh = 0, mh = 0;
+function feed(c: number): void {
+  fh = Math.imul(fh ^ c, 0x01000193);
+  mh = Math.imul(mh ^ c, 0x5bd1e995);
+  mh ^= mh >>> 15;
+}
+function feedNum(v: number): void {
+  if (v >= 10) feedNum(Math.floor(v / 10));
+  feed(48 + (v % 10));
+}
+function feedText(s: string): void {
+  for (let i = 0; i < s.length; i++) feed(s.charCodeAt(i));
+}
+function feedAddr(buf: Buffer, o: number, v6: boolean): void {
+  if (v6) return feedText(formatV6(buf, o));
+  feedNum(buf[o]);
+  feed(46);
+  feedNum(buf[o + 1]);
+  feed(46);
+  feedNum(buf[o + 2]);
+  feed(46);
+  feedNum(buf[o + 3]);
+}
+
+/** The 64-bit key hash of the wire entry at buf[o] (validated: see WireList), as keyHash of it decoded. */
+export function keyHashAt(buf: Buffer, o: number): [number, number] {
+  keyHashInto(buf, o);
+  return [fh >>> 0, keyLo];
+}
+
+let keyLo = 0;
+/** keyHashAt without the array: returns hi; the low half is then in `lastKeyLo()`. */
+export function keyHashInto(buf: Buffer, o: number): number {
+  fh = 0x811c9dc5;
+  mh = 0x9747b28c;
+  const flags = buf[o];
+  let t = o + 5;
+  // The original tuple as tupleText writes it.
+  const f = buf[t];
+  const v6 = (f & 1) !== 0;
+  const al = v6 ? 16 : 4;
+  feed(v6 ? 54 : 52);
+  feed(47);
+  feedNum(buf[t + 1]);
+  feed(47);
+  feedAddr(buf, t + 2, v6);
+  feed(47);
+  let q = t + 2 + 2 * al;
+  let sport = -1, dport = -1, icmpId = -1, icmpType = -1, icmpCode = -1;
+  if (f & 2) { sport = (buf[q] << 8) | buf[q + 1]; q += 2; }
+  if (f & 4) { dport = (buf[q] << 8) | buf[q + 1]; q += 2; }
+  if (f & 8) { icmpId = (buf[q] << 8) | buf[q + 1]; q += 2; }
+  if (f & 16) icmpType = buf[q++];
+  if (f & 32) icmpCode = buf[q++];
+  if (sport >= 0) feedNum(sport);
+  else if (icmpId >= 0) feedNum(icmpId);
+  feed(47);
+  feedAddr(buf, t + 2 + al, v6);
+  feed(47);
+  if (dport >= 0) feedNum(dport);
+  feed(47);
+  if (icmpType >= 0) feedNum(icmpType);
+  feed(47);
+  if (icmpCode >= 0) feedNum(icmpCode);
+  // Then '#' and the zone (0 when absent).
+  feed(35);
+  let zone = 0;
+  if (flags & 4) {
+    // Past the reply tuple, the timeout and the mark.
+    const r = q;
+    const rf = buf[r];
+    const ral = rf & 1 ? 16 : 4;
+    let z = r + 2 + 2 * ral + (rf & 2 ? 2 : 0) + (rf & 4 ? 2 : 0) + (rf & 8 ? 2 : 0) + (rf & 16 ? 1 : 0) + (rf & 32 ? 1 : 0);
+    z += (flags & 1 ? 4 : 0) + (flags & 2 ? 4 : 0);
+    zone = (buf[z] << 8) | buf[z + 1];
+  }
+  feedNum(zone);
+  let h = Math.imul(mh ^ (mh >>> 13), 0xc2b2ae35);
+  keyLo = (h ^ (h >>> 16)) >>> 0;
+  h = fh >>> 0;
+  return h;
+}
+
+/** The low half of the last keyHashInto. */
+export function lastKeyLo(): number {
+  return keyLo;
 }
 
 export function checkBuckets(k: number): void {
@@ -143,6 +234,12 @@ export interface BucketSet {
 export function inBuckets(set: BucketSet, e: Pick<ConntrackEntry, 'orig' | 'zone'>): boolean {
   if (!set.list) return true;
   return bucketSetHas(set, bucketOf(e, set.k));
+}
+
+/** inBuckets for an entry whose key hash's low half (keyHash, keyHashInto) is `lo`. */
+export function inBucketsByHash(set: BucketSet, lo: number): boolean {
+  if (!set.list) return true;
+  return bucketSetHas(set, lo % set.k);
 }
 
 const lookups = new WeakMap<BucketSet, Uint8Array>();

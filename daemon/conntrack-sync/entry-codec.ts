@@ -244,3 +244,169 @@ export function readList<T>(payload: Buffer, max: number, read: (c: Cursor) => T
   c.done();
   return out;
 }
+
+/** Length of the wire tuple at buf[o], checked against `end`, with its flags validated as readTuple does. */
+function skipTuple(buf: Buffer, o: number, end: number): number {
+  if (o + 2 > end) throw new CodecError(`payload truncated at byte ${o}`);
+  const f = buf[o];
+  if (f & ~63) throw new CodecError(`tuple flags ${f}`);
+  const addr = f & T_V6 ? 16 : 4;
+  const n = 2 + 2 * addr + (f & T_SPORT ? 2 : 0) + (f & T_DPORT ? 2 : 0) + (f & T_ICMP_ID ? 2 : 0) + (f & T_ICMP_TYPE ? 1 : 0) + (f & T_ICMP_CODE ? 1 : 0);
+  if (o + n > end) throw new CodecError(`payload truncated at byte ${o}`);
+  return o + n;
+}
+
+/**
+ * Where the wire entry at buf[o] ends, checking everything readEntry checks (bounds, flag bits) without
+ * building anything. Throws CodecError.
+ */
+export function skipEntry(buf: Buffer, o: number, end: number): number {
+  if (o + 5 > end) throw new CodecError(`payload truncated at byte ${o}`);
+  const flags = buf[o];
+  if (flags & ~31) throw new CodecError(`entry flags ${flags}`);
+  const origFlags = buf[o + 5];
+  o = skipTuple(buf, o + 5, end);
+  // Both tuples of one family (a kernel entry always is): table-wire.ts relies on it.
+  if (o < end && (buf[o] & T_V6) !== (origFlags & T_V6)) throw new CodecError('tuples of two address families');
+  o = skipTuple(buf, o, end);
+  o += (flags & E_TIMEOUT ? 4 : 0) + (flags & E_MARK ? 4 : 0) + (flags & E_ZONE ? 2 : 0);
+  if (flags & E_TCP) {
+    if (o + 2 > end) throw new CodecError(`payload truncated at byte ${o}`);
+    const p = buf[o + 1];
+    if (p & ~15) throw new CodecError(`tcp flags ${p}`);
+    o += 2 + (p & P_WS_ORIG ? 1 : 0) + (p & P_WS_REPLY ? 1 : 0) + (p & P_FL_ORIG ? 2 : 0) + (p & P_FL_REPLY ? 2 : 0);
+  }
+  if (flags & E_ID) o += 4;
+  if (o > end) throw new CodecError(`payload truncated at byte ${end}`);
+  return o;
+}
+
+/**
+ * A received list payload (EVENTS or RESYNC_CHUNK), validated in full but not decoded: the offset of each
+ * item's entry in the payload, and for events its type. Consumers read the entries' bytes in place
+ * (table-wire.ts writes them into ctnetlink messages, EntryStore keeps them) or decode them on demand.
+ * The same checks as readList with readEvent/readEntry, so a garbled payload is refused before any of it
+ * is applied.
+ */
+export class WireList {
+  private constructor(
+    readonly payload: Buffer,
+    readonly count: number,
+    /** Start of each item's entry (after the type byte for events); offsets[count] is the payload's end. */
+    readonly offsets: Uint32Array,
+    /** Event type codes (0 new, 1 update, 2 destroy), or undefined for a transfer's entries. */
+    readonly types: Uint8Array | undefined,
+  ) {}
+
+  static parse(payload: Buffer, max: number, events: boolean): WireList {
+    if (payload.length < 4) throw new CodecError(`payload truncated at byte 0`);
+    const n = payload.readUInt32BE(0);
+    if (n > max) throw new CodecError(`${n} items, over the limit of ${max}`);
+    // Each item takes at least 12 bytes, so a lying count is caught before anything is sized from it.
+    if (n * 12 > payload.length) throw new CodecError(`${n} items cannot fit in ${payload.length} bytes`);
+    const offsets = new Uint32Array(n + 1);
+    const types = events ? new Uint8Array(n) : undefined;
+    const end = payload.length;
+    let o = 4;
+    for (let i = 0; i < n; i++) {
+      if (types) {
+        if (o >= end) throw new CodecError(`payload truncated at byte ${o}`);
+        const code = payload[o++];
+        if (code > 2) throw new CodecError(`event type ${code}`);
+        types[i] = code;
+      }
+      offsets[i] = o;
+      o = skipEntry(payload, o, end);
+    }
+    if (o !== end) throw new CodecError(`${end - o} bytes after the payload`);
+    offsets[n] = o;
+    return new WireList(payload, n, offsets, types);
+  }
+
+  /** Length in bytes of entry i (the next event's type byte is not part of it). */
+  len(i: number): number {
+    return (this.types && i + 1 < this.count ? this.offsets[i + 1] - 1 : this.offsets[i + 1]) - this.offsets[i];
+  }
+
+  /** The type of event i. */
+  type(i: number): ConntrackEventType {
+    return EV_TYPES[this.types ? this.types[i] : 0];
+  }
+
+  /** Entry i, decoded. */
+  entry(i: number): ConntrackEntry {
+    return readEntry(new Cursor(this.payload, this.offsets[i], this.offsets[i] + this.len(i)));
+  }
+
+  /** All items as decoded events (a transfer's entries count as 'new'). */
+  events(): ConntrackEvent[] {
+    const out: ConntrackEvent[] = new Array(this.count);
+    for (let i = 0; i < this.count; i++) out[i] = { type: this.type(i), entry: this.entry(i) };
+    return out;
+  }
+
+  /** All entries, decoded. */
+  entries(): ConntrackEntry[] {
+    const out: ConntrackEntry[] = new Array(this.count);
+    for (let i = 0; i < this.count; i++) out[i] = this.entry(i);
+    return out;
+  }
+}
+
+/**
+ * Entries already in wire form, back to back in one buffer (a transfer's snapshot read straight from a
+ * dump: dumpScopeEncoded), with the offset of each: no object per entry. `add` reserves room for one
+ * entry, the caller writes it there, `commit` records where it ended.
+ */
+export class EncodedEntries {
+  buf: Buffer;
+  used = 0;
+  count = 0;
+  offsets: Uint32Array;
+
+  constructor(expected = 1024) {
+    this.buf = Buffer.allocUnsafe(Math.max(4096, expected * 48));
+    this.offsets = new Uint32Array(expected + 1);
+  }
+
+  /** Room for one more entry: write it at buf[used]. */
+  reserve(): void {
+    if (this.used + MAX_EVENT_BYTES > this.buf.length) {
+      const bigger = Buffer.allocUnsafe(this.buf.length * 2);
+      this.buf.copy(bigger, 0, 0, this.used);
+      this.buf = bigger;
+    }
+    if (this.count + 2 > this.offsets.length) {
+      const bigger = new Uint32Array(this.offsets.length * 2);
+      bigger.set(this.offsets);
+      this.offsets = bigger;
+    }
+  }
+
+  /** The entry written at buf[used] ends at `end`. */
+  commit(end: number): void {
+    this.offsets[this.count] = this.used;
+    this.used = end;
+    this.count++;
+    this.offsets[this.count] = end;
+  }
+
+  /** Appends a copy of the entry at src[off, off + len). */
+  append(src: Buffer, off: number, len: number): void {
+    this.reserve();
+    for (let i = 0; i < len; i++) this.buf[this.used + i] = src[off + i];
+    this.commit(this.used + len);
+  }
+
+  /** Entry i, decoded. */
+  entry(i: number): ConntrackEntry {
+    return readEntry(new Cursor(this.buf, this.offsets[i], this.offsets[i + 1]));
+  }
+
+  /** Every entry, decoded. */
+  entries(): ConntrackEntry[] {
+    const out: ConntrackEntry[] = new Array(this.count);
+    for (let i = 0; i < this.count; i++) out[i] = this.entry(i);
+    return out;
+  }
+}

@@ -93,9 +93,10 @@ function writeTuple(buf: Buffer, o: number, payload: Buffer, t: TupleScratch): n
   const v6 = t.addrLen === 16;
   buf[o++] = t.flags | (v6 ? T_V6 : 0);
   buf[o++] = t.proto;
-  payload.copy(buf, o, t.src, t.src + t.addrLen);
+  // Byte loops: Buffer.copy makes a view object per call, which costs more than 4 or 16 bytes do.
+  for (let i = 0; i < t.addrLen; i++) buf[o + i] = payload[t.src + i];
   o += t.addrLen;
-  payload.copy(buf, o, t.dst, t.dst + t.addrLen);
+  for (let i = 0; i < t.addrLen; i++) buf[o + i] = payload[t.dst + i];
   o += t.addrLen;
   if (t.flags & T_SPORT) o = buf.writeUInt16BE(t.sport, o);
   if (t.flags & T_DPORT) o = buf.writeUInt16BE(t.dport, o);
@@ -115,23 +116,47 @@ function equalBytes(a: Buffer, at: number, b: Buffer, len: number): boolean {
  * 16 address bytes) is given and the entry's reply goes elsewhere. Throws CodecError on a malformed payload.
  */
 export function encodeEventPayload(type: ConntrackEventType, payload: Buffer, replyDst?: Buffer): EncodedEvent | undefined {
+  if (SLAB_BYTES - slabOff < MAX_EVENT_BYTES) {
+    slab = Buffer.allocUnsafe(SLAB_BYTES);
+    slabOff = 0;
+  }
+  const start = slabOff;
+  const end = encodeEventAt(payload, 0, payload.length, replyDst, slab, start);
+  if (end < 0) return undefined;
+  slabOff = (end + 7) & ~7;
+  return { type, key: slab.toString('latin1', start + 5, start + 5 + tupleBytes(slab, start + 5)), bytes: slab.subarray(start, end) };
+}
+
+/**
+ * encodeEventPayload without objects: the payload is bytes [start, end) of `buf` (as ConntrackEvents.sink
+ * hands it over), the wire form is written at out[at] (room for MAX_EVENT_BYTES needed). Returns where it
+ * ends, or -1 when `replyDst` is given and the entry's reply goes elsewhere. Throws CodecError on a
+ * malformed payload. The same bytes as encodeEventPayload.
+ */
+export function encodeEventAt(buf: Buffer, start: number, end: number, replyDst: Buffer | undefined, out: Buffer, at: number): number {
   try {
-    return encode(type, payload, replyDst);
+    return encode(buf, start, end, replyDst, out, at);
   } catch (e) {
     // A malformed attribute (wire.ts) is reported as what callers of the sync codec catch.
     throw e instanceof CodecError ? e : new CodecError((e as Error).message);
   }
 }
 
-function encode(type: ConntrackEventType, payload: Buffer, replyDst?: Buffer): EncodedEvent | undefined {
-  if (payload.length < NFGENMSG_LEN) throw new CodecError('ctnetlink message shorter than nfgenmsg');
-  const family: 4 | 6 = payload[0] === AF_INET6 ? 6 : 4;
+/** Length of the wire tuple at buf[o] (its flags byte first). */
+export function tupleBytes(buf: Buffer, o: number): number {
+  const f = buf[o];
+  const addr = f & T_V6 ? 16 : 4;
+  return 2 + 2 * addr + (f & T_SPORT ? 2 : 0) + (f & T_DPORT ? 2 : 0) + (f & T_ICMP_ID ? 2 : 0) + (f & T_ICMP_TYPE ? 1 : 0) + (f & T_ICMP_CODE ? 1 : 0);
+}
+
+function encode(payload: Buffer, pStart: number, end: number, replyDst: Buffer | undefined, buf: Buffer, start: number): number {
+  if (end - pStart < NFGENMSG_LEN) throw new CodecError('ctnetlink message shorter than nfgenmsg');
+  const family: 4 | 6 = payload[pStart] === AF_INET6 ? 6 : 4;
   let haveOrig = false, haveReply = false;
   let status = 0, timeout = -1, mark = -1, zone = -1, id = -1;
   let tcp = -1; // offset of the last CTA_PROTOINFO_TCP nest's data
   let tcpEnd = 0;
-  const end = payload.length;
-  for (let o = NFGENMSG_LEN; o + 4 <= end; ) {
+  for (let o = pStart + NFGENMSG_LEN; o + 4 <= end; ) {
     const len = attrLen(payload, o, end);
     const type = attrType(payload, o);
     const at = o + 4, l = len - 4;
@@ -157,20 +182,12 @@ function encode(type: ConntrackEventType, payload: Buffer, replyDst?: Buffer): E
     }
   }
   if (!haveOrig || !haveReply) throw new CodecError('ctnetlink entry without original and reply tuples');
-  if (replyDst && (reply.addrLen !== replyDst.length || !equalBytes(payload, reply.dst, replyDst, replyDst.length))) return undefined;
+  if (replyDst && (reply.addrLen !== replyDst.length || !equalBytes(payload, reply.dst, replyDst, replyDst.length))) return -1;
 
-  if (SLAB_BYTES - slabOff < MAX_EVENT_BYTES) {
-    slab = Buffer.allocUnsafe(SLAB_BYTES);
-    slabOff = 0;
-  }
-  const buf = slab;
-  const start = slabOff;
   let o = start;
   buf[o++] = (timeout >= 0 ? E_TIMEOUT : 0) | (mark >= 0 ? E_MARK : 0) | (zone >= 0 ? E_ZONE : 0) | (tcp >= 0 ? E_TCP : 0) | (id >= 0 ? E_ID : 0);
   o = buf.writeUInt32BE(status >>> 0, o);
-  const keyStart = o;
   o = writeTuple(buf, o, payload, orig);
-  const keyEnd = o;
   o = writeTuple(buf, o, payload, reply);
   if (timeout >= 0) o = buf.writeUInt32BE(timeout, o);
   if (mark >= 0) o = buf.writeUInt32BE(mark, o);
@@ -197,8 +214,14 @@ function encode(type: ConntrackEventType, payload: Buffer, replyDst?: Buffer): E
     if (p & P_FL_REPLY) o = buf.writeUInt16BE(flR, o);
   }
   if (id >= 0) o = buf.writeUInt32BE(id, o);
-  slabOff = (o + 7) & ~7;
-  return { type, key: buf.toString('latin1', keyStart, keyEnd), bytes: buf.subarray(start, o) };
+  return o;
+}
+
+/** Where the reply tuple's destination address of the wire entry at buf[at] lies: [offset, offset + length). */
+export function replyDstAt(buf: Buffer, at: number): { off: number; len: number } {
+  const r = at + 5 + tupleBytes(buf, at + 5);
+  const len = buf[r] & T_V6 ? 16 : 4;
+  return { off: r + 2 + len, len };
 }
 
 /**
@@ -207,7 +230,13 @@ function encode(type: ConntrackEventType, payload: Buffer, replyDst?: Buffer): E
  * among the floating addresses of that namespace.
  */
 export function encodedReplyDst(ev: EncodedEvent): string {
-  const at = 1 + 4 + ev.key.length;
-  const len = ev.bytes[at] & T_V6 ? 16 : 4;
-  return ev.bytes.toString('latin1', at + 2 + len, at + 2 + 2 * len);
+  const { off, len } = replyDstAt(ev.bytes, 0);
+  return ev.bytes.toString('latin1', off, off + len);
+}
+
+/** Whether the reply tuple of the wire entry at buf[at] goes to `addr` (its 4 or 16 bytes). */
+export function replyDstIs(buf: Buffer, at: number, addr: Buffer): boolean {
+  const r = at + 5 + tupleBytes(buf, at + 5);
+  const len = buf[r] & T_V6 ? 16 : 4;
+  return len === addr.length && equalBytes(buf, r + 2 + len, addr, len);
 }

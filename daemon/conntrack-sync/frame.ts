@@ -90,10 +90,15 @@ export class FrameWriter {
     this.key = key;
   }
 
+  /** Where frames are assembled: reused, so a frame costs one buffer of its exact size. */
+  private scratch = Buffer.allocUnsafe(0);
+
   /** `fill` writes at most `maxPayload` bytes at `off` and returns where it stopped. */
   build(type: FrameType, maxPayload: number, fill?: (buf: Buffer, off: number) => number): Buffer {
     const start = FIXED_HEADER + this.sender.length;
-    const buf = Buffer.allocUnsafe(start + maxPayload + MAC_LEN);
+    const size = start + maxPayload + MAC_LEN;
+    if (this.scratch.length < size) this.scratch = Buffer.allocUnsafe(Math.max(size, 2 * this.scratch.length));
+    const buf = this.scratch;
     const end = fill ? fill(buf, start) : start;
     if (end > start + maxPayload) throw new RangeError(`payload overran its ${maxPayload} bytes`);
     const total = end + MAC_LEN;
@@ -105,9 +110,12 @@ export class FrameWriter {
     this.session.copy(buf, 8);
     writeU64(buf, 16, this.seq++);
     this.sender.copy(buf, FIXED_HEADER);
-    createHmac('sha256', this.key).update(buf.subarray(0, end)).digest().copy(buf, end, 0, MAC_LEN);
-    // Frames sit in socket buffers until sent; don't let a worst-case allocation hold twice the memory.
-    return buf.length - total > 4096 ? Buffer.from(buf.subarray(0, total)) : buf.subarray(0, total);
+    const out = Buffer.allocUnsafe(total);
+    buf.copy(out, 0, 0, end);
+    createHmac('sha256', this.key).update(out.subarray(0, end)).digest().copy(out, end, 0, MAC_LEN);
+    // A very large scratch (one huge frame) is not kept for good.
+    if (this.scratch.length > 4 * DEFAULT_MAX_FRAME) this.scratch = Buffer.allocUnsafe(0);
+    return out;
   }
 }
 

@@ -15,10 +15,12 @@
 // compares them with its own table's and asks for the buckets that differ, and only those are sent again.
 // Every transfer is applied while it streams and swept (what its buckets hold and it did not carry is
 // deleted) only at its end, so a transfer cut off halfway deletes nothing (receiver.ts).
-export { SyncSender, type SyncSenderOptions, type SyncSenderStats, type SyncSenderState } from './sender';
+export { SyncSender, type Snapshot, type SyncSenderOptions, type SyncSenderStats, type SyncSenderState } from './sender';
 export { SyncReceiver, type SyncReceiverOptions, type SyncReceiverStats, type SyncPeerInfo, type SyncPeerStats } from './receiver';
 export { FrameType, PROTOCOL_VERSION, DEFAULT_MAX_FRAME, type RejectReason } from './frame';
 export { MIN_KEY_LEN } from './handshake';
-export { applySyncedEvents, replaceSyncedEntries, applyInSlices, upsertSyncedEntries, sweepSyncedEntries, syncedDigests, STANDBY_MIN_TIMEOUT, STANDBY_REDIGEST_MS, StandbyDigests, DigestCache, dumpScope, scopeDigests } from './table-apply';
-export { Digests, KeySet, keyHash, bucketOf, entryHash, inBuckets, DEFAULT_BUCKETS, MAX_BUCKETS, type BucketSet } from './digest';
-export { encodeEventPayload, encodedReplyDst, type EncodedEvent } from './event-transcode';
+export { applySyncedEvents, applyWireList, replaceSyncedEntries, applyInSlices, upsertSyncedEntries, sweepSyncedEntries, syncedDigests, STANDBY_MIN_TIMEOUT, STANDBY_REDIGEST_MS, StandbyDigests, DigestCache, dumpScope, dumpScopeEncoded, scopeDigests } from './table-apply';
+export { Digests, KeySet, keyHash, keyHashAt, bucketOf, entryHash, inBuckets, DEFAULT_BUCKETS, MAX_BUCKETS, type BucketSet } from './digest';
+export { WireList, EncodedEntries, MAX_EVENT_BYTES } from './entry-codec';
+export { EntryStore } from './entry-store';
+export { encodeEventAt, encodeEventPayload, encodedReplyDst, replyDstIs, type EncodedEvent } from './event-transcode';

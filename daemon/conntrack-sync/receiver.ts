@@ -11,8 +11,8 @@ import * as net from 'node:net';
 import type { ConntrackEntry, ConntrackEvent } from '../conntrack/types';
 import { log } from '../log';
 import { SyncChannel, type ChannelTiming } from './channel';
-import { Digests, KeySet, bucketSetBytes, keyHash, readBucketSet, writeBucketSet, type BucketSet } from './digest';
-import { Cursor, readEntry, readEvent, readList } from './entry-codec';
+import { Digests, KeySet, bucketSetBytes, keyHashInto, lastKeyLo, readBucketSet, writeBucketSet, type BucketSet } from './digest';
+import { Cursor, WireList } from './entry-codec';
 import { DEFAULT_MAX_FRAME, FrameRejected, FrameType, emptyRejects, senderBytes, writeU64, type Frame, type RejectReason } from './frame';
 import { checkClusterKey, deriveSession, handshakeKey, newNonce, proofsEqual, readHello, readProof, writeAccept, writeChallenge, type SessionKeys } from './handshake';
 
@@ -32,10 +32,19 @@ export interface SyncReceiverOptions {
   host?: string;
   /** 0 (default) picks an ephemeral port; see `port` after listen(). */
   port?: number;
-  /** Applies events in order (upsert for new/update, delete-if-present for destroy). Throwing drops the connection, which makes the sender resync. */
-  apply: (events: ConntrackEvent[], from: SyncPeerInfo) => void | Promise<void>;
-  /** A chunk of a transfer: create or update each entry (applied as it arrives). */
-  upsert: (entries: ConntrackEntry[], from: SyncPeerInfo) => void | Promise<void>;
+  /**
+   * Applies events in order (upsert for new/update, delete-if-present for destroy). Throwing drops the
+   * connection, which makes the sender resync. This or applyWire.
+   */
+  apply?: (events: ConntrackEvent[], from: SyncPeerInfo) => void | Promise<void>;
+  /** A chunk of a transfer: create or update each entry (applied as it arrives). This or upsertWire. */
+  upsert?: (entries: ConntrackEntry[], from: SyncPeerInfo) => void | Promise<void>;
+  /**
+   * apply and upsert for callers that read entries in their wire form (table-wire.ts, EntryStore): given,
+   * they are called instead, with the frame's list validated but not decoded (no object per entry).
+   */
+  applyWire?: (events: WireList, from: SyncPeerInfo) => void | Promise<void>;
+  upsertWire?: (entries: WireList, from: SyncPeerInfo) => void | Promise<void>;
   /**
    * The end of a transfer: delete the stream's entries in `buckets` whose key hash (digest.ts keyHash) is
    * not in `keep`. Returns how many were deleted (for stats) or nothing.
@@ -97,8 +106,8 @@ export interface SyncReceiverStats {
 }
 
 type Work =
-  | { kind: 'apply'; seq: number; rxAt: number; events: ConntrackEvent[] }
-  | { kind: 'upsert'; seq: number; rxAt: number; entries: ConntrackEntry[] }
+  | { kind: 'apply'; seq: number; rxAt: number; list: WireList }
+  | { kind: 'upsert'; seq: number; rxAt: number; list: WireList }
   | { kind: 'sweep'; seq: number; rxAt: number; t: Transfer }
   | { kind: 'check'; seq: number; rxAt: number; digests: Digests }
   | { kind: 'none'; seq: number; rxAt: number };
@@ -128,7 +137,7 @@ interface Conn {
 }
 
 export class SyncReceiver {
-  private readonly o: Required<Omit<SyncReceiverOptions, 'apply' | 'upsert' | 'sweep' | 'digests'>>;
+  private readonly o: Required<Omit<SyncReceiverOptions, 'apply' | 'upsert' | 'sweep' | 'digests' | 'applyWire' | 'upsertWire'>>;
   private readonly hsKey: Buffer;
   private readonly idBytes: Buffer;
   private readonly timing: ChannelTiming;
@@ -143,6 +152,8 @@ export class SyncReceiver {
 
   constructor(private readonly opts: SyncReceiverOptions) {
     checkClusterKey(opts.key);
+    if (!opts.apply && !opts.applyWire) throw new TypeError('SyncReceiver: apply or applyWire is required');
+    if (!opts.upsert && !opts.upsertWire) throw new TypeError('SyncReceiver: upsert or upsertWire is required');
     this.idBytes = senderBytes(opts.id);
     this.hsKey = handshakeKey(opts.key);
     this.o = {
@@ -230,7 +241,7 @@ export class SyncReceiver {
     switch (f.type) {
       case FrameType.EVENTS:
         if (c.resync) throw new FrameRejected('malformed', 'EVENTS inside a resync');
-        return this.enqueue(c, { kind: 'apply', seq: f.seq, rxAt: now, events: readList(f.payload, 0xffffffff, readEvent) });
+        return this.enqueue(c, { kind: 'apply', seq: f.seq, rxAt: now, list: WireList.parse(f.payload, 0xffffffff, true) });
       case FrameType.RESYNC_BEGIN: {
         if (c.resync) throw new FrameRejected('malformed', 'RESYNC_BEGIN inside a resync');
         const cur = new Cursor(f.payload);
@@ -244,13 +255,13 @@ export class SyncReceiver {
       case FrameType.RESYNC_CHUNK: {
         const r = c.resync;
         if (!r) throw new FrameRejected('malformed', 'RESYNC_CHUNK outside a resync');
-        const got = readList(f.payload, r.total - r.got, readEntry);
-        r.got += got.length;
-        for (const e of got) {
-          const [hi, lo] = keyHash(e);
-          r.keys.add(hi, lo);
+        const list = WireList.parse(f.payload, r.total - r.got, false);
+        r.got += list.count;
+        for (let i = 0; i < list.count; i++) {
+          const hi = keyHashInto(list.payload, list.offsets[i]);
+          r.keys.add(hi, lastKeyLo());
         }
-        return this.enqueue(c, { kind: 'upsert', seq: f.seq, rxAt: now, entries: got });
+        return this.enqueue(c, { kind: 'upsert', seq: f.seq, rxAt: now, list });
       }
       case FrameType.RESYNC_END: {
         const r = c.resync;
@@ -339,8 +350,8 @@ export class SyncReceiver {
   }
 
   private exec(c: Conn, w: Work): void | Promise<void> {
-    if (w.kind === 'apply') return this.opts.apply(w.events, c.info!);
-    if (w.kind === 'upsert') return this.opts.upsert(w.entries, c.info!);
+    if (w.kind === 'apply') return this.opts.applyWire ? this.opts.applyWire(w.list, c.info!) : this.opts.apply!(w.list.events(), c.info!);
+    if (w.kind === 'upsert') return this.opts.upsertWire ? this.opts.upsertWire(w.list, c.info!) : this.opts.upsert!(w.list.entries(), c.info!);
     if (w.kind === 'sweep') {
       const r = this.opts.sweep(w.t.keys, w.t.set, c.info!);
       const count = (n: void | number) => {
@@ -375,7 +386,7 @@ export class SyncReceiver {
     st.appliedSeq = w.seq;
     st.framesApplied++;
     this.s.framesApplied++;
-    const n = w.kind === 'apply' ? w.events.length : w.kind === 'upsert' ? w.entries.length : 0;
+    const n = w.kind === 'apply' || w.kind === 'upsert' ? w.list.count : 0;
     st.entriesApplied += n;
     this.s.entriesApplied += n;
     if (w.kind === 'sweep' && w.t.set.list) {

@@ -3,12 +3,12 @@
 // (RESYNC_REQUEST) or the peer fell too far behind; otherwise checkConsistency() (periodic, the caller's
 // timer) sends per-bucket digests (digest.ts), and the receiver asks back for just the buckets that differ.
 import * as net from 'node:net';
-import type { ConntrackEntry } from '../conntrack/types';
+import type { ConntrackEntry, ConntrackEventType } from '../conntrack/types';
 import { log } from '../log';
 import { SyncChannel, type ChannelTiming } from './channel';
 import { CoalescingQueue } from './coalescing-queue';
-import { CodecError, MAX_EVENT_BYTES, writeEntry, writeList, writeSyncEvent, type SyncEvent } from './entry-codec';
-import { DEFAULT_BUCKETS, Digests, bucketSetBytes, checkBuckets, inBuckets, readBucketSet, writeBucketSet, type BucketSet } from './digest';
+import { CodecError, EncodedEntries, MAX_EVENT_BYTES, writeEntry, writeList, type SyncEvent } from './entry-codec';
+import { DEFAULT_BUCKETS, Digests, bucketSetBytes, checkBuckets, inBuckets, inBucketsByHash, keyHashInto, lastKeyLo, readBucketSet, writeBucketSet, type BucketSet } from './digest';
 import { Cursor } from './entry-codec';
 import { DEFAULT_MAX_FRAME, FrameRejected, FrameType, emptyRejects, readU64, senderBytes, type Frame, type RejectReason } from './frame';
 import { checkClusterKey, deriveSession, handshakeKey, newNonce, proofsEqual, readAccept, readChallenge, writeHello, writeProof, type SessionKeys } from './handshake';
@@ -25,9 +25,10 @@ export interface SyncSenderOptions {
   stream?: string;
   /** Ownership epoch of the stream; a receiver refuses an epoch lower than one it has seen. */
   epoch?: number;
-  /** The full current table, taken when a resync starts (may be a kernel dump). The array is sent in
-   *  chunks afterwards, so it must be a fresh one that the caller no longer changes. */
-  snapshot: () => ConntrackEntry[] | Promise<ConntrackEntry[]>;
+  /** The full current table, taken when a resync starts (may be a kernel dump): decoded entries, or
+   *  entries already in wire form (dumpScopeEncoded, no object per entry). It is sent in chunks
+   *  afterwards, so it must be a fresh one that the caller no longer changes. */
+  snapshot: () => Snapshot | Promise<Snapshot>;
   /** Buckets of the consistency check (digest.ts); both ends use the sender's. */
   buckets?: number;
   /** The current table's digests for checkConsistency(); computed from snapshot() when not given. A
@@ -109,12 +110,28 @@ interface Inflight {
 
 interface Resync {
   set: BucketSet;
-  entries: ConntrackEntry[];
+  /** The snapshot: decoded entries, or entries already in wire form (dumpScopeEncoded). */
+  entries: ConntrackEntry[] | EncodedEntries;
+  /** How many. */
+  total: number;
   next: number;
   started: number;
 }
 
 const ackPayload = 8;
+
+export type Snapshot = ConntrackEntry[] | EncodedEntries;
+
+/** The snapshot's entries in the set's buckets. */
+function inSet(all: Snapshot, set: BucketSet): Snapshot {
+  if (!(all instanceof EncodedEntries)) return all.filter((e) => inBuckets(set, e));
+  const out = new EncodedEntries();
+  for (let i = 0; i < all.count; i++) {
+    keyHashInto(all.buf, all.offsets[i]);
+    if (inBucketsByHash(set, lastKeyLo())) out.append(all.buf, all.offsets[i], all.offsets[i + 1] - all.offsets[i]);
+  }
+  return out;
+}
 
 export class SyncSender {
   private readonly o: Required<Omit<SyncSenderOptions, 'expectReceiverId' | 'stream' | 'epoch' | 'digests'>> & Pick<SyncSenderOptions, 'expectReceiverId' | 'digests'> & { stream: string; epoch: number };
@@ -182,23 +199,52 @@ export class SyncSender {
   push(events: SyncEvent | readonly SyncEvent[]): void {
     const list: readonly SyncEvent[] = Array.isArray(events) ? events : [events as SyncEvent];
     // Before a snapshot is taken, or when one is owed anyway, the snapshot will carry these.
-    if ((this.state !== 'resync' && this.state !== 'streaming') || this.resyncPending) {
+    if (!this.accepting()) {
       this.s.dropped += list.length;
       return;
     }
     const now = Date.now();
     for (let i = 0; i < list.length; i++) {
-      this.queue.push(list[i], now);
-      if (this.queue.size > this.o.maxQueuedEntries) {
-        this.s.dropped += this.queue.size + list.length - i - 1;
-        this.s.overflows++;
-        this.queue.clear();
-        this.resyncPending = true;
-        log().warn('conntrack sync: peer too far behind, queue dropped for a full resync', { peer: this.peer, stream: this.o.stream, inflightFrames: this.inflight.length });
-        break;
+      try {
+        this.queue.push(list[i], now);
+      } catch (e) {
+        if (!(e instanceof CodecError)) throw e;
+        this.s.invalidEntries++;
+        log().error('conntrack sync: entry skipped, cannot encode', { peer: this.peer, error: e.message, entry: JSON.stringify(list[i]).slice(0, 300) });
+        continue;
       }
+      if (this.overflowed(list.length - i - 1)) break;
     }
     this.schedulePump();
+  }
+
+  /**
+   * push() for one event whose entry is already in wire form at buf[off, off + len) (encodeEventAt): the
+   * owner's hot path, with no object per event. The bytes are copied; buf may be reused after the call.
+   */
+  pushEncoded(type: ConntrackEventType, buf: Buffer, off: number, len: number): void {
+    if (!this.accepting()) {
+      this.s.dropped++;
+      return;
+    }
+    this.queue.pushBytes(type, buf, off, len, Date.now());
+    this.overflowed(0);
+    this.schedulePump();
+  }
+
+  private accepting(): boolean {
+    return (this.state === 'resync' || this.state === 'streaming') && !this.resyncPending;
+  }
+
+  /** Past maxQueuedEntries: the queue is dropped for a full resync (`rest` more events are dropped with it). */
+  private overflowed(rest: number): boolean {
+    if (this.queue.size <= this.o.maxQueuedEntries) return false;
+    this.s.dropped += this.queue.size + rest;
+    this.s.overflows++;
+    this.queue.clear();
+    this.resyncPending = true;
+    log().warn('conntrack sync: peer too far behind, queue dropped for a full resync', { peer: this.peer, stream: this.o.stream, inflightFrames: this.inflight.length });
+    return true;
   }
 
   /** Sends the whole table again (e.g. after the owner's own table was rebuilt). */
@@ -222,7 +268,7 @@ export class SyncSender {
     let d: Digests | Promise<Digests>;
     this.checking = true;
     try {
-      d = this.o.digests ? this.o.digests(k) : Promise.resolve(this.o.snapshot()).then((entries) => Digests.of(entries, k));
+      d = this.o.digests ? this.o.digests(k) : Promise.resolve(this.o.snapshot()).then((all) => Digests.of(all instanceof EncodedEntries ? all.entries() : all, k));
     } catch (e) {
       this.checking = false;
       log().error('conntrack sync: digests failed', { peer: this.peer, stream: this.o.stream, error: (e as Error).message ?? String(e) });
@@ -424,23 +470,24 @@ export class SyncSender {
       this.queue.clear();
     }
     const started = Date.now();
-    let snap: ConntrackEntry[] | Promise<ConntrackEntry[]>;
+    let snap: Snapshot | Promise<Snapshot>;
     try {
       snap = this.o.snapshot();
     } catch (e) {
       return this.snapshotFailed(gen, e);
     }
-    const go = (all: ConntrackEntry[]) => {
+    const go = (all: Snapshot) => {
       if (gen !== this.generation || this.state !== 'resync' || !this.ch) return;
-      const entries = set.list ? all.filter((e) => inBuckets(set, e)) : all;
-      this.resync = { set, entries, next: 0, started };
+      const entries = set.list ? inSet(all, set) : all;
+      const total = entries instanceof EncodedEntries ? entries.count : entries.length;
+      this.resync = { set, entries, total, next: 0, started };
       this.sendFrame(FrameType.RESYNC_BEGIN, 4 + bucketSetBytes(set), (b, o) => {
-        b.writeUInt32BE(entries.length, o);
+        b.writeUInt32BE(total, o);
         return writeBucketSet(b, o + 4, set);
       }, 0, started);
       this.pump();
     };
-    if (Array.isArray(snap)) go(snap);
+    if (Array.isArray(snap) || snap instanceof EncodedEntries) go(snap);
     else snap.then(go, (e) => this.snapshotFailed(gen, e));
   }
 
@@ -470,12 +517,13 @@ export class SyncSender {
     while (this.canSend()) {
       const r = this.resync;
       if (r) {
-        if (r.next < r.entries.length) {
-          this.sendList(FrameType.RESYNC_CHUNK, r, this.o.chunkEntries, writeEntry, r.started);
+        if (r.next < r.total) {
+          if (r.entries instanceof EncodedEntries) this.sendEncodedChunk(r, r.entries);
+          else this.sendList(FrameType.RESYNC_CHUNK, { entries: r.entries, next: r.next }, this.o.chunkEntries, writeEntry, r.started, (next) => { r.next = next; });
           continue;
         }
         this.sendFrame(FrameType.RESYNC_END, 4, (b, o) => {
-          b.writeUInt32BE(r.entries.length, o);
+          b.writeUInt32BE(r.total, o);
           return o + 4;
         }, 0, r.started);
         this.resync = undefined;
@@ -483,12 +531,12 @@ export class SyncSender {
         if (r.set.list) {
           this.s.bucketResyncs++;
           this.s.bucketsResent += r.set.list.length;
-          log().info('conntrack sync buckets sent', { role: 'sender', peer: this.peer, stream: this.o.stream, buckets: r.set.list.length, entries: r.entries.length, ms: Date.now() - r.started });
+          log().info('conntrack sync buckets sent', { role: 'sender', peer: this.peer, stream: this.o.stream, buckets: r.set.list.length, entries: r.total, ms: Date.now() - r.started });
         } else {
           this.s.resyncs++;
-          this.s.lastResyncEntries = r.entries.length;
+          this.s.lastResyncEntries = r.total;
           this.s.lastResyncMs = Date.now() - r.started;
-          log().info('conntrack sync resync sent', { role: 'sender', peer: this.peer, stream: this.o.stream, entries: r.entries.length, ms: this.s.lastResyncMs, resyncs: this.s.resyncs });
+          log().info('conntrack sync resync sent', { role: 'sender', peer: this.peer, stream: this.o.stream, entries: r.total, ms: this.s.lastResyncMs, resyncs: this.s.resyncs });
         }
         continue;
       }
@@ -500,14 +548,43 @@ export class SyncSender {
         return this.startResync({ k: this.o.buckets, list });
       }
       if (this.queue.size === 0) return;
-      const { events, since } = this.queue.take(this.o.batchEntries);
-      const cursor = { entries: events, next: 0 };
-      while (cursor.next < events.length && this.ch && !this.ch.closed) this.sendList(FrameType.EVENTS, cursor, this.o.batchEntries, writeSyncEvent, since);
+      this.sendEvents();
     }
+  }
+
+  /** One EVENTS frame, its list written straight from the queue's bytes. */
+  private sendEvents(): void {
+    const max = this.o.batchEntries;
+    const room = Math.min(max * MAX_EVENT_BYTES + 4, this.o.maxFrameBytes - 128);
+    let count = 0;
+    let since = Date.now();
+    this.sendFrame(FrameType.EVENTS, room, (b, o) => {
+      const r = this.queue.writeInto(b, o + 4, o + room, max);
+      b.writeUInt32BE(r.count, o);
+      count = r.count;
+      if (r.since < since) since = r.since;
+      return r.end;
+    }, () => count, () => since);
+  }
+
+  /** One RESYNC_CHUNK of entries already in wire form: as many whole entries as fit, in one copy. */
+  private sendEncodedChunk(r: Resync, enc: EncodedEntries): void {
+    const room = Math.min(this.o.chunkEntries * MAX_EVENT_BYTES + 4, this.o.maxFrameBytes - 128);
+    const from = r.next;
+    let n = Math.min(this.o.chunkEntries, r.total - from);
+    while (n > 1 && 4 + enc.offsets[from + n] - enc.offsets[from] > room) n = Math.ceil(n / 2);
+    const start = enc.offsets[from], end = enc.offsets[from + n];
+    r.next = from + n;
+    this.sendFrame(FrameType.RESYNC_CHUNK, 4 + end - start, (b, o) => {
+      b.writeUInt32BE(n, o);
+      enc.buf.copy(b, o + 4, start, end);
+      return o + 4 + end - start;
+    }, n, r.started);
   }
 
   private sendList<T extends ConntrackEntry | SyncEvent>(
     type: FrameType, src: { entries: T[]; next: number }, max: number, write: (b: Buffer, o: number, x: T) => number, since: number,
+    advanced: (next: number) => void = () => undefined,
   ): void {
     const room = Math.min(max * MAX_EVENT_BYTES + 4, this.o.maxFrameBytes - 128);
     let sent = 0;
@@ -517,18 +594,19 @@ export class SyncSender {
         log().error('conntrack sync: entry skipped, cannot encode', { peer: this.peer, error: e.message, entry: JSON.stringify(item).slice(0, 300) });
       });
       src.next = r.next;
+      advanced(r.next);
       sent = r.count;
       return r.end;
     }, () => sent, since);
   }
 
-  private sendFrame(type: FrameType, maxPayload: number, fill: (b: Buffer, o: number) => number, entries: number | (() => number), since: number): number {
+  private sendFrame(type: FrameType, maxPayload: number, fill: (b: Buffer, o: number) => number, entries: number | (() => number), since: number | (() => number)): number {
     const ch = this.ch!;
     const seq = ch.writer.seq;
     const bytes = ch.send(type, maxPayload, fill);
     if (!bytes) return 0;
     const n = typeof entries === 'function' ? entries() : entries;
-    this.inflight.push({ seq, bytes, entries: n, since });
+    this.inflight.push({ seq, bytes, entries: n, since: typeof since === 'function' ? since() : since });
     this.inflightBytes += bytes;
     this.inflightEntries += n;
     this.s.framesSent++;

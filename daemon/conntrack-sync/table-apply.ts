@@ -3,7 +3,16 @@
 // the sync channels' own heartbeats). Shared by the egress controller and the sync benchmark.
 import { setImmediate as nextTurn } from 'node:timers/promises';
 import { ConntrackHandle, type ApplyResult, type TableOp } from '../conntrack/handle';
+import * as os from 'node:os';
+import { nfgenmsg } from '../conntrack/codec';
+import { ctMsgType, IPCTNL_MSG, NFNL_SUBSYS_CTNETLINK } from '../conntrack/constants';
+import { NetlinkError } from '../netlink/netlink-error';
+import { encodeEventAt } from './event-transcode';
 import type { ConntrackEntry, ConntrackEvent } from '../conntrack/types';
+import type { Writer } from '../conntrack/wire';
+import { NLM_F_CREATE, NLM_F_EXCL } from '../netlink/constants';
+import { EncodedEntries, type WireList } from './entry-codec';
+import { writeCreateAt, writeLookupAt, writeUpdateAt } from './table-wire';
 import { Digests, inBuckets, keyHash, type BucketSet, type KeySet } from './digest';
 
 /**
@@ -44,6 +53,51 @@ export async function applySyncedEvents(nsPath: string, events: readonly Conntra
   const h = ConntrackHandle.open(nsPath);
   try {
     return await applyInSlices(h, events.map((ev) => ({ kind: ev.type === 'destroy' ? 'delete' : ev.type === 'new' ? 'create' : 'update', entry: standby(ev.entry, minTimeout) })));
+  } finally {
+    h.close();
+  }
+}
+
+const CT_NEW = ctMsgType(IPCTNL_MSG.CT_NEW);
+const CT_DELETE = ctMsgType(IPCTNL_MSG.CT_DELETE);
+const KINDS: Array<TableOp['kind']> = ['create', 'update', 'delete'];
+
+/**
+ * A received list (WireList) applied to the table at nsPath straight from its wire bytes: events (new
+ * created, update updated, destroy deleted) or a transfer's entries (created), each entry's timeout
+ * raised to at least minTimeout. Only an entry that needs a second message (it existed, or did not, or
+ * was refused) is decoded. A slice per event-loop turn, as applyInSlices.
+ */
+export async function applyWireList(nsPath: string, list: WireList, minTimeout = 0, sliceOps = SLICE_OPS): Promise<ApplyResult> {
+  const h = ConntrackHandle.open(nsPath);
+  try {
+    const res: ApplyResult = { created: 0, updated: 0, deleted: 0, failed: [] };
+    const buf = list.payload;
+    const off = list.offsets;
+    const types = list.types;
+    const kind = (i: number): TableOp['kind'] => (types ? KINDS[types[i]] : 'create');
+    const write = (w: Writer, i: number): { type: number; flags: number } => {
+      const k = kind(i);
+      if (k === 'delete') {
+        writeLookupAt(w, buf, off[i]);
+        return { type: CT_DELETE, flags: 0 };
+      }
+      if (k === 'create') {
+        writeCreateAt(w, buf, off[i], minTimeout);
+        return { type: CT_NEW, flags: NLM_F_CREATE | NLM_F_EXCL };
+      }
+      writeUpdateAt(w, buf, off[i], minTimeout);
+      return { type: CT_NEW, flags: 0 };
+    };
+    const op = (i: number): TableOp => ({ kind: kind(i), entry: standby(list.entry(i), minTimeout) });
+    for (let i = 0; i < list.count; i += sliceOps) {
+      if (i > 0) await nextTurn();
+      const n = Math.min(sliceOps, list.count - i);
+      const items = new Array<number>(n);
+      for (let j = 0; j < n; j++) items[j] = i + j;
+      h.applyItems(items, kind, write, op, res);
+    }
+    return res;
   } finally {
     h.close();
   }
@@ -176,6 +230,32 @@ export async function dumpScope(nsPath: string, family: 4 | 6, inScope: (e: Conn
     let out: ConntrackEntry[] = [];
     await h.dumpEach({ family }, (e) => { if (inScope(e)) out.push(e); }, () => { out = []; });
     return out;
+  } finally {
+    h.close();
+  }
+}
+
+/**
+ * dumpScope for a transfer: the entries whose reply goes to `replyDst` (the floating address's 4 or 16
+ * bytes), each dump message written straight into its sync wire form (event-transcode.ts): no object per
+ * entry, and the bytes go into the transfer's frames as they are.
+ */
+export async function dumpScopeEncoded(nsPath: string, family: 4 | 6, replyDst: Buffer): Promise<EncodedEntries> {
+  const h = ConntrackHandle.open(nsPath);
+  try {
+    let out = new EncodedEntries();
+    const body = [nfgenmsg(family)];
+    for (let attempt = 0; attempt < 4; attempt++) {
+      if (attempt > 0) out = new EncodedEntries(out.count);
+      const complete = await h.socket.dumpEachAt(ctMsgType(IPCTNL_MSG.CT_GET), body, 'IPCTNL_MSG_CT_GET dump', (buf, start, end, type) => {
+        if (type >> 8 !== NFNL_SUBSYS_CTNETLINK) return;
+        out.reserve();
+        const e = encodeEventAt(buf, start, end, replyDst, out.buf, out.used);
+        if (e >= 0) out.commit(e);
+      });
+      if (complete) return out;
+    }
+    throw new NetlinkError('IPCTNL_MSG_CT_GET dump', os.constants.errno.EINTR, undefined, { message: 'IPCTNL_MSG_CT_GET dump: interrupted 4 times in a row by concurrent changes; giving up' });
   } finally {
     h.close();
   }

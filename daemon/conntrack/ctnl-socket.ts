@@ -5,7 +5,7 @@ import * as os from 'node:os';
 import { koffi } from '../sys/ffi';
 import * as libc from '../sys/libc';
 import { setImmediate as nextTurn } from 'node:timers/promises';
-import { decodeMessages, encodeMessage, type NlMsg } from '../netlink/codec';
+import { decodeMessages, encodeMessage, NLMSG_HDRLEN, type NlMsg } from '../netlink/codec';
 import { NETLINK_CAP_ACK, NLM_F_ACK, NLM_F_DUMP, NLM_F_DUMP_INTR, NLM_F_REQUEST, NLMSG_DONE, NLMSG_ERROR, NLMSG_NOOP, NLMSG_OVERRUN } from '../netlink/constants';
 import { NetlinkError } from '../netlink/netlink-error';
 import { decodeError, NetlinkSocket, type NetlinkTransport } from '../netlink/socket';
@@ -122,29 +122,46 @@ export class CtnlSocket {
    * other request may use this socket until it settles.
    */
   async dumpEach(type: number, body: Buffer[], op: string, each: (m: NlMsg) => void, sliceMsgs = 4096): Promise<boolean> {
+    return this.dumpEachAt(type, body, op, (buf, start, end, msgType, flags) => {
+      each({ type: msgType, flags, seq: 0, pid: this.portId, payload: Buffer.from(buf.subarray(start, end)) });
+    }, sliceMsgs);
+  }
+
+  /**
+   * dumpEach without a message object or a copy per message: `each` gets each message's payload as bytes
+   * [start, end) of the receive buffer, valid only during the call (the fast path for large tables).
+   */
+  async dumpEachAt(type: number, body: Buffer[], op: string, each: (buf: Buffer, start: number, end: number, type: number, flags: number) => void, sliceMsgs = 4096): Promise<boolean> {
     if (this.nl.closed) throw new NetlinkError(op, os.constants.errno.EBADF, undefined, { message: `${op}: netlink socket is closed` });
     this.seq = (this.seq + 1) >>> 0;
     const seq = this.seq;
     this.transport.send(encodeMessage({ type, flags: NLM_F_REQUEST | NLM_F_DUMP, seq, pid: 0 }, body));
     let interrupted = false;
     let sinceYield = 0;
+    const buf = this.rbuf;
     for (;;) {
-      const n = this.transport.recv(this.rbuf);
+      const n = this.transport.recv(buf);
       if (n < 0) throw new NetlinkError(op, os.constants.errno.ETIMEDOUT, undefined, { message: `${op}: no answer from the kernel within the receive timeout` });
-      for (const m of decodeMessages(this.rbuf, n)) {
-        if (m.seq !== seq || m.pid !== this.portId) continue;
-        if (m.flags & NLM_F_DUMP_INTR) interrupted = true;
-        if (m.type === NLMSG_DONE) {
-          const err = m.payload.length >= 4 ? m.payload.readInt32LE(0) : 0;
+      for (let off = 0; off + NLMSG_HDRLEN <= n; ) {
+        const len = buf.readUInt32LE(off);
+        if (len < NLMSG_HDRLEN || off + len > n) throw new Error(`malformed netlink message: length ${len} at offset ${off} of ${n}`);
+        const at = off;
+        off += (len + 3) & ~3;
+        if (buf.readUInt32LE(at + 8) !== seq || buf.readUInt32LE(at + 12) !== this.portId) continue;
+        const mType = buf.readUInt16LE(at + 4);
+        const flags = buf.readUInt16LE(at + 6);
+        if (flags & NLM_F_DUMP_INTR) interrupted = true;
+        if (mType === NLMSG_DONE) {
+          const err = len - NLMSG_HDRLEN >= 4 ? buf.readInt32LE(at + NLMSG_HDRLEN) : 0;
           if (err < 0) throw new NetlinkError(op, -err);
           return !interrupted;
         }
-        if (m.type === NLMSG_ERROR) {
-          const e = decodeError(m);
+        if (mType === NLMSG_ERROR) {
+          const e = decodeError({ type: mType, flags, seq, pid: this.portId, payload: Buffer.from(buf.subarray(at + NLMSG_HDRLEN, at + len)) });
           throw new NetlinkError(op, e.errno || os.constants.errno.EPROTO, e.msg);
         }
-        if (m.type === NLMSG_NOOP || m.type === NLMSG_OVERRUN) continue;
-        each(m);
+        if (mType === NLMSG_NOOP || mType === NLMSG_OVERRUN) continue;
+        each(buf, at + NLMSG_HDRLEN, at + len, mType, flags);
         sinceYield++;
       }
       if (sinceYield >= sliceMsgs) {

@@ -12,12 +12,19 @@ const { parentPort, workerData } = require('node:worker_threads');
 const fs = require('node:fs');
 const { fd, stop, bufBytes, ctrl, data } = workerData;
 ${RING_PRODUCER_SOURCE}
-const buf = Buffer.allocUnsafe(bufBytes);
+// Datagrams are received straight into the ring (no copy): room for the largest is reserved first.
+const ring = Buffer.from(data.buffer, data.byteOffset, data.length);
 let overruns = 0;
 while (Atomics.load(stop, 0) === 0) {
+  const at = ringReserve(ctrl, data, bufBytes);
+  if (at < 0) {
+    // The main thread is behind: wait for it to free room (the kernel queues meanwhile, up to ENOBUFS).
+    Atomics.wait(ctrl, ${R}, Atomics.load(ctrl, ${R}), 100);
+    continue;
+  }
   let n = 0;
   try {
-    n = fs.readSync(fd, buf, 0, buf.length, null);
+    n = fs.readSync(fd, ring, at, bufBytes, null);
   } catch (e) {
     // EAGAIN: the receive timeout expired, which is what lets the loop notice a stop request.
     if (e.code === 'EAGAIN' || e.code === 'EINTR') continue;
@@ -27,13 +34,6 @@ while (Atomics.load(stop, 0) === 0) {
     break;
   }
   if (n <= 0) continue;
-  for (;;) {
-    const put = ringPut(ctrl, data, buf, n);
-    if (put === 'woke') parentPort.postMessage({ kind: 'wake' });
-    if (put !== 'full') break;
-    // The main thread is behind: wait for it to free room (the kernel queues meanwhile, up to ENOBUFS).
-    if (Atomics.load(stop, 0) !== 0) break;
-    Atomics.wait(ctrl, ${R}, Atomics.load(ctrl, ${R}), 100);
-  }
+  if (ringCommit(ctrl, data, at, n) === 'woke') parentPort.postMessage({ kind: 'wake' });
 }
 `;

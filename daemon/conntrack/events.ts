@@ -12,7 +12,7 @@ import { decodeEntry } from './codec';
 import { IPCTNL_MSG, NFNL_SUBSYS_CTNETLINK, NFNLGRP } from './constants';
 import { openNetfilterFd, setRcvBuf } from './ctnl-socket';
 import { EVENT_READER_SOURCE } from './event-reader';
-import { createRing, R, ringDrain, type Ring } from './event-ring';
+import { createRing, R, ringDrainAt, type Ring } from './event-ring';
 import type { ConntrackEvent, ConntrackEventType } from './types';
 
 export interface ConntrackEventsOptions {
@@ -72,8 +72,18 @@ export interface ConntrackEvents {
   on(event: 'error', fn: (e: Error) => void): this;
 }
 
+/**
+ * The undecoded payload of one event, as bytes [start, end) of `buf` (nfgenmsg + ctnetlink attributes),
+ * valid only during the call. See ConntrackEvents.sink.
+ */
+export type PayloadSink = (type: ConntrackEventType, buf: Buffer, start: number, end: number) => void;
+
+const MSG_NEW = (NFNL_SUBSYS_CTNETLINK << 8) | IPCTNL_MSG.CT_NEW;
+const MSG_DELETE = (NFNL_SUBSYS_CTNETLINK << 8) | IPCTNL_MSG.CT_DELETE;
+
 export class ConntrackEvents extends EventEmitter {
   private readonly reader: Reader;
+  private payloadSink: PayloadSink | undefined;
   private readonly exited: Promise<void>;
   private overruns = 0;
   private closing = false;
@@ -119,6 +129,16 @@ export class ConntrackEvents extends EventEmitter {
     return new ConntrackEvents(reader, () => libc.close(fd), ring);
   }
 
+  /**
+   * The hot path for callers that transcode events themselves (the sync sender): `fn` is called directly
+   * (not through the emitter, and with no Buffer made per event) with each event's payload as a range of
+   * the shared ring. One sink at a time; it replaces the previous one. 'raw' and 'event' listeners still
+   * get their events too.
+   */
+  sink(fn: PayloadSink | undefined): void {
+    this.payloadSink = fn;
+  }
+
   /** Stops the worker and closes the socket; resolves within about the receive timeout. Idempotent. */
   close(): Promise<void> {
     this.closing = true;
@@ -143,7 +163,10 @@ export class ConntrackEvents extends EventEmitter {
    */
   private drain(): void {
     if (this.closing) return;
-    const { more } = ringDrain(this.ring, (d) => this.onDatagram(d), DRAIN_SLICE);
+    // Which consumers there are is looked up once per slice, not per event.
+    const raw = this.listenerCount('raw') > 0;
+    const decoded = this.listenerCount('event') > 0;
+    const { more } = ringDrainAt(this.ring, (buf, off, len) => this.onDatagram(buf, off, off + len, raw, decoded), DRAIN_SLICE);
     if (more && !this.drainScheduled) {
       this.drainScheduled = true;
       setImmediate(() => {
@@ -153,34 +176,34 @@ export class ConntrackEvents extends EventEmitter {
     }
   }
 
-  /** Decodes the events of one datagram in place (the bytes are not kept). */
-  private onDatagram(d: Buffer): void {
-    let off = 0;
-    while (off < d.length) {
-      if (d.length - off < NLMSG_HDRLEN) return this.overrun(`undecodable event datagram: ${d.length - off} trailing bytes`);
+  /** The events of one datagram, bytes [off, end) of d, handed on in place (the bytes are not kept). */
+  private onDatagram(d: Buffer, off: number, end: number, raw: boolean, decoded: boolean): void {
+    while (off < end) {
+      if (end - off < NLMSG_HDRLEN) return this.overrun(`undecodable event datagram: ${end - off} trailing bytes`);
       const len = d.readUInt32LE(off);
-      if (len < NLMSG_HDRLEN || off + len > d.length) return this.overrun(`undecodable event datagram: malformed netlink message: length ${len} at offset ${off} of ${d.length}`);
-      const msg = { type: d.readUInt16LE(off + 4), flags: d.readUInt16LE(off + 6) };
-      const payload = d.subarray(off + NLMSG_HDRLEN, off + len);
+      if (len < NLMSG_HDRLEN || off + len > end) return this.overrun(`undecodable event datagram: malformed netlink message: length ${len} at offset ${off} of ${end}`);
+      const msgType = d.readUInt16LE(off + 4);
+      const flags = d.readUInt16LE(off + 6);
+      const start = off + NLMSG_HDRLEN;
+      const stop = off + len;
       off += (len + 3) & ~3;
-      if (msg.type === NLMSG_OVERRUN || msg.type === NLMSG_ERROR) continue;
-      const type = eventTypeOf(msg);
+      if (msgType === NLMSG_OVERRUN || msgType === NLMSG_ERROR) continue;
+      const type: ConntrackEventType | undefined = msgType === MSG_DELETE ? 'destroy' : msgType === MSG_NEW ? (flags & NLM_F_CREATE ? 'new' : 'update') : undefined;
       if (!type) continue;
-      if (this.listenerCount('raw')) {
-        this.emit('raw', type, payload);
-        if (!this.listenerCount('event')) {
-          this.received++;
-          continue;
-        }
-      }
+      this.received++;
+      if (this.payloadSink) this.payloadSink(type, d, start, stop);
+      if (!raw && !decoded) continue;
+      const payload = d.subarray(start, stop);
+      if (raw) this.emit('raw', type, payload);
+      if (!decoded) continue;
       let entry;
       try {
         entry = decodeEntry(payload);
       } catch (e) {
+        this.received--;
         this.overrun(`undecodable ${type} event: ${(e as Error).message}`);
         continue;
       }
-      this.received++;
       this.emit('event', { type, entry } satisfies ConntrackEvent);
     }
   }

@@ -210,16 +210,29 @@ export class ConntrackHandle {
    * compared here (that takes a lookup per entry); reconcile() does, from one dump.
    */
   applyOps(ops: readonly TableOp[]): ApplyResult {
-    const res: ApplyResult = { created: 0, updated: 0, deleted: 0, failed: [] };
-    for (let i = 0; i < ops.length; i += this.batchSize) {
-      const first = this.runBatch(ops.slice(i, i + this.batchSize), res, false);
-      const second = first.retry.length ? this.runBatch(first.retry, res, true).replace : [];
-      for (const op of [...first.replace, ...second]) {
+    return this.applyItems(ops, (op) => op.kind, writeOp, (op) => op);
+  }
+
+  /**
+   * applyOps for items in any form (e.g. entries still in their sync wire bytes): `write` writes an item's
+   * message straight into the batch, `kind` says what it is, and `op` turns an item into a TableOp only
+   * when it needs more than its first message (the kernel refused it, or it met an entry or none).
+   * Results are accumulated into `res` when given.
+   */
+  applyItems<T>(
+    items: readonly T[], kind: (item: T) => TableOp['kind'], write: (w: Writer, item: T) => { type: number; flags: number }, op: (item: T) => TableOp,
+    res: ApplyResult = { created: 0, updated: 0, deleted: 0, failed: [] },
+  ): ApplyResult {
+    for (let i = 0; i < items.length; i += this.batchSize) {
+      const chunk = i === 0 && items.length <= this.batchSize ? items : items.slice(i, i + this.batchSize);
+      const first = this.runBatch(chunk, kind, write, op, res, false);
+      const second = first.retry.length ? this.runBatch(first.retry, (o) => o.kind, writeOp, (o) => o, res, true).replace : [];
+      for (const o of [...first.replace, ...second]) {
         try {
-          this.replace(op.entry);
+          this.replace(o.entry);
           res.updated++;
         } catch (e) {
-          res.failed.push({ op, error: e as NetlinkError });
+          res.failed.push({ op: o, error: e as NetlinkError });
         }
       }
     }
@@ -255,22 +268,28 @@ export class ConntrackHandle {
 
   /**
    * One batch. `retry`: creates that met an entry (as updates), updates that met none (as creates), only
-   * on the first try; `replace`: the rest that failed.
+   * on the first try; `replace`: the rest that failed. An item becomes a TableOp only when it failed.
    */
-  private runBatch(ops: readonly TableOp[], res: ApplyResult, secondTry: boolean): { retry: TableOp[]; replace: TableOp[] } {
+  private runBatch<T>(
+    items: readonly T[], kind: (item: T) => TableOp['kind'], write: (w: Writer, item: T) => { type: number; flags: number }, op: (item: T) => TableOp,
+    res: ApplyResult, secondTry: boolean,
+  ): { retry: TableOp[]; replace: TableOp[] } {
     const out = { retry: [] as TableOp[], replace: [] as TableOp[] };
-    this.socket.batchWrite(ops, writeOp, `ctnetlink batch of ${ops.length}`).forEach((r, j) => {
-      const op = ops[j];
+    this.socket.batchWrite(items, write, `ctnetlink batch of ${items.length}`).forEach((r, j) => {
+      const k = kind(items[j]);
       if (r === 0) {
-        res[op.kind === 'delete' ? 'deleted' : op.kind === 'create' ? 'created' : 'updated']++;
-      } else if (op.kind === 'delete') {
-        if (r.errno !== ENOENT) res.failed.push({ op, error: new NetlinkError(opName(IPCTNL_MSG.CT_DELETE, op.entry.orig), r.errno, r.extAck) });
-      } else if (op.kind === 'create' && r.errno === EEXIST && !secondTry) {
-        out.retry.push({ kind: 'update', entry: op.entry, keepStatus: op.keepStatus });
-      } else if (op.kind === 'update' && r.errno === ENOENT && !secondTry) {
-        out.retry.push({ kind: 'create', entry: op.entry });
+        res[k === 'delete' ? 'deleted' : k === 'create' ? 'created' : 'updated']++;
+        return;
+      }
+      const o = op(items[j]);
+      if (k === 'delete') {
+        if (r.errno !== ENOENT) res.failed.push({ op: o, error: new NetlinkError(opName(IPCTNL_MSG.CT_DELETE, o.entry.orig), r.errno, r.extAck) });
+      } else if (k === 'create' && r.errno === EEXIST && !secondTry) {
+        out.retry.push({ kind: 'update', entry: o.entry, keepStatus: o.keepStatus });
+      } else if (k === 'update' && r.errno === ENOENT && !secondTry) {
+        out.retry.push({ kind: 'create', entry: o.entry });
       } else {
-        out.replace.push(op);
+        out.replace.push(o);
       }
     });
     return out;

@@ -106,6 +106,13 @@ export class Writer {
     b.copy(this.buf, at);
   }
 
+  /** An attribute whose data is len bytes of src from `at` (copied byte by byte: they are few). */
+  copyAttr(type: number, src: Buffer, at: number, len: number): void {
+    const o = this.header(type, len);
+    const b = this.buf;
+    for (let i = 0; i < len; i++) b[o + i] = src[at + i];
+  }
+
   /** An address attribute: dotted quads are parsed by hand, IPv6 through ipToBytes. */
   ip(type: number, s: string, family: 4 | 6): void {
     if (family === 6) return this.bytes(type, ipToBytes(s));

@@ -6,11 +6,12 @@
 // table are computed once for all its peers and kept until an event of that address arrives (an owner
 // whose table did not change dumps nothing for a check). Nothing is re-sent periodically in full:
 // checkConsistency(), every CONSISTENCY_EVERY_MS, compares bucket digests instead.
-import { ConntrackEvents, type ApplyResult, type ConntrackEntry, type ConntrackEvent, type ConntrackEventType } from '../conntrack';
+import { ConntrackEvents, type ApplyResult, type ConntrackEventType } from '../conntrack';
 import {
-  applySyncedEvents, DigestCache, Digests, dumpScope, scopeDigests, encodedReplyDst, encodeEventPayload, STANDBY_MIN_TIMEOUT, StandbyDigests, SyncSender, syncedDigests, sweepSyncedEntries, upsertSyncedEntries,
-  type BucketSet, type KeySet, type SyncPeerInfo,
+  applyWireList, DigestCache, Digests, dumpScopeEncoded, scopeDigests, encodeEventAt, MAX_EVENT_BYTES, replyDstIs, STANDBY_MIN_TIMEOUT, StandbyDigests, SyncSender, syncedDigests, sweepSyncedEntries,
+  type BucketSet, type KeySet, type SyncPeerInfo, type WireList,
 } from '../conntrack-sync';
+
 import { ipToBytes } from '../netlink/ip-bytes';
 import { EgressContext, streamOf, type AddressState, type LocalGateway, IN_SYNC_MAX_LAG } from './egress-context';
 
@@ -19,10 +20,16 @@ interface NsEvents {
   events: ConntrackEvents;
   /** Address bytes (latin1) → the address streaming from this namespace. */
   byAddress: Map<string, AddressState>;
+  /** The same as a list of (address bytes, address), matched against each event's bytes in place. */
+  scopes: Array<{ bytes: Buffer; st: AddressState }>;
 }
 
 /** Owner digests are computed again at least this often even without events (insurance, not needed). */
 const OWNER_DIGEST_MAX_AGE_MS = 300_000;
+
+function scopesOf(byAddress: Map<string, AddressState>): NsEvents['scopes'] {
+  return [...byAddress].map(([k, st]) => ({ bytes: Buffer.from(k, 'latin1'), st }));
+}
 
 export class ConntrackStreams {
   private readonly namespaces = new Map<string, NsEvents>();
@@ -54,6 +61,7 @@ export class ConntrackStreams {
     if (!st.holder || this.s.o.conntrackSync === false) return;
     const ns = this.eventsOf(st.holder.netns);
     ns.byAddress.set(ipToBytes(st.address).toString('latin1'), st);
+    ns.scopes = scopesOf(ns.byAddress);
     st.events = ns.events;
     this.ensureSenders(st);
   }
@@ -63,7 +71,7 @@ export class ConntrackStreams {
     const have = this.namespaces.get(netns);
     if (have) return have;
     const events = ConntrackEvents.open(netns);
-    const ns: NsEvents = { events, byAddress: new Map() };
+    const ns: NsEvents = { events, byAddress: new Map(), scopes: [] };
     const all = () => [...ns.byAddress.values()];
     const resyncAll = () => {
       for (const st of all()) {
@@ -71,22 +79,25 @@ export class ConntrackStreams {
         for (const s of st.senders.values()) s.requestResync();
       }
     };
-    // Events are encoded for the wire straight from their netlink bytes; only flows SNATed to a floating
-    // address of this namespace (their reply goes to it) are synced, to that address's peers.
-    events.on('raw', (type: ConntrackEventType, payload: Buffer) => {
-      let ev;
+    // Events are encoded for the wire straight from their netlink bytes, in place in the event ring, into
+    // one scratch buffer (no object per event); only flows SNATed to a floating address of this namespace
+    // (their reply goes to it) are synced, to that address's peers, which copy the bytes into their queues.
+    const scratch = Buffer.allocUnsafe(MAX_EVENT_BYTES);
+    events.sink((type: ConntrackEventType, buf: Buffer, start: number, end: number) => {
+      let n;
       try {
-        ev = encodeEventPayload(type, payload);
+        n = encodeEventAt(buf, start, end, undefined, scratch, 0);
       } catch (e) {
         // The kernel's own message: should not happen; a resync covers whatever it was.
         this.s.o.logger.error('egress: conntrack event not encodable; resyncing', { netns, addresses: all().map((st) => st.address), error: (e as Error).message });
         return resyncAll();
       }
-      if (!ev) return;
-      const st = ns.byAddress.get(encodedReplyDst(ev));
-      if (!st) return;
-      this.digestCache.invalidate(st);
-      for (const s of st.senders.values()) s.push(ev);
+      for (const { bytes, st } of ns.scopes) {
+        if (!replyDstIs(scratch, 0, bytes)) continue;
+        this.digestCache.invalidate(st);
+        for (const s of st.senders.values()) s.pushEncoded(type, scratch, 0, n);
+        return;
+      }
     });
     events.on('overrun', resyncAll);
     events.on('error', (e: Error) => this.s.o.logger.error('egress: conntrack events stopped', { netns, addresses: all().map((st) => st.address), error: e.message }));
@@ -104,7 +115,8 @@ export class ConntrackStreams {
     if (!st.holder || !st.events) return;
     const gw = st.holder;
     // Read in slices: a large table does not hold the loop (and the sync heartbeats) for seconds.
-    const snapshot = () => dumpScope(gw.netns, st.address.includes(':') ? 6 : 4, (e) => e.reply.dst === st.address);
+    // Each dump message goes straight to its wire form: no object per entry, even at a million.
+    const snapshot = () => dumpScopeEncoded(gw.netns, st.address.includes(':') ? 6 : 4, ipToBytes(st.address));
     const digests = (k: number) => this.ownerDigests(st, gw.netns, k);
     const want = new Set(st.candidates.filter((c) => c.node !== this.s.o.node.name).map((c) => c.nodeAddress));
     for (const peer of want) {
@@ -131,6 +143,7 @@ export class ConntrackStreams {
     for (const [netns, ns] of this.namespaces) {
       if (ns.events !== events) continue;
       for (const [k, x] of ns.byAddress) if (x === st) ns.byAddress.delete(k);
+      ns.scopes = scopesOf(ns.byAddress);
       // The namespace's socket closes with its last address.
       if (ns.byAddress.size === 0) {
         this.namespaces.delete(netns);
@@ -161,15 +174,16 @@ export class ConntrackStreams {
     return [...this.s.gateways.values()].filter((g) => g.egresses.has(egress) && g !== holder);
   }
 
-  async applySynced(events: ConntrackEvent[], from: SyncPeerInfo): Promise<void> {
+  /** A frame of events (new, update, destroy), written from its wire bytes. */
+  async applySynced(events: WireList, from: SyncPeerInfo): Promise<void> {
     this.forget(from);
-    for (const gw of this.targetsFor(from)) this.reportApply(await applySyncedEvents(gw.netns, events, STANDBY_MIN_TIMEOUT), gw, from, 'events');
+    for (const gw of this.targetsFor(from)) this.reportApply(await applyWireList(gw.netns, events, STANDBY_MIN_TIMEOUT), gw, from, 'events');
   }
 
-  /** A chunk of a transfer, written as it arrives. */
-  async upsertSynced(entries: ConntrackEntry[], from: SyncPeerInfo): Promise<void> {
+  /** A chunk of a transfer, written as it arrives (every entry created, or updated where it exists). */
+  async upsertSynced(entries: WireList, from: SyncPeerInfo): Promise<void> {
     this.forget(from);
-    for (const gw of this.targetsFor(from)) this.reportApply(await upsertSyncedEntries(gw.netns, entries, STANDBY_MIN_TIMEOUT), gw, from, 'transfer');
+    for (const gw of this.targetsFor(from)) this.reportApply(await applyWireList(gw.netns, entries, STANDBY_MIN_TIMEOUT), gw, from, 'transfer');
   }
 
   /** The end of a transfer: the address's entries in its buckets that it did not carry go. */

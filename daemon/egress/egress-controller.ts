@@ -94,8 +94,9 @@ export class EgressController {
       id: this.s.o.node.name,
       host: this.s.o.node.address,
       port: this.s.o.syncPort,
-      apply: (events, from) => this.s.work.run(() => this.s.streams.applySynced(events, from)),
-      upsert: (entries, from) => this.s.work.run(() => this.s.streams.upsertSynced(entries, from)),
+      // Received entries are written from their wire bytes, not decoded (table-wire.ts).
+      applyWire: (events, from) => this.s.work.run(() => this.s.streams.applySynced(events, from)),
+      upsertWire: (entries, from) => this.s.work.run(() => this.s.streams.upsertSynced(entries, from)),
       sweep: (keep, buckets, from) => this.s.work.run(() => this.s.streams.sweepSynced(keep, buckets, from)),
       digests: (k, from) => this.s.work.run(() => this.s.streams.syncedDigests(k, from)),
     });

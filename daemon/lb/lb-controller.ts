@@ -7,12 +7,13 @@
 //    the VIP's ports, targets and Maglev row programmed there (vip-programs.ts) — nodes without an LB pod
 //    of a Service program nothing for it, so the cluster has no cap on Services;
 //  - the program on each local LB pod and the VIP routed and announced through them once its mappings
-//    are loaded (lb-pods.ts);
+//    are loaded (lb-pods.ts); with --lb-datapath=node also the program on the node's uplink, which handles
+//    the VIP traffic arriving there (the LB pods then only place the VIP and serve this node's own pods);
 //  - the DSR set-up of each local target pod (targets.ts);
 //  - the mapping store kept in step for the VIPs served here (mapping-sync.ts).
 // The shape of every subsystem: start / apply (typed desired state) / stop / status. The kernel is reached
 // only through bpf/*, netlink/* and sys/* (a simulation swaps those modules for recording fakes).
-import { LbDatapath } from '../bpf/lb';
+import { LbDatapath, type LbDatapathMode } from '../bpf/lb';
 import { LB_MAX_VIPS_DEFAULT, type LbStats } from '../bpf/lb-structs';
 import type { PodRecord } from '../state/pod-store';
 import type { PodMeta } from '../config/objects';
@@ -64,8 +65,16 @@ export class LbController {
   /** When the datapath was loaded, and the VIPs of the slots a previous run left (kept a release delay at least). */
   private loadedAt = 0;
   private adopted = new Set<string>();
+  /** --lb-datapath and the uplink the node program goes on. */
+  private readonly mode: LbDatapathMode;
+  private readonly uplink: string;
+  /** The node program is on the uplink (node mode); why not, when attaching failed. */
+  private uplinkAttached = false;
+  private uplinkProblem?: string;
 
   constructor(private readonly o: LbControllerOptions) {
+    this.mode = o.datapath ?? 'pod';
+    this.uplink = o.uplink ?? 'eth0';
     this.s = new LbShared(o);
     this.pods = new LbPods(this.s);
     this.addresses = new VipAddresses(this.s, (st) => this.pods.withdraw(st));
@@ -133,6 +142,7 @@ export class LbController {
   }
 
   async start(): Promise<void> {
+    if (this.mode === 'pod') this.leaveUplink();
     this.o.attach.on('attached', () => this.podsChanged());
     this.o.attach.onBeforeDetach((r: PodRecord) => (this.stopped ? Promise.resolve() : this.pods.leaving(r, () => this.podsChanged())));
     this.o.attach.on('detached', () => this.podsChanged());
@@ -189,6 +199,8 @@ export class LbController {
     this.assignSlots(served, sel);
     const slotted = served.filter((l) => this.s.vips.get(l.key)!.slot !== undefined);
     this.programs.apply(slotted);
+    // After the services are programmed: the uplink program handles exactly what the maps hold.
+    if (this.mode === 'node' && this.s.dp && !this.uplinkAttached) this.attachUplink();
     // Subscribed before any load: a mapping recorded between a VIP's load and its subscription would be
     // missed, and its client re-picked here.
     await this.sync.serve(slotted);
@@ -293,7 +305,7 @@ export class LbController {
   }
 
   private loadDatapath(): void {
-    const dp = LbDatapath.load({ pinDir: this.o.pinDir, maxVips: this.slots.max, maglevSize: this.o.maglevSize, maxMappings: this.o.maxMappings });
+    const dp = LbDatapath.load({ pinDir: this.o.pinDir, maxVips: this.slots.max, maglevSize: this.o.maglevSize, maxMappings: this.o.maxMappings, nodeProgram: this.mode === 'node' });
     dp.configure(this.o.node.address, this.o.fouPort);
     dp.onEvents((e) => this.sync.picked(e.key, e.target));
     this.s.dp = dp;
@@ -301,7 +313,37 @@ export class LbController {
     const prior = dp.services();
     this.slots.adopt(prior);
     this.adopted = new Set(prior.keys());
-    this.o.logger.info('lb: datapath loaded', { maglevSize: dp.maglevSize, maxVips: dp.maxVips, reusedMappings: dp.mappings().length, reusedSlots: prior.size });
+    this.o.logger.info('lb: datapath loaded', { mode: this.mode, maglevSize: dp.maglevSize, maxVips: dp.maxVips, reusedMappings: dp.mappings().length, reusedSlots: prior.size });
+  }
+
+  /** Node mode: the program on the uplink (retried every pass while it fails; VIP traffic meanwhile takes the LB pods' path). */
+  private attachUplink(): void {
+    try {
+      this.s.dp!.attachNode(this.uplink);
+      this.uplinkAttached = true;
+      this.uplinkProblem = undefined;
+      this.o.logger.info('lb: node datapath attached: VIP traffic is handled on the uplink as it arrives', { uplink: this.uplink });
+    } catch (e) {
+      const problem = `node datapath not attached to ${this.uplink}: ${(e as Error).message}; VIP traffic takes the LB pods' path meanwhile`;
+      if (problem !== this.uplinkProblem) this.o.logger.error('lb: node datapath not attached; retried', { uplink: this.uplink, error: (e as Error).message });
+      this.uplinkProblem = problem;
+    }
+  }
+
+  /** Pod mode: a node program an earlier tetherd (in node mode) left on the uplink goes. */
+  private leaveUplink(): void {
+    try {
+      if (LbDatapath.detachNodeFrom(this.uplink)) {
+        this.o.logger.info('lb: node datapath detached from the uplink (--lb-datapath=pod): VIP traffic goes to the LB pods', { uplink: this.uplink });
+      }
+    } catch (e) {
+      this.o.logger.warn('lb: could not check the uplink for a node datapath left by an earlier run', { uplink: this.uplink, error: (e as Error).message });
+    }
+  }
+
+  /** Where this node handles VIP traffic, for status. */
+  datapathStatus(): Record<string, unknown> {
+    return { mode: this.mode, ...(this.mode === 'node' ? { uplink: this.uplink, attached: this.uplinkAttached, ...(this.uplinkProblem ? { problem: this.uplinkProblem } : {}) } : {}) };
   }
 
   // ---- status ------------------------------------------------------------------------------------------

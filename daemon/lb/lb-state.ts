@@ -3,7 +3,7 @@
 // (vip-addresses, vip-slots, vip-programs, lb-pods, targets, mapping-sync) changes only its own part.
 import type { Logger } from '../log';
 import { isNetlinkError } from '../netlink';
-import type { LbDatapath, LbMapping } from '../bpf/lb';
+import type { LbDatapath, LbDatapathMode, LbMapping } from '../bpf/lb';
 import type { FouDecap } from '../bpf/fou';
 import type { ClusterAddresses } from '../../ipam/cluster-addresses';
 import type { AttachService } from '../pod/attach-service';
@@ -24,8 +24,12 @@ export interface LbControllerOptions {
   /** VIP slots of this node's datapath (its maps are sized for them): VIPs with an LB pod here. */
   maxVips?: number;
   maglevSize?: number;
-  /** Entries of the node's mapping table (an LRU). */
+  /** Entries of the node's mapping table (full: new clients are forwarded by their Maglev pick unrecorded). */
   maxMappings?: number;
+  /** Where VIP traffic is handled (default pod): on the node's uplink as it arrives, or in the LB pods. */
+  datapath?: LbDatapathMode;
+  /** The node's uplink, where the node datapath attaches (default eth0). */
+  uplink?: string;
   store?: MappingStore;
   addresses: ClusterAddresses;
   attach: AttachService;

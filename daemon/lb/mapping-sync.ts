@@ -23,6 +23,16 @@ const SYNC_MAX_MS = 30_000;
 const LEASE_PERIODS = 3;
 /** What a node away from the store reads back: changes since its last sync, less this margin (clock skew). */
 const CHANGED_MARGIN_MS = 2000;
+/**
+ * The mapping table is a plain hash (a flood of new flows never evicts a live connection's mapping): from
+ * this fill on, mappings idle for PRESSURE_IDLE_S (or their own shorter timeout) expire locally, so a flood's
+ * one-packet flows leave within a sync or two while flows that send keep theirs. Those installed from the
+ * store and not used here since (lastNs 0) stay: they are what keeps a flow moved here by ECMP on its target.
+ */
+export const PRESSURE_FILL = 0.9;
+export const PRESSURE_IDLE_S = 30;
+/** A full table is logged at most this often (the datapath counts each flow: mappingFull). */
+const FULL_LOG_MS = 10_000;
 
 /** The period of a VIP's touches and store expiry. */
 export function syncPeriodMs(idleTimeoutS: number): number {
@@ -52,6 +62,9 @@ export class MappingSync {
   private nextReadMs = 0;
   private readonly nextExpire = new Map<string, number>();
   private readonly expiring = new Set<string>();
+  /** The table is nearly full (idle mappings expire sooner); when a full table was last logged. */
+  private pressure = false;
+  private fullLoggedAt = 0;
 
   constructor(private readonly s: LbShared) {}
 
@@ -146,8 +159,12 @@ export class MappingSync {
   /** Installs mappings whose VIP is served here and whose target the VIP still has; returns how many. */
   installValid(list: StoredMapping[]): number {
     const ok = list.filter((m) => this.serving.get(m.key.vip)?.targets.some((t) => t.address === m.target));
-    this.s.dp?.installMappings(ok);
-    return ok.length;
+    const r = this.s.dp?.installMappings(ok);
+    if (r?.full && Date.now() - this.fullLoggedAt >= FULL_LOG_MS) {
+      this.fullLoggedAt = Date.now();
+      this.s.logger.warn('lb: mapping table full: mappings from the store left out (those clients follow their Maglev pick here)', { leftOut: r.full, installed: r.installed, max: this.s.dp?.maxMappings });
+    }
+    return r ? r.installed : ok.length;
   }
 
   /** Before a VIP is announced: its mappings, loaded from the store page by page and installed as read. */
@@ -199,15 +216,23 @@ export class MappingSync {
     const periods = [...this.serving.values()].map((l) => syncPeriodMs(l.idleTimeoutS));
     this.nextReadMs = nowMs + Math.min(...periods);
     const ns = nowNs();
-    // Local idle expiry by each VIP's timeout, from the one read of the map this sync makes.
-    const idle = new Map([...this.serving].map(([vip, l]) => [vip, BigInt(l.idleTimeoutS) * 1_000_000_000n]));
+    const all = dp.mappings();
+    // Local idle expiry by each VIP's timeout (sooner while the table is nearly full), from the one read of
+    // the map this sync makes.
+    const pressure = all.length >= dp.maxMappings * PRESSURE_FILL;
+    if (pressure !== this.pressure) {
+      if (pressure) this.s.logger.warn('lb: mapping table nearly full: mappings idle for a while expire sooner', { mappings: all.length, max: dp.maxMappings, idleSeconds: PRESSURE_IDLE_S });
+      else this.s.logger.info('lb: mapping table no longer nearly full', { mappings: all.length, max: dp.maxMappings });
+      this.pressure = pressure;
+    }
+    const idleS = (l: ResolvedLoadBalancer) => (pressure ? Math.min(l.idleTimeoutS, PRESSURE_IDLE_S) : l.idleTimeoutS);
+    const idle = new Map([...this.serving].map(([vip, l]) => [vip, BigInt(idleS(l)) * 1_000_000_000n]));
     const isIdle = (m: LbMapping) => {
       const limit = idle.get(m.vip);
       return limit !== undefined && m.lastNs > 0n && ns - m.lastNs > limit;
     };
-    const all = dp.mappings();
     const expired = dp.deleteMappingKeys(all.filter(isIdle));
-    if (expired) this.s.logger.info('lb: idle mappings expired', { count: expired });
+    if (expired) this.s.logger.info('lb: idle mappings expired', { count: expired, ...(pressure ? { underPressure: true } : {}) });
     const store = this.s.o.store;
     if (!store) return;
     if (!store.connected) {

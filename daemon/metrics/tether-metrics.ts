@@ -93,7 +93,10 @@ export type CniPlugin = 'tether' | 'tether-ipam';
 /** A CNI request's answer time is observed in these buckets (seconds): an ADD sets up a pod's network. */
 export const CNI_DURATION_BUCKETS = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30];
 
-const LB_DROPS: Record<string, string> = { dropNoTarget: 'noTarget', dropNoPort: 'noPort', dropIcmpNoFlow: 'icmpNoFlow', dropFragment: 'fragment', dropError: 'error' };
+const LB_DROPS: Record<string, string> = {
+  dropNoTarget: 'noTarget', dropNoPort: 'noPort', dropIcmpNoFlow: 'icmpNoFlow', dropFragment: 'fragment', dropError: 'error',
+  dropBadHeader: 'badHeader', dropIpOptions: 'ipOptions', tooBig: 'tooBig', dropNoRoute: 'noRoute',
+};
 const BFD_STATES = ['AdminDown', 'Down', 'Init', 'Up'];
 
 const finite = (v: unknown): v is number => typeof v === 'number' && Number.isFinite(v);
@@ -281,6 +284,8 @@ export class TetherMetrics {
     counter('tether_lb_mapping_misses_total', 'Packets to the VIP with no valid client mapping: target picked from the Maglev table.', 'misses');
     counter('tether_lb_icmp_forwarded_packets_total', 'ICMP errors about a VIP\'s flow sent to the target holding it.', 'icmpForwarded');
     counter('tether_lb_lost_reports_total', 'New mappings the datapath could not report (ring buffer full): not stored cluster-wide.', 'reportLost');
+    counter('tether_lb_mapping_table_full_total', 'New flows forwarded by their Maglev pick without a mapping on this node: its table was full.', 'mappingFull');
+    counter('tether_lb_fragments_forwarded_total', 'Later fragments of datagrams to the VIP sent after their first fragment.', 'fragments');
     this.counter('tether_lb_dropped_packets_total', 'Packets to the VIP dropped, by reason.', ['service', 'vip', 'reason'], (s) =>
       vips(s).filter(({ x }) => x.counters).flatMap(({ x, l }) => Object.entries(LB_DROPS).map(([key, reason]): Sample => [{ ...l, reason }, x.counters![key]])));
     this.gauge('tether_lb_mappings', 'Client mappings of the VIP in this node\'s table.', ['service', 'vip'], (s) => vips(s).map(({ x, l }): Sample => [l, x.mappings ?? NaN]));

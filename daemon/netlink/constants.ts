@@ -12,6 +12,7 @@ export const NLMSG_OVERRUN = 4;
 export const NLM_F_REQUEST = 0x1;
 export const NLM_F_MULTI = 0x2;
 export const NLM_F_ACK = 0x4;
+export const NLM_F_ECHO = 0x8;
 export const NLM_F_DUMP_INTR = 0x10;
 export const NLM_F_ROOT = 0x100;
 export const NLM_F_MATCH = 0x200;

@@ -47,7 +47,7 @@ export class NetlinkHandle {
   requireLink(nameOrIndex: string | number): links.Link { return links.requireLink(this.socket, nameOrIndex); }
   setLinkMtu(link: string | number, mtu: number): void { links.setLinkMtu(this.socket, link, mtu); }
   setLinkUp(link: string | number, up = true): void { links.setLinkUp(this.socket, link, up); }
-  createDummy(name: string, opts?: links.CreateLinkOptions): void { links.createDummy(this.socket, name, opts); }
+  createDummy(name: string, opts?: links.CreateLinkOptions & { up?: boolean }): links.Link | undefined { return links.createDummy(this.socket, name, opts); }
   createVeth(name: string, peerName: string, opts?: links.VethOptions): void { links.createVeth(this.socket, name, peerName, opts); }
   deleteLink(link: string | number): void { links.deleteLink(this.socket, link); }
   kernelHasDummy(): boolean { return links.kernelHasDummy(this.socket); }

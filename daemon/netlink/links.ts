@@ -4,8 +4,8 @@ import * as fs from 'node:fs';
 import * as crypto from 'node:crypto';
 import { attr, attrS32, attrStr, attrU32, Attrs, nested, NlMsg } from './codec';
 import {
-  AF_UNSPEC, IFF_LOWER_UP, IFF_RUNNING, IFF_UP, IFLA, IFLA_INFO_DATA, IFLA_INFO_KIND, NLM_F_CREATE, NLM_F_EXCL,
-  RTM, VETH_INFO_PEER,
+  AF_UNSPEC, IFF_LOWER_UP, IFF_RUNNING, IFF_UP, IFLA, IFLA_INFO_DATA, IFLA_INFO_KIND, NLM_F_CREATE, NLM_F_ECHO,
+  NLM_F_EXCL, RTM, VETH_INFO_PEER,
 } from './constants';
 import { bytesToMac, macToBytes } from './ip-bytes';
 import { isNetlinkError, NetlinkError } from './netlink-error';
@@ -98,13 +98,24 @@ export interface CreateLinkOptions {
   mac?: string;
 }
 
-export function createDummy(s: NetlinkSocket, name: string, opts: CreateLinkOptions = {}): void {
-  s.request(RTM.NEWLINK, NLM_F_CREATE | NLM_F_EXCL, [
-    encodeIfInfoMsg(),
+/**
+ * Creates a dummy link, up at once with `up` (one request instead of two). Returns the new link as the
+ * kernel echoes it (NLM_F_ECHO: index and MAC without another request; Linux 6.3 and later), or undefined
+ * where the kernel does not echo a created link.
+ */
+export function createDummy(s: NetlinkSocket, name: string, opts: CreateLinkOptions & { up?: boolean } = {}): Link | undefined {
+  const replies = s.request(RTM.NEWLINK, NLM_F_CREATE | NLM_F_EXCL | NLM_F_ECHO, [
+    encodeIfInfoMsg(opts.up ? { flags: IFF_UP, change: IFF_UP } : {}),
     attrStr(IFLA.IFNAME, name),
     ...commonAttrs(opts),
     nested(IFLA.LINKINFO, [attrStr(IFLA_INFO_KIND, 'dummy')]),
   ], `RTM_NEWLINK ${name} type dummy`);
+  for (const m of replies) {
+    if (m.type !== RTM.NEWLINK) continue;
+    const l = decodeLink(m);
+    if (l.name === name && l.index > 0) return l;
+  }
+  return undefined;
 }
 
 export interface VethOptions extends CreateLinkOptions {

@@ -41,6 +41,8 @@ export async function createLb(
     maxVips: lb.maxVips,
     maglevSize: lb.maglevSize,
     maxMappings: lb.maxMappings,
+    datapath: lb.datapath,
+    uplink: opts.uplink,
     store,
     addresses: o.addresses,
     attach: o.attach,
@@ -72,7 +74,7 @@ export class LoadBalancer implements Subsystem<LbDesired> {
   }
 
   status(): Record<string, unknown> {
-    return { loadBalancers: this.controller?.status() ?? [] };
+    return { loadBalancers: this.controller?.status() ?? [], ...(this.controller ? { lbDatapath: this.controller.datapathStatus() } : {}) };
   }
 }
 

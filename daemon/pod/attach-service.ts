@@ -4,7 +4,7 @@
 import { EventEmitter } from 'node:events';
 import { isLabelKey, isLabelValue } from '../common/fields';
 import { TetherError, ErrorCode } from '../errors';
-import type { Logger } from '../log';
+import { holdLogs, type Logger } from '../log';
 import type { CniParams } from '../api/protocol';
 import { isOwnNetns, netnsExists } from '../sys/netns';
 import { keyString, podKeyOf, type AttachmentKey, type PodRecord, type PodStore } from '../state/pod-store';
@@ -31,10 +31,15 @@ interface CniInterface {
 export class AttachService extends EventEmitter {
   /** Roles the controllers could not set up on attached pods (reported, retried by their owners). */
   readonly roleProblems = new RoleProblems();
+  /** Attachments answered whose 'attached' is still to be told (right after the answer), by ADD number. */
+  private readonly announcing = new Map<string, number>();
+  private adds = 0;
 
   constructor(
     private readonly store: PodStore,
     private readonly logger: Logger,
+    /** Where the host ends of the pods' veths are; default: tetherd's own namespace. Tests use another. */
+    private readonly opts: { hostNetns?: string } = {},
   ) {
     super();
   }
@@ -72,7 +77,11 @@ export class AttachService extends EventEmitter {
       this.logger.info('pod already attached; repeating result', who);
       return buildResult(prev, conf.cniVersion as string, addedInterfaces(existing.applied as AppliedPodNetwork));
     }
-    if (existing) this.undoRecord(existing, who);
+    if (existing) {
+      // Undone first, then forgotten (durably): a failure below must not leave a record of what is gone.
+      this.undoRecord(existing, who);
+      this.store.remove(key);
+    }
     // In the DaemonSet's container tetherd has no host PID namespace: a /proc/<pid> path names one of the
     // container's own processes, or none. A pod never lives in the node's namespace (hostNetwork pods get no
     // CNI call), so that is always a wrong path, and configuring it would change the node itself.
@@ -86,7 +95,20 @@ export class AttachService extends EventEmitter {
       throw new TetherError(ErrorCode.InvalidEnvironment, `CNI_NETNS ${p.netns} of container ${p.containerId} is the node's own network namespace, not a pod's: nothing done${procHint}`);
     }
 
-    const base: PodRecord = {
+    // One durable record, written once everything is applied and before the answer. No record of the
+    // intent comes first: everything ADD changes lives in the pod's namespace or on its veth (the host end's
+    // MTU), which go with the pod, and a tetherd killed mid-ADD never answered it, so the runtime sees the
+    // ADD fail and tears the pod down (its DEL finds nothing recorded, and nothing is left to undo).
+    // The lines of each change are written after the answer (holdLogs): they are no part of it.
+    let applied: AppliedPodNetwork;
+    try {
+      applied = holdLogs(() => applyPodNetwork({ netns: p.netns, ifName: p.ifName, hostIfName: hostInterface(prev), hostNetns: this.opts.hostNetns }, cfg));
+    } catch (e) {
+      // After the held lines of what was done and undone, as everything else here.
+      setImmediate(() => this.logger.warn('pod attach failed; nothing left applied', { ...who, error: (e as Error).message }));
+      throw e;
+    }
+    const rec: PodRecord = {
       ...key,
       netns: p.netns,
       podNamespace: p.args.K8S_POD_NAMESPACE,
@@ -94,29 +116,31 @@ export class AttachService extends EventEmitter {
       ips: prevIps(prev),
       hostIfName: hostInterface(prev),
       labels,
-      phase: 'applying',
+      phase: 'attached',
+      applied,
       config: stripPrevResult(conf),
       createdAt: new Date().toISOString(),
     };
-    // Record the intent first: a crash from here on leaves a record that DEL or GC will clear.
-    this.store.put(base);
-    let applied: AppliedPodNetwork;
     try {
-      applied = applyPodNetwork({ netns: p.netns, ifName: p.ifName, hostIfName: hostInterface(prev) }, cfg);
-    } catch (e) {
-      this.store.remove(key);
-      this.logger.warn('pod attach failed; nothing left applied', { ...who, error: (e as Error).message });
-      throw e;
-    }
-    try {
-      this.store.put({ ...base, phase: 'attached', applied });
+      this.store.put(rec);
     } catch (e) {
       undoPodNetwork(applied);
       this.store.remove(key);
       throw new TetherError(ErrorCode.IoFailure, `cannot record attachment of ${keyString(key)}: ${(e as Error).message}`, { cause: e });
     }
-    this.logger.info('pod attached', { ...who, applied, durationMs: msSince(t0) });
-    this.emit('attached', this.store.get(key));
+    const durationMs = msSince(t0);
+    // The line and the role controllers follow the answer: nothing they do is part of ADD's result. A DEL
+    // that came first in between has removed the record, and then there is nothing to follow.
+    const ks = keyString(key);
+    const seq = ++this.adds;
+    this.announcing.set(ks, seq);
+    setImmediate(() => {
+      this.logger.info('pod attached', { ...who, applied, durationMs });
+      if (this.announcing.get(ks) !== seq) return; // a DEL, or a later ADD of the same attachment, came first
+      this.announcing.delete(ks);
+      const now = this.store.get(key);
+      if (now?.phase === 'attached') this.emit('attached', now);
+    });
     return buildResult(prev, conf.cniVersion as string, addedInterfaces(applied));
   }
 
@@ -135,6 +159,7 @@ export class AttachService extends EventEmitter {
     const rec = this.store.get(key);
     const who = this.who(p, key);
     const t0 = process.hrtime.bigint();
+    this.announcing.delete(keyString(key));
     if (!rec) {
       this.logger.info('pod detach: nothing recorded, nothing to undo', who);
       return;
@@ -181,6 +206,7 @@ export class AttachService extends EventEmitter {
     for (const rec of this.store.all()) {
       if (rec.network !== network || valid.has(keyString(rec))) continue;
       const who = { container: rec.containerId, ifName: rec.ifName, pod: podName(rec), network };
+      this.announcing.delete(keyString(rec));
       this.emit('detached', rec);
       this.undoRecord(rec, who);
       this.store.remove(rec);

@@ -7,7 +7,7 @@
 import { log } from '../log';
 import { NetlinkHandle, isNetlinkError } from '../netlink';
 import { ipFamily } from '../netlink/ip-bytes';
-import { netnsExists, writeNetSysctl } from '../sys/netns';
+import { netnsExists, writeNetSysctl, writeNetSysctls } from '../sys/netns';
 import { detachFou } from '../bpf/fou';
 
 export const VIP_LINK_NAME = 'tether0';
@@ -41,14 +41,26 @@ export function ignoreGone(fn: () => void): void {
  * pod interface. Each write is recorded with the value it replaced.
  */
 export function silenceArp(netns: string, podIfName: string, applied: DsrApplied, who: Who): void {
+  const entries: Array<[string, string]> = [];
   for (const [key, value] of [['arp_ignore', '1'], ['arp_announce', '2']]) {
-    for (const dev of ['all', podIfName]) {
-      const k = `net/ipv4/conf/${dev}/${key}`;
-      const previous = writeNetSysctl(netns, k, value);
-      applied.sysctls.push({ key: k, previous, value });
-      log().info('pod sysctl set', { ...who, key: k, value, previous });
-    }
+    for (const dev of ['all', podIfName]) entries.push([`net/ipv4/conf/${dev}/${key}`, value]);
   }
+  // One entry into the pod's namespace for all four; each write is recorded as soon as it is made.
+  const done: DsrApplied['sysctls'] = [];
+  try {
+    writeNetSysctls(netns, entries, (key, value, previous) => {
+      done.push({ key, previous, value });
+      applied.sysctls.push({ key, previous, value });
+    });
+  } finally {
+    for (const s of done) log().info('pod sysctl set', { ...who, key: s.key, value: s.value, previous: s.previous });
+  }
+}
+
+/** The device that holds the VIPs, by name and index (the index spares a lookup when adding each VIP). */
+export interface VipDevice {
+  name: string;
+  index: number;
 }
 
 /**
@@ -57,33 +69,46 @@ export function silenceArp(netns: string, podIfName: string, applied: DsrApplied
  * and left out of the record: its creator removes it.
  */
 export function vipDevice(pod: NetlinkHandle, applied: DsrApplied, o: { adopt: boolean }, who: Who): string {
+  return openVipDevice(pod, applied, o, who).name;
+}
+
+/**
+ * vipDevice, with the device's index. A new tether0 is created up in one request, and the kernel's echo of
+ * it gives its index and MAC (a kernel that does not echo is asked once more).
+ */
+export function openVipDevice(pod: NetlinkHandle, applied: DsrApplied, o: { adopt: boolean }, who: Who): VipDevice {
   if (pod.kernelHasDummy()) {
-    if (o.adopt && pod.getLink(VIP_LINK_NAME)) {
-      pod.setLinkUp(VIP_LINK_NAME, true);
-      return VIP_LINK_NAME;
+    if (o.adopt) {
+      const have = pod.getLink(VIP_LINK_NAME);
+      if (have) {
+        if (!have.up) pod.setLinkUp(have.index, true);
+        return { name: VIP_LINK_NAME, index: have.index };
+      }
     }
-    pod.createDummy(VIP_LINK_NAME);
+    const created = pod.createDummy(VIP_LINK_NAME, { up: true });
     applied.vipLink = { name: VIP_LINK_NAME };
-    pod.setLinkUp(VIP_LINK_NAME, true);
-    applied.vipLink.mac = pod.requireLink(VIP_LINK_NAME).mac;
+    const link = created ?? pod.requireLink(VIP_LINK_NAME);
+    applied.vipLink.mac = link.mac;
     log().info('VIP link created', { ...who, link: VIP_LINK_NAME });
-    return VIP_LINK_NAME;
+    return { name: VIP_LINK_NAME, index: link.index };
   }
   const lo = pod.requireLink('lo');
   if (!lo.up) {
-    pod.setLinkUp('lo', true);
+    pod.setLinkUp(lo.index, true);
     applied.loBroughtUp = true;
     log().info('pod lo brought up to hold VIPs', who);
   }
-  return 'lo';
+  return { name: 'lo', index: lo.index };
 }
 
 /** Adds a VIP on `dev`; `replace` takes an address already there (an LB target re-set-up after a restart). */
-export function addVip(pod: NetlinkHandle, dev: string, vip: string, applied: DsrApplied, o: { replace?: boolean }, who: Who): void {
+export function addVip(pod: NetlinkHandle, dev: string | VipDevice, vip: string, applied: DsrApplied, o: { replace?: boolean }, who: Who): void {
   const prefixLen = ipFamily(vip) === 4 ? 32 : 128;
-  pod.addAddress({ address: `${vip}/${prefixLen}`, index: pod.requireLink(dev).index, noDad: true, ...(o.replace ? { replace: true } : {}) });
-  if (!applied.vips.some((v) => v.address === vip && v.dev === dev)) applied.vips.push({ address: vip, prefixLen, dev });
-  log().info('VIP added', { ...who, vip, dev });
+  const name = typeof dev === 'string' ? dev : dev.name;
+  const index = typeof dev === 'string' ? pod.requireLink(dev).index : dev.index;
+  pod.addAddress({ address: `${vip}/${prefixLen}`, index, noDad: true, ...(o.replace ? { replace: true } : {}) });
+  if (!applied.vips.some((v) => v.address === vip && v.dev === name)) applied.vips.push({ address: vip, prefixLen, dev: name });
+  log().info('VIP added', { ...who, vip, dev: name });
 }
 
 /** Removes one recorded VIP (gone already counts as removed). */

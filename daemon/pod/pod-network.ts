@@ -8,7 +8,7 @@ import { NetlinkHandle, type Link } from '../netlink';
 import { ipFamily } from '../netlink/ip-bytes';
 import { netnsExists, readNetSysctl } from '../sys/netns';
 import { MIN_MTU, type PodNetConfig } from './pod-net-config';
-import { addVip, ignoreGone, silenceArp, undoDsr, vipDevice, type DsrApplied } from './dsr-target';
+import { addVip, ignoreGone, openVipDevice, silenceArp, undoDsr, type DsrApplied } from './dsr-target';
 
 export { validatePodNetConfig, type PodNetConfig } from './pod-net-config';
 
@@ -79,7 +79,7 @@ function applyMtu(pod: NetlinkHandle, podIf: Link, target: PodTarget, cfg: PodNe
   if (value < MIN_MTU) {
     throw new TetherError(ErrorCode.InvalidConfig, `encapOverhead: ${cfg.encapOverhead} would lower ${target.ifName}'s MTU ${podIf.mtu} to ${value}, below ${MIN_MTU}`);
   }
-  const host = NetlinkHandle.open(target.hostNetns);
+  const host = hostHandle(target.hostNetns);
   try {
     const hostIf = findHostPeer(host, podIf, target);
     if (podIf.mtu !== value) {
@@ -96,9 +96,29 @@ function applyMtu(pod: NetlinkHandle, podIf: Link, target: PodTarget, cfg: PodNe
       applied.hostMtu = { ifName: hostIf.name, ifIndex: hostIf.index, previous: hostIf.mtu, value };
       log().info('host-side veth MTU set', { ...who(target), hostIfName: hostIf.name, mtu: value, previous: hostIf.mtu });
     }
+  } catch (e) {
+    dropHostHandle(host);
+    throw e;
   } finally {
-    host.close();
+    if (host !== ownHandle) host.close();
   }
+}
+
+/** A handle on tetherd's own namespace, kept open between pods (opening one costs more than a request). */
+let ownHandle: NetlinkHandle | undefined;
+
+/** The host side's handle: the kept one for tetherd's own namespace, a new one for another (tests). */
+function hostHandle(hostNetns: string | undefined): NetlinkHandle {
+  if (hostNetns) return NetlinkHandle.open(hostNetns);
+  if (!ownHandle || ownHandle.socket.closed) ownHandle = NetlinkHandle.open();
+  return ownHandle;
+}
+
+/** After a failure the kept handle is not trusted further: the next pod opens a new one. */
+function dropHostHandle(h: NetlinkHandle): void {
+  if (h !== ownHandle) return;
+  ownHandle = undefined;
+  h.close();
 }
 
 /** The host end of the pod's veth: by name when the runtime told us, else by the peer ifindex. */
@@ -116,7 +136,7 @@ function applyVips(pod: NetlinkHandle, podIf: Link, cfg: PodNetConfig, applied: 
   const t = { netns: applied.netns, ifName: applied.ifName };
   if (vips.some((v) => ipFamily(v) === 4)) silenceArp(applied.netns, podIf.name, applied, t);
   // Not adopted: a tether0 already there is EEXIST (undo never removes what it did not add).
-  const dev = vipDevice(pod, applied, { adopt: false }, t);
+  const dev = openVipDevice(pod, applied, { adopt: false }, t);
   for (const vip of vips) addVip(pod, dev, vip, applied, {}, t);
 }
 

@@ -6,6 +6,13 @@ import { CLONE_NEWNET, setns } from './libc';
 import { TetherError, ErrorCode } from '../errors';
 import { journalHostSysctl } from './sysctl-journal';
 
+/**
+ * The thread's own namespace, opened once (each entry returns to it; opening it through /proc on every entry
+ * cost as much as the entry). Only outside any inNetns: a nested entry returns to the one around it.
+ */
+let ownNs: number | undefined;
+let depth = 0;
+
 /** Runs fn synchronously inside the network namespace at nsPath (e.g. /run/netns/x or /proc/PID/ns/net). */
 export function inNetns<T>(nsPath: string, fn: () => T): T {
   let target: number;
@@ -14,7 +21,15 @@ export function inNetns<T>(nsPath: string, fn: () => T): T {
   } catch (e) {
     throw new TetherError(ErrorCode.NetnsGone, `network namespace ${nsPath} cannot be opened: ${(e as Error).message}`, { cause: e });
   }
-  const home = fs.openSync('/proc/thread-self/ns/net', 'r');
+  const nested = depth > 0;
+  let home: number;
+  try {
+    home = nested ? fs.openSync('/proc/thread-self/ns/net', 'r') : (ownNs ??= fs.openSync('/proc/thread-self/ns/net', 'r'));
+  } catch (e) {
+    fs.closeSync(target);
+    throw e;
+  }
+  depth++;
   try {
     setns(target, CLONE_NEWNET, nsPath);
     try {
@@ -33,8 +48,9 @@ export function inNetns<T>(nsPath: string, fn: () => T): T {
       }
     }
   } finally {
+    depth--;
     fs.closeSync(target);
-    fs.closeSync(home);
+    if (nested) fs.closeSync(home);
   }
 }
 
@@ -77,23 +93,44 @@ function sysctlFile(key: string): string {
 
 /** Writes a sysctl (slash path under /proc/sys, e.g. net/ipv4/conf/eth0/arp_ignore, since interface names may hold dots) inside a namespace; returns the previous value. */
 export function writeNetSysctl(nsPath: string | null, key: string, value: string): string {
-  const file = sysctlFile(key);
-  const work = () => {
-    const prev = fs.readFileSync(file, 'utf8').trim();
-    if (prev !== value) {
-      // The node's own sysctls outlive tetherd: remember the original first, so an uninstall can restore it.
-      if (!nsPath) journalHostSysctl(key, prev, value);
-      try {
-        fs.writeFileSync(file, value);
-      } catch (e) {
-        const code = (e as NodeJS.ErrnoException).code;
-        const hint = code === 'EROFS' ? ` (read-only: mount the host's /proc/sys/net elsewhere and set TETHER_PROC_SYS_NET to it)` : '';
-        throw new TetherError(ErrorCode.Internal, `sysctl ${key}=${value} in ${nsPath ?? 'the node namespace'}: ${(e as Error).message}${hint}`, { cause: e });
-      }
-    }
-    return prev;
-  };
+  return writeNetSysctls(nsPath, [[key, value]])[0];
+}
+
+/**
+ * Writes several sysctls in one namespace, in order, entering it once; returns each previous value. Each
+ * write is told to `written` as soon as it is done (synchronously, still inside the namespace: record it,
+ * nothing more), so a failure part way, thrown as writeNetSysctl throws it, leaves the caller knowing every
+ * value it replaced.
+ */
+export function writeNetSysctls(
+  nsPath: string | null,
+  entries: ReadonlyArray<readonly [key: string, value: string]>,
+  written: (key: string, value: string, previous: string) => void = () => undefined,
+): string[] {
+  const work = () =>
+    entries.map(([key, value]) => {
+      const previous = writeOne(nsPath, key, value);
+      written(key, value, previous);
+      return previous;
+    });
   return nsPath ? inNetns(nsPath, work) : work();
+}
+
+function writeOne(nsPath: string | null, key: string, value: string): string {
+  const file = sysctlFile(key);
+  const prev = fs.readFileSync(file, 'utf8').trim();
+  if (prev !== value) {
+    // The node's own sysctls outlive tetherd: remember the original first, so an uninstall can restore it.
+    if (!nsPath) journalHostSysctl(key, prev, value);
+    try {
+      fs.writeFileSync(file, value);
+    } catch (e) {
+      const code = (e as NodeJS.ErrnoException).code;
+      const hint = code === 'EROFS' ? ` (read-only: mount the host's /proc/sys/net elsewhere and set TETHER_PROC_SYS_NET to it)` : '';
+      throw new TetherError(ErrorCode.Internal, `sysctl ${key}=${value} in ${nsPath ?? 'the node namespace'}: ${(e as Error).message}${hint}`, { cause: e });
+    }
+  }
+  return prev;
 }
 
 export function readNetSysctl(nsPath: string | null, key: string): string {

@@ -4,7 +4,8 @@
 //
 // What tetherd leaves and where this finds it:
 //   tc filters   our programs at our (handle, priority) on the host-side veths (egress steering and guard,
-//                FoU decap) and, in pods still running, on their interfaces (FoU decap, the LB program):
+//                FoU decap), on the uplink (the LB's node datapath) and, in pods still running, on their
+//                interfaces (FoU decap, the LB program):
 //                detached only when the program there carries one of our names;
 //   routes       floating-address and VIP /32 routes (any table) through the host veth of a pod tetherd
 //                recorded, other than the pod's own address (the primary's route); proxy ARP entries of
@@ -31,12 +32,12 @@ import { detachTc, queryTc, type TcDirection } from '../../daemon/bpf/tc';
 import { FOU_TC } from '../../daemon/bpf/fou';
 import { EGRESS_TC } from '../../daemon/bpf/egress-steer';
 import { GUARD_TC } from '../../daemon/bpf/egress-guard';
-import { LB_TC } from '../../daemon/bpf/lb';
+import { LB_NODE_TC, LB_TC } from '../../daemon/bpf/lb';
 import type { PodRecord } from '../../daemon/state/pod-store';
 import { Installer } from './installer';
 
 /** Every tc filter tetherd attaches: its (handle, priority) and the program's name (the kernel keeps 15 characters). */
-const OUR_FILTERS = [FOU_TC.encap, FOU_TC.decap, EGRESS_TC, GUARD_TC, LB_TC].map((f) => ({ handle: f.handle, priority: f.priority, program: f.program.slice(0, 15) }));
+const OUR_FILTERS = [FOU_TC.encap, FOU_TC.decap, EGRESS_TC, GUARD_TC, LB_TC, LB_NODE_TC].map((f) => ({ handle: f.handle, priority: f.priority, program: f.program.slice(0, 15) }));
 const DIRECTIONS: TcDirection[] = ['ingress', 'egress'];
 /** The nft table a gateway pod gets (daemon/egress/gateway-datapath.ts). */
 export const NFT_TABLE = 'tether_egress';

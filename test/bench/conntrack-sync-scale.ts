@@ -12,7 +12,8 @@ import * as os from 'node:os';
 import * as path from 'node:path';
 import { Writable } from 'node:stream';
 import { ConntrackHandle, IPS, type ConntrackEntry } from '../../daemon/conntrack';
-import { Digests, dumpScope, scopeDigests, StandbyDigests, SyncReceiver, SyncSender, sweepSyncedEntries, syncedDigests, upsertSyncedEntries } from '../../daemon/conntrack-sync';
+import { applyWireList, Digests, dumpScope, dumpScopeEncoded, scopeDigests, StandbyDigests, SyncReceiver, SyncSender, sweepSyncedEntries, syncedDigests } from '../../daemon/conntrack-sync';
+import { ipToBytes } from '../../daemon/netlink/ip-bytes';
 import { makeLogger, setLogger } from '../../daemon/log';
 
 // Connection-level lines (connect, disconnect and why) go to stderr; the rest is dropped.
@@ -44,9 +45,9 @@ if (process.argv[2] === 'receiver') {
   const rx = new SyncReceiver({
     key, id: 'b', host: '127.0.0.1', port: 0,
     apply: async () => cache.invalidate(FLOATING),
-    upsert: async (entries) => {
+    upsertWire: async (list) => {
       cache.invalidate(FLOATING);
-      await upsertSyncedEntries(ns, entries);
+      await applyWireList(ns, list);
     },
     sweep: async (keep, buckets) => {
       cache.invalidate(FLOATING);
@@ -122,7 +123,7 @@ async function run(n: number): Promise<Record<string, unknown>> {
     // Both read the table in slices (as tetherd does), so the loop keeps serving heartbeats.
     let cached: Promise<Digests> | undefined;
     let senderDigestMs = 0;
-    const snapshot = () => dumpScope(a.path, 4, inScope);
+    const snapshot = () => dumpScopeEncoded(a.path, 4, ipToBytes(FLOATING));
     tx = new SyncSender({
       key, id: 'a', host: '127.0.0.1', port, stream: FLOATING, buckets: K, snapshot, deadAfterMs: 10_000,
       digests: (k) => {

@@ -2,7 +2,10 @@
 //  1. Throughput (iperf3, 1 and 8 streams, client → target, the direction that passes the LB) and packets
 //     per second (iperf3 UDP, 64-byte datagrams) through tether's VIP, through a kube-proxy-style iptables
 //     DNAT path (nft DNAT + masquerade on an LB node, same target), and by plain routing to the target (the
-//     floor). All three reach the same target pod from the same external client.
+//     floor). All three reach the same target pod from the same external client. tetherd runs with
+//     --lb-datapath BENCH_LB_DATAPATH (default node: VIP traffic handled on the LB nodes' uplinks); with
+//     node, the LB pods' path is measured too in the same run (the uplink program taken off n1 and n2, so
+//     VIP traffic falls back to the LB pods, then tetherd restarted there to put it back).
 //  2. Time to load 100k mappings into a new LB pod: from the store (Redis HGETALL) into the node's maps.
 //  3. New connections per second through the VIP while each new flow's mapping is written to Redis
 //     (per-flow affinity), against the same connections straight to a target; the mappings in Redis after.
@@ -14,6 +17,7 @@ import * as path from 'node:path';
 import type { ChildProcess } from 'node:child_process';
 import Redis from 'ioredis';
 import { withTestbed, type Testbed } from '../testbed/testbed';
+import { LB_NODE_TC } from '../../daemon/bpf/lb';
 import {
   EXPORT_TABLE, PORT, baselineAnnounce, baselineWithdraw, configure, lbPodSpec, lbStatus, pool, routerPaths, service, slice, startBgp, startTargets, targetSpec, topology, traffic, until,
 } from '../testbed/lb-scenario';
@@ -32,6 +36,19 @@ const PERF_PORT = 5201;
 /** The tether path's iperf3 server is bound to the VIP, so its UDP handshake answers from the VIP (DSR). */
 const VIP_PERF_PORT = 5202;
 const DNAT_VIP = '198.51.100.200';
+const DATAPATH = process.env.BENCH_LB_DATAPATH ?? 'node';
+/** The LB nodes serving the perf VIP (their LB pods: lb-scenario's topology). */
+const PERF_LB_NODES = ['n1', 'n2'];
+/**
+ * Plain routing over the same hops as the VIP (one node more than plain routing to the pod): the router sends a
+ * target pod's address through the LB node n1 (a /32 via n1), which routes it on to the pod's node as usual.
+ * The floor of any L4 load balancer that runs on its own node.
+ */
+async function routeThroughNode(tb: Testbed, pod: string, on: boolean): Promise<void> {
+  const dst = `${tb.podIp(pod)}/32`;
+  if (on) await tb.mustExec('router', ['ip', 'route', 'replace', dst, 'via', tb.node('n1').fabricIp]);
+  else await tb.mustExec('router', ['ip', 'route', 'del', dst, 'via', tb.node('n1').fabricIp]);
+}
 
 function perfService(): Record<string, unknown> {
   const s = service({ 'lb.tether.dev/affinity': 'flow' }) as { metadata: Record<string, unknown>; spec: Record<string, unknown> };
@@ -114,7 +131,9 @@ async function main(): Promise<void> {
   result.load = await loadMappings();
   process.stdout.write(`  ${JSON.stringify(result.load)}\n`);
 
-  await withTestbed(topology(), async (tb) => {
+  result.datapath = DATAPATH;
+  result.iperfSeconds = SECS;
+  await withTestbed(topology(DATAPATH), async (tb) => {
     const bgp = await startBgp(tb);
     const servers: ChildProcess[] = [];
     try {
@@ -140,13 +159,17 @@ async function main(): Promise<void> {
 
       const paths: Record<string, [string, number]> = { tether: [st.perf, VIP_PERF_PORT], dnat: [DNAT_VIP, PERF_PORT], plain: [tb.podIp('n4-t1'), PERF_PORT] };
       const tput: Record<string, Record<string, number>> = {};
-      for (const [name, [host, port]] of Object.entries(paths)) {
+      const measure = async (name: string, host: string, port: number) => {
         const one = await iperf(tb, host, port, []);
         const eight = await iperf(tb, host, port, ['-P', '8']);
         const pps = await iperf(tb, host, port, ['-u', '-l', '64', '-b', '0']);
         tput[name] = { mbps1: Math.round(one.mbps), mbps8: Math.round(eight.mbps), pps64: Math.round(pps.pps ?? 0) };
         process.stdout.write(`  ${name}: ${JSON.stringify(tput[name])}\n`);
-      }
+      };
+      for (const [name, [host, port]] of Object.entries(paths)) await measure(name, host, port);
+      await routeThroughNode(tb, 'n4-t1', true);
+      await measure('viaNode', tb.podIp('n4-t1'), PERF_PORT);
+      await routeThroughNode(tb, 'n4-t1', false);
       result.throughput = tput;
       result.ratios = {
         tetherVsPlain1: +(tput.tether.mbps1 / tput.plain.mbps1).toFixed(2),
@@ -155,20 +178,51 @@ async function main(): Promise<void> {
         tetherVsDnat8: +(tput.tether.mbps8 / tput.dnat.mbps8).toFixed(2),
         ppsVsPlain: +(tput.tether.pps64 / tput.plain.pps64).toFixed(2),
         ppsVsDnat: +(tput.tether.pps64 / tput.dnat.pps64).toFixed(2),
+        tetherVsViaNode1: +(tput.tether.mbps1 / tput.viaNode.mbps1).toFixed(2),
+        tetherVsViaNode8: +(tput.tether.mbps8 / tput.viaNode.mbps8).toFixed(2),
+        ppsVsViaNode: +(tput.tether.pps64 / tput.viaNode.pps64).toFixed(2),
+        viaNodeVsPlainPps: +(tput.viaNode.pps64 / tput.plain.pps64).toFixed(2),
       };
 
       // New connections per second while their mappings are written (per-flow affinity).
       const targets = await startTargets(tb, ['n4-t1', 'n4-t2', 'n5-t3'], st.db);
       try {
         const direct = await storm(tb, tb.podIp('n4-t2'), STORM);
+        await routeThroughNode(tb, 'n4-t2', true);
+        const viaNode = await storm(tb, tb.podIp('n4-t2'), STORM);
+        await routeThroughNode(tb, 'n4-t2', false);
         const through = await storm(tb, st.db, STORM);
         await new Promise((r) => setTimeout(r, 1500));
         const raw = new Redis({ path: tb.redis.socketPath });
         let stored = 0;
         for (let i = 0; i < LB_STORE_BUCKETS; i++) stored += await raw.hlen(`${tb.redisPrefix}lb:{${st.db}#${i}}:map`);
         raw.disconnect();
-        result.connections = { throughVipPerSecond: Math.round(through.perSecond), directPerSecond: Math.round(direct.perSecond), ratio: +(through.perSecond / direct.perSecond).toFixed(2), errors: through.errors, mappingsInRedis: stored, connections: STORM };
+        result.connections = {
+          throughVipPerSecond: Math.round(through.perSecond), directPerSecond: Math.round(direct.perSecond), ratio: +(through.perSecond / direct.perSecond).toFixed(2),
+          viaNodePerSecond: Math.round(viaNode.perSecond), viaNodeRatio: +(through.perSecond / viaNode.perSecond).toFixed(2), errors: through.errors, mappingsInRedis: stored, connections: STORM,
+        };
         process.stdout.write(`  connections: ${JSON.stringify(result.connections)}\n`);
+
+        if (DATAPATH === 'node') {
+          // The LB pods' path in the same run: the uplink program off n1 and n2 (the VIPs' routes to the LB
+          // pods stay), measured, then tetherd restarted there, which puts it back.
+          for (const n of PERF_LB_NODES) await tb.mustExec(n, ['tc', 'filter', 'del', 'dev', 'eth0', 'ingress', 'pref', String(LB_NODE_TC.priority)]);
+          await measure('tetherPod', st.perf, VIP_PERF_PORT);
+          Object.assign(result.ratios as Record<string, number>, {
+            podVsPlain1: +(tput.tetherPod.mbps1 / tput.plain.mbps1).toFixed(2),
+            podVsPlain8: +(tput.tetherPod.mbps8 / tput.plain.mbps8).toFixed(2),
+            podPpsVsPlain: +(tput.tetherPod.pps64 / tput.plain.pps64).toFixed(2),
+          });
+          const viaPods = await storm(tb, st.db, STORM);
+          (result.connections as Record<string, number>).throughPodsPerSecond = Math.round(viaPods.perSecond);
+          (result.connections as Record<string, number>).podsRatio = +(viaPods.perSecond / direct.perSecond).toFixed(2);
+          for (const n of PERF_LB_NODES) await tb.restartTetherd(n);
+          await until('the uplink program back on n1 and n2', async () => {
+            for (const n of PERF_LB_NODES) if (!((await tb.status(n)) as unknown as { lbDatapath?: { attached?: boolean } }).lbDatapath?.attached) return false;
+            return true;
+          }, 30_000);
+          await announced(tb, st.db, PERF_LB_NODES);
+        }
 
         // Survival, one change at a time, 200 connections each.
         const survival: Array<{ path: string; change: string; intact: number; of: number; longestGapMs?: number }> = [];
@@ -234,18 +288,24 @@ async function main(): Promise<void> {
   const l = result.load as { totalMs: number; loadMs: number; installMs: number; written: number };
   const c = result.connections as Record<string, number>;
   const s = result.survival as Array<{ path: string; change: string; intact: number; of: number }>;
+  const row = (label: string, x: Record<string, number>) => `| ${label} | ${x.mbps1} Mbit/s | ${x.mbps8} Mbit/s | ${x.pps64} pkt/s |`;
+  const rows = [
+    row(`tether VIP, ${DATAPATH} datapath (ECMP → ${DATAPATH === 'node' ? 'LB node\'s uplink' : 'LB pod'}, eBPF, FoU, DSR)`, t.tether),
+    ...(t.tetherPod ? [row('tether VIP, pod datapath (ECMP → LB pod, eBPF, FoU, DSR)', t.tetherPod)] : []),
+    row('iptables DNAT (kube-proxy style, one node)', t.dnat),
+    row('plain routing through an LB node (router → n1 → target\'s node: the hops of any L4 LB on its own node)', t.viaNode),
+  ];
   const md = `Measured by \`test/bench/lb.ts\` (part of \`npm run bench\`) on ${String((result.machine as Record<string, unknown>).cpu ?? 'this machine')}; raw numbers in \`results/bench-lb.json\`.
 
 | path (client → same target pod) | 1 stream | 8 streams | 64-byte UDP |
 |---|---|---|---|
-| tether VIP (ECMP → LB pod, eBPF, FoU, DSR) | ${t.tether.mbps1} Mbit/s | ${t.tether.mbps8} Mbit/s | ${t.tether.pps64} pkt/s |
-| iptables DNAT (kube-proxy style, one node) | ${t.dnat.mbps1} Mbit/s | ${t.dnat.mbps8} Mbit/s | ${t.dnat.pps64} pkt/s |
+${rows.join('\n')}
 | plain routing (the floor) | ${t.plain.mbps1} Mbit/s | ${t.plain.mbps8} Mbit/s | ${t.plain.pps64} pkt/s |
 
-Ratios: tether / plain ${r.tetherVsPlain1} (1 stream), ${r.tetherVsPlain8} (8 streams), ${r.ppsVsPlain} (packets); tether / DNAT ${r.tetherVsDnat1}, ${r.tetherVsDnat8}, ${r.ppsVsDnat}.
+Ratios (tether: the ${DATAPATH} datapath): tether / plain ${r.tetherVsPlain1} (1 stream), ${r.tetherVsPlain8} (8 streams), ${r.ppsVsPlain} (packets); tether / DNAT ${r.tetherVsDnat1}, ${r.tetherVsDnat8}, ${r.ppsVsDnat}; tether / plain routing through an LB node ${r.tetherVsViaNode1}, ${r.tetherVsViaNode8}, ${r.ppsVsViaNode} (that path's packets / plain: ${r.viaNodeVsPlainPps}).${t.tetherPod ? ` The pod datapath in the same run: / plain ${r.podVsPlain1}, ${r.podVsPlain8}, ${r.podPpsVsPlain}.` : ''}
 
 - ${l.written} mappings loaded into a new LB pod's maps in ${l.totalMs.toFixed(0)} ms (Redis ${l.loadMs.toFixed(0)} ms, maps ${l.installMs.toFixed(0)} ms).
-- New connections: ${c.throughVipPerSecond}/s through the VIP with each mapping written to Redis, against ${c.directPerSecond}/s straight to a target (${c.ratio}×); ${c.mappingsInRedis} mappings in Redis after ${c.connections} connections (plus earlier ones), ${c.errors} errors.
+- New connections: ${c.throughVipPerSecond}/s through the VIP (${DATAPATH} datapath) with each mapping written to Redis, against ${c.directPerSecond}/s straight to a target (${c.ratio}×) and ${c.viaNodePerSecond}/s routed to it through an LB node (${c.viaNodeRatio}×)${c.throughPodsPerSecond ? `; ${c.throughPodsPerSecond}/s through the LB pods (${c.podsRatio}×)` : ''}; ${c.mappingsInRedis} mappings in Redis after ${c.connections} connections (plus earlier ones), ${c.errors} errors.
 
 | path | change | connections intact |
 |---|---|---|

@@ -49,6 +49,23 @@ for (const name of ['tether', 'tether-ipam'] as const) {
   });
 }
 
+test('tether and tether-ipam read no .env from the directory they are run in', () => {
+  // Bun-compiled executables load .env (and bunfig.toml) from the working directory by default; a runtime
+  // runs plugins wherever it is, so a stray .env there must not become the request's environment.
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'tether-cwd-'));
+  try {
+    fs.writeFileSync(path.join(dir, '.env'), 'CNI_COMMAND=VERSION\n');
+    for (const name of ['tether', 'tether-ipam'] as const) {
+      const r = spawnSync(bin(name), [], { cwd: dir, env: { PATH: process.env.PATH ?? '/usr/bin:/bin' }, encoding: 'utf8', timeout: 20_000, input: '' });
+      assert.is(r.status, 0, r.stdout);
+      assert.is(r.stdout, '', `${name}: nothing on stdout (it answered VERSION from the directory's .env)`);
+      assert.match(r.stderr, new RegExp(`CNI ${name} plugin`));
+    }
+  } finally {
+    fs.rmSync(dir, { recursive: true, force: true });
+  }
+});
+
 test('tetherctl with an unknown option still fails with exit 2 and the usage', () => {
   const r = run('tetherctl', ['--frobnicate']);
   assert.is(r.status, 2);

@@ -10,8 +10,10 @@ import * as crypto from 'node:crypto';
 import { Writable } from 'node:stream';
 import { test } from 'uvu';
 import * as assert from 'uvu/assert';
-import { ConntrackHandle, IPS, entryKey, type ConntrackEntry } from '../../daemon/conntrack';
-import { SyncReceiver, SyncSender, bucketOf, sweepSyncedEntries, syncedDigests, upsertSyncedEntries, type SyncReceiverOptions } from '../../daemon/conntrack-sync';
+import { ConntrackHandle, IPS, entryKey, type ConntrackEntry, type ConntrackEvent } from '../../daemon/conntrack';
+import { applySyncedEvents, applyWireList, dumpScopeEncoded, SyncReceiver, SyncSender, WireList, bucketOf, sweepSyncedEntries, syncedDigests, upsertSyncedEntries, type SyncReceiverOptions } from '../../daemon/conntrack-sync';
+import { MAX_EVENT_BYTES, writeEntry, writeEvent, writeList } from '../../daemon/conntrack-sync/entry-codec';
+import { ipToBytes } from '../../daemon/netlink/ip-bytes';
 import { log, makeLogger, setLogger, type Logger } from '../../daemon/log';
 import { ConntrackStreams } from '../../daemon/egress/conntrack-streams';
 import type { AddressState, EgressContext, LocalGateway } from '../../daemon/egress/egress-context';
@@ -197,6 +199,47 @@ test('standby copies: a short timeout is raised to the floor on write and re-arm
   assert.is(refreshed, 1, 'only the copy under half the floor');
   assert.ok(hb.get(flow(2).orig)!.timeout! > 500, `re-armed to ${hb.get(flow(2).orig)!.timeout} s`);
   assert.is(digests.entries, 2);
+});
+
+test('the wire paths: a dump read straight into wire form is the decoded dump encoded; a list written from its bytes leaves the table as the decoded apply does', async () => {
+  const a = ctNamespace('a');
+  const b = ctNamespace('b');
+  const c = ctNamespace('c');
+  const ha = open(a);
+  fill(ha, 0, 3000);
+  ha.insert({ ...flow(5000), reply: { ...flow(5000).reply, dst: '10.99.0.9' } }); // another address: not in the transfer
+  const enc = await dumpScopeEncoded(a, 4, ipToBytes(FLOATING));
+  const decoded = ConntrackHandle.with(a, (h) => h.dump({ family: 4 })).filter(inScope);
+  assert.is(enc.count, decoded.length);
+  // The same entries (timeouts tick between the two dumps, so they are left out of the comparison), and
+  // each entry's bytes are exactly its decoded form encoded.
+  const buf = Buffer.alloc(MAX_EVENT_BYTES);
+  const sorted = (_k: string, x: unknown) => (x && typeof x === 'object' && !Array.isArray(x) ? Object.fromEntries(Object.entries(x).sort(([p], [q]) => (p < q ? -1 : 1))) : x);
+  const noTimeout = (e: ConntrackEntry) => JSON.stringify({ ...e, timeout: undefined }, sorted);
+  const want = new Set(decoded.map(noTimeout));
+  for (let i = 0; i < enc.count; i++) {
+    const e = enc.entry(i);
+    assert.ok(want.has(noTimeout(e)), `entry ${i} is in the decoded dump`);
+    assert.ok(buf.subarray(0, writeEntry(buf, 0, e)).equals(enc.buf.subarray(enc.offsets[i], enc.offsets[i + 1])), `entry ${i}: its bytes are its decoded form encoded`);
+  }
+  // Events against tables holding some of the flows already: new meets existing (→ update), update meets
+  // none (→ create), destroy of a missing one is fine; B through the wire path, C through the decoded one.
+  const events: ConntrackEvent[] = [
+    ...Array.from({ length: 300 }, (_, i) => ({ type: 'new' as const, entry: flow(i) })),
+    ...Array.from({ length: 100 }, (_, i) => ({ type: 'update' as const, entry: flow(1000 + i, 300) })),
+    ...Array.from({ length: 50 }, (_, i) => ({ type: 'destroy' as const, entry: flow(i * 2) })),
+    { type: 'destroy', entry: flow(9999) },
+  ];
+  for (const ns of [b, c]) ConntrackHandle.with(ns, (h) => fill(h, 0, 100));
+  const list = Buffer.alloc(MAX_EVENT_BYTES * events.length + 4);
+  const end = writeList(list, 0, list.length, events, 0, events.length, writeEvent, () => assert.unreachable()).end;
+  const rb = await applyWireList(b, WireList.parse(list.subarray(0, end), events.length, true), 600);
+  const rc = await applySyncedEvents(c, events, 600);
+  assert.equal(rb, rc, 'the same counts: created, updated, deleted, none failed');
+  assert.is(rb.failed.length, 0);
+  const table = (ns: string) => ConntrackHandle.with(ns, (h) => h.dump({ family: 4 })).map((e) => `${entryKey(e)} ${e.status & ~IPS.DYING} ${e.timeout! > 500}`).sort();
+  assert.equal(table(b), table(c));
+  assert.is(table(b).length, 100 + 200 + 100 - 50);
 });
 
 test('one conntrack event socket per gateway namespace, however many addresses it holds; events reach their own address\'s peers', async () => {

@@ -19,7 +19,17 @@ const LB = { tether: { labels: { 'tether.dev/role': 'lb' } }, namespace: 'shop' 
 const APP = { tether: { labels: { app: 'db' } }, namespace: 'shop' };
 export const LB_NODES = ['n1', 'n2', 'n3'];
 
-export function topology(): Topology {
+/**
+ * tetherd's --lb-datapath for the load balancer's testbed runs: TETHER_LB_DATAPATH=node|pod (default: the
+ * tetherd default), so every LB scenario can be run against either datapath.
+ */
+export function lbDatapathArgs(mode = process.env.TETHER_LB_DATAPATH): string[] {
+  if (mode === undefined || mode === '') return [];
+  if (mode !== 'node' && mode !== 'pod') throw new Error(`TETHER_LB_DATAPATH=${mode}: node or pod`);
+  return ['--lb-datapath', mode];
+}
+
+export function topology(datapath?: string): Topology {
   return {
     nodes: [
       { name: 'n1', pods: [{ name: 'lb', ...LB }] },
@@ -30,7 +40,7 @@ export function topology(): Topology {
     ],
     tether: true,
     ipam: 'tether-ipam',
-    tetherdArgs: ['--lb-export-table', String(EXPORT_TABLE)],
+    tetherdArgs: ['--lb-export-table', String(EXPORT_TABLE), ...lbDatapathArgs(datapath)],
     extraObjects: [pool],
   };
 }

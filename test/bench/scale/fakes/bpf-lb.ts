@@ -1,11 +1,13 @@
 // Fake of daemon/bpf/lb.ts: the load balancer's maps as plain Maps, every call recorded. The simulation
 // finds each node's datapath by its pin dir (one per simulated node) to feed it "new connection" events
 // (what the ring buffer would carry) and to count where a mapping was installed (fan-out).
-import { LB_MAGLEV_DEFAULT, LB_MAX_VIPS_DEFAULT, type LbStats, type MapKey } from '../../../../daemon/bpf/lb-structs';
+import { LB_MAGLEV_DEFAULT, LB_MAX_VIPS_DEFAULT, STAT_NAMES, type LbStats, type MapKey } from '../../../../daemon/bpf/lb-structs';
 import { record } from './record';
 
 export const LB_TC = { handle: 1, priority: 0x110, object: 'lb', program: 'lb_ingress' } as const;
+export const LB_NODE_TC = { handle: 1, priority: 0x130, program: 'lb_node' } as const;
 export const LB_HASH_SEED = 0x7e7e1b5d;
+export type LbDatapathMode = 'node' | 'pod';
 export type TargetState = 'active' | 'terminating';
 export interface LbDatapathOptions {
   pinDir: string;
@@ -13,6 +15,7 @@ export interface LbDatapathOptions {
   maglevSize?: number;
   maxMappings?: number;
   objectPath?: string;
+  nodeProgram?: boolean;
 }
 export interface LbMapping extends MapKey {
   target: string;
@@ -33,11 +36,12 @@ export class LbDatapath {
     readonly pinDir: string,
     readonly maxVips: number,
     readonly maglevSize: number,
+    private readonly maxMappingsN = 262_144,
   ) {}
 
   static load(o: LbDatapathOptions): LbDatapath {
     record('lb.load');
-    const dp = new LbDatapath(o.pinDir, o.maxVips ?? LB_MAX_VIPS_DEFAULT, o.maglevSize ?? LB_MAGLEV_DEFAULT);
+    const dp = new LbDatapath(o.pinDir, o.maxVips ?? LB_MAX_VIPS_DEFAULT, o.maglevSize ?? LB_MAGLEV_DEFAULT, o.maxMappings);
     lbDatapaths.set(o.pinDir, dp);
     return dp;
   }
@@ -51,6 +55,24 @@ export class LbDatapath {
   detach(): boolean {
     record('lb.detach');
     return true;
+  }
+  attachNode(ifName: string): { ifName: string } {
+    record('lb.attachNode');
+    return { ifName };
+  }
+  detachNode(): boolean {
+    record('lb.detachNode');
+    return true;
+  }
+  static detachNodeFrom(): boolean {
+    record('lb.detachNode');
+    return false;
+  }
+  nodeAttached(): boolean {
+    return false;
+  }
+  get maxMappings(): number {
+    return this.maxMappingsN;
   }
   /** The VIPs programmed now and their slots (what a restart finds in the pinned maps). */
   services(): Map<string, number> {
@@ -70,10 +92,11 @@ export class LbDatapath {
   setMaglevRow(): void {
     record('lb.setMaglevRow');
   }
-  installMappings(list: Array<{ key: MapKey; target: string }>): void {
+  installMappings(list: Array<{ key: MapKey; target: string }>): { installed: number; full: number } {
     record('lb.installMappings');
     record('lb.mappingsInstalled', list.length);
     for (const m of list) this.map.set(keyOf(m.key), { ...m.key, target: m.target, lastNs: 0n });
+    return { installed: list.length, full: 0 };
   }
   mappings(): LbMapping[] {
     return [...this.map.values()];
@@ -99,7 +122,7 @@ export class LbDatapath {
   }
   stats(): LbStats {
     const z = 0n;
-    return { packets: z, bytes: z, misses: z, icmpForwarded: z, dropNoTarget: z, dropNoPort: z, dropIcmpNoFlow: z, dropFragment: z, dropError: z, reportLost: z } as LbStats;
+    return Object.fromEntries(STAT_NAMES.map((n) => [n, z])) as unknown as LbStats;
   }
   resetStats(): void {}
   close(): void {

@@ -1,0 +1,185 @@
+/* lb-forward.h: how a load-balanced packet leaves for its target from each attach point of lb.bpf.c, and
+ * the ICMP "fragmentation needed" a client gets instead when its packet would not fit once encapsulated. */
+#ifndef TETHER_LB_FORWARD_H
+#define TETHER_LB_FORWARD_H
+
+#include "common.h"
+#include "fou.h"
+#include "lb-core.h"
+
+#define AF_INET_ 2
+#define ICMP_DEST_UNREACH_ 3
+#define ICMP_FRAG_NEEDED_ 4
+#define IPTOS_PREC_INTERNETCONTROL_ 0xc0
+/* The smallest MTU an IPv4 link may have (RFC 791): a next hop below it is not advertised to a client. */
+#define IPV4_MIN_MTU 68
+
+/* What is being forwarded: a client's packet (counted as traffic; too big: the client is told), or an ICMP
+ * error about a VIP flow (counted apart; never answered with another ICMP error, RFC 1122 3.2.2). */
+enum lb_fwd_kind { LB_FWD_DATA, LB_FWD_ICMP };
+
+static __always_inline void lb_count(struct lb_stats *st, enum lb_fwd_kind kind, __u32 len)
+{
+	if (kind == LB_FWD_ICMP) {
+		st->icmp_forwarded++;
+		return;
+	}
+	st->packets++;
+	st->bytes += len;
+}
+
+/* The LB pod's interface: encapsulated, and back out the interface the packet came in by, to the node. */
+static __always_inline int lb_forward_pod(struct __sk_buff *skb, const struct iphdr *ip, const struct lb_config *cfg,
+					  struct lb_stats *st, __be32 target, __u32 hash, enum lb_fwd_kind kind)
+{
+	if (fou_encap4_sport(skb, ip, cfg->saddr, target, cfg->dport, fou_sport_of(hash)) || fou_swap_macs(skb)) {
+		st->drop_error++;
+		return TC_ACT_SHOT;
+	}
+	lb_count(st, kind, bpf_ntohs(ip->tot_len));
+	return bpf_redirect(skb->ifindex, 0);
+}
+
+/* ICMP type 3 code 4 as sent on the wire: the unused half of the rest-of-header, then the next-hop MTU. */
+struct lb_icmp_frag {
+	__u8 type;
+	__u8 code;
+	__sum16 csum;
+	__be16 unused;
+	__be16 mtu;
+};
+
+/* The reply built on the stack: new IPv4 header, ICMP header, then the quote of the client's packet. */
+struct lb_too_big_reply {
+	struct iphdr ip;
+	struct lb_icmp_frag icmp;
+	struct iphdr quoted;
+	__u8 l4[20];
+};
+
+static __always_inline __sum16 lb_csum_fold(__s64 c)
+{
+	__u32 s = (__u32)c;
+
+	s = (s & 0xffff) + (s >> 16);
+	s = (s & 0xffff) + (s >> 16);
+	return (__sum16)~s;
+}
+
+/* Turns the client's packet into ICMP "fragmentation needed" (next-hop MTU mtu) from the VIP to the client
+ * and sends it back out the interface it came in by. The quote is the client's IP header and its transport
+ * header (UDP 8 bytes, TCP 20): enough for the client's stack to find the socket, and a trim that keeps a
+ * whole transport header is one the kernel allows even when that header's checksum is still to be filled
+ * in by a device (CHECKSUM_PARTIAL, from a sender on a virtual link; such an skb keeps its checksum
+ * offsets, so a device that does fill it in would change the quote: receivers on virtual links do not
+ * check it, and real NICs never hand such packets in). */
+static __always_inline int lb_too_big(struct __sk_buff *skb, const struct iphdr *ip, __u16 mtu)
+{
+	struct lb_too_big_reply r;
+	__u32 l4 = ip->protocol == IPPROTO_TCP_ ? 20 : 8;
+	__s64 sum;
+
+	__builtin_memset(&r, 0, sizeof(r));
+	r.quoted = *ip;
+	if (l4 == 20) {
+		if (bpf_skb_load_bytes(skb, ETH_HLEN + sizeof(*ip), r.l4, 20))
+			return TC_ACT_SHOT;
+	} else if (bpf_skb_load_bytes(skb, ETH_HLEN + sizeof(*ip), r.l4, 8)) {
+		return TC_ACT_SHOT;
+	}
+	if (bpf_skb_change_tail(skb, ETH_HLEN + sizeof(*ip) + l4, 0) ||
+	    bpf_skb_adjust_room(skb, sizeof(r.ip) + sizeof(r.icmp), BPF_ADJ_ROOM_MAC, 0))
+		return TC_ACT_SHOT;
+
+	r.icmp.type = ICMP_DEST_UNREACH_;
+	r.icmp.code = ICMP_FRAG_NEEDED_;
+	r.icmp.mtu = bpf_htons(mtu);
+	/* ICMP checksum over the ICMP header and the quote (36 or 48 bytes: csum_diff wants multiples of 4). */
+	if (l4 == 20)
+		sum = bpf_csum_diff(NULL, 0, (__be32 *)&r.icmp, sizeof(r.icmp) + sizeof(r.quoted) + 20, 0);
+	else
+		sum = bpf_csum_diff(NULL, 0, (__be32 *)&r.icmp, sizeof(r.icmp) + sizeof(r.quoted) + 8, 0);
+	if (sum < 0)
+		return TC_ACT_SHOT;
+	r.icmp.csum = lb_csum_fold(sum);
+
+	r.ip.version = 4;
+	r.ip.ihl = 5;
+	r.ip.tos = IPTOS_PREC_INTERNETCONTROL_;
+	r.ip.tot_len = bpf_htons(sizeof(r.ip) + sizeof(r.icmp) + sizeof(*ip) + l4);
+	r.ip.ttl = 64;
+	r.ip.protocol = IPPROTO_ICMP_;
+	r.ip.saddr = ip->daddr; /* the VIP: the address the client sent to */
+	r.ip.daddr = ip->saddr;
+	r.ip.check = fou_ipv4_csum(&r.ip);
+	if (bpf_skb_store_bytes(skb, ETH_HLEN, &r, sizeof(r.ip) + sizeof(r.icmp), 0) || fou_swap_macs(skb))
+		return TC_ACT_SHOT;
+	return bpf_redirect(skb->ifindex, 0);
+}
+
+/* The node's uplink: the FIB names the egress device and next hop towards the target (the uplink for a
+ * target on another node, a pod's veth for one on this node) and checks the encapsulated length against the
+ * path MTU; the packet is encapsulated and redirected straight there, with the neighbour's MAC from the
+ * FIB, or from the neighbour subsystem when not resolved yet (bpf_redirect_neigh). The node's stack never
+ * sees it: no second pass through routing, conntrack or netfilter. */
+static __always_inline int lb_forward_node(struct __sk_buff *skb, const struct iphdr *ip, const struct lb_config *cfg,
+					   struct lb_stats *st, __be32 target, __u32 hash, enum lb_fwd_kind kind)
+{
+	struct bpf_fib_lookup fib = {};
+	struct bpf_redir_neigh nh = {};
+	__u32 inner_len = bpf_ntohs(ip->tot_len);
+	__u8 macs[2 * ETH_ALEN];
+	long rc;
+
+	fib.family = AF_INET_;
+	fib.tos = ip->tos;
+	fib.l4_protocol = IPPROTO_UDP_;
+	/* A GSO packet (tot_len 0 here) is checked by the kernel as the segments it will become; any other by
+	 * its length once encapsulated. */
+	fib.tot_len = skb->gso_size ? 0 : inner_len + FOU_OVERHEAD;
+	fib.ifindex = skb->ifindex;
+	fib.ipv4_src = cfg->saddr;
+	fib.ipv4_dst = target;
+	rc = bpf_fib_lookup(skb, &fib, sizeof(fib), 0);
+	if (rc == BPF_FIB_LKUP_RET_FRAG_NEEDED) {
+		/* mtu_result: the path MTU towards the target (route, PMTU exception or device). */
+		__u32 mtu = fib.mtu_result;
+
+		st->too_big++;
+		if (kind != LB_FWD_DATA || skb->gso_size || mtu < FOU_OVERHEAD + IPV4_MIN_MTU)
+			return TC_ACT_SHOT;
+		return lb_too_big(skb, ip, mtu - FOU_OVERHEAD);
+	}
+	if (rc != BPF_FIB_LKUP_RET_SUCCESS && rc != BPF_FIB_LKUP_RET_NO_NEIGH) {
+		st->drop_no_route++;
+		return TC_ACT_SHOT;
+	}
+	if (fou_encap4_sport(skb, ip, cfg->saddr, target, cfg->dport, fou_sport_of(hash))) {
+		st->drop_error++;
+		return TC_ACT_SHOT;
+	}
+	lb_count(st, kind, inner_len);
+	if (rc == BPF_FIB_LKUP_RET_SUCCESS) {
+		__builtin_memcpy(macs, fib.dmac, ETH_ALEN);
+		__builtin_memcpy(macs + ETH_ALEN, fib.smac, ETH_ALEN);
+		if (bpf_skb_store_bytes(skb, 0, macs, sizeof(macs), 0)) {
+			st->drop_error++;
+			return TC_ACT_SHOT;
+		}
+		return bpf_redirect(fib.ifindex, 0);
+	}
+	nh.nh_family = AF_INET_;
+	nh.ipv4_nh = fib.ipv4_dst; /* the FIB's next hop: the gateway, or the target itself when on-link */
+	return bpf_redirect_neigh(fib.ifindex, &nh, sizeof(nh), 0);
+}
+
+/* node: a compile-time constant, so each program keeps only its own branch. */
+static __always_inline int lb_forward(struct __sk_buff *skb, const struct iphdr *ip, const struct lb_config *cfg,
+				      struct lb_stats *st, __be32 target, __u32 hash, enum lb_fwd_kind kind, const bool node)
+{
+	if (node)
+		return lb_forward_node(skb, ip, cfg, st, target, hash, kind);
+	return lb_forward_pod(skb, ip, cfg, st, target, hash, kind);
+}
+
+#endif
