@@ -25,6 +25,17 @@ export function writeNetSysctl(nsPath: string | null, key: string, value: string
   sysctls.set(k, value);
   return before;
 }
+export function writeNetSysctls(
+  nsPath: string | null,
+  entries: ReadonlyArray<readonly [key: string, value: string]>,
+  written: (key: string, value: string, previous: string) => void = () => undefined,
+): string[] {
+  return entries.map(([key, value]) => {
+    const previous = writeNetSysctl(nsPath, key, value);
+    written(key, value, previous);
+    return previous;
+  });
+}
 export function readNetSysctl(nsPath: string | null, key: string): string {
   return sysctls.get(`${nsPath ?? ''}:${key}`) ?? '0';
 }
