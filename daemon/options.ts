@@ -35,8 +35,8 @@ export const USAGE = `usage: tetherd [--node-name NAME] [--socket PATH] [--state
   --lb-max-vips N         VIPs this node's LB pods can serve (default 16, at most 256): the node's own budget; a
                           node programs only the VIPs of its LB pods, so the cluster's Services are not capped
   --lb-maglev-size P      Maglev table size, a prime (65537); --lb-max-mappings N  clients held per node (262144)
-  --lb-datapath MODE      where VIP traffic is handled: pod (default: in the LB pods) or node (at tc ingress of
-                          --uplink, where it arrives; the LB pods still decide where the VIP is announced)
+  --lb-datapath MODE      where VIP traffic is handled: node (default: at tc ingress of --uplink, where it arrives;
+                          the LB pods still decide where the VIP is announced) or pod (in the LB pods)
   --health-port N         the node's /healthz and /livez, kube-proxy's contract (default 10266; 0: off); Services
                           with externalTrafficPolicy Local answer on their healthCheckNodePort
   --probe-port N          kubelet's probes on 127.0.0.1: /livez, /readyz (default 0: off; the DaemonSet uses 10267)
@@ -110,7 +110,7 @@ export function parseOptions(argv: string[]): Options {
       'lb-max-vips': { type: 'string', default: '16' },
       'lb-maglev-size': { type: 'string', default: '65537' },
       'lb-max-mappings': { type: 'string', default: '262144' },
-      'lb-datapath': { type: 'string', default: 'pod' },
+      'lb-datapath': { type: 'string', default: 'node' },
       'health-port': { type: 'string', default: '10266' },
       'probe-port': { type: 'string', default: '0' },
       'metrics-bind-address': { type: 'string', default: DEFAULT_METRICS_ADDRESS },
@@ -194,7 +194,7 @@ export function lbOptions(opts: Options): { exportTable: number; maxVips: number
   if ([253, 254, 255].includes(exportTable)) throw new StartError(2, `--lb-export-table: ${exportTable} is a kernel table (local/main/default); pick another`);
   const maglevSize = int('lb-maglev-size', 7, 1_000_003);
   if (!isPrime(maglevSize)) throw new StartError(2, `--lb-maglev-size: ${maglevSize} is not a prime`);
-  const datapath = opts['lb-datapath'] ?? 'pod';
+  const datapath = opts['lb-datapath'] ?? 'node';
   if (datapath !== 'node' && datapath !== 'pod') throw new StartError(2, `--lb-datapath: ${JSON.stringify(datapath)} is not node or pod`);
   return { exportTable, maxVips: int('lb-max-vips', 1, 256), maglevSize, maxMappings: int('lb-max-mappings', 1024, 16_777_216), datapath };
 }

@@ -73,7 +73,7 @@ export class LbController {
   private uplinkProblem?: string;
 
   constructor(private readonly o: LbControllerOptions) {
-    this.mode = o.datapath ?? 'pod';
+    this.mode = o.datapath ?? 'node';
     this.uplink = o.uplink ?? 'eth0';
     this.s = new LbShared(o);
     this.pods = new LbPods(this.s);

@@ -1,12 +1,12 @@
-// tetherd --lb-datapath: where VIP traffic is handled (daemon/options.ts). pod stays the default until the
-// node datapath has passed every LB test; anything else is refused at start, naming the flag.
+// tetherd --lb-datapath: where VIP traffic is handled (daemon/options.ts). node is the default (the packet is
+// handled on the uplink as it arrives); pod is kept; anything else is refused at start, naming the flag.
 import { test } from 'uvu';
 import * as assert from 'uvu/assert';
 import { lbOptions, parseOptions } from '../../daemon/options';
 import { StartError } from '../../daemon/lifecycle';
 
-test('default pod; node and pod accepted', () => {
-  assert.is(lbOptions(parseOptions([])).datapath, 'pod');
+test('default node; node and pod accepted', () => {
+  assert.is(lbOptions(parseOptions([])).datapath, 'node');
   assert.is(lbOptions(parseOptions(['--lb-datapath', 'node'])).datapath, 'node');
   assert.is(lbOptions(parseOptions(['--lb-datapath=pod'])).datapath, 'pod');
 });
