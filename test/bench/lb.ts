@@ -32,6 +32,7 @@ const CONNS = Number(process.env.BENCH_LB_CONNS ?? 200);
 const SECS = Number(process.env.BENCH_LB_SECS ?? 5);
 const MAPPINGS = Number(process.env.BENCH_LB_MAPPINGS ?? 100_000);
 const STORM = Number(process.env.BENCH_LB_STORM ?? 4000);
+const STORM_ROUNDS = Number(process.env.BENCH_LB_STORM_ROUNDS ?? 3);
 const PERF_PORT = 5201;
 /** The tether path's iperf3 server is bound to the VIP, so its UDP handshake answers from the VIP (DSR). */
 const VIP_PERF_PORT = 5202;
@@ -48,6 +49,24 @@ async function routeThroughNode(tb: Testbed, pod: string, on: boolean): Promise<
   const dst = `${tb.podIp(pod)}/32`;
   if (on) await tb.mustExec('router', ['ip', 'route', 'replace', dst, 'via', tb.node('n1').fabricIp]);
   else await tb.mustExec('router', ['ip', 'route', 'del', dst, 'via', tb.node('n1').fabricIp]);
+}
+
+/** Signals a process and every descendant (a node container's entrypoint may run tetherd below it). */
+function signalTree(pid: number, signal: NodeJS.Signals): void {
+  const children = (p: number): number[] => {
+    try {
+      return fs.readdirSync(`/proc/${p}/task`).flatMap((t) => fs.readFileSync(`/proc/${p}/task/${t}/children`, 'utf8').trim().split(/\s+/).filter(Boolean).map(Number));
+    } catch {
+      return [];
+    }
+  };
+  const all: number[] = [];
+  const walk = (p: number) => {
+    all.push(p);
+    for (const c of children(p)) walk(c);
+  };
+  walk(pid);
+  for (const p of all) process.kill(p, signal);
 }
 
 function perfService(): Record<string, unknown> {
@@ -187,11 +206,33 @@ async function main(): Promise<void> {
       // New connections per second while their mappings are written (per-flow affinity).
       const targets = await startTargets(tb, ['n4-t1', 'n4-t2', 'n5-t3'], st.db);
       try {
-        const direct = await storm(tb, tb.podIp('n4-t2'), STORM);
-        await routeThroughNode(tb, 'n4-t2', true);
-        const viaNode = await storm(tb, tb.podIp('n4-t2'), STORM);
-        await routeThroughNode(tb, 'n4-t2', false);
-        const through = await storm(tb, st.db, STORM);
+        // Interleaved rounds (each burst lasts about a second), the median of each path. "Paused": through
+        // the VIP with tetherd stopped (SIGSTOP) on the LB nodes, so the datapath picks and forwards while
+        // nothing reads its reports (the 1 MiB ring holds them; they are written when tetherd goes on): the
+        // rate the datapath allows, and so what the per-connection recording costs on these 2 shared cores.
+        const runs: Record<'direct' | 'viaNode' | 'through' | 'paused', Array<{ perSecond: number; errors: number }>> = { direct: [], viaNode: [], through: [], paused: [] };
+        for (let round = 0; round < STORM_ROUNDS; round++) {
+          runs.direct.push(await storm(tb, tb.podIp('n4-t2'), STORM));
+          await routeThroughNode(tb, 'n4-t2', true);
+          runs.viaNode.push(await storm(tb, tb.podIp('n4-t2'), STORM));
+          await routeThroughNode(tb, 'n4-t2', false);
+          runs.through.push(await storm(tb, st.db, STORM));
+          const paused = PERF_LB_NODES.map((n) => tb.tetherd(n).pid!);
+          for (const pid of paused) signalTree(pid, 'SIGSTOP');
+          try {
+            runs.paused.push(await storm(tb, st.db, STORM));
+          } finally {
+            for (const pid of paused) signalTree(pid, 'SIGCONT');
+          }
+        }
+        const median = (l: Array<{ perSecond: number; errors: number }>) => {
+          const sorted = [...l].sort((x, y) => x.perSecond - y.perSecond);
+          return { perSecond: sorted[Math.floor(sorted.length / 2)].perSecond, errors: l.reduce((n, x) => n + x.errors, 0), all: l.map((x) => Math.round(x.perSecond)) };
+        };
+        const direct = median(runs.direct);
+        const viaNode = median(runs.viaNode);
+        const through = median(runs.through);
+        const pausedRate = median(runs.paused);
         await new Promise((r) => setTimeout(r, 1500));
         const raw = new Redis({ path: tb.redis.socketPath });
         let stored = 0;
@@ -199,8 +240,10 @@ async function main(): Promise<void> {
         raw.disconnect();
         result.connections = {
           throughVipPerSecond: Math.round(through.perSecond), directPerSecond: Math.round(direct.perSecond), ratio: +(through.perSecond / direct.perSecond).toFixed(2),
-          viaNodePerSecond: Math.round(viaNode.perSecond), viaNodeRatio: +(through.perSecond / viaNode.perSecond).toFixed(2), errors: through.errors, mappingsInRedis: stored, connections: STORM,
+          viaNodePerSecond: Math.round(viaNode.perSecond), viaNodeRatio: +(through.perSecond / viaNode.perSecond).toFixed(2), errors: through.errors, mappingsInRedis: stored, connections: STORM * STORM_ROUNDS * 2,
+          tetherdPausedPerSecond: Math.round(pausedRate.perSecond), pausedRatio: +(pausedRate.perSecond / direct.perSecond).toFixed(2), pausedErrors: pausedRate.errors, rounds: STORM_ROUNDS,
         };
+        result.connectionRuns = { direct: direct.all, viaNode: viaNode.all, through: through.all, tetherdPaused: pausedRate.all };
         process.stdout.write(`  connections: ${JSON.stringify(result.connections)}\n`);
 
         if (DATAPATH === 'node') {
@@ -305,7 +348,7 @@ ${rows.join('\n')}
 Ratios (tether: the ${DATAPATH} datapath): tether / plain ${r.tetherVsPlain1} (1 stream), ${r.tetherVsPlain8} (8 streams), ${r.ppsVsPlain} (packets); tether / DNAT ${r.tetherVsDnat1}, ${r.tetherVsDnat8}, ${r.ppsVsDnat}; tether / plain routing through an LB node ${r.tetherVsViaNode1}, ${r.tetherVsViaNode8}, ${r.ppsVsViaNode} (that path's packets / plain: ${r.viaNodeVsPlainPps}).${t.tetherPod ? ` The pod datapath in the same run: / plain ${r.podVsPlain1}, ${r.podVsPlain8}, ${r.podPpsVsPlain}.` : ''}
 
 - ${l.written} mappings loaded into a new LB pod's maps in ${l.totalMs.toFixed(0)} ms (Redis ${l.loadMs.toFixed(0)} ms, maps ${l.installMs.toFixed(0)} ms).
-- New connections: ${c.throughVipPerSecond}/s through the VIP (${DATAPATH} datapath) with each mapping written to Redis, against ${c.directPerSecond}/s straight to a target (${c.ratio}×) and ${c.viaNodePerSecond}/s routed to it through an LB node (${c.viaNodeRatio}×)${c.throughPodsPerSecond ? `; ${c.throughPodsPerSecond}/s through the LB pods (${c.podsRatio}×)` : ''}; ${c.mappingsInRedis} mappings in Redis after ${c.connections} connections (plus earlier ones), ${c.errors} errors.
+- New connections: ${c.throughVipPerSecond}/s through the VIP (${DATAPATH} datapath) with each mapping written to Redis, against ${c.directPerSecond}/s straight to a target (${c.ratio}×) and ${c.viaNodePerSecond}/s routed to it through an LB node (${c.viaNodeRatio}×)${c.throughPodsPerSecond ? `; ${c.throughPodsPerSecond}/s through the LB pods (${c.podsRatio}×)` : ''}; with tetherd stopped on the LB nodes (the datapath alone, nothing recorded until it goes on) ${c.tetherdPausedPerSecond}/s (${c.pausedRatio}×); medians of ${c.rounds} interleaved rounds; ${c.mappingsInRedis} mappings in Redis after ${c.connections} connections (plus earlier ones), ${c.errors} errors.
 
 | path | change | connections intact |
 |---|---|---|
