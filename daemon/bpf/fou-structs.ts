@@ -1,6 +1,5 @@
 // TypeScript mirrors of the structs in bpf/fou-types.h — must match bpf/fou-types.h (checked against the
 // compiled objects' BTF by test/unit/bpf-structs.test.ts). Addresses and ports travel in network order.
-import * as net from 'node:net';
 import { TetherError, ErrorCode } from '../errors';
 import type { MapLayout } from './map-layout';
 
@@ -48,8 +47,43 @@ export const FOU_MAP_LAYOUTS: Record<string, MapLayout> = {
 
 /** An IPv4 address as 4 bytes in network order (map keys and address fields). */
 export function ipv4Bytes(addr: string, field = 'address'): Buffer {
-  if (!net.isIPv4(addr)) throw new TetherError(ErrorCode.InvalidConfig, `${field}: "${addr}" is not an IPv4 address`);
-  return Buffer.from(addr.split('.').map(Number));
+  const b = Buffer.allocUnsafe(4);
+  putIpv4(addr, b, 0, field);
+  return b;
+}
+
+/** Writes addr's 4 bytes into out at off; an address net.isIPv4 refuses is refused, naming the field. */
+export function putIpv4(addr: string, out: Uint8Array, off: number, field = 'address'): void {
+  if (!writeIpv4(addr, out, off)) throw new TetherError(ErrorCode.InvalidConfig, `${field}: "${addr}" is not an IPv4 address`);
+}
+
+/**
+ * Writes dotted-quad addr's 4 bytes at off; false (nothing meaningful written) unless addr is what
+ * net.isIPv4 accepts: four decimal parts of 0 to 255, no leading zeros, nothing else. The mapping paths
+ * call it for every key and target, so it parses by character instead of matching a regular expression.
+ */
+export function writeIpv4(addr: string, out: Uint8Array, off: number): boolean {
+  const n = addr.length;
+  if (n < 7 || n > 15) return false;
+  let part = 0;
+  let value = 0;
+  let digits = 0;
+  for (let i = 0; i <= n; i++) {
+    const c = i < n ? addr.charCodeAt(i) : 46; /* the end closes the last part like a dot */
+    if (c === 46) {
+      if (digits === 0 || part > 3) return false;
+      out[off + part++] = value;
+      value = 0;
+      digits = 0;
+    } else if (c >= 48 && c <= 57) {
+      if (digits > 0 && value === 0) return false; // a leading zero
+      value = value * 10 + (c - 48);
+      if (++digits > 3 || value > 255) return false;
+    } else {
+      return false;
+    }
+  }
+  return part === 4;
 }
 
 export function ipv4String(b: Buffer, offset = 0): string {

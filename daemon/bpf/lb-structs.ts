@@ -1,7 +1,7 @@
 // TypeScript mirrors of the structs in bpf/lb-types.h (checked against the compiled object's BTF by
 // test/unit/bpf-structs.test.ts). Addresses and ports travel in network order, as in the packet.
 import type { StructLayout } from './fou-structs';
-import { ipv4Bytes, ipv4String } from './fou-structs';
+import { ipv4Bytes, ipv4String, putIpv4 } from './fou-structs';
 import type { MapLayout } from './map-layout';
 
 export const LB_LAYOUTS: Record<string, StructLayout> = {
@@ -102,8 +102,8 @@ export interface MapKey {
 
 export function encodeMapKey(k: MapKey): Buffer {
   const b = Buffer.alloc(L.lb_map_key.size);
-  ipv4Bytes(k.vip, 'vip').copy(b, 0);
-  ipv4Bytes(k.client, 'client').copy(b, 4);
+  putIpv4(k.vip, b, 0, 'vip');
+  putIpv4(k.client, b, 4, 'client');
   b.writeUInt16BE(k.vport, 8);
   b.writeUInt16BE(k.cport, 10);
   b.writeUInt8(k.proto, 12);
@@ -116,7 +116,7 @@ export function decodeMapKey(b: Buffer, off = 0): MapKey {
 
 export function encodeMapping(target: string, lastNs = 0n): Buffer {
   const b = Buffer.alloc(L.lb_mapping.size);
-  ipv4Bytes(target, 'target').copy(b, 0);
+  putIpv4(target, b, 0, 'target');
   b.writeBigUInt64LE(lastNs, 8);
   return b;
 }

@@ -27,6 +27,10 @@ import type { NodeHealthReport } from '../health/health-controller';
 export const LB_STORE_BUCKETS = 16;
 /** Entries per script call or page: small enough that no single command blocks Redis for long. */
 const PART = 500;
+/** Mappings per notice message (a pass's new mappings go in one; a backlog after an outage in several). */
+const NOTICE_PART = 2000;
+/** Script calls in flight at once on one server (each of up to PART mappings). */
+const CONCURRENT_CALLS = 32;
 const PAGE = 1000;
 
 /** A mapping as stored: the hash field names the client (and, per flow, the tuple). */
@@ -299,47 +303,74 @@ export class MappingStore extends EventEmitter {
   /**
    * Records mappings of one VIP unless the store has them already (first writer wins), and publishes the
    * new ones on the VIP's channel. Returns the mappings in force, in the order given, which differ from
-   * the ones given where another LB pod was first.
+   * the ones given where another LB pod was first. On one server every bucket's call is sent at once, and
+   * what they recorded goes out as one notice per NOTICE_PART: a node hears a pass's new mappings in one
+   * message, not one per bucket.
    */
   async claim(vip: string, list: StoredMapping[], nowMs = Date.now()): Promise<StoredMapping[]> {
     // Notices left unsent go first; while they still cannot go, the new mappings are recorded all the same
     // and the call fails at the end (the caller retries it, which sends them once the channel is back).
     const unsentFailed = await this.sendUnsent(vip).then(() => undefined, (e: unknown) => e ?? new Error('publish failed'));
     const out: StoredMapping[] = new Array(list.length);
-    for (const [bucket, idx] of byBucket(list.map((m) => fieldOf(m.key)))) {
+    const fields = list.map((m) => fieldOf(m.key));
+    const fresh: Array<[string, string]> = [];
+    const now = String(nowMs);
+    // One script call per bucket and part of up to PART mappings.
+    const jobs: Array<{ hash: string; zset: string; part: number[] }> = [];
+    for (const [bucket, idx] of byBucket(fields)) {
       const [hash, zset] = this.keys(vip, bucket);
-      for (let i = 0; i < idx.length; i += PART) {
-        const part = idx.slice(i, i + PART);
-        const pairs = part.flatMap((j) => [fieldOf(list[j].key), list[j].target]);
-        const got = await this.client.tetherLbClaim(hash, zset, String(nowMs), ...pairs);
-        const fresh: Array<[string, string]> = [];
-        part.forEach((j, n) => {
-          const m = list[j];
-          let t = got[n];
-          if (typeof t === 'string' && t.startsWith('+')) {
-            t = t.slice(1);
-            fresh.push([fieldOf(m.key), t]);
-          }
-          // A stored target that is not an address is not followed: this pod keeps its own pick.
-          if (t !== null && t !== undefined && !isIPv4(t)) refuseRecord('lb mapping store', hash, fieldOf(m.key), 'target is not an IPv4 address', t);
-          out[j] = { key: m.key, target: t && isIPv4(t) ? t : m.target };
-        });
-        // Published after the write (a channel is never a script key). When that fails the mappings are
-        // stored but no longer fresh (a retried claim finds them recorded), so their notice is kept and sent
-        // before the VIP's next claim (the caller retries this one): on a Cluster, a failed-over channel
-        // primary would otherwise lose it for the serving nodes for good.
-        if (fresh.length) {
-          try {
-            await this.publish(vip, fresh);
-          } catch (e) {
-            const q = this.unsent.get(vip) ?? new Map<string, string>();
-            for (const [f, t] of fresh) q.set(f, t);
-            this.unsent.set(vip, q);
-            throw e;
-          }
+      for (let i = 0; i < idx.length; i += PART) jobs.push({ hash, zset, part: idx.slice(i, i + PART) });
+    }
+    const pairs = (job: (typeof jobs)[number]): string[] => {
+      const a: string[] = [];
+      for (const j of job.part) a.push(fields[j], list[j].target);
+      return a;
+    };
+    const apply = (job: (typeof jobs)[number], got: Array<string | null>): void => {
+      job.part.forEach((j, n) => {
+        let t = got[n];
+        if (typeof t === 'string' && t.startsWith('+')) {
+          t = t.slice(1);
+          fresh.push([fields[j], t]);
         }
+        // A stored target that is not an address is not followed: this pod keeps its own pick.
+        if (t !== null && t !== undefined && !isIPv4(t)) refuseRecord('lb mapping store', job.hash, fields[j], 'target is not an IPv4 address', t);
+        out[j] = { key: list[j].key, target: t && isIPv4(t) ? t : list[j].target };
+      });
+    };
+    // A failed call does not stop the others: what they recorded is still published below.
+    let writeFailed: unknown;
+    if (this.sharded) {
+      // A Cluster's buckets sit on different shards, and a Cluster client without an offline queue refuses
+      // a command to a shard whose connection is still being made: one call after the other.
+      for (const job of jobs) {
+        await this.client.tetherLbClaim(job.hash, job.zset, now, ...pairs(job)).then((got) => apply(job, got), (e: unknown) => void (writeFailed ??= e));
+      }
+    } else {
+      // One server: the calls are sent CONCURRENT_CALLS at once (back to back on the connection), their
+      // replies read together; a backlog after an outage goes in waves, so no call waits past its timeout.
+      for (let i = 0; i < jobs.length; i += CONCURRENT_CALLS) {
+        await Promise.all(jobs.slice(i, i + CONCURRENT_CALLS).map((job) => this.client.tetherLbClaim(job.hash, job.zset, now, ...pairs(job)).then((got) => apply(job, got), (e: unknown) => void (writeFailed ??= e))));
       }
     }
+    // Published after the writes (a channel is never a script key), including what the buckets that did
+    // not fail recorded. When that fails the mappings are stored but no longer fresh (a retried claim finds
+    // them recorded), so their notice is kept and sent before the VIP's next claim (the caller retries this
+    // one): on a Cluster, a failed-over channel primary would otherwise lose it for the serving nodes for good.
+    let publishFailed: unknown;
+    for (let i = 0; i < fresh.length; i += NOTICE_PART) {
+      try {
+        await this.publish(vip, fresh.slice(i, i + NOTICE_PART));
+      } catch (e) {
+        const q = this.unsent.get(vip) ?? new Map<string, string>();
+        for (const [f, t] of fresh.slice(i)) q.set(f, t);
+        this.unsent.set(vip, q);
+        publishFailed = e ?? new Error('publish failed');
+        break;
+      }
+    }
+    if (writeFailed) throw writeFailed;
+    if (publishFailed) throw publishFailed;
     if (unsentFailed) throw unsentFailed;
     return out;
   }
@@ -349,8 +380,8 @@ export class MappingStore extends EventEmitter {
     const q = this.unsent.get(vip);
     if (!q) return;
     const all = [...q];
-    for (let i = 0; i < all.length; i += PART) {
-      const part = all.slice(i, i + PART);
+    for (let i = 0; i < all.length; i += NOTICE_PART) {
+      const part = all.slice(i, i + NOTICE_PART);
       await this.publish(vip, part);
       for (const [f, t] of part) if (q.get(f) === t) q.delete(f);
     }

@@ -4,8 +4,9 @@ import { test } from 'uvu';
 import * as assert from 'uvu/assert';
 import { execFileSync } from 'node:child_process';
 import * as fs from 'node:fs';
+import * as net from 'node:net';
 import * as path from 'node:path';
-import { FOU_LAYOUTS, encodeFouDecapConfig, encodeFouDest, encodeFouEncapConfig, sumFouStats } from '../../daemon/bpf/fou-structs';
+import { FOU_LAYOUTS, ipv4Bytes, encodeFouDecapConfig, encodeFouDest, encodeFouEncapConfig, sumFouStats } from '../../daemon/bpf/fou-structs';
 import {
   EGRESS_LAYOUTS, decodeEgressClient, decodeEgressDestKey, decodeEgressGateways, encodeEgressClient, encodeEgressConfig, encodeEgressDestKey,
   encodeEgressGateways, parseIpv4Prefix, sumEgressStats,
@@ -143,3 +144,27 @@ test('egress encoders: LPM keys, clients, gateway slots, config, stats', () => {
 });
 
 test.run();
+
+test('ipv4Bytes accepts exactly what net.isIPv4 does, and writes the same bytes', () => {
+  const cases = [
+    '0.0.0.0', '255.255.255.255', '10.244.1.5', '1.2.3.4', '192.168.0.1', '01.2.3.4', '1.2.3.04', '1.2.3', '1.2.3.4.5', '1..3.4', '.1.2.3',
+    '1.2.3.', '256.1.1.1', '1.2.3.256', '1.2.3.4 ', ' 1.2.3.4', '1.2.3.-4', '1.2.3.4a', 'a.b.c.d', '', '::1', '1.2.3.4/32', '1000.1.1.1', '00.0.0.0',
+    '0.0.0.00', '099.1.1.1', '99.1.1.1', '1.2.3.٣', '１.2.3.4', '1.2.3.4\n', '255.255.255.2550',
+  ];
+  // And every 4-part string over a small alphabet of parts, plus random strings of digits and dots.
+  const parts = ['0', '00', '01', '1', '9', '10', '99', '100', '199', '200', '249', '250', '255', '256', '300', '999', '1000', ''];
+  for (const a of parts) for (const b of ['0', '01', '255', '256', '']) cases.push(`${a}.${b}.${a}.${b}`, `${b}.${a}.1.2`);
+  let seed = 7;
+  const rnd = () => (seed = (seed * 1103515245 + 12345) & 0x7fffffff) / 0x7fffffff;
+  for (let i = 0; i < 20000; i++) cases.push(Array.from({ length: 1 + Math.floor(rnd() * 16) }, () => '0123456789.'[Math.floor(rnd() * 11)]).join(''));
+  for (const c of cases) {
+    let got: Buffer | undefined;
+    try {
+      got = ipv4Bytes(c, 'client');
+    } catch (e) {
+      assert.match((e as Error).message, `client: "${c}" is not an IPv4 address`);
+    }
+    assert.is(got !== undefined, net.isIPv4(c), `${JSON.stringify(c)}: net.isIPv4 says ${net.isIPv4(c)}`);
+    if (got) assert.equal([...got], c.split('.').map(Number), c);
+  }
+});
