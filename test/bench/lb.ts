@@ -51,8 +51,8 @@ async function routeThroughNode(tb: Testbed, pod: string, on: boolean): Promise<
   else await tb.mustExec('router', ['ip', 'route', 'del', dst, 'via', tb.node('n1').fabricIp]);
 }
 
-/** Signals a process and every descendant (a node container's entrypoint may run tetherd below it). */
-function signalTree(pid: number, signal: NodeJS.Signals): void {
+/** A process and its descendants (a node container's entrypoint may run tetherd below it). */
+function processTree(pid: number): number[] {
   const children = (p: number): number[] => {
     try {
       return fs.readdirSync(`/proc/${p}/task`).flatMap((t) => fs.readFileSync(`/proc/${p}/task/${t}/children`, 'utf8').trim().split(/\s+/).filter(Boolean).map(Number));
@@ -66,7 +66,28 @@ function signalTree(pid: number, signal: NodeJS.Signals): void {
     for (const c of children(p)) walk(c);
   };
   walk(pid);
-  for (const p of all) process.kill(p, signal);
+  return all;
+}
+
+/** CPU time (user + system, every thread) of these processes and their descendants so far, in ms. */
+function cpuMs(pids: number[]): number {
+  const tick = 1000 / 100; // USER_HZ
+  let ms = 0;
+  for (const p of pids.flatMap(processTree)) {
+    try {
+      const f = fs.readFileSync(`/proc/${p}/stat`, 'utf8');
+      const rest = f.slice(f.lastIndexOf(')') + 2).split(' ');
+      ms += (Number(rest[11]) + Number(rest[12])) * tick; // utime, stime (fields 14 and 15)
+    } catch {
+      // gone meanwhile
+    }
+  }
+  return ms;
+}
+
+/** Signals a process and every descendant. */
+function signalTree(pid: number, signal: NodeJS.Signals): void {
+  for (const p of processTree(pid)) process.kill(p, signal);
 }
 
 function perfService(): Record<string, unknown> {
@@ -215,12 +236,23 @@ async function main(): Promise<void> {
         // destination (with the default 28k a third round waited on connect's port search: ~600/s on every path).
         await tb.mustExec('client', ['sysctl', '-q', '-w', 'net.ipv4.ip_local_port_range=1024 65535']);
         const runs: Record<'direct' | 'viaNode' | 'through' | 'paused', Array<{ perSecond: number; errors: number }>> = { direct: [], viaNode: [], through: [], paused: [] };
+        // CPU of the LB nodes' tetherds and of Redis while connections go straight to the target (what they
+        // use anyway) and while they go through the VIP (that plus recording each new mapping).
+        const recorders = () => [...PERF_LB_NODES.map((n) => tb.tetherd(n).pid!), tb.redis.pid!];
+        const cpu = { direct: { ms: 0, s: 0 }, through: { ms: 0, s: 0 } };
+        const measured = async (which: 'direct' | 'through', host: string) => {
+          const c0 = cpuMs(recorders());
+          const r = await storm(tb, host, STORM);
+          cpu[which].ms += cpuMs(recorders()) - c0;
+          cpu[which].s += STORM / r.perSecond;
+          return r;
+        };
         for (let round = 0; round < STORM_ROUNDS; round++) {
-          runs.direct.push(await storm(tb, tb.podIp('n4-t2'), STORM));
+          runs.direct.push(await measured('direct', tb.podIp('n4-t2')));
           await routeThroughNode(tb, 'n4-t2', true);
           runs.viaNode.push(await storm(tb, tb.podIp('n4-t2'), STORM));
           await routeThroughNode(tb, 'n4-t2', false);
-          runs.through.push(await storm(tb, st.db, STORM));
+          runs.through.push(await measured('through', st.db));
           const paused = PERF_LB_NODES.map((n) => tb.tetherd(n).pid!);
           for (const pid of paused) signalTree(pid, 'SIGSTOP');
           try {
@@ -228,6 +260,8 @@ async function main(): Promise<void> {
           } finally {
             for (const pid of paused) signalTree(pid, 'SIGCONT');
           }
+          // The resumed tetherds write what they missed (a few hundred ms of CPU): not in the next round's baseline.
+          await new Promise((r) => setTimeout(r, 3000));
         }
         const median = (l: Array<{ perSecond: number; errors: number }>) => {
           const sorted = [...l].sort((x, y) => x.perSecond - y.perSecond);
@@ -247,6 +281,15 @@ async function main(): Promise<void> {
           viaNodePerSecond: Math.round(viaNode.perSecond), viaNodeRatio: +(through.perSecond / viaNode.perSecond).toFixed(2), errors: through.errors, mappingsInRedis: stored, connections: STORM * STORM_ROUNDS * 2,
           tetherdPausedPerSecond: Math.round(pausedRate.perSecond), pausedRatio: +(pausedRate.perSecond / direct.perSecond).toFixed(2), pausedErrors: pausedRate.errors, rounds: STORM_ROUNDS,
         };
+        // µs of CPU per connection that recording its mapping took (the LB nodes' tetherds and Redis), above
+        // what they used in the same time with the connections going straight to the target.
+        const idleMsPerS = cpu.direct.ms / cpu.direct.s;
+        result.recordingCpu = {
+          throughMs: Math.round(cpu.through.ms), throughS: +cpu.through.s.toFixed(2), directMs: Math.round(cpu.direct.ms), directS: +cpu.direct.s.toFixed(2),
+          usPerConnection: Math.round(((cpu.through.ms - idleMsPerS * cpu.through.s) * 1000) / (STORM * STORM_ROUNDS)),
+          coresWhileThrough: +(cpu.through.ms / 1000 / cpu.through.s).toFixed(2),
+        };
+        process.stdout.write(`  recording CPU: ${JSON.stringify(result.recordingCpu)}\n`);
         result.connectionRuns = { direct: direct.all, viaNode: viaNode.all, through: through.all, tetherdPaused: pausedRate.all };
         process.stdout.write(`  connections: ${JSON.stringify(result.connections)}\n`);
 
@@ -353,6 +396,7 @@ Ratios (tether: the ${DATAPATH} datapath): tether / plain ${r.tetherVsPlain1} (1
 
 - ${l.written} mappings loaded into a new LB pod's maps in ${l.totalMs.toFixed(0)} ms (Redis ${l.loadMs.toFixed(0)} ms, maps ${l.installMs.toFixed(0)} ms).
 - New connections: ${c.throughVipPerSecond}/s through the VIP (${DATAPATH} datapath) with each mapping written to Redis, against ${c.directPerSecond}/s straight to a target (${c.ratio}×) and ${c.viaNodePerSecond}/s routed to it through an LB node (${c.viaNodeRatio}×)${c.throughPodsPerSecond ? `; ${c.throughPodsPerSecond}/s through the LB pods (${c.podsRatio}×)` : ''}; with tetherd stopped on the LB nodes (the datapath alone, nothing recorded until it goes on) ${c.tetherdPausedPerSecond}/s (${c.pausedRatio}×); medians of ${c.rounds} interleaved rounds; ${c.mappingsInRedis} mappings in Redis after ${c.connections} connections (plus earlier ones), ${c.errors} errors.
+- Recording the mappings of those connections took ${(result.recordingCpu as Record<string, number>).usPerConnection} µs of CPU per connection on the LB nodes' tetherds and Redis together (above what they used in the same time while connections went straight to the target): ${(result.recordingCpu as Record<string, number>).coresWhileThrough} cores' worth during the bursts through the VIP, on a machine of 2 cores that also runs the client, the targets and the kernel's forwarding.
 
 | path | change | connections intact |
 |---|---|---|
