@@ -23,11 +23,22 @@ function readNode(key: string, node: string, raw: string): string | undefined {
 }
 
 /**
+ * How long an address stays in addresses() after it left the registry. The registry empties when the store
+ * loses its data (restarted empty) and refills as each node beats again, within a beat or two; without this
+ * a receiver that beat first would drop every other node's FoU meanwhile (seen: a 3.4 s stall of every
+ * connection through an LB VIP, one TCP retransmission backoff). A node that really left is dropped after it.
+ */
+export const LEFT_GRACE_MS = 5000;
+
+/**
  * This node's registration and its copy of every node's address. beat() once a second: one command, whose
  * reply is a version number unless the membership changed (then only the changes).
  */
 export class NodeRegistry {
   private readonly view: MemberView<string>;
+  /** Addresses the registry listed before and no longer does, with since when (dropped LEFT_GRACE_MS later). */
+  private readonly left = new Map<string, number>();
+  private listed = new Set<string>();
 
   constructor(client: Redis, prefix: string, private readonly node: string, private readonly address: string) {
     const key = nodesKey(prefix);
@@ -38,8 +49,19 @@ export class NodeRegistry {
    * Registers (refreshes) this node for `ttlMs` and returns every registered node's address, sorted: the
    * same array as before while the registry did not change (a caller may compare by identity).
    */
-  async beat(ttlMs: number): Promise<string[]> {
-    if (await this.view.beat(this.node, JSON.stringify({ address: this.address }), ttlMs)) this.sorted = undefined;
+  async beat(ttlMs: number, nowMs = Date.now()): Promise<string[]> {
+    if (await this.view.beat(this.node, JSON.stringify({ address: this.address }), ttlMs)) {
+      const listed = new Set(this.view.entries().values());
+      for (const a of this.listed) if (!listed.has(a) && !this.left.has(a)) this.left.set(a, nowMs);
+      for (const a of listed) this.left.delete(a);
+      this.listed = listed;
+      this.sorted = undefined;
+    }
+    for (const [a, since] of this.left) {
+      if (nowMs - since < LEFT_GRACE_MS) continue;
+      this.left.delete(a);
+      this.sorted = undefined;
+    }
     return this.addresses();
   }
 
@@ -51,9 +73,9 @@ export class NodeRegistry {
     this.sorted = undefined;
   }
 
-  /** Every registered node's address as of the last beat, sorted. */
+  /** Every registered node's address as of the last beat, and those that left less than LEFT_GRACE_MS ago, sorted. */
   addresses(): string[] {
-    this.sorted ??= Object.freeze([...new Set(this.view.entries().values())].sort()) as string[];
+    this.sorted ??= Object.freeze([...new Set([...this.view.entries().values(), ...this.left.keys()])].sort()) as string[];
     return this.sorted;
   }
 }

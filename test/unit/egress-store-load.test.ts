@@ -18,7 +18,7 @@ import { egressContext } from '../../daemon/egress/egress-controller';
 import type { GatewayDatapath } from '../../daemon/egress/gateway-datapath';
 import type { ResolvedEgress } from '../../daemon/egress/egress-spec';
 import type { AttachService } from '../../daemon/pod/attach-service';
-import { registerNode } from '../../daemon/common/node-registry';
+import { LEFT_GRACE_MS, registerNode } from '../../daemon/common/node-registry';
 import { startRedis, type TestRedis } from '../lib/redis';
 import { meterRedis, serverCommands, serverDelta, totalOf, type RedisMeter } from '../lib/redis-meter';
 import { SAFETY_EVERY_MS } from '../../daemon/egress/store-records';
@@ -169,6 +169,10 @@ test('entries of nodes that stopped are removed by the first pass that sees them
   assert.ok(s.registry.get(EGRESS.key)?.some((g) => g.node === 'n7'), 'n7 a candidate');
   await new Promise((r) => setTimeout(r, 500));
   later(2000);
+  await s.store.storePass();
+  // Its address stays accepted a grace longer (the registry refills so after a store wipe), then goes.
+  assert.ok(s.nodes.includes(addressOf(7)), 'n7 still accepted within LEFT_GRACE_MS');
+  later(LEFT_GRACE_MS);
   await s.store.storePass();
   assert.not.ok(s.nodes.includes(addressOf(7)), 'n7 gone from the node list');
   assert.not.ok(s.registry.get(EGRESS.key)?.some((g) => g.node === 'n7'), 'n7 gone from the candidates');
