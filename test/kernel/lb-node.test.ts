@@ -23,6 +23,7 @@ import { inNetns } from '../../daemon/sys/netns';
 import { koffi } from '../../daemon/sys/ffi';
 import { addNetns, delNetns, ipJson, uniqueName } from '../lib/netns';
 import { sleep, waitFor } from '../lib/wait';
+import { lbConnect, type LbAnswer } from '../lib/lb-client';
 
 const root = path.resolve(__dirname, '../..');
 const VIP = '10.93.100.10';
@@ -79,35 +80,11 @@ u.on('message', (m, r) => u.send(Buffer.concat([Buffer.from(name + ' '), m.subar
 u.bind(Number(port), vip);
 `;
 
-// Client: one connection per (source, request); prints {src, ok, who, peer, bytes} per connection.
-const CLIENT_JS = `
-const net = require('net');
-const [host, port, srcs, req, timeout] = process.argv.slice(1);
-let left = 0;
-for (const src of srcs.split(',')) {
-  left++;
-  const chunks = [];
-  const s = net.connect({ host, port: Number(port), localAddress: src });
-  const t = setTimeout(() => { console.log(JSON.stringify({ src, ok: false, error: 'timeout' })); s.destroy(); if (--left === 0) process.exit(0); }, Number(timeout));
-  s.on('connect', () => s.write(req + '\\n'));
-  s.on('data', (d) => chunks.push(d));
-  s.on('error', (e) => { clearTimeout(t); console.log(JSON.stringify({ src, ok: false, error: e.code })); if (--left === 0) process.exit(0); });
-  s.on('end', () => {
-    clearTimeout(t);
-    const all = Buffer.concat(chunks);
-    const line = all.toString().split('\\n').filter(Boolean).pop() || '';
-    const [who, peer] = line.replace(/^x+/, '').split(' ');
-    console.log(JSON.stringify({ src, ok: true, who, peer, bytes: all.length }));
-    if (--left === 0) process.exit(0);
-  });
-}
-`;
 
-interface Answer { src: string; ok: boolean; who?: string; peer?: string; bytes?: number; error?: string }
+type Answer = LbAnswer;
 
 function connect(srcs: string[], opts: { port?: number; req?: string; timeoutMs?: number; ns?: string } = {}): Answer[] {
-  const out = inNs(opts.ns ?? bed.client, process.execPath, '-e', CLIENT_JS, VIP, String(opts.port ?? PORT), srcs.join(','), opts.req ?? 'hi', String(opts.timeoutMs ?? 5000));
-  return out.trim().split('\n').filter(Boolean).map((l) => JSON.parse(l) as Answer);
+  return lbConnect(opts.ns ?? bed.client, VIP, opts.port ?? PORT, srcs, opts);
 }
 
 const stats = (slot = 0): LbStats => bed.lb!.stats(slot);
