@@ -22,7 +22,8 @@ export const USAGE = `usage: tetherd [--node-name NAME] [--socket PATH] [--state
                           $POD_NAMESPACE, created by the first tetherd; a password in the URL wins
   Egress (objects of kind Egress in --config) also needs:
   --node-address IP       this node's address: BFD, conntrack sync and FoU between nodes use it
-  --uplink IF             the node's interface on the L2 segment (announcements); default: eth0
+  --uplink IF             the node's interface on the L2 segment (announcements, the LB's node datapath);
+                          default: the interface holding --node-address, else eth0
   --cluster-key-file FILE shared secret (≥ 32 bytes, hex or base64) authenticating tetherd-to-tetherd traffic
   --cluster-key-secret NAME  in a cluster: the key from Secret NAME in $POD_NAMESPACE (created by the first tetherd)
   --controller-candidates C  in a cluster, the nodes that compete to run the controllers (the others never
@@ -99,7 +100,7 @@ export function parseOptions(argv: string[]): Options {
       'redis-prefix': { type: 'string', default: 'tether:' },
       'redis-password-secret': { type: 'string' },
       'node-address': { type: 'string' },
-      uplink: { type: 'string', default: 'eth0' },
+      uplink: { type: 'string', default: '' },
       'cluster-key-file': { type: 'string' },
       'cluster-key-secret': { type: 'string' },
       'controller-candidates': { type: 'string', default: 'auto' },
@@ -145,6 +146,17 @@ export function requireLocalAddress(addr: string): void {
   if (!isIP(addr)) throw new StartError(2, `--node-address: ${JSON.stringify(addr)} is not an IP address`);
   const local = Object.values(os.networkInterfaces()).flatMap((l) => (l ?? []).map((a) => a.address));
   if (!local.includes(addr)) throw new StartError(2, `--node-address: ${addr} is not an address of any local interface (have: ${local.join(', ') || 'none'})`);
+}
+
+/**
+ * --uplink, or when it is not given the interface that holds --node-address (where the node's traffic
+ * arrives and leaves), else eth0. `interfaces` is os.networkInterfaces() (a parameter for tests).
+ */
+export function uplinkOption(opts: Options, interfaces: NodeJS.Dict<os.NetworkInterfaceInfo[]> = os.networkInterfaces()): string {
+  if (opts.uplink) return opts.uplink;
+  const addr = opts['node-address'];
+  if (addr) for (const [name, list] of Object.entries(interfaces)) if ((list ?? []).some((a) => a.address === addr)) return name;
+  return 'eth0';
 }
 
 /** tetherd's metrics: on this node only, next to the probes' 10267 (kube-proxy's are on 127.0.0.1:10249). */

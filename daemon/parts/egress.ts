@@ -15,7 +15,7 @@ import type { ResolvedEgress } from '../egress/egress-spec';
 import { OwnershipStore } from '../egress/ownership-store';
 import type { ClusterAddresses } from '../../ipam/cluster-addresses';
 import type { AttachService } from '../pod/attach-service';
-import { kubeMode, requireLocalAddress, type Options } from '../options';
+import { kubeMode, requireLocalAddress, uplinkOption, type Options } from '../options';
 import type { EgressDesired, Subsystem } from './subsystem';
 
 /** A node's cap on the addresses of one Egress it holds (overrides the Egress's maxAddressesPerNode). */
@@ -92,7 +92,7 @@ export async function createEgress(
   const maxEgressAddresses = cap !== undefined && /^[1-9][0-9]{0,2}$/.test(cap) ? Number(cap) : undefined;
   if (cap !== undefined && maxEgressAddresses === undefined) o.logger.warn('egress: node label ignored: not a count 1..999', { label: MAX_EGRESS_ADDRESSES_LABEL, value: cap });
   return new EgressController({
-    node: { name: o.nodeName, zone: nodeConfig.zone, address: plan.nodeAddress, uplink: opts.uplink, maxEgressAddresses },
+    node: { name: o.nodeName, zone: nodeConfig.zone, address: plan.nodeAddress, uplink: uplinkOption(opts), maxEgressAddresses },
     maxFlows: o.maxFlows,
     pinDir: opts['bpf-pin-dir'],
     fouPort: o.fouPort,

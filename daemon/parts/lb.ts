@@ -11,7 +11,7 @@ import { MappingStore } from '../lb/mapping-store';
 import { isTetherService, resolveLoadBalancers } from '../lb/lb-spec';
 import type { ClusterAddresses } from '../../ipam/cluster-addresses';
 import type { AttachService } from '../pod/attach-service';
-import { lbOptions, requireLocalAddress, type Options } from '../options';
+import { lbOptions, requireLocalAddress, uplinkOption, type Options } from '../options';
 import type { HealthDesired, LbDesired, Subsystem } from './subsystem';
 
 /**
@@ -42,7 +42,7 @@ export async function createLb(
     maglevSize: lb.maglevSize,
     maxMappings: lb.maxMappings,
     datapath: lb.datapath,
-    uplink: opts.uplink,
+    uplink: uplinkOption(opts),
     store,
     addresses: o.addresses,
     attach: o.attach,
