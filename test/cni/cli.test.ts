@@ -6,10 +6,10 @@ import { test } from 'uvu';
 import * as assert from 'uvu/assert';
 import { spawn, spawnSync } from 'node:child_process';
 import * as fs from 'node:fs';
-import * as net from 'node:net';
 import * as os from 'node:os';
 import * as path from 'node:path';
 import { bin } from '../lib/binaries';
+import { fakeTetherd, reply } from '../lib/fake-tetherd';
 import { version } from '../../package.json';
 
 type Name = 'tether' | 'tether-ipam' | 'tetherd' | 'tetherctl';
@@ -94,19 +94,11 @@ test('tetherctl: a missing or malformed flag is a usage error naming it (exit 2)
   const sock = path.join(dir, 'fake.sock');
   // A fake tetherd that records every request and answers it: whatever reaches it is counted.
   const requests: Array<{ method: string; params: Record<string, unknown> }> = [];
-  const server = net.createServer((s) => {
-    let buf = '';
-    s.on('error', () => undefined);
-    s.on('data', (c) => {
-      buf += c.toString();
-      const nl = buf.indexOf('\n');
-      if (nl < 0) return;
-      const req = JSON.parse(buf.slice(0, nl));
-      requests.push({ method: req.method, params: req.params });
-      s.end(JSON.stringify({ version: 1, id: req.id, result: { ok: true } }) + '\n');
-    });
+  const close = await fakeTetherd(sock, (s, line) => {
+    const req = JSON.parse(line);
+    requests.push({ method: req.method, params: req.params });
+    reply(s, line, { result: { ok: true } });
   });
-  await new Promise<void>((r) => server.listen(sock, r));
   const allocate = ['address', 'allocate', '--pool', 'floating', '--owner', 'egress/shop/web-out#0'];
   const cases: Array<[string[], RegExp]> = [
     [['address', 'allocate'], /address allocate needs --pool/],
@@ -157,7 +149,7 @@ test('tetherctl: a missing or malformed flag is a usage error naming it (exit 2)
       { method: 'address.release', params: { pool: 'floating', owner: 'egress/shop/web-out#0' } },
     ]);
   } finally {
-    await new Promise<void>((r) => server.close(() => r()));
+    await close();
     fs.rmSync(dir, { recursive: true, force: true });
   }
 });

@@ -5,7 +5,6 @@
 import { test } from 'uvu';
 import * as assert from 'uvu/assert';
 import * as fs from 'node:fs';
-import * as net from 'node:net';
 import * as os from 'node:os';
 import * as path from 'node:path';
 import { execFileSync } from 'node:child_process';
@@ -15,6 +14,7 @@ import { MAX_QUEUED_DELETES, parseQueuedDelete, queueDelete, queueFileName, type
 import type { CniParams } from '../../daemon/api/protocol';
 import { BIN_DIR, bin } from '../lib/binaries';
 import { runCni } from '../lib/cni-exec';
+import { fakeTetherd, reply } from '../lib/fake-tetherd';
 import { removeDaemonDir, startDaemon, type TestDaemon } from '../lib/daemon';
 import { addNetns, delNetns, ipJson, uniqueName } from '../lib/netns';
 import { startRedis, type TestRedis } from '../lib/redis';
@@ -221,28 +221,10 @@ async function runCniAsync(plugin: string, env: Record<string, string>, stdin: s
   return { status: r.code, stdout: r.stdout, stderr: r.stderr, json };
 }
 
-/** A Unix socket server that does `onLine` with each request line; closed by the returned function. */
-async function fakeTetherd(sockPath: string, onLine: (s: net.Socket, line: string) => void): Promise<() => Promise<void>> {
-  const server = net.createServer((s) => {
-    let buf = '';
-    s.on('error', () => undefined);
-    s.on('data', (c) => {
-      buf += c.toString();
-      const nl = buf.indexOf('\n');
-      if (nl >= 0) onLine(s, buf.slice(0, nl));
-    });
-  });
-  await new Promise<void>((r) => server.listen(sockPath, r));
-  return () => new Promise<void>((r) => server.close(() => r()));
-}
-
 test('tether DEL: a tetherd answering an error fails the DEL (code 11, nothing queued); one hanging up before answering gets it queued', async () => {
   const dir = queueDir('fake');
   const sock = path.join(tmp, 'fake.sock');
-  let close = await fakeTetherd(sock, (s, line) => {
-    const { id } = JSON.parse(line);
-    s.end(JSON.stringify({ version: 1, id, error: { code: 'TRY_AGAIN_LATER', message: 'tetherd is stopping; try again' } }) + '\n');
-  });
+  let close = await fakeTetherd(sock, (s, line) => reply(s, line, { error: { code: 'TRY_AGAIN_LATER', message: 'tetherd is stopping; try again' } }));
   const answered = await runCniAsync(bin('tether'), cniEnv('DEL', 'err1'), tetherConf(sock, dir));
   await close();
   assert.is(answered.status, 1, answered.stdout);

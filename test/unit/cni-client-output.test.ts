@@ -8,9 +8,9 @@ import { test } from 'uvu';
 import * as assert from 'uvu/assert';
 import { spawn } from 'node:child_process';
 import * as fs from 'node:fs';
-import * as net from 'node:net';
 import * as os from 'node:os';
 import * as path from 'node:path';
+import { fakeTetherd, reply } from '../lib/fake-tetherd';
 
 const repo = path.resolve(__dirname, '../..');
 const BUN = path.join(repo, 'node_modules/.bin/bun');
@@ -61,23 +61,6 @@ function runEntry(name: 'tether' | 'tether-ipam', env: Record<string, string>, i
   });
 }
 
-/** A fake tetherd: answers cni.add with `result` (or the error `fail` when set), anything else with {}. */
-function fakeTetherd(sock: string, answer: { result?: unknown; fail?: { code: string; message: string } }): Promise<net.Server> {
-  const server = net.createServer((s) => {
-    let buf = '';
-    s.on('error', () => undefined);
-    s.on('data', (c) => {
-      buf += c.toString();
-      const nl = buf.indexOf('\n');
-      if (nl < 0) return;
-      const req = JSON.parse(buf.slice(0, nl));
-      const body = answer.fail ? { error: answer.fail } : { result: req.method === 'cni.add' ? answer.result : {} };
-      s.end(JSON.stringify({ version: 1, id: req.id, ...body }) + '\n');
-    });
-  });
-  return new Promise((r) => server.listen(sock, () => r(server)));
-}
-
 const cniEnv = (command: string, netns = '/run/netns/none'): Record<string, string> => ({
   CNI_COMMAND: command,
   CNI_CONTAINERID: 'ctr-output-test',
@@ -99,7 +82,8 @@ test('ADD: the result on stdout, whole (a large one too), exit 0; process.stdout
   // Larger than a pipe's buffer (64 KiB): the write must go on until all of it is out.
   const routes = Array.from({ length: 3000 }, (_, i) => ({ dst: `10.${i >> 8}.${i & 255}.0/24` }));
   const result = { cniVersion: '1.0.0', ips: [{ address: '10.244.0.5/24' }], routes };
-  const server = await fakeTetherd(sock, { result });
+  // Answers cni.add with the result, anything else with {}.
+  const close = await fakeTetherd(sock, (c, line) => reply(c, line, { result: JSON.parse(line).method === 'cni.add' ? result : {} }));
   try {
     const conf = { cniVersion: '1.0.0', name: 'net', type: 'tether', socketPath: sock, prevResult: { cniVersion: '1.0.0', ips: [] } };
     const r = await runEntry('tether', cniEnv('ADD'), JSON.stringify(conf));
@@ -109,13 +93,13 @@ test('ADD: the result on stdout, whole (a large one too), exit 0; process.stdout
     assert.is(r.stderr, '');
     assert.equal(r.touched, []);
   } finally {
-    server.close();
+    await close();
   }
 });
 
 test('an error from tetherd: the CNI error object on stdout, exit 1; process streams untouched', async () => {
   const sock = path.join(dir, 'err.sock');
-  const server = await fakeTetherd(sock, { fail: { code: 'NETNS_GONE', message: 'network namespace /run/netns/none does not exist' } });
+  const close = await fakeTetherd(sock, (c, line) => reply(c, line, { error: { code: 'NETNS_GONE', message: 'network namespace /run/netns/none does not exist' } }));
   try {
     const conf = { cniVersion: '1.0.0', name: 'net', type: 'tether', socketPath: sock, prevResult: { cniVersion: '1.0.0' } };
     const r = await runEntry('tether', cniEnv('ADD'), JSON.stringify(conf));
@@ -126,7 +110,7 @@ test('an error from tetherd: the CNI error object on stdout, exit 1; process str
     assert.match(e.msg, /does not exist/);
     assert.equal(r.touched, []);
   } finally {
-    server.close();
+    await close();
   }
 });
 
