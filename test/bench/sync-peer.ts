@@ -25,6 +25,14 @@ const [role, keyHex, host, arg3, arg4] = process.argv.slice(2);
 const key = Buffer.from(keyHex, 'hex');
 const NS = '/proc/self/ns/net';
 
+/** "expect <n>" on stdin starts a new count (after a warm-up burst): fn gets n. */
+function onExpect(fn: (n: number) => void): void {
+  createInterface({ input: process.stdin }).on('line', (l) => {
+    const m = /^expect (\d+)$/.exec(l.trim());
+    if (m) fn(Number(m[1]));
+  });
+}
+
 async function receiver(initial: number, memory: boolean): Promise<void> {
   let expected = initial;
   let applied = 0;
@@ -32,11 +40,8 @@ async function receiver(initial: number, memory: boolean): Promise<void> {
   const store = new EntryStore();
   // Memory: the count is of distinct entries held (a resync after an event overrun carries some again).
   let base = 0;
-  // "expect <n>" on stdin starts a new count (after a warm-up burst).
-  createInterface({ input: process.stdin }).on('line', (l) => {
-    const m = /^expect (\d+)$/.exec(l.trim());
-    if (!m) return;
-    expected = Number(m[1]);
+  onExpect((n) => {
+    expected = n;
     applied = 0;
     base = store.size;
     say({ expecting: expected });
@@ -118,10 +123,8 @@ process.on('SIGTERM', () => {
 function listener(initial: number): void {
   let expected = initial;
   let seen = 0;
-  createInterface({ input: process.stdin }).on('line', (l) => {
-    const m = /^expect (\d+)$/.exec(l.trim());
-    if (!m) return;
-    expected = Number(m[1]);
+  onExpect((n) => {
+    expected = n;
     seen = 0;
     say({ expecting: expected });
   });
