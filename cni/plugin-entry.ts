@@ -4,7 +4,7 @@
 // code, and reaches tetherd through Bun's own sockets. Bun loads every module a bundle imports at start,
 // so nothing here imports node:net or node:path; and nothing touches process.stdout or process.stderr
 // (building Node's streams there costs more than the request): output goes through Bun.write.
-import { answerCommandLine } from './about';
+import { answerCommandLine, type TextSink } from './about';
 import { bunConnector, bunOutput, bunReadStdin, bunRuntime } from './bun-connector';
 import { useConnector, useOutput, useStdinReader } from './client-main';
 import { main as tetherMain } from './main';
@@ -16,9 +16,10 @@ async function run(): Promise<number> {
   const name = invoked.slice(invoked.lastIndexOf('/') + 1);
   const bun = bunRuntime() !== undefined;
   const pending: Array<Promise<void>> = [];
-  const answered = bun
-    ? answerCommandLine(name === 'tether-ipam' ? name : 'tether', args, process.env, { write: (t) => pending.push(bunOutput.out(t)) }, { write: (t) => pending.push(bunOutput.err(t)) })
-    : answerCommandLine(name === 'tether-ipam' ? name : 'tether', args, process.env);
+  const [out, err]: [TextSink, TextSink] = bun
+    ? [{ write: (t) => pending.push(bunOutput.out(t)) }, { write: (t) => pending.push(bunOutput.err(t)) }]
+    : [process.stdout, process.stderr];
+  const answered = answerCommandLine(name === 'tether-ipam' ? name : 'tether', args, process.env, out, err);
   await Promise.all(pending);
   if (answered !== undefined) return answered;
   // Under Node (not how it ships) cni/entry.ts is the entry; this one speaks only through Bun.

@@ -46,14 +46,11 @@ export function silenceArp(netns: string, podIfName: string, applied: DsrApplied
     for (const dev of ['all', podIfName]) entries.push([`net/ipv4/conf/${dev}/${key}`, value]);
   }
   // One entry into the pod's namespace for all four; each write is recorded as soon as it is made.
-  const done: DsrApplied['sysctls'] = [];
+  const from = applied.sysctls.length;
   try {
-    writeNetSysctls(netns, entries, (key, value, previous) => {
-      done.push({ key, previous, value });
-      applied.sysctls.push({ key, previous, value });
-    });
+    writeNetSysctls(netns, entries, (key, value, previous) => void applied.sysctls.push({ key, previous, value }));
   } finally {
-    for (const s of done) log().info('pod sysctl set', { ...who, key: s.key, value: s.value, previous: s.previous });
+    for (const s of applied.sysctls.slice(from)) log().info('pod sysctl set', { ...who, key: s.key, value: s.value, previous: s.previous });
   }
 }
 

@@ -97,7 +97,8 @@ function applyMtu(pod: NetlinkHandle, podIf: Link, target: PodTarget, cfg: PodNe
       log().info('host-side veth MTU set', { ...who(target), hostIfName: hostIf.name, mtu: value, previous: hostIf.mtu });
     }
   } catch (e) {
-    dropHostHandle(host);
+    // After a failure the kept handle is not trusted further: closed below, the next pod opens a new one.
+    if (host === ownHandle) ownHandle = undefined;
     throw e;
   } finally {
     if (host !== ownHandle) host.close();
@@ -112,13 +113,6 @@ function hostHandle(hostNetns: string | undefined): NetlinkHandle {
   if (hostNetns) return NetlinkHandle.open(hostNetns);
   if (!ownHandle || ownHandle.socket.closed) ownHandle = NetlinkHandle.open();
   return ownHandle;
-}
-
-/** After a failure the kept handle is not trusted further: the next pod opens a new one. */
-function dropHostHandle(h: NetlinkHandle): void {
-  if (h !== ownHandle) return;
-  ownHandle = undefined;
-  h.close();
 }
 
 /** The host end of the pod's veth: by name when the runtime told us, else by the peer ifindex. */
