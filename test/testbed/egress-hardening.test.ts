@@ -72,7 +72,14 @@ scenario('cluster store down before the owner node fails: the standby takes over
         if (Date.now() > deadline) assert.unreachable(`store record not reconciled: ${JSON.stringify(rec)} vs ${JSON.stringify(st)}`);
         await new Promise((r) => setTimeout(r, 200));
       }
-      const after = await egressOf(tb, survivor);
+      // The record is written in the middle of the survivor's store pass, and the pass says the store is
+      // reachable again only at its end: the status is asked until it says both (a pass runs every second).
+      const passDeadline = Date.now() + 5000;
+      let after = await egressOf(tb, survivor);
+      while (!(after?.recorded && after.storeReachable) && Date.now() < passDeadline) {
+        await new Promise((r) => setTimeout(r, 200));
+        after = await egressOf(tb, survivor);
+      }
       assert.ok(after?.recorded && after.storeReachable, `the owner sees its decision recorded: ${JSON.stringify(after)}`);
     } finally {
       if (!resumed) process.kill(tb.redis.pid!, 'SIGCONT');
