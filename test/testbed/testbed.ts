@@ -20,6 +20,7 @@ import { mustRun, nsenterArgv, run, RunOptions, RunResult } from './proc';
 import { binDir, ensureBpffs, ExitStatus, Tetherd, tetherBinariesPresent } from './tetherd';
 import { NodeRuntime } from '../lib/container/node-runtime';
 import { tetherdPodSpec, type PodSpec as ManifestPodSpec } from '../lib/container/pod-spec';
+import type { Release } from '../lib/releases';
 import { addrOf, IpamMode, NodePlan, Plan, planPod, PodPlan, PodSpec, resolveTopology, TetherStepConfig, Topology } from './topology';
 
 /** Debian's reference plugins (ptp, bridge, host-local…); CNI_PLUGIN_DIR overrides. */
@@ -69,6 +70,11 @@ export interface UpOptions {
    * still reach it. Not with a Sentinel set.
    */
   storeRelay?: boolean;
+  /**
+   * The release every node starts on (its tetherd, its CNI executables, its DaemonSet manifest); default this
+   * tree's build. setRelease() moves one node to another (the upgrade test).
+   */
+  release?: Release;
 }
 
 export class Testbed {
@@ -93,6 +99,8 @@ export class Testbed {
   /** runtime 'cri': each node's containerd, and (file config) the Pod objects that carry pods' labels. */
   private readonly criNodes = new Map<string, CriNode>();
   private readonly criPodObjects = new Map<string, Record<string, unknown>>();
+  /** Nodes moved to a release other than UpOptions.release (setRelease). */
+  private readonly nodeRelease = new Map<string, Release>();
 
   private constructor(
     readonly plan: Plan,
@@ -256,10 +264,31 @@ export class Testbed {
     return { cniVersion: '1.0.0', name: NETWORK_NAME, plugins };
   }
 
-  /** A chain runner for a node, running plugins in the node's namespace. */
+  /** The release a node runs (its tetherd once restarted, its CNI executables at once). */
+  releaseOf(node: string): Release | undefined {
+    return this.nodeRelease.get(node) ?? this.opts.release;
+  }
+
+  /**
+   * Moves a node to another release, as a DaemonSet rollout does: its CNI executables at once (the chain of
+   * every later ADD, DEL and CHECK on the node), its tetherd at its next start (stop it first).
+   */
+  setRelease(node: string, rel: Release): void {
+    if (this.cri) throw new Error('setRelease: a cri testbed\'s nodes take their CNI executables from tether-install, which is not modelled per release');
+    this.node(node);
+    this.nodeRelease.set(node, rel);
+    this.daemons.get(node)?.useRelease(this.releaseParts(rel));
+  }
+
+  private releaseParts(rel: Release | undefined): { binDir: string; image?: string; pod?: ManifestPodSpec } {
+    if (!rel) return { binDir: binDir() };
+    return { binDir: rel.binDir, image: rel.imageArchive, pod: this.nodeRuntime ? tetherdPodSpec(rel.tree) : undefined };
+  }
+
+  /** A chain runner for a node, running plugins in the node's namespace with the node's release's executables. */
   chain(node: string, podTether?: TetherStepConfig): CniChain {
     return new CniChain(this.conflist(node, podTether), {
-      cniPath: this.tetherEnabled ? [binDir(), SYSTEM_CNI_DIR] : [SYSTEM_CNI_DIR],
+      cniPath: this.tetherEnabled ? [this.releaseOf(node)?.binDir ?? binDir(), SYSTEM_CNI_DIR] : [SYSTEM_CNI_DIR],
       cacheDir: this.nodeDir(node, 'cni-cache'),
       runInNetns: `/run/netns/${this.nodeNs(node)}`,
     });
@@ -329,7 +358,8 @@ export class Testbed {
       obj.metadata.deletionTimestamp = new Date().toISOString();
       this.api.apply(obj);
     }
-    const out = await pod.chain.del(this.attachment(pod, pod.containerId));
+    // The node's executables now, which may be another release's than the ADD's (the upgrade test).
+    const out = await this.chain(pod.node, pod.tether).del(this.attachment(pod, pod.containerId));
     this.pods.delete(key);
     await mustRun(['ip', 'netns', 'delete', pod.ns]);
     if (this.kube) this.api.remove('Pod', pod.name, pod.namespace);
@@ -341,7 +371,7 @@ export class Testbed {
   checkPod(key: string): Promise<ChainOutcome> {
     const pod = this.pod(key);
     if (pod.sandbox) throw new Error(`pod ${key} was made through CRI, which has no CHECK call`);
-    return pod.chain.check(this.attachment(pod, pod.containerId));
+    return this.chain(pod.node, pod.tether).check(this.attachment(pod, pod.containerId));
   }
 
   private attachment(pod: PodPlan, containerId: string): Attachment {
@@ -895,7 +925,8 @@ export class Testbed {
       ],
       logLevel: this.topology.tetherdLogLevel,
       readyTimeoutMs: this.topology.tetherdReadyTimeoutMs ?? 15_000,
-      container: this.nodeRuntime,
+      container: this.nodeRuntime && { ...this.nodeRuntime, ...this.releaseParts(this.releaseOf(n.name)) },
+      binDir: this.releaseParts(this.releaseOf(n.name)).binDir,
       paths: {
         socket: this.socketPath(n.name),
         stateDir: this.nodeDir(n.name, 'state'),

@@ -31,8 +31,13 @@ export interface TetherdOptions {
   extraArgs?: string[];
   logLevel?: string;
   readyTimeoutMs: number;
-  /** Run tetherd in the DaemonSet's container (the manifest's pod spec) on this runtime, not as a plain process. */
-  container?: { runtime: NodeRuntime; pod: PodSpec; env?: Record<string, string> };
+  /**
+   * Run tetherd in the DaemonSet's container (the manifest's pod spec) on this runtime, not as a plain process;
+   * `image`: the image archive to run (default: the runtime's).
+   */
+  container?: { runtime: NodeRuntime; pod: PodSpec; env?: Record<string, string>; image?: string };
+  /** Where tetherd and tetherctl are (default binDir()): another release's build in the upgrade test. */
+  binDir?: string;
 }
 
 /** Flags of the manifest's command that need a cluster (its service account, Secrets): the testbed gives its own. */
@@ -49,6 +54,19 @@ export class Tetherd {
   private exited?: Promise<ExitStatus>;
 
   constructor(readonly opts: TetherdOptions) {}
+
+  private get binDir(): string {
+    return this.opts.binDir ?? binDir();
+  }
+
+  /**
+   * Which release the next start() runs: its executables, and in a container its image and its DaemonSet's
+   * pod spec. A running tetherd is not touched (stop it first, as a DaemonSet's rollout does).
+   */
+  useRelease(rel: { binDir: string; image?: string; pod?: PodSpec }): void {
+    this.opts.binDir = rel.binDir;
+    if (this.opts.container) this.opts.container = { ...this.opts.container, image: rel.image, pod: rel.pod ?? this.opts.container.pod };
+  }
 
   get pid(): number | undefined {
     if (this.box) return this.box.pid;
@@ -72,7 +90,7 @@ export class Tetherd {
     fs.mkdirSync(paths.stateDir, { recursive: true });
     fs.mkdirSync(paths.pinDir, { recursive: true });
     const argv = [
-      path.join(binDir(), 'tetherd'),
+      path.join(this.binDir, 'tetherd'),
       '--node-name', this.opts.node,
       '--socket', paths.socket,
       '--state-dir', paths.stateDir,
@@ -147,13 +165,13 @@ export class Tetherd {
       argv: [spec.command[0], ...manifestFlags, ...testbedArgs],
       env: { NODE_NAME: this.opts.node, POD_NAMESPACE: 'tether-system', ...(this.opts.container!.env ?? {}) },
       extraReadOnlyDirs: [...extraDirs].filter((d) => translate(d) === undefined),
-    }, log);
+    }, log, this.opts.container!.image);
     this.exited = this.box.exited;
   }
 
   private async waitReady(): Promise<void> {
     const deadline = Date.now() + this.opts.readyTimeoutMs;
-    const ctl = path.join(binDir(), 'tetherctl');
+    const ctl = path.join(this.binDir, 'tetherctl');
     for (;;) {
       if (!this.running) {
         throw new Error(`tetherd on ${this.opts.node} exited before ready (${JSON.stringify(await this.exited)}):\n${this.logTail()}`);

@@ -14,6 +14,8 @@ import { ctrRunFlags, type CtrRunInput } from './pod-spec';
 const root = path.join(__dirname, '../../..');
 export const IMAGE_ARCHIVE = process.env.TETHER_IMAGE_ARCHIVE ?? path.join(root, 'dist/image/tether.oci.tar');
 const ROOTFS_CACHE = process.env.TETHER_ROOTFS_CACHE ?? '/var/cache/tether-test/rootfs';
+/** Unpacked images kept in ROOTFS_CACHE (this release's, the previous one's, one more). */
+const KEEP_IMAGES = 3;
 /** containerd namespace of the node containers (the CRI's own is k8s.io). */
 const NS = 'tether-node';
 
@@ -39,16 +41,31 @@ export function imageRootfs(archive = IMAGE_ARCHIVE): { rootfs: string; env: str
   const env = config.config?.Env ?? [];
   const dir = path.join(ROOTFS_CACHE, m.digest.replace(':', '-'));
   const rootfs = path.join(dir, 'rootfs');
-  if (fs.existsSync(path.join(dir, 'done'))) return { rootfs, env };
+  const done = path.join(dir, 'done');
+  if (fs.existsSync(done)) {
+    // Marks it as used now: the eviction below keeps the images used last.
+    const now = new Date();
+    fs.utimesSync(done, now, now);
+    return { rootfs, env };
+  }
   fs.rmSync(dir, { recursive: true, force: true });
   const layout = path.join(dir, 'layout');
   fs.mkdirSync(layout, { recursive: true });
   run('tar', ['-xf', archive, '-C', layout]);
   run('umoci', ['raw', 'unpack', '--image', `${layout}:${tag}`, rootfs]);
   fs.rmSync(layout, { recursive: true, force: true });
-  fs.writeFileSync(path.join(dir, 'done'), `${tag} ${m.digest}\n`);
-  // Older unpacked images are of no further use.
-  for (const e of fs.readdirSync(ROOTFS_CACHE)) if (path.join(ROOTFS_CACHE, e) !== dir) fs.rmSync(path.join(ROOTFS_CACHE, e), { recursive: true, force: true });
+  fs.writeFileSync(done, `${tag} ${m.digest}\n`);
+  // Older unpacked images go, but not the ones used last: the upgrade test runs this release's image and the
+  // previous release's side by side.
+  const used = (e: string) => {
+    try {
+      return fs.statSync(path.join(ROOTFS_CACHE, e, 'done')).mtimeMs;
+    } catch {
+      return 0;
+    }
+  };
+  const others = fs.readdirSync(ROOTFS_CACHE).filter((e) => path.join(ROOTFS_CACHE, e) !== dir).sort((a, b) => used(b) - used(a));
+  for (const e of others.slice(KEEP_IMAGES - 1)) fs.rmSync(path.join(ROOTFS_CACHE, e), { recursive: true, force: true });
   return { rootfs, env };
 }
 
@@ -103,7 +120,9 @@ export class NodeContainer {
 export class NodeRuntime {
   private readonly containerd: Containerd;
   private readonly dir: string;
-  private image?: { rootfs: string; env: string[] };
+  /** Unpacked images by archive path; the first one started is the default. */
+  private readonly images = new Map<string, { rootfs: string; env: string[] }>();
+  private defaultArchive?: string;
   private readonly live = new Map<string, NodeContainer>();
   readonly instance = crypto.randomBytes(3).toString('hex');
 
@@ -115,9 +134,17 @@ export class NodeRuntime {
     this.containerd = new Containerd({ dir: path.join(this.dir, 'containerd'), cniBinDir: empty, cniConfDir: empty });
   }
 
-  async start(): Promise<void> {
-    this.image = imageRootfs();
+  /** Starts containerd; `archive` is the image containers run unless run() names another. */
+  async start(archive = IMAGE_ARCHIVE): Promise<void> {
+    this.image(archive);
+    this.defaultArchive = archive;
     await this.containerd.start();
+  }
+
+  private image(archive: string): { rootfs: string; env: string[] } {
+    let img = this.images.get(archive);
+    if (!img) this.images.set(archive, (img = imageRootfs(archive)));
+    return img;
   }
 
   ctr(args: string[], quiet = false): string {
@@ -126,12 +153,16 @@ export class NodeRuntime {
     return r.stdout ?? '';
   }
 
-  /** Starts a container (ctr run --rm, attached: its output goes to logFile, its exit is the task's). */
-  run(name: string, input: CtrRunInput, logFile: string): NodeContainer {
-    if (!this.image) throw new Error('NodeRuntime.start() first');
+  /**
+   * Starts a container (ctr run --rm, attached: its output goes to logFile, its exit is the task's) from the
+   * image in `archive` (default: the one given to start()).
+   */
+  run(name: string, input: CtrRunInput, logFile: string, archive?: string): NodeContainer {
+    if (!this.defaultArchive) throw new Error('NodeRuntime.start() first');
+    const image = this.image(archive ?? this.defaultArchive);
     const id = `${name}-${this.instance}-${crypto.randomBytes(2).toString('hex')}`;
     const pidFile = path.join(this.dir, `${id}.pid`);
-    const argv = ['-a', this.containerd.socket, '-n', NS, 'run', '--rm', '--rootfs', '--pid-file', pidFile, ...this.image.env.flatMap((e) => ['--env', e]), ...ctrRunFlags(input), this.image.rootfs, id, ...input.argv];
+    const argv = ['-a', this.containerd.socket, '-n', NS, 'run', '--rm', '--rootfs', '--pid-file', pidFile, ...image.env.flatMap((e) => ['--env', e]), ...ctrRunFlags(input), image.rootfs, id, ...input.argv];
     const fd = fs.openSync(logFile, 'a');
     fs.writeSync(fd, `# ${new Date().toISOString()} container ${id}: ctr ${argv.join(' ')}\n`);
     const child = spawn('ctr', argv, { stdio: ['ignore', fd, fd] });

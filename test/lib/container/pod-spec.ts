@@ -44,7 +44,7 @@ const root = path.join(__dirname, '../../..');
 
 /** A DaemonSet's pod spec, built from a kustomization with kustomize exactly as `kubectl apply -k DIR` would. */
 export function daemonSetPodSpec(dir: string, name: string): PodSpec {
-  const out = execFileSync('kubectl', ['kustomize', path.join(root, dir)], { encoding: 'utf8', stdio: ['ignore', 'pipe', 'pipe'] });
+  const out = execFileSync('kubectl', ['kustomize', path.resolve(root, dir)], { encoding: 'utf8', stdio: ['ignore', 'pipe', 'pipe'] });
   const ds = parseAllDocuments(out)
     .map((d) => d.toJS() as Obj)
     .find((o) => o?.kind === 'DaemonSet' && o.metadata?.name === name);
@@ -52,9 +52,9 @@ export function daemonSetPodSpec(dir: string, name: string): PodSpec {
   return ds.spec.template.spec as PodSpec;
 }
 
-/** The tetherd DaemonSet's pod spec (`kubectl apply -k install/`). */
-export function tetherdPodSpec(): PodSpec {
-  return daemonSetPodSpec('install', 'tetherd');
+/** The tetherd DaemonSet's pod spec (`kubectl apply -k install/`), of this tree or of another release's. */
+export function tetherdPodSpec(tree = root): PodSpec {
+  return daemonSetPodSpec(path.join(tree, 'install'), 'tetherd');
 }
 
 export function containerOf(pod: PodSpec, name: string): ContainerSpec {

@@ -1,0 +1,219 @@
+// A rolling upgrade from the previous release (release/previous, built from this repository's history) to this
+// tree, and the rollback to it, under traffic, with every tetherd in the DaemonSet's container of its own
+// release's image and every node's CNI executables of the release its tetherd runs. The testbed of the rolling
+// restart (egress: gateways n1 and n2, client n3; LB: LB pods on n1 and n2, targets on n4 and n5) starts on the
+// previous release; the upgrade goes node by node as a DaemonSet's RollingUpdate does, the egress owner's node
+// last (its address is handed from an old owner to a new standby); the rollback goes the owner's node first (a
+// new owner hands over to a new standby, which later hands over to an old one). While 200 egress and 200 LB
+// connections run, after every node's turn 10 more of each are opened and kept to the end. Pass: every
+// connection intact, no gap longer than the failover bound, no node refusing another's frames, notices or
+// packets, and pods made under one release deleted cleanly under the other.
+import type { ChildProcess } from 'node:child_process';
+import * as fs from 'node:fs';
+import { test } from 'uvu';
+import * as assert from 'uvu/assert';
+import { withTestbed, type Testbed } from './testbed';
+import * as egress from './egress-scenario';
+import * as lb from './lb-scenario';
+import {
+  AFTER_MS, GATEWAYS, LB_NODES, NODES, TARGETS, TRAFFIC_MAX_MS, configure, egressReady, nodeReady, other, phaseOf, restartNode, topology, vipServed, type Step,
+} from './rolling-scenario';
+import { currentRelease, previousRelease, type Release } from '../lib/releases';
+import { ECHO_SERVER, TRAFFIC_CLIENT, type TrafficReport } from '../lib/traffic';
+
+const CONNS = Number(process.env.UPGRADE_TEST_CONNS ?? 200);
+/** Connections opened after each node's turn and kept to the end. */
+const BATCH = 10;
+/** The egress batches' echo server (the long-lived run has PORT). */
+const BATCH_PORT = egress.PORT + 1;
+/**
+ * The longest a connection may go without an echo during the roll: a takeover's bound. A planned handover to an
+ * in-sync standby is well inside it; a connection moved to a node that never learned it would wait out TCP's
+ * retransmissions (1 s, 2 s, …) or die.
+ */
+const MAX_GAP_MS = 1000;
+/** What a node must never log about another (a release refusing the other's format). */
+const REFUSALS = /conntrack sync: frame rejected|ownership notice refused|gateway announcement refused|protocol version/;
+
+interface Phase {
+  name: string;
+  to: Release;
+  /** The egress owner's node last (upgrade) or first (rollback). */
+  ownerLast: boolean;
+}
+
+/** Opens `n` connections from the client pod through the Egress to the batch server, kept until `end`. */
+async function egressBatch(tb: Testbed, n: number, end: Promise<void>): Promise<TrafficReport> {
+  const client = tb.spawn('n3-web', [process.execPath, '-e', TRAFFIC_CLIENT, tb.externalIp('server'), String(BATCH_PORT), String(n), String(TRAFFIC_MAX_MS), '50', '0']);
+  const out = collect(client);
+  await end;
+  client.kill('SIGINT');
+  const text = await out;
+  const line = text.split('\n').find((l) => l.startsWith('{'));
+  if (!line) throw new Error(`egress batch client printed no report: ${text.slice(0, 400)}`);
+  return JSON.parse(line) as TrafficReport;
+}
+
+function collect(child: ChildProcess): Promise<string> {
+  return new Promise((resolve) => {
+    let out = '';
+    child.stdout?.on('data', (b: Buffer) => (out += b.toString()));
+    child.stderr?.on('data', (b: Buffer) => (out += b.toString()));
+    child.on('exit', () => resolve(out));
+  });
+}
+
+async function startBatchServer(tb: Testbed): Promise<{ stop: () => Promise<string[]> }> {
+  const child = tb.spawn('server', [process.execPath, '-e', ECHO_SERVER, String(BATCH_PORT)]);
+  const out = collect(child);
+  await new Promise<void>((resolve, reject) => {
+    child.stdout?.on('data', (b: Buffer) => b.toString().includes('ready') && resolve());
+    child.once('exit', () => reject(new Error('batch echo server exited')));
+  });
+  return {
+    stop: async () => {
+      child.kill('SIGTERM');
+      const line = (await out).split('\n').find((l) => l.startsWith('{'));
+      return line ? (JSON.parse(line).peers as string[]) : [];
+    },
+  };
+}
+
+/** FoU packets the targets' decap programs refused for their outer source, summed over the target nodes. */
+async function rejectedSources(tb: Testbed): Promise<number> {
+  let sum = 0;
+  for (const node of Object.keys(TARGETS)) {
+    const st = (await lb.lbStatus(tb, node)) as unknown as { targetFou?: Record<string, { rejectedSource: number } | undefined> };
+    for (const f of Object.values(st.targetFou ?? {})) sum += f?.rejectedSource ?? 0;
+  }
+  return sum;
+}
+
+/** The version the node's tetherd logged at its last start. */
+function startedVersion(tb: Testbed, node: string): string | undefined {
+  const lines = fs.readFileSync(tb.tetherdLog(node), 'utf8').split('\n').filter((l) => l.includes('"tetherd started"'));
+  return /"version":"([^"]+)"/.exec(lines[lines.length - 1] ?? '')?.[1];
+}
+
+test('rolling upgrade from the previous release and rollback to it under traffic: every connection kept, new ones succeed, no release refuses the other', async () => {
+  const prev = previousRelease();
+  const cur = currentRelease();
+  assert.is.not(prev.version, cur.version, 'this tree carries a version of its own (package.json) beside release/previous');
+  process.stdout.write(`  previous release ${prev.version} (${prev.tree}), this tree ${cur.version}\n`);
+  await withTestbed(topology(), async (tb) => {
+    const bgp = await lb.startBgp(tb, LB_NODES);
+    try {
+      assert.ok(tb.tetherd('n1').container, 'tetherd runs in the DaemonSet\'s container');
+      for (const n of NODES) assert.is(startedVersion(tb, n), prev.version, `${n} starts on the previous release`);
+      configure(tb);
+      const vip = await vipServed(tb);
+      for (const n of NODES) await nodeReady(tb, n, vip);
+      const before = await egressReady(tb);
+      const targets = Object.values(TARGETS).flat();
+      const servers = await lb.startTargets(tb, targets, vip);
+      const batchServer = await startBatchServer(tb);
+      // A pod made by the previous release's executables, deleted once its node runs this one (and back).
+      const oldPod = (await tb.addPod('n3', { name: 'madeold', namespace: 'shop' })).key;
+      const logFrom = new Map(NODES.map((n) => [n, fs.statSync(tb.tetherdLog(n)).size]));
+      const rejected0 = await rejectedSources(tb);
+      process.stdout.write(`  VIP ${vip}, floating ${before.address} owned by ${before.owner}\n`);
+
+      const phases: Phase[] = [
+        { name: `upgrade ${prev.version} → ${cur.version}`, to: cur, ownerLast: true },
+        { name: `rollback ${cur.version} → ${prev.version}`, to: prev, ownerLast: false },
+      ];
+      const steps: Array<Step & { phase: string }> = [];
+      const batches: Array<Promise<{ kind: string; after: string; report: TrafficReport }>> = [];
+      let endBatches!: () => void;
+      const batchesEnd = new Promise<void>((r) => (endBatches = r));
+      let newPod: string | undefined;
+      let eg: Awaited<ReturnType<typeof egress.runTraffic>> | undefined;
+      let lbPeers = new Map<string, string[]>();
+      let batchPeers: string[] = [];
+      let lbReport: Awaited<ReturnType<typeof lb.traffic>>;
+      try {
+        lbReport = await lb.traffic(tb, vip, CONNS, TRAFFIC_MAX_MS, async () => {
+          eg = await egress.runTraffic(tb, CONNS, TRAFFIC_MAX_MS, async () => {
+            for (const ph of phases) {
+              const owner = (await egressReady(tb)).node;
+              const rest = NODES.filter((n) => !GATEWAYS.includes(n));
+              const order = ph.ownerLast ? [other(owner), ...rest, owner] : [owner, other(owner), ...rest];
+              process.stdout.write(`  ${ph.name}: ${order.join(', ')} (egress owner on ${owner})\n`);
+              for (const n of order) {
+                const s = await restartNode(tb, n, vip, ph.to);
+                steps.push({ ...s, phase: ph.name });
+                assert.is(startedVersion(tb, n), ph.to.version, `${n} runs ${ph.to.version} after its turn`);
+                const after = `${n} → ${ph.to.version}`;
+                batches.push(lb.traffic(tb, vip, BATCH, TRAFFIC_MAX_MS, () => batchesEnd, false, { endWhenDone: true }).then((report) => ({ kind: 'LB', after, report })));
+                batches.push(egressBatch(tb, BATCH, batchesEnd).then((report) => ({ kind: 'egress', after, report })));
+              }
+              if (ph.ownerLast) {
+                // n3 runs this release now: its old pod goes with this release's executables, a new one comes.
+                await tb.delPod(oldPod);
+                newPod = (await tb.addPod('n3', { name: 'madenew', namespace: 'shop' })).key;
+              }
+            }
+            await new Promise((r) => setTimeout(r, AFTER_MS));
+          }, { endWhenDone: true });
+        }, true, { endWhenDone: true });
+      } finally {
+        endBatches();
+        lbPeers = await servers.stop().catch(() => lbPeers);
+      }
+      const batchReports = await Promise.all(batches);
+      batchPeers = await batchServer.stop();
+      const egReport = eg!.report;
+      const after = await egressReady(tb);
+      process.stdout.write(`  egress: ${egReport.intact}/${CONNS} intact, longest gap ${egReport.maxGapAfterMarkMs} ms during the roll, ended ${phaseOf(steps, egReport.maxGapAfterMarkEndedAt)}, UDP ${egReport.udp?.received}/${egReport.udp?.sent}; owner ${before.owner} → ${after.owner}\n`);
+      process.stdout.write(`  LB: ${lbReport.intact}/${CONNS} intact, longest gap ${lbReport.maxGapAfterMarkMs} ms during the roll, ended ${phaseOf(steps, lbReport.maxGapAfterMarkEndedAt)}, UDP ${lbReport.udp?.received}/${lbReport.udp?.sent}; per target ${[...lbPeers].map(([k, v]) => `${k} ${v.length}`).join(', ')}\n`);
+      for (const b of batchReports) if (b.report.intact !== BATCH || b.report.maxGapMs >= MAX_GAP_MS) process.stdout.write(`  batch ${b.kind} after ${b.after}: ${b.report.intact}/${BATCH}, longest gap ${b.report.maxGapMs} ms; ${b.report.errors.slice(0, 3).join('; ')}\n`);
+
+      // Every node went to this release and back, gracefully.
+      assert.is(steps.length, NODES.length * 2);
+      for (const s of steps) assert.equal(s.exit, { code: 0, signal: null }, `${s.node}'s tetherd stopped by itself on SIGTERM (${s.phase})`);
+
+      // The connections open before the roll: every one kept, from the same floating address, to the real client.
+      assert.is(egReport.intact, CONNS, `egress ${egReport.intact}/${CONNS} intact; ${egReport.errors.slice(0, 4).join('; ')}`);
+      assert.is(lbReport.intact, CONNS, `LB ${lbReport.intact}/${CONNS} intact; ${lbReport.errors.slice(0, 4).join('; ')}`);
+      const egPeers = eg!.peers.filter((p) => !p.startsWith('udp'));
+      assert.ok(egPeers.every((p) => p.startsWith(`${before.address}:`)), `the server saw only the floating address: ${egPeers.filter((p) => !p.startsWith(`${before.address}:`)).slice(0, 3)}`);
+      const clientIp = tb.externalIp('client');
+      for (const [pod, list] of lbPeers) for (const p of list) assert.ok(p.startsWith(`${clientIp}:`), `${pod} saw ${p}, not the client`);
+      assert.ok((egReport.udp?.received ?? 0) > 0 && (lbReport.udp?.received ?? 0) > 0, 'both UDP streams flowed');
+      for (const [kind, r] of [['egress', egReport], ['LB', lbReport]] as const) {
+        assert.ok(r.maxGapAfterMarkMs !== undefined && r.maxGapAfterMarkMs < MAX_GAP_MS, `${kind}: longest gap during the roll ${r.maxGapAfterMarkMs} ms (bound ${MAX_GAP_MS})`);
+      }
+
+      // The connections opened during the roll: each batch connected at once and stayed intact to the end.
+      assert.is(batchReports.length, steps.length * 2);
+      for (const b of batchReports) {
+        assert.is(b.report.intact, BATCH, `${b.kind} connections opened after ${b.after}: ${b.report.intact}/${BATCH}; ${b.report.errors.slice(0, 3).join('; ')}`);
+        assert.ok(b.report.maxGapMs < MAX_GAP_MS, `${b.kind} connections opened after ${b.after}: longest gap ${b.report.maxGapMs} ms`);
+      }
+      const batchTcp = batchPeers.filter((p) => !p.startsWith('udp'));
+      assert.is(batchTcp.length, steps.length * BATCH, 'the batch server saw every egress batch connection');
+      assert.ok(batchTcp.every((p) => p.startsWith(`${before.address}:`)), 'egress batches left from the floating address');
+
+      // Neither release refused the other's frames, notices or packets.
+      for (const n of NODES) {
+        const text = fs.readFileSync(tb.tetherdLog(n)).subarray(logFrom.get(n)).toString('utf8');
+        const bad = text.split('\n').filter((l) => REFUSALS.test(l)).map((l) => l.slice(0, 300));
+        assert.equal(bad, [], `${n} refused nothing of another node's`);
+      }
+      const rejected1 = await rejectedSources(tb);
+      process.stdout.write(`  FoU packets the targets refused for their source: ${rejected0} before, ${rejected1} after\n`);
+      assert.ok(rejected1 <= rejected0, `the targets' decap refused ${rejected1 - rejected0} FoU packets for their source during the roll`);
+
+      // The pod made under this release goes under the previous one, releasing its address.
+      const allocated = async () => (await tb.status('n3')).ipam.pods[0].families[0].allocated;
+      const n0 = await allocated();
+      await tb.delPod(newPod!);
+      assert.is(await allocated(), n0 - 1, 'the previous release released the address of a pod this release made');
+      assert.equal(await vipServed(tb), vip, 'the same VIP, announced by both LB nodes');
+    } finally {
+      await bgp.stop();
+    }
+  }, { containers: true, release: prev });
+});
+
+test.run();
