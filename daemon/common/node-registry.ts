@@ -12,7 +12,7 @@ import { isCanonicalIp, isPlainName, parseObject, refuseRecord } from './store-r
 /** A node's registration as read. */
 export interface NodeEntry {
   address: string;
-  /** The node's tether release; undefined for a node of 0.1.0, which did not write it. */
+  /** The node's tether release; undefined for a node of 0.1.0, which did not write it (or one not understood). */
   release?: string;
 }
 
@@ -29,15 +29,15 @@ export function nodesKey(prefix: string): string {
 /** Reads one registration; undefined (after one warn line) when it is garbled. */
 export function readNode(key: string, node: string, raw: string): NodeEntry | undefined {
   const { value: r, problem } = parseObject(raw);
-  const why =
-    problem ??
-    (!isCanonicalIp(r!.address) ? 'address is not an IP address' : r!.release !== undefined && !isPlainName(r!.release, 64) ? 'release is not a release name' : undefined);
+  const why = problem ?? (!isCanonicalIp(r!.address) ? 'address is not an IP address' : undefined);
   if (why) {
     // A garbled registration's address is never let through the FoU source filters.
     refuseRecord('node registry', key, node, why, raw);
     return undefined;
   }
-  return { address: r!.address as string, ...(r!.release !== undefined ? { release: r!.release as string } : {}) };
+  // The release only informs (no FoU decision rests on it): one this reader does not understand, e.g. a
+  // later release's other shape, reads as unknown rather than costing the node its registration.
+  return { address: r!.address as string, ...(isPlainName(r!.release, 64) ? { release: r!.release } : {}) };
 }
 
 /**

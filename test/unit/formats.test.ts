@@ -529,9 +529,12 @@ const CASES: Record<string, Case> = {
       // And a registration as release 0.1.0 wrote it (no release): read, with no release.
       await raw.hset(nodesKey(prefix), 'node-old', JSON.stringify({ address: '192.0.2.9' }));
       await raw.zadd(`${nodesKey(prefix)}:expiry`, Date.now() + 60_000, 'node-old');
+      // And one whose release this reader does not understand (a later shape): its address still counts.
+      await raw.hset(nodesKey(prefix), 'node-next', JSON.stringify({ address: '192.0.2.8', release: { name: '9.9.9' } }));
+      await raw.zadd(`${nodesKey(prefix)}:expiry`, Date.now() + 60_000, 'node-next');
       const reg = new NodeRegistry(raw, prefix, 'node-c', '192.0.2.3');
-      assert.equal(await reg.beat(15_000), ['192.0.2.1', '192.0.2.2', '192.0.2.3', '192.0.2.9']);
-      assert.equal(Object.fromEntries(reg.releases()), { 'node-a': RELEASE, 'node-b': RELEASE, 'node-c': RELEASE, 'node-old': '' });
+      assert.equal(await reg.beat(15_000), ['192.0.2.1', '192.0.2.2', '192.0.2.3', '192.0.2.8', '192.0.2.9']);
+      assert.equal(Object.fromEntries(reg.releases()), { 'node-a': RELEASE, 'node-b': RELEASE, 'node-c': RELEASE, 'node-next': '', 'node-old': '' });
     },
   },
 
