@@ -354,9 +354,17 @@ function mapSample(map: string): unknown {
   return out;
 }
 
+/**
+ * A CRD as a format: names, scope, versions, subresources and the schema's structure and rules. Descriptions
+ * and printer columns are documentation, not format: left out, so rewording one needs no new version.
+ */
 function crdSample(kind: string): unknown {
-  const d = CRDS.find((c) => c.kind === kind)!;
-  return crdManifest(d);
+  const strip = (v: unknown): unknown => {
+    if (Array.isArray(v)) return v.map(strip);
+    if (v && typeof v === 'object') return Object.fromEntries(Object.entries(v).filter(([k]) => k !== 'description' && k !== 'additionalPrinterColumns').map(([k, x]) => [k, strip(x)]));
+    return v;
+  };
+  return strip(crdManifest(CRDS.find((c) => c.kind === kind)!));
 }
 
 const CASES: Record<string, Case> = {
