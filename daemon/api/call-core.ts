@@ -137,7 +137,8 @@ export function callWith<R = unknown>(connect: Connector, socketPath: string, me
         const older = fallbackVersion(resp, id, version, minVersion);
         if (older !== undefined) {
           // An older tetherd (a rolling upgrade under way): the same request once more in its version, on a
-          // new connection; the retry cannot loop, each one asks in a lower version.
+          // new connection. Safe for any method: a refused request was never dispatched. The retry cannot
+          // loop, each one asks in a lower version.
           settled = true;
           clearTimeout(timer);
           conn?.destroy();
