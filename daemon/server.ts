@@ -1,15 +1,23 @@
 // tetherd's socket API: a root-only Unix socket speaking newline-delimited JSON (see api/protocol.ts).
 // Each line is one request; answers go back on the same connection in order. A malformed line gets a
-// typed error answer and never disturbs other connections.
+// typed error answer and never disturbs other connections. Every version from MIN_PROTOCOL_VERSION to
+// PROTOCOL_VERSION is answered (the previous release's CNI executables and this one's, during an upgrade),
+// each request in its own version.
 import * as fs from 'node:fs';
 import * as net from 'node:net';
 import * as path from 'node:path';
 import { asTetherError, ErrorCode, TetherError } from './errors';
 import type { Logger } from './log';
 import { InFlight } from './util/in-flight';
-import { MAX_LINE_BYTES, PROTOCOL_VERSION, type Method, type Request, type Response } from './api/protocol';
+import { MAX_LINE_BYTES, MIN_PROTOCOL_VERSION, PROTOCOL_VERSION, type Method, type Request, type Response } from './api/protocol';
 
 export type Handler = (params: unknown) => unknown | Promise<unknown>;
+
+/** The protocol versions a server answers (tests narrow it to play an older tetherd). */
+export interface VersionRange {
+  min: number;
+  max: number;
+}
 
 export class ApiServer {
   private server?: net.Server;
@@ -21,6 +29,7 @@ export class ApiServer {
     private readonly socketPath: string,
     private readonly handlers: Partial<Record<Method, Handler>>,
     private readonly logger: Logger,
+    private readonly versions: VersionRange = { min: MIN_PROTOCOL_VERSION, max: PROTOCOL_VERSION },
   ) {}
 
   async listen(): Promise<void> {
@@ -82,36 +91,51 @@ export class ApiServer {
   private refuse(sock: net.Socket, line: string): void {
     let id = '';
     try {
-      id = parseRequest(line).id;
+      id = parseRequest(line, this.versions).id;
     } catch {
       // answered without an id
     }
-    if (!sock.destroyed) sock.write(JSON.stringify(errorResponse(id, new TetherError(ErrorCode.TryAgainLater, 'tetherd is stopping; try again'))) + '\n');
+    if (!sock.destroyed) sock.write(JSON.stringify(errorResponse(id, new TetherError(ErrorCode.TryAgainLater, 'tetherd is stopping; try again'), this.versions.max)) + '\n');
   }
 
   private async answer(sock: net.Socket, line: string): Promise<void> {
     let id = '';
+    // An answer is in the request's version; a refused version is answered with the highest spoken here,
+    // which tells a newer client what to ask again with.
+    let version = this.versions.max;
     let resp: Response;
     try {
-      const req = parseRequest(line);
+      const req = parseRequest(line, this.versions);
       id = req.id;
+      version = req.version;
       const handler = this.handlers[req.method];
       if (!handler) throw new TetherError(ErrorCode.BadRequest, `unknown method '${req.method}'`);
-      resp = { version: PROTOCOL_VERSION, id, result: (await handler(req.params)) ?? null };
+      resp = { version, id, result: (await handler(req.params)) ?? null };
     } catch (e) {
       const te = asTetherError(e);
       if (te.code === ErrorCode.Internal) this.logger.error('api: internal error', { error: te.message, stack: (e as Error).stack });
-      resp = errorResponse(id, te);
+      if (te.code === ErrorCode.ProtocolVersion) this.logger.warn('api: request in a protocol version not spoken here refused', { error: te.message });
+      resp = errorResponse(id || idOf(line), te, version);
     }
     if (!sock.destroyed) sock.write(JSON.stringify(resp) + '\n');
   }
 }
 
-function errorResponse(id: string, e: TetherError): Response {
-  return { version: PROTOCOL_VERSION, id, error: { code: e.code, message: e.message, details: e.details } };
+function errorResponse(id: string, e: TetherError, version = PROTOCOL_VERSION): Response {
+  return { version, id, error: { code: e.code, message: e.message, details: e.details } };
 }
 
-function parseRequest(line: string): Request {
+/** The id of a request that was refused before it was read whole ('' when it has none). */
+function idOf(line: string): string {
+  try {
+    const id = (JSON.parse(line) as { id?: unknown } | null)?.id;
+    return typeof id === 'string' ? id : '';
+  } catch {
+    return '';
+  }
+}
+
+function parseRequest(line: string, versions: VersionRange): Request {
   let raw: unknown;
   try {
     raw = JSON.parse(line);
@@ -120,8 +144,9 @@ function parseRequest(line: string): Request {
   }
   const r = raw as Partial<Request>;
   if (!r || typeof r !== 'object') throw new TetherError(ErrorCode.BadRequest, 'request must be a JSON object');
-  if (r.version !== PROTOCOL_VERSION) {
-    throw new TetherError(ErrorCode.ProtocolVersion, `protocol version ${String(r.version)} is not spoken here (tetherd speaks ${PROTOCOL_VERSION})`);
+  if (typeof r.version !== 'number' || !Number.isInteger(r.version) || r.version < versions.min || r.version > versions.max) {
+    const spoken = versions.min === versions.max ? `${versions.max}` : `${versions.min} to ${versions.max}`;
+    throw new TetherError(ErrorCode.ProtocolVersion, `protocol version ${JSON.stringify(r.version) ?? 'undefined'} is not spoken here (tetherd speaks ${spoken})`);
   }
   if (typeof r.id !== 'string' || typeof r.method !== 'string') throw new TetherError(ErrorCode.BadRequest, 'request needs string id and method');
   return r as Request;

@@ -4,9 +4,15 @@
 // (cni/bun-connector.ts, for the CNI executables, where loading node:net costs more than the request).
 // This file imports no runtime module.
 import { TetherError, ErrorCode } from '../errors';
-import { MAX_LINE_BYTES, PROTOCOL_VERSION, type Method, type Response } from './protocol';
+import { MAX_LINE_BYTES, MIN_PROTOCOL_VERSION, PROTOCOL_VERSION, type Method, type Response } from './protocol';
 
 export interface CallOptions {
+  /**
+   * The protocol version to ask in (default PROTOCOL_VERSION) and the oldest one to fall back to (default
+   * MIN_PROTOCOL_VERSION): tests set them to play another release's client.
+   */
+  version?: number;
+  minVersion?: number;
   /** Time to connect before tetherd counts as unreachable. */
   connectTimeoutMs?: number;
   /** Time for the whole request once connected. */
@@ -64,10 +70,23 @@ function socketPermissionError(socketPath: string, code: string, cause?: unknown
 
 let seq = 0;
 
+/**
+ * A daemon's refusal of our version that names an older one we speak too: the version to ask again in.
+ * A tetherd refuses a version it does not speak with code PROTOCOL_VERSION and `version` set to the highest
+ * it speaks; one of release 0.1.0 answers such a request with id "" (it refused before reading the id).
+ */
+function fallbackVersion(resp: Response, id: string, asked: number, min: number): number | undefined {
+  if (resp.error?.code !== ErrorCode.ProtocolVersion || (resp.id !== id && resp.id !== '')) return undefined;
+  const v = resp.version;
+  return typeof v === 'number' && Number.isInteger(v) && v < asked && v >= min ? v : undefined;
+}
+
 export function callWith<R = unknown>(connect: Connector, socketPath: string, method: Method, params: unknown, opts: CallOptions = {}): Promise<R> {
+  const version = opts.version ?? PROTOCOL_VERSION;
+  const minVersion = opts.minVersion ?? MIN_PROTOCOL_VERSION;
   // Unique enough to pair an answer with its request on one connection; avoids loading a crypto module.
   const id = `${process.pid}-${Date.now().toString(36)}-${(++seq).toString(36)}`;
-  const line = JSON.stringify({ version: PROTOCOL_VERSION, id, method, params }) + '\n';
+  const line = JSON.stringify({ version, id, method, params }) + '\n';
   const connectTimeout = opts.connectTimeoutMs ?? 2000;
   const timeout = opts.timeoutMs ?? 60_000;
 
@@ -115,7 +134,16 @@ export function callWith<R = unknown>(connect: Connector, socketPath: string, me
           finish(new TetherError(ErrorCode.ProtocolVersion, `tetherd answered something that is not JSON`, { cause: e }));
           return;
         }
-        if (resp.id !== id) {
+        const older = fallbackVersion(resp, id, version, minVersion);
+        if (older !== undefined) {
+          // An older tetherd (a rolling upgrade under way): the same request once more in its version, on a
+          // new connection. Safe for any method: a refused request was never dispatched. The retry cannot
+          // loop, each one asks in a lower version.
+          settled = true;
+          clearTimeout(timer);
+          conn?.destroy();
+          callWith<R>(connect, socketPath, method, params, { ...opts, version: older }).then(resolve, reject);
+        } else if (resp.id !== id) {
           finish(new TetherError(ErrorCode.ProtocolVersion, `tetherd answered request ${resp.id}, expected ${id}`));
         } else if (resp.error) {
           finish(new TetherError(resp.error.code, resp.error.message, { details: resp.error.details }));

@@ -1,9 +1,17 @@
 // The contract between tetherd and its clients (tether, tether-ipam, tetherctl), in one file.
 // Transport: a Unix stream socket (mode 0600, root only); one JSON object per line each way.
-// Every request carries `version`; a daemon answers a version it does not speak with PROTOCOL_VERSION.
+// Every request carries `version`; a daemon answers a version it does not speak with an error (code
+// PROTOCOL_VERSION) whose `version` is the highest it speaks, and a client that also speaks that one asks
+// again with it (call-core.ts): release N's CNI executables and tetherd work beside N−1's both ways.
 import type { ErrorCode } from '../errors';
 
+/** The version this release writes. */
 export const PROTOCOL_VERSION = 1;
+/**
+ * The oldest version this release still answers and falls back to: the previous release's, until the
+ * release after next (docs/upgrade.md). Raise it only once no supported release speaks the older one.
+ */
+export const MIN_PROTOCOL_VERSION = 1;
 export const DEFAULT_SOCKET_PATH = '/run/tether/tetherd.sock';
 
 export type Method =

@@ -2,16 +2,32 @@
 // under "{<prefix>nodes}": a node heartbeats with one script call that also brings its copy of the list up
 // to date with only what changed, and a node that stopped is removed by whichever call first sees it expired.
 // Receivers of FoU (egress gateways, load balancer targets) accept it only from registered node addresses.
+// A registration is {"address", "release"}: the release lets a node tell when no node of the previous
+// release is left (docs/upgrade.md); 0.1.0 wrote no release and reads only the address.
 import type Redis from 'ioredis';
+import { VERSION } from '../../cni/about';
 import { MemberView, memberCall } from './member-registry';
-import { isCanonicalIp, parseObject, refuseRecord } from './store-record';
+import { isCanonicalIp, isPlainName, parseObject, refuseRecord } from './store-record';
+
+/** A node's registration as read. */
+export interface NodeEntry {
+  address: string;
+  /** The node's tether release; undefined for a node of 0.1.0, which did not write it (or one not understood). */
+  release?: string;
+}
+
+/** The registration this node writes: one encoder for NodeRegistry and registerNode. */
+export function nodeValue(address: string, release = VERSION): string {
+  return JSON.stringify({ address, release });
+}
 
 /** The registry's base key (hash tag included: its keys share one slot). */
 export function nodesKey(prefix: string): string {
   return `{${prefix}nodes}`;
 }
 
-function readNode(key: string, node: string, raw: string): string | undefined {
+/** Reads one registration; undefined (after one warn line) when it is garbled. */
+export function readNode(key: string, node: string, raw: string): NodeEntry | undefined {
   const { value: r, problem } = parseObject(raw);
   const why = problem ?? (!isCanonicalIp(r!.address) ? 'address is not an IP address' : undefined);
   if (why) {
@@ -19,7 +35,9 @@ function readNode(key: string, node: string, raw: string): string | undefined {
     refuseRecord('node registry', key, node, why, raw);
     return undefined;
   }
-  return r!.address as string;
+  // The release only informs (no FoU decision rests on it): one this reader does not understand, e.g. a
+  // later release's other shape, reads as unknown rather than costing the node its registration.
+  return { address: r!.address as string, ...(isPlainName(r!.release, 64) ? { release: r!.release } : {}) };
 }
 
 /**
@@ -35,7 +53,7 @@ export const LEFT_GRACE_MS = 5000;
  * reply is a version number unless the membership changed (then only the changes).
  */
 export class NodeRegistry {
-  private readonly view: MemberView<string>;
+  private readonly view: MemberView<NodeEntry>;
   /** Addresses the registry listed before and no longer does, with since when (dropped LEFT_GRACE_MS later). */
   private readonly left = new Map<string, number>();
   private listed = new Set<string>();
@@ -50,8 +68,8 @@ export class NodeRegistry {
    * same array as before while the registry did not change (a caller may compare by identity).
    */
   async beat(ttlMs: number, nowMs = Date.now()): Promise<string[]> {
-    if (await this.view.beat(this.node, JSON.stringify({ address: this.address }), ttlMs)) {
-      const listed = new Set(this.view.entries().values());
+    if (await this.view.beat(this.node, nodeValue(this.address), ttlMs)) {
+      const listed = new Set([...this.view.entries().values()].map((e) => e.address));
       for (const a of this.listed) if (!listed.has(a) && !this.left.has(a)) this.left.set(a, nowMs);
       for (const a of listed) this.left.delete(a);
       this.listed = listed;
@@ -75,14 +93,22 @@ export class NodeRegistry {
 
   /** Every registered node's address as of the last beat, and those that left less than LEFT_GRACE_MS ago, sorted. */
   addresses(): string[] {
-    this.sorted ??= Object.freeze([...new Set([...this.view.entries().values(), ...this.left.keys()])].sort()) as string[];
+    this.sorted ??= Object.freeze([...new Set([...[...this.view.entries().values()].map((e) => e.address), ...this.left.keys()])].sort()) as string[];
     return this.sorted;
+  }
+
+  /**
+   * Each registered node's release as of the last beat ('' for a node that wrote none: 0.1.0). Whether a
+   * release's nodes are all gone, e.g. before old store keys may be removed, is read here.
+   */
+  releases(): Map<string, string> {
+    return new Map([...this.view.entries()].map(([node, e]) => [node, e.release ?? '']));
   }
 }
 
 /** Registers a node for `ttlMs` (one call). Kept for callers that do not hold a NodeRegistry. */
 export async function registerNode(client: Redis, prefix: string, node: string, address: string, ttlMs: number): Promise<void> {
-  await memberCall(client, nodesKey(prefix), node, JSON.stringify({ address }), ttlMs, -1);
+  await memberCall(client, nodesKey(prefix), node, nodeValue(address), ttlMs, -1);
 }
 
 /**
@@ -94,8 +120,8 @@ export async function listNodes(client: Redis, prefix: string): Promise<string[]
   const [, , data] = await memberCall(client, key, '', undefined, 0, 0);
   const out: string[] = [];
   for (let i = 0; i + 1 < (data ?? []).length; i += 2) {
-    const a = readNode(key, data![i], data![i + 1]);
-    if (a) out.push(a);
+    const e = readNode(key, data![i], data![i + 1]);
+    if (e) out.push(e.address);
   }
   return out;
 }

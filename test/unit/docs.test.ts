@@ -38,6 +38,7 @@ import { parseCandidates } from '../../daemon/kube/controllers';
 import { checkCommandLine as checkTetherInstall } from '../../install/cni/main';
 import { confListFromBytes } from '../../install/cni/libcni';
 import { BFD_CONTROL_PORT } from '../../daemon/bfd/endpoint';
+import { FORMATS } from '../../daemon/common/formats';
 import type { ResolvedPool } from '../../ipam/types';
 
 type Obj = Record<string, any>;
@@ -313,7 +314,7 @@ function checkKubectl(args: string[], pagePools: Obj[]): void {
       if (v.for !== undefined && !LISTABLE.has(v.for.split('/')[0])) throw new Error(`kubectl events --for ${v.for}: not a resource tether has or uses`);
       return;
     case 'rollout':
-      if (!['restart', 'status'].includes(rest[0])) throw new Error(`kubectl rollout ${rest[0]}: not checked here`);
+      if (!['restart', 'status', 'undo'].includes(rest[0])) throw new Error(`kubectl rollout ${rest[0]}: not checked here`);
       target(rest[1], ns);
       return;
     case 'exec':
@@ -763,6 +764,26 @@ test('the ports table in docs/operations.md matches the defaults, the DaemonSet 
   }
   assert.equal(problems, [], problems.join('\n'));
   assert.ok(documented.has(`${BFD_CONTROL_PORT}/UDP`), 'the BFD port');
+});
+
+test('docs/upgrade.md\'s formats table names every entry of daemon/common/formats.ts with its kind and versions', () => {
+  const text = read('docs/upgrade.md');
+  const m = /<!-- formats:start -->\n([\s\S]*?)<!-- formats:end -->/.exec(text);
+  assert.ok(m, 'docs/upgrade.md has a table between <!-- formats:start --> and <!-- formats:end -->');
+  const rows = new Map<string, string[]>();
+  for (const line of m[1].split('\n').slice(2).filter((l) => l.startsWith('|'))) {
+    const cells = line.split('|').slice(1, -1).map((c) => c.trim());
+    const name = /^`([^`]+)`$/.exec(cells[0])?.[1];
+    assert.ok(name, `a row's first cell is a format name in backticks: ${line}`);
+    assert.not.ok(rows.has(name), `${name} has one row`);
+    rows.set(name, cells);
+  }
+  for (const f of FORMATS) {
+    const r = rows.get(f.name);
+    assert.ok(r, `docs/upgrade.md has no row for ${f.name}`);
+    assert.equal([r[1], r[2], r[3]], [f.kind, String(f.version), f.reads.join(', ')], `${f.name}: kind, version and reads as in the registry`);
+  }
+  for (const name of rows.keys()) assert.ok(FORMATS.some((f) => f.name === name), `docs/upgrade.md lists ${name}, which the registry does not`);
 });
 
 test('no section is left unwritten (no TODO marker in README.md or docs/)', () => {
