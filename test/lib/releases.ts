@@ -8,7 +8,7 @@ import * as path from 'node:path';
 const root = path.resolve(__dirname, '../..');
 
 export interface Release {
-  /** 'current', or the previous release's version. */
+  /** How logs name it: '<version> (this tree)', or the previous release's version. */
   name: string;
   version: string;
   /** tetherd, tetherctl, tether, tether-ipam. */
@@ -22,7 +22,7 @@ export interface Release {
 export function currentRelease(): Release {
   const version = (JSON.parse(fs.readFileSync(path.join(root, 'package.json'), 'utf8')) as { version: string }).version;
   return {
-    name: 'current',
+    name: `${version} (this tree)`,
     version,
     binDir: process.env.TETHER_BIN_DIR ?? path.join(root, 'dist/bin'),
     imageArchive: process.env.TETHER_IMAGE_ARCHIVE ?? path.join(root, 'dist/image/tether.oci.tar'),
