@@ -29,6 +29,10 @@ export interface TrafficReport {
   maxGapMs: number;
   /** Per connection: the longest gap, ms. */
   gaps: number[];
+  /** The longest any connection took to connect (a lost SYN is resent after 1 s), ms. */
+  maxConnectMs?: number;
+  /** The longest gap on any connection after its first echo (connection set-up left out), ms. */
+  maxGapEstablishedMs?: number;
   /**
    * Longest gap on any connection among the gaps that ended after the client got SIGUSR2 (the whole gap,
    * also the part before the signal), ms; absent without the signal. runTraffic() sends it as the event
@@ -55,19 +59,21 @@ process.on('SIGINT', () => { duration = Math.min(duration, Date.now() - start); 
 process.stdout.write('ready\\n');
 const net = require('net'), dgram = require('dgram');
 let [host, port, n, duration, interval, udpOn] = process.argv.slice(1).map((v, i) => (i === 0 ? v : Number(v)));
-const errors = []; const gaps = []; const marked = []; let longest = { ms: 0, endedAt: 0 }; let echoes = 0; let intact = 0; let done = 0;
+const errors = []; const gaps = []; const marked = []; const connects = []; const established = []; let longest = { ms: 0, endedAt: 0 }; let echoes = 0; let intact = 0; let done = 0;
 const start = Date.now();
 function conn(i) {
-  let seq = 0, expect = 0, last = Date.now(), maxGap = 0, maxMarked = 0, buf = '', ok = true, waiting = false;
+  let seq = 0, expect = 0, last = Date.now(), maxGap = 0, maxMarked = 0, maxEst = 0, hadEcho = false, buf = '', ok = true, waiting = false;
+  const opened = Date.now();
   const gapEnds = (now) => {
     maxGap = Math.max(maxGap, now - last);
+    if (hadEcho) maxEst = Math.max(maxEst, now - last);
     if (markAt && now >= markAt) { maxMarked = Math.max(maxMarked, now - last); if (now - last > longest.ms) longest = { ms: now - last, endedAt: now }; }
   };
   const s = net.connect({ host, port });
   s.setNoDelay(true);
   const send = () => { if (Date.now() - start > duration) { finish(); return; } s.write(i + ' ' + seq++ + '\\n'); waiting = true; };
   const timer = setInterval(() => { if (!waiting) send(); }, interval);
-  s.on('connect', send);
+  s.on('connect', () => { connects.push(Date.now() - opened); send(); });
   s.on('data', (b) => {
     buf += b;
     let nl;
@@ -76,14 +82,14 @@ function conn(i) {
       const [c, q] = line.split(' ').map(Number);
       if (c !== i || q !== expect) { ok = false; errors.push('conn ' + i + ': got ' + line + ' expected ' + expect); }
       expect++; echoes++;
-      const now = Date.now(); gapEnds(now); last = now; waiting = false;
+      const now = Date.now(); gapEnds(now); last = now; hadEcho = true; waiting = false;
     }
   });
   let finished = false;
   function finish() {
     if (finished) return; finished = true; clearInterval(timer);
     if (Date.now() - last > interval * 4) gapEnds(Date.now());
-    gaps.push(maxGap); marked.push(maxMarked); if (ok) intact++; s.destroy(); if (++done === n) report();
+    gaps.push(maxGap); marked.push(maxMarked); established.push(maxEst); if (ok) intact++; s.destroy(); if (++done === n) report();
   }
   s.on('error', (e) => { ok = false; errors.push('conn ' + i + ': ' + e.code); finish(); });
   s.on('close', () => { if (Date.now() - start < duration) { ok = false; errors.push('conn ' + i + ': closed early'); } finish(); });
@@ -95,7 +101,7 @@ if (udpOn) {
   const t = setInterval(() => { if (Date.now() - start > duration) { clearInterval(t); udp = { sent, received, maxGapMs: maxGap }; u.close(); return; } u.send(String(sent++), port, host); }, interval);
 }
 function report() {
-  setTimeout(() => process.stdout.write(JSON.stringify({ connections: n, intact, errors: errors.slice(0, 20), maxGapMs: Math.max(0, ...gaps), gaps, maxGapAfterMarkMs: markAt ? Math.max(0, ...marked) : undefined, maxGapAfterMarkEndedAt: markAt ? longest.endedAt : undefined, echoes, udp }) + '\\n'), interval * 2);
+  setTimeout(() => process.stdout.write(JSON.stringify({ connections: n, intact, errors: errors.slice(0, 20), maxGapMs: Math.max(0, ...gaps), gaps, maxConnectMs: Math.max(0, ...connects), maxGapEstablishedMs: Math.max(0, ...established), maxGapAfterMarkMs: markAt ? Math.max(0, ...marked) : undefined, maxGapAfterMarkEndedAt: markAt ? longest.endedAt : undefined, echoes, udp }) + '\\n'), interval * 2);
 }
 const finishers = [];
 for (let i = 0; i < n; i++) conn(i);

@@ -122,7 +122,8 @@ export function phaseOf(steps: Step[], t: number | undefined): string {
   if (t === undefined || !steps.length) return 'unknown';
   const s = [...steps].reverse().find((x) => x.at <= t);
   if (!s) return 'before the first restart';
-  return t <= s.readyAt ? `while ${s.node} restarted` : `after ${s.node} was ready`;
+  const which = steps.filter((x) => x.node === s.node).length > 1 ? ` (turn ${steps.indexOf(s) + 1} of ${steps.length})` : '';
+  return t <= s.readyAt ? `while ${s.node} restarted${which}, ${t - s.at} ms after its SIGTERM` : `after ${s.node} was ready${which}`;
 }
 
 /**
