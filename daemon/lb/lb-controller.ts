@@ -343,7 +343,13 @@ export class LbController {
 
   /** Where this node handles VIP traffic, for status. */
   datapathStatus(): Record<string, unknown> {
-    return { mode: this.mode, ...(this.mode === 'node' ? { uplink: this.uplink, attached: this.uplinkAttached, ...(this.uplinkProblem ? { problem: this.uplinkProblem } : {}) } : {}) };
+    // VIP frames the datapath saw that were not addressed to this host (flooded, or a promiscuous uplink): not balanced.
+    const notForHost = this.s.dp?.nodeStats().notForHost;
+    return {
+      mode: this.mode,
+      ...(this.mode === 'node' ? { uplink: this.uplink, attached: this.uplinkAttached, ...(this.uplinkProblem ? { problem: this.uplinkProblem } : {}) } : {}),
+      ...(notForHost !== undefined ? { notForHost: Number(notForHost) } : {}),
+    };
   }
 
   // ---- status ------------------------------------------------------------------------------------------
