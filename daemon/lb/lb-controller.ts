@@ -144,7 +144,7 @@ export class LbController {
   async start(): Promise<void> {
     if (this.mode === 'pod') this.leaveUplink();
     this.o.attach.on('attached', () => this.podsChanged());
-    this.o.attach.onBeforeDetach((r: PodRecord) => (this.stopped ? Promise.resolve() : this.pods.leaving(r, () => this.podsChanged())));
+    this.o.attach.onBeforeDetach((r: PodRecord) => (this.stopped ? Promise.resolve() : this.pods.leaving(r, () => void this.podsChanged())));
     this.o.attach.on('detached', () => this.podsChanged());
     this.sync.start();
     this.o.store?.on('ready', () => void this.kick());
