@@ -187,7 +187,7 @@ export class LbController {
     await this.registry();
     const needed = this.needs();
     this.needed = needed;
-    const vips = await this.addresses.apply(this.lbs, needed);
+    const vips = await this.addresses.apply(this.lbs, needed, { keepRecord: this.configured });
     if (vips.wiped) this.sync.storeWiped();
     if (vips.more) this.loop.request(); // the next part of a large batch of new Services, right after this pass
     if (this.controllers && this.configured && !vips.more && Date.now() - this.lastCollect >= COLLECT_EVERY_MS) {
@@ -250,6 +250,7 @@ export class LbController {
   /** Publishes this node's address and reads the others' (targets accept FoU from registered nodes only). */
   private async registry(): Promise<void> {
     const store = this.o.store;
+    this.s.storeAway = !!store && !store.connected;
     if (!store?.connected) return;
     try {
       const listed = await store.beatNode(this.o.node.name, this.o.node.address, REGISTRY_TTL_MS);
@@ -261,6 +262,7 @@ export class LbController {
         this.targets.setSources(nodes);
       }
     } catch (e) {
+      this.s.storeAway = true;
       this.o.logger.debug('lb: node registry pass failed', { error: (e as Error).message });
     }
   }
@@ -369,6 +371,7 @@ export class LbController {
       out.push({
         service: lb.key,
         vip,
+        ...(st?.provisional ? { vipUnconfirmed: `taken from the ${st.provisional} while the cluster store is unreachable; confirmed when it answers` } : {}),
         ...(vipHere ? { vipHere } : {}),
         pool: lb.vip.pool,
         ports: lb.ports.map((p) => `${p.port}/${p.protocol}`),
