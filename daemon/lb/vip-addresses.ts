@@ -257,9 +257,9 @@ export class VipAddresses {
         // Not refused: the store did not answer (or holds new allocations back). Served meanwhile from
         // where the VIP was last recorded, if anywhere; confirmed on a later pass.
         if (st.provisional) continue;
-        const last = refused ? undefined : this.lastRecorded(lb);
-        if (last) {
-          this.serveRecorded(st, last, (e as Error).message);
+        const recorded = refused ? undefined : this.lastRecorded(lb);
+        if (recorded) {
+          this.serveRecorded(st, recorded, (e as Error).message);
           continue;
         }
         const msg = refused ? (e as Error).message : `VIP not allocated yet: ${(e as Error).message}`;
