@@ -19,6 +19,7 @@
 #define IPPROTO_UDP_ 17 /* IPPROTO_UDP is an enum in vmlinux.h; a macro keeps switch/if code uniform */
 #define IP_DF 0x4000
 
+#define PACKET_HOST_ 0 /* skb->pkt_type of a frame addressed to this host (PACKET_HOST is an enum in vmlinux.h) */
 #define TC_ACT_OK 0
 #define TC_ACT_SHOT 2
 #define TC_ACT_REDIRECT 7

@@ -80,4 +80,12 @@ struct {
 	__type(value, struct lb_stats);
 } lb_stats SEC(".maps");
 
+/* Node counters, key 0 (struct lb_node_stats): apart from lb_stats, whose pinned layout stays as it was. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct lb_node_stats);
+} lb_node_stats SEC(".maps");
+
 #endif

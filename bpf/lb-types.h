@@ -108,4 +108,10 @@ struct lb_stats {
 	__u64 drop_no_route;    /* node datapath: no route (or neighbour) towards the target */
 };
 
+/* Per-CPU node counters, key 0: what no VIP slot's counters can hold. Must match daemon/bpf/lb-structs.ts
+ * LbNodeStats. A map of its own, so the pinned lb_stats keeps its layout. */
+struct lb_node_stats {
+	__u64 not_for_host; /* VIP frames not addressed to this host (a bridge's flood, a promiscuous uplink): not balanced */
+};
+
 #endif

@@ -11,7 +11,8 @@
  * about a VIP flow (a reply the target sent) goes to the target holding that flow, found on the reversed
  * inner tuple. Bad input is dropped and counted per VIP: a bad or inconsistent IPv4 header, IP options,
  * later fragments whose first fragment was not seen; a packet over the path MTU once encapsulated is
- * answered with ICMP frag-needed (node path). */
+ * answered with ICMP frag-needed (node path). Only frames addressed to this host (PACKET_HOST) are
+ * balanced; a VIP frame flooded to the node or seen by a promiscuous uplink passes to the stack, which drops it. */
 #include "common.h"
 #include "fou.h"
 #include "lb-core.h"
@@ -102,6 +103,17 @@ static __always_inline int lb_process(struct __sk_buff *skb, const bool node)
 	svc = bpf_map_lookup_elem(&lb_services, &sk);
 	if (!svc)
 		return TC_ACT_OK;
+	/* Only frames addressed to this host are balanced. A bridge that forgot the node's MAC floods the frame
+	 * to every port, and a promiscuous uplink sees frames for other hosts: the stack drops those
+	 * (ip_rcv, PACKET_OTHERHOST), and so must this, or every LB node on the segment (a drained one
+	 * too) forwards the same frame. They pass untouched, counted. */
+	if (skb->pkt_type != PACKET_HOST_) {
+		struct lb_node_stats *ns = bpf_map_lookup_elem(&lb_node_stats, &key0);
+
+		if (ns)
+			ns->not_for_host++;
+		return TC_ACT_OK;
+	}
 	st = lb_stats_of(svc->slot);
 	if (!st)
 		return TC_ACT_SHOT;

@@ -32,6 +32,7 @@ export const LB_LAYOUTS: Record<string, StructLayout> = {
       ].map((n, i) => [n, { offset: i * 8, size: 8 }]),
     ),
   },
+  lb_node_stats: { size: 8, fields: { not_for_host: { offset: 0, size: 8 } } },
 };
 
 // must match bpf/lb-types.h
@@ -60,6 +61,7 @@ export const LB_MAP_LAYOUTS: Record<string, MapLayout> = {
   lb_maglev: { version: 1, convert: 'replace' },
   lb_events: { version: 1, convert: 'replace' }, // a ring buffer: nothing to carry
   lb_stats: { version: 1, convert: 'prefix' }, // per-slot counters; slots keep their index; new counters start at 0
+  lb_node_stats: { version: 1, convert: 'prefix' }, // node counters (new beside ccd851b's maps, which do not name it)
 };
 
 export function encodeLbConfig(c: { outerSource: string; port: number; maglevSize: number; seed: number }): Buffer {
@@ -167,6 +169,18 @@ export const STAT_NAMES: Array<keyof LbStats> = [
   'packets', 'bytes', 'misses', 'icmpForwarded', 'dropNoTarget', 'dropNoPort', 'dropIcmpNoFlow', 'dropFragment', 'dropError', 'reportLost',
   'dropBadHeader', 'dropIpOptions', 'fragments', 'tooBig', 'mappingFull', 'dropNoRoute',
 ];
+
+/** Per-CPU node counters (bpf/lb-types.h struct lb_node_stats). */
+export interface LbNodeStats {
+  /** VIP frames not addressed to this host (a bridge's flood, a promiscuous uplink): passed to the stack, not balanced. */
+  notForHost: bigint;
+}
+
+export function sumLbNodeStats(perCpu: Buffer[]): LbNodeStats {
+  let notForHost = 0n;
+  for (const b of perCpu) notForHost += b.readBigUInt64LE(0);
+  return { notForHost };
+}
 
 export function sumLbStats(perCpu: Buffer[]): LbStats {
   const s = Object.fromEntries(STAT_NAMES.map((n) => [n, 0n])) as unknown as LbStats;

@@ -14,7 +14,7 @@ import { BpfCallError } from './libbpf';
 import { bpfObjectDir } from './fou';
 import {
   LB_MAGLEV_DEFAULT, LB_MAX_VIPS_DEFAULT, LB_TARGET_ACTIVE, LB_TARGET_TERMINATING, decodeEvent, decodeMapKey, decodeMapping, decodeTargetKey,
-  decodeServiceKey, encodeLbConfig, encodeMapKey, encodeMapping, encodeService, encodeServiceKey, encodeTargetKey, sumLbStats, LB_MAP_LAYOUTS, type LbStats, type MapKey,
+  decodeServiceKey, encodeLbConfig, encodeMapKey, encodeMapping, encodeService, encodeServiceKey, encodeTargetKey, sumLbStats, sumLbNodeStats, LB_MAP_LAYOUTS, type LbStats, type LbNodeStats, type MapKey,
 } from './lb-structs';
 import { ipv4Bytes } from './fou-structs';
 
@@ -280,6 +280,11 @@ export class LbDatapath {
   }
 
   /** Zeroes a slot's counters (a slot handed to another VIP starts from 0). */
+  /** The node's counters (not per VIP slot). */
+  nodeStats(): LbNodeStats {
+    return sumLbNodeStats(this.o().map('lb_node_stats').lookupPerCpu(KEY0) ?? []);
+  }
+
   resetStats(slot: number): void {
     const k = Buffer.alloc(4);
     k.writeUInt32LE(slot);

@@ -261,11 +261,16 @@ function crObject(raw: Obj, kind: string): Obj {
   return { apiVersion: raw.apiVersion ?? `${GROUP}/${VERSION}`, kind: raw.kind ?? kind, metadata, spec: raw.spec };
 }
 
-/** A Service as the configuration holds it: spec, name, namespace, labels and annotations (status left out). */
+/**
+ * A Service as the configuration holds it: spec, name, namespace, labels and annotations, and of its status
+ * only the ingress addresses (the VIP the leader recorded, which a node uses while the store is away; it
+ * changes only with the VIP, so the leader's other status writes are no new configuration).
+ */
 function serviceObject(raw: Obj): Obj {
   const m = raw.metadata ?? {};
   const metadata: Obj = { name: m.name, namespace: m.namespace };
   if (m.labels) metadata.labels = m.labels;
   if (m.annotations) metadata.annotations = m.annotations;
-  return { apiVersion: 'v1', kind: 'Service', metadata, spec: raw.spec };
+  const ips = ((raw.status?.loadBalancer?.ingress ?? []) as Obj[]).map((i) => i?.ip).filter((ip): ip is string => typeof ip === 'string');
+  return { apiVersion: 'v1', kind: 'Service', metadata, spec: raw.spec, ...(ips.length ? { status: { loadBalancer: { ingress: ips.map((ip) => ({ ip })) } } } : {}) };
 }

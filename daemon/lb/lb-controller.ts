@@ -144,7 +144,7 @@ export class LbController {
   async start(): Promise<void> {
     if (this.mode === 'pod') this.leaveUplink();
     this.o.attach.on('attached', () => this.podsChanged());
-    this.o.attach.onBeforeDetach((r: PodRecord) => (this.stopped ? Promise.resolve() : this.pods.leaving(r, () => this.podsChanged())));
+    this.o.attach.onBeforeDetach((r: PodRecord) => (this.stopped ? Promise.resolve() : this.pods.leaving(r, () => void this.podsChanged())));
     this.o.attach.on('detached', () => this.podsChanged());
     this.sync.start();
     this.o.store?.on('ready', () => void this.kick());
@@ -187,7 +187,7 @@ export class LbController {
     await this.registry();
     const needed = this.needs();
     this.needed = needed;
-    const vips = await this.addresses.apply(this.lbs, needed);
+    const vips = await this.addresses.apply(this.lbs, needed, { keepRecord: this.configured });
     if (vips.wiped) this.sync.storeWiped();
     if (vips.more) this.loop.request(); // the next part of a large batch of new Services, right after this pass
     if (this.controllers && this.configured && !vips.more && Date.now() - this.lastCollect >= COLLECT_EVERY_MS) {
@@ -250,6 +250,7 @@ export class LbController {
   /** Publishes this node's address and reads the others' (targets accept FoU from registered nodes only). */
   private async registry(): Promise<void> {
     const store = this.o.store;
+    this.s.storeAway = !!store && !store.connected;
     if (!store?.connected) return;
     try {
       const listed = await store.beatNode(this.o.node.name, this.o.node.address, REGISTRY_TTL_MS);
@@ -261,6 +262,7 @@ export class LbController {
         this.targets.setSources(nodes);
       }
     } catch (e) {
+      this.s.storeAway = true;
       this.o.logger.debug('lb: node registry pass failed', { error: (e as Error).message });
     }
   }
@@ -343,7 +345,13 @@ export class LbController {
 
   /** Where this node handles VIP traffic, for status. */
   datapathStatus(): Record<string, unknown> {
-    return { mode: this.mode, ...(this.mode === 'node' ? { uplink: this.uplink, attached: this.uplinkAttached, ...(this.uplinkProblem ? { problem: this.uplinkProblem } : {}) } : {}) };
+    // VIP frames the datapath saw that were not addressed to this host (flooded, or a promiscuous uplink): not balanced.
+    const notForHost = this.s.dp?.nodeStats().notForHost;
+    return {
+      mode: this.mode,
+      ...(this.mode === 'node' ? { uplink: this.uplink, attached: this.uplinkAttached, ...(this.uplinkProblem ? { problem: this.uplinkProblem } : {}) } : {}),
+      ...(notForHost !== undefined ? { notForHost: Number(notForHost) } : {}),
+    };
   }
 
   // ---- status ------------------------------------------------------------------------------------------
@@ -363,6 +371,7 @@ export class LbController {
       out.push({
         service: lb.key,
         vip,
+        ...(st?.provisional ? { vipUnconfirmed: `taken from the ${st.provisional} while the cluster store is unreachable; confirmed when it answers` } : {}),
         ...(vipHere ? { vipHere } : {}),
         pool: lb.vip.pool,
         ports: lb.ports.map((p) => `${p.port}/${p.protocol}`),

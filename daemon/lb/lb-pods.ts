@@ -2,7 +2,8 @@
 // datapath's program at each one's interface, and each VIP routed through its local serving LB pods and
 // put in the route-export table (the BGP speaker announces it) — but only once the VIP's mappings are
 // loaded from the store, so a new or restarted LB pod never re-picks live clients. An LB pod being
-// deleted has its routes withdrawn first and keeps forwarding while BGP converges.
+// deleted is taken out of the VIP's routes (the VIP withdrawn when it was the node's last) and its program
+// removed at once, node-locally: its DEL never waits on the store; the reconciler does the rest later.
 import { NetlinkHandle, isNetlinkError } from '../netlink';
 import { netnsExists, readNetSysctl, writeNetSysctl } from '../sys/netns';
 import { podKeyOf, type PodRecord } from '../state/pod-store';
@@ -18,6 +19,11 @@ export type Selections = Map<string, { r: PodRecord; services: Set<string> }>;
 
 export class LbPods {
   private podMeta = new Map<string, PodMeta>();
+  /**
+   * Attachments (container IDs) of LB pods being deleted: never selected again, even by a pass that read
+   * the pods before the DEL came. Forgotten once their record is gone (a pod re-created under the same
+   * name is another container).
+   */
   private readonly draining = new Set<string>();
 
   constructor(private readonly s: LbShared) {}
@@ -28,7 +34,7 @@ export class LbPods {
 
   private selected(r: PodRecord, lb: ResolvedLoadBalancer): boolean {
     const pod = podKeyOf(r);
-    if (!pod || r.podNamespace !== lb.lbPods.namespace || this.draining.has(pod)) return false;
+    if (!pod || r.podNamespace !== lb.lbPods.namespace || this.draining.has(r.containerId)) return false;
     const meta = this.podMeta.get(pod);
     if (meta?.ready === false || meta?.deleting) return false;
     const labels = meta?.labels ?? r.labels ?? {};
@@ -38,7 +44,10 @@ export class LbPods {
   /** Which local pods would serve which of the served Services (before slots are given). */
   selections(served: ResolvedLoadBalancer[]): Selections {
     const out: Selections = new Map();
-    for (const r of this.s.o.attach.pods()) {
+    const records = this.s.o.attach.pods();
+    const live = new Set(records.map((r) => r.containerId));
+    for (const c of this.draining) if (!live.has(c)) this.draining.delete(c);
+    for (const r of records) {
       const pod = podKeyOf(r);
       const ip = r.ips?.find((i) => !i.includes(':'));
       if (!pod || !ip || !r.hostIfName || !netnsExists(r.netns)) continue;
@@ -59,6 +68,8 @@ export class LbPods {
   async apply(served: ResolvedLoadBalancer[], sel: Selections, ensureLoaded: (lb: ResolvedLoadBalancer, st: VipState) => Promise<void>): Promise<void> {
     const want = new Map<string, { r: PodRecord; vips: Set<string> }>();
     for (const [pod, w] of sel) {
+      // Selected before its DEL came (this pass waited on the store meanwhile): leaving() has it.
+      if (this.draining.has(w.r.containerId)) continue;
       const vips = new Set<string>();
       for (const key of w.services) {
         const st = this.s.vips.get(key);
@@ -78,11 +89,17 @@ export class LbPods {
     // Routes per VIP: through every local serving LB pod, once the VIP's mappings are loaded.
     for (const lb of served) {
       const st = this.s.vips.get(lb.key)!;
-      const pods = [...this.s.lbPods.values()].filter((p) => p.vips.has(st.vip!));
-      if (pods.length && !st.loaded) await ensureLoaded(lb, st);
+      if (!st.loaded && this.serving(st.vip!).length) await ensureLoaded(lb, st);
+      // Read after the load: an LB pod may have left meanwhile.
+      const pods = this.serving(st.vip!);
       const announce = pods.length > 0 && st.loaded && pickableTargets(lb, this.s.o.node.name).length > 0;
       if (announce || st.announced) this.route(st, announce ? pods : []);
     }
+  }
+
+  /** The local LB pods serving vip now. */
+  private serving(vip: string): LbPod[] {
+    return [...this.s.lbPods.values()].filter((p) => p.vips.has(vip));
   }
 
   private up(pod: string, r: PodRecord, vips: Set<string>): void {
@@ -148,15 +165,34 @@ export class LbPods {
     st.announced = false;
   }
 
-  /** An LB pod about to be deleted: withdraw its routes first (kick runs a pass), keep forwarding a while. */
-  async leaving(r: PodRecord, kick: () => Promise<void>): Promise<void> {
+  /**
+   * An LB pod about to be deleted (its CNI DEL): at once and without the store, the VIPs it served are
+   * routed through the node's other serving LB pods only, or withdrawn when it was the last, and its
+   * program is removed; then the DEL waits DRAIN_MS (BGP converges while the node still forwards what
+   * arrives) and returns. What needs the store (slots, mappings, VIPs no longer needed) is the reconciler's,
+   * on the pass `request` asks for and does not wait for: a pass may wait on an unreachable store for as
+   * long as the store is away.
+   */
+  async leaving(r: PodRecord, request: () => void): Promise<void> {
     const pod = podKeyOf(r);
-    if (!pod || !this.s.lbPods.has(pod)) return;
-    this.draining.add(pod);
-    await kick();
-    this.s.logger.info('lb: LB pod leaving; routes withdrawn, draining', { pod, ms: DRAIN_MS });
+    const p = pod ? this.s.lbPods.get(pod) : undefined;
+    if (!pod || !p || p.netns !== r.netns) return;
+    this.draining.add(r.containerId);
+    const withdrawn: string[] = [];
+    for (const st of this.s.vips.values()) {
+      if (!st.vip || !p.vips.has(st.vip) || !st.announced) continue;
+      const rest = this.serving(st.vip).filter((x) => x !== p);
+      try {
+        this.route(st, rest);
+      } catch (e) {
+        this.s.logger.error('lb: VIP not re-routed without a leaving LB pod; the next pass retries', { pod, service: st.key, vip: st.vip, error: (e as Error).message });
+      }
+      if (!rest.length) withdrawn.push(st.vip);
+    }
+    this.down(pod, p);
+    request();
+    this.s.logger.info('lb: LB pod leaving; taken out of the VIP routes, draining', { pod, withdrawn, ms: DRAIN_MS });
     await new Promise((res) => setTimeout(res, DRAIN_MS));
-    this.draining.delete(pod);
   }
 }
 

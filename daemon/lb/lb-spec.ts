@@ -9,6 +9,10 @@
 //   lb.tether.dev/vip                a requested VIP (spec.loadBalancerIP, deprecated upstream, also works)
 //   lb.tether.dev/idle-timeout       seconds a mapping lives unused, when sessionAffinity is not ClientIP
 //
+// The VIP the Service was given, as its status records it (status.loadBalancer.ingress[].ip, written by the
+// controllers' node from the store's allocation), is read too: a node that newly needs the VIP while the
+// store is unreachable serves it from there, and confirms it with the store once it is back.
+//
 // sessionAffinity ClientIP's timeoutSeconds is the mapping's idle timeout. Every problem names the Service
 // and the field; a Service with problems programs nothing (its status says why).
 import { isIPv4 } from 'node:net';
@@ -50,8 +54,11 @@ export interface ResolvedLoadBalancer {
   lbPods: { namespace: string; matchLabels: Record<string, string> };
   affinity: 'client' | 'flow';
   idleTimeoutS: number;
-  /** Where the VIP comes from: a requested address (with the pool holding it) or a pool. */
-  vip: { pool: string; address?: string };
+  /**
+   * Where the VIP comes from: a requested address (with the pool holding it) or a pool; `recorded`: the
+   * address the Service's status names (in that pool, and the requested one if any), not authoritative.
+   */
+  vip: { pool: string; address?: string; recorded?: string };
   /** Targets by address: ready ones are active (terminating or not); not ready but serving while terminating ones keep their clients. */
   targets: LbTarget[];
   externalTrafficPolicy: 'Cluster' | 'Local';
@@ -231,6 +238,15 @@ function resolveOne(o: Record<string, unknown>, key: string, slices: Array<Recor
     const hc = spec.healthCheckNodePort;
     if (typeof hc !== 'number' || !Number.isInteger(hc) || hc < 1 || hc > 65535) bad('spec.healthCheckNodePort', `${JSON.stringify(hc)}: externalTrafficPolicy Local needs a health-check port 1..65535`);
     else healthCheckNodePort = hc;
+  }
+
+  // The status is the store's allocation as last recorded: ignored (not a problem) when it does not fit.
+  if (vip) {
+    const status = isObject(o.status) && isObject(o.status.loadBalancer) ? o.status.loadBalancer : {};
+    const ingress = Array.isArray(status.ingress) ? status.ingress : [];
+    const recorded = ingress.map((i) => (isObject(i) && typeof i.ip === 'string' ? i.ip : undefined))
+      .find((ip) => ip !== undefined && isIPv4(ip) && poolHolding(lbPools, ip)?.name === vip!.pool && (vip!.address === undefined || vip!.address === ip));
+    if (recorded) vip.recorded = recorded;
   }
 
   if (problems.length || !vip) return undefined;

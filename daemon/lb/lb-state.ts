@@ -32,6 +32,8 @@ export interface LbControllerOptions {
   uplink?: string;
   store?: MappingStore;
   addresses: ClusterAddresses;
+  /** tetherd's state directory: the VIPs this node learned are kept there (vip-record.ts). */
+  stateDir?: string;
   attach: AttachService;
   logger: Logger;
 }
@@ -43,6 +45,11 @@ export interface VipState {
   vip?: string;
   /** Why the Service has no VIP (allocation refused or not done yet). */
   problem?: string;
+  /**
+   * The VIP is not confirmed by the store: taken, while the store was unreachable, from where it was last
+   * recorded (the Service's status, or this node's record); confirmed or given up once the store answers.
+   */
+  provisional?: 'Service status' | 'node record';
   /** The datapath slot, while a local LB pod serves the VIP (or did, within the release delay). */
   slot?: number;
   /** Why local LB pods do not serve the VIP (no slot left on this node). */
@@ -87,6 +94,12 @@ export class LbShared {
   dp?: LbDatapath;
   /** Registered node addresses (targets accept FoU from these only). */
   nodes: string[] = [];
+  /**
+   * The pass's first store command (the registry beat) failed or the store is not connected: the rest of the
+   * pass asks the store nothing it can do without (a hung or partitioned store would make each ask wait its
+   * timeout, and a VIP taken over during the outage would wait for all of them).
+   */
+  storeAway = false;
 
   constructor(readonly o: LbControllerOptions) {}
 

@@ -98,8 +98,8 @@ export class MappingSync {
       this.expiring.delete(vip);
     }
     // Every pass, not only on a change: a subscription that failed is retried (nothing is sent when the
-    // subscriptions match already).
-    await this.s.o.store?.serve(this.serving.keys());
+    // subscriptions match already) — on a pass that reaches the store.
+    if (!this.s.storeAway) await this.s.o.store?.serve(this.serving.keys());
   }
 
   /** Whether this node holds vip's expirer lease (as of its last renewal). */
@@ -176,7 +176,7 @@ export class MappingSync {
       return;
     }
     const waited = Date.now() - st.loadStarted > LOAD_WAIT_MS;
-    if (!store.connected) {
+    if (!store.connected || this.s.storeAway) {
       if (waited) {
         st.loaded = true;
         this.s.logger.warn('lb: mapping store unreachable; VIP announced with the mappings this node holds', { service: lb.key, vip: st.vip });
@@ -195,6 +195,13 @@ export class MappingSync {
       st.loaded = true;
       this.s.logger.info('lb: mappings loaded before announcing', { service: lb.key, vip: st.vip, installed, stale: loaded - installed, garbled, ms: Date.now() - t0 });
     } catch (e) {
+      // Past the wait a store that is connected but does not answer (hung, partitioned) keeps the VIP dark no
+      // longer than one that is down.
+      if (waited) {
+        st.loaded = true;
+        this.s.logger.warn('lb: loading mappings failed past the wait; VIP announced with the mappings this node holds', { service: lb.key, vip: st.vip, error: (e as Error).message });
+        return;
+      }
       this.s.logger.warn('lb: loading mappings failed; retried', { service: lb.key, vip: st.vip, error: (e as Error).message });
     }
   }
@@ -235,7 +242,7 @@ export class MappingSync {
     if (expired) this.s.logger.info('lb: idle mappings expired', { count: expired, ...(pressure ? { underPressure: true } : {}) });
     const store = this.s.o.store;
     if (!store) return;
-    if (!store.connected) {
+    if (!store.connected || this.s.storeAway) {
       this.away = true;
       return;
     }

@@ -10,9 +10,14 @@
 // its mappings from the store. A Service deleted while no node held its VIP (no leader then) is collected
 // by the controllers' node: an lb/ owner of a loadBalancer pool that no Service of its configuration
 // names, seen so on two looks at least ORPHAN_GRACE_MS apart, is released and its mappings dropped.
+// A node that needs a VIP while the store is unreachable takes it from where it was last recorded — the
+// Service's status (the controllers write the store's allocation there), else this node's own record of the
+// VIPs it learned (vip-record.ts) — and serves it provisionally: once the store answers, the same request
+// confirms it, or the VIP is withdrawn (the store gives the Service another, or refuses it).
 import { ErrorCode, TetherError } from '../errors';
 import type { ResolvedLoadBalancer } from './lb-spec';
 import { ownerOf, type LbShared, type VipState } from './lb-state';
+import { VipRecord, type RecordedVip } from './vip-record';
 
 /**
  * New VIPs asked for per pass: 10,000 Services appearing at once are allocated over many short passes,
@@ -28,21 +33,30 @@ export class VipAddresses {
   private generation?: string;
   /** Owners ("pool\nowner") no Service names, with when that was first seen. */
   private readonly orphans = new Map<string, number>();
+  private readonly record: VipRecord;
 
   constructor(
     private readonly s: LbShared,
     /** Called before a VIP is given up: its routes go first. */
     private readonly withdraw: (st: VipState) => void,
-  ) {}
+  ) {
+    this.record = new VipRecord(s.o.stateDir, s.logger);
+  }
 
   /**
    * Converges the VIPs to the Services: `wiped` when the store lost its data since the last look, `more`
    * when Services still wait for their first allocation attempt (the caller runs another pass).
    */
-  async apply(lbs: Map<string, ResolvedLoadBalancer>, needed: Set<string>): Promise<{ wiped: boolean; more: boolean }> {
+  async apply(lbs: Map<string, ResolvedLoadBalancer>, needed: Set<string>, opts: { keepRecord?: boolean } = {}): Promise<{ wiped: boolean; more: boolean }> {
     const wiped = await this.reassert();
     await this.release(lbs, needed);
     const more = await this.allocate(lbs, needed);
+    // Only once the Services are known: a pass before the configuration holds nothing, and must not forget.
+    if (opts.keepRecord) {
+      const held = new Map<string, RecordedVip>();
+      for (const st of this.s.vips.values()) if (st.vip) held.set(st.key, { pool: st.pool, vip: st.vip });
+      this.record.save(held);
+    }
     return { wiped, more };
   }
 
@@ -59,6 +73,7 @@ export class VipAddresses {
       this.generation = undefined;
       return false;
     }
+    if (this.s.storeAway) return false; // asked again on a pass that reaches the store
     let g: string;
     try {
       g = await a.generation();
@@ -169,6 +184,28 @@ export class VipAddresses {
     return false;
   }
 
+  /** Where the Service's VIP was last recorded: its status (the controllers'), else this node's record. */
+  private lastRecorded(lb: ResolvedLoadBalancer): { vip: string; from: NonNullable<VipState['provisional']> } | undefined {
+    if (lb.vip.recorded) return { vip: lb.vip.recorded, from: 'Service status' };
+    const mine = this.record.get(lb.key, lb.vip.pool);
+    // A requested address the record does not match is the Service's new wish: not served from the record.
+    if (mine && (lb.vip.address === undefined || lb.vip.address === mine)) return { vip: mine, from: 'node record' };
+    return undefined;
+  }
+
+  private serveRecorded(st: VipState, last: { vip: string; from: NonNullable<VipState['provisional']> }, why: string): void {
+    st.vip = last.vip;
+    st.provisional = last.from;
+    st.problem = undefined;
+    this.s.logger.warn('lb: cluster store unreachable: VIP taken from its record, served until the store confirms it', { service: st.key, vip: last.vip, from: last.from, error: why });
+  }
+
+  /** A provisional VIP the store does not confirm: its routes go, and the Service starts afresh on the next pass. */
+  private giveUp(st: VipState): void {
+    this.withdraw(st);
+    this.s.vips.delete(st.key);
+  }
+
   private async allocate(lbs: Map<string, ResolvedLoadBalancer>, needed: Set<string>): Promise<boolean> {
     let asked = 0;
     let more = false;
@@ -176,11 +213,21 @@ export class VipAddresses {
       const lb = lbs.get(key);
       if (!lb) continue;
       let st = this.s.vips.get(lb.key);
-      if (st?.vip) continue;
+      if (st?.vip && !st.provisional) continue;
       // Past the limit: a new Service makes the caller run another pass at once; one refused before is
       // asked again on a later tick (a refusal does not spin).
       if (asked >= ALLOCATE_PER_PASS) {
         more ||= !st;
+        continue;
+      }
+      // The store did not answer this pass: a VIP served from its record waits for a pass that reaches it to
+      // be confirmed, and a VIP needed now is served from its record without waiting for the store first.
+      if (this.s.storeAway && st?.provisional) continue;
+      const last = this.s.storeAway ? this.lastRecorded(lb) : undefined;
+      if (last) {
+        st ??= { key: lb.key, pool: lb.vip.pool, loaded: false, announced: false };
+        this.s.vips.set(lb.key, st);
+        this.serveRecorded(st, last, 'the cluster store does not answer');
         continue;
       }
       asked++;
@@ -190,12 +237,32 @@ export class VipAddresses {
         const owner = ownerOf(lb.key);
         const req = lb.vip.address ? { pool: lb.vip.pool, owner, addresses: [lb.vip.address] } : { pool: lb.vip.pool, owner, count: 1 };
         const { addresses } = await this.s.o.addresses.allocate(req);
+        if (st.provisional && st.vip !== addresses[0]) {
+          this.s.logger.error('lb: the store gives the Service another VIP than the one served from its record; that one is withdrawn', { service: lb.key, served: st.vip, from: st.provisional, store: addresses[0] });
+          this.giveUp(st);
+          continue;
+        }
+        if (st.provisional) this.s.logger.info('lb: VIP served from its record confirmed by the store', { service: lb.key, vip: st.vip, from: st.provisional });
+        else this.s.logger.info('lb: VIP allocated', { service: lb.key, vip: addresses[0], pool: lb.vip.pool });
         st.vip = addresses[0];
+        st.provisional = undefined;
         st.problem = undefined;
-        this.s.logger.info('lb: VIP allocated', { service: lb.key, vip: st.vip, pool: lb.vip.pool });
       } catch (e) {
-        const msg = e instanceof TetherError && (e.code === ErrorCode.AddressConflict || e.code === ErrorCode.PoolExhausted || e.code === ErrorCode.UnknownPool)
-          ? e.message : `VIP not allocated yet: ${(e as Error).message}`;
+        const refused = e instanceof TetherError && (e.code === ErrorCode.AddressConflict || e.code === ErrorCode.PoolExhausted || e.code === ErrorCode.UnknownPool);
+        if (refused && st.provisional) {
+          this.s.logger.error('lb: VIP served from its record refused by the store; withdrawn', { service: lb.key, vip: st.vip, from: st.provisional, error: (e as Error).message });
+          this.giveUp(st);
+          continue;
+        }
+        // Not refused: the store did not answer (or holds new allocations back). Served meanwhile from
+        // where the VIP was last recorded, if anywhere; confirmed on a later pass.
+        if (st.provisional) continue;
+        const recorded = refused ? undefined : this.lastRecorded(lb);
+        if (recorded) {
+          this.serveRecorded(st, recorded, (e as Error).message);
+          continue;
+        }
+        const msg = refused ? (e as Error).message : `VIP not allocated yet: ${(e as Error).message}`;
         if (st.problem !== msg) this.s.logger.error('lb: VIP refused', { service: lb.key, problem: msg });
         st.problem = msg;
       }

@@ -46,6 +46,7 @@ export async function createLb(
     store,
     addresses: o.addresses,
     attach: o.attach,
+    stateDir: opts['state-dir'],
     logger: o.logger,
   });
 }

@@ -188,6 +188,8 @@ function ipChecksum(h: Buffer): number {
 interface FrameSpec {
   src: string; dst: string; proto: number; payload: Buffer;
   options?: Buffer; fragOffset?: number; moreFragments?: boolean; id?: number; badChecksum?: boolean;
+  /** Destination MAC (default: the LB node's uplink). */
+  dstMac?: Buffer;
 }
 
 function frame(f: FrameSpec): Buffer {
@@ -204,7 +206,7 @@ function frame(f: FrameSpec): Buffer {
   opts.copy(ip, 20);
   ip.writeUInt16BE(ipChecksum(ip) ^ (f.badChecksum ? 0x5a5a : 0), 10);
   const eth = Buffer.alloc(14);
-  macOf(bed.lbnode, 'n0').copy(eth, 0);
+  (f.dstMac ?? macOf(bed.lbnode, 'n0')).copy(eth, 0);
   macOf(bed.router, 'rn').copy(eth, 6);
   eth.writeUInt16BE(0x0800, 12);
   return Buffer.concat([eth, ip, f.payload]);
@@ -464,6 +466,35 @@ test('bad input is dropped and counted, and makes no mapping: bad header checksu
   assert.is(after.dropFragment - before.dropFragment, 1n, 'a later fragment whose first was not seen');
   assert.is(after.misses, before.misses, 'no target was picked for any of them');
   assert.not.ok(bed.lb!.mappings().some((m) => spoofed.includes(m.client)), 'no mapping for their sources');
+});
+
+// A bridge floods a frame whose destination MAC it has forgotten to every port, and a promiscuous uplink
+// sees frames for other hosts: the stack drops them (PACKET_OTHERHOST), so the datapath must too, or every LB
+// node on the segment (a drained one included) forwards the same frame.
+test('a VIP frame not addressed to the node (flooded, or seen by a promiscuous uplink) is not balanced, and is counted; one to the node\'s MAC is', async () => {
+  inNs(bed.lbnode, 'ip', 'link', 'set', 'n0', 'promisc', 'on');
+  try {
+    const before = stats();
+    const notHostBefore = bed.lb!.nodeStats?.().notForHost ?? 0n;
+    const foreign = ['10.93.1.211', '10.93.1.212'];
+    await sendFrames([
+      frame({ src: foreign[0], dst: VIP, proto: PROTO.TCP, payload: syn(40011, PORT), dstMac: Buffer.from([0x02, 0x00, 0x5e, 0x10, 0x20, 0x30]) }),
+      frame({ src: foreign[1], dst: VIP, proto: PROTO.TCP, payload: syn(40012, PORT), dstMac: Buffer.alloc(6, 0xff) }),
+    ]);
+    const mid = stats();
+    assert.is(mid.packets, before.packets, `nothing forwarded to a target (${show(mid)})`);
+    assert.is(mid.misses, before.misses, 'no target picked');
+    assert.not.ok(bed.lb!.mappings().some((m) => foreign.includes(m.client)), 'no mapping for their sources');
+    assert.is(bed.lb!.nodeStats().notForHost - notHostBefore, 2n, 'both counted as not for this host');
+    // The same frame to the node's own MAC is balanced.
+    const own = '10.93.1.213';
+    await sendFrames([frame({ src: own, dst: VIP, proto: PROTO.TCP, payload: syn(40013, PORT) })]);
+    const after = stats();
+    assert.is(after.packets - mid.packets, 1n, 'forwarded to a target');
+    assert.ok(bed.lb!.mappings().some((m) => m.client === own), 'a mapping for the frame addressed to the node');
+  } finally {
+    inNs(bed.lbnode, 'ip', 'link', 'set', 'n0', 'promisc', 'off');
+  }
 });
 
 test('a flood of new flows fills the table: existing flows keep their targets, new ones are still forwarded, and it is counted', async () => {

@@ -9,7 +9,9 @@
 // - no move from a live owner: owner and epoch of every address whose owner lives are the same after the
 //   cell, and no sample showed it held anywhere else;
 // - established connections kept: long-lived TCP connections through the Egress (and through the VIP in
-//   the LB column) across the whole cell; the expectation per cell is in EVENTS (100 % in every cell).
+//   the LB columns) across the whole cell; the expectation per cell is in EVENTS (100 % in every cell);
+// - a VIP keeps serving when its only LB node is lost during the fault: another node's new LB pod takes it
+//   over and new connections through it succeed while the store is still away.
 // One testbed per fault row (tetherd in the DaemonSet's container when TETHER_TESTBED_CONTAINERS=1), cells
 // one after another on it, each starting from a settled state; a cell that leaves the testbed unsettled
 // (e.g. an address owned twice) makes the row continue on a fresh testbed, so one defect is not counted
@@ -25,7 +27,7 @@ import type { Topology } from './topology';
 import { TRAFFIC_CLIENT, type TrafficReport } from '../lib/traffic';
 
 export type FaultId = 'down' | 'paused' | 'empty' | 'sentinel' | 'cut' | 'none';
-export type EventId = 'block' | 'join' | 'address' | 'lbpod' | 'podkill' | 'nodelost';
+export type EventId = 'block' | 'join' | 'address' | 'lbpod' | 'podkill' | 'nodelost' | 'lblost';
 
 export const FAULTS: Array<{ id: FaultId; label: string; what: string; control?: boolean }> = [
   { id: 'down', label: 'down', what: 'Redis is SIGKILLed (after a SAVE: a store with durable storage crashing) for the cell and started again with its data' },
@@ -45,6 +47,11 @@ export const EVENTS: Array<{ id: EventId; label: string; kept: string }> = [
   { id: 'lbpod', label: 'LB pod added', kept: '100 % (Egress and VIP): a new LB pod serves only with the mappings (or Maglev picks the same target)' },
   { id: 'podkill', label: 'owner pod killed', kept: '100 %: the standbys were in sync before the fault, and a takeover needs no store' },
   { id: 'nodelost', label: 'owner node lost', kept: '100 %: the standbys were in sync before the fault, and a takeover needs no store' },
+  {
+    id: 'lblost',
+    label: 'only LB node lost',
+    kept: '100 % (Egress and VIP), and new VIP connections succeed before the store is back: the replacement LB pod\'s node learns the VIP from the Service\'s record (status), not the store, and Maglev picks the targets the lost node picked',
+  },
 ];
 
 /** Which node the 'cut' fault cuts off, per event. */
@@ -55,11 +62,14 @@ export const CUT_NODE: Record<EventId, string> = {
   lbpod: 'n4, the node of the new LB pod',
   podkill: "the owner's node",
   nodelost: 'the gateway node that takes over when it is the only one left, else the client node n5',
+  lblost: 'n2, the node of the replacement LB pod (it must learn the VIP without the store)',
 };
 
 export const CONNS = Number(process.env.STORE_MATRIX_CONNS ?? 20);
 /** The fault lasts at least this long after the event starts (a joining gateway's BFD start-up grace is 3 s). */
-const HOLD_MS: Record<EventId, number> = { join: 4500, block: 3000, address: 3000, lbpod: 3000, podkill: 3000, nodelost: 3000 };
+// lblost: long enough for the takeover (BGP hold 3 s, the new LB pod's VIP and its 3 s wait for mappings) and
+// new connections, all before the store is back.
+const HOLD_MS: Record<EventId, number> = { join: 4500, block: 3000, address: 3000, lbpod: 3000, podkill: 3000, nodelost: 3000, lblost: 20_000 };
 /** An event that has not finished by then is waited for only after the fault heals. */
 const EVENT_CAP_MS = 12_000;
 const SETTLE_MS = 20_000;
@@ -73,6 +83,11 @@ const CLIENT_NODE = 'n5';
 /** Where the gateway pod joins (a node with a block already, see topology()). */
 const JOIN_NODE = 'n2';
 const TARGETS = ['n5-t1', 'n5-t2'];
+/** The only LB node (its LB pod is in the topology) and where its replacement goes: a node with a block, so the ADD needs no store. */
+const LB_NODE = 'n3';
+const TAKEOVER_NODE = 'n2';
+/** New connections opened through the VIP after the takeover, during the fault. */
+const FRESH_CONNS = 5;
 
 const GW = (name: string) => ({ name, namespace: 'shop', tether: { labels: { role: 'egress-gw' } } });
 const LB = (name: string) => ({ name, namespace: 'shop', tether: { labels: { 'tether.dev/role': 'lb' } } });
@@ -158,15 +173,19 @@ const short = (a: string) => a.replace(/^198\.18\.0\./, '.');
 // ---- the row's testbed ---------------------------------------------------------------------------------
 
 function writeConfig(row: Row): void {
-  row.tb.rewriteConfig({ extraObjects: [floatPool, egress({ addresses: { pool: 'float', count: row.egressCount } }), lbPool, service(), slice(row.tb, TARGETS)] });
+  // Once allocated, the VIP is in the Service's status, as the controllers' status controller records it in a
+  // cluster: what a node that newly needs the VIP reads when the store is away.
+  const svc = row.vip ? { ...service(), status: { loadBalancer: { ingress: [{ ip: row.vip, ipMode: 'Proxy' }] } } } : service();
+  row.tb.rewriteConfig({ extraObjects: [floatPool, egress({ addresses: { pool: 'float', count: row.egressCount } }), lbPool, svc, slice(row.tb, TARGETS)] });
 }
 
 async function prepareRow(tb: Testbed, fault: FaultId): Promise<Row> {
   const row = { fault, tb, egressCount: 1, gateways: ['n1-gw1'], lbNodes: ['n3'], lost: new Set<string>(), gone: new Set<string>(), retryUntil: 0 } as Row;
   writeConfig(row);
-  row.bgp = await startBgp(tb, ['n3', 'n4']);
+  row.bgp = await startBgp(tb, ['n2', 'n3', 'n4']);
   try {
     row.vip = await waitFor('the VIP', async () => (await lbStatus(tb, 'n3'))?.vip, 20_000);
+    writeConfig(row);
     row.targets = await startTargets(tb, TARGETS, row.vip);
     row.sampler = new FloatingSampler(tb, FLOAT_POOL, NODES);
     row.sampler.start();
@@ -497,6 +516,50 @@ function makeEvent(row: Row, id: EventId, first: string, owners: Map<string, Own
         },
       };
     }
+    case 'lblost': {
+      const name = freeName(row, 'lb', 2);
+      let refused: string | undefined;
+      let routedMs: number | undefined;
+      let fresh: TrafficReport | undefined;
+      let freshError: string | undefined;
+      const ev: EventRun = {
+        ownerDies: new Set(),
+        run: async () => {
+          ev.at = Date.now();
+          // Lost at one instant, as in nodelost: cut off, then its tetherd dies.
+          await tb.setUplink(LB_NODE, 'down');
+          row.sampler.loseNode(LB_NODE);
+          await tb.killTetherd(LB_NODE, 'SIGKILL');
+          row.lost.add(LB_NODE);
+          row.lbNodes = row.lbNodes.filter((n) => n !== LB_NODE);
+          // Its replacement is scheduled on a node that never needed the VIP.
+          refused = await addPodOnce(tb, TAKEOVER_NODE, LB(name));
+          if (refused) return `${LB_NODE} lost; the replacement LB pod's ADD refused under the fault (${refused})`;
+          row.lbNodes.push(TAKEOVER_NODE);
+          const want = tb.node(TAKEOVER_NODE).fabricIp;
+          const deadline = ev.at + HOLD_MS.lblost - 5000;
+          while (Date.now() < deadline && (await routerPaths(tb, row.vip)).join() !== want) await sleep(200);
+          if ((await routerPaths(tb, row.vip)).join() !== want) return `${LB_NODE} lost; ${TAKEOVER_NODE} did not announce the VIP under the fault`;
+          routedMs = Date.now() - ev.at;
+          try {
+            const f = await flows(tb, 'client', row.vip, FRESH_CONNS);
+            await sleep(1000);
+            fresh = await f.stop();
+          } catch (e) {
+            freshError = (e as Error).message.slice(0, 160);
+          }
+          return `${LB_NODE} lost; ${TAKEOVER_NODE} announced the VIP ${routedMs} ms later, under the fault`;
+        },
+        after: async (failures) => {
+          const st = await lbStatus(tb, TAKEOVER_NODE).catch(() => undefined);
+          if (refused) failures.push(`the replacement LB pod's ADD on ${TAKEOVER_NODE} was refused under the fault: ${refused}`);
+          else if (routedMs === undefined) failures.push(`the VIP was not routed over ${TAKEOVER_NODE} while the store was away (${TAKEOVER_NODE}: ${st?.problem ?? (st?.vip ? `VIP ${st.vip}, announced ${st.announced}` : 'no VIP')})`);
+          else if (!fresh || fresh.intact !== FRESH_CONNS) failures.push(`${fresh?.intact ?? 0}/${FRESH_CONNS} new VIP connections during the fault: ${freshError ?? fresh?.errors.slice(0, 2).join('; ')}`);
+          return routedMs === undefined ? 'no takeover under the fault' : `${TAKEOVER_NODE} serving ${(routedMs / 1000).toFixed(1)} s after ${LB_NODE} was lost; ${fresh?.intact ?? 0}/${FRESH_CONNS} new connections under the fault`;
+        },
+      };
+      return ev;
+    }
     case 'podkill': {
       const key = `${o.ownerNode}-${o.owner.split('/')[1]}`;
       const ev: EventRun = {
@@ -564,6 +627,8 @@ function cutNodeFor(row: Row, id: EventId, first: string, owners: Map<string, Ow
     case 'block':
     case 'lbpod':
       return 'n4';
+    case 'lblost':
+      return TAKEOVER_NODE;
     case 'join':
     case 'podkill':
       return o.ownerNode;
@@ -647,7 +712,7 @@ async function runCell(row: Row, id: EventId, before: Map<string, Owned>): Promi
   row.sampler.trim(t0);
   const server = await startServer(tb);
   const eg = await flows(tb, `${CLIENT_NODE}-web`, tb.externalIp('server'), CONNS);
-  const lb = id === 'lbpod' ? await flows(tb, 'client', row.vip, CONNS) : undefined;
+  const lb = id === 'lbpod' || id === 'lblost' ? await flows(tb, 'client', row.vip, CONNS) : undefined;
   await sleep(1000);
   eg.mark();
   lb?.mark();
@@ -791,7 +856,7 @@ export async function runRow(fault: FaultId, log: RowLog, only?: EventId[]): Pro
           let owners = s.owners;
           // The takeover events need standbys: 3 gateway nodes before the owner's pod dies, 2 before its node does.
           const want = id === 'podkill' ? 3 : id === 'nodelost' ? 2 : 0;
-          const added = await ensureGateways(row, want).catch((e: Error) => e);
+          const added = await ensureGateways(row, want).then(async (g) => (id === 'lblost' ? (await onlyLbNode(row)) || g : g)).catch((e: Error) => e);
           if (added instanceof Error) {
             results.push({ fault, event: id, pass: false, cell: 'FAIL no start', measured: '', failures: [`no start: ${added.message}`], notes: [], ms: 0 });
             continue;
@@ -833,6 +898,22 @@ export async function runRow(fault: FaultId, log: RowLog, only?: EventId[]): Pro
     }, { storeRelay: fault === 'cut', noSweep: true });
   }
   return results;
+}
+
+/**
+ * Leaves LB_NODE the only LB node (outside any fault): the LB pods an earlier cell added elsewhere go.
+ * Whether it removed any.
+ */
+async function onlyLbNode(row: Row): Promise<boolean> {
+  const { tb } = row;
+  if (row.lost.has(LB_NODE)) throw new Error(`${LB_NODE}, the LB node, was lost in an earlier cell`);
+  const others = tb.listPods().filter((p) => p.node !== LB_NODE && p.namespace === 'shop' && /^lb\d*$/.test(p.name));
+  for (const p of others) {
+    await tb.delPod(p.key);
+    row.gone.add(p.key);
+  }
+  row.lbNodes = [LB_NODE];
+  return others.length > 0;
 }
 
 /** Adds gateway pods (outside any fault) until `n` live nodes have one; whether it added any. */

@@ -125,6 +125,9 @@ export class LbDatapath {
     return Object.fromEntries(STAT_NAMES.map((n) => [n, z])) as unknown as LbStats;
   }
   resetStats(): void {}
+  nodeStats(): { notForHost: bigint } {
+    return { notForHost: 0n };
+  }
   close(): void {
     record('lb.close');
     lbDatapaths.delete(this.pinDir);
