@@ -11,6 +11,7 @@ import { FOU_MAP_LAYOUTS } from '../bpf/fou-structs';
 import { EGRESS_MAP_LAYOUTS } from '../bpf/egress-structs';
 import { LB_MAP_LAYOUTS } from '../bpf/lb-structs';
 import { GUARD_MAP_LAYOUTS } from '../bpf/egress-guard';
+import { VIP_RECORD_VERSION } from '../lb/vip-record';
 import type { MapLayout } from '../bpf/map-layout';
 
 export type FormatKind =
@@ -138,6 +139,16 @@ export const FORMATS: readonly FormatEntry[] = [
     versionField: 'none: absent = version 1',
     summary: 'the node sysctls tetherd changed and their values before, <state-dir>/sysctl-journal.json',
     history: { 1: 'first version' },
+  },
+  {
+    name: 'lb-vip-record',
+    kind: 'state record',
+    definedIn: ['daemon/lb/vip-record.ts', 'daemon/state/atomic-file.ts'],
+    version: VIP_RECORD_VERSION,
+    reads: [VIP_RECORD_VERSION],
+    versionField: '`v`; absent = version 1',
+    summary: 'the VIPs this node learned from the store, <state-dir>/lb-vips.json: a fallback while the store is unreachable',
+    history: { 1: 'new in 0.2.0 (0.1.0 neither writes nor reads it; a rollback leaves it unread)' },
   },
   {
     name: 'ipam-allocation-record',

@@ -21,6 +21,7 @@ import { nodeConnector } from '../../daemon/api/client';
 import { ApiServer } from '../../daemon/server';
 import { parseQueuedDelete, queueDelete, type QueuedDelete } from '../../daemon/api/delete-queue';
 import { PodStore, type PodRecord } from '../../daemon/state/pod-store';
+import { VIP_RECORD_FILE, VipRecord } from '../../daemon/lb/vip-record';
 import { journalHostSysctl, readSysctlJournal, useSysctlJournal } from '../../daemon/sys/sysctl-journal';
 import { AllocationStore, type AllocationRecord } from '../../ipam/allocation-store';
 import { NodeRegistry, nodesKey } from '../../daemon/common/node-registry';
@@ -485,6 +486,24 @@ const CASES: Record<string, Case> = {
         'net/ipv4/ip_forward': { before: '0', wrote: '1' },
         'net/ipv4/conf/all/rp_filter': { before: '1', wrote: '2' },
       });
+      fs.rmSync(dir, { recursive: true, force: true });
+    },
+  },
+
+  'lb-vip-record': {
+    async write() {
+      const dir = tmp('lb-vips');
+      new VipRecord(dir, makeLogger({ level: 'error' })).save(new Map([['shop/db', { pool: 'lb', vip: '198.51.100.1' }], ['shop/web', { pool: 'lb', vip: '198.51.100.7' }]]));
+      const out = { json: fs.readFileSync(path.join(dir, VIP_RECORD_FILE)) };
+      fs.rmSync(dir, { recursive: true, force: true });
+      return out;
+    },
+    async read(_v, g) {
+      const dir = tmp('lb-vips');
+      fs.writeFileSync(path.join(dir, VIP_RECORD_FILE), g['json']);
+      const r = new VipRecord(dir, makeLogger({ level: 'error' }));
+      assert.is(r.get('shop/db', 'lb'), '198.51.100.1');
+      assert.is(r.get('shop/web', 'lb'), '198.51.100.7');
       fs.rmSync(dir, { recursive: true, force: true });
     },
   },
