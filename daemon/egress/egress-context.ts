@@ -42,6 +42,11 @@ export interface EgressControllerOptions {
   maxFlows?: number;
   /** Told of every ownership change this node decides (Kubernetes Events); must not throw or wait. */
   onOwnershipChanged?: (c: OwnershipChange) => void;
+  /**
+   * How long a holder that must let an address go (tetherd stopping, its gateway pod deleted) keeps it
+   * while no standby is in sync, waiting for one to be (HANDOVER_WAIT_MS).
+   */
+  handoverWaitMs?: number;
 }
 
 /** An ownership change this node decided: a first owner, a failover takeover or a planned handover. */
@@ -98,6 +103,11 @@ export interface AddressState {
   takeovers?: Partial<Record<TakeoverCause, number>>;
   /** Clients re-steer when the new owner confirms (or at this timer): see adopt(). */
   steerTimer?: NodeJS.Timeout;
+  /**
+   * The holder must let the address go (its pod leaving, or tetherd stopping) and keeps serving it until
+   * a standby is in sync or `until` (Election.handOverWhenInSync); the election pass leaves it alone.
+   */
+  handingOver?: { pod: string; since: number; until: number };
 }
 
 /**
@@ -126,6 +136,15 @@ export const ANNOUNCED_TTL_MS = 3000;
  * through instead of waiting for a TCP retransmission timeout.
  */
 export const DRAIN_MS = 300;
+/**
+ * A holder that must let an address go with no standby in sync keeps it this long at most, waiting for
+ * one (a standby that just restarted resyncs in well under a second per 100,000 flows). It fits in the
+ * DaemonSet's terminationGracePeriodSeconds (30) with the rest of tetherd's stop, and in a CNI DEL's
+ * 60 s answer timeout (call-core.ts).
+ */
+export const HANDOVER_WAIT_MS = 20_000;
+/** While it waits, the holder looks for an in-sync standby this often. */
+export const HANDOVER_POLL_MS = 200;
 /** Clients told of a new owner by another node re-steer on the owner's confirmation, or after this. */
 export const CONFIRM_WAIT_MS = 150;
 /**

@@ -22,7 +22,9 @@ import { addressSlots, slotOwner, type ResolvedEgress } from './egress-spec';
 import type { PodMeta } from '../config/objects';
 import { NoticeChannel, type GatewayAnnouncement, type OwnershipNotice } from './ownership-notice';
 import { type Ownership } from './ownership-store';
-import { EgressContext, streamOf, draining, type AddressState, type EgressControllerOptions, REGISTRY_TTL_MS, DRAIN_MS, STORE_EVERY_MS, HEARTBEAT_MS, CONSISTENCY_EVERY_MS } from './egress-context';
+import {
+  EgressContext, streamOf, draining, type AddressState, type EgressControllerOptions, REGISTRY_TTL_MS, DRAIN_MS, HANDOVER_WAIT_MS, STORE_EVERY_MS, HEARTBEAT_MS, CONSISTENCY_EVERY_MS,
+} from './egress-context';
 import { PeerLiveness } from './peer-liveness';
 import { PodRoles } from './pod-roles';
 import { Election } from './election';
@@ -260,14 +262,25 @@ export class EgressController {
     });
   }
 
+  /** How long stop() may take at most: the handover wait and the rest (for the caller's own bound). */
+  get stopBudgetMs(): number {
+    return (this.s.o.handoverWaitMs ?? HANDOVER_WAIT_MS) + 8000;
+  }
+
   /**
    * Stops without leaving anything half done: no new work starts, work under way is awaited, addresses this
-   * node holds are handed to an in-sync live candidate (make-before-break, as for a deleted gateway pod) or,
-   * with no candidate, kept in the kernel for the next start to resume; then the sockets close.
+   * node holds are handed to an in-sync live candidate on another node (make-before-break, as for a
+   * deleted gateway pod). With live candidates but none in sync, the address is kept and served (its sync
+   * streams and ownership notices go on) until one is, or until handoverWaitMs after the stop began; then
+   * it goes to the best live candidate anyway: left in place, it would be taken over by failover once this
+   * tetherd is gone, later (detection, hold-down) and by a candidate no better in sync, while this
+   * node's announcement lingered. With no other live candidate it stays in the kernel for the next start
+   * to resume. Then the sockets close.
    */
   async stop(): Promise<void> {
     if (this.s.stopped) return;
     this.s.stopped = true;
+    const until = Date.now() + (this.s.o.handoverWaitMs ?? HANDOVER_WAIT_MS);
     this.s.roles.watcher?.close();
     const [loopsDone, workDone] = await Promise.all([
       Promise.all([this.s.election.loop, ...this.loops].map((l) => l.stop(10_000))).then((d) => d.every(Boolean)),
@@ -275,17 +288,26 @@ export class EgressController {
     ]);
     if (!loopsDone || !workDone) this.s.o.logger.warn('egress: work still running at stop', { pending: this.s.work.size, passes: !loopsDone });
     const held = [...this.s.addresses.values()].filter((st) => st.holder);
-    for (const st of held) {
-      await this.s.mutex.run(streamOf(st), async () => {
-        const gw = st.holder!;
-        const next = this.s.election.handOver(st, gw.info.pod, draining('tetherd stopping'));
-        if (!next) {
-          this.s.o.logger.info('egress: stopping; the address stays on its gateway (no other live candidate)', { egress: st.egress.key, address: st.address, pod: gw.info.pod, epoch: st.own.epoch });
-          return;
-        }
-        gw.datapath.withdrawAnnouncement(st.address);
-      });
-    }
+    // While some wait for a standby, the owner's notices go on (the loops that sent them are stopped).
+    let beat = Date.now();
+    const tick = () => {
+      if (Date.now() - beat < HEARTBEAT_MS) return;
+      beat = Date.now();
+      try {
+        this.s.election.repeatOwnership();
+      } catch (e) {
+        this.s.o.logger.error('egress: heartbeat notice not sent', { error: (e as Error).message });
+      }
+    };
+    await Promise.all(held.map(async (st) => {
+      const gw = st.holder!;
+      const next = await this.s.election.handOverWhenInSync(st, gw.info.pod, draining('tetherd stopping'), { until, elsewhere: true, tick });
+      if (!next) {
+        if (!st.holder || st.holder === gw) this.s.o.logger.info('egress: stopping; the address stays on its gateway (no other live candidate)', { egress: st.egress.key, address: st.address, pod: gw.info.pod, epoch: st.own.epoch });
+        return;
+      }
+      gw.datapath.withdrawAnnouncement(st.address);
+    }));
     if (held.some((st) => !st.holder)) await new Promise((r) => setTimeout(r, DRAIN_MS));
     for (const st of held) {
       // Handed over: the address leaves the pod once the drain is over; the pod stays a prepared standby.
