@@ -19,6 +19,7 @@ import type { PodRoles } from './pod-roles';
 import type { Election } from './election';
 import type { ConntrackStreams } from './conntrack-streams';
 import type { StoreRecords } from './store-records';
+import type { StandbySync, StandbySyncChange } from './standby-sync';
 
 export interface EgressControllerOptions {
   /** maxEgressAddresses: this node's cap on the addresses of one Egress (over the Egress's own). */
@@ -47,6 +48,8 @@ export interface EgressControllerOptions {
    * while no standby is in sync, waiting for one to be (HANDOVER_WAIT_MS).
    */
   handoverWaitMs?: number;
+  /** Told when this node, a standby, cannot sync with an address's owner (reported) and when that is over; must not throw or wait. */
+  onStandbySyncChanged?: (c: StandbySyncChange) => void;
 }
 
 /** An ownership change this node decided: a first owner, a failover takeover or a planned handover. */
@@ -182,6 +185,7 @@ export class EgressContext {
   election!: Election;
   streams!: ConntrackStreams;
   store!: StoreRecords;
+  standby!: StandbySync;
 
   readonly egresses = new Map<string, ResolvedEgress>();
 

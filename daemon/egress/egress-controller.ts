@@ -30,6 +30,7 @@ import { PodRoles } from './pod-roles';
 import { Election } from './election';
 import { ConntrackStreams } from './conntrack-streams';
 import { StoreRecords } from './store-records';
+import { StandbySync } from './standby-sync';
 import { ReconcileLoop } from '../util/reconcile-loop';
 
 export type { EgressControllerOptions } from './egress-context';
@@ -48,6 +49,7 @@ export function egressContext(o: EgressControllerOptions): EgressContext {
   s.election = new Election(s);
   s.streams = new ConntrackStreams(s);
   s.store = new StoreRecords(s);
+  s.standby = new StandbySync(s);
   o.egresses.forEach((e, i) => {
     s.egresses.set(e.key, e);
     s.egressIds.set(e.key, i + 1);
@@ -78,6 +80,7 @@ export class EgressController {
       this.storeLoop,
       every(STORE_EVERY_MS, () => this.s.roles.retryFailedRoles()),
       every(HEARTBEAT_MS, () => this.s.election.heartbeat()),
+      every(HEARTBEAT_MS, () => this.s.standby.update()),
       every(CONSISTENCY_EVERY_MS, () => this.s.streams.checkConsistency()),
     ];
   }
@@ -338,6 +341,11 @@ export class EgressController {
     return st && { threadLagMaxMs: st.loopLagMaxMs, threadLagMaxPerSecondMs: st.loopLagPerSecondMs, sessions: st.sessions.map((x) => ({ peer: x.peer, state: x.state, ups: x.ups, downs: x.downs, rx: x.rx, tx: x.tx })) };
   }
 
+  /** Standby sync problems reported (see StandbySync), one line each: /readyz is not ready while there are any. */
+  standbyProblems(): string[] {
+    return this.s.stopped ? [] : this.s.standby.readinessProblems();
+  }
+
   /** Whether the cluster store answered this controller's last calls (a failed call marks it down until a store pass succeeds). */
   storeReachable(): boolean {
     return !this.s.storeDown;
@@ -355,6 +363,7 @@ export class EgressController {
    */
   status(o: { observe?: boolean } = {}): Array<Record<string, unknown>> {
     if (o.observe !== false) this.s.observedUntil = Date.now() + OBSERVED_MS;
+    if (!this.s.stopped) this.s.standby.update();
     let counters = new Map<string, { flows: bigint; packets: bigint; bytes: bigint }>();
     try {
       counters = this.s.maps?.addressStats() ?? counters;
@@ -384,9 +393,14 @@ export class EgressController {
       sync: st.holder
         ? [...st.senders.entries()].map(([peer, s]) => {
             const x = s.stats();
-            return { peer, state: x.state, entriesSent: x.entriesSent, lagEntries: x.lagEntries, lagMs: x.lagMs, resyncs: x.resyncs };
+            return {
+              peer, state: x.state, entriesSent: x.entriesSent, lagEntries: x.lagEntries, lagMs: x.lagMs, resyncs: x.resyncs, version: x.version,
+              ...(x.lastRejected && x.state !== 'streaming' ? { rejected: x.lastRejected.reason, rejectedWhy: x.lastRejected.message } : {}),
+            };
           })
-        : this.s.receiver?.stats().peers.filter((p) => p.stream === streamOf(st)).map((p) => ({ from: p.id, entriesApplied: p.entriesApplied, resyncs: p.resyncs })),
+        : this.s.receiver?.stats().peers.filter((p) => p.stream === streamOf(st)).map((p) => ({ from: p.id, entriesApplied: p.entriesApplied, resyncs: p.resyncs, version: p.version })),
+      // This node as a standby of the address: in sync with its owner, or why not.
+      standbySync: this.s.standby.statusOf(st),
       lastTakeover: st.lastTakeover,
       takeovers: { ...st.takeovers },
     }));
