@@ -2,7 +2,7 @@
 // sync stream arrives and its first transfer is applied), and if not, why: for the address's status, a
 // metric, /readyz and a Kubernetes Event, so a standby that cannot sync says so before a handover to it
 // would break connections (issue 29: a rolling upgrade whose sync versions differed said nothing).
-import type { RejectReason } from '../conntrack-sync';
+import type { RejectReason, SyncPeerStats } from '../conntrack-sync';
 import { EgressContext, streamOf, type AddressState } from './egress-context';
 
 /**
@@ -79,10 +79,17 @@ export class StandbySync {
     return [...this.s.gateways.values()].filter((g) => g.egresses.has(st.egress.key) && g.info.pod !== o.owner).map((g) => g.info.pod);
   }
 
+  /** The receiver's connections by stream, read once per pass (not once per address). */
+  private connections(): Map<string, SyncPeerStats[]> {
+    const out = new Map<string, SyncPeerStats[]>();
+    for (const p of this.s.receiver?.stats().peers ?? []) out.set(p.stream, [...(out.get(p.stream) ?? []), p]);
+    return out;
+  }
+
   /** Whether the owner's stream for `st` arrives and its first transfer is applied; if not, why. */
-  private check(st: AddressState, now: number): { reason: StandbySyncReason; message: string } | undefined {
+  private check(st: AddressState, now: number, conns = this.connections()): { reason: StandbySyncReason; message: string } | undefined {
     const owner = st.own.ownerNode!;
-    const peers = this.s.receiver?.stats().peers.filter((p) => p.stream === streamOf(st) && p.id === owner) ?? [];
+    const peers = (conns.get(streamOf(st)) ?? []).filter((p) => p.id === owner);
     if (peers.some((p) => p.resyncs > 0)) return undefined;
     if (peers.length) return { reason: 'resyncing', message: `the first transfer from ${owner} is under way` };
     const r = this.s.receiver?.refusalFrom(owner, st.own.ownerNodeAddress, now - REFUSAL_WINDOW_MS);
@@ -97,11 +104,12 @@ export class StandbySync {
    */
   update(now = Date.now()): void {
     const seen = new Set<string>();
+    const conns = this.connections();
     for (const st of this.s.addresses.values()) {
       const pods = this.standbyPods(st);
       if (!pods.length) continue;
       const key = streamOf(st);
-      const problem = this.check(st, now);
+      const problem = this.check(st, now, conns);
       const t = this.tracks.get(key);
       if (!problem) continue;
       seen.add(key);
@@ -151,12 +159,12 @@ export class StandbySync {
     }
   }
 
-  /** The standby's side of `st` for its status; undefined when this node is no standby of it. */
+  /** The standby's side of `st` for its status, as of the last update(); undefined when this node is no standby of it. */
   statusOf(st: AddressState): StandbySyncStatus | undefined {
     if (!this.standbyPods(st).length) return undefined;
     const t = this.tracks.get(streamOf(st));
     const ownerNode = st.own.ownerNode!;
-    if (!t || t.ownerNode !== ownerNode) return { inSync: !this.check(st, Date.now()), ownerNode };
+    if (!t || t.ownerNode !== ownerNode) return { inSync: true, ownerNode };
     return { inSync: false, ownerNode, reason: t.reason, message: t.message, since: new Date(t.since).toISOString(), reported: t.reported };
   }
 
