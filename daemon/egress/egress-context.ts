@@ -165,7 +165,10 @@ export function countTakeover(st: AddressState, kind: TakeoverCause): void {
   const t = (st.takeovers ??= {});
   t[kind] = (t[kind] ?? 0) + 1;
 }
-export const isDraining = (cause: string | undefined) => !!cause?.endsWith(' (old gateway draining)');
+export const isDraining = (cause: string | undefined) => !!cause?.endsWith(DRAINING);
+const DRAINING = ' (old gateway draining)';
+/** `cause` with a note added, before the draining mark that nodes of every release look for at its end. */
+export const causeWithNote = (cause: string, note: string) => (isDraining(cause) ? `${cause.slice(0, -DRAINING.length)}; ${note}${DRAINING}` : `${cause}; ${note}`);
 export const TICK_MS = 250;
 /** The candidate set of an Egress must be unchanged this long before its addresses are first placed. */
 export const INITIAL_SETTLE_MS = 2000;

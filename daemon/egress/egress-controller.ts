@@ -306,7 +306,7 @@ export class EgressController {
       const gw = st.holder!;
       const next = await this.s.election.handOverWhenInSync(st, gw.info.pod, draining('tetherd stopping'), { until, elsewhere: true, tick });
       if (!next) {
-        if (!st.holder || st.holder === gw) this.s.o.logger.info('egress: stopping; the address stays on its gateway (no other live candidate)', { egress: st.egress.key, address: st.address, pod: gw.info.pod, epoch: st.own.epoch });
+        if (st.own.owner === gw.info.pod) this.s.o.logger.info('egress: stopping; the address stays on its gateway (no other live candidate)', { egress: st.egress.key, address: st.address, pod: gw.info.pod, epoch: st.own.epoch });
         return;
       }
       gw.datapath.withdrawAnnouncement(st.address);

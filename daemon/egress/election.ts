@@ -5,7 +5,7 @@ import { type ResolvedEgress } from './egress-spec';
 import { type OwnershipNotice } from './ownership-notice';
 import { UnreadableRecordError, type GatewayInfo, type Ownership } from './ownership-store';
 import {
-  EgressContext, streamOf, isDraining, countTakeover, takeoverCause, type AddressState, type LocalGateway, CONFIRM_WAIT_MS, HANDOVER_POLL_MS, INITIAL_SETTLE_MS, NOTICE_REPEAT_MS, TICK_MS,
+  EgressContext, streamOf, isDraining, causeWithNote, countTakeover, takeoverCause, type AddressState, type LocalGateway, CONFIRM_WAIT_MS, HANDOVER_POLL_MS, INITIAL_SETTLE_MS, NOTICE_REPEAT_MS, TICK_MS,
 } from './egress-context';
 import { ReconcileLoop } from '../util/reconcile-loop';
 
@@ -269,7 +269,7 @@ export class Election {
           const fields = { egress: st.egress.key, address: st.address, pod: fromPod, waitedMs: now - since };
           if (!next && last && anyLive && st.holder === gw) {
             const standbys = this.s.streams.syncStates(st);
-            next = this.handOver(st, fromPod, waitFor ? `${cause}; no standby in sync within ${now - since} ms` : cause, o);
+            next = this.handOver(st, fromPod, waitFor ? causeWithNote(cause, `no standby in sync within ${now - since} ms`) : cause, o);
             if (next && waitFor) this.s.o.logger.warn('egress: no standby came in sync: handed over anyway; the connections it lacks break', { ...fields, to: next.pod, node: next.node, standbys });
           } else if (next && told) {
             this.s.o.logger.info('egress: a standby came in sync: handed over', { ...fields, to: next.pod, node: next.node });

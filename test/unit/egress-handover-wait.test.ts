@@ -9,7 +9,7 @@ import * as os from 'node:os';
 import * as path from 'node:path';
 import { Writable } from 'node:stream';
 import { makeLogger } from '../../daemon/log';
-import type { AddressState, EgressContext } from '../../daemon/egress/egress-context';
+import { draining, isDraining, type AddressState, type EgressContext } from '../../daemon/egress/egress-context';
 import { egressContext } from '../../daemon/egress/egress-controller';
 import { addressSlots, type ResolvedEgress } from '../../daemon/egress/egress-spec';
 import type { GatewayInfo, OwnershipStore } from '../../daemon/egress/ownership-store';
@@ -144,10 +144,11 @@ test('the wait ends with none in sync: the best live candidate gets it anyway, t
   const n = holder();
   try {
     const t0 = Date.now();
-    const next = await n.s.election.handOverWhenInSync(n.st, gwA.pod, 'handover: tetherd stopping', { until: Date.now() + 500 });
+    const next = await n.s.election.handOverWhenInSync(n.st, gwA.pod, draining('tetherd stopping'), { until: Date.now() + 500 });
     assert.ok(Date.now() - t0 >= 490, `waited ${Date.now() - t0} ms`);
     assert.is(next?.pod, gwB.pod, 'the first live candidate');
-    assert.match(n.st.own.cause!, /^handover: tetherd stopping; no standby in sync within \d+ ms$/);
+    assert.match(n.st.own.cause!, /^tetherd stopping; no standby in sync within \d+ ms \(old gateway draining\)$/);
+    assert.ok(isDraining(n.st.own.cause), 'still a draining handover to every node (clients wait for the new owner\'s confirmation)');
     assert.ok(lines.some((l) => l.message === 'egress: no standby came in sync: handed over anyway; the connections it lacks break' && l.to === gwB.pod));
   } finally {
     done(n);
