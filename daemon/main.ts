@@ -100,12 +100,14 @@ async function start(opts: Options, nodeName: string, logger: Logger, life: Life
   await startDeleteQueue({ stateDir, attach, ipam: ipam.service, logger }, life);
   const egress = new Egress(
     egressPlan
-      ? await createEgress(opts, egressPlan, { nodeName, config, fouPort, syncPort, maxFlows, addresses: ipam.addresses, attach, logger, onOwnershipChanged: reporting?.onOwnershipChanged }, (close) => life.started('ownership store', close))
+      ? await createEgress(opts, egressPlan, { nodeName, config, fouPort, syncPort, maxFlows, addresses: ipam.addresses, attach, logger, onOwnershipChanged: reporting?.onOwnershipChanged, onStandbySyncChanged: reporting?.onStandbySyncChanged }, (close) => life.started('ownership store', close))
       : undefined,
     logger,
   );
   const lb = new LoadBalancer(await createLb(opts, { config, fouPort, addresses: ipam.addresses, attach, nodeName, logger }, (close) => life.started('lb mapping store', close)), logger);
   if (reporting) observeSubsystems(reporting, { egress: egress.controller, lb: lb.controller });
+  const egressController = egress.controller;
+  if (egressController) probes.egressSync(() => egressController.standbyProblems());
   // The main event loop's worst delay since start (status): what a busy tetherd does to its timers.
   const loopLag = new LoopLag();
   life.started('event loop monitor', () => loopLag.stop());
@@ -127,7 +129,8 @@ async function start(opts: Options, nodeName: string, logger: Logger, life: Life
   });
   // Egress stops after the socket (a CNI ADD under way still finds its roles), and also when its own start
   // fails half-way, so whatever it set up is undone.
-  if (egress.controller) life.started('egress', () => egress.stop(), 15_000);
+  // Its stop may keep an address while no standby is in sync (HANDOVER_WAIT_MS): bounded by its own budget.
+  if (egress.controller) life.started('egress', () => egress.stop(), egress.controller.stopBudgetMs);
   if (lb.controller) life.started('load balancer', () => lb.stop(), 15_000);
   try {
     await server.listen();

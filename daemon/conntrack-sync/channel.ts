@@ -2,7 +2,7 @@
 // checked before anything else sees them), frames out, heartbeats and the dead-peer / handshake timers.
 import type * as net from 'node:net';
 import { CodecError } from './entry-codec';
-import { FrameReader, FrameRejected, FrameType, FrameWriter, openFrame, type Frame, type RejectReason } from './frame';
+import { FrameReader, FrameRejected, FrameType, FrameWriter, HELLO_VERSION, claimedSender, openFrame, type Frame, type RejectReason } from './frame';
 
 export interface ChannelTiming {
   /** Send a HEARTBEAT when nothing else went out for this long. */
@@ -16,7 +16,8 @@ export interface ChannelTiming {
 export interface ChannelHandlers {
   /** An authentic, in-sequence frame. Throwing FrameRejected or CodecError drops the connection as rejected. */
   frame(f: Frame): void;
-  rejected(reason: RejectReason, message: string): void;
+  /** `claimed`: the sender id the refused frame names, unauthenticated (undefined when unreadable). */
+  rejected(reason: RejectReason, message: string, claimed: string | undefined): void;
   /** Called once, whatever ended the connection. */
   closed(reason: string): void;
 }
@@ -32,6 +33,8 @@ export class SyncChannel {
   bytesOut = 0;
   private readonly reader: FrameReader;
   private recvKey: Buffer;
+  /** The version the peer's frames must carry: HELLO_VERSION, then the negotiated one. */
+  private recvVersion = HELLO_VERSION;
   private session: Buffer | undefined;
   private peer: Buffer | undefined;
   private expectSeq = 0;
@@ -67,9 +70,14 @@ export class SyncChannel {
     this.timer = setInterval(() => this.tick(), this.tickMs);
   }
 
-  /** Switches to the session keys once both proofs checked out; from now on frames must name `peer`. */
-  establish(sendKey: Buffer, recvKey: Buffer, session: Buffer, peer: Buffer): void {
+  /**
+   * Switches to the session keys and the negotiated protocol `version` once both proofs checked out; from
+   * now on frames must name `peer` and carry `version`.
+   */
+  establish(sendKey: Buffer, recvKey: Buffer, session: Buffer, peer: Buffer, version: number): void {
     this.writer.key = sendKey;
+    this.writer.version = version;
+    this.recvVersion = version;
     this.writer.session = Buffer.from(session);
     this.recvKey = recvKey;
     this.session = Buffer.from(session);
@@ -127,10 +135,17 @@ export class SyncChannel {
     this.handlers.closed(reason);
   }
 
+  /** Refuses the peer for `e`, letting what was already written (a last HELLO) go out first. */
+  refuse(e: FrameRejected, claimed?: string): void {
+    if (this.closed) return;
+    this.handlers.rejected(e.reason, e.message, claimed);
+    this.close(`rejected (${e.reason}): ${e.message}`, true);
+  }
+
   private onRaw(buf: Buffer): void {
     if (this.closed) return;
     try {
-      const f = openFrame(buf, this.recvKey);
+      const f = openFrame(buf, this.recvKey, this.recvVersion);
       if (this.session && !f.session.equals(this.session)) throw new FrameRejected('replay', 'frame from another session');
       if (f.seq !== this.expectSeq) throw new FrameRejected('replay', `sequence ${f.seq}, expected ${this.expectSeq}`);
       if (this.peer && !f.sender.equals(this.peer)) throw new FrameRejected('auth', `sender id '${f.sender.toString()}' is not the authenticated peer`);
@@ -138,15 +153,15 @@ export class SyncChannel {
       this.lastRx = Date.now();
       this.handlers.frame(f);
     } catch (e) {
-      this.reject(e);
+      this.reject(e, this.peer?.toString('utf8') ?? claimedSender(buf));
     }
   }
 
-  private reject(e: unknown): void {
+  private reject(e: unknown, claimed?: string): void {
     if (this.closed) return;
     if (e instanceof FrameRejected || e instanceof CodecError) {
       const reason = e instanceof FrameRejected ? e.reason : 'malformed';
-      this.handlers.rejected(reason, e.message);
+      this.handlers.rejected(reason, e.message, claimed ?? this.peer?.toString('utf8'));
       this.close(`rejected (${reason}): ${e.message}`);
     } else {
       this.close(`error: ${(e as Error).message ?? String(e)}`);

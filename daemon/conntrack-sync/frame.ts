@@ -5,7 +5,9 @@ import { createHmac, timingSafeEqual } from 'node:crypto';
 /**
  * Frame layout, big-endian:
  *   0  u32  length of what follows (rest of header + payload + MAC)
- *   4  u8   protocol version (2: RESYNC_BEGIN names its buckets, DIGEST and BUCKET_REQUEST exist)
+ *   4  u8   protocol version (2: RESYNC_BEGIN names its buckets, DIGEST and BUCKET_REQUEST exist).
+ *           HELLO frames are always HELLO_VERSION; the frames after them carry the version the two sides
+ *           negotiated in the HELLO exchange (handshake.ts), the highest both speak.
  *   5  u8   frame type (FrameType)
  *   6  u8   flags (0; reserved)
  *   7  u8   sender id length n (1..64)
@@ -16,6 +18,22 @@ import { createHmac, timingSafeEqual } from 'node:crypto';
  *  end-16   MAC: HMAC-SHA256(key, bytes 0 .. end-16) truncated to 128 bits
  */
 export const PROTOCOL_VERSION = 2;
+/**
+ * The versions this release speaks, lowest and highest. The previous release (ccd851b) speaks exactly 2
+ * and advertises nothing; a peer that advertises nothing is taken to speak exactly 2.
+ */
+export const MIN_PROTOCOL_VERSION = 2;
+export const MAX_PROTOCOL_VERSION = 2;
+/**
+ * The version of every HELLO frame, whatever the two sides speak afterwards: ccd851b reads only version 2,
+ * and the HELLO exchange is where two releases learn each other's range, so it must stay readable by both.
+ */
+export const HELLO_VERSION = PROTOCOL_VERSION;
+export interface VersionRange {
+  min: number;
+  max: number;
+}
+export const SUPPORTED_VERSIONS: VersionRange = { min: MIN_PROTOCOL_VERSION, max: MAX_PROTOCOL_VERSION };
 export const FrameType = {
   HELLO: 1,
   EVENTS: 2,
@@ -44,9 +62,10 @@ export const MAX_SENDER_ID = 64;
 export const MIN_FRAME_LENGTH = FIXED_HEADER - 4 + 1 + MAC_LEN;
 export const DEFAULT_MAX_FRAME = 1 << 20;
 
-export type RejectReason = 'auth' | 'replay' | 'malformed' | 'oversize' | 'stale' | 'timeout';
+/** `version`: the peer speaks no protocol version this side speaks (a frame of another version, or no shared one). */
+export type RejectReason = 'auth' | 'replay' | 'malformed' | 'oversize' | 'stale' | 'timeout' | 'version';
 export function emptyRejects(): Record<RejectReason, number> {
-  return { auth: 0, replay: 0, malformed: 0, oversize: 0, stale: 0, timeout: 0 };
+  return { auth: 0, replay: 0, malformed: 0, oversize: 0, stale: 0, timeout: 0, version: 0 };
 }
 
 /** A problem with a received frame; the connection it came on is dropped. */
@@ -85,6 +104,8 @@ export class FrameWriter {
   seq = 0;
   key: Buffer;
   session: Buffer = Buffer.alloc(SESSION_LEN);
+  /** Written in every frame: HELLO_VERSION until the HELLO exchange settles on one. */
+  version = HELLO_VERSION;
 
   constructor(readonly sender: Buffer, key: Buffer) {
     this.key = key;
@@ -103,7 +124,7 @@ export class FrameWriter {
     if (end > start + maxPayload) throw new RangeError(`payload overran its ${maxPayload} bytes`);
     const total = end + MAC_LEN;
     buf.writeUInt32BE(total - 4, 0);
-    buf[4] = PROTOCOL_VERSION;
+    buf[4] = this.version;
     buf[5] = type;
     buf[6] = 0;
     buf[7] = this.sender.length;
@@ -127,9 +148,15 @@ export interface Frame {
   payload: Buffer;
 }
 
-/** Parses a whole frame (length prefix included) and checks its MAC with `key`. */
-export function openFrame(buf: Buffer, key: Buffer): Frame {
-  if (buf[4] !== PROTOCOL_VERSION) throw new FrameRejected('malformed', `protocol version ${buf[4]}`);
+/**
+ * Parses a whole frame (length prefix included) of protocol `version` and checks its MAC with `key`. The
+ * version is checked first: another version's layout after it is not known, so nothing else can be.
+ */
+export function openFrame(buf: Buffer, key: Buffer, version = HELLO_VERSION): Frame {
+  if (buf[4] !== version) {
+    const speaks = MIN_PROTOCOL_VERSION === MAX_PROTOCOL_VERSION ? `${MIN_PROTOCOL_VERSION}` : `${MIN_PROTOCOL_VERSION}..${MAX_PROTOCOL_VERSION}`;
+    throw new FrameRejected('version', `frame of protocol version ${buf[4]}, ${version} expected (this node speaks ${speaks})`);
+  }
   const n = buf[7];
   if (n < 1 || n > MAX_SENDER_ID || FIXED_HEADER + n + MAC_LEN > buf.length) throw new FrameRejected('malformed', `sender id length ${n}`);
   const end = buf.length - MAC_LEN;
@@ -144,6 +171,16 @@ export function openFrame(buf: Buffer, key: Buffer): Frame {
     sender: buf.subarray(FIXED_HEADER, FIXED_HEADER + n),
     payload: buf.subarray(FIXED_HEADER + n, end),
   };
+}
+
+/**
+ * The sender id a frame claims, unauthenticated (undefined when its header cannot be read): for saying which
+ * peer a refused frame came from, never for deciding anything.
+ */
+export function claimedSender(buf: Buffer): string | undefined {
+  const n = buf.length > 7 ? buf[7] : 0;
+  if (n < 1 || n > MAX_SENDER_ID || FIXED_HEADER + n > buf.length) return undefined;
+  return buf.toString('utf8', FIXED_HEADER, FIXED_HEADER + n);
 }
 
 /**

@@ -3,7 +3,7 @@
 import { createHmac, randomBytes, timingSafeEqual } from 'node:crypto';
 import { ErrorCode, TetherError } from '../errors';
 import { Cursor, CodecError } from './entry-codec';
-import { readU64, writeU64 } from './frame';
+import { readU64, writeU64, SUPPORTED_VERSIONS, type VersionRange } from './frame';
 
 /**
  * Four HELLO frames, each opening with its step number:
@@ -18,6 +18,16 @@ import { readU64, writeU64 } from './frame';
  * HELLO frames are sealed with HMAC(K, "handshake"), so a peer with another key is refused at its
  * first frame, by whichever side receives it: a wrong-key sender by the receiver, and vice versa.
  * From step 4 on each direction has its own session key.
+ *
+ * Version negotiation. ccd851b's HELLO reader refuses trailing bytes, flags and any frame version but 2,
+ * so nothing can be added to the HELLO it reads; what each side may choose freely is its nonce. A side
+ * advertises the protocol versions it speaks in the last 8 bytes of its nonce (nonceS in step 1, nonceR
+ * in step 2): the marker "tether", then u8 min, u8 max; the first 24 bytes stay random. A nonce without
+ * the marker (ccd851b's: 32 random bytes; the marker appears there by chance once in 2^48) advertises
+ * nothing, and its side speaks exactly version 2. Both sides then speak negotiate()'s answer, the highest
+ * version both speak, from step 4 on; with none, each side refuses the other (reason `version`) once the
+ * proofs have checked out. The nonces are in the transcript both proofs cover, so a changed advertisement
+ * fails the handshake.
  */
 export const NONCE_LEN = 32;
 const PROOF_LEN = 32;
@@ -82,7 +92,37 @@ export function proofsEqual(a: Buffer, b: Buffer): boolean {
   return a.length === b.length && timingSafeEqual(a, b);
 }
 
-export const newNonce = (): Buffer => randomBytes(NONCE_LEN);
+const ADVERT_MARKER = Buffer.from('tether', 'ascii');
+const ADVERT_AT = NONCE_LEN - ADVERT_MARKER.length - 2;
+/** What a peer that advertises nothing (ccd851b) speaks. */
+export const LEGACY_VERSIONS: VersionRange = { min: 2, max: 2 };
+
+/** A fresh nonce advertising `versions` (undefined: a plain random nonce, as ccd851b sends). */
+export function newNonce(versions: VersionRange | undefined = SUPPORTED_VERSIONS): Buffer {
+  const n = randomBytes(NONCE_LEN);
+  if (versions) {
+    ADVERT_MARKER.copy(n, ADVERT_AT);
+    n[NONCE_LEN - 2] = versions.min;
+    n[NONCE_LEN - 1] = versions.max;
+  }
+  return n;
+}
+
+/** The versions a peer's nonce advertises; LEGACY_VERSIONS when it advertises none. */
+export function advertisedVersions(nonce: Buffer): VersionRange {
+  if (nonce.length !== NONCE_LEN || !nonce.subarray(ADVERT_AT, ADVERT_AT + ADVERT_MARKER.length).equals(ADVERT_MARKER)) return LEGACY_VERSIONS;
+  const min = nonce[NONCE_LEN - 2], max = nonce[NONCE_LEN - 1];
+  // An impossible range is a nonce that only looks like an advertisement.
+  return min >= 1 && min <= max ? { min, max } : LEGACY_VERSIONS;
+}
+
+/** The highest version both ranges hold, or undefined when they share none. */
+export function negotiate(mine: VersionRange, theirs: VersionRange): number | undefined {
+  const v = Math.min(mine.max, theirs.max);
+  return v >= mine.min && v >= theirs.min ? v : undefined;
+}
+
+export const rangeText = (r: VersionRange): string => (r.min === r.max ? `${r.min}` : `${r.min}..${r.max}`);
 
 export function writeHello(buf: Buffer, o: number, nonceS: Buffer, stream: string, epoch: number): number {
   buf[o++] = 1;

@@ -16,8 +16,8 @@
 // Every transfer is applied while it streams and swept (what its buckets hold and it did not carry is
 // deleted) only at its end, so a transfer cut off halfway deletes nothing (receiver.ts).
 export { SyncSender, type Snapshot, type SyncSenderOptions, type SyncSenderStats, type SyncSenderState } from './sender';
-export { SyncReceiver, type SyncReceiverOptions, type SyncReceiverStats, type SyncPeerInfo, type SyncPeerStats } from './receiver';
-export { FrameType, PROTOCOL_VERSION, DEFAULT_MAX_FRAME, type RejectReason } from './frame';
+export { SyncReceiver, type SyncReceiverOptions, type SyncReceiverStats, type SyncPeerInfo, type SyncPeerStats, type SyncRefusal } from './receiver';
+export { FrameType, PROTOCOL_VERSION, MIN_PROTOCOL_VERSION, MAX_PROTOCOL_VERSION, SUPPORTED_VERSIONS, DEFAULT_MAX_FRAME, type RejectReason, type VersionRange } from './frame';
 export { MIN_KEY_LEN } from './handshake';
 export { applySyncedEvents, applyWireList, replaceSyncedEntries, applyInSlices, upsertSyncedEntries, sweepSyncedEntries, syncedDigests, STANDBY_MIN_TIMEOUT, STANDBY_REDIGEST_MS, StandbyDigests, DigestCache, dumpScope, dumpScopeEncoded, scopeDigests } from './table-apply';
 export { Digests, KeySet, keyHash, keyHashAt, bucketOf, entryHash, inBuckets, DEFAULT_BUCKETS, MAX_BUCKETS, type BucketSet } from './digest';

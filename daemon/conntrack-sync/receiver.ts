@@ -13,8 +13,10 @@ import { log } from '../log';
 import { SyncChannel, type ChannelTiming } from './channel';
 import { Digests, KeySet, bucketSetBytes, keyHashInto, lastKeyLo, readBucketSet, writeBucketSet, type BucketSet } from './digest';
 import { Cursor, WireList } from './entry-codec';
-import { DEFAULT_MAX_FRAME, FrameRejected, FrameType, emptyRejects, senderBytes, writeU64, type Frame, type RejectReason } from './frame';
-import { checkClusterKey, deriveSession, handshakeKey, newNonce, proofsEqual, readHello, readProof, writeAccept, writeChallenge, type SessionKeys } from './handshake';
+import { DEFAULT_MAX_FRAME, FrameRejected, FrameType, SUPPORTED_VERSIONS, emptyRejects, senderBytes, writeU64, type Frame, type RejectReason, type VersionRange } from './frame';
+import {
+  advertisedVersions, checkClusterKey, deriveSession, handshakeKey, negotiate, newNonce, proofsEqual, rangeText, readHello, readProof, writeAccept, writeChallenge, type SessionKeys,
+} from './handshake';
 
 /** Who a batch came from. A sweep deletes entries of this (id, stream) only. */
 export interface SyncPeerInfo {
@@ -64,7 +66,23 @@ export interface SyncReceiverOptions {
   maxConnections?: number;
   /** Decoded frames waiting for apply before the socket is paused (TCP then slows the sender). */
   maxPendingFrames?: number;
+  /** The protocol versions accepted (SUPPORTED_VERSIONS); other ranges only stand in for other releases in tests. */
+  versions?: VersionRange;
 }
+
+/** A connection this receiver refused: from whom (as far as it can tell) and why. */
+export interface SyncRefusal {
+  reason: RejectReason;
+  message: string;
+  /** The sender id the refused frames named (authenticated or not), when readable. */
+  claimedId: string | undefined;
+  /** The remote address (no port). */
+  address: string;
+  at: number;
+}
+
+/** Refusals remembered, the most recent kept: enough for every peer of a node, bounded against strangers. */
+const MAX_REFUSALS = 64;
 
 export interface SyncPeerStats extends SyncPeerInfo {
   connectedAt: number;
@@ -76,6 +94,8 @@ export interface SyncPeerStats extends SyncPeerInfo {
   bucketResyncs: number;
   /** Frames received but not yet applied. */
   pendingFrames: number;
+  /** The protocol version the connection speaks. */
+  version: number;
 }
 
 export interface SyncReceiverStats {
@@ -125,7 +145,7 @@ interface Conn {
   remote: string;
   nonceR: Buffer;
   /** Between the sender's HELLO and its proof. */
-  pending: { keys: SessionKeys; id: string; stream: string; epoch: number } | undefined;
+  pending: { keys: SessionKeys; id: string; stream: string; epoch: number; version: number | undefined; theirs: VersionRange } | undefined;
   info: SyncPeerInfo | undefined;
   stats: SyncPeerStats | undefined;
   resync: Transfer | undefined;
@@ -138,6 +158,8 @@ interface Conn {
 
 export class SyncReceiver {
   private readonly o: Required<Omit<SyncReceiverOptions, 'apply' | 'upsert' | 'sweep' | 'digests' | 'applyWire' | 'upsertWire'>>;
+  /** Recent refusals by (claimed id, address), oldest first. */
+  private readonly refusals = new Map<string, SyncRefusal>();
   private readonly hsKey: Buffer;
   private readonly idBytes: Buffer;
   private readonly timing: ChannelTiming;
@@ -161,7 +183,7 @@ export class SyncReceiver {
       maxFrameBytes: opts.maxFrameBytes ?? DEFAULT_MAX_FRAME, ackEvery: opts.ackEvery ?? 16, ackDelayMs: opts.ackDelayMs ?? 20,
       heartbeatMs: opts.heartbeatMs ?? 250, deadAfterMs: opts.deadAfterMs ?? 1000, handshakeTimeoutMs: opts.handshakeTimeoutMs ?? 2000,
       maxResyncEntries: opts.maxResyncEntries ?? 4_000_000, maxConnections: opts.maxConnections ?? 256,
-      maxPendingFrames: opts.maxPendingFrames ?? 64,
+      maxPendingFrames: opts.maxPendingFrames ?? 64, versions: opts.versions ?? SUPPORTED_VERSIONS,
     };
     this.timing = { heartbeatMs: this.o.heartbeatMs, deadAfterMs: this.o.deadAfterMs, handshakeTimeoutMs: this.o.handshakeTimeoutMs };
     this.server = net.createServer((s) => this.accept(s));
@@ -202,6 +224,31 @@ export class SyncReceiver {
     return n;
   }
 
+  /**
+   * The latest refusal of a connection claiming to come from node `id` or from `address`, if any since
+   * `since` and none of its connections was accepted after it: why that node's stream does not arrive.
+   */
+  refusalFrom(id: string, address: string | undefined, since = 0): SyncRefusal | undefined {
+    let out: SyncRefusal | undefined;
+    for (const r of this.refusals.values()) {
+      if (r.at < since || (r.claimedId !== id && (!address || r.address !== address))) continue;
+      if (!out || r.at >= out.at) out = r;
+    }
+    return out && { ...out };
+  }
+
+  private remember(reason: RejectReason, message: string, claimedId: string | undefined, address: string): void {
+    const key = `${claimedId ?? ''}|${address}`;
+    this.refusals.delete(key);
+    this.refusals.set(key, { reason, message, claimedId, address, at: Date.now() });
+    if (this.refusals.size > MAX_REFUSALS) this.refusals.delete(this.refusals.keys().next().value!);
+  }
+
+  /** A connection from `id` at `address` was accepted: what was refused from it before is over. */
+  private forgive(id: string, address: string): void {
+    for (const [k, r] of this.refusals) if (r.claimedId === id || r.address === address) this.refusals.delete(k);
+  }
+
   /** Stops listening and drops every connection. A half-received transfer is not swept. */
   async close(): Promise<void> {
     const closed = new Promise<void>((resolve) => this.server.close(() => resolve()));
@@ -220,15 +267,17 @@ export class SyncReceiver {
       return;
     }
     this.s.connectionsAccepted++;
+    const address = socket.remoteAddress ?? '';
     const c: Conn = {
-      ch: undefined as unknown as SyncChannel, remote, nonceR: newNonce(), pending: undefined, info: undefined, stats: undefined, resync: undefined,
+      ch: undefined as unknown as SyncChannel, remote, nonceR: newNonce(this.o.versions), pending: undefined, info: undefined, stats: undefined, resync: undefined,
       work: [], running: false, sinceAck: 0, oldestUnacked: 0, ackTimer: undefined,
     };
     c.ch = new SyncChannel(socket, this.idBytes, this.hsKey, this.o.maxFrameBytes, this.timing, {
       frame: (f) => this.onFrame(c, f),
-      rejected: (reason, message) => {
+      rejected: (reason, message, claimed) => {
         this.s.rejected[reason]++;
-        log().warn('conntrack sync: frame rejected', { role: 'receiver', remote, peerId: c.info?.id, reason, message });
+        this.remember(reason, message, c.info?.id ?? c.pending?.id ?? claimed, address);
+        log().warn('conntrack sync: frame rejected', { role: 'receiver', remote, peerId: c.info?.id ?? c.pending?.id, claimedId: claimed, stream: c.info?.stream ?? c.pending?.stream, reason, message });
       },
       closed: (reason) => this.onClosed(c, reason),
     });
@@ -288,13 +337,18 @@ export class SyncReceiver {
       const h = readHello(f.payload);
       const id = f.sender.toString('utf8');
       const keys = deriveSession(this.o.key, { nonceR: c.nonceR, nonceS: h.nonceS, senderId: id, receiverId: this.o.id, stream: h.stream, epoch: h.epoch });
-      c.pending = { keys, id, stream: h.stream, epoch: h.epoch };
+      const theirs = advertisedVersions(h.nonceS);
+      // Without a shared version the challenge still goes out: the sender learns this side's range from it.
+      c.pending = { keys, id, stream: h.stream, epoch: h.epoch, version: negotiate(this.o.versions, theirs), theirs };
       c.ch.expectPeer(f.sender);
       c.ch.send(FrameType.HELLO, 512, (b, o) => writeChallenge(b, o, c.nonceR, this.o.id, keys.proofR));
       return;
     }
-    const { keys, id, stream, epoch } = c.pending;
+    const { keys, id, stream, epoch, version, theirs } = c.pending;
     if (!proofsEqual(readProof(f.payload), keys.proofS)) throw new FrameRejected('auth', `sender '${id}' failed to prove the cluster key`);
+    if (version === undefined) {
+      throw new FrameRejected('version', `sender '${id}' speaks sync protocol versions ${rangeText(theirs)}, this node ${rangeText(this.o.versions)}: none in common`);
+    }
     const highest = this.epochs.get(stream) ?? -1;
     if (epoch < highest) throw new FrameRejected('stale', `sender '${id}' has epoch ${epoch} of stream '${stream}', ${highest} was seen`);
     this.epochs.set(stream, epoch);
@@ -303,11 +357,12 @@ export class SyncReceiver {
       if (o !== c && o.info && o.info.stream === stream && (o.info.id === id || o.info.epoch < epoch)) o.ch.close(`superseded by a connection from '${id}' (epoch ${epoch})`);
     }
     c.ch.send(FrameType.HELLO, 8, (b, o) => writeAccept(b, o));
-    c.ch.establish(keys.toSender, keys.toReceiver, keys.session, f.sender);
+    c.ch.establish(keys.toSender, keys.toReceiver, keys.session, f.sender, version);
     c.pending = undefined;
     c.info = { id, stream, epoch, remote: c.remote };
-    c.stats = { ...c.info, connectedAt: Date.now(), appliedSeq: f.seq, ackedSeq: -1, framesApplied: 0, entriesApplied: 0, resyncs: 0, bucketResyncs: 0, pendingFrames: 0 };
-    log().info('conntrack sync connected', { role: 'receiver', peerId: id, remote: c.remote, stream, epoch, peers: this.stats().connectedPeers });
+    c.stats = { ...c.info, connectedAt: Date.now(), appliedSeq: f.seq, ackedSeq: -1, framesApplied: 0, entriesApplied: 0, resyncs: 0, bucketResyncs: 0, pendingFrames: 0, version };
+    this.forgive(id, c.ch.socket.remoteAddress ?? '');
+    log().info('conntrack sync connected', { role: 'receiver', peerId: id, remote: c.remote, stream, epoch, version, peers: this.stats().connectedPeers });
   }
 
   private enqueue(c: Conn, w: Work): void {

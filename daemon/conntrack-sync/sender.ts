@@ -10,8 +10,10 @@ import { CoalescingQueue } from './coalescing-queue';
 import { CodecError, EncodedEntries, MAX_EVENT_BYTES, writeEntry, writeList, type SyncEvent } from './entry-codec';
 import { DEFAULT_BUCKETS, Digests, bucketSetBytes, checkBuckets, inBuckets, inBucketsByHash, keyHashInto, lastKeyLo, readBucketSet, writeBucketSet, type BucketSet } from './digest';
 import { Cursor } from './entry-codec';
-import { DEFAULT_MAX_FRAME, FrameRejected, FrameType, emptyRejects, readU64, senderBytes, type Frame, type RejectReason } from './frame';
-import { checkClusterKey, deriveSession, handshakeKey, newNonce, proofsEqual, readAccept, readChallenge, writeHello, writeProof, type SessionKeys } from './handshake';
+import { DEFAULT_MAX_FRAME, FrameRejected, FrameType, SUPPORTED_VERSIONS, emptyRejects, readU64, senderBytes, type Frame, type RejectReason, type VersionRange } from './frame';
+import {
+  advertisedVersions, checkClusterKey, deriveSession, handshakeKey, negotiate, newNonce, proofsEqual, rangeText, readAccept, readChallenge, writeHello, writeProof, type SessionKeys,
+} from './handshake';
 
 export interface SyncSenderOptions {
   /** Shared cluster key, at least 32 bytes. */
@@ -51,6 +53,8 @@ export interface SyncSenderOptions {
   handshakeTimeoutMs?: number;
   backoffMinMs?: number;
   backoffMaxMs?: number;
+  /** The protocol versions offered (SUPPORTED_VERSIONS); other ranges only stand in for other releases in tests. */
+  versions?: VersionRange;
 }
 
 export type SyncSenderState = 'idle' | 'connecting' | 'handshake' | 'resync' | 'streaming' | 'closed';
@@ -99,6 +103,10 @@ export interface SyncSenderStats {
   /** Entries the codec could not encode (skipped, logged). */
   invalidEntries: number;
   rejected: Record<RejectReason, number>;
+  /** The protocol version the current connection speaks (negotiated in its HELLO exchange). */
+  version: number | undefined;
+  /** The last refusal, by either side as far as this side can tell: why the peer is not synced. */
+  lastRejected: { reason: RejectReason; message: string; at: number } | undefined;
 }
 
 interface Inflight {
@@ -135,6 +143,9 @@ function inSet(all: Snapshot, set: BucketSet): Snapshot {
 
 export class SyncSender {
   private readonly o: Required<Omit<SyncSenderOptions, 'expectReceiverId' | 'stream' | 'epoch' | 'digests'>> & Pick<SyncSenderOptions, 'expectReceiverId' | 'digests'> & { stream: string; epoch: number };
+  private version: number | undefined;
+  private pendingVersion: number | undefined;
+  private lastRejected: SyncSenderStats['lastRejected'];
   private readonly idBytes: Buffer;
   private readonly hsKey: Buffer;
   private readonly timing: ChannelTiming;
@@ -173,7 +184,7 @@ export class SyncSender {
     this.hsKey = handshakeKey(opts.key);
     this.o = {
       maxFrameBytes: DEFAULT_MAX_FRAME, batchEntries: 1000, chunkEntries: 4000, maxInflightFrames: 128, maxInflightBytes: 8 << 20,
-      maxQueuedEntries: 200_000, buckets: DEFAULT_BUCKETS, heartbeatMs: 250, deadAfterMs: 1000, handshakeTimeoutMs: 2000, backoffMinMs: 50, backoffMaxMs: 2000,
+      maxQueuedEntries: 200_000, buckets: DEFAULT_BUCKETS, heartbeatMs: 250, deadAfterMs: 1000, handshakeTimeoutMs: 2000, backoffMinMs: 50, backoffMaxMs: 2000, versions: SUPPORTED_VERSIONS,
       ...opts,
       stream: opts.stream ?? '',
       epoch: opts.epoch ?? 0,
@@ -306,6 +317,8 @@ export class SyncSender {
       inflightBytes: this.inflightBytes,
       unsentBytes: this.ch?.unsentBytes ?? 0,
       lagEntries: this.queue.size + this.inflightEntries,
+      version: this.version,
+      lastRejected: this.lastRejected && { ...this.lastRejected },
     };
   }
 
@@ -331,7 +344,8 @@ export class SyncSender {
       frame: (f) => this.onFrame(ch, f),
       rejected: (reason, message) => {
         this.s.rejected[reason]++;
-        log().warn('conntrack sync: frame rejected', { role: 'sender', peer: this.peer, reason, message });
+        this.lastRejected = { reason, message, at: Date.now() };
+        log().warn('conntrack sync: frame rejected', { role: 'sender', peer: this.peer, receiverId: this.receiverId, stream: this.o.stream, reason, message });
       },
       closed: (reason) => this.onClosed(gen, reason),
     });
@@ -339,7 +353,7 @@ export class SyncSender {
     socket.once('connect', () => {
       if (this.ch !== ch || this.state !== 'connecting') return;
       this.state = 'handshake';
-      const nonceS = (this.nonceS = newNonce());
+      const nonceS = (this.nonceS = newNonce(this.o.versions));
       ch.send(FrameType.HELLO, 512, (b, o) => writeHello(b, o, nonceS, this.o.stream, this.o.epoch));
     });
   }
@@ -371,18 +385,26 @@ export class SyncSender {
       this.receiverId = receiverId;
       this.pendingKeys = keys;
       ch.expectPeer(Buffer.from(receiverId, 'utf8'));
+      const theirs = advertisedVersions(nonceR);
+      this.pendingVersion = negotiate(this.o.versions, theirs);
       ch.send(FrameType.HELLO, 64, (b, o) => writeProof(b, o, keys.proofS));
+      // The proof goes out even so: the receiver then knows who it refuses, and says why on its side too.
+      if (this.pendingVersion === undefined) {
+        ch.refuse(new FrameRejected('version', `receiver '${receiverId}' speaks sync protocol versions ${rangeText(theirs)}, this node ${rangeText(this.o.versions)}: none in common`), receiverId);
+      }
       return;
     }
     readAccept(f.payload);
     const keys = this.pendingKeys;
-    ch.establish(keys.toReceiver, keys.toSender, keys.session, Buffer.from(this.receiverId!, 'utf8'));
+    this.version = this.pendingVersion!;
+    ch.establish(keys.toReceiver, keys.toSender, keys.session, Buffer.from(this.receiverId!, 'utf8'), this.version);
     this.nonceS = undefined;
     this.pendingKeys = undefined;
     this.backoff = this.o.backoffMinMs;
     this.s.connects++;
     this.up = true;
-    log().info('conntrack sync connected', { role: 'sender', peer: this.peer, receiverId: this.receiverId, stream: this.o.stream, epoch: this.o.epoch, connects: this.s.connects });
+    this.lastRejected = undefined;
+    log().info('conntrack sync connected', { role: 'sender', peer: this.peer, receiverId: this.receiverId, stream: this.o.stream, epoch: this.o.epoch, version: this.version, connects: this.s.connects });
     this.startResync();
   }
 
@@ -431,6 +453,8 @@ export class SyncSender {
     this.ch = undefined;
     this.nonceS = undefined;
     this.pendingKeys = undefined;
+    this.version = undefined;
+    this.pendingVersion = undefined;
     this.queue.clear();
     this.inflight = [];
     this.inflightBytes = 0;

@@ -106,15 +106,17 @@ export function decide(i: DecisionInput): Decision {
 
 /**
  * The candidate a holder hands an address to (planned handover): among live candidates below their node's
- * cap (when `load` is given), in-sync first, then the least loaded node, then candidate order.
+ * cap (when `load` is given), in-sync first, then the least loaded node, then candidate order. With
+ * `inSyncOnly`, only an in-sync one: a candidate without the connections' state would break them, so the
+ * holder keeps the address meanwhile (Election.handOverWhenInSync).
  */
 export function handoverTarget(
   candidates: GatewayInfo[], exceptPod: string, alive: (g: GatewayInfo) => boolean, inSync: ReadonlySet<string>,
-  load?: { of: (node: string) => number; cap: (node: string) => number },
+  load?: { of: (node: string) => number; cap: (node: string) => number }, inSyncOnly = false,
 ): GatewayInfo | undefined {
   let live = candidates.filter((c) => c.pod !== exceptPod && alive(c));
   if (load) live = rank(live.filter((c) => load.of(c.node) < load.cap(c.node)), inSync, load.of);
-  return live.find((c) => inSync.has(c.node)) ?? live[0];
+  return live.find((c) => inSync.has(c.node)) ?? (inSyncOnly ? undefined : live[0]);
 }
 
 /** Stable order: in-sync nodes first, then the least loaded, then the given (rendezvous) order. */

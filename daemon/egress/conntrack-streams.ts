@@ -56,6 +56,15 @@ export class ConntrackStreams {
     return out.sort();
   }
 
+  /** The holder's view of each standby's stream (logged when a handover must wait for one). */
+  syncStates(st: AddressState): Array<Record<string, unknown>> {
+    const byAddress = new Map(st.candidates.map((c) => [c.nodeAddress, c.node]));
+    return [...st.senders].map(([peer, s]) => {
+      const x = s.stats();
+      return { node: byAddress.get(peer), peer, state: x.state, lagEntries: x.lagEntries, version: x.version, rejected: x.lastRejected?.reason, why: x.lastRejected?.message };
+    });
+  }
+
   async startStreaming(st: AddressState): Promise<void> {
     if (!st.holder || this.s.o.conntrackSync === false) return;
     const ns = this.eventsOf(st.holder.netns);

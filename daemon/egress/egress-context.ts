@@ -19,6 +19,7 @@ import type { PodRoles } from './pod-roles';
 import type { Election } from './election';
 import type { ConntrackStreams } from './conntrack-streams';
 import type { StoreRecords } from './store-records';
+import type { StandbySync, StandbySyncChange } from './standby-sync';
 
 export interface EgressControllerOptions {
   /** maxEgressAddresses: this node's cap on the addresses of one Egress (over the Egress's own). */
@@ -42,6 +43,13 @@ export interface EgressControllerOptions {
   maxFlows?: number;
   /** Told of every ownership change this node decides (Kubernetes Events); must not throw or wait. */
   onOwnershipChanged?: (c: OwnershipChange) => void;
+  /**
+   * How long a holder that must let an address go (tetherd stopping, its gateway pod deleted) keeps it
+   * while no standby is in sync, waiting for one to be (HANDOVER_WAIT_MS).
+   */
+  handoverWaitMs?: number;
+  /** Told when this node, a standby, cannot sync with an address's owner (reported) and when that is over; must not throw or wait. */
+  onStandbySyncChanged?: (c: StandbySyncChange) => void;
 }
 
 /** An ownership change this node decided: a first owner, a failover takeover or a planned handover. */
@@ -98,6 +106,11 @@ export interface AddressState {
   takeovers?: Partial<Record<TakeoverCause, number>>;
   /** Clients re-steer when the new owner confirms (or at this timer): see adopt(). */
   steerTimer?: NodeJS.Timeout;
+  /**
+   * The holder must let the address go (its pod leaving, or tetherd stopping) and keeps serving it until
+   * a standby is in sync or `until` (Election.handOverWhenInSync); the election pass leaves it alone.
+   */
+  handingOver?: { pod: string; since: number; until: number };
 }
 
 /**
@@ -126,6 +139,15 @@ export const ANNOUNCED_TTL_MS = 3000;
  * through instead of waiting for a TCP retransmission timeout.
  */
 export const DRAIN_MS = 300;
+/**
+ * A holder that must let an address go with no standby in sync keeps it this long at most, waiting for
+ * one (a standby that just restarted resyncs in well under a second per 100,000 flows). It fits in the
+ * DaemonSet's terminationGracePeriodSeconds (30) with the rest of tetherd's stop, and in a CNI DEL's
+ * 60 s answer timeout (call-core.ts).
+ */
+export const HANDOVER_WAIT_MS = 20_000;
+/** While it waits, the holder looks for an in-sync standby this often. */
+export const HANDOVER_POLL_MS = 200;
 /** Clients told of a new owner by another node re-steer on the owner's confirmation, or after this. */
 export const CONFIRM_WAIT_MS = 150;
 /**
@@ -143,7 +165,10 @@ export function countTakeover(st: AddressState, kind: TakeoverCause): void {
   const t = (st.takeovers ??= {});
   t[kind] = (t[kind] ?? 0) + 1;
 }
-export const isDraining = (cause: string | undefined) => !!cause?.endsWith(' (old gateway draining)');
+export const isDraining = (cause: string | undefined) => !!cause?.endsWith(DRAINING);
+const DRAINING = ' (old gateway draining)';
+/** `cause` with a note added, before the draining mark that nodes of every release look for at its end. */
+export const causeWithNote = (cause: string, note: string) => (isDraining(cause) ? `${cause.slice(0, -DRAINING.length)}; ${note}${DRAINING}` : `${cause}; ${note}`);
 export const TICK_MS = 250;
 /** The candidate set of an Egress must be unchanged this long before its addresses are first placed. */
 export const INITIAL_SETTLE_MS = 2000;
@@ -163,6 +188,7 @@ export class EgressContext {
   election!: Election;
   streams!: ConntrackStreams;
   store!: StoreRecords;
+  standby!: StandbySync;
 
   readonly egresses = new Map<string, ResolvedEgress>();
 

@@ -22,12 +22,15 @@ import { addressSlots, slotOwner, type ResolvedEgress } from './egress-spec';
 import type { PodMeta } from '../config/objects';
 import { NoticeChannel, type GatewayAnnouncement, type OwnershipNotice } from './ownership-notice';
 import { type Ownership } from './ownership-store';
-import { EgressContext, streamOf, draining, type AddressState, type EgressControllerOptions, REGISTRY_TTL_MS, DRAIN_MS, STORE_EVERY_MS, HEARTBEAT_MS, CONSISTENCY_EVERY_MS } from './egress-context';
+import {
+  EgressContext, streamOf, draining, type AddressState, type EgressControllerOptions, REGISTRY_TTL_MS, DRAIN_MS, HANDOVER_WAIT_MS, STORE_EVERY_MS, HEARTBEAT_MS, CONSISTENCY_EVERY_MS,
+} from './egress-context';
 import { PeerLiveness } from './peer-liveness';
 import { PodRoles } from './pod-roles';
 import { Election } from './election';
 import { ConntrackStreams } from './conntrack-streams';
 import { StoreRecords } from './store-records';
+import { StandbySync } from './standby-sync';
 import { ReconcileLoop } from '../util/reconcile-loop';
 
 export type { EgressControllerOptions } from './egress-context';
@@ -46,6 +49,7 @@ export function egressContext(o: EgressControllerOptions): EgressContext {
   s.election = new Election(s);
   s.streams = new ConntrackStreams(s);
   s.store = new StoreRecords(s);
+  s.standby = new StandbySync(s);
   o.egresses.forEach((e, i) => {
     s.egresses.set(e.key, e);
     s.egressIds.set(e.key, i + 1);
@@ -76,6 +80,7 @@ export class EgressController {
       this.storeLoop,
       every(STORE_EVERY_MS, () => this.s.roles.retryFailedRoles()),
       every(HEARTBEAT_MS, () => this.s.election.heartbeat()),
+      every(HEARTBEAT_MS, () => this.s.standby.update()),
       every(CONSISTENCY_EVERY_MS, () => this.s.streams.checkConsistency()),
     ];
   }
@@ -260,14 +265,25 @@ export class EgressController {
     });
   }
 
+  /** How long stop() may take at most: the handover wait and the rest (for the caller's own bound). */
+  get stopBudgetMs(): number {
+    return (this.s.o.handoverWaitMs ?? HANDOVER_WAIT_MS) + 8000;
+  }
+
   /**
    * Stops without leaving anything half done: no new work starts, work under way is awaited, addresses this
-   * node holds are handed to an in-sync live candidate (make-before-break, as for a deleted gateway pod) or,
-   * with no candidate, kept in the kernel for the next start to resume; then the sockets close.
+   * node holds are handed to an in-sync live candidate on another node (make-before-break, as for a
+   * deleted gateway pod). With live candidates but none in sync, the address is kept and served (its sync
+   * streams and ownership notices go on) until one is, or until handoverWaitMs after the stop began; then
+   * it goes to the best live candidate anyway: left in place, it would be taken over by failover once this
+   * tetherd is gone, later (detection, hold-down) and by a candidate no better in sync, while this
+   * node's announcement lingered. With no other live candidate it stays in the kernel for the next start
+   * to resume. Then the sockets close.
    */
   async stop(): Promise<void> {
     if (this.s.stopped) return;
     this.s.stopped = true;
+    const until = Date.now() + (this.s.o.handoverWaitMs ?? HANDOVER_WAIT_MS);
     this.s.roles.watcher?.close();
     const [loopsDone, workDone] = await Promise.all([
       Promise.all([this.s.election.loop, ...this.loops].map((l) => l.stop(10_000))).then((d) => d.every(Boolean)),
@@ -275,17 +291,26 @@ export class EgressController {
     ]);
     if (!loopsDone || !workDone) this.s.o.logger.warn('egress: work still running at stop', { pending: this.s.work.size, passes: !loopsDone });
     const held = [...this.s.addresses.values()].filter((st) => st.holder);
-    for (const st of held) {
-      await this.s.mutex.run(streamOf(st), async () => {
-        const gw = st.holder!;
-        const next = this.s.election.handOver(st, gw.info.pod, draining('tetherd stopping'));
-        if (!next) {
-          this.s.o.logger.info('egress: stopping; the address stays on its gateway (no other live candidate)', { egress: st.egress.key, address: st.address, pod: gw.info.pod, epoch: st.own.epoch });
-          return;
-        }
-        gw.datapath.withdrawAnnouncement(st.address);
-      });
-    }
+    // While some wait for a standby, the owner's notices go on (the loops that sent them are stopped).
+    let beat = Date.now();
+    const tick = () => {
+      if (Date.now() - beat < HEARTBEAT_MS) return;
+      beat = Date.now();
+      try {
+        this.s.election.repeatOwnership();
+      } catch (e) {
+        this.s.o.logger.error('egress: heartbeat notice not sent', { error: (e as Error).message });
+      }
+    };
+    await Promise.all(held.map(async (st) => {
+      const gw = st.holder!;
+      const next = await this.s.election.handOverWhenInSync(st, gw.info.pod, draining('tetherd stopping'), { until, elsewhere: true, tick });
+      if (!next) {
+        if (st.own.owner === gw.info.pod) this.s.o.logger.info('egress: stopping; the address stays on its gateway (no other live candidate)', { egress: st.egress.key, address: st.address, pod: gw.info.pod, epoch: st.own.epoch });
+        return;
+      }
+      gw.datapath.withdrawAnnouncement(st.address);
+    }));
     if (held.some((st) => !st.holder)) await new Promise((r) => setTimeout(r, DRAIN_MS));
     for (const st of held) {
       // Handed over: the address leaves the pod once the drain is over; the pod stays a prepared standby.
@@ -316,6 +341,11 @@ export class EgressController {
     return st && { threadLagMaxMs: st.loopLagMaxMs, threadLagMaxPerSecondMs: st.loopLagPerSecondMs, sessions: st.sessions.map((x) => ({ peer: x.peer, state: x.state, ups: x.ups, downs: x.downs, rx: x.rx, tx: x.tx })) };
   }
 
+  /** Standby sync problems reported (see StandbySync), one line each: /readyz is not ready while there are any. */
+  standbyProblems(): string[] {
+    return this.s.stopped ? [] : this.s.standby.readinessProblems();
+  }
+
   /** Whether the cluster store answered this controller's last calls (a failed call marks it down until a store pass succeeds). */
   storeReachable(): boolean {
     return !this.s.storeDown;
@@ -333,6 +363,7 @@ export class EgressController {
    */
   status(o: { observe?: boolean } = {}): Array<Record<string, unknown>> {
     if (o.observe !== false) this.s.observedUntil = Date.now() + OBSERVED_MS;
+    if (!this.s.stopped) this.s.standby.update();
     let counters = new Map<string, { flows: bigint; packets: bigint; bytes: bigint }>();
     try {
       counters = this.s.maps?.addressStats() ?? counters;
@@ -362,9 +393,14 @@ export class EgressController {
       sync: st.holder
         ? [...st.senders.entries()].map(([peer, s]) => {
             const x = s.stats();
-            return { peer, state: x.state, entriesSent: x.entriesSent, lagEntries: x.lagEntries, lagMs: x.lagMs, resyncs: x.resyncs };
+            return {
+              peer, state: x.state, entriesSent: x.entriesSent, lagEntries: x.lagEntries, lagMs: x.lagMs, resyncs: x.resyncs, version: x.version,
+              ...(x.lastRejected && x.state !== 'streaming' ? { rejected: x.lastRejected.reason, rejectedWhy: x.lastRejected.message } : {}),
+            };
           })
-        : this.s.receiver?.stats().peers.filter((p) => p.stream === streamOf(st)).map((p) => ({ from: p.id, entriesApplied: p.entriesApplied, resyncs: p.resyncs })),
+        : this.s.receiver?.stats().peers.filter((p) => p.stream === streamOf(st)).map((p) => ({ from: p.id, entriesApplied: p.entriesApplied, resyncs: p.resyncs, version: p.version })),
+      // This node as a standby of the address: in sync with its owner, or why not.
+      standbySync: this.s.standby.statusOf(st),
       lastTakeover: st.lastTakeover,
       takeovers: { ...st.takeovers },
     }));

@@ -4,7 +4,9 @@ import { decide, handoverTarget, orderCandidates, placeAddresses, scoreOf, super
 import { type ResolvedEgress } from './egress-spec';
 import { type OwnershipNotice } from './ownership-notice';
 import { UnreadableRecordError, type GatewayInfo, type Ownership } from './ownership-store';
-import { EgressContext, streamOf, isDraining, countTakeover, takeoverCause, type AddressState, type LocalGateway, CONFIRM_WAIT_MS, INITIAL_SETTLE_MS, NOTICE_REPEAT_MS, TICK_MS } from './egress-context';
+import {
+  EgressContext, streamOf, isDraining, causeWithNote, countTakeover, takeoverCause, type AddressState, type LocalGateway, CONFIRM_WAIT_MS, HANDOVER_POLL_MS, INITIAL_SETTLE_MS, NOTICE_REPEAT_MS, TICK_MS,
+} from './egress-context';
 import { ReconcileLoop } from '../util/reconcile-loop';
 
 export class Election {
@@ -112,6 +114,8 @@ export class Election {
 
   private async evaluate(st: AddressState): Promise<void> {
     st.candidates = orderCandidates(st.address, this.s.peers.liveRegistry(st.egress.key));
+    // Its holder is letting it go (handOverWhenInSync decides): only its sync streams follow the candidates.
+    if (st.handingOver && st.holder) return this.s.streams.ensureSenders(st);
     if (st.own.epoch === 0 && !st.own.owner && !this.candidatesSettled(st.egress)) return;
     const local = new Set([...this.s.gateways.values()].filter((g) => g.egresses.has(st.egress.key)).map((g) => g.info.pod));
     if (st.own.owner && st.own.ownerNode === this.s.o.node.name && !local.has(st.own.owner) && !st.holder) {
@@ -191,10 +195,15 @@ export class Election {
    * A planned handover from local pod `fromPod` (deleted, or tetherd stopping): the best live candidate,
    * in-sync first, gets the next epoch; it learns from the notice, as every other node does. Returns it.
    */
-  handOver(st: AddressState, fromPod: string, cause: string): GatewayInfo | undefined {
+  handOver(st: AddressState, fromPod: string, cause: string, o: HandoverOptions = {}): GatewayInfo | undefined {
     st.candidates = orderCandidates(st.address, this.s.peers.liveRegistry(st.egress.key));
-    const next = handoverTarget(st.candidates, fromPod, (g) => this.s.peers.alive(g) && g.pod !== fromPod, st.inSync, this.loadOf(st.egress, st));
+    // The holder's own senders say who is in sync now; the set its heartbeat keeps can be a second old.
+    const inSync = st.holder ? new Set(this.s.streams.computeInSync(st)) : st.inSync;
+    const next = handoverTarget(st.candidates, fromPod, this.targetFilter(fromPod, o), inSync, this.loadOf(st.egress, st), o.inSyncOnly);
+    // Only in sync, and none is: the holder keeps it.
+    if (!next && o.inSyncOnly) return undefined;
     st.holder = undefined;
+    st.handingOver = undefined;
     if (!next) return undefined;
     const from = st.own.owner;
     const fromNode = st.own.ownerNode;
@@ -213,6 +222,77 @@ export class Election {
     this.s.store.recordLater(st);
     return next;
   }
+
+  /** Which candidates a handover from `fromPod` may go to: live ones, not `fromPod`, on another node with `elsewhere`. */
+  private targetFilter(fromPod: string, o: HandoverOptions): (g: GatewayInfo) => boolean {
+    return (g) => g.pod !== fromPod && (!o.elsewhere || g.node !== this.s.o.node.name) && this.s.peers.alive(g);
+  }
+
+  /**
+   * A planned handover from local pod `fromPod` (its pod leaving, or tetherd stopping) that keeps the
+   * connections: at once to a live candidate in sync with this holder; with live candidates but none in
+   * sync, the holder keeps serving the address (address, NAT, announcement, its sync streams, which follow
+   * the candidates meanwhile) and looks again every HANDOVER_POLL_MS, so a standby that comes in sync
+   * (one that just restarted resyncs) gets it; at `until`, to the best live candidate anyway. Without
+   * conntrack sync there is nothing to wait for. Returns the new owner; undefined when no other candidate
+   * is live (the address stays, as handOver) or another decision took the address meanwhile.
+   */
+  handOverWhenInSync(st: AddressState, fromPod: string, cause: string, o: HandoverOptions & { until: number; tick?: () => void }): Promise<GatewayInfo | undefined> {
+    // One handover of an address at a time: a stop finds the one its pod's leaving began, and joins it.
+    const under = this.handoffs.get(st);
+    if (under) return under;
+    const p = this.waitAndHandOver(st, fromPod, cause, o).finally(() => this.handoffs.delete(st));
+    this.handoffs.set(st, p);
+    return p;
+  }
+
+  private readonly handoffs = new Map<AddressState, Promise<GatewayInfo | undefined>>();
+
+  private async waitAndHandOver(st: AddressState, fromPod: string, cause: string, o: HandoverOptions & { until: number; tick?: () => void }): Promise<GatewayInfo | undefined> {
+    const gw = st.holder;
+    if (!gw) return undefined;
+    const since = Date.now();
+    const waitFor = this.s.o.conntrackSync !== false;
+    // Set at once: from now on the election pass must not stand this holder down (its pod may be gone from
+    // the gateways already) nor resume it.
+    st.handingOver = { pod: fromPod, since, until: o.until };
+    let told = false;
+    try {
+      for (;;) {
+        const r = await this.s.mutex.run(streamOf(st), (): { next?: GatewayInfo; done: boolean } => {
+          if (st.holder !== gw) return { done: true };
+          const now = Date.now();
+          const last = !waitFor || now >= o.until;
+          st.candidates = orderCandidates(st.address, this.s.peers.liveRegistry(st.egress.key));
+          const anyLive = st.candidates.some(this.targetFilter(fromPod, o));
+          let next = this.handOver(st, fromPod, cause, { ...o, inSyncOnly: anyLive });
+          const fields = { egress: st.egress.key, address: st.address, pod: fromPod, waitedMs: now - since };
+          if (!next && last && anyLive && st.holder === gw) {
+            const standbys = this.s.streams.syncStates(st);
+            next = this.handOver(st, fromPod, waitFor ? causeWithNote(cause, `no standby in sync within ${now - since} ms`) : cause, o);
+            if (next && waitFor) this.s.o.logger.warn('egress: no standby came in sync: handed over anyway; the connections it lacks break', { ...fields, to: next.pod, node: next.node, standbys });
+          } else if (next && told) {
+            this.s.o.logger.info('egress: a standby came in sync: handed over', { ...fields, to: next.pod, node: next.node });
+          }
+          if (next || !anyLive || st.holder !== gw) return { next, done: true };
+          if (!told) {
+            told = true;
+            this.s.o.logger.warn('egress: must hand over, but no standby is in sync: keeping the address until one is', {
+              ...fields, cause, waitMs: o.until - now, standbys: this.s.streams.syncStates(st),
+            });
+          }
+          this.s.streams.ensureSenders(st);
+          return { done: false };
+        });
+        if (r.done) return r.next;
+        o.tick?.();
+        await new Promise((res) => setTimeout(res, Math.max(1, Math.min(HANDOVER_POLL_MS, o.until - Date.now()))));
+      }
+    } finally {
+      if (st.handingOver?.pod === fromPod) st.handingOver = undefined;
+    }
+  }
+
 
   onNotice(n: OwnershipNotice, from: string, address?: string): Promise<void> {
     const st = this.s.addresses.get(`${n.egress}|${n.address}`);
@@ -344,13 +424,8 @@ export class Election {
    */
   heartbeat(): void {
     if (this.s.stopped || !this.s.notices) return;
-    const held = [...this.s.addresses.values()].filter((st) => st.holder);
-    for (const st of held) st.inSync = new Set(this.s.streams.computeInSync(st));
     try {
-      // Per Egress: the owner's notices to its candidates and its clients' nodes.
-      const byEgress = new Map<string, AddressState[]>();
-      for (const st of held) byEgress.set(st.egress.key, [...(byEgress.get(st.egress.key) ?? []), st]);
-      for (const [egress, list] of byEgress) this.s.notices.send(this.s.peers.heartbeatPeers(egress), list.map((st) => this.noticeOf(st)));
+      this.repeatOwnership();
       // This node's gateway pods (to the other candidates and the owners) and the Egresses it has clients
       // of (to their candidates and owners, so owners repeat their ownership to this node).
       const involved = this.s.involvedSet();
@@ -369,4 +444,24 @@ export class Election {
       this.s.o.logger.error('egress: heartbeat notice not sent', { error: (e as Error).message });
     }
   }
+
+  /**
+   * The owner's part of the heartbeat, per Egress: its ownership, with the nodes in sync, to the Egress's
+   * candidates and its clients' nodes. Also while tetherd stops and still holds addresses (handOverWhenInSync).
+   */
+  repeatOwnership(): void {
+    if (!this.s.notices) return;
+    const held = [...this.s.addresses.values()].filter((st) => st.holder);
+    for (const st of held) st.inSync = new Set(this.s.streams.computeInSync(st));
+    const byEgress = new Map<string, AddressState[]>();
+    for (const st of held) byEgress.set(st.egress.key, [...(byEgress.get(st.egress.key) ?? []), st]);
+    for (const [egress, list] of byEgress) this.s.notices.send(this.s.peers.heartbeatPeers(egress), list.map((st) => this.noticeOf(st)));
+  }
+}
+
+export interface HandoverOptions {
+  /** Only to a candidate in sync with the holder (none: the holder keeps the address). */
+  inSyncOnly?: boolean;
+  /** Only to a candidate on another node (tetherd stopping: no local pod can be held). */
+  elsewhere?: boolean;
 }

@@ -7,7 +7,7 @@ import { type ResolvedEgress } from './egress-spec';
 import { EGRESS_TIER_EXCLUDED, EGRESS_TIER_FALLBACK, EGRESS_TIER_PREFERRED } from '../bpf/egress-structs';
 import { GatewayDatapath } from './gateway-datapath';
 import { type GatewayInfo } from './ownership-store';
-import { EgressContext, streamOf, selects, draining, type AddressState, type LocalGateway, type ClientPod, DRAIN_MS } from './egress-context';
+import { EgressContext, streamOf, selects, draining, type AddressState, type LocalGateway, type ClientPod, DRAIN_MS, HANDOVER_WAIT_MS } from './egress-context';
 
 export class PodRoles {
   constructor(private readonly s: EgressContext) {}
@@ -63,7 +63,9 @@ export class PodRoles {
     const keys = new Set(gwOf.map((e) => e.key));
     const guarded = { destinations: [...new Set(gwOf.flatMap((e) => e.destinations))], excluded: [...new Set(gwOf.flatMap((e) => e.excluded))] };
     if (!gwOf.length) {
-      if (cur) await this.gatewayDown(pod, cur, 'pod no longer selected as a gateway', DRAIN_MS);
+      // Not awaited: a handover may wait for a standby to come in sync, and pod roles must not (the DEL
+      // that follows waits for it: podDown).
+      if (cur) void this.gatewayDown(pod, cur, 'pod no longer selected as a gateway', DRAIN_MS);
       return;
     }
     if (cur) {
@@ -151,21 +153,42 @@ export class PodRoles {
     if (client) this.clientDown(pod, client);
     const gw = this.s.gateways.get(pod);
     if (gw) await this.gatewayDown(pod, gw, cause, drainMs);
+    // A gateway already leaving (it stopped being one: terminating, unready) hands over first: its network
+    // must stay until then.
+    else await this.leaving.get(pod);
   }
 
-  private async gatewayDown(pod: string, gw: LocalGateway, cause: string, drainMs = 0): Promise<void> {
-    if (this.s.gateways.get(pod) !== gw) return;
+  /** Gateway pods handing their addresses over, until done (podDown waits for them). */
+  private readonly leaving = new Map<string, Promise<void>>();
+
+  private gatewayDown(pod: string, gw: LocalGateway, cause: string, drainMs = 0): Promise<void> {
+    if (this.s.gateways.get(pod) !== gw) return Promise.resolve();
     this.s.gateways.delete(pod);
-    // Hand every address it held to the next live candidate at once, instead of waiting for detection.
-    for (const st of this.s.addresses.values()) {
-      if (st.holder !== gw) continue;
+    // Not tracked as work: a stop joins the handovers under way itself (Election.handOverWhenInSync).
+    const done = this.handOff(pod, gw, cause, drainMs).catch((e) => {
+      this.s.o.logger.error('egress: gateway handover failed', { pod, error: (e as Error).message, stack: (e as Error).stack });
+    }).finally(() => {
+      if (this.leaving.get(pod) === done) this.leaving.delete(pod);
+    });
+    this.leaving.set(pod, done);
+    return done;
+  }
+
+  private async handOff(pod: string, gw: LocalGateway, cause: string, drainMs: number): Promise<void> {
+    // Hand every address it held to the next live candidate instead of waiting for detection. Before the
+    // pod's network goes (a DEL: drainMs), it still forwards: with no standby in sync, it keeps the address
+    // until one is (handOverWhenInSync). A namespace already gone took its connections with it: at once.
+    const until = Date.now() + (drainMs ? this.s.o.handoverWaitMs ?? HANDOVER_WAIT_MS : 0);
+    const held = [...this.s.addresses.values()].filter((st) => st.holder === gw);
+    await Promise.all(held.map(async (st) => {
+      await this.s.election.handOverWhenInSync(st, pod, drainMs ? draining(`handover: ${cause} (${pod})`) : `handover: ${cause} (${pod})`, { until });
       await this.s.mutex.run(streamOf(st), async () => {
-        this.s.election.handOver(st, pod, drainMs ? draining(`handover: ${cause} (${pod})`) : `handover: ${cause} (${pod})`);
+        if (st.holder === gw) return;
         gw.datapath.withdrawAnnouncement(st.address);
         // Closing the event reader waits out its receive timeout: not on the handover's critical path.
         void this.s.streams.stopStreaming(st);
       });
-    }
+    }));
     this.s.spawn(() => this.s.store.register().catch((e) => this.s.storeFailed(e)));
     if (drainMs) await new Promise((res) => setTimeout(res, drainMs));
     try {

@@ -4,7 +4,8 @@
 // answers external load balancers about Services and the node.
 //   /livez   200 while the event loop answers (a wedged tetherd is restarted)
 //   /readyz  200 only when the socket serves, the runtime's CNI configuration chains tether (when
-//            --cni-net-dir is given) and no pod's role failed to be set up; else 503 naming why
+//            --cni-net-dir is given), no pod's role failed to be set up and no egress standby of this
+//            node cannot sync with its owner (a rollout then stops on this node); else 503 naming why
 import * as http from 'node:http';
 import type { AddressInfo } from 'node:net';
 import type { RoleProblem } from '../pod/role-problems';
@@ -15,6 +16,8 @@ export interface ProbeSources {
   /** The installer's verdict on the runtime's CNI configuration, when tetherd is told where it is. */
   cniConfig?: () => { ready: boolean; why: string };
   roleProblems: () => RoleProblem[];
+  /** Egress standbys that cannot sync with their owner (EgressController.standbyProblems), one line each. */
+  egressSync?: () => string[];
 }
 
 export interface ProbeAnswer {
@@ -29,6 +32,7 @@ export function readyAnswer(s: ProbeSources): ProbeAnswer {
   const cni = s.cniConfig?.();
   if (cni && !cni.ready) why.push(`CNI configuration: ${cni.why}`);
   for (const p of s.roleProblems()) why.push(`pod ${p.pod}: ${p.role} role not set up since ${p.since}: ${p.error}`);
+  why.push(...(s.egressSync?.() ?? []));
   return why.length ? { status: 503, body: `not ready:\n${why.join('\n')}\n` } : { status: 200, body: 'ready\n' };
 }
 

@@ -2,6 +2,8 @@
 //   Egress      Normal  Assigned         a floating address got its first owner          (the deciding node)
 //   Egress      Warning Takeover         an owner was down: another gateway took over     (the deciding node)
 //   Egress      Normal  Handover         a planned move (gateway pod deleted, tetherd stopping)
+//   Egress      Warning StandbyOutOfSync this node's standby cannot sync with the owner (each standby node, its own)
+//   Egress      Normal  StandbyInSync    … and it can again
 //   Service     Warning HealthCheckFailing  this node's health check answer flipped to 503 (each node, its own)
 //   Service     Normal  HealthCheckPassing  … and back to 200
 //   AddressPool, Egress, Service
@@ -9,6 +11,7 @@
 //               Warning AddressConflict  an overlapping pool, or an address held by another owner (the leader)
 //               Normal  Accepted         valid again after a refusal or conflict (the leader)
 import type { OwnershipChange } from '../egress/egress-context';
+import type { StandbySyncChange } from '../egress/standby-sync';
 import type { Condition } from './status-controller';
 import type { EventObject, TetherEvent } from './event-recorder';
 import { GROUP, VERSION } from '../objects/crds';
@@ -25,6 +28,20 @@ export function ownershipEvent(c: OwnershipChange): TetherEvent {
   // The epoch is left out of the note: the same move repeated (a gateway flapping) is one Event's series.
   if (c.cause.startsWith('failover')) return { regarding, type: 'Warning', reason: 'Takeover', action: 'Failover', note: `address ${c.address} taken over from ${from} by ${to}: ${c.cause}` };
   return { regarding, type: 'Normal', reason: 'Handover', action: 'Handover', note: `address ${c.address} handed over from ${from} to ${to}: ${c.cause}` };
+}
+
+/** This node's standby of an Egress's address cannot sync with the owner (reported), or can again. */
+export function standbySyncEvent(c: StandbySyncChange): TetherEvent {
+  const [namespace, name] = c.egress.split('/');
+  const regarding: EventObject = { apiVersion: CR_API, kind: 'Egress', namespace, name };
+  const standby = `${c.pods.join(', ') || 'the standby'} on node ${c.node}`;
+  const owner = `${c.owner.pod} on node ${c.owner.node}`;
+  if (c.inSync) return { regarding, type: 'Normal', reason: 'StandbyInSync', action: 'Sync', note: `address ${c.address}: ${standby} syncs with the owner ${owner} again` };
+  // The duration is left out of the note: the same problem seen again is one Event's series.
+  return {
+    regarding, type: 'Warning', reason: 'StandbyOutOfSync', action: 'Sync',
+    note: `address ${c.address}: ${standby} cannot sync with the owner ${owner} (${c.reason}): ${c.message}; a handover to it would break connections`,
+  };
 }
 
 /** A Service's health-check answer on `node` flipping between 200 and 503. */

@@ -7,6 +7,7 @@
 import { collectDefaultMetrics, Counter, Gauge, Histogram, Registry } from 'prom-client';
 import type { Logger } from '../log';
 import { VERSION } from '../../cni/about';
+import { STANDBY_SYNC_REASONS } from '../egress/standby-sync';
 
 type Labels = Record<string, string>;
 type Sample = [Labels, number];
@@ -38,6 +39,8 @@ export interface EgressAddressView {
   takeovers?: Record<string, number>;
   /** On the owner: one entry per standby's node (peer: its address); on a standby: per sender (from: its node). */
   sync?: Array<{ peer?: string; state?: string; entriesSent?: number; lagEntries?: number; lagMs?: number; resyncs?: number; from?: string; entriesApplied?: number }>;
+  /** When this node is a standby of the address: whether it is in sync with the owner, and why not. */
+  standbySync?: { inSync: boolean; reason?: string };
 }
 
 /** EgressController.security(): rejected packets, frames and notices by reason. */
@@ -242,6 +245,12 @@ export class TetherMetrics {
     this.counter('tether_egress_address_takeovers_total', 'Ownership changes of the floating address this node decided, by cause: initial, failover, handover.', ['egress', 'address', 'cause'], (s) =>
       addrs(s).flatMap(({ a, l }) => [...counts(a.takeovers, 'cause', l)]));
     this.counter('tether_egress_notices_rejected_total', 'Ownership notices from other nodes refused, by reason.', ['reason'], (s) => counts(s.egressSecurity?.noticesRejected, 'reason'));
+    // Every reason, zeros included, so an alert on one has a series to watch before it happens.
+    this.gauge('tether_egress_standby_sync_problem_addresses', 'Floating addresses this node is a standby of (its gateway a candidate, the owner live elsewhere) without the owner\'s connections, by reason: unreachable, resyncing, version, auth, stale, protocol.', ['reason'], (s) => {
+      const by = new Map<string, number>(STANDBY_SYNC_REASONS.map((r) => [r, 0]));
+      for (const a of s.egress ?? []) if (a.standbySync && !a.standbySync.inSync && a.standbySync.reason) by.set(a.standbySync.reason, (by.get(a.standbySync.reason) ?? 0) + 1);
+      return [...by].map(([reason, n]): Sample => [{ reason }, n]);
+    });
   }
 
   private defineBfd(): void {

@@ -128,12 +128,17 @@ export async function startProbes(
   attach: AttachService,
   logger: Logger,
   started: (name: string, stop: () => Promise<void>) => void,
-): Promise<{ markStarted: () => void }> {
+): Promise<{ markStarted: () => void; egressSync: (problems: () => string[]) => void }> {
   let isStarted = false;
   const markStarted = () => {
     isStarted = true;
   };
-  if (opts['probe-port'] === '0') return { markStarted };
+  // The egress controller is created after the probes listen: its standbys' sync joins /readyz then.
+  let egressProblems: (() => string[]) | undefined;
+  const egressSync = (problems: () => string[]) => {
+    egressProblems = problems;
+  };
+  if (opts['probe-port'] === '0') return { markStarted, egressSync };
   const port = portOption('probe-port', opts['probe-port']);
   const netDir = opts['cni-net-dir'];
   const runtime = opts['cni-runtime'] as Runtime;
@@ -142,6 +147,7 @@ export async function startProbes(
     started: () => isStarted,
     cniConfig: netDir ? () => readiness(netDir, undefined, runtime) : undefined,
     roleProblems: () => attach.roleProblems.list(),
+    egressSync: () => egressProblems?.() ?? [],
   });
   try {
     await probes.listen(port);
@@ -150,5 +156,5 @@ export async function startProbes(
   }
   started('probes', () => probes.close());
   logger.info('probes listening', { address: `127.0.0.1:${port}`, paths: ['/livez', '/readyz'], cniNetDir: netDir });
-  return { markStarted };
+  return { markStarted, egressSync };
 }

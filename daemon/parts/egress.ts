@@ -77,6 +77,7 @@ export async function createEgress(
   o: {
     nodeName: string; config: ConfigObjects; fouPort: number; syncPort: number; maxFlows: number; addresses: ClusterAddresses; attach: AttachService; logger: Logger;
     onOwnershipChanged?: EgressControllerOptions['onOwnershipChanged'];
+    onStandbySyncChanged?: EgressControllerOptions['onStandbySyncChanged'];
   },
   onOwnershipStarted: (close: () => Promise<void>) => void,
 ): Promise<EgressController> {
@@ -106,6 +107,7 @@ export async function createEgress(
     logger: o.logger,
     conntrackSync: !opts['no-conntrack-sync'],
     onOwnershipChanged: o.onOwnershipChanged,
+    onStandbySyncChanged: o.onStandbySyncChanged,
   });
 }
 

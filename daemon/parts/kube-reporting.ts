@@ -10,7 +10,8 @@ import type { OwnershipChange } from '../egress/egress-context';
 import type { RoleProblem } from '../pod/role-problems';
 import { EventRecorder, type EventObject, type TetherEvent } from '../kube/event-recorder';
 import { NodeStatusWriter, type NodeCondition } from '../kube/node-status';
-import { healthFlipEvent, ownershipEvent } from '../kube/tether-events';
+import { healthFlipEvent, ownershipEvent, standbySyncEvent } from '../kube/tether-events';
+import type { StandbySyncChange } from '../egress/standby-sync';
 import type { Subsystem } from './subsystem';
 
 /** Condition messages stay short: they are compared on every check and shown by kubectl. */
@@ -110,6 +111,9 @@ export class KubeReporting implements Subsystem<unknown> {
 
   /** For the egress controller: an Event on the Egress for every ownership change this node decides. */
   readonly onOwnershipChanged = (c: OwnershipChange): void => this.events.emit(ownershipEvent(c));
+
+  /** For the egress controller: an Event on the Egress when this node's standby cannot sync with the owner, and when it can again. */
+  readonly onStandbySyncChanged = (c: StandbySyncChange): void => this.events.emit(standbySyncEvent(c));
 
   /** For the health checks: an Event on the Service when this node's answer flips. */
   readonly onHealthFlip = (f: Parameters<typeof healthFlipEvent>[0]): void => this.events.emit(healthFlipEvent(f, this.o.nodeName));

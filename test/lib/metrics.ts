@@ -222,6 +222,13 @@ export function expectedFromStatus(status: Json): Expected[] {
       }
     }
   }
+  // Standbys not in sync, by reason (every address whose status has standbySync says whether it is one).
+  const standbyProblems: Record<string, number> = {};
+  for (const a of status.egress ?? []) {
+    const x = a.standbySync;
+    if (x && !x.inSync && x.reason) standbyProblems[x.reason] = (standbyProblems[x.reason] ?? 0) + 1;
+  }
+  for (const [reason, n] of Object.entries(standbyProblems)) g('tether_egress_standby_sync_problem_addresses', { reason }, n);
   const sec = status.egressSecurity ?? {};
   for (const [reason, n] of Object.entries(sec.bfdRejected ?? {})) c('tether_bfd_rejected_packets_total', { reason }, n);
   for (const [reason, n] of Object.entries(sec.syncRejected ?? {})) c('tether_conntrack_sync_rejected_frames_total', { reason }, n);

@@ -5,7 +5,8 @@
 import { test } from 'uvu';
 import * as assert from 'uvu/assert';
 import { withTestbed } from './testbed';
-import { egressOf, runTraffic, topology, waitOwner } from './egress-scenario';
+import { egressOf, runTraffic, topology, waitOwner, waitStandbyReady } from './egress-scenario';
+import { until } from '../lib/wait';
 
 const CONNS = Number(process.env.EGRESS_TEST_CONNS ?? 200);
 /** EGRESS_ONLY=<part of a test name> runs just that scenario (for debugging). */
@@ -98,6 +99,49 @@ scenario('planned handover (the owner gateway pod is deleted through the CNI cha
     assert.is(report.intact, CONNS, `${report.intact}/${CONNS} intact; ${report.errors.slice(0, 4).join('; ')}`);
     assert.ok(report.maxGapAfterMarkMs !== undefined && report.maxGapAfterMarkMs < 200, `longest gap during the handover ${report.maxGapAfterMarkMs} ms`);
     process.stdout.write(`  planned handover: longest gap ${report.maxGapAfterMarkMs} ms during the handover (${report.maxGapMs} ms over the whole run, ${report.gaps.filter((g) => g >= 900).length} connections with a gap ≥ 900 ms) over ${CONNS} connections\n`);
+  });
+});
+
+// Issue 29: a stopping owner handed its address to a standby that could not sync with it (their sync
+// protocol versions differed), and every connection the standby did not have died. Here the standby's sync
+// port is blocked (TCP only: BFD and notices go on, so it is live but out of sync) before the owner's
+// tetherd gets SIGTERM: the owner must keep the address (the standby says why it is out of sync) until the
+// sync is back and the standby in sync, and then hand it over, every connection intact.
+scenario('tetherd stopping while its only standby is out of sync: the address stays until the standby is in sync, then moves; no connection lost', async () => {
+  await withTestbed(topology(), async (tb) => {
+    const first = await waitOwner(tb);
+    const standby = first.node === 'n1' ? 'n2' : 'n1';
+    await waitStandbyReady(tb, first.node, standby);
+    const block = 'table inet test_block_sync {\n  chain input {\n    type filter hook input priority -10;\n    tcp dport 3785 drop\n  }\n}\n';
+    let stopped: Promise<unknown> | undefined;
+    let heldMs = 0;
+    let standbyView: { reason?: string } | undefined;
+    const { report } = await runTraffic(tb, CONNS, 60_000, async () => {
+      await tb.mustExec(standby, ['nft', '-f', '-'], { input: block });
+      // The owner sees the standby's stream die (its dead-peer timer), then reports it out of sync.
+      await until('the owner sees the standby out of sync', async () => {
+        const o = (await tb.status(first.node)) as unknown as { egress: Array<{ candidates: Array<{ node: string; inSync: boolean }> }> };
+        return o.egress[0].candidates.some((c) => c.node === standby && !c.inSync);
+      }, 10_000);
+      const t0 = Date.now();
+      stopped = tb.killTetherd(first.node, 'SIGTERM');
+      await new Promise((r) => setTimeout(r, 3000));
+      // Still the owner, as the standby knows it: nothing moved to a standby without the connections.
+      const st = await egressOf(tb, standby);
+      assert.is(st?.owner, first.st.owner, 'the stopping owner kept the address');
+      assert.is(st?.epoch, first.st.epoch);
+      standbyView = ((await tb.status(standby)) as unknown as { egress: Array<{ standbySync?: { reason?: string } }> }).egress[0].standbySync;
+      await tb.mustExec(standby, ['nft', 'delete', 'table', 'inet', 'test_block_sync']);
+      await stopped;
+      heldMs = Date.now() - t0;
+    }, { endWhenDone: true });
+    const next = await waitOwner(tb, first.st.owner);
+    assert.is(next.node, standby);
+    assert.match(String(next.st.lastTakeover?.cause ?? ''), /tetherd stopping/);
+    assert.not.match(String(next.st.lastTakeover?.cause ?? ''), /no standby in sync/, 'handed over to a standby in sync, not at the end of the wait');
+    assert.ok(standbyView && standbyView.reason === 'unreachable', `the standby said why it was out of sync: ${JSON.stringify(standbyView)}`);
+    assert.is(report.intact, CONNS, `${report.intact}/${CONNS} intact; ${report.errors.slice(0, 4).join('; ')}`);
+    process.stdout.write(`  owner stopping with its standby out of sync: address kept ${heldMs} ms until the standby was in sync; ${report.intact}/${CONNS} intact, longest gap ${report.maxGapAfterMarkMs} ms\n`);
   });
 });
 

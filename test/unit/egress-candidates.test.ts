@@ -97,6 +97,16 @@ test('handover target: in-sync first, then candidate order, never the pod handin
   assert.is(handoverTarget(cands, first.pod, (g) => g.pod === first.pod, new Set()), undefined);
 });
 
+test('handover target, in sync only: none when no live candidate is in sync (the holder keeps the address), else the in-sync one', () => {
+  const cands = orderCandidates('198.51.100.1', G);
+  const [first, second, third] = cands;
+  assert.is(handoverTarget(cands, first.pod, () => true, new Set(), undefined, true), undefined);
+  assert.is(handoverTarget(cands, first.pod, () => true, new Set([third.node]), undefined, true)?.pod, third.pod);
+  assert.is(handoverTarget(cands, first.pod, (g) => g.node !== third.node, new Set([third.node]), undefined, true), undefined, 'an in-sync node that is down is no target');
+  assert.is(handoverTarget(cands, first.pod, () => true, new Set(), { of: () => 0, cap: () => 9 }, true), undefined);
+  assert.is(handoverTarget(cands, first.pod, () => true, new Set([second.node]), { of: () => 0, cap: () => 9 }, true)?.pod, second.pod);
+});
+
 const ADDRS = ['198.51.100.1', '198.51.100.2', '198.51.100.3'];
 const none = new Set<string>();
 const unowned = (a: string) => ({ address: a, own: { egress: 'e', address: a, owner: '', epoch: 0 }, ownerAlive: false, inSync: none });

@@ -57,13 +57,14 @@ const egressController = {
         egress: 'shop/out', address: '198.51.100.10', pool: 'float', owner: 'shop/gw-2', ownerNode: 'n2', epoch: 1,
         flows: 3, packets: 30, bytes: 4000, ownedHere: false, recorded: true, storeReachable: true, inSync: ['n1'], candidates: [], takeovers: {},
         sync: [{ from: 'n2', entriesApplied: 77, resyncs: 2 }],
+        standbySync: { inSync: false, ownerNode: 'n2', reason: 'version', message: 'its sync connection was refused (version)', since: '2025-01-01T00:00:00.000Z', reported: true },
       },
     ];
   },
   egressSummary: () => ({ 'shop/out': { asked: 2, allocated: 2, owned: 2, ownerNodes: 2, capLimited: false } }),
   security: () => ({
     bfdRejected: { malformed: 1, noSession: 0, wrongSource: 0, authMismatch: 0, badKeyId: 0, badDigest: 2, replay: 0 },
-    syncRejected: { auth: 1, replay: 0, malformed: 0, oversize: 0, stale: 0, timeout: 0 },
+    syncRejected: { auth: 1, replay: 0, malformed: 0, oversize: 0, stale: 0, timeout: 0, version: 2 },
     noticesRejected: { malformed: 0, badMac: 3, replay: 0, stale: 0, oversize: 0 }, notices: { rx: 10, tx: 10, accepted: 7 }, guard: {},
   }),
   bfdStatus: () => ({ threadLagMaxMs: 7, threadLagMaxPerSecondMs: [], sessions: [{ peer: '10.0.0.2', state: 'Up', ups: 2, downs: 1, rx: 900, tx: 910 }] }),
