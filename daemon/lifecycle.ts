@@ -23,6 +23,8 @@ interface Part {
 
 export class Lifecycle {
   private readonly parts: Part[] = [];
+  /** When stopAll() began (Date.now()): a part that waits within the pod's grace period counts from here. */
+  stoppingSince?: number;
 
   constructor(private readonly logger: Logger) {}
 
@@ -33,6 +35,7 @@ export class Lifecycle {
 
   /** Stops every registered part, last first; a part that fails or overruns is logged and the rest go on. */
   async stopAll(): Promise<void> {
+    this.stoppingSince ??= Date.now();
     while (this.parts.length) {
       const p = this.parts.pop()!;
       const t0 = Date.now();

@@ -130,7 +130,7 @@ async function start(opts: Options, nodeName: string, logger: Logger, life: Life
   // Egress stops after the socket (a CNI ADD under way still finds its roles), and also when its own start
   // fails half-way, so whatever it set up is undone.
   // Its stop may keep an address while no standby is in sync (HANDOVER_WAIT_MS): bounded by its own budget.
-  if (egress.controller) life.started('egress', () => egress.stop(), egress.controller.stopBudgetMs);
+  if (egress.controller) life.started('egress', () => egress.stop(life.stoppingSince), egress.controller.stopBudgetMs);
   if (lb.controller) life.started('load balancer', () => lb.stop(), 15_000);
   try {
     await server.listen();

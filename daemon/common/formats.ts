@@ -5,7 +5,7 @@
 import { PROTOCOL_VERSION as API_VERSION, MIN_PROTOCOL_VERSION as API_MIN_VERSION } from '../api/protocol';
 import { DELETE_QUEUE_FORMAT } from '../api/delete-queue';
 import { BFD_VERSION } from '../bfd/packet';
-import { PROTOCOL_VERSION as SYNC_VERSION } from '../conntrack-sync/frame';
+import { MAX_PROTOCOL_VERSION as SYNC_MAX_VERSION, MIN_PROTOCOL_VERSION as SYNC_MIN_VERSION, PROTOCOL_VERSION as SYNC_VERSION } from '../conntrack-sync/frame';
 import { CRDS, GROUP, VERSION as CRD_VERSION } from '../objects/crds';
 import { FOU_MAP_LAYOUTS } from '../bpf/fou-structs';
 import { EGRESS_MAP_LAYOUTS } from '../bpf/egress-structs';
@@ -280,12 +280,12 @@ export const FORMATS: readonly FormatEntry[] = [
     kind: 'conntrack sync frame',
     definedIn: ['daemon/conntrack-sync/frame.ts', 'daemon/conntrack-sync/entry-codec.ts', 'daemon/conntrack-sync/handshake.ts', 'daemon/conntrack-sync/digest.ts'],
     version: SYNC_VERSION,
-    reads: [SYNC_VERSION],
-    versionField: 'byte 4 of every frame',
+    reads: range(SYNC_MIN_VERSION, SYNC_MAX_VERSION),
+    versionField: 'byte 4 of every frame; the versions a side speaks in the last 8 bytes of its HELLO nonce ("tether", min, max; absent = exactly 2)',
     summary: 'length-prefixed, sequenced, HMAC-sealed frames between the owner of a floating address and its standbys; conntrack entries in entry-codec.ts',
     history: {
       1: 'first version',
-      2: 'before 0.1.0: RESYNC_BEGIN names its buckets, DIGEST and BUCKET_REQUEST (a 1 and a 2 refuse each other)',
+      2: 'before 0.1.0: RESYNC_BEGIN names its buckets, DIGEST and BUCKET_REQUEST (a 1 and a 2 refuse each other); 0.2.0: each side advertises MIN..MAX in its HELLO nonce (0.1.0 reads the nonce as opaque bytes) and both speak the highest shared version, refusing the other as `version` when none is shared',
     },
   },
   ...pinnedMaps(),

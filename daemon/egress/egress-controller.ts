@@ -274,16 +274,17 @@ export class EgressController {
    * Stops without leaving anything half done: no new work starts, work under way is awaited, addresses this
    * node holds are handed to an in-sync live candidate on another node (make-before-break, as for a
    * deleted gateway pod). With live candidates but none in sync, the address is kept and served (its sync
-   * streams and ownership notices go on) until one is, or until handoverWaitMs after the stop began; then
+   * streams and ownership notices go on) until one is, or until handoverWaitMs after tetherd began to stop
+   * (`stoppingSince`: the parts stopped before this one used part of the pod's grace period already); then
    * it goes to the best live candidate anyway: left in place, it would be taken over by failover once this
    * tetherd is gone, later (detection, hold-down) and by a candidate no better in sync, while this
    * node's announcement lingered. With no other live candidate it stays in the kernel for the next start
    * to resume. Then the sockets close.
    */
-  async stop(): Promise<void> {
+  async stop(stoppingSince = Date.now()): Promise<void> {
     if (this.s.stopped) return;
     this.s.stopped = true;
-    const until = Date.now() + (this.s.o.handoverWaitMs ?? HANDOVER_WAIT_MS);
+    const until = Math.min(stoppingSince, Date.now()) + (this.s.o.handoverWaitMs ?? HANDOVER_WAIT_MS);
     this.s.roles.watcher?.close();
     const [loopsDone, workDone] = await Promise.all([
       Promise.all([this.s.election.loop, ...this.loops].map((l) => l.stop(10_000))).then((d) => d.every(Boolean)),

@@ -129,8 +129,9 @@ export class Egress implements Subsystem<EgressDesired> {
     else if (d.egresses.length) this.logger.error('egress: Egress objects need --node-address, --cluster-key-file and --redis; not served', { egresses: d.egresses.map((x) => x.key) });
   }
 
-  async stop(): Promise<void> {
-    await this.controller?.stop();
+  /** stoppingSince: when tetherd began to stop (the handover wait counts from there). */
+  async stop(stoppingSince?: number): Promise<void> {
+    await this.controller?.stop(stoppingSince);
   }
 
   status(): Record<string, unknown> {
