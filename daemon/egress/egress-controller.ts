@@ -333,7 +333,12 @@ export class EgressController {
     const n = this.s.notices?.stats();
     // Per gateway pod: what the node's guard on its veth let out or dropped, by reason.
     const guard = Object.fromEntries([...this.s.gateways.values()].map((g) => [g.info.pod, g.datapath.guardStats()]));
-    return { bfdRejected: this.s.endpoint?.stats().rejected, syncRejected: this.s.receiver?.stats().rejected, noticesRejected: n?.rejected, notices: n && { rx: n.rx, tx: n.tx, accepted: n.accepted }, guard };
+    // Per gateway pod: FoU its decap program took, and refused for an outer source that is not a registered node.
+    const decap = Object.fromEntries([...this.s.gateways.values()].map((g) => {
+      const d = g.datapath.decapStats();
+      return [g.info.pod, d && { packets: Number(d.packets), rejectedSource: Number(d.rejectedSource), errors: Number(d.errors) }];
+    }));
+    return { bfdRejected: this.s.endpoint?.stats().rejected, syncRejected: this.s.receiver?.stats().rejected, noticesRejected: n?.rejected, notices: n && { rx: n.rx, tx: n.tx, accepted: n.accepted }, guard, decap };
   }
 
   /** BFD as its thread last reported it: each session's state and Up/Down counts, the thread's worst loop delay. */
