@@ -48,3 +48,29 @@ export function previousRelease(): Release {
   for (const f of [path.join(rel.binDir, 'tetherd'), path.join(rel.binDir, 'tether'), rel.imageArchive]) if (!fs.existsSync(f)) throw new Error(`the previous release's build has no ${f}`);
   return rel;
 }
+
+/**
+ * The previous release's source (its daemon/, ipam/, cni/ and package.json, by `git archive` of
+ * release/previous), for tests that run its modules beside this release's in one process (a sync sender of
+ * N−1 against a receiver of N). Under <repo>/.previous-release/<commit>, so its imports of packages resolve
+ * to this checkout's node_modules. Extracted once per commit.
+ */
+export function previousSource(): string {
+  const { commit } = previousReleaseRef();
+  const dir = path.join(root, '.previous-release', commit);
+  const done = path.join(dir, '.done');
+  if (fs.existsSync(done)) return dir;
+  fs.rmSync(dir, { recursive: true, force: true });
+  fs.mkdirSync(dir, { recursive: true });
+  const tar = spawnSync('sh', ['-c', 'git archive --format=tar "$1" daemon ipam cni package.json | tar -x -C "$2"', 'sh', commit, dir], { cwd: root, encoding: 'utf8' });
+  if (tar.status !== 0) throw new Error(`git archive ${commit} (release/previous): ${tar.stderr.trim()} (a shallow clone? the history must hold it)`);
+  fs.writeFileSync(done, `${commit}\n`);
+  return dir;
+}
+
+/** A module of the previous release by its repository path (e.g. 'daemon/conntrack-sync/sender'), typed as this release's. */
+export function previousModule<T>(rel: string): T {
+  // eslint-disable-next-line @typescript-eslint/no-require-imports
+  return require(path.join(previousSource(), rel)) as T;
+}
+

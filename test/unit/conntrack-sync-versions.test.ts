@@ -1,5 +1,5 @@
-// Conntrack sync protocol versions: this release beside the previous one (ccd851b, vendored verbatim under
-// test/fixtures/ccd851b) over real TCP in both directions, the bytes both write, and the negotiation.
+// Conntrack sync protocol versions: this release beside the previous one (release/previous, its modules taken
+// from this repository's history) over real TCP in both directions, the bytes both write, and the negotiation.
 import { randomBytes } from 'node:crypto';
 import * as net from 'node:net';
 import { test } from 'uvu';
@@ -9,12 +9,17 @@ import { SyncSender, SyncReceiver, type SyncSenderOptions } from '../../daemon/c
 import { FrameType, FrameWriter, HELLO_VERSION, MAX_PROTOCOL_VERSION, openFrame } from '../../daemon/conntrack-sync/frame';
 import { advertisedVersions, handshakeKey, LEGACY_VERSIONS, negotiate, newNonce, readHello, writeHello } from '../../daemon/conntrack-sync/handshake';
 import { writeEntry } from '../../daemon/conntrack-sync/entry-codec';
-import { SyncSender as OldSender } from '../fixtures/ccd851b/conntrack-sync/sender';
-import { SyncReceiver as OldReceiver } from '../fixtures/ccd851b/conntrack-sync/receiver';
-import * as oldFrame from '../fixtures/ccd851b/conntrack-sync/frame';
-import * as oldHandshake from '../fixtures/ccd851b/conntrack-sync/handshake';
-import * as oldCodec from '../fixtures/ccd851b/conntrack-sync/entry-codec';
+import { previousModule } from '../lib/releases';
 import { KEY, Table, captureLogs, entry, ev, restoreLogs, sameTable, startReceiver, waitFor } from './conntrack-sync-fixtures';
+
+// The previous release's modules (release/previous, from this repository's history), typed as this release's.
+const { SyncSender: OldSender } = previousModule<typeof import('../../daemon/conntrack-sync/sender')>('daemon/conntrack-sync/sender');
+const { SyncReceiver: OldReceiver } = previousModule<typeof import('../../daemon/conntrack-sync/receiver')>('daemon/conntrack-sync/receiver');
+const oldFrame = previousModule<typeof import('../../daemon/conntrack-sync/frame')>('daemon/conntrack-sync/frame');
+const oldHandshake = previousModule<typeof import('../../daemon/conntrack-sync/handshake')>('daemon/conntrack-sync/handshake');
+const oldCodec = previousModule<typeof import('../../daemon/conntrack-sync/entry-codec')>('daemon/conntrack-sync/entry-codec');
+const oldLog = previousModule<typeof import('../../daemon/log')>('daemon/log');
+oldLog.setLogger(oldLog.makeLogger({ level: 'error' }));
 
 test.before(captureLogs);
 test.after(restoreLogs);

@@ -13,7 +13,7 @@ import type { GatewayInfo, OwnershipStore } from '../../daemon/egress/ownership-
 import type { GatewayDatapath } from '../../daemon/egress/gateway-datapath';
 import { STANDBY_SYNC_BOUND_MS, type StandbySyncChange } from '../../daemon/egress/standby-sync';
 import { SyncReceiver, SyncSender, MAX_PROTOCOL_VERSION } from '../../daemon/conntrack-sync';
-import { SyncSender as OldSender } from '../fixtures/ccd851b/conntrack-sync/sender';
+import { previousModule } from '../lib/releases';
 import { readyAnswer } from '../../daemon/health/probe-server';
 import { standbySyncEvent } from '../../daemon/kube/tether-events';
 import { TetherMetrics, type EgressAddressView } from '../../daemon/metrics/tether-metrics';
@@ -66,6 +66,11 @@ async function gauge(s: EgressContext): Promise<Record<string, number>> {
   }
   return out;
 }
+
+// The previous release's sync sender (release/previous, from this repository's history), typed as this release's.
+const { SyncSender: OldSender } = previousModule<typeof import('../../daemon/conntrack-sync/sender')>('daemon/conntrack-sync/sender');
+const oldLog = previousModule<typeof import('../../daemon/log')>('daemon/log');
+oldLog.setLogger(oldLog.makeLogger({ level: 'error' }));
 
 test.before(() => setLogger(quiet));
 
