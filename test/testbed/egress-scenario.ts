@@ -113,7 +113,8 @@ export async function waitClientSteered(tb: Testbed, client = 'n3', timeoutMs = 
   }
 }
 
-function collect(child: ChildProcess): Promise<string> {
+/** Everything a child prints (stdout and stderr), once it exits. */
+export function collect(child: ChildProcess): Promise<string> {
   return new Promise((resolve) => {
     let out = '';
     child.stdout?.on('data', (b: Buffer) => (out += b.toString()));
@@ -122,8 +123,9 @@ function collect(child: ChildProcess): Promise<string> {
   });
 }
 
-export async function startServer(tb: Testbed): Promise<{ stop: () => Promise<string[]> }> {
-  const child = tb.spawn('server', [process.execPath, '-e', ECHO_SERVER, String(PORT)]);
+/** The echo server on the external server host (port PORT unless given); stop() returns the peers it saw. */
+export async function startServer(tb: Testbed, port = PORT): Promise<{ stop: () => Promise<string[]> }> {
+  const child = tb.spawn('server', [process.execPath, '-e', ECHO_SERVER, String(port)]);
   const out = collect(child);
   await new Promise<void>((resolve, reject) => {
     child.stdout?.on('data', (b: Buffer) => b.toString().includes('ready') && resolve());

@@ -8,7 +8,6 @@
 // connections run, after every node's turn 10 more of each are opened and kept to the end. Pass: every
 // connection intact, no gap longer than the failover bound, no node refusing another's frames, notices or
 // packets, and pods made under one release deleted cleanly under the other.
-import type { ChildProcess } from 'node:child_process';
 import * as fs from 'node:fs';
 import { test } from 'uvu';
 import * as assert from 'uvu/assert';
@@ -19,7 +18,7 @@ import {
   AFTER_MS, GATEWAYS, LB_NODES, NODES, TARGETS, TRAFFIC_MAX_MS, configure, egressReady, nodeReady, other, phaseOf, restartNode, topology, vipServed, type Step,
 } from './rolling-scenario';
 import { currentRelease, previousRelease, type Release } from '../lib/releases';
-import { ECHO_SERVER, TRAFFIC_CLIENT, type TrafficReport } from '../lib/traffic';
+import { TRAFFIC_CLIENT, type TrafficReport } from '../lib/traffic';
 
 const CONNS = Number(process.env.UPGRADE_TEST_CONNS ?? 200);
 /** Connections opened after each node's turn and kept to the end. */
@@ -57,38 +56,13 @@ interface Phase {
 /** Opens `n` connections from the client pod through the Egress to the batch server, kept until `end`. */
 async function egressBatch(tb: Testbed, n: number, end: Promise<void>): Promise<TrafficReport> {
   const client = tb.spawn('n3-web', [process.execPath, '-e', TRAFFIC_CLIENT, tb.externalIp('server'), String(BATCH_PORT), String(n), String(TRAFFIC_MAX_MS), '50', '0']);
-  const out = collect(client);
+  const out = egress.collect(client);
   await end;
   client.kill('SIGINT');
   const text = await out;
   const line = text.split('\n').find((l) => l.startsWith('{'));
   if (!line) throw new Error(`egress batch client printed no report: ${text.slice(0, 400)}`);
   return JSON.parse(line) as TrafficReport;
-}
-
-function collect(child: ChildProcess): Promise<string> {
-  return new Promise((resolve) => {
-    let out = '';
-    child.stdout?.on('data', (b: Buffer) => (out += b.toString()));
-    child.stderr?.on('data', (b: Buffer) => (out += b.toString()));
-    child.on('exit', () => resolve(out));
-  });
-}
-
-async function startBatchServer(tb: Testbed): Promise<{ stop: () => Promise<string[]> }> {
-  const child = tb.spawn('server', [process.execPath, '-e', ECHO_SERVER, String(BATCH_PORT)]);
-  const out = collect(child);
-  await new Promise<void>((resolve, reject) => {
-    child.stdout?.on('data', (b: Buffer) => b.toString().includes('ready') && resolve());
-    child.once('exit', () => reject(new Error('batch echo server exited')));
-  });
-  return {
-    stop: async () => {
-      child.kill('SIGTERM');
-      const line = (await out).split('\n').find((l) => l.startsWith('{'));
-      return line ? (JSON.parse(line).peers as string[]) : [];
-    },
-  };
 }
 
 /**
@@ -140,7 +114,7 @@ test('rolling upgrade from the previous release and rollback to it under traffic
       const before = await egressReady(tb);
       const targets = Object.values(TARGETS).flat();
       const servers = await lb.startTargets(tb, targets, vip);
-      const batchServer = await startBatchServer(tb);
+      const batchServer = await egress.startServer(tb, BATCH_PORT);
       // A pod made by the previous release's executables, deleted once its node runs this one (and back).
       const oldPod = (await tb.addPod('n3', { name: 'madeold', namespace: 'shop' })).key;
       const logFrom = new Map(NODES.map((n) => [n, fs.statSync(tb.tetherdLog(n)).size]));
