@@ -18,7 +18,8 @@ full=$(git rev-parse --verify --quiet "$commit^{commit}") || {
 dir=${2:-/var/cache/tether-release/$full}
 if [ -f "$dir/.done" ] && [ "$(cat "$dir/.done")" = "$full" ]; then echo "$dir"; exit 0; fi
 
-exec 9>"$dir.lock" 2>/dev/null || { mkdir -p "$(dirname "$dir")"; exec 9>"$dir.lock"; }
+mkdir -p "$(dirname "$dir")"
+exec 9>"$dir.lock"
 flock 9
 if [ -f "$dir/.done" ] && [ "$(cat "$dir/.done")" = "$full" ]; then echo "$dir"; exit 0; fi
 rm -rf "$dir"
