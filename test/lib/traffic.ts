@@ -48,7 +48,8 @@ export interface TrafficReport {
 /**
  * argv: host port connections durationMs intervalMs udp(0|1). Each connection sends "<conn> <seq>\\n" every
  * intervalMs once the previous echo arrived; a reply out of order, a reset or a close is an error.
- * Prints "ready" once SIGUSR2 (the mark, see TrafficReport.maxGapAfterMarkMs) and SIGINT (end now) are handled.
+ * Prints "ready" once SIGUSR2 (the mark, see TrafficReport.maxGapAfterMarkMs) and SIGINT (end now) are handled,
+ * and "connected" once every connection is.
  */
 export const TRAFFIC_CLIENT = `
 let markAt = 0;
@@ -73,7 +74,7 @@ function conn(i) {
   s.setNoDelay(true);
   const send = () => { if (Date.now() - start > duration) { finish(); return; } s.write(i + ' ' + seq++ + '\\n'); waiting = true; };
   const timer = setInterval(() => { if (!waiting) send(); }, interval);
-  s.on('connect', () => { connects.push(Date.now() - opened); send(); });
+  s.on('connect', () => { connects.push(Date.now() - opened); if (connects.length === n) process.stdout.write('connected\\n'); send(); });
   s.on('data', (b) => {
     buf += b;
     let nl;

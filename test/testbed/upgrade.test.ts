@@ -33,6 +33,14 @@ const BATCH_PORT = egress.PORT + 1;
  * waits out every retransmission or dies, and a new connection whose SYN is lost waits 1 s: both fail this bound.
  */
 const MAX_GAP_MS = 1000;
+/**
+ * How long a turn waits for the connections opened after the previous one to connect. Opened in the very
+ * millisecond of an owner's handover, a handshake can hang for good (seen once in about 12 runs: a batch
+ * opened 11 ms before the owner's SIGTERM, 0/10 ever answered): a known defect of the planned handover (the
+ * closing note of issue 29), not of the skew. The wait keeps this test on what it is about, connections opened during the
+ * roll kept across the turns that follow.
+ */
+const CONNECT_WAIT_MS = 5000;
 /** TCP's initial retransmission timeout: a lost SYN is resent after it. */
 const SYN_RTO_MS = 1000;
 /** What a node must never log about another (a release refusing the other's format). */
@@ -53,16 +61,33 @@ interface Phase {
   ownerLast: boolean;
 }
 
-/** Opens `n` connections from the client pod through the Egress to the batch server, kept until `end`. */
-async function egressBatch(tb: Testbed, n: number, end: Promise<void>): Promise<TrafficReport> {
-  const client = tb.spawn('n3-web', [process.execPath, '-e', TRAFFIC_CLIENT, tb.externalIp('server'), String(BATCH_PORT), String(n), String(TRAFFIC_MAX_MS), '50', '0']);
+/** A batch of connections opened during the roll: `connected` once all are (or the client ended), `report` at its end. */
+interface OpenBatch {
+  connected: Promise<void>;
+  report: Promise<TrafficReport>;
+}
+
+/**
+ * Opens `n` connections from `host` to ip:port (through the Egress from the client pod, or to the VIP from the
+ * external client), kept until `end`.
+ */
+function openBatch(tb: Testbed, host: string, ip: string, port: number, n: number, end: Promise<void>): OpenBatch {
+  const client = tb.spawn(host, [process.execPath, '-e', TRAFFIC_CLIENT, ip, String(port), String(n), String(TRAFFIC_MAX_MS), '50', '0']);
+  let text = '';
+  const connected = new Promise<void>((resolve) => {
+    client.stdout?.on('data', (b: Buffer) => (text += b.toString()).includes('connected') && resolve());
+    client.once('exit', () => resolve());
+  });
   const out = egress.collect(client);
-  await end;
-  client.kill('SIGINT');
-  const text = await out;
-  const line = text.split('\n').find((l) => l.startsWith('{'));
-  if (!line) throw new Error(`egress batch client printed no report: ${text.slice(0, 400)}`);
-  return JSON.parse(line) as TrafficReport;
+  const report = (async () => {
+    await end;
+    client.kill('SIGINT');
+    const all = await out;
+    const line = all.split('\n').find((l) => l.startsWith('{'));
+    if (!line) throw new Error(`batch client in ${host} printed no report: ${all.slice(0, 400)}`);
+    return JSON.parse(line) as TrafficReport;
+  })();
+  return { connected, report };
 }
 
 /**
@@ -154,8 +179,14 @@ test('rolling upgrade from the previous release and rollback to it under traffic
                 assert.is(startedVersion(tb, n), ph.to.version, `${n} runs ${ph.to.version} after its turn`);
                 const after = `${n} → ${ph.to.version}`;
                 const openedAt = Date.now();
-                batches.push(lb.traffic(tb, vip, BATCH, TRAFFIC_MAX_MS, () => batchesEnd, false, { endWhenDone: true }).then((report) => ({ kind: 'LB', after, openedAt, report })));
-                batches.push(egressBatch(tb, BATCH, batchesEnd).then((report) => ({ kind: 'egress', after, openedAt, report })));
+                const opened = [
+                  { kind: 'LB', b: openBatch(tb, 'client', vip, lb.PORT, BATCH, batchesEnd) },
+                  { kind: 'egress', b: openBatch(tb, 'n3-web', tb.externalIp('server'), BATCH_PORT, BATCH, batchesEnd) },
+                ];
+                for (const o of opened) batches.push(o.b.report.then((report) => ({ kind: o.kind, after, openedAt, report })));
+                // The next turn starts once these are connected (bounded: one that is not is reported at the end).
+                // A handshake that meets the next owner's handover is another matter (CONNECT_WAIT_MS).
+                await Promise.race([Promise.all(opened.map((o) => o.b.connected)), new Promise((r) => setTimeout(r, CONNECT_WAIT_MS))]);
               }
               if (ph.ownerLast) {
                 // n3 runs this release now: its old pod goes with this release's executables, a new one comes.
