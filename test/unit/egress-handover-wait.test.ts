@@ -11,24 +11,18 @@ import { Writable } from 'node:stream';
 import { makeLogger } from '../../daemon/log';
 import { draining, isDraining, type AddressState, type EgressContext } from '../../daemon/egress/egress-context';
 import { egressContext } from '../../daemon/egress/egress-controller';
-import { addressSlots, type ResolvedEgress } from '../../daemon/egress/egress-spec';
+import { addressSlots } from '../../daemon/egress/egress-spec';
 import type { GatewayInfo, OwnershipStore } from '../../daemon/egress/ownership-store';
 import type { GatewayDatapath } from '../../daemon/egress/gateway-datapath';
 import type { SyncSender, SyncSenderStats } from '../../daemon/conntrack-sync';
 import type { ClusterAddresses } from '../../ipam/cluster-addresses';
 import type { AttachService } from '../../daemon/pod/attach-service';
 import type { PodRecord } from '../../daemon/state/pod-store';
+import { ADDRESS, EGRESS } from './egress-fixtures';
 
 const lines: Array<Record<string, unknown>> = [];
 const logger = makeLogger({ level: 'debug', stream: new Writable({ write: (c, _e, cb) => { for (const l of String(c).split('\n')) if (l.trim()) lines.push(JSON.parse(l)); cb(); } }) });
 
-const EGRESS: ResolvedEgress = {
-  key: 'shop/out', name: 'out', namespace: 'shop',
-  clients: { matchLabels: { app: 'web' } }, gateways: { matchLabels: { app: 'gw' } },
-  destinations: ['203.0.113.0/24'], excluded: [], addresses: [{ pool: 'float', count: 1 }], zonePolicy: 'any',
-  failover: { intervalMs: 50, detectMultiplier: 3 }, announce: { mode: 'l2' },
-};
-const ADDRESS = '198.51.100.7';
 const gwA: GatewayInfo = { pod: 'shop/gw-a', node: 'n1', nodeAddress: '10.1.0.1', podIp: '10.244.1.5' };
 const gwB: GatewayInfo = { pod: 'shop/gw-b', node: 'n2', nodeAddress: '10.1.0.2', podIp: '10.244.2.5' };
 const gwC: GatewayInfo = { pod: 'shop/gw-c', node: 'n3', nodeAddress: '10.1.0.3', podIp: '10.244.3.5' };

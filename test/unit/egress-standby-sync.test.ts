@@ -8,7 +8,7 @@ import { Writable } from 'node:stream';
 import { makeLogger, setLogger } from '../../daemon/log';
 import type { EgressContext } from '../../daemon/egress/egress-context';
 import { egressContext } from '../../daemon/egress/egress-controller';
-import { addressSlots, type ResolvedEgress } from '../../daemon/egress/egress-spec';
+import { addressSlots } from '../../daemon/egress/egress-spec';
 import type { GatewayInfo, OwnershipStore } from '../../daemon/egress/ownership-store';
 import type { GatewayDatapath } from '../../daemon/egress/gateway-datapath';
 import { STANDBY_SYNC_BOUND_MS, type StandbySyncChange } from '../../daemon/egress/standby-sync';
@@ -20,15 +20,9 @@ import { TetherMetrics, type EgressAddressView } from '../../daemon/metrics/teth
 import type { ClusterAddresses } from '../../ipam/cluster-addresses';
 import type { AttachService } from '../../daemon/pod/attach-service';
 import { KEY, entry, waitFor } from './conntrack-sync-fixtures';
+import { ADDRESS, EGRESS } from './egress-fixtures';
 
 const quiet = makeLogger({ level: 'error', stream: new Writable({ write: (_c, _e, cb) => cb() }) });
-const EGRESS: ResolvedEgress = {
-  key: 'shop/out', name: 'out', namespace: 'shop',
-  clients: { matchLabels: { app: 'web' } }, gateways: { matchLabels: { app: 'gw' } },
-  destinations: ['203.0.113.0/24'], excluded: [], addresses: [{ pool: 'float', count: 1 }], zonePolicy: 'any',
-  failover: { intervalMs: 50, detectMultiplier: 3 }, announce: { mode: 'l2' },
-};
-const ADDRESS = '198.51.100.7';
 const STREAM = `${EGRESS.key}|${ADDRESS}`;
 const gwA: GatewayInfo = { pod: 'shop/gw-a', node: 'n1', nodeAddress: '127.0.0.1', podIp: '10.244.1.5' };
 const gwB: GatewayInfo = { pod: 'shop/gw-b', node: 'n2', nodeAddress: '10.1.0.2', podIp: '10.244.2.5' };
