@@ -1,6 +1,6 @@
 // tetherd's socket through Bun's own sockets (Bun.connect), for the CNI executables compiled with Bun:
 // importing node:net costs a Bun executable about 6 ms at start, more than the request itself.
-import type { Connector } from '../daemon/api/call-core';
+import type { Connector } from '../lib/api/call-core';
 
 interface BunSocket {
   write(data: Uint8Array): number;

@@ -1,12 +1,12 @@
 // The body every Tether CNI executable shares: check what the spec asks of a plugin (version,
 // environment, config shape), forward the request to the node's tetherd, print its answer or a CNI error.
 // `tether` and `tether-ipam` differ only in their ClientSpec.
-import type { Connector } from '../daemon/api/call-core';
-import { callWith, TetherdUnreachable } from '../daemon/api/call-core';
-import { queueDelete, type QueuedMethod } from '../daemon/api/delete-queue';
-import type { CniParams, Method } from '../daemon/api/protocol';
-import { ErrorCode, TetherError } from '../daemon/errors';
-import { errorReply, parseNetConf, readEnv, readStdin, versionReply, type CniCommand, type NetConf } from './spec';
+import type { Connector } from '../lib/api/call-core';
+import { callWith, TetherdUnreachable } from '../lib/api/call-core';
+import { queueDelete, type QueuedMethod } from '../lib/api/delete-queue';
+import type { CniParams, Method } from '../lib/api/protocol';
+import { ErrorCode, TetherError } from '../lib/errors';
+import { errorReply, parseNetConf, readEnv, readStdin, versionReply, type CniCommand, type NetConf } from '../lib/cni-spec';
 
 /** CNI 1.1 STATUS: 50 = the plugin cannot service ADD requests. */
 const CNI_PLUGIN_NOT_AVAILABLE = 50;
@@ -17,7 +17,7 @@ export interface ClientSpec {
   validate(conf: NetConf, command: CniCommand): void;
   /** Where this plugin's tetherd listens, from its config. */
   socketPath(conf: NetConf): string;
-  /** Where a DEL goes when tetherd is unreachable (daemon/api/delete-queue.ts), from its config. */
+  /** Where a DEL goes when tetherd is unreachable (lib/api/delete-queue.ts), from its config. */
   deleteQueueDir(conf: NetConf): string;
 }
 

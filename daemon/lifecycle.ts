@@ -1,7 +1,7 @@
 // tetherd's start and stop order: every part that started registers how to stop it, and a stop (a signal,
 // or a part that failed to start) stops them in reverse order, each awaited with a bound, before the
 // logger ends. Nothing runs or logs after that, and the exit code says how it went.
-import type { Logger } from './log';
+import type { Logger } from '../lib/log';
 
 /** A start that cannot go on: `exitCode` 2 for bad configuration or arguments, 1 for the environment. */
 export class StartError extends Error {

@@ -5,7 +5,7 @@
 // resolved once into every subsystem's desired state and applied, and every part that starts registers
 // its stop, so a stop (or a failed start) undoes them in reverse order before the logger ends.
 import * as path from 'node:path';
-import { makeLogger, setLogger, type Logger } from './log';
+import { makeLogger, setLogger, type Logger } from '../lib/log';
 import { endLogger, Lifecycle, StartError, stopSignal } from './lifecycle';
 import { LoopLag } from './util/loop-lag';
 import { feedResolved, type Reconciler } from './config/source';
@@ -24,7 +24,7 @@ import { Controllers } from './parts/controllers';
 import { startMetrics } from './parts/metrics';
 import { TetherMetrics } from './metrics/tether-metrics';
 import { fed, resolveDesired, type DesiredState, type Subsystem } from './parts/subsystem';
-import { VERSION } from '../cni/about';
+import { VERSION } from '../lib/version';
 import { observeSubsystems, startReporting } from './parts/kube-reporting';
 import { useSysctlJournal } from './sys/sysctl-journal';
 

@@ -2,7 +2,7 @@
 import * as os from 'node:os';
 import { isIP } from 'node:net';
 import { parseArgs } from 'node:util';
-import { DEFAULT_SOCKET_PATH } from './api/protocol';
+import { DEFAULT_SOCKET_PATH } from '../lib/api/protocol';
 import { StartError } from './lifecycle';
 import { parseRedisUrl } from './common/redis';
 import { isPrime } from './lb/maglev';

@@ -6,10 +6,10 @@
 import * as fs from 'node:fs';
 import * as net from 'node:net';
 import * as path from 'node:path';
-import { asTetherError, ErrorCode, TetherError } from './errors';
-import type { Logger } from './log';
+import { asTetherError, ErrorCode, TetherError } from '../lib/errors';
+import type { Logger } from '../lib/log';
 import { InFlight } from './util/in-flight';
-import { MAX_LINE_BYTES, MIN_PROTOCOL_VERSION, PROTOCOL_VERSION, type Method, type Request, type Response } from './api/protocol';
+import { MAX_LINE_BYTES, MIN_PROTOCOL_VERSION, PROTOCOL_VERSION, type Method, type Request, type Response } from '../lib/api/protocol';
 
 export type Handler = (params: unknown) => unknown | Promise<unknown>;
 

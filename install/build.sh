@@ -19,7 +19,7 @@ fi
 
 # 2. One CommonJS bundle. koffi stays external: its native module rides in the SEA as an asset and is
 #    loaded by daemon/sys/ffi.ts; under plain node it is required from node_modules.
-node_modules/.bin/esbuild cni/entry.ts --bundle --platform=node --target=node20 --format=cjs \
+node_modules/.bin/esbuild cmd/node.ts --bundle --platform=node --target=node20 --format=cjs \
   --external:koffi --external:esbuild --alias:supports-color=./install/stubs/supports-color.js --alias:bufferutil=./install/stubs/absent-optional.js --alias:utf-8-validate=./install/stubs/absent-optional.js --alias:encoding=./install/stubs/absent-optional.js --minify --legal-comments=none --log-level=warning --outfile="$out/tetherd.js"
 # tetherd's BFD thread runs its own bundle (daemon/bfd/threaded.ts loads it from the SEA asset).
 node_modules/.bin/esbuild daemon/bfd/worker-main.ts --bundle --platform=node --target=node20 --format=cjs \
@@ -49,11 +49,11 @@ rm -f "$out/bin/tetherd"
 mv -f "$tmp" "$out/bin/tetherd"
 for name in tetherctl tether-install; do ln -sfn tetherd "$out/bin/$name"; done
 
-# 4. The CNI executables: only the thin client (cni/plugin-entry.ts), compiled with Bun. A runtime runs them
+# 4. The CNI executables: only the thin client (cmd/cni-plugin.ts), compiled with Bun. A runtime runs them
 #    in whatever directory it is in: they read no .env or bunfig.toml from there (Bun's default would).
 rm -f "$out/bin/tether" "$out/bin/tether-ipam"
 node_modules/.bin/bun build --compile --minify --bytecode --no-compile-autoload-dotenv --no-compile-autoload-bunfig \
-  cni/plugin-entry.ts --outfile "$out/bin/.tether.tmp" >"$out/bun.log" 2>&1 || { cat "$out/bun.log"; exit 1; }
+  cmd/cni-plugin.ts --outfile "$out/bin/.tether.tmp" >"$out/bun.log" 2>&1 || { cat "$out/bun.log"; exit 1; }
 mv -f "$out/bin/.tether.tmp" "$out/bin/tether"
 ln -sfn tether "$out/bin/tether-ipam"
 echo "built $out/bin/tetherd ($(du -h "$out/bin/tetherd" | cut -f1); links tetherctl, tether-install; bundle $(du -h "$out/tetherd.js" | cut -f1)) and $out/bin/tether ($(du -h "$out/bin/tether" | cut -f1), Bun; link tether-ipam)"

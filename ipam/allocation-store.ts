@@ -3,7 +3,7 @@
 // and one blocks file per pool; a tetherd killed at any instant restarts with exactly what was durable.
 import * as fs from 'node:fs';
 import * as path from 'node:path';
-import { fsyncDir, removeFileDurable, sweepTempFiles, writeFileAtomic } from '../daemon/state/atomic-file';
+import { fsyncDir, removeFileDurable, sweepTempFiles, writeFileAtomic } from '../lib/atomic-file';
 import type { IpFamily, PodOwner } from './types';
 
 export interface AllocationRecord {

@@ -4,9 +4,9 @@
 // A store that lost its data (restarted empty, FLUSHALL) no longer knows who holds what: for the first
 // hold-off of every store generation nothing new is handed out, while the holders (the egress and LB
 // controllers, which notice the new generation) re-assert the addresses they use.
-import { ErrorCode, TetherError } from '../daemon/errors';
-import type { Logger } from '../daemon/log';
-import { formatIp, inSubnet, parseIp, sizeOf } from '../daemon/common/ip-math';
+import { ErrorCode, TetherError } from '../lib/errors';
+import type { Logger } from '../lib/log';
+import { formatIp, inSubnet, parseIp, sizeOf } from '../lib/ip';
 import { HOLD_OFF_MS } from './pod-allocator';
 import type { AddressOutcome, ClusterStore, IpFamily, ResolvedFamily, ResolvedPool, StoreGeneration } from './types';
 

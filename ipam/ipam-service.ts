@@ -1,10 +1,10 @@
 // tetherd's side of `tether-ipam`: reads the IPAM section of a primary plugin's config, allocates through
 // the PodAllocator and answers a CNI IPAM result in the config's version (0.3.x/0.4.0 carry `version`
 // on each IP; 1.x do not). ADD is idempotent per attachment, DEL releases, CHECK verifies, GC reclaims.
-import { ErrorCode, TetherError } from '../daemon/errors';
-import type { Logger } from '../daemon/log';
-import type { CniParams } from '../daemon/api/protocol';
-import { parseCidr, parseIp } from '../daemon/common/ip-math';
+import { ErrorCode, TetherError } from '../lib/errors';
+import type { Logger } from '../lib/log';
+import type { CniParams } from '../lib/api/protocol';
+import { parseCidr, parseIp } from '../lib/ip';
 import { ownerKey, type PodAllocation, type PodAllocator } from './pod-allocator';
 import type { PodOwner } from './types';
 

@@ -3,12 +3,12 @@
 // empty. Allocations are durable before they are answered, so an address is never handed out twice, and
 // every allocation is keyed by its attachment so a repeated ADD gets the same address back.
 import { createHash } from 'node:crypto';
-import { ErrorCode, TetherError } from '../daemon/errors';
-import type { Logger } from '../daemon/log';
-import { KeyedMutex } from '../daemon/util/keyed-mutex';
+import { ErrorCode, TetherError } from '../lib/errors';
+import type { Logger } from '../lib/log';
+import { KeyedMutex } from '../lib/keyed-mutex';
 import type { AllocationRecord, AllocationStore } from './allocation-store';
 import { poolMatchesNode } from './pool';
-import { formatCidr, formatIp, parseCidr, parseIp, sizeOf } from '../daemon/common/ip-math';
+import { formatCidr, formatIp, parseCidr, parseIp, sizeOf } from '../lib/ip';
 import type { ClusterStore, IpFamily, PodOwner, ResolvedFamily, ResolvedPool } from './types';
 
 export interface NodeIdentity {

@@ -1,8 +1,8 @@
 // AddressPool validation: turns file objects or custom resources (same shape) into ResolvedPools. Every
 // problem names the pool and the field, and all problems are reported at once so one edit fixes a file.
-import { ErrorCode, TetherError } from '../daemon/errors';
-import { familyBits, formatCidr, parseCidr, parseIp, rangeOf, rangesOverlap } from '../daemon/common/ip-math';
-import { API_VERSION, DNS1123_LABEL, ZONE_LABEL, describe, isLabelKey, isLabelValue, isObject } from '../daemon/common/fields';
+import { ErrorCode, TetherError } from '../lib/errors';
+import { familyBits, formatCidr, parseCidr, parseIp, rangeOf, rangesOverlap } from '../lib/ip';
+import { API_VERSION, DNS1123_LABEL, ZONE_LABEL, describe, isLabelKey, isLabelValue, isObject } from '../lib/fields';
 import type { AddressPool, IpFamily, PoolUsage, ResolvedFamily, ResolvedPool } from './types';
 
 const USAGES: readonly PoolUsage[] = ['pod', 'floating', 'loadBalancer'];

@@ -3,8 +3,8 @@
 // objects and Kubernetes objects load through one validator.
 
 export type PoolUsage = 'pod' | 'floating' | 'loadBalancer';
-export type { IpFamily } from '../daemon/common/ip-math';
-import type { IpFamily } from '../daemon/common/ip-math';
+export type { IpFamily } from '../lib/ip';
+import type { IpFamily } from '../lib/ip';
 
 export interface PoolFamilySpec {
   /** The pool's subnet, a network address with prefix, e.g. "10.244.0.0/16" or "fd00:10:244::/56". */

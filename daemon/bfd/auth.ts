@@ -1,7 +1,7 @@
 // BFD authentication (RFC 5880 §6.7): Keyed / Meticulous Keyed SHA1, a private Meticulous HMAC-SHA256
 // for tetherd-to-tetherd use, and the sequence-number window that rejects replayed packets (§6.7.4).
 import { createHash, createHmac, timingSafeEqual } from 'node:crypto';
-import { ErrorCode, TetherError } from '../errors';
+import { ErrorCode, TetherError } from '../../lib/errors';
 import { AUTH_DIGEST_OFFSET, BFD_HEADER_LEN } from './packet';
 
 export enum BfdAuthType {

@@ -1,6 +1,6 @@
 // BFD Control packet codec (RFC 5880 §4.1, §4.4) and the reception checks of §6.8.6 that need no session.
 // Anything that fails here is counted as "malformed" by the endpoint; session-level checks live in session.ts.
-import { ErrorCode, TetherError } from '../errors';
+import { ErrorCode, TetherError } from '../../lib/errors';
 
 export const BFD_VERSION = 1;
 /** Mandatory section length; the Length field covers it plus the Authentication Section when A is set. */

@@ -3,8 +3,8 @@
 // decoded packets in and gives a send function, so unit tests can drive it with a fake clock.
 import { EventEmitter } from 'node:events';
 import { randomBytes } from 'node:crypto';
-import { ErrorCode, TetherError } from '../errors';
-import { log } from '../log';
+import { ErrorCode, TetherError } from '../../lib/errors';
+import { log } from '../../lib/log';
 import { authLen, resolveAuth, SeqWindow, signPacket, verifyDigest, type BfdAuthConfig, type ResolvedAuth } from './auth';
 import type { Clock } from './clock';
 import { BfdDiag, BfdState, encodeControl, type BfdControl } from './packet';

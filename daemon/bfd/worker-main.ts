@@ -2,7 +2,7 @@
 // thread being busy (a CNI ADD storm, a 100k-entry conntrack resync, a GC pause) delays neither its packets
 // nor its detection timers. Bundled on its own (install/build.sh) and started by threaded.ts.
 import { parentPort, workerData } from 'node:worker_threads';
-import { setLogger, type Logger } from '../log';
+import { setLogger, type Logger } from '../../lib/log';
 import { LoopLag } from '../util/loop-lag';
 import { BfdEndpoint } from './endpoint';
 import type { BfdSession, BfdSessionOptions } from './session';

@@ -4,8 +4,8 @@ import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { koffi } from '../sys/ffi';
 import { errnoName } from '../sys/libc';
-import { TetherError, ErrorCode } from '../errors';
-import { log } from '../log';
+import { TetherError, ErrorCode } from '../../lib/errors';
+import { log } from '../../lib/log';
 
 const BPF_FS_MAGIC = 0xcafe4a11;
 export const BPFFS_ROOT = '/sys/fs/bpf';

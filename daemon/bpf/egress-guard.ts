@@ -4,7 +4,7 @@
 // enforcing (and updating) what the running program uses; a new attachment resets them.
 import * as fs from 'node:fs';
 import * as path from 'node:path';
-import { log } from '../log';
+import { log } from '../../lib/log';
 import { BpfObject } from './object';
 import { bpfObjectDir } from './fou';
 import { ipv4Bytes, ipv4String } from './fou-structs';

@@ -3,7 +3,7 @@
 // <pinDir>/egress/ so every attachment on the node and a restarted tetherd use the same maps.
 import * as fs from 'node:fs';
 import * as path from 'node:path';
-import { log } from '../log';
+import { log } from '../../lib/log';
 import { readNetSysctl, writeNetSysctl } from '../sys/netns';
 import { BpfObject } from './object';
 import { BpfMap } from './map';
@@ -16,7 +16,7 @@ import {
   sumEgressStats, sumEgressAddressStats, decodeEgressFlow, EGRESS_ID_GLOBAL, type EgressAction, type EgressConfig, type EgressSlot,
   type EgressStats, type EgressFlow, type EgressAddressStats, EGRESS_MAP_LAYOUTS,
 } from './egress-structs';
-import { TetherError, ErrorCode } from '../errors';
+import { TetherError, ErrorCode } from '../../lib/errors';
 
 export type { EgressSlot, EgressStats, EgressFlow, EgressAddressStats } from './egress-structs';
 

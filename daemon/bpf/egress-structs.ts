@@ -1,7 +1,7 @@
 // TypeScript mirrors of the structs in bpf/egress-types.h — must match bpf/egress-types.h (checked against
 // the compiled object's BTF by test/unit/bpf-structs.test.ts). Addresses and ports travel in network
 // order, ids, counts and epochs in host (little-endian) order.
-import { TetherError, ErrorCode } from '../errors';
+import { TetherError, ErrorCode } from '../../lib/errors';
 import { ipv4Bytes, ipv4String, type StructLayout } from './fou-structs';
 import type { MapLayout } from './map-layout';
 

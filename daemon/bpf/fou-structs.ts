@@ -1,6 +1,6 @@
 // TypeScript mirrors of the structs in bpf/fou-types.h — must match bpf/fou-types.h (checked against the
 // compiled objects' BTF by test/unit/bpf-structs.test.ts). Addresses and ports travel in network order.
-import { TetherError, ErrorCode } from '../errors';
+import { TetherError, ErrorCode } from '../../lib/errors';
 import type { MapLayout } from './map-layout';
 
 export interface FieldLayout {

@@ -2,7 +2,7 @@
 // manage their maps, read their counters, and detach — also after a restart, from pins and tc ids alone.
 import * as fs from 'node:fs';
 import * as path from 'node:path';
-import { log } from '../log';
+import { log } from '../../lib/log';
 import { BpfObject } from './object';
 import { BpfMap } from './map';
 import { attachTc, detachTc, type TcAttachment, type TcDirection } from './tc';

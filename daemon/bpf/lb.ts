@@ -5,7 +5,7 @@
 // program chose from the ring buffer, and reads counters. After a restart the pinned maps (and with them
 // every mapping) are reused, and the filters are found again by their fixed tc id.
 import * as path from 'node:path';
-import { log } from '../log';
+import { log } from '../../lib/log';
 import { BpfObject } from './object';
 import { BPF_ANY } from './map';
 import { RingBufferReader } from './libbpf';

@@ -2,8 +2,8 @@
 // libbpf 1.x (strict mode) returns -errno from int functions and NULL (errno set) from pointer functions.
 import { koffi } from '../sys/ffi';
 import { errnoName } from '../sys/libc';
-import { TetherError, ErrorCode } from '../errors';
-import { log } from '../log';
+import { TetherError, ErrorCode } from '../../lib/errors';
+import { log } from '../../lib/log';
 
 /** An opaque libbpf pointer (bpf_object *, bpf_program *, bpf_map *) as koffi hands it out. */
 export type Ptr = unknown;

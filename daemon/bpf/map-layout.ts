@@ -13,7 +13,7 @@
 // earlier change also changed a size (egress_stats grew), which the shape comparison catches.
 import * as fs from 'node:fs';
 import * as path from 'node:path';
-import { log } from '../log';
+import { log } from '../../lib/log';
 import { BPF_NOEXIST, BpfMap, type MapInfo } from './map';
 import { BpfCallError } from './libbpf';
 

@@ -10,7 +10,7 @@ import {
   UNDECLARED, catchUp, convert, converterFor, fingerprint, logMigration, recordLayout, recordedVersion, retire, sameShape, type MapLayout,
   type MapShape,
 } from './map-layout';
-import { log } from '../log';
+import { log } from '../../lib/log';
 
 /** A pin found with another layout, waiting for the new map: migrated right after the object loads. */
 interface Migration {

@@ -5,7 +5,7 @@
 import { koffi } from '../sys/ffi';
 import { inNetns } from '../sys/netns';
 import { BpfCallError, capturing, check, libbpf, quietly } from './libbpf';
-import { log } from '../log';
+import { log } from '../../lib/log';
 
 export type TcDirection = 'ingress' | 'egress';
 

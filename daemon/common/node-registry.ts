@@ -5,7 +5,7 @@
 // A registration is {"address", "release"}: the release lets a node tell when no node of the previous
 // release is left (docs/upgrade.md); 0.1.0 wrote no release and reads only the address.
 import type Redis from 'ioredis';
-import { VERSION } from '../../cni/about';
+import { VERSION } from '../../lib/version';
 import { MemberView, memberCall } from './member-registry';
 import { isCanonicalIp, isPlainName, parseObject, refuseRecord } from './store-record';
 

@@ -5,8 +5,8 @@
 // waitReady, watchConnection, reconnectAfterEnd, and storeFailure (a call's error as TRY_AGAIN_LATER when
 // the store is away or moving, INTERNAL when Redis refused the request itself).
 import Redis, { Cluster, ReplyError } from 'ioredis';
-import { ErrorCode, TetherError } from '../errors';
-import { log } from '../log';
+import { ErrorCode, TetherError } from '../../lib/errors';
+import { log } from '../../lib/log';
 
 /** One server, a Sentinel-watched primary, or a Redis Cluster: every store takes either. */
 export type RedisClient = Redis | Cluster;

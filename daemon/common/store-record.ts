@@ -2,10 +2,10 @@
 // operator's hand edit, a corrupted restore) or from another tetherd version. Every record is validated
 // before use; one that is not readable is refused with one warn line naming its key, field and problem,
 // and nothing from it is applied. The field checks the readers share live here.
-import { ErrorCode, TetherError } from '../errors';
-import { log } from '../log';
-import { formatIp, parseIp } from './ip-math';
-import { isDnsSubdomain } from './fields';
+import { ErrorCode, TetherError } from '../../lib/errors';
+import { log } from '../../lib/log';
+import { formatIp, parseIp } from '../../lib/ip';
+import { isDnsSubdomain } from '../../lib/fields';
 
 /**
  * A record that cannot be trusted. It carries TRY_AGAIN_LATER: for the record it names, the caller acts

@@ -1,6 +1,6 @@
 // The Kubernetes config source: AddressPools and Egresses (tether.dev custom resources), this node's Node,
 // the Pods of this node, and tether's load-balanced Services with their EndpointSlices, each followed by a
-// Reflector (daemon/kube/reflector.ts: list once, watch with bookmarks, resume from the last
+// Reflector (daemon/config/reflector.ts: list once, watch with bookmarks, resume from the last
 // resourceVersion, relist only on 410 Gone, jittered backoff, a watchdog for silent watches).
 // Each node watches only what it needs: Pods by spec.nodeName, its Node by metadata.name, and only the
 // Services and EndpointSlices that carry TETHER_SERVICE_LABEL, which the leader puts on every Service of
@@ -12,18 +12,16 @@
 // with its reasons (log, 'verdicts' for status writers) and its last accepted version stays in force.
 import { EventEmitter } from 'node:events';
 import * as k8s from '@kubernetes/client-node';
-import type { Logger } from '../log';
-import { ZONE_LABEL } from '../common/fields';
+import type { Logger } from '../../lib/log';
+import { ZONE_LABEL } from '../../lib/fields';
 import { GROUP, VERSION } from '../objects/crds';
 import { schemaProblems } from '../objects/schema';
 import { checkPools } from '../../ipam/pool';
 import type { ResolvedPool } from '../../ipam/types';
 import { objectKey, type ConfigObjects, type NodeFacts, type PodMeta } from './objects';
 import type { ConfigSource } from './source';
-import { isTetherService } from '../lb/lb-spec';
-import { TO_BE_DELETED_TAINT } from '../health/health-server';
-import { Reflector, type ReflectorStats } from '../kube/reflector';
-import { TETHER_SERVICE_SELECTOR } from '../kube/service-labeler';
+import { Reflector, type ReflectorStats } from './reflector';
+import { isTetherService, TO_BE_DELETED_TAINT, TETHER_SERVICE_SELECTOR } from '../objects/names';
 
 type Obj = Record<string, any>;
 

@@ -3,8 +3,8 @@
 // is reported at once, each line naming the file and the document.
 import * as fs from 'node:fs';
 import { parseAllDocuments } from 'yaml';
-import { ErrorCode, TetherError } from '../errors';
-import { API_VERSION, ZONE_LABEL, describe, isDnsSubdomain, isLabelKey, isLabelValue, isObject } from '../common/fields';
+import { ErrorCode, TetherError } from '../../lib/errors';
+import { API_VERSION, ZONE_LABEL, describe, isDnsSubdomain, isLabelKey, isLabelValue, isObject } from '../../lib/fields';
 import { checkPools } from '../../ipam/pool';
 import { objectLabel, schemaKinds, schemaProblems } from '../objects/schema';
 import type { ResolvedPool } from '../../ipam/types';

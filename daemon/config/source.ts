@@ -7,9 +7,9 @@ import { EventEmitter } from 'node:events';
 import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { parseAllDocuments } from 'yaml';
-import { isObject } from '../common/fields';
-import { ErrorCode, TetherError } from '../errors';
-import type { Logger } from '../log';
+import { isObject } from '../../lib/fields';
+import { ErrorCode, TetherError } from '../../lib/errors';
+import type { Logger } from '../../lib/log';
 import { emptyConfig, parseConfig, type ConfigObjects } from './objects';
 import { ReconcileLoop } from '../util/reconcile-loop';
 

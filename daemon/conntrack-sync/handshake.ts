@@ -1,7 +1,7 @@
 // The HELLO exchange: mutual proof of the cluster key over fresh nonces from both sides, and the
 // per-connection keys derived from it. Nothing here touches a socket.
 import { createHmac, randomBytes, timingSafeEqual } from 'node:crypto';
-import { ErrorCode, TetherError } from '../errors';
+import { ErrorCode, TetherError } from '../../lib/errors';
 import { Cursor, CodecError } from './entry-codec';
 import { readU64, writeU64, SUPPORTED_VERSIONS, type VersionRange } from './frame';
 

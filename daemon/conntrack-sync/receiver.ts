@@ -9,7 +9,7 @@
 // caller's digests of its own table, and the differing buckets are asked for (BUCKET_REQUEST).
 import * as net from 'node:net';
 import type { ConntrackEntry, ConntrackEvent } from '../conntrack/types';
-import { log } from '../log';
+import { log } from '../../lib/log';
 import { SyncChannel, type ChannelTiming } from './channel';
 import { Digests, KeySet, bucketSetBytes, keyHashInto, lastKeyLo, readBucketSet, writeBucketSet, type BucketSet } from './digest';
 import { Cursor, WireList } from './entry-codec';

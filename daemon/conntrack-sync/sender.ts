@@ -4,7 +4,7 @@
 // timer) sends per-bucket digests (digest.ts), and the receiver asks back for just the buckets that differ.
 import * as net from 'node:net';
 import type { ConntrackEntry, ConntrackEventType } from '../conntrack/types';
-import { log } from '../log';
+import { log } from '../../lib/log';
 import { SyncChannel, type ChannelTiming } from './channel';
 import { CoalescingQueue } from './coalescing-queue';
 import { CodecError, EncodedEntries, MAX_EVENT_BYTES, writeEntry, writeList, type SyncEvent } from './entry-codec';

@@ -1,7 +1,7 @@
 // Fast ctnetlink attribute writing and reading. The sync path encodes and decodes thousands of entries
 // per second, so this writes into one scratch buffer and reads attributes by offset instead of building
 // a Buffer per attribute (which cost ~30 µs an entry with the generic rtnetlink helpers).
-import { bytesToIp, ipToBytes } from '../netlink/ip-bytes';
+import { bytesToIp, ipToBytes } from '../../lib/ip-bytes';
 
 const NLA_F_NESTED = 0x8000;
 const NLA_TYPE_MASK = 0x3fff;

@@ -2,10 +2,10 @@
 // neighbour entry) and sends gratuitous ARP so the segment's router moves its ARP entry at once instead
 // of waiting for it to age out. Withdrawal removes the proxy entry (the next owner's GARP does the rest).
 import { NetlinkHandle, isNetlinkError } from '../netlink';
-import { ipToBytes, macToBytes } from '../netlink/ip-bytes';
+import { ipToBytes, macToBytes } from '../../lib/ip-bytes';
 import { close, sendto, socket, SOCK_CLOEXEC, SOCK_RAW } from '../sys/libc';
 import { inNetns, writeNetSysctl } from '../sys/netns';
-import { log } from '../log';
+import { log } from '../../lib/log';
 
 const AF_PACKET = 17;
 const ETH_P_ARP = 0x0806;

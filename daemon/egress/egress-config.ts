@@ -1,7 +1,7 @@
 // Egress objects of a configuration → the Egresses the controller serves. Each object is resolved against
 // the configuration's pools on its own: one that fails (an unknown pool, an address outside its pool) is
 // logged with every reason and keeps its last good version, if it had one; the others go ahead.
-import type { Logger } from '../log';
+import type { Logger } from '../../lib/log';
 import type { ConfigObjects } from '../config/objects';
 import { objectKey } from '../config/objects';
 import { validateEgress, type ResolvedEgress } from './egress-spec';

@@ -1,13 +1,13 @@
 // What the parts of the Egress controller share: its options, the state of this node's Egresses, gateways,
 // clients and floating addresses, and the parts themselves (each reaches the others through this).
-import type { Logger } from '../log';
+import type { Logger } from '../../lib/log';
 import type { AttachService } from '../pod/attach-service';
 import type { EgressMaps, EgressSteer } from '../bpf/egress-steer';
 import type { BfdThread } from '../bfd/threaded';
 import type { ConntrackEvents } from '../conntrack';
 import type { SyncReceiver, SyncSender } from '../conntrack-sync';
 import { InFlight } from '../util/in-flight';
-import { KeyedMutex } from '../util/keyed-mutex';
+import { KeyedMutex } from '../../lib/keyed-mutex';
 import type { ClusterAddresses } from '../../ipam/cluster-addresses';
 import { slotOwner, type AddressSlot, type ResolvedEgress } from './egress-spec';
 import type { PodMeta } from '../config/objects';

@@ -13,7 +13,7 @@
 // store; the store (Redis) records decisions in the background, publishes them, and settles decisions
 // made on both sides of a partition once it is reachable again (the superseding one wins everywhere).
 import * as fs from 'node:fs';
-import { ErrorCode, TetherError } from '../errors';
+import { ErrorCode, TetherError } from '../../lib/errors';
 import { type PodRecord } from '../state/pod-store';
 import { openEgressMaps } from '../bpf/egress-steer';
 import { BfdThread } from '../bfd/threaded';

@@ -1,9 +1,9 @@
 // The Egress object (file config now, custom resource later) and its validation. Every problem names the
 // Egress and the field; all problems are reported at once; an invalid Egress changes nothing.
 // N floating addresses: a count from one pool, a count from each of several pools, or explicit addresses.
-import { ErrorCode, TetherError } from '../errors';
-import { formatCidr, inSubnet, parseCidr, parseIp } from '../common/ip-math';
-import { API_VERSION, describe, isLabelKey, isLabelValue, isObject } from '../common/fields';
+import { ErrorCode, TetherError } from '../../lib/errors';
+import { formatCidr, inSubnet, parseCidr, parseIp } from '../../lib/ip';
+import { API_VERSION, describe, isLabelKey, isLabelValue, isObject } from '../../lib/fields';
 import type { ResolvedPool } from '../../ipam/types';
 import { OWN_NAMESPACE_ONLY } from '../objects/crds';
 

@@ -7,7 +7,7 @@ import { attachFouDecap, detachFou, type FouDecap } from '../bpf/fou';
 import { EgressGuard, type GuardStats } from '../bpf/egress-guard';
 import { NetlinkHandle, isNetlinkError } from '../netlink';
 import { writeNetSysctl } from '../sys/netns';
-import { log } from '../log';
+import { log } from '../../lib/log';
 import { announceL2, withdrawL2 } from './announce-l2';
 import type { AnnounceMode } from './egress-spec';
 

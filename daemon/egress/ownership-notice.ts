@@ -11,8 +11,8 @@ import { createHmac, randomBytes, timingSafeEqual } from 'node:crypto';
 import * as dgram from 'node:dgram';
 import { EventEmitter } from 'node:events';
 import { isIP } from 'node:net';
-import { ErrorCode, TetherError } from '../errors';
-import { log } from '../log';
+import { ErrorCode, TetherError } from '../../lib/errors';
+import { log } from '../../lib/log';
 import type { GatewayInfo } from './ownership-store';
 
 const MAGIC = Buffer.from('TOWN');

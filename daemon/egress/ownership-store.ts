@@ -8,7 +8,7 @@
 // store can slot in behind the same interface later.
 import Redis from 'ioredis';
 import { EventEmitter } from 'node:events';
-import { log } from '../log';
+import { log } from '../../lib/log';
 import { createRedisClient, parseRedisUrl, reconnectAfterEnd } from '../common/redis';
 import { listNodes, NodeRegistry, registerNode } from '../common/node-registry';
 import { MemberView } from '../common/member-registry';

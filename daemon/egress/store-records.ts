@@ -1,6 +1,6 @@
 // The cluster store's part for the Egress controller: registrations, the registry and node list, address
 // allocation and re-assertion after a wipe, and records of decisions (written in the background, reconciled).
-import { ErrorCode, TetherError } from '../errors';
+import { ErrorCode, TetherError } from '../../lib/errors';
 import { scoreOf, supersedes } from './candidates';
 import { addressSlots, slotOwner, type ResolvedEgress } from './egress-spec';
 import { UnreadableRecordError, type Ownership } from './ownership-store';

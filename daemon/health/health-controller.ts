@@ -4,11 +4,21 @@
 // /healthz and /livez on the health port. A port that cannot be opened (another Service's, or taken on the
 // node) is reported in status and retried; nothing else is disturbed. Every flip of an answer is logged,
 // and the answers are counted by check and code (status(), for the metrics).
-import type { Logger } from '../log';
-import type { ResolvedLoadBalancer } from '../lb/lb-spec';
+import type { Logger } from '../../lib/log';
 import { HealthListener, countLocalEndpoints, nodeAnswer, serviceAnswer, type HealthAnswer } from './health-server';
 import { HEALTH_TIMEOUT_MS, proxyHealth, type ProgrammingState, type ProxyHealth } from './proxy-health';
 import { portHolder } from '../sys/port-holder';
+
+/**
+ * What the health server needs of a load-balanced Service (the load balancer's resolved Service has these
+ * fields): which Services want a health check, on which port, and where their endpoints run.
+ */
+export interface HealthCheckedService {
+  key: string;
+  externalTrafficPolicy?: string;
+  healthCheckNodePort?: number;
+  targets: ReadonlyArray<{ address: string; state: 'active' | 'terminating'; node?: string }>;
+}
 import { ReconcileLoop } from '../util/reconcile-loop';
 
 const TICK_MS = 250;
@@ -40,7 +50,7 @@ export interface HealthControllerOptions {
   /** The node health port (0: none). */
   port: number;
   /** The load balancer's valid Services now. */
-  services: () => ResolvedLoadBalancer[];
+  services: () => HealthCheckedService[];
   /** When the load balancer's programming last caught up, and since when a change waits (LbController.programming). */
   programming: () => ProgrammingState;
   /** How long a change may wait before this node is unhealthy (kube-proxy's healthTimeout; default 60 s). */
@@ -128,7 +138,7 @@ export class HealthController {
     return a;
   }
 
-  private local(lb: ResolvedLoadBalancer): number {
+  private local(lb: HealthCheckedService): number {
     return countLocalEndpoints(lb.targets, this.o.node);
   }
 
@@ -138,7 +148,7 @@ export class HealthController {
   }
 
   /** The Services last read and the health-checked ones among them (kept while the list is the same array). */
-  private seen?: { services: ResolvedLoadBalancer[]; want: Map<string, ResolvedLoadBalancer> };
+  private seen?: { services: HealthCheckedService[]; want: Map<string, HealthCheckedService> };
 
   private async reconcileOnce(): Promise<void> {
     const services = this.o.services();
@@ -201,7 +211,7 @@ export class HealthController {
   }
 
   /** This node's answers now, as reported. */
-  report(services?: Map<string, ResolvedLoadBalancer>): NodeHealthReport {
+  report(services?: Map<string, HealthCheckedService>): NodeHealthReport {
     const out: NodeHealthReport = { eligible: this.o.eligible(), healthy: this.healthy(), services: {} };
     for (const [key, c] of this.checks) {
       const lb = services?.get(key);
@@ -212,7 +222,7 @@ export class HealthController {
   }
 
   /** Reports on a change, and every REPORT_EVERY_MS so the report does not expire; never waits for it. */
-  private publish(services: Map<string, ResolvedLoadBalancer>): void {
+  private publish(services: Map<string, HealthCheckedService>): void {
     if (!this.o.report || this.reporting || this.stopped) return;
     const r = this.report(services);
     const text = JSON.stringify(r);

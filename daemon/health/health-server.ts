@@ -14,7 +14,6 @@ import * as http from 'node:http';
 import type { AddressInfo, ListenOptions } from 'node:net';
 import type { ProxyHealth } from './proxy-health';
 
-export const TO_BE_DELETED_TAINT = 'ToBeDeletedByClusterAutoscaler';
 
 /** kube-proxy's per-Service body: Go's %q strings, tab-indented, no trailing newline. */
 export function serviceBody(namespace: string, name: string, localEndpoints: number, proxyHealthy: boolean): string {

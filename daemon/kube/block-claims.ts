@@ -4,7 +4,7 @@
 // deletes the claim only if it is still ours (uid precondition). Cluster-wide addresses (floating and
 // loadBalancer pools) and the store generation stay in the inner store (Redis): state that can be rebuilt.
 import * as k8s from '@kubernetes/client-node';
-import { ErrorCode, TetherError } from '../errors';
+import { ErrorCode, TetherError } from '../../lib/errors';
 import { GROUP, VERSION } from '../objects/crds';
 import type { AddressOutcome, AddressRequest, AllocationGuard, ClusterStore, StoreGeneration } from '../../ipam/types';
 

@@ -12,9 +12,9 @@
 // A node learns its own label from the Node it already watches, so labelling or unlabelling a node takes
 // effect at once with no polling; a leader that stops being a candidate hands the Lease over.
 import * as k8s from '@kubernetes/client-node';
-import type { Logger } from '../log';
+import type { Logger } from '../../lib/log';
 import { LeaderElection } from './leader';
-import { describeError } from './reflector';
+import { describeError } from '../config/reflector';
 
 export const CANDIDATE_LABEL = 'tether.dev/controller-candidate';
 

@@ -9,8 +9,8 @@
 import { microTime } from './micro-time';
 import { randomBytes } from 'node:crypto';
 import * as k8s from '@kubernetes/client-node';
-import type { Logger } from '../log';
-import { describeError } from './reflector';
+import type { Logger } from '../../lib/log';
+import { describeError } from '../config/reflector';
 
 /** The controller named in every Event tetherd writes. */
 export const REPORTING_CONTROLLER = 'tether.dev/tetherd';

@@ -9,8 +9,8 @@
 import { microTime } from './micro-time';
 import { EventEmitter } from 'node:events';
 import * as k8s from '@kubernetes/client-node';
-import type { Logger } from '../log';
-import { Backoff, jittered } from './backoff';
+import type { Logger } from '../../lib/log';
+import { Backoff, jittered } from '../../lib/backoff';
 
 export interface LeaderOptions {
   kc: k8s.KubeConfig;

@@ -6,11 +6,11 @@
 // goes over the resourceVersion last written (no GET at rest); a 409 or 404 reads (or creates) it again.
 // The API away: the failure is logged once and the write made again on the next check.
 import * as k8s from '@kubernetes/client-node';
-import type { Logger } from '../log';
+import type { Logger } from '../../lib/log';
 import { GROUP, VERSION } from '../objects/crds';
 import { ReconcileLoop } from '../util/reconcile-loop';
-import { mergeConditions, type Condition } from './status-controller';
-import { describeError } from './reflector';
+import { mergeConditions, type Condition } from './conditions';
+import { describeError } from '../config/reflector';
 
 type Obj = Record<string, any>;
 

@@ -6,16 +6,13 @@
 // of that one label, so nothing else of the Service is rewritten); a failed patch is retried on a later
 // pass after a jittered backoff.
 import * as k8s from '@kubernetes/client-node';
-import type { Logger } from '../log';
-import { isTetherService, LB_CLASS } from '../lb/lb-spec';
-import { Backoff } from './backoff';
-import { Reflector, describeError } from './reflector';
+import type { Logger } from '../../lib/log';
+import { Backoff } from '../../lib/backoff';
+import { Reflector, describeError } from '../config/reflector';
+import { isTetherService, LB_CLASS, TETHER_SERVICE_LABEL } from '../objects/names';
 
 type Obj = Record<string, any>;
 
-/** On every Service of loadBalancerClass tether.dev/lb, set by the leader; copied onto its EndpointSlices. */
-export const TETHER_SERVICE_LABEL = 'tether.dev/load-balancer';
-export const TETHER_SERVICE_SELECTOR = `${TETHER_SERVICE_LABEL}=true`;
 
 export interface ServiceLabelerOptions {
   kc: k8s.KubeConfig;

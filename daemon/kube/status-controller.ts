@@ -9,7 +9,7 @@
 // GET). A status written is remembered over the version it was written on until the watch brings it
 // back, so it is neither written again nor compared against the stale cached one meanwhile.
 import * as k8s from '@kubernetes/client-node';
-import type { Logger } from '../log';
+import type { Logger } from '../../lib/log';
 import { GROUP, VERSION } from '../objects/crds';
 import type { Verdicts } from '../config/kube-source';
 import { NODE_LABEL } from './block-claims';
@@ -18,17 +18,9 @@ import type { NodeHealthReport } from '../health/health-controller';
 import { ReconcileLoop } from '../util/reconcile-loop';
 import type { TetherEvent } from './event-recorder';
 import { refusalEvents } from './tether-events';
+import { mergeConditions, type Condition } from './conditions';
 
 type Obj = Record<string, any>;
-
-export interface Condition {
-  type: string;
-  status: 'True' | 'False' | 'Unknown';
-  observedGeneration?: number;
-  lastTransitionTime: string;
-  reason: string;
-  message: string;
-}
 
 export interface EgressAddressStatus {
   egress: string;
@@ -83,14 +75,6 @@ export interface StatusControllerOptions {
   gcEveryMs?: number;
   /** Records an Event (a refusal or an address conflict written into an object's status); never waits. */
   events?: (e: TetherEvent) => void;
-}
-
-/** `next` with each condition's lastTransitionTime kept from `prev` when its status did not change. */
-export function mergeConditions(prev: Condition[] | undefined, next: Array<Omit<Condition, 'lastTransitionTime'>>, now = new Date()): Condition[] {
-  return next.map((c) => {
-    const old = prev?.find((p) => p.type === c.type);
-    return { ...c, lastTransitionTime: old && old.status === c.status ? old.lastTransitionTime : now.toISOString() };
-  });
 }
 
 function statusOf(e: unknown): number | undefined {

@@ -12,7 +12,7 @@
 //               Normal  Accepted         valid again after a refusal or conflict (the leader)
 import type { OwnershipChange } from '../egress/egress-context';
 import type { StandbySyncChange } from '../egress/standby-sync';
-import type { Condition } from './status-controller';
+import type { Condition } from './conditions';
 import type { EventObject, TetherEvent } from './event-recorder';
 import { GROUP, VERSION } from '../objects/crds';
 

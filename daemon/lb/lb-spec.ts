@@ -16,12 +16,12 @@
 // sessionAffinity ClientIP's timeoutSeconds is the mapping's idle timeout. Every problem names the Service
 // and the field; a Service with problems programs nothing (its status says why).
 import { isIPv4 } from 'node:net';
-import { isObject, isLabelKey, isLabelValue } from '../common/fields';
-import { inSubnet, parseIp } from '../common/ip-math';
+import { isObject, isLabelKey, isLabelValue } from '../../lib/fields';
+import { inSubnet, parseIp } from '../../lib/ip';
 import type { ResolvedPool } from '../../ipam/types';
 import { PROTO, type Protocol } from '../bpf/lb-structs';
+import { isTetherService } from '../objects/names';
 
-export const LB_CLASS = 'tether.dev/lb';
 export const ANNOTATION = {
   lbPods: 'lb.tether.dev/lb-pods',
   lbPodsNamespace: 'lb.tether.dev/lb-pods-namespace',
@@ -81,12 +81,6 @@ function meta(o: Record<string, unknown>): { name: string; namespace: string; la
     labels: (isObject(m.labels) ? m.labels : {}) as Record<string, string>,
     annotations: (isObject(m.annotations) ? m.annotations : {}) as Record<string, string>,
   };
-}
-
-/** Is this a Service tether serves (type LoadBalancer, tether's class)? Others' Services are ignored. */
-export function isTetherService(o: Record<string, unknown>): boolean {
-  const spec = isObject(o.spec) ? o.spec : {};
-  return o.kind === 'Service' && spec.type === 'LoadBalancer' && spec.loadBalancerClass === LB_CLASS;
 }
 
 /** "k=v,k2=v2" as matchLabels; throws naming the bad part. */

@@ -1,7 +1,7 @@
 // What the load balancer's modules share on one node: the options, each Service's VIP, the local LB pods
 // and target pods, and the datapath once loaded. LbController owns the one LbShared; each module
 // (vip-addresses, vip-slots, vip-programs, lb-pods, targets, mapping-sync) changes only its own part.
-import type { Logger } from '../log';
+import type { Logger } from '../../lib/log';
 import { isNetlinkError } from '../netlink';
 import type { LbDatapath, LbDatapathMode, LbMapping } from '../bpf/lb';
 import type { FouDecap } from '../bpf/fou';

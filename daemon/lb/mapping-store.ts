@@ -13,7 +13,7 @@
 import Redis, { type Cluster } from 'ioredis';
 import { EventEmitter } from 'node:events';
 import { isIPv4 } from 'node:net';
-import { log } from '../log';
+import { log } from '../../lib/log';
 import { createRedisClient, parseRedisUrl, reconnectAfterEnd } from '../common/redis';
 import { NodeRegistry } from '../common/node-registry';
 import { refuseRecord } from '../common/store-record';

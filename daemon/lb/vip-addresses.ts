@@ -14,7 +14,7 @@
 // Service's status (the controllers write the store's allocation there), else this node's own record of the
 // VIPs it learned (vip-record.ts) — and serves it provisionally: once the store answers, the same request
 // confirms it, or the VIP is withdrawn (the store gives the Service another, or refuses it).
-import { ErrorCode, TetherError } from '../errors';
+import { ErrorCode, TetherError } from '../../lib/errors';
 import type { ResolvedLoadBalancer } from './lb-spec';
 import { ownerOf, type LbShared, type VipState } from './lb-state';
 import { VipRecord, type RecordedVip } from './vip-record';

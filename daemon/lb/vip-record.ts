@@ -8,8 +8,8 @@
 import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { isIPv4 } from 'node:net';
-import { writeFileAtomic } from '../state/atomic-file';
-import type { Logger } from '../log';
+import { writeFileAtomic } from '../../lib/atomic-file';
+import type { Logger } from '../../lib/log';
 
 export const VIP_RECORD_FILE = 'lb-vips.json';
 export const VIP_RECORD_VERSION = 1;

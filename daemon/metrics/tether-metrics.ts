@@ -5,8 +5,8 @@
 // floating address, a Service and its VIP, a peer node, a reason: never a pod IP, a flow or a client).
 // Process metrics (process_*, nodejs_*) keep prom-client's conventional names.
 import { collectDefaultMetrics, Counter, Gauge, Histogram, Registry } from 'prom-client';
-import type { Logger } from '../log';
-import { VERSION } from '../../cni/about';
+import type { Logger } from '../../lib/log';
+import { VERSION } from '../../lib/version';
 import { STANDBY_SYNC_REASONS } from '../egress/standby-sync';
 
 type Labels = Record<string, string>;

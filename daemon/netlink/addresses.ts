@@ -1,7 +1,7 @@
 // Address operations over rtnetlink: add/del/list, IPv4 and IPv6, with prefix length, scope and label.
 import { attr, attrStr, attrU32, Attrs, NlMsg } from './codec';
 import { AF_INET, AF_INET6, AF_UNSPEC, IFA, IFA_F_NODAD, NLM_F_CREATE, NLM_F_EXCL, NLM_F_REPLACE, RTM } from './constants';
-import { bytesToIp, Family, ipToBytes, parsePrefix } from './ip-bytes';
+import { bytesToIp, Family, ipToBytes, parsePrefix } from '../../lib/ip-bytes';
 import type { NetlinkSocket } from './socket';
 import { decodeIfAddrMsg, encodeIfAddrMsg, IFADDRMSG_LEN } from './structs';
 

@@ -8,7 +8,7 @@ import * as neighbours from './neighbours';
 import * as routes from './routes';
 import * as rules from './rules';
 import { NetlinkSocket, NetlinkSocketOptions } from './socket';
-import type { Family } from './ip-bytes';
+import type { Family } from '../../lib/ip-bytes';
 
 export class NetlinkHandle {
   readonly socket: NetlinkSocket;

@@ -1,7 +1,7 @@
 // Neighbour (ARP / NDP) entry operations over rtnetlink: add/replace/del/list.
 import { attr, Attrs, NlMsg } from './codec';
 import { AF_INET, AF_INET6, AF_UNSPEC, NDA, NLM_F_CREATE, NLM_F_EXCL, NLM_F_REPLACE, NUD, RTM } from './constants';
-import { bytesToIp, bytesToMac, Family, ipFamily, ipToBytes, macToBytes } from './ip-bytes';
+import { bytesToIp, bytesToMac, Family, ipFamily, ipToBytes, macToBytes } from '../../lib/ip-bytes';
 import type { NetlinkSocket } from './socket';
 import { decodeNdMsg, encodeNdMsg, NDMSG_LEN } from './structs';
 

@@ -2,7 +2,7 @@
 // the operation in words and the kernel's extended-ack text, e.g.
 // "RTM_NEWROUTE 10.1.0.0/24 table 100: EEXIST (File exists)".
 import * as os from 'node:os';
-import { ErrorCode, TetherError } from '../errors';
+import { ErrorCode, TetherError } from '../../lib/errors';
 import { errnoName } from '../sys/libc';
 import { koffi } from '../sys/ffi';
 

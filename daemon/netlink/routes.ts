@@ -5,7 +5,7 @@ import {
   AF_INET, AF_INET6, AF_UNSPEC, NLM_F_CREATE, NLM_F_EXCL, NLM_F_REPLACE, RT_SCOPE, RT_TABLE_COMPAT, RT_TABLE_MAIN,
   RTA, RTAX_MTU, RTM, RTN, RTPROT_STATIC,
 } from './constants';
-import { bytesToIp, Family, ipFamily, ipToBytes, networkOf, parsePrefix } from './ip-bytes';
+import { bytesToIp, Family, ipFamily, ipToBytes, networkOf, parsePrefix } from '../../lib/ip-bytes';
 import type { NetlinkSocket } from './socket';
 import { decodeRtMsg, encodeRtMsg, encodeRtNexthop, RTMSG_LEN, RTNEXTHOP_LEN } from './structs';
 

@@ -1,7 +1,7 @@
 // Policy routing rule operations over rtnetlink: add/del/list with priority, table, from/to, fwmark, iif.
 import { attr, attrStr, attrU32, Attrs, NlMsg } from './codec';
 import { AF_INET, AF_INET6, AF_UNSPEC, FR_ACT_TO_TBL, FRA, NLM_F_CREATE, NLM_F_EXCL, RT_TABLE_COMPAT, RTM, RTPROT_STATIC } from './constants';
-import { bytesToIp, Family, ipToBytes, networkOf, parsePrefix } from './ip-bytes';
+import { bytesToIp, Family, ipToBytes, networkOf, parsePrefix } from '../../lib/ip-bytes';
 import type { NetlinkSocket } from './socket';
 import { decodeFibRuleHdr, encodeFibRuleHdr, FIB_RULE_HDR_LEN } from './structs';
 

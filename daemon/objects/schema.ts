@@ -10,8 +10,8 @@ import Ajv, { type ErrorObject, type ValidateFunction } from 'ajv';
 import addFormats from 'ajv-formats';
 import { celEnv, celError, parse, plan, type CelInput } from '@bufbuild/cel';
 import { isIP } from 'node:net';
-import { parseCidr } from '../common/ip-math';
-import { API_VERSION, DNS1123_LABEL, describe, isDnsSubdomain, isObject } from '../common/fields';
+import { parseCidr } from '../../lib/ip';
+import { API_VERSION, DNS1123_LABEL, describe, isDnsSubdomain, isObject } from '../../lib/fields';
 import { CRDS, NODE_SCHEMA } from './crds';
 import { CORE_KINDS } from './core-kinds';
 

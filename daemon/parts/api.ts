@@ -1,15 +1,15 @@
 // tetherd's socket API: the methods the CNI clients and tetherctl call, and the status it reports.
-import type { CniParams } from '../api/protocol';
-import { asTetherError, ErrorCode, TetherError } from '../errors';
+import type { CniParams } from '../../lib/api/protocol';
+import { asTetherError, ErrorCode, TetherError } from '../../lib/errors';
 import { ApiServer, type Handler } from '../server';
 import type { CniPlugin } from '../metrics/tether-metrics';
-import type { Logger } from '../log';
+import type { Logger } from '../../lib/log';
 import type { PodStore } from '../state/pod-store';
 import type { AttachService } from '../pod/attach-service';
 import type { OwnerRequest } from '../../ipam/cluster-addresses';
 import type { LoopLag } from '../util/loop-lag';
-import { VERSION } from '../../cni/about';
-import { validateCniRequest, type CniRequestFields } from '../../cni/validate';
+import { VERSION } from '../../lib/version';
+import { validateCniRequest, type CniRequestFields } from '../../lib/cni-validate';
 import type { Ipam } from './ipam';
 import type { CurrentConfig } from './source';
 import type { Subsystem } from './subsystem';

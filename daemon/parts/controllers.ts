@@ -1,7 +1,7 @@
 // The cluster's controllers (daemon/kube/controllers.ts): the leader's work (status of AddressPools,
 // Egresses and tether Services, block claim collection, the Service labeler) run by the holder of the
 // Lease; this node competes while its labels make it a candidate (its desired state).
-import type { Logger } from '../log';
+import type { Logger } from '../../lib/log';
 import type { KubeSource } from '../config/kube-source';
 import type { EgressController } from '../egress/egress-controller';
 import type { EgressObjects } from '../egress/egress-config';

@@ -2,9 +2,9 @@
 // the subsystem around it (desired state: the Egresses and pods' metadata; Egresses added, changed,
 // removed; pod roles from labels).
 import * as fs from 'node:fs';
-import type { Logger } from '../log';
+import type { Logger } from '../../lib/log';
 import { StartError } from '../lifecycle';
-import { ErrorCode, TetherError } from '../errors';
+import { ErrorCode, TetherError } from '../../lib/errors';
 import type { ConfigObjects } from '../config/objects';
 import type { ConfigSource, Reconciler } from '../config/source';
 import { KubeSource } from '../config/kube-source';

@@ -2,7 +2,7 @@
 // floating and load-balancer addresses. Its desired state (pools, this node's facts) adds, updates and
 // retires pools live.
 import * as fs from 'node:fs';
-import type { Logger } from '../log';
+import type { Logger } from '../../lib/log';
 import { Lifecycle, StartError } from '../lifecycle';
 import { ReconcileLoop } from '../util/reconcile-loop';
 import { PodStore } from '../state/pod-store';

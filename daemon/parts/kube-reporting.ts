@@ -3,7 +3,7 @@
 // changes this node decided, its health-check answers flipping, and, through the leader's status
 // controller, refusals), and its TetherNode, whose conditions say whether its tetherd is ready, its
 // datapath attached and its cluster store reachable.
-import type { Logger } from '../log';
+import type { Logger } from '../../lib/log';
 import type { KubeSource } from '../config/kube-source';
 import type { Reconciler } from '../config/source';
 import type { OwnershipChange } from '../egress/egress-context';

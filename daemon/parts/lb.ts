@@ -1,18 +1,19 @@
 // The load balancer: whether this node serves it (Services of tether's class configured, or the options
 // for them given), its mapping store connection, the controller, and the subsystems around it and its
 // health checks.
-import type { Logger } from '../log';
+import type { Logger } from '../../lib/log';
 import { StartError } from '../lifecycle';
 import type { ConfigObjects } from '../config/objects';
 import type { Reconciler } from '../config/source';
 import { LbController } from '../lb/lb-controller';
 import { HealthController, REPORT_TTL_MS, type HealthControllerOptions } from '../health/health-controller';
 import { MappingStore } from '../lb/mapping-store';
-import { isTetherService, resolveLoadBalancers } from '../lb/lb-spec';
+import { resolveLoadBalancers } from '../lb/lb-spec';
 import type { ClusterAddresses } from '../../ipam/cluster-addresses';
 import type { AttachService } from '../pod/attach-service';
 import { lbOptions, requireLocalAddress, uplinkOption, type Options } from '../options';
 import type { HealthDesired, LbDesired, Subsystem } from './subsystem';
+import { isTetherService } from '../objects/names';
 
 /**
  * The controller when this node can serve load balancers: it needs --node-address (the outer source of

@@ -5,7 +5,7 @@
 // addresses of a cluster-wide pool are allocated) is the last one read, read again in the background.
 import * as http from 'node:http';
 import type { AddressInfo } from 'node:net';
-import type { Logger } from '../log';
+import type { Logger } from '../../lib/log';
 import { portHolder } from '../sys/port-holder';
 import type { TetherMetrics, BfdView, ClusterPoolView, EgressAddressView, EgressSecurityView, HealthView, LbServiceView, MetricSources, PodPoolView } from '../metrics/tether-metrics';
 import type { EgressController } from '../egress/egress-controller';

@@ -1,5 +1,5 @@
 // The config source tetherd runs on: the Kubernetes API, a watched file, or nothing (no pools, no Egress).
-import type { Logger } from '../log';
+import type { Logger } from '../../lib/log';
 import { Lifecycle, StartError } from '../lifecycle';
 import type { ConfigObjects } from '../config/objects';
 import { EmptySource, FileSource, type ConfigSource } from '../config/source';

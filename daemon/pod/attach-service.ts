@@ -2,10 +2,10 @@
 // DEL undoes exactly what was recorded, CHECK verifies it, GC removes attachments the runtime no longer has.
 // Every method is idempotent; each logs one line per action naming the pod.
 import { EventEmitter } from 'node:events';
-import { isLabelKey, isLabelValue } from '../common/fields';
-import { TetherError, ErrorCode } from '../errors';
-import { holdLogs, type Logger } from '../log';
-import type { CniParams } from '../api/protocol';
+import { isLabelKey, isLabelValue } from '../../lib/fields';
+import { TetherError, ErrorCode } from '../../lib/errors';
+import { holdLogs, type Logger } from '../../lib/log';
+import type { CniParams } from '../../lib/api/protocol';
 import { isOwnNetns, netnsExists } from '../sys/netns';
 import { keyString, podKeyOf, type AttachmentKey, type PodRecord, type PodStore } from '../state/pod-store';
 import {

@@ -1,16 +1,16 @@
 // Replays the DELs the CNI clients queued while tetherd could not be reached (the format is
-// daemon/api/delete-queue.ts): once when tetherd starts, before its socket serves, so what the runtime tore
+// lib/api/delete-queue.ts): once when tetherd starts, before its socket serves, so what the runtime tore
 // down while tetherd was away is released before anything new is attached; then every RETRY_EVERY_MS for
 // requests that failed or that a client queued while tetherd was restarting. The DEL handlers are
 // idempotent, so a request replayed twice, or one tetherd had already half done when it died, is harmless.
 import * as fs from 'node:fs';
 import * as path from 'node:path';
-import type { CniParams } from '../api/protocol';
-import { isQueueTempName, parseQueuedDelete, type QueuedDelete, type QueuedMethod } from '../api/delete-queue';
-import { validateCniRequest, type CniRequestFields } from '../../cni/validate';
-import { fsyncDir, removeFileDurable } from '../state/atomic-file';
+import type { CniParams } from '../../lib/api/protocol';
+import { isQueueTempName, parseQueuedDelete, type QueuedDelete, type QueuedMethod } from '../../lib/api/delete-queue';
+import { validateCniRequest, type CniRequestFields } from '../../lib/cni-validate';
+import { fsyncDir, removeFileDurable } from '../../lib/atomic-file';
 import type { Lifecycle } from '../lifecycle';
-import type { Logger } from '../log';
+import type { Logger } from '../../lib/log';
 import { ReconcileLoop } from '../util/reconcile-loop';
 import type { AttachService } from './attach-service';
 import type { IpamService } from '../../ipam/ipam-service';
@@ -50,7 +50,7 @@ export class DeleteQueue {
     private readonly logger: Logger,
     private readonly retryEveryMs = RETRY_EVERY_MS,
   ) {
-    // The clients create only the last component (daemon/api/delete-queue.ts): make it here, root only.
+    // The clients create only the last component (lib/api/delete-queue.ts): make it here, root only.
     fs.mkdirSync(dir, { recursive: true, mode: 0o700 });
     this.loop = new ReconcileLoop({
       run: () => this.drain(),

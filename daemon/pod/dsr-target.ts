@@ -4,9 +4,9 @@
 // dummy), the VIPs, and for an LB target its MTU lowered by the encapsulation and the FoU decapsulation on
 // its host-side veth. Every action is recorded with what it replaced, in JSON the pod record keeps, so
 // removing the pod (or the pod ceasing to be a target, even after a restart) undoes exactly those actions.
-import { log } from '../log';
+import { log } from '../../lib/log';
 import { NetlinkHandle, isNetlinkError } from '../netlink';
-import { ipFamily } from '../netlink/ip-bytes';
+import { ipFamily } from '../../lib/ip-bytes';
 import { netnsExists, writeNetSysctl, writeNetSysctls } from '../sys/netns';
 import { detachFou } from '../bpf/fou';
 

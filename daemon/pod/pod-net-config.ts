@@ -1,7 +1,7 @@
 // PodNetConfig: the pod network options of a Tether network config, and their validation. Every error
 // names the bad field ("vips[1]: '10.0.0.300' is not an IP address") so a wrong config is easy to fix.
-import { ErrorCode, TetherError } from '../errors';
-import { ipFamily, networkOf, parsePrefix, canonicalIp } from '../netlink/ip-bytes';
+import { ErrorCode, TetherError } from '../../lib/errors';
+import { ipFamily, networkOf, parsePrefix, canonicalIp } from '../../lib/ip-bytes';
 
 export interface PodNetConfig {
   /** Absolute MTU for the pod interface (and its host-side veth); takes precedence over encapOverhead. */

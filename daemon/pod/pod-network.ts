@@ -2,10 +2,10 @@
 // its host-side veth), DSR VIPs (on a dummy `tether0`, or on `lo` where the kernel has no dummy) with
 // ARP suppression sysctls, and extra routes. Everything changed is recorded with its previous value in
 // a JSON-serialisable AppliedPodNetwork, so undo works after a daemon restart.
-import { ErrorCode, TetherError } from '../errors';
-import { log } from '../log';
+import { ErrorCode, TetherError } from '../../lib/errors';
+import { log } from '../../lib/log';
 import { NetlinkHandle, type Link } from '../netlink';
-import { ipFamily } from '../netlink/ip-bytes';
+import { ipFamily } from '../../lib/ip-bytes';
 import { netnsExists, readNetSysctl } from '../sys/netns';
 import { MIN_MTU, type PodNetConfig } from './pod-net-config';
 import { addVip, ignoreGone, openVipDevice, silenceArp, undoDsr, type DsrApplied } from './dsr-target';

@@ -4,7 +4,7 @@
 import { createHash } from 'node:crypto';
 import * as fs from 'node:fs';
 import * as path from 'node:path';
-import { removeFileDurable, sweepTempFiles, writeFileAtomic } from './atomic-file';
+import { removeFileDurable, sweepTempFiles, writeFileAtomic } from '../../lib/atomic-file';
 
 /** One attachment of a container to a network through an interface: CNI's identity of a pod's network. */
 export interface AttachmentKey {

@@ -3,7 +3,7 @@
 // pattern is: enter, do synchronous work (create sockets, write /proc/sys), return — no await in between.
 import * as fs from 'node:fs';
 import { CLONE_NEWNET, setns } from './libc';
-import { TetherError, ErrorCode } from '../errors';
+import { TetherError, ErrorCode } from '../../lib/errors';
 import { journalHostSysctl } from './sysctl-journal';
 
 /**

@@ -3,8 +3,8 @@
 // pod and are not journalled). writeNetSysctl(null, …) records here before it writes.
 import * as fs from 'node:fs';
 import { koffi } from './ffi';
-import { writeFileAtomic } from '../state/atomic-file';
-import { TetherError, ErrorCode } from '../errors';
+import { writeFileAtomic } from '../../lib/atomic-file';
+import { TetherError, ErrorCode } from '../../lib/errors';
 
 export interface SysctlJournalEntry {
   /** The value before tetherd's first write. */

@@ -10,7 +10,7 @@
 //
 // Every change is a splice into the file's text, never a re-serialisation: other projects' key order,
 // formatting and numbers (123456789012345678 would come back …680 through a double) stay byte for byte.
-import { SUPPORTED_VERSIONS } from '../../cni/spec';
+import { SUPPORTED_VERSIONS } from '../../lib/cni-spec';
 import { parseGoJson, type GoValue } from './go-json';
 import { decodeNetConf, loadFile, runtimeLoad, type DirFile, type LoadedList, type Runtime } from './libcni';
 

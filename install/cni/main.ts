@@ -11,7 +11,7 @@
 import * as fs from 'node:fs';
 import { parseArgs } from 'node:util';
 import type { Logger } from 'winston';
-import { makeLogger } from '../../daemon/log';
+import { makeLogger } from '../../lib/log';
 import { Installer, readConfDir, readiness, type InstallerOptions, type Outcome } from './installer';
 import { holdsTether } from './conflist';
 import { RUNTIMES, type Runtime } from './libcni';

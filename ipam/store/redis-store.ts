@@ -22,9 +22,9 @@
 // claims during a rolling upgrade, and the untagged generation is carried over. Nothing is deleted.
 import { randomBytes } from 'node:crypto';
 import type { Cluster, Redis } from 'ioredis';
-import { ErrorCode, TetherError } from '../../daemon/errors';
-import { log } from '../../daemon/log';
-import { formatCidr, formatIp, parseCidr, parseIp } from '../../daemon/common/ip-math';
+import { ErrorCode, TetherError } from '../../lib/errors';
+import { log } from '../../lib/log';
+import { formatCidr, formatIp, parseCidr, parseIp } from '../../lib/ip';
 import { createRedisClient, parseRedisUrl, reconnectAfterEnd, storeFailure, unreachable, waitReady, watchConnection, withDeadline } from '../../daemon/common/redis';
 import { refuseRecord } from '../../daemon/common/store-record';
 export { parseRedisUrl } from '../../daemon/common/redis';

@@ -13,8 +13,8 @@ import * as path from 'node:path';
 import { Writable } from 'node:stream';
 import { ConntrackHandle, IPS, type ConntrackEntry } from '../../daemon/conntrack';
 import { applyWireList, Digests, dumpScope, dumpScopeEncoded, scopeDigests, StandbyDigests, SyncReceiver, SyncSender, sweepSyncedEntries, syncedDigests } from '../../daemon/conntrack-sync';
-import { ipToBytes } from '../../daemon/netlink/ip-bytes';
-import { makeLogger, setLogger } from '../../daemon/log';
+import { ipToBytes } from '../../lib/ip-bytes';
+import { makeLogger, setLogger } from '../../lib/log';
 
 // Connection-level lines (connect, disconnect and why) go to stderr; the rest is dropped.
 setLogger(makeLogger({ stream: new Writable({ write: (c, _e, cb) => {

@@ -6,7 +6,7 @@ import { Writable } from 'node:stream';
 import { IPS, type ConntrackEntry, type ConntrackEvent } from '../../daemon/conntrack/types';
 import { MAX_EVENT_BYTES, readEvent, readList, writeEvent, writeList } from '../../daemon/conntrack-sync/entry-codec';
 import { SyncReceiver, SyncSender } from '../../daemon/conntrack-sync';
-import { makeLogger, setLogger } from '../../daemon/log';
+import { makeLogger, setLogger } from '../../lib/log';
 
 setLogger(makeLogger({ stream: new Writable({ write: (_c, _e, cb) => cb() }) }));
 const KEY = randomBytes(32);

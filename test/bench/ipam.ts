@@ -5,7 +5,7 @@
 import * as fs from 'node:fs';
 import * as os from 'node:os';
 import * as path from 'node:path';
-import { call } from '../../daemon/api/client';
+import { call } from '../../lib/api/client';
 import { boundedAll, ipamNetns, newContainerId, primaryConf, tetherIpam } from '../testbed/ipam-runtime';
 import { nsenterArgv, run } from '../testbed/proc';
 import { binDir } from '../testbed/tetherd';

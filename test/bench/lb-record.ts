@@ -10,7 +10,7 @@ import * as path from 'node:path';
 import * as inspector from 'node:inspector';
 import Redis from 'ioredis';
 import { Writable } from 'node:stream';
-import { makeLogger, setLogger } from '../../daemon/log';
+import { makeLogger, setLogger } from '../../lib/log';
 import { LbDatapath } from '../../daemon/bpf/lb';
 import { decodeEvent } from '../../daemon/bpf/lb-structs';
 import { ensureBpffs } from '../../daemon/bpf/bpffs';

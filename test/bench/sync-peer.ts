@@ -15,8 +15,8 @@ import { createInterface } from 'node:readline';
 import { Writable } from 'node:stream';
 import { ConntrackEvents } from '../../daemon/conntrack';
 import { applyWireList, Digests, dumpScopeEncoded, encodeEventAt, EntryStore, SyncReceiver, SyncSender, sweepSyncedEntries, syncedDigests } from '../../daemon/conntrack-sync';
-import { ipToBytes } from '../../daemon/netlink/ip-bytes';
-import { makeLogger, setLogger } from '../../daemon/log';
+import { ipToBytes } from '../../lib/ip-bytes';
+import { makeLogger, setLogger } from '../../lib/log';
 import { MAX_EVENT_BYTES } from '../../daemon/conntrack-sync/entry-codec';
 
 setLogger(makeLogger({ stream: new Writable({ write: (_c, _e, cb) => cb() }) }));

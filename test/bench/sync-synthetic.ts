@@ -16,8 +16,8 @@ import { ConntrackEvents } from '../../daemon/conntrack';
 import { createRing, RING_PRODUCER_SOURCE } from '../../daemon/conntrack/event-ring';
 import { EventEmitter } from 'node:events';
 import { encodeEventAt, EntryStore, SyncReceiver, SyncSender } from '../../daemon/conntrack-sync';
-import { ipToBytes } from '../../daemon/netlink/ip-bytes';
-import { makeLogger, setLogger } from '../../daemon/log';
+import { ipToBytes } from '../../lib/ip-bytes';
+import { makeLogger, setLogger } from '../../lib/log';
 import { MAX_EVENT_BYTES } from '../../daemon/conntrack-sync/entry-codec';
 
 setLogger(makeLogger({ stream: new Writable({ write: (_c, _e, cb) => cb() }) }));

@@ -10,9 +10,9 @@ import * as os from 'node:os';
 import * as path from 'node:path';
 import { AttachService } from '../../daemon/pod/attach-service';
 import { PodStore, type PodRecord } from '../../daemon/state/pod-store';
-import { setLogger, log } from '../../daemon/log';
+import { setLogger, log } from '../../lib/log';
 import { inNetns, readNetSysctl, writeNetSysctls } from '../../daemon/sys/netns';
-import type { CniParams } from '../../daemon/api/protocol';
+import type { CniParams } from '../../lib/api/protocol';
 import { captureLogger } from '../lib/log-capture';
 import { addNetns, delNetns, ipJson, uniqueName } from '../lib/netns';
 

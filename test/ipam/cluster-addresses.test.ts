@@ -10,8 +10,8 @@ import { ClusterAddresses } from '../../ipam/cluster-addresses';
 import { validatePools } from '../../ipam/pool';
 import { RedisStore, storeKeys } from '../../ipam/store/redis-store';
 import type { ResolvedPool } from '../../ipam/types';
-import { makeLogger, setLogger } from '../../daemon/log';
-import { ErrorCode, TetherError } from '../../daemon/errors';
+import { makeLogger, setLogger } from '../../lib/log';
+import { ErrorCode, TetherError } from '../../lib/errors';
 import { startRedis, type TestRedis } from '../lib/redis';
 
 const quiet = makeLogger({ level: 'error', stream: new Writable({ write: (_c, _e, cb) => cb() }) });

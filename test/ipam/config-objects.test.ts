@@ -7,7 +7,7 @@ import * as os from 'node:os';
 import * as path from 'node:path';
 import { loadConfig, parseConfig } from '../../daemon/config/objects';
 import { loadNodeConfig } from '../../daemon/config/node-config';
-import { TetherError } from '../../daemon/errors';
+import { TetherError } from '../../lib/errors';
 
 const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'tether-config-'));
 test.after(() => fs.rmSync(dir, { recursive: true, force: true }));

@@ -4,7 +4,7 @@ import { test } from 'uvu';
 import * as assert from 'uvu/assert';
 import Redis from 'ioredis';
 import { PassThrough } from 'node:stream';
-import { log, makeLogger, setLogger } from '../../daemon/log';
+import { log, makeLogger, setLogger } from '../../lib/log';
 import { LB_STORE_BUCKETS, MappingStore, bucketOf, fieldOf, keyOf, type StoredMapping } from '../../daemon/lb/mapping-store';
 import { startRedis, type TestRedis } from '../lib/redis';
 import { waitFor } from '../lib/wait';

@@ -13,8 +13,8 @@ import { validatePools } from '../../ipam/pool';
 import { LazyStore } from '../../ipam/store/lazy-store';
 import { RedisStore } from '../../ipam/store/redis-store';
 import type { PodOwner, ResolvedPool } from '../../ipam/types';
-import { makeLogger } from '../../daemon/log';
-import { TetherError } from '../../daemon/errors';
+import { makeLogger } from '../../lib/log';
+import { TetherError } from '../../lib/errors';
 import { startRedis, type TestRedis } from '../lib/redis';
 import { Writable } from 'node:stream';
 

@@ -3,8 +3,8 @@
 import { test } from 'uvu';
 import * as assert from 'uvu/assert';
 import { poolMatchesNode, validatePool, validatePools } from '../../ipam/pool';
-import { parseIp } from '../../daemon/common/ip-math';
-import { TetherError } from '../../daemon/errors';
+import { parseIp } from '../../lib/ip';
+import { TetherError } from '../../lib/errors';
 
 type Spec = Record<string, unknown>;
 const pool = (name: string, spec: Spec, top: Record<string, unknown> = {}) => ({

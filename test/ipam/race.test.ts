@@ -4,7 +4,7 @@
 // go through the socket API, where both requests reach Redis within a millisecond or so of each other.
 import { test } from 'uvu';
 import * as assert from 'uvu/assert';
-import { TetherError } from '../../daemon/errors';
+import { TetherError } from '../../lib/errors';
 import { boundedAll, ipamApi, newContainerId, tetherIpam } from '../testbed/ipam-runtime';
 import { withTestbed, type Testbed } from '../testbed/testbed';
 import { inCidr } from '../testbed/topology';

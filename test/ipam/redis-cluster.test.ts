@@ -13,8 +13,8 @@ import { ClusterAddresses } from '../../ipam/cluster-addresses';
 import { validatePools } from '../../ipam/pool';
 import { parseRedisUrl, RedisStore, storeKeys } from '../../ipam/store/redis-store';
 import type { ResolvedPool } from '../../ipam/types';
-import { makeLogger, setLogger } from '../../daemon/log';
-import { ErrorCode, TetherError } from '../../daemon/errors';
+import { makeLogger, setLogger } from '../../lib/log';
+import { ErrorCode, TetherError } from '../../lib/errors';
 import { captureLog } from '../lib/log-capture';
 import { startRedisCluster, type RedisCluster } from '../lib/redis-cluster';
 

@@ -13,7 +13,7 @@ import * as path from 'node:path';
 import { parseAllDocuments } from 'yaml';
 import { RedisStore } from '../../ipam/store/redis-store';
 import { parseRedisUrl, withRedisPassword } from '../../daemon/common/redis';
-import { TetherError } from '../../daemon/errors';
+import { TetherError } from '../../lib/errors';
 import { waitFor } from '../lib/wait';
 
 type Obj = Record<string, any>;

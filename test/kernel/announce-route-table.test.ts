@@ -14,7 +14,7 @@ import * as fs from 'node:fs';
 import { Writable } from 'node:stream';
 import { ensureBpffs } from '../../daemon/bpf/bpffs';
 import { GatewayDatapath } from '../../daemon/egress/gateway-datapath';
-import { makeLogger, setLogger } from '../../daemon/log';
+import { makeLogger, setLogger } from '../../lib/log';
 import { inNetns } from '../../daemon/sys/netns';
 import { birdInstalled, exportTableSpeakerConfig, startBird, upstreamRouterConfig, waitBgpEstablished, type TestBird } from '../lib/bird';
 import { addNetns, delNetns, ipJson, uniqueName } from '../lib/netns';

@@ -6,7 +6,7 @@ import { execFileSync } from 'node:child_process';
 import * as fs from 'node:fs';
 import { test } from 'uvu';
 import * as assert from 'uvu/assert';
-import { setLogger, makeLogger } from '../../daemon/log';
+import { setLogger, makeLogger } from '../../lib/log';
 import { NetlinkHandle } from '../../daemon/netlink';
 import { setTargetVips, setUpDsrTarget, undoDsrTarget } from '../../daemon/pod/dsr-target';
 import { applyPodNetwork, undoPodNetwork, validatePodNetConfig } from '../../daemon/pod/pod-network';

@@ -7,7 +7,7 @@ import * as assert from 'uvu/assert';
 import * as fs from 'node:fs';
 import Redis from 'ioredis';
 import { Writable } from 'node:stream';
-import { makeLogger, setLogger } from '../../daemon/log';
+import { makeLogger, setLogger } from '../../lib/log';
 import { LbDatapath } from '../../daemon/bpf/lb';
 import { ensureBpffs } from '../../daemon/bpf/bpffs';
 import { LB_STORE_BUCKETS, MappingStore, bucketOf, fieldOf } from '../../daemon/lb/mapping-store';

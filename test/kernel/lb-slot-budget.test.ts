@@ -10,7 +10,7 @@ import * as fs from 'node:fs';
 import * as os from 'node:os';
 import * as path from 'node:path';
 import { PassThrough, Writable } from 'node:stream';
-import { makeLogger, setLogger } from '../../daemon/log';
+import { makeLogger, setLogger } from '../../lib/log';
 import { ensureBpffs } from '../../daemon/bpf/bpffs';
 import { LbDatapath } from '../../daemon/bpf/lb';
 import { ClusterAddresses } from '../../ipam/cluster-addresses';
@@ -18,11 +18,12 @@ import { validatePools } from '../../ipam/pool';
 import { RedisStore } from '../../ipam/store/redis-store';
 import { LbController } from '../../daemon/lb/lb-controller';
 import { MappingStore } from '../../daemon/lb/mapping-store';
-import { resolveLoadBalancers, LB_CLASS } from '../../daemon/lb/lb-spec';
+import { resolveLoadBalancers } from '../../daemon/lb/lb-spec';
 import { PodStore } from '../../daemon/state/pod-store';
 import { AttachService } from '../../daemon/pod/attach-service';
 import { addNetns, delNetns, uniqueName } from '../lib/netns';
 import { startRedis } from '../lib/redis';
+import { LB_CLASS } from '../../daemon/objects/names';
 
 setLogger(makeLogger({ level: 'error', stream: new Writable({ write: (_c, _e, cb) => cb() }) }));
 

@@ -22,7 +22,7 @@ import { attachTc } from '../../daemon/bpf/tc';
 import { check, checkPtr, libbpf } from '../../daemon/bpf/libbpf';
 import { LAYOUT_DIR, releaseRetired } from '../../daemon/bpf/map-layout';
 import { ensureBpffs } from '../../daemon/bpf/bpffs';
-import { makeLogger, setLogger } from '../../daemon/log';
+import { makeLogger, setLogger } from '../../lib/log';
 import { inNetns } from '../../daemon/sys/netns';
 
 const root = path.resolve(__dirname, '../..');

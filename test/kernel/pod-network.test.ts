@@ -11,7 +11,7 @@ import { readNetSysctl } from '../../daemon/sys/netns';
 import {
   addedInterfaces, applyPodNetwork, checkPodNetwork, undoPodNetwork, validatePodNetConfig, type AppliedPodNetwork,
 } from '../../daemon/pod/pod-network';
-import { setLogger, makeLogger } from '../../daemon/log';
+import { setLogger, makeLogger } from '../../lib/log';
 
 // Keep test output readable: the JSON action log goes to a file instead of stderr.
 setLogger(makeLogger({ stream: fs.createWriteStream('/dev/null') }));

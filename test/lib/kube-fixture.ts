@@ -6,7 +6,7 @@ import * as os from 'node:os';
 import * as path from 'node:path';
 import { FakeApiServer, kubeconfigFor } from './fake-apiserver';
 import { KubeSource } from '../../daemon/config/kube-source';
-import type { Logger } from '../../daemon/log';
+import type { Logger } from '../../lib/log';
 
 export async function apiWithSource(objects: Array<Record<string, any>>, logger: Logger): Promise<{ api: FakeApiServer; source: KubeSource; close: () => Promise<void> }> {
   const api = new FakeApiServer('fake-token');

@@ -1,6 +1,6 @@
+import { LB_CLASS } from '../../daemon/objects/names';
 // Test objects for the load balancer: n tether Services (svc-0…) in namespace shop, each with one
 // EndpointSlice whose single ready target runs on the node `nodeOf(i)` names.
-import { LB_CLASS } from '../../daemon/lb/lb-spec';
 
 export function lbServiceObjects(n: number, nodeOf: (i: number) => string): Array<Record<string, unknown>> {
   const out: Array<Record<string, unknown>> = [];

@@ -1,6 +1,6 @@
 // Runs a piece of a test with the process logger captured (winston JSON lines at info and above).
 import { PassThrough } from 'node:stream';
-import { log, makeLogger, setLogger } from '../../daemon/log';
+import { log, makeLogger, setLogger } from '../../lib/log';
 
 /** Runs `fn` with the log captured; returns its lines, parsed. The previous logger is put back after. */
 export async function captureLog(fn: () => Promise<void>): Promise<Array<Record<string, string>>> {

@@ -8,7 +8,7 @@ import { test } from 'uvu';
 import * as assert from 'uvu/assert';
 import * as fs from 'node:fs';
 import { withTestbed, type Testbed } from './testbed';
-import { call } from '../../daemon/api/client';
+import { call } from '../../lib/api/client';
 import { egressOf, runTraffic, topology, waitOwner, waitStandbyReady, type EgressStatus } from './egress-scenario';
 import { ConntrackHandle, IPS, type ConntrackEntry } from '../../daemon/conntrack';
 

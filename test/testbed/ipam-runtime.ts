@@ -4,7 +4,7 @@
 // measure veth creation: IPAM never touches the netns, so one real namespace per node serves every call.
 import { randomBytes } from 'node:crypto';
 import * as path from 'node:path';
-import { call } from '../../daemon/api/client';
+import { call } from '../../lib/api/client';
 import { CniResult, parseCniError } from './cni-chain';
 import { mustRun, nsenterArgv, run } from './proc';
 import { binDir } from './tetherd';

@@ -17,7 +17,7 @@
 // (e.g. an address owned twice) makes the row continue on a fresh testbed, so one defect is not counted
 // again in the cells after it.
 import * as fs from 'node:fs';
-import { call } from '../../daemon/api/client';
+import { call } from '../../lib/api/client';
 import { startServer, FLOAT_POOL, PORT } from './egress-scenario';
 import { egress, pool as floatPool } from './egress-multi-scenario';
 import { lbStatus, pool as lbPool, routerPaths, service, slice, startBgp, startTargets, type Servers } from './lb-scenario';

@@ -6,7 +6,7 @@ import { randomBytes } from 'node:crypto';
 import * as fs from 'node:fs';
 import * as path from 'node:path';
 import Redis from 'ioredis';
-import { call } from '../../daemon/api/client';
+import { call } from '../../lib/api/client';
 import { FakeApiServer, kubeconfigFor } from '../lib/fake-apiserver';
 import { startRedis, type TestRedis } from '../lib/redis';
 import { startSentinelSet, type SentinelSet } from '../lib/sentinel';

@@ -5,7 +5,7 @@ import * as assert from 'uvu/assert';
 import { createHash, createHmac } from 'node:crypto';
 import { BfdAuthType, resolveAuth, SeqWindow, signPacket, verifyDigest } from '../../daemon/bfd/auth';
 import { BfdDiag, BfdState, encodeControl } from '../../daemon/bfd/packet';
-import { isTetherError } from '../../daemon/errors';
+import { isTetherError } from '../../lib/errors';
 
 const KEY = Buffer.from('000102030405060708090a0b0c0d0e0f10111213', 'hex');
 

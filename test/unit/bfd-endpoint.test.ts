@@ -6,7 +6,7 @@ import * as dgram from 'node:dgram';
 import { randomInt } from 'node:crypto';
 import { BfdEndpoint, BfdState, BfdDiag, type BfdDatagramEvent, type BfdSession } from '../../daemon/bfd';
 import { encodeControl, decodeControl } from '../../daemon/bfd/packet';
-import { makeLogger, setLogger } from '../../daemon/log';
+import { makeLogger, setLogger } from '../../lib/log';
 
 setLogger(makeLogger({ level: 'warn' }));
 const AUTH = { keyId: 3, key: Buffer.alloc(20, 0x33) };

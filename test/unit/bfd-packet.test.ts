@@ -2,7 +2,7 @@
 import { test } from 'uvu';
 import * as assert from 'uvu/assert';
 import { BfdDiag, BfdState, decodeControl, encodeControl, type BfdControl } from '../../daemon/bfd/packet';
-import { isTetherError } from '../../daemon/errors';
+import { isTetherError } from '../../lib/errors';
 
 const base: BfdControl = {
   diag: BfdDiag.NeighborSignaledDown,

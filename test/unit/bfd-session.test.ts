@@ -7,7 +7,7 @@ import { BfdSession, type BfdSessionOptions, type BfdStateChange } from '../../d
 import { BfdDiag, BfdState, decodeControl, encodeControl, type BfdControl } from '../../daemon/bfd/packet';
 import { resolveAuth, signPacket } from '../../daemon/bfd/auth';
 import type { Clock } from '../../daemon/bfd/clock';
-import { makeLogger, setLogger } from '../../daemon/log';
+import { makeLogger, setLogger } from '../../lib/log';
 
 const logLines: any[] = [];
 // Installed when this suite starts, not at import: uvu imports the whole group first, and another file's

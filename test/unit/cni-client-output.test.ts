@@ -1,4 +1,4 @@
-// The CNI executables (cni/plugin-entry.ts, compiled with Bun) answer through Bun.write and never touch
+// The CNI executables (cmd/cni-plugin.ts, compiled with Bun) answer through Bun.write and never touch
 // process.stdout or process.stderr: in Bun those build Node's stream objects, which cost a plugin's start more
 // than its whole request (docs/performance.md). The entry runs here under the real Bun runtime (the npm
 // package the build compiles with) with both properties trapped, against a fake tetherd on a Unix socket, for
@@ -14,7 +14,7 @@ import { fakeTetherd, reply } from '../lib/fake-tetherd';
 
 const repo = path.resolve(__dirname, '../..');
 const BUN = path.join(repo, 'node_modules/.bin/bun');
-const ENTRY = path.join(repo, 'cni/plugin-entry.ts');
+const ENTRY = path.join(repo, 'cmd/cni-plugin.ts');
 
 // Records every read of process.stdout / process.stderr the entry makes, and reports them at exit.
 const TRAP = `

@@ -10,7 +10,7 @@ import * as assert from 'uvu/assert';
 import * as fs from 'node:fs';
 import * as os from 'node:os';
 import * as path from 'node:path';
-import { makeLogger } from '../../daemon/log';
+import { makeLogger } from '../../lib/log';
 import { Installer, readConfDir, readiness } from '../../install/cni/installer';
 import { runtimeLoad, type Runtime } from '../../install/cni/libcni';
 import { buildLoader, findGo, libcniLoad, type LibcniAnswer } from '../golden-libcni/libcni-load';

@@ -9,7 +9,7 @@ import { spawn } from 'node:child_process';
 import * as fs from 'node:fs';
 import * as os from 'node:os';
 import * as path from 'node:path';
-import { makeLogger } from '../../daemon/log';
+import { makeLogger } from '../../lib/log';
 import { insertEntry, pickPrimary } from '../../install/cni/conflist';
 import { loadFile } from '../../install/cni/libcni';
 import { Installer, readiness, type InstallerOptions } from '../../install/cni/installer';

@@ -12,7 +12,7 @@ import { FileSource, feedReconcilers, serialApply } from '../../daemon/config/so
 import { objectKey } from '../../daemon/config/objects';
 import type { ConfigObjects } from '../../daemon/config/objects';
 import { Writable } from 'node:stream';
-import { makeLogger } from '../../daemon/log';
+import { makeLogger } from '../../lib/log';
 import { captureLogger } from '../lib/log-capture';
 import { startSource } from '../../daemon/parts/source';
 import { Lifecycle } from '../../daemon/lifecycle';

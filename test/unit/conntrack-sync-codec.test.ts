@@ -9,8 +9,8 @@ import { formatV6, writeV4, writeV6 } from '../../daemon/conntrack-sync/address-
 import { CoalescingQueue } from '../../daemon/conntrack-sync/coalescing-queue';
 import { CodecError, Cursor, MAX_EVENT_BYTES, readEntry, readEvent, readList, writeEntry, writeEvent, writeList } from '../../daemon/conntrack-sync/entry-codec';
 import { FrameReader, FrameRejected, FrameType, FrameWriter, MIN_FRAME_LENGTH, openFrame } from '../../daemon/conntrack-sync/frame';
-import { TetherError } from '../../daemon/errors';
-import { bytesToIp, ipToBytes } from '../../daemon/netlink/ip-bytes';
+import { TetherError } from '../../lib/errors';
+import { bytesToIp, ipToBytes } from '../../lib/ip-bytes';
 import { entry, entry6 } from './conntrack-sync-fixtures';
 
 const samples: ConntrackEntry[] = [

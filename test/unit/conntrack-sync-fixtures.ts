@@ -4,7 +4,7 @@ import { randomBytes } from 'node:crypto';
 import * as net from 'node:net';
 import { Writable } from 'node:stream';
 import { entryKey, IPS, type ConntrackEntry, type ConntrackEvent } from '../../daemon/conntrack/types';
-import { log, makeLogger, setLogger, type Logger } from '../../daemon/log';
+import { log, makeLogger, setLogger, type Logger } from '../../lib/log';
 import { Digests, inBuckets, keyHash, SyncReceiver, type BucketSet, type KeySet, type SyncReceiverOptions } from '../../daemon/conntrack-sync';
 import { sleep, waitFor as pollFor } from '../lib/wait';
 

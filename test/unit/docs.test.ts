@@ -32,13 +32,13 @@ import { schemaKinds, schemaProblems } from '../../daemon/objects/schema';
 import { CRDS } from '../../daemon/objects/crds';
 import { validateEgress } from '../../daemon/egress/egress-spec';
 import { resolveLoadBalancers } from '../../daemon/lb/lb-spec';
-import { parseCommandLine as parseTetherctl } from '../../daemon/ctl';
+import { parseCommandLine as parseTetherctl } from '../../cmd/tetherctl';
 import { checkRedisOption, flowsOption, lbOptions, parseOptions, portOption } from '../../daemon/options';
 import { parseCandidates } from '../../daemon/kube/controllers';
 import { checkCommandLine as checkTetherInstall } from '../../install/cni/main';
 import { confListFromBytes } from '../../install/cni/libcni';
 import { BFD_CONTROL_PORT } from '../../daemon/bfd/endpoint';
-import { FORMATS } from '../../daemon/common/formats';
+import { FORMATS } from '../../daemon/formats';
 import type { ResolvedPool } from '../../ipam/types';
 
 type Obj = Record<string, any>;
@@ -766,7 +766,7 @@ test('the ports table in docs/operations.md matches the defaults, the DaemonSet 
   assert.ok(documented.has(`${BFD_CONTROL_PORT}/UDP`), 'the BFD port');
 });
 
-test('docs/upgrade.md\'s formats table names every entry of daemon/common/formats.ts with its kind and versions', () => {
+test('docs/upgrade.md\'s formats table names every entry of daemon/formats.ts with its kind and versions', () => {
   const text = read('docs/upgrade.md');
   const m = /<!-- formats:start -->\n([\s\S]*?)<!-- formats:end -->/.exec(text);
   assert.ok(m, 'docs/upgrade.md has a table between <!-- formats:start --> and <!-- formats:end -->');

@@ -8,7 +8,7 @@ import * as fs from 'node:fs';
 import * as os from 'node:os';
 import * as path from 'node:path';
 import { Writable } from 'node:stream';
-import { makeLogger } from '../../daemon/log';
+import { makeLogger } from '../../lib/log';
 import { draining, isDraining, type AddressState, type EgressContext } from '../../daemon/egress/egress-context';
 import { egressContext } from '../../daemon/egress/egress-controller';
 import { addressSlots } from '../../daemon/egress/egress-spec';

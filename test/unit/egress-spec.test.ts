@@ -4,7 +4,7 @@ import { test } from 'uvu';
 import * as assert from 'uvu/assert';
 import { addressSlots, slotOwner, validateEgress } from '../../daemon/egress/egress-spec';
 import { validatePools } from '../../ipam/pool';
-import { TetherError } from '../../daemon/errors';
+import { TetherError } from '../../lib/errors';
 import { selects } from '../../daemon/egress/egress-context';
 
 const pools = validatePools([

@@ -5,7 +5,7 @@
 import { test } from 'uvu';
 import * as assert from 'uvu/assert';
 import { Writable } from 'node:stream';
-import { makeLogger, setLogger } from '../../daemon/log';
+import { makeLogger, setLogger } from '../../lib/log';
 import type { EgressContext } from '../../daemon/egress/egress-context';
 import { egressContext } from '../../daemon/egress/egress-controller';
 import { addressSlots } from '../../daemon/egress/egress-spec';
@@ -63,7 +63,7 @@ async function gauge(s: EgressContext): Promise<Record<string, number>> {
 
 // The previous release's sync sender (release/previous, from this repository's history), typed as this release's.
 const { SyncSender: OldSender } = previousModule<typeof import('../../daemon/conntrack-sync/sender')>('daemon/conntrack-sync/sender');
-const oldLog = previousModule<typeof import('../../daemon/log')>('daemon/log');
+const oldLog = previousModule<typeof import('../../lib/log')>('lib/log');
 oldLog.setLogger(oldLog.makeLogger({ level: 'error' }));
 
 test.before(() => setLogger(quiet));

@@ -1,4 +1,4 @@
-// Every format two releases share (daemon/common/formats.ts), held to golden samples: each registry entry's
+// Every format two releases share (daemon/formats.ts), held to golden samples: each registry entry's
 // canonical sample is written by the real encoder or writer and must equal test/fixtures/formats/<name>/
 // v<version>.* byte for byte (store formats: every key, its type and value, key names with their hash tags),
 // so a format that changes without a new version fails here; and every golden of a version the registry
@@ -13,13 +13,13 @@ import * as os from 'node:os';
 import * as path from 'node:path';
 import * as net from 'node:net';
 import Redis from 'ioredis';
-import { FORMATS, formatNamed } from '../../daemon/common/formats';
-import { makeLogger, setLogger } from '../../daemon/log';
-import { VERSION as RELEASE } from '../../cni/about';
-import { callWith } from '../../daemon/api/call-core';
-import { nodeConnector } from '../../daemon/api/client';
+import { FORMATS, formatNamed } from '../../daemon/formats';
+import { makeLogger, setLogger } from '../../lib/log';
+import { VERSION as RELEASE } from '../../lib/version';
+import { callWith } from '../../lib/api/call-core';
+import { nodeConnector } from '../../lib/api/client';
 import { ApiServer } from '../../daemon/server';
-import { parseQueuedDelete, queueDelete, type QueuedDelete } from '../../daemon/api/delete-queue';
+import { parseQueuedDelete, queueDelete, type QueuedDelete } from '../../lib/api/delete-queue';
 import { PodStore, type PodRecord } from '../../daemon/state/pod-store';
 import { VIP_RECORD_FILE, VipRecord } from '../../daemon/lb/vip-record';
 import { journalHostSysctl, readSysctlJournal, useSysctlJournal } from '../../daemon/sys/sysctl-journal';
@@ -64,14 +64,14 @@ function checkGolden(name: string, version: number, files: Files): void {
     const file = goldenPath(name, version, part);
     const bytes = Buffer.isBuffer(data) ? data : Buffer.from(data);
     if (!fs.existsSync(file)) {
-      if (!WRITE) assert.unreachable(`${name}: no golden ${path.relative(ROOT, file)} for version ${version}: a changed format needs a new version in daemon/common/formats.ts, then TETHER_WRITE_GOLDENS=1 adds its golden`);
+      if (!WRITE) assert.unreachable(`${name}: no golden ${path.relative(ROOT, file)} for version ${version}: a changed format needs a new version in daemon/formats.ts, then TETHER_WRITE_GOLDENS=1 adds its golden`);
       fs.mkdirSync(path.dirname(file), { recursive: true });
       fs.writeFileSync(file, bytes);
       continue;
     }
     const want = fs.readFileSync(file);
     if (!want.equals(bytes)) {
-      const msg = `${name} v${version}: ${part} differs from its golden ${path.relative(ROOT, file)}: the format changed without a new version (bump it in daemon/common/formats.ts and add the golden of the new version; keep reading the old one)`;
+      const msg = `${name} v${version}: ${part} differs from its golden ${path.relative(ROOT, file)}: the format changed without a new version (bump it in daemon/formats.ts and add the golden of the new version; keep reading the old one)`;
       if (/\.(json|txt)$/.test(part)) assert.fixture(bytes.toString(), want.toString(), msg);
       else assert.is(bytes.toString('hex'), want.toString('hex'), msg);
     }
@@ -962,11 +962,11 @@ test('no golden of a version the registry neither writes nor reads is left unexp
 
 /** Modules that match a signal below but define nothing another release reads, and why. */
 const NOT_SHARED: Record<string, string> = {
-  'daemon/common/ip-math.ts': 'prefix means an address prefix length, not a store key',
-  'daemon/state/atomic-file.ts': 'the writer every state record uses; the records are listed',
+  'lib/ip.ts': 'prefix means an address prefix length, not a store key',
+  'lib/atomic-file.ts': 'the writer every state record uses; the records are listed',
   'daemon/sys/ffi.ts': 'writes a temporary copy of a native library',
   'daemon/sys/netns.ts': 'writes /proc and /sys files of the kernel',
-  'daemon/api/client.ts': 'the Node transport of the socket API (call-core.ts defines it)',
+  'lib/api/client.ts': 'the Node transport of the socket API (call-core.ts defines it)',
   'daemon/health/health-server.ts': 'HTTP health checks for external load balancers (200/503), not between releases',
   'daemon/health/probe-server.ts': 'kubelet probes (/healthz, /readyz), not between releases',
   'daemon/health/health-controller.ts': 'listens for health checks; its report is listed under lb-health-report',
@@ -1004,12 +1004,12 @@ test('every module that defines a shared format is in the registry (or in NOT_SH
   const listed = new Set(FORMATS.flatMap((f) => f.definedIn));
   const missing: string[] = [];
   for (const file of sources()) {
-    if (listed.has(file) || NOT_SHARED[file] || file === 'daemon/common/formats.ts') continue;
+    if (listed.has(file) || NOT_SHARED[file] || file === 'daemon/formats.ts') continue;
     const text = fs.readFileSync(path.join(ROOT, file), 'utf8');
     const why = SIGNALS.filter(([, re]) => re.test(text)).map(([w]) => w);
     if (why.length) missing.push(`${file} (${why.join(', ')})`);
   }
-  assert.equal(missing, [], `modules that look like they define a shared format but daemon/common/formats.ts does not name: add an entry (or a NOT_SHARED reason here)`);
+  assert.equal(missing, [], `modules that look like they define a shared format but daemon/formats.ts does not name: add an entry (or a NOT_SHARED reason here)`);
   for (const f of Object.keys(NOT_SHARED)) assert.ok(fs.existsSync(path.join(ROOT, f)), `NOT_SHARED names ${f}, which is gone`);
 });
 

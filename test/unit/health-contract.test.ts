@@ -21,7 +21,7 @@ import { validatePools } from '../../ipam/pool';
 import { healthCondition } from '../../daemon/kube/status-controller';
 import { portHolder } from '../../daemon/sys/port-holder';
 import type { ResolvedLoadBalancer } from '../../daemon/lb/lb-spec';
-import { log } from '../../daemon/log';
+import { log } from '../../lib/log';
 
 function get(port: number, path: string, host = '127.0.0.1'): Promise<{ status: number; headers: http.IncomingHttpHeaders; body: string }> {
   return new Promise((resolve, reject) => {

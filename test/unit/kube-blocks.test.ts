@@ -13,7 +13,7 @@ import { KubeBlockClaims, claimName } from '../../daemon/kube/block-claims';
 import { AllocationStore } from '../../ipam/allocation-store';
 import { PodAllocator } from '../../ipam/pod-allocator';
 import { validatePools } from '../../ipam/pool';
-import { makeLogger } from '../../daemon/log';
+import { makeLogger } from '../../lib/log';
 
 const quiet = makeLogger({ level: 'error', stream: new Writable({ write: (_c, _e, cb) => cb() }) });
 

@@ -11,7 +11,7 @@ import { Writable } from 'node:stream';
 import * as k8s from '@kubernetes/client-node';
 import { FakeApiServer, kubeconfigFor } from '../lib/fake-apiserver';
 import { CANDIDATE_LABEL, Candidacy, parseCandidates, type CandidateMode } from '../../daemon/kube/controllers';
-import { makeLogger } from '../../daemon/log';
+import { makeLogger } from '../../lib/log';
 
 const quiet = makeLogger({ level: 'error', stream: new Writable({ write: (_c, _e, cb) => cb() }) });
 

@@ -17,7 +17,7 @@ import { apiWithSource } from '../lib/kube-fixture';
 import { kubeconfigFor } from '../lib/fake-apiserver';
 import { captureLogger } from '../lib/log-capture';
 import { waitFor } from '../lib/wait';
-import { makeLogger } from '../../daemon/log';
+import { makeLogger } from '../../lib/log';
 import { EventRecorder, REPORTING_CONTROLLER } from '../../daemon/kube/event-recorder';
 import { KubeReporting } from '../../daemon/parts/kube-reporting';
 import { StatusController } from '../../daemon/kube/status-controller';

@@ -11,7 +11,7 @@ import { Writable } from 'node:stream';
 import { FakeApiServer, kubeconfigFor } from '../lib/fake-apiserver';
 import { KubeSource } from '../../daemon/config/kube-source';
 import type { ConfigObjects } from '../../daemon/config/objects';
-import { makeLogger } from '../../daemon/log';
+import { makeLogger } from '../../lib/log';
 
 const lines: string[] = [];
 const logger = makeLogger({ level: 'info', node: 'n1', stream: new Writable({ write: (c, _e, cb) => (lines.push(String(c)), cb()) }) });

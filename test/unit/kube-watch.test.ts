@@ -15,9 +15,9 @@ import { captureLogger } from '../lib/log-capture';
 import { KubeSource } from '../../daemon/config/kube-source';
 import { feedReconcilers } from '../../daemon/config/source';
 import type { ConfigObjects } from '../../daemon/config/objects';
-import { ServiceLabeler, TETHER_SERVICE_LABEL, TETHER_SERVICE_SELECTOR } from '../../daemon/kube/service-labeler';
-import { Backoff } from '../../daemon/kube/backoff';
-import { LB_CLASS } from '../../daemon/lb/lb-spec';
+import { ServiceLabeler } from '../../daemon/kube/service-labeler';
+import { Backoff } from '../../lib/backoff';
+import { TETHER_SERVICE_LABEL, TETHER_SERVICE_SELECTOR, LB_CLASS } from '../../daemon/objects/names';
 
 const svc = (name: string, tether: boolean, labelled = tether, ns = 'shop') => ({
   apiVersion: 'v1', kind: 'Service', metadata: { name, namespace: ns, ...(labelled ? { labels: { [TETHER_SERVICE_LABEL]: 'true' } } : {}) },

@@ -8,7 +8,7 @@ import * as fs from 'node:fs';
 import * as os from 'node:os';
 import * as path from 'node:path';
 import { Writable } from 'node:stream';
-import { makeLogger, setLogger } from '../../daemon/log';
+import { makeLogger, setLogger } from '../../lib/log';
 import { ClusterAddresses } from '../../ipam/cluster-addresses';
 import { validatePools } from '../../ipam/pool';
 import { RedisStore } from '../../ipam/store/redis-store';

@@ -7,7 +7,7 @@ import { test } from 'uvu';
 import * as assert from 'uvu/assert';
 import { startRedisCluster, type RedisCluster } from '../lib/redis-cluster';
 import { Writable } from 'node:stream';
-import { makeLogger, setLogger } from '../../daemon/log';
+import { makeLogger, setLogger } from '../../lib/log';
 import { bucketOf, fieldOf, LB_STORE_BUCKETS, MappingStore, type StoredMapping } from '../../daemon/lb/mapping-store';
 import { waitFor } from '../lib/wait';
 

@@ -6,7 +6,7 @@ import { test } from 'uvu';
 import * as assert from 'uvu/assert';
 import Redis from 'ioredis';
 import { Writable } from 'node:stream';
-import { makeLogger, setLogger } from '../../daemon/log';
+import { makeLogger, setLogger } from '../../lib/log';
 import { LB_STORE_BUCKETS, MappingStore, type StoredMapping } from '../../daemon/lb/mapping-store';
 import { startRedis, type TestRedis } from '../lib/redis';
 import { waitFor } from '../lib/wait';

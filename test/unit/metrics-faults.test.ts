@@ -9,7 +9,7 @@ import * as net from 'node:net';
 import * as os from 'node:os';
 import * as path from 'node:path';
 import { Writable } from 'node:stream';
-import { makeLogger, setLogger } from '../../daemon/log';
+import { makeLogger, setLogger } from '../../lib/log';
 import { validatePools } from '../../ipam/pool';
 import { RedisStore } from '../../ipam/store/redis-store';
 import { LazyStore } from '../../ipam/store/lazy-store';

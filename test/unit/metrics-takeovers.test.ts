@@ -5,7 +5,7 @@
 import { test } from 'uvu';
 import * as assert from 'uvu/assert';
 import { Writable } from 'node:stream';
-import { makeLogger, setLogger } from '../../daemon/log';
+import { makeLogger, setLogger } from '../../lib/log';
 import { ClusterAddresses } from '../../ipam/cluster-addresses';
 import { validatePools } from '../../ipam/pool';
 import { RedisStore } from '../../ipam/store/redis-store';

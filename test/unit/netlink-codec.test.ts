@@ -4,7 +4,7 @@ import { test } from 'uvu';
 import * as assert from 'uvu/assert';
 import { align4, attr, attrStr, attrU32, Attrs, decodeMessages, encodeMessage, nested, NLA_F_NESTED } from '../../daemon/netlink/codec';
 import { NLM_F_ACK_TLVS, NLM_F_CAPPED, NLMSG_ERROR, RTA, RTAX_MTU, IFLA, IFLA_INFO_KIND } from '../../daemon/netlink/constants';
-import { bytesToIp, canonicalIp, ipToBytes, networkOf, parsePrefix } from '../../daemon/netlink/ip-bytes';
+import { bytesToIp, canonicalIp, ipToBytes, networkOf, parsePrefix } from '../../lib/ip-bytes';
 import { decodeError } from '../../daemon/netlink/socket';
 import { decodeRoute, encodeRoute } from '../../daemon/netlink/routes';
 import { decodeLink } from '../../daemon/netlink/links';

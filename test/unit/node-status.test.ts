@@ -10,7 +10,7 @@ import * as assert from 'uvu/assert';
 import { Writable } from 'node:stream';
 import { apiWithSource } from '../lib/kube-fixture';
 import { waitFor } from '../lib/wait';
-import { makeLogger } from '../../daemon/log';
+import { makeLogger } from '../../lib/log';
 import { KubeReporting } from '../../daemon/parts/kube-reporting';
 import { NodeStatusWriter } from '../../daemon/kube/node-status';
 import type { RoleProblem } from '../../daemon/pod/role-problems';

@@ -9,11 +9,11 @@ import * as net from 'node:net';
 import * as os from 'node:os';
 import * as path from 'node:path';
 import { ApiServer, type VersionRange } from '../../daemon/server';
-import { callWith } from '../../daemon/api/call-core';
-import { nodeConnector } from '../../daemon/api/client';
-import { MIN_PROTOCOL_VERSION, PROTOCOL_VERSION } from '../../daemon/api/protocol';
-import { makeLogger } from '../../daemon/log';
-import { TetherError } from '../../daemon/errors';
+import { callWith } from '../../lib/api/call-core';
+import { nodeConnector } from '../../lib/api/client';
+import { MIN_PROTOCOL_VERSION, PROTOCOL_VERSION } from '../../lib/api/protocol';
+import { makeLogger } from '../../lib/log';
+import { TetherError } from '../../lib/errors';
 import { captureLogger } from '../lib/log-capture';
 
 let dir: string;

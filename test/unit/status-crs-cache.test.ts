@@ -11,7 +11,7 @@ import { Writable } from 'node:stream';
 import { apiWithSource } from '../lib/kube-fixture';
 import { waitFor } from '../lib/wait';
 import { StatusController, type EgressAddressStatus } from '../../daemon/kube/status-controller';
-import { makeLogger } from '../../daemon/log';
+import { makeLogger } from '../../lib/log';
 
 const quiet = makeLogger({ level: 'error', stream: new Writable({ write: (_c, _e, cb) => cb() }) });
 const V = 'tether.dev/v1alpha1';

@@ -9,9 +9,8 @@ import { Writable } from 'node:stream';
 import { apiWithSource } from '../lib/kube-fixture';
 import { waitFor } from '../lib/wait';
 import { StatusController } from '../../daemon/kube/status-controller';
-import { TETHER_SERVICE_LABEL } from '../../daemon/kube/service-labeler';
-import { LB_CLASS } from '../../daemon/lb/lb-spec';
-import { makeLogger } from '../../daemon/log';
+import { makeLogger } from '../../lib/log';
+import { TETHER_SERVICE_LABEL, LB_CLASS } from '../../daemon/objects/names';
 
 const quiet = makeLogger({ level: 'error', stream: new Writable({ write: (_c, _e, cb) => cb() }) });
 const N = 20;

@@ -6,7 +6,7 @@ import { test } from 'uvu';
 import * as assert from 'uvu/assert';
 import { Writable } from 'node:stream';
 import Redis from 'ioredis';
-import { makeLogger, setLogger } from '../../daemon/log';
+import { makeLogger, setLogger } from '../../lib/log';
 import { ClusterAddresses } from '../../ipam/cluster-addresses';
 import { RedisStore } from '../../ipam/store/redis-store';
 import { validatePools } from '../../ipam/pool';

@@ -6,7 +6,7 @@
 // kernel work, which the simulation has none of. Only ever run bundled (bundle.ts), with the fakes in place.
 import * as fs from 'node:fs';
 import * as path from 'node:path';
-import type { Logger } from '../../../daemon/log';
+import type { Logger } from '../../../lib/log';
 import { Lifecycle } from '../../../daemon/lifecycle';
 import { feedReconcilers } from '../../../daemon/config/source';
 import { EgressObjects } from '../../../daemon/egress/egress-config';

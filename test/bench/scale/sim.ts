@@ -10,7 +10,7 @@ import { bundleSim } from './bundle';
 import type { Common, NodeSpec, Request } from './worker';
 import type { SimPod } from './sim-node';
 import type { ApiLoad, ApiRequest } from './api-proc';
-import { TETHER_SERVICE_LABEL } from '../../../daemon/kube/service-labeler';
+import { TETHER_SERVICE_LABEL } from '../../../daemon/objects/names';
 
 export interface Scenario {
   egresses: number;

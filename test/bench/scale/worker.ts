@@ -6,7 +6,7 @@ import { kubeconfigFor } from '../../lib/fake-apiserver';
 import { monitorEventLoopDelay } from 'node:perf_hooks';
 import { Session } from 'node:inspector/promises';
 import Redis from 'ioredis';
-import { makeLogger, setLogger } from '../../../daemon/log';
+import { makeLogger, setLogger } from '../../../lib/log';
 import { SimNode, type SimPod } from './sim-node';
 import { MemberView } from '../../../daemon/common/member-registry';
 import { setAlive } from './fakes/bfd-threaded';

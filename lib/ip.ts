@@ -1,5 +1,5 @@
 // Addresses as bigints: parsing, formatting and block arithmetic for IPv4 and IPv6 alike.
-import { bytesToIp, ipFamily, ipToBytes } from '../netlink/ip-bytes';
+import { bytesToIp, ipFamily, ipToBytes } from './ip-bytes';
 
 /** An address family by its version number. */
 export type IpFamily = 4 | 6;

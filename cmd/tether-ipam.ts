@@ -1,9 +1,9 @@
 // tether-ipam: the CNI IPAM plugin, run by a primary plugin (ptp, bridge…) with the primary's config.
 // A thin client like `tether`: it checks the `ipam` section's shape and forwards to tetherd, which owns
 // the pools, the node's blocks and the allocations (ipam/pod-allocator.ts).
-import { DEFAULT_SOCKET_PATH } from '../daemon/api/protocol';
-import { DEFAULT_DELETE_QUEUE_DIR } from '../daemon/api/delete-queue';
-import { ErrorCode, TetherError } from '../daemon/errors';
+import { DEFAULT_SOCKET_PATH } from '../lib/api/protocol';
+import { DEFAULT_DELETE_QUEUE_DIR } from '../lib/api/delete-queue';
+import { ErrorCode, TetherError } from '../lib/errors';
 import { runCniClient, absolutePathField } from '../cni/client-main';
 
 export function main(): Promise<number> {

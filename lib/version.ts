@@ -1,7 +1,7 @@
 // What each name of the executable says about itself: --version, --help, and (for the CNI plugins run by
 // hand without CNI_COMMAND) the "about" text the reference plugins print. Kept free of heavy imports.
 import { version } from '../package.json';
-import { SUPPORTED_VERSIONS } from './spec';
+import { SUPPORTED_VERSIONS } from './cni-spec';
 
 export const VERSION: string = version;
 

@@ -2,17 +2,17 @@
 // the contract a rolling upgrade relies on (release N beside N−1, both directions; docs/upgrade.md).
 // test/unit/formats.test.ts holds each entry to a golden sample per version and fails on a format change
 // without a new version, and on a format-defining module this list does not name.
-import { PROTOCOL_VERSION as API_VERSION, MIN_PROTOCOL_VERSION as API_MIN_VERSION } from '../api/protocol';
-import { DELETE_QUEUE_FORMAT } from '../api/delete-queue';
-import { BFD_VERSION } from '../bfd/packet';
-import { MAX_PROTOCOL_VERSION as SYNC_MAX_VERSION, MIN_PROTOCOL_VERSION as SYNC_MIN_VERSION, PROTOCOL_VERSION as SYNC_VERSION } from '../conntrack-sync/frame';
-import { CRDS, GROUP, VERSION as CRD_VERSION } from '../objects/crds';
-import { FOU_MAP_LAYOUTS } from '../bpf/fou-structs';
-import { EGRESS_MAP_LAYOUTS } from '../bpf/egress-structs';
-import { LB_MAP_LAYOUTS } from '../bpf/lb-structs';
-import { GUARD_MAP_LAYOUTS } from '../bpf/egress-guard';
-import { VIP_RECORD_VERSION } from '../lb/vip-record';
-import type { MapLayout } from '../bpf/map-layout';
+import { PROTOCOL_VERSION as API_VERSION, MIN_PROTOCOL_VERSION as API_MIN_VERSION } from '../lib/api/protocol';
+import { DELETE_QUEUE_FORMAT } from '../lib/api/delete-queue';
+import { BFD_VERSION } from './bfd/packet';
+import { MAX_PROTOCOL_VERSION as SYNC_MAX_VERSION, MIN_PROTOCOL_VERSION as SYNC_MIN_VERSION, PROTOCOL_VERSION as SYNC_VERSION } from './conntrack-sync/frame';
+import { CRDS, GROUP, VERSION as CRD_VERSION } from './objects/crds';
+import { FOU_MAP_LAYOUTS } from './bpf/fou-structs';
+import { EGRESS_MAP_LAYOUTS } from './bpf/egress-structs';
+import { LB_MAP_LAYOUTS } from './bpf/lb-structs';
+import { GUARD_MAP_LAYOUTS } from './bpf/egress-guard';
+import { VIP_RECORD_VERSION } from './lb/vip-record';
+import type { MapLayout } from './bpf/map-layout';
 
 export type FormatKind =
   | 'socket API'
@@ -95,7 +95,7 @@ function crds(): FormatEntry[] {
 export function crdVersionNumber(apiVersion: string): number {
   const known: Record<string, number> = { v1alpha1: 1 };
   const n = known[apiVersion];
-  if (n === undefined) throw new Error(`CRD version ${apiVersion} has no format version in daemon/common/formats.ts`);
+  if (n === undefined) throw new Error(`CRD version ${apiVersion} has no format version in daemon/formats.ts`);
   return n;
 }
 
@@ -103,7 +103,7 @@ export const FORMATS: readonly FormatEntry[] = [
   {
     name: 'socket-api',
     kind: 'socket API',
-    definedIn: ['daemon/api/protocol.ts', 'daemon/api/call-core.ts', 'daemon/server.ts', 'cni/bun-connector.ts'],
+    definedIn: ['lib/api/protocol.ts', 'lib/api/call-core.ts', 'daemon/server.ts', 'cni/bun-connector.ts'],
     version: API_VERSION,
     reads: range(API_MIN_VERSION, API_VERSION),
     versionField: 'request and response `version`',
@@ -113,7 +113,7 @@ export const FORMATS: readonly FormatEntry[] = [
   {
     name: 'delete-queue-file',
     kind: 'delete-queue file',
-    definedIn: ['daemon/api/delete-queue.ts', 'daemon/pod/delete-queue.ts'],
+    definedIn: ['lib/api/delete-queue.ts', 'daemon/pod/delete-queue.ts'],
     version: DELETE_QUEUE_FORMAT,
     reads: [DELETE_QUEUE_FORMAT],
     versionField: '`format`',
@@ -123,7 +123,7 @@ export const FORMATS: readonly FormatEntry[] = [
   {
     name: 'pod-record',
     kind: 'state record',
-    definedIn: ['daemon/state/pod-store.ts', 'daemon/state/atomic-file.ts'],
+    definedIn: ['daemon/state/pod-store.ts', 'lib/atomic-file.ts'],
     version: 1,
     reads: [1],
     versionField: 'none: absent = version 1 (a later version adds `format`, which 0.1.0 ignores)',
@@ -133,7 +133,7 @@ export const FORMATS: readonly FormatEntry[] = [
   {
     name: 'sysctl-journal',
     kind: 'state record',
-    definedIn: ['daemon/sys/sysctl-journal.ts', 'daemon/state/atomic-file.ts'],
+    definedIn: ['daemon/sys/sysctl-journal.ts', 'lib/atomic-file.ts'],
     version: 1,
     reads: [1],
     versionField: 'none: absent = version 1',
@@ -143,7 +143,7 @@ export const FORMATS: readonly FormatEntry[] = [
   {
     name: 'lb-vip-record',
     kind: 'state record',
-    definedIn: ['daemon/lb/vip-record.ts', 'daemon/state/atomic-file.ts'],
+    definedIn: ['daemon/lb/vip-record.ts', 'lib/atomic-file.ts'],
     version: VIP_RECORD_VERSION,
     reads: [VIP_RECORD_VERSION],
     versionField: '`v`; absent = version 1',
@@ -153,7 +153,7 @@ export const FORMATS: readonly FormatEntry[] = [
   {
     name: 'ipam-allocation-record',
     kind: 'state record',
-    definedIn: ['ipam/allocation-store.ts', 'daemon/state/atomic-file.ts'],
+    definedIn: ['ipam/allocation-store.ts', 'lib/atomic-file.ts'],
     version: 1,
     reads: [1],
     versionField: 'none: absent = version 1',
@@ -294,6 +294,6 @@ export const FORMATS: readonly FormatEntry[] = [
 
 export function formatNamed(name: string): FormatEntry {
   const f = FORMATS.find((x) => x.name === name);
-  if (!f) throw new Error(`no format named ${name} in daemon/common/formats.ts`);
+  if (!f) throw new Error(`no format named ${name} in daemon/formats.ts`);
   return f;
 }

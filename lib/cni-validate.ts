@@ -1,8 +1,8 @@
-// What the CNI specification constrains in a request, checked by the thin clients (cni/spec.ts) and again by
+// What the CNI specification constrains in a request, checked by the thin clients (lib/cni-spec.ts) and again by
 // tetherd for requests that reach its socket (daemon/main.ts): the same rules as libcni's
 // ValidateContainerID / ValidateNetworkName / ValidateInterfaceName, plus CNI_NETNS and CNI_ARGS. Each
 // failure names the field and answers the spec's code: 4 for CNI_* variables, 7 for the network config.
-import { ErrorCode, TetherError } from '../daemon/errors';
+import { ErrorCode, TetherError } from './errors';
 
 /** libcni: container IDs and network names start with an alphanumeric, then alphanumerics, '_', '.', '-'. */
 const ID_CHARS = /^[a-zA-Z0-9][a-zA-Z0-9_.-]*$/;

@@ -5,11 +5,11 @@
 //   tetherctl [--socket PATH] address allocate --pool P --owner O [--count N [--family 4|6] | --address A...]
 //   tetherctl [--socket PATH] address release --pool P --owner O
 import { parseArgs } from 'node:util';
-import { call } from './api/client';
-import { DEFAULT_SOCKET_PATH, type Method } from './api/protocol';
-import { isDnsSubdomain } from './common/fields';
-import { parseIp } from './common/ip-math';
-import { ErrorCode } from './errors';
+import { call } from '../lib/api/client';
+import { DEFAULT_SOCKET_PATH, type Method } from '../lib/api/protocol';
+import { isDnsSubdomain } from '../lib/fields';
+import { parseIp } from '../lib/ip';
+import { ErrorCode } from '../lib/errors';
 import { readiness } from '../install/cni/installer';
 import { RUNTIMES, type Runtime } from '../install/cni/libcni';
 

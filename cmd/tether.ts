@@ -1,10 +1,10 @@
 // tether: the chained CNI plugin. A thin client: it refuses to run without prevResult (it must follow a
 // primary plugin), forwards the request to the node's tetherd and prints the answer. All pod work happens
 // in tetherd (daemon/pod).
-import { DEFAULT_SOCKET_PATH } from '../daemon/api/protocol';
-import { DEFAULT_DELETE_QUEUE_DIR } from '../daemon/api/delete-queue';
-import { ErrorCode, TetherError } from '../daemon/errors';
-import { runCniClient, absolutePathField } from './client-main';
+import { DEFAULT_SOCKET_PATH } from '../lib/api/protocol';
+import { DEFAULT_DELETE_QUEUE_DIR } from '../lib/api/delete-queue';
+import { ErrorCode, TetherError } from '../lib/errors';
+import { runCniClient, absolutePathField } from '../cni/client-main';
 
 export function main(): Promise<number> {
   return runCniClient({

@@ -2,12 +2,12 @@
 // tether-ipam, tetherd, tetherctl and tether-install to tether). Each branch is required lazily so the CNI client
 // never initialises daemon code (winston, koffi) and starts as fast as a bare Node.
 import * as path from 'node:path';
-import { answerCommandLine } from './about';
+import { answerCommandLine } from '../lib/version';
 
 /** The CNI clients of this build reach tetherd through Node's net. */
 function useNodeConnector(): void {
-  const { useConnector } = require('./client-main') as typeof import('./client-main');
-  useConnector((require('../daemon/api/client') as typeof import('../daemon/api/client')).nodeConnector);
+  const { useConnector } = require('../cni/client-main') as typeof import('../cni/client-main');
+  useConnector((require('../lib/api/client') as typeof import('../lib/api/client')).nodeConnector);
 }
 
 function calledAs(): { name: string; args: string[] } {
@@ -24,15 +24,15 @@ async function run(): Promise<number> {
     case 'tetherd':
       return (require('../daemon/main') as typeof import('../daemon/main')).main(args);
     case 'tetherctl':
-      return (require('../daemon/ctl') as typeof import('../daemon/ctl')).main(args);
+      return (require('./tetherctl') as typeof import('./tetherctl')).main(args);
     case 'tether-install':
       return (require('../install/cni/main') as typeof import('../install/cni/main')).main(args);
     case 'tether-ipam':
       useNodeConnector();
-      return (require('../ipam/main') as typeof import('../ipam/main')).main();
+      return (require('./tether-ipam') as typeof import('./tether-ipam')).main();
     default:
       useNodeConnector();
-      return (require('./main') as typeof import('./main')).main();
+      return (require('./tether') as typeof import('./tether')).main();
   }
 }
 

@@ -4,11 +4,11 @@
 // code, and reaches tetherd through Bun's own sockets. Bun loads every module a bundle imports at start,
 // so nothing here imports node:net or node:path; and nothing touches process.stdout or process.stderr
 // (building Node's streams there costs more than the request): output goes through Bun.write.
-import { answerCommandLine, type TextSink } from './about';
-import { bunConnector, bunOutput, bunReadStdin, bunRuntime } from './bun-connector';
-import { useConnector, useOutput, useStdinReader } from './client-main';
-import { main as tetherMain } from './main';
-import { main as ipamMain } from '../ipam/main';
+import { answerCommandLine, type TextSink } from '../lib/version';
+import { bunConnector, bunOutput, bunReadStdin, bunRuntime } from '../cni/bun-connector';
+import { useConnector, useOutput, useStdinReader } from '../cni/client-main';
+import { main as tetherMain } from './tether';
+import { main as ipamMain } from './tether-ipam';
 
 async function run(): Promise<number> {
   const args = process.argv.slice(2);
@@ -22,8 +22,8 @@ async function run(): Promise<number> {
   const answered = answerCommandLine(name === 'tether-ipam' ? name : 'tether', args, process.env, out, err);
   await Promise.all(pending);
   if (answered !== undefined) return answered;
-  // Under Node (not how it ships) cni/entry.ts is the entry; this one speaks only through Bun.
-  if (!bun) throw new Error('cni/plugin-entry.ts runs under Bun (the Node build starts at cni/entry.ts)');
+  // Under Node (not how it ships) cmd/node.ts is the entry; this one speaks only through Bun.
+  if (!bun) throw new Error('cmd/cni-plugin.ts runs under Bun (the Node build starts at cmd/node.ts)');
   useConnector(bunConnector);
   useStdinReader(bunReadStdin);
   useOutput(bunOutput);

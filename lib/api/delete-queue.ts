@@ -44,7 +44,7 @@ const NAME_MAX = 255;
 /**
  * The file of a request: one per method, container and interface, so a DEL repeated for the same pod
  * overwrites its earlier copy (the DEL handlers are idempotent; one replay is enough). Container IDs and
- * interface names never contain ':' (cni/validate.ts), so the readable name is unambiguous; a name past
+ * interface names never contain ':' (lib/cni-validate.ts), so the readable name is unambiguous; a name past
  * NAME_MAX (container IDs may be 255 characters) becomes a SHA-256 of the same fields.
  */
 export function queueFileName(method: QueuedMethod, containerId: string, ifName: string): string {
@@ -66,7 +66,7 @@ export type QueueOutcome =
 /**
  * Records a DEL durably: a temp file, fsync, rename over the request's file, fsync of the directory, so a
  * crash at any instant leaves the old file, the new one, or a temp file tetherd removes; never a torn
- * request. (daemon/state/atomic-file.ts does the same for tetherd; the thin client cannot load daemon code.)
+ * request. (lib/atomic-file.ts does the same for tetherd; the thin client cannot load daemon code.)
  * Never throws: the caller answers the DEL with success either way, because a failing DEL stops the chain
  * before the primary plugin releases the pod's veth and address, for every pod on the node. What could not
  * be recorded is said in `why`, which the client prints on stderr (the runtime logs it).

@@ -1,6 +1,6 @@
 // One request to tetherd's socket over any transport: connect, send one request line, read one response
 // line, with the connect and answer timeouts and the error codes every caller relies on. The transport is
-// a Connector: Node's net (daemon/api/client.ts, for tetherctl and tetherd's tools) or Bun's own sockets
+// a Connector: Node's net (lib/api/client.ts, for tetherctl and tetherd's tools) or Bun's own sockets
 // (cni/bun-connector.ts, for the CNI executables, where loading node:net costs more than the request).
 // This file imports no runtime module.
 import { TetherError, ErrorCode } from '../errors';
@@ -40,7 +40,7 @@ export type Connector = (socketPath: string, ev: ConnectionEvents) => Connection
  * uninstalled; ECONNREFUSED: a socket file its killed process left), no connection within the connect
  * timeout, or the connection ended before a whole answer came (tetherd died while handling the request).
  * A tetherd that answers, even with an error or late, is not unreachable. The CNI clients queue a DEL
- * on this error instead of failing it (daemon/api/delete-queue.ts); the code on the wire stays 11.
+ * on this error instead of failing it (lib/api/delete-queue.ts); the code on the wire stays 11.
  */
 export class TetherdUnreachable extends TetherError {
   constructor(

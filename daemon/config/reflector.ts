@@ -8,8 +8,8 @@
 // Every retry here waits a jittered exponential backoff; a 410 loop is reported once (log and status) and
 // the last listed objects keep being served meanwhile.
 import * as k8s from '@kubernetes/client-node';
-import type { Logger } from '../log';
-import { Backoff } from './backoff';
+import type { Logger } from '../../lib/log';
+import { Backoff } from '../../lib/backoff';
 
 type Obj = Record<string, any>;
 

@@ -1,7 +1,7 @@
 // What the CNI specification asks of every plugin executable: versions, environment, errors on stdout.
 // Shared by `tether` and `tether-ipam`; kept free of heavy imports so the executables start fast.
-import { cniCodeFor, TetherError, ErrorCode } from '../daemon/errors';
-import { parseCniArgs, validateContainerId, validateIfName, validateNetns, validateNetworkName } from './validate';
+import { cniCodeFor, TetherError, ErrorCode } from './errors';
+import { parseCniArgs, validateContainerId, validateIfName, validateNetns, validateNetworkName } from './cni-validate';
 
 export const SUPPORTED_VERSIONS = ['0.3.1', '0.4.0', '1.0.0', '1.1.0'] as const;
 export const LATEST_VERSION = '1.1.0';
