@@ -41,6 +41,15 @@ export function readNode(key: string, node: string, raw: string): NodeEntry | un
 }
 
 /**
+ * A registration (node address, gateway pods) lives this long unless refreshed; it is refreshed at 0.1 of it
+ * (member-registry.ts) and removed at once on a clean stop. Liveness is BFD's, not the registry's: a crashed
+ * node's entry only lingers in the FoU allow-lists and candidate lists (where BFD marks it down) for up to
+ * this long. Long enough that a node stalled for seconds (a loaded machine) does not drop out and come back,
+ * which every node would then be sent as changes.
+ */
+export const REGISTRY_TTL_MS = 15_000;
+
+/**
  * How long an address stays in addresses() after it left the registry. The registry empties when the store
  * loses its data (restarted empty) and refills as each node beats again, within a beat or two; without this
  * a receiver that beat first would drop every other node's FoU meanwhile (seen: a 3.4 s stall of every

@@ -114,14 +114,6 @@ export interface AddressState {
 }
 
 /**
- * A registration (node address, gateway pods) lives this long unless refreshed; it is refreshed at 0.1 of it
- * (member-registry.ts) and removed at once on a clean stop. Liveness is BFD's, not the registry's: a crashed
- * node's entry only lingers in the FoU allow-lists and candidate lists (where BFD marks it down) for up to
- * this long. Long enough that a node stalled for seconds (a loaded machine) does not drop out and come back,
- * which every node would then be sent as changes.
- */
-export const REGISTRY_TTL_MS = 15_000;
-/**
  * A peer whose BFD session has not come Up yet (just discovered, or this tetherd just started) counts as
  * alive for this long: otherwise every node would see every other as dead at start and claim.
  */

@@ -22,9 +22,7 @@ import { addressSlots, slotOwner, type ResolvedEgress } from './egress-spec';
 import type { PodMeta } from '../config/objects';
 import { NoticeChannel, type GatewayAnnouncement, type OwnershipNotice } from './ownership-notice';
 import { type Ownership } from './ownership-store';
-import {
-  EgressContext, streamOf, draining, type AddressState, type EgressControllerOptions, REGISTRY_TTL_MS, DRAIN_MS, HANDOVER_WAIT_MS, STORE_EVERY_MS, HEARTBEAT_MS, CONSISTENCY_EVERY_MS,
-} from './egress-context';
+import { EgressContext, streamOf, draining, type AddressState, type EgressControllerOptions, DRAIN_MS, HANDOVER_WAIT_MS, STORE_EVERY_MS, HEARTBEAT_MS, CONSISTENCY_EVERY_MS } from './egress-context';
 import { PeerLiveness } from './peer-liveness';
 import { PodRoles } from './pod-roles';
 import { Election } from './election';
@@ -32,6 +30,7 @@ import { ConntrackStreams } from './conntrack-streams';
 import { StoreRecords } from './store-records';
 import { StandbySync } from './standby-sync';
 import { ReconcileLoop } from '../util/reconcile-loop';
+import { REGISTRY_TTL_MS } from '../common/node-registry';
 
 export type { EgressControllerOptions } from './egress-context';
 

@@ -4,7 +4,8 @@ import { ErrorCode, TetherError } from '../../lib/errors';
 import { scoreOf, supersedes } from './candidates';
 import { addressSlots, slotOwner, type ResolvedEgress } from './egress-spec';
 import { UnreadableRecordError, type Ownership } from './ownership-store';
-import { EgressContext, streamOf, type AddressState, REGISTRY_TTL_MS } from './egress-context';
+import { EgressContext, streamOf, type AddressState } from './egress-context';
+import { REGISTRY_TTL_MS } from '../common/node-registry';
 
 /** The safety net's period: records a node follows by change notice are read whole this often anyway. */
 export const SAFETY_EVERY_MS = 15_000;

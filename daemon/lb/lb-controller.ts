@@ -27,8 +27,8 @@ import { LbPods, type Selections } from './lb-pods';
 import { LbTargets } from './targets';
 import { MappingSync } from './mapping-sync';
 import { ReconcileLoop } from '../util/reconcile-loop';
-import { REGISTRY_TTL_MS } from '../egress/egress-context';
 import { ProgrammingTracker, type ProgrammingState } from '../health/proxy-health';
+import { REGISTRY_TTL_MS } from '../common/node-registry';
 
 export { FOU_OVERHEAD, type LbControllerOptions };
 

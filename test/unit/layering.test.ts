@@ -65,8 +65,8 @@ const IMPORT_RE = /(?:^|[^\w.$])(?:import|export)\s+(?:type\s+)?(?:[\w*${}\s,]+?
 /** The project files a source file imports (relative specifiers resolved to repository paths). */
 export function importsOf(file: string, text: string, exists: (p: string) => boolean): string[] {
   const out = new Set<string>();
-  // Comments are not imports (a header may quote one).
-  const code = text.replace(/\/\*[\s\S]*?\*\//g, '').replace(/(^|[^:'"`\\])\/\/.*$/gm, '$1');
+  // Comment lines are not imports (a header may quote one); an import never shares a line with a comment's start.
+  const code = text.split('\n').filter((l) => !/^\s*(\/\/|\/\*|\*)/.test(l)).join('\n');
   for (const m of code.matchAll(IMPORT_RE)) {
     const spec = m[1] ?? m[2];
     const base = path.posix.normalize(path.posix.join(path.posix.dirname(file), spec));
