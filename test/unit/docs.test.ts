@@ -580,6 +580,14 @@ test('every link between the pages (and to files of the repository) resolves', (
   assert.ok(links >= 20, `only ${links} links`);
 });
 
+test('every repository path docs/architecture.md names in code spans exists', () => {
+  const text = read('docs/architecture.md');
+  const named = [...text.matchAll(/`([a-z][\w.-]*\/[\w./-]*)`/g)].map((m) => m[1]).filter((p) => /\.(ts|c|md)$|\/$/.test(p));
+  assert.ok(named.length >= 25, `only ${named.length} paths named`);
+  const missing = named.filter((p) => !fs.existsSync(path.join(ROOT, p)));
+  assert.equal(missing, [], `named in docs/architecture.md but absent: ${missing.join(', ')}`);
+});
+
 // ---------------------------------------------------------------------------------------------------
 // Measured figures cite results/
 

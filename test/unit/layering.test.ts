@@ -190,6 +190,11 @@ test('the checks catch an import up a floor, a file on no floor, a cycle, and re
   assert.equal(floorOf('daemon/lb/maglev.ts'), FLOORS.indexOf('daemon/lb/'));
 });
 
+test('every floor names a folder or file that exists', () => {
+  const missing = FLOORS.filter((f) => !fs.existsSync(path.join(ROOT, f)));
+  assert.equal(missing, [], 'floors that name nothing');
+});
+
 test('docs/architecture.md lists the floors in this order, top floor first', () => {
   const page = fs.readFileSync(path.join(ROOT, 'docs/architecture.md'), 'utf8');
   const table = page.split('\n').filter((l) => /^\|\s*\d+\s*\|/.test(l));
