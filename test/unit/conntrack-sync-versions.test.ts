@@ -18,7 +18,7 @@ const { SyncReceiver: OldReceiver } = previousModule<typeof import('../../daemon
 const oldFrame = previousModule<typeof import('../../daemon/conntrack-sync/frame')>('daemon/conntrack-sync/frame');
 const oldHandshake = previousModule<typeof import('../../daemon/conntrack-sync/handshake')>('daemon/conntrack-sync/handshake');
 const oldCodec = previousModule<typeof import('../../daemon/conntrack-sync/entry-codec')>('daemon/conntrack-sync/entry-codec');
-const oldLog = previousModule<typeof import('../../lib/log')>('lib/log');
+const oldLog = previousModule<typeof import('../../lib/log')>('daemon/log');
 oldLog.setLogger(oldLog.makeLogger({ level: 'error' }));
 
 test.before(captureLogs);

@@ -63,7 +63,7 @@ async function gauge(s: EgressContext): Promise<Record<string, number>> {
 
 // The previous release's sync sender (release/previous, from this repository's history), typed as this release's.
 const { SyncSender: OldSender } = previousModule<typeof import('../../daemon/conntrack-sync/sender')>('daemon/conntrack-sync/sender');
-const oldLog = previousModule<typeof import('../../lib/log')>('lib/log');
+const oldLog = previousModule<typeof import('../../lib/log')>('daemon/log');
 oldLog.setLogger(oldLog.makeLogger({ level: 'error' }));
 
 test.before(() => setLogger(quiet));
