@@ -12,7 +12,7 @@ import {
   type BucketSet, type KeySet, type SyncPeerInfo, type WireList,
 } from '../conntrack-sync';
 import { ipToBytes } from '../../lib/ip-bytes';
-import { EgressContext, streamOf, type AddressState, type LocalGateway, IN_SYNC_MAX_LAG } from './egress-context';
+import { type EgressShared, streamOf, type AddressState, type LocalGateway, IN_SYNC_MAX_LAG } from './egress-state';
 
 /** The shared event socket of one gateway namespace and the addresses streaming from it. */
 interface NsEvents {
@@ -37,7 +37,7 @@ export class ConntrackStreams {
   /** This node's digests per received stream and set of target pods, until written to (or re-armed). */
   private readonly standbyDigests = new StandbyDigests();
 
-  constructor(private readonly s: EgressContext) {}
+  constructor(private readonly s: EgressShared) {}
 
   /** Event sockets open (one per gateway namespace that holds a streaming address). */
   get eventSockets(): number {

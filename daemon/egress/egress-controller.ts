@@ -22,8 +22,9 @@ import { addressSlots, slotOwner, type ResolvedEgress } from './egress-spec';
 import type { PodMeta } from '../config/objects';
 import { NoticeChannel, type GatewayAnnouncement, type OwnershipNotice } from './ownership-notice';
 import { type Ownership } from './ownership-store';
-import { EgressContext, streamOf, draining, type AddressState, type EgressControllerOptions, DRAIN_MS, HANDOVER_WAIT_MS, STORE_EVERY_MS, HEARTBEAT_MS, CONSISTENCY_EVERY_MS } from './egress-context';
+import { EgressShared, streamOf, draining, type AddressState, type EgressControllerOptions, DRAIN_MS, HANDOVER_WAIT_MS, STORE_EVERY_MS, HEARTBEAT_MS, CONSISTENCY_EVERY_MS } from './egress-state';
 import { PeerLiveness } from './peer-liveness';
+import { ClientSteering } from './client-steering';
 import { PodRoles } from './pod-roles';
 import { Election } from './election';
 import { ConntrackStreams } from './conntrack-streams';
@@ -32,55 +33,70 @@ import { StandbySync } from './standby-sync';
 import { ReconcileLoop } from '../util/reconcile-loop';
 import { REGISTRY_TTL_MS } from '../common/node-registry';
 
-export type { EgressControllerOptions } from './egress-context';
-
 /** After status() or egressSummary() is called, the store pass reads the addresses' cluster-wide use this long. */
 const OBSERVED_MS = 30_000;
 
+/** The controller's shared state and its parts: what the controller runs on, and what tests drive. */
+export interface EgressParts {
+  s: EgressShared;
+  streams: ConntrackStreams;
+  peers: PeerLiveness;
+  steering: ClientSteering;
+  standby: StandbySync;
+  store: StoreRecords;
+  election: Election;
+  roles: PodRoles;
+}
+
 /**
- * The controller's shared state with its parts wired to it (liveness, roles, election, sync streams, store
- * records) and the configured Egresses numbered from 1: what the controller runs on, and what tests drive.
+ * The parts built in dependency order, each given what it uses. Three calls run against that order, each
+ * a narrow callback that runs only once the controller does (never while building): peer liveness asks
+ * the election for a tick, the store records have it follow a record, and each election pass first has
+ * the pod roles drop gateways whose namespace vanished.
  */
-export function egressContext(o: EgressControllerOptions): EgressContext {
-  const s = new EgressContext(o);
-  s.peers = new PeerLiveness(s);
-  s.roles = new PodRoles(s);
-  s.election = new Election(s);
-  s.streams = new ConntrackStreams(s);
-  s.store = new StoreRecords(s);
-  s.standby = new StandbySync(s);
-  o.egresses.forEach((e, i) => {
-    s.egresses.set(e.key, e);
-    s.egressIds.set(e.key, i + 1);
-  });
-  s.podMeta = new Map(Object.entries(o.podLabels ?? {}));
-  return s;
+export function egressParts(o: EgressControllerOptions): EgressParts {
+  const s = new EgressShared(o);
+  const streams = new ConntrackStreams(s);
+  const peers = new PeerLiveness(s, () => election.requestTick());
+  const steering = new ClientSteering(s, peers);
+  const standby = new StandbySync(s, peers);
+  const store: StoreRecords = new StoreRecords(s, (st, rec, via) => election.adopt(st, rec, via));
+  const election: Election = new Election(s, peers, streams, store, steering, () => roles.dropVanishedGateways());
+  const roles = new PodRoles(s, election, streams, store, steering);
+  return { s, streams, peers, steering, standby, store, election, roles };
 }
 
 export class EgressController {
-  private readonly s: EgressContext;
+  private readonly s: EgressShared;
+  private readonly streams: ConntrackStreams;
+  private readonly peers: PeerLiveness;
+  private readonly steering: ClientSteering;
+  private readonly standby: StandbySync;
+  private readonly store: StoreRecords;
+  private readonly election: Election;
+  private readonly roles: PodRoles;
 
   /** The store passes (never overlapping; a full one asked for while one runs follows it). */
   private readonly storeLoop: ReconcileLoop;
   private fullStorePass = false;
-  /** Every periodic loop but the election's ticks (this.s.election.loop). */
+  /** Every periodic loop but the election's ticks (this.election.loop). */
   private readonly loops: ReconcileLoop[];
 
   constructor(o: EgressControllerOptions) {
-    this.s = egressContext(o);
+    ({ s: this.s, streams: this.streams, peers: this.peers, steering: this.steering, standby: this.standby, store: this.store, election: this.election, roles: this.roles } = egressParts(o));
     const failed = (e: Error) => this.s.o.logger.error('egress: work failed', { error: e.message, stack: e.stack });
     const every = (everyMs: number, run: () => unknown) => new ReconcileLoop({ run, everyMs, skipBusyTicks: true, onError: failed });
     this.storeLoop = every(STORE_EVERY_MS, () => {
       const full = this.fullStorePass;
       this.fullStorePass = false;
-      return this.s.store.storePass({ full });
+      return this.store.storePass({ full });
     });
     this.loops = [
       this.storeLoop,
-      every(STORE_EVERY_MS, () => this.s.roles.retryFailedRoles()),
-      every(HEARTBEAT_MS, () => this.s.election.heartbeat()),
-      every(HEARTBEAT_MS, () => this.s.standby.update()),
-      every(CONSISTENCY_EVERY_MS, () => this.s.streams.checkConsistency()),
+      every(STORE_EVERY_MS, () => this.roles.retryFailedRoles()),
+      every(HEARTBEAT_MS, () => this.election.heartbeat()),
+      every(HEARTBEAT_MS, () => this.standby.update()),
+      every(CONSISTENCY_EVERY_MS, () => this.streams.checkConsistency()),
     ];
   }
 
@@ -99,36 +115,36 @@ export class EgressController {
       host: this.s.o.node.address,
       port: this.s.o.syncPort,
       // Received entries are written from their wire bytes, not decoded (table-wire.ts).
-      applyWire: (events, from) => this.s.work.run(() => this.s.streams.applySynced(events, from)),
-      upsertWire: (entries, from) => this.s.work.run(() => this.s.streams.upsertSynced(entries, from)),
-      sweep: (keep, buckets, from) => this.s.work.run(() => this.s.streams.sweepSynced(keep, buckets, from)),
-      digests: (k, from) => this.s.work.run(() => this.s.streams.syncedDigests(k, from)),
+      applyWire: (events, from) => this.s.work.run(() => this.streams.applySynced(events, from)),
+      upsertWire: (entries, from) => this.s.work.run(() => this.streams.upsertSynced(entries, from)),
+      sweep: (keep, buckets, from) => this.s.work.run(() => this.streams.sweepSynced(keep, buckets, from)),
+      digests: (k, from) => this.s.work.run(() => this.streams.syncedDigests(k, from)),
     });
     await this.s.receiver.listen();
     this.s.notices = await NoticeChannel.open({ clusterKey: this.s.o.clusterKey, node: this.s.o.node.name, address: this.s.o.node.address, port: this.s.o.syncPort });
-    this.s.notices.on('heard', (_from: string, address: string) => this.s.peers.heard.set(address, Date.now()));
-    this.s.notices.on('gateways', (list: GatewayAnnouncement[], from: string, address: string) => this.s.peers.onAnnounced(list, from, address));
-    this.s.notices.on('clients', (egresses: string[], _from: string, address: string) => this.s.peers.onClients(egresses, address));
-    this.s.notices.on('notice', (n: OwnershipNotice, from: string, address: string) => this.s.spawn(() => this.s.election.onNotice(n, from, address)));
+    this.s.notices.on('heard', (_from: string, address: string) => this.peers.heard.set(address, Date.now()));
+    this.s.notices.on('gateways', (list: GatewayAnnouncement[], from: string, address: string) => this.peers.onAnnounced(list, from, address));
+    this.s.notices.on('clients', (egresses: string[], _from: string, address: string) => this.peers.onClients(egresses, address));
+    this.s.notices.on('notice', (n: OwnershipNotice, from: string, address: string) => this.s.spawn(() => this.election.onNotice(n, from, address)));
     this.s.maps = openEgressMaps(this.s.o.pinDir, { create: true, maxFlows: this.s.o.maxFlows });
     for (const e of this.s.egresses.values()) {
       const id = this.s.egressIds.get(e.key)!;
       this.s.maps.setDestinations(id, e.destinations, e.excluded);
       this.trackExplicit(e);
     }
-    this.s.o.ownership.on('change', (c: Ownership) => this.s.spawn(() => this.s.election.onStoreNotice(c)));
+    this.s.o.ownership.on('change', (c: Ownership) => this.s.spawn(() => this.election.onStoreNotice(c)));
     this.s.o.ownership.on('resync', () => void this.storePass(true));
-    this.s.o.attach.on('attached', (r: PodRecord) => this.s.spawn(() => this.s.roles.podUp(r)));
-    this.s.o.attach.onBeforeDetach((r: PodRecord) => (this.s.stopped ? Promise.resolve() : this.s.roles.podDown(r, 'gateway pod deleted', DRAIN_MS)));
-    this.s.o.attach.on('detached', (r: PodRecord) => this.s.spawn(() => this.s.roles.podDown(r, 'gateway pod deleted')));
+    this.s.o.attach.on('attached', (r: PodRecord) => this.s.spawn(() => this.roles.podUp(r)));
+    this.s.o.attach.onBeforeDetach((r: PodRecord) => (this.s.stopped ? Promise.resolve() : this.roles.podDown(r, 'gateway pod deleted', DRAIN_MS)));
+    this.s.o.attach.on('detached', (r: PodRecord) => this.s.spawn(() => this.roles.podDown(r, 'gateway pod deleted')));
     // The store is asked once before anything else, so a start with the store up begins with its record.
     await this.storePass(true);
     // Pods recorded before a restart whose namespace is gone (killed without a DEL) play no role.
-    for (const r of this.s.o.attach.pods()) if (fs.existsSync(r.netns)) await this.s.roles.podUp(r);
-    this.s.roles.watchNetns();
-    this.s.election.loop.start();
+    for (const r of this.s.o.attach.pods()) if (fs.existsSync(r.netns)) await this.roles.podUp(r);
+    this.roles.watchNetns();
+    this.election.loop.start();
     for (const l of this.loops) l.start();
-    await this.s.election.tick();
+    await this.election.tick();
   }
 
   /**
@@ -172,12 +188,12 @@ export class EgressController {
         this.s.shortfall.delete(e.key);
       }
       this.s.o.logger.info('egress: Egress updated', { egress: e.key, changed });
-      if (changed.includes('zonePolicy') || changed.includes('addresses')) for (const st of this.s.addresses.values()) if (st.egress.key === e.key) this.s.roles.updateClients(st);
+      if (changed.includes('zonePolicy') || changed.includes('addresses')) for (const st of this.s.addresses.values()) if (st.egress.key === e.key) this.steering.updateClients(st);
     }
     if (podLabels) this.s.podMeta = new Map(Object.entries(podLabels));
-    this.s.peers.applyBfdTimers();
+    this.peers.applyBfdTimers();
     // Selectors, labels or destinations may have changed: every pod's roles are evaluated again.
-    for (const r of this.s.o.attach.pods()) if (fs.existsSync(r.netns)) await this.s.roles.podUp(r);
+    for (const r of this.s.o.attach.pods()) if (fs.existsSync(r.netns)) await this.roles.podUp(r);
     if (!this.s.stopped) void this.storePass(true);
   }
 
@@ -202,7 +218,7 @@ export class EgressController {
           st.holder = undefined;
           released.push(st.address);
         }
-        await this.s.streams.stopStreaming(st);
+        await this.streams.stopStreaming(st);
       });
       this.s.addresses.delete(streamOf(st));
     }
@@ -213,13 +229,13 @@ export class EgressController {
       if (id === undefined || !c.egressIds.includes(id)) continue;
       c.egressIds = c.egressIds.filter((x) => x !== id);
       if (c.egressIds.length) c.steer?.setClient(c.ip, c.egressIds);
-      else this.s.roles.clientDown(pod, c);
+      else this.roles.clientDown(pod, c);
     }
     this.s.egresses.delete(e.key);
     this.s.egressIds.delete(e.key);
     this.s.shortfall.delete(e.key);
     this.s.registry.delete(e.key);
-    this.s.roles.steered.delete(e.key);
+    this.steering.steered.delete(e.key);
     // The store's part (registrations, the allocations) is undone in the background: it may be down.
     this.s.spawn(async () => {
       try {
@@ -249,10 +265,10 @@ export class EgressController {
         st.holder.datapath.release(st.address, st.egress.announce);
         st.holder = undefined;
       }
-      await this.s.streams.stopStreaming(st);
+      await this.streams.stopStreaming(st);
     });
     this.s.addresses.delete(streamOf(st));
-    this.s.roles.updateClients(st);
+    this.steering.updateClients(st);
     this.s.maps?.forgetAddress(st.address);
     this.s.o.logger.info('egress: address removed', { egress: st.egress.key, address: st.address, cause });
     this.s.spawn(async () => {
@@ -284,9 +300,9 @@ export class EgressController {
     if (this.s.stopped) return;
     this.s.stopped = true;
     const until = Math.min(stoppingSince, Date.now()) + (this.s.o.handoverWaitMs ?? HANDOVER_WAIT_MS);
-    this.s.roles.watcher?.close();
+    this.roles.watcher?.close();
     const [loopsDone, workDone] = await Promise.all([
-      Promise.all([this.s.election.loop, ...this.loops].map((l) => l.stop(10_000))).then((d) => d.every(Boolean)),
+      Promise.all([this.election.loop, ...this.loops].map((l) => l.stop(10_000))).then((d) => d.every(Boolean)),
       this.s.work.close(10_000),
     ]);
     if (!loopsDone || !workDone) this.s.o.logger.warn('egress: work still running at stop', { pending: this.s.work.size, passes: !loopsDone });
@@ -297,14 +313,14 @@ export class EgressController {
       if (Date.now() - beat < HEARTBEAT_MS) return;
       beat = Date.now();
       try {
-        this.s.election.repeatOwnership();
+        this.election.repeatOwnership();
       } catch (e) {
         this.s.o.logger.error('egress: heartbeat notice not sent', { error: (e as Error).message });
       }
     };
     await Promise.all(held.map(async (st) => {
       const gw = st.holder!;
-      const next = await this.s.election.handOverWhenInSync(st, gw.info.pod, draining('tetherd stopping'), { until, elsewhere: true, tick });
+      const next = await this.election.handOverWhenInSync(st, gw.info.pod, draining('tetherd stopping'), { until, elsewhere: true, tick });
       if (!next) {
         if (st.own.owner === gw.info.pod) this.s.o.logger.info('egress: stopping; the address stays on its gateway (no other live candidate)', { egress: st.egress.key, address: st.address, pod: gw.info.pod, epoch: st.own.epoch });
         return;
@@ -319,7 +335,7 @@ export class EgressController {
         gw?.datapath.release(st.address, st.egress.announce);
       }
     }
-    for (const st of this.s.addresses.values()) await this.s.streams.stopStreaming(st);
+    for (const st of this.s.addresses.values()) await this.streams.stopStreaming(st);
     await this.s.records.close(1500);
     await this.s.receiver?.close();
     await this.s.notices?.close();
@@ -348,7 +364,7 @@ export class EgressController {
 
   /** Standby sync problems reported (see StandbySync), one line each: /readyz is not ready while there are any. */
   standbyProblems(): string[] {
-    return this.s.stopped ? [] : this.s.standby.readinessProblems();
+    return this.s.stopped ? [] : this.standby.readinessProblems();
   }
 
   /** Whether the cluster store answered this controller's last calls (a failed call marks it down until a store pass succeeds). */
@@ -368,7 +384,7 @@ export class EgressController {
    */
   status(o: { observe?: boolean } = {}): Array<Record<string, unknown>> {
     if (o.observe !== false) this.s.observedUntil = Date.now() + OBSERVED_MS;
-    if (!this.s.stopped) this.s.standby.update();
+    if (!this.s.stopped) this.standby.update();
     let counters = new Map<string, { flows: bigint; packets: bigint; bytes: bigint }>();
     try {
       counters = this.s.maps?.addressStats() ?? counters;
@@ -381,7 +397,7 @@ export class EgressController {
       pool: st.slot.pool,
       owner: st.own.owner,
       ownerNode: st.own.ownerNode,
-      ownerZone: this.s.peers.liveRegistry(st.egress.key).find((x) => x.pod === st.own.owner)?.zone,
+      ownerZone: this.peers.liveRegistry(st.egress.key).find((x) => x.pod === st.own.owner)?.zone,
       epoch: st.own.epoch,
       // This node's clients' use of the address (flows pinned, packets and bytes steered to it), and every
       // node's as reported to the store.
@@ -394,7 +410,7 @@ export class EgressController {
       recorded: st.recorded,
       storeReachable: !this.s.storeDown,
       inSync: [...st.inSync],
-      candidates: st.candidates.map((c) => ({ pod: c.pod, node: c.node, live: this.s.peers.alive(c), bfd: this.s.peers.bfdState(c), inSync: st.inSync.has(c.node) })),
+      candidates: st.candidates.map((c) => ({ pod: c.pod, node: c.node, live: this.peers.alive(c), bfd: this.peers.bfdState(c), inSync: st.inSync.has(c.node) })),
       sync: st.holder
         ? [...st.senders.entries()].map(([peer, s]) => {
             const x = s.stats();
@@ -405,7 +421,7 @@ export class EgressController {
           })
         : this.s.receiver?.stats().peers.filter((p) => p.stream === streamOf(st)).map((p) => ({ from: p.id, entriesApplied: p.entriesApplied, resyncs: p.resyncs, version: p.version })),
       // This node as a standby of the address: in sync with its owner, or why not.
-      standbySync: this.s.standby.statusOf(st),
+      standbySync: this.standby.statusOf(st),
       lastTakeover: st.lastTakeover,
       takeovers: { ...st.takeovers },
     }));
@@ -422,13 +438,13 @@ export class EgressController {
     for (const e of this.s.egresses.values()) {
       const mine = [...this.s.addresses.values()].filter((x) => x.egress.key === e.key);
       const owned = mine.filter((x) => x.own.owner);
-      const live = this.s.peers.liveRegistry(e.key).filter((g) => this.s.peers.alive(g));
-      const placement = this.s.election.placementOf(e);
+      const live = this.peers.liveRegistry(e.key).filter((g) => this.peers.alive(g));
+      const placement = this.election.placementOf(e);
       const capLimited = live.length > 0 && mine.some((x) => !x.own.owner && placement.has(x.address) && placement.get(x.address) === undefined)
         || (e.maxAddressesPerNode !== undefined && new Set(owned.map((x) => x.own.ownerNode)).size < Math.min(owned.length, new Set(live.map((g) => g.node)).size));
       const zoneProblem = (e.zonePolicy === 'preferZone' || e.zonePolicy === 'requireZone') && !this.s.o.node.zone
         ? `node ${this.s.o.node.name} has no topology.kubernetes.io/zone label: ${e.zonePolicy === 'requireZone' ? 'its clients\' traffic is dropped' : 'no zone is preferred'}`
-        : e.zonePolicy === 'requireZone' && owned.length > 0 && !owned.some((x) => this.s.peers.liveRegistry(e.key).find((g) => g.pod === x.own.owner)?.zone === this.s.o.node.zone)
+        : e.zonePolicy === 'requireZone' && owned.length > 0 && !owned.some((x) => this.peers.liveRegistry(e.key).find((g) => g.pod === x.own.owner)?.zone === this.s.o.node.zone)
           ? `no address is held in zone ${this.s.o.node.zone}: clients on ${this.s.o.node.name} are dropped (requireZone)`
           : undefined;
       out[e.key] = {

@@ -5,15 +5,30 @@ import { type ResolvedEgress } from './egress-spec';
 import { type OwnershipNotice } from './ownership-notice';
 import { UnreadableRecordError, type GatewayInfo, type Ownership } from './ownership-store';
 import {
-  EgressContext, streamOf, isDraining, causeWithNote, countTakeover, takeoverCause, type AddressState, type LocalGateway, CONFIRM_WAIT_MS, HANDOVER_POLL_MS, INITIAL_SETTLE_MS, NOTICE_REPEAT_MS, TICK_MS,
-} from './egress-context';
+  type EgressShared, streamOf, isDraining, causeWithNote, countTakeover, takeoverCause, type AddressState, type LocalGateway, CONFIRM_WAIT_MS, HANDOVER_POLL_MS, INITIAL_SETTLE_MS, NOTICE_REPEAT_MS, TICK_MS,
+} from './egress-state';
+import type { PeerLiveness } from './peer-liveness';
+import type { ConntrackStreams } from './conntrack-streams';
+import type { StoreRecords } from './store-records';
+import type { ClientSteering } from './client-steering';
 import { ReconcileLoop } from '../util/reconcile-loop';
 
 export class Election {
   /** The ticks: every TICK_MS (once the controller starts it) and on request; they never overlap. */
   readonly loop: ReconcileLoop;
 
-  constructor(private readonly s: EgressContext) {
+  /**
+   * `dropVanishedGateways`: each pass first drops the local gateway pods whose namespace is gone (the pod
+   * roles do; they are built after the election, which they hand over through).
+   */
+  constructor(
+    private readonly s: EgressShared,
+    private readonly peers: PeerLiveness,
+    private readonly streams: ConntrackStreams,
+    private readonly store: StoreRecords,
+    private readonly steering: ClientSteering,
+    private readonly dropVanishedGateways: () => Promise<void>,
+  ) {
     this.loop = new ReconcileLoop({
       run: () => this.pass(),
       everyMs: TICK_MS,
@@ -45,9 +60,9 @@ export class Election {
   /** One reconcile pass over every address, from what this node knows now: it never waits for the store. */
   private async pass(): Promise<void> {
     if (this.s.stopped) return;
-    await this.s.roles.dropVanishedGateways();
-    this.s.peers.dropLapsedAnnouncements();
-    this.s.peers.ensureBfd();
+    await this.dropVanishedGateways();
+    this.peers.dropLapsedAnnouncements();
+    this.peers.ensureBfd();
     this.placements.clear();
     const involved = this.s.involvedSet();
     for (const st of this.s.addresses.values()) {
@@ -65,7 +80,7 @@ export class Election {
 
   /** This node's cap on one Egress's addresses for `node` (the node's own override, else the Egress's). */
   private capOf(e: ResolvedEgress, node: string): number {
-    const g = this.s.peers.liveRegistry(e.key).find((x) => x.node === node);
+    const g = this.peers.liveRegistry(e.key).find((x) => x.node === node);
     return g?.maxAddresses ?? e.maxAddressesPerNode ?? Infinity;
   }
 
@@ -78,8 +93,8 @@ export class Election {
     if (!p) {
       const mine = [...this.s.addresses.values()].filter((x) => x.egress.key === e.key);
       p = placeAddresses(
-        mine.map((x) => ({ address: x.address, own: x.own, ownerAlive: this.s.peers.ownerAlive(x), inSync: x.inSync })),
-        this.s.peers.liveRegistry(e.key), (g) => this.s.peers.alive(g), (node) => this.capOf(e, node),
+        mine.map((x) => ({ address: x.address, own: x.own, ownerAlive: this.peers.ownerAlive(x), inSync: x.inSync })),
+        this.peers.liveRegistry(e.key), (g) => this.peers.alive(g), (node) => this.capOf(e, node),
       );
       this.placements.set(e.key, p);
     }
@@ -90,7 +105,7 @@ export class Election {
   private loadOf(e: ResolvedEgress, except: AddressState): { of: (node: string) => number; cap: (node: string) => number } {
     const load = new Map<string, number>();
     for (const x of this.s.addresses.values()) {
-      if (x === except || x.egress.key !== e.key || !x.own.owner || !x.own.ownerNode || !this.s.peers.ownerAlive(x)) continue;
+      if (x === except || x.egress.key !== e.key || !x.own.owner || !x.own.ownerNode || !this.peers.ownerAlive(x)) continue;
       load.set(x.own.ownerNode, (load.get(x.own.ownerNode) ?? 0) + 1);
     }
     return { of: (n) => load.get(n) ?? 0, cap: (n) => this.capOf(e, n) };
@@ -102,7 +117,7 @@ export class Election {
    * them (a live owner is never moved later, so a rushed first placement would stay lopsided).
    */
   private candidatesSettled(e: ResolvedEgress): boolean {
-    const sig = this.s.peers.liveRegistry(e.key).map((g) => g.pod).sort().join(',');
+    const sig = this.peers.liveRegistry(e.key).map((g) => g.pod).sort().join(',');
     const seen = this.registrySeen.get(e.key);
     const now = Date.now();
     if (!seen || seen.sig !== sig) {
@@ -113,9 +128,9 @@ export class Election {
   }
 
   private async evaluate(st: AddressState): Promise<void> {
-    st.candidates = orderCandidates(st.address, this.s.peers.liveRegistry(st.egress.key));
+    st.candidates = orderCandidates(st.address, this.peers.liveRegistry(st.egress.key));
     // Its holder is letting it go (handOverWhenInSync decides): only its sync streams follow the candidates.
-    if (st.handingOver && st.holder) return this.s.streams.ensureSenders(st);
+    if (st.handingOver && st.holder) return this.streams.ensureSenders(st);
     if (st.own.epoch === 0 && !st.own.owner && !this.candidatesSettled(st.egress)) return;
     const local = new Set([...this.s.gateways.values()].filter((g) => g.egresses.has(st.egress.key)).map((g) => g.info.pod));
     if (st.own.owner && st.own.ownerNode === this.s.o.node.name && !local.has(st.own.owner) && !st.holder) {
@@ -123,17 +138,17 @@ export class Election {
       // named by a handover that did not know it was gone). Only this node knows: the others see its node
       // alive. Hand over as soon as a live candidate is known: every tick, not only when the pod left.
       if (this.handOver(st, st.own.owner, `handover: owner ${st.own.owner} is no longer on ${this.s.o.node.name}`)) {
-        this.s.streams.ensureSenders(st);
+        this.streams.ensureSenders(st);
         return;
       }
     }
-    const ownerAlive = this.s.peers.ownerAlive(st);
+    const ownerAlive = this.peers.ownerAlive(st);
     const now = Date.now();
     if (ownerAlive || !st.own.owner) st.ownerDownSince = undefined;
     else st.ownerDownSince ??= now;
     const placed = ownerAlive && st.own.owner ? undefined : { pod: this.placementOf(st.egress).get(st.address) };
     const d = decide({
-      own: st.own, candidates: st.candidates, localPods: local, alive: (g) => this.s.peers.alive(g), ownerAlive, holdingLocally: !!st.holder,
+      own: st.own, candidates: st.candidates, localPods: local, alive: (g) => this.peers.alive(g), ownerAlive, holdingLocally: !!st.holder,
       inSync: st.inSync, ownerDownSince: st.ownerDownSince, now, choice: placed,
     });
     if (d.action !== 'wait') st.waiting = false;
@@ -168,8 +183,8 @@ export class Election {
     } else if (d.action === 'keep' && st.own.owner && local.has(st.own.owner) && !st.holder) {
       await this.become(st, this.s.gateways.get(st.own.owner)!, 'restart: resuming ownership');
     }
-    this.s.streams.ensureSenders(st);
-    this.s.roles.updateClients(st);
+    this.streams.ensureSenders(st);
+    this.steering.updateClients(st);
   }
 
   /** This node's gateway `pod` takes the address: next epoch, datapath first, then every node is told. */
@@ -187,8 +202,8 @@ export class Election {
     countTakeover(st, takeoverCause(cause, false));
     this.s.o.logger.info('egress: ownership changed', { egress: st.egress.key, address: st.address, from, to: pod, epoch: st.own.epoch, cause, decidedBy: this.s.o.node.name, ms: Date.now() - t0 });
     this.s.ownershipChanged({ egress: st.egress.key, address: st.address, ...(from ? { from: { pod: from, node: fromNode } } : {}), to: { pod, node: this.s.o.node.name }, cause, epoch: st.own.epoch, decidedBy: this.s.o.node.name });
-    this.s.roles.updateClients(st);
-    if (!recorded) this.s.store.recordLater(st);
+    this.steering.updateClients(st);
+    if (!recorded) this.store.recordLater(st);
   }
 
   /**
@@ -196,9 +211,9 @@ export class Election {
    * in-sync first, gets the next epoch; it learns from the notice, as every other node does. Returns it.
    */
   handOver(st: AddressState, fromPod: string, cause: string, o: HandoverOptions = {}): GatewayInfo | undefined {
-    st.candidates = orderCandidates(st.address, this.s.peers.liveRegistry(st.egress.key));
+    st.candidates = orderCandidates(st.address, this.peers.liveRegistry(st.egress.key));
     // The holder's own senders say who is in sync now; the set its heartbeat keeps can be a second old.
-    const inSync = st.holder ? new Set(this.s.streams.computeInSync(st)) : st.inSync;
+    const inSync = st.holder ? new Set(this.streams.computeInSync(st)) : st.inSync;
     const next = handoverTarget(st.candidates, fromPod, this.targetFilter(fromPod, o), inSync, this.loadOf(st.egress, st), o.inSyncOnly);
     // Only in sync, and none is: the holder keeps it.
     if (!next && o.inSyncOnly) return undefined;
@@ -218,14 +233,14 @@ export class Election {
     const local = this.s.gateways.get(next.pod);
     if (local) this.s.spawn(() => this.s.mutex.run(streamOf(st), () => this.become(st, local, cause)));
     else if (isDraining(cause)) this.steerOnConfirmation(st);
-    else this.s.roles.updateClients(st);
-    this.s.store.recordLater(st);
+    else this.steering.updateClients(st);
+    this.store.recordLater(st);
     return next;
   }
 
   /** Which candidates a handover from `fromPod` may go to: live ones, not `fromPod`, on another node with `elsewhere`. */
   private targetFilter(fromPod: string, o: HandoverOptions): (g: GatewayInfo) => boolean {
-    return (g) => g.pod !== fromPod && (!o.elsewhere || g.node !== this.s.o.node.name) && this.s.peers.alive(g);
+    return (g) => g.pod !== fromPod && (!o.elsewhere || g.node !== this.s.o.node.name) && this.peers.alive(g);
   }
 
   /**
@@ -263,12 +278,12 @@ export class Election {
           if (st.holder !== gw) return { done: true };
           const now = Date.now();
           const last = !waitFor || now >= o.until;
-          st.candidates = orderCandidates(st.address, this.s.peers.liveRegistry(st.egress.key));
+          st.candidates = orderCandidates(st.address, this.peers.liveRegistry(st.egress.key));
           const anyLive = st.candidates.some(this.targetFilter(fromPod, o));
           let next = this.handOver(st, fromPod, cause, { ...o, inSyncOnly: anyLive });
           const fields = { egress: st.egress.key, address: st.address, pod: fromPod, waitedMs: now - since };
           if (!next && last && anyLive && st.holder === gw) {
-            const standbys = this.s.streams.syncStates(st);
+            const standbys = this.streams.syncStates(st);
             next = this.handOver(st, fromPod, waitFor ? causeWithNote(cause, `no standby in sync within ${now - since} ms`) : cause, o);
             if (next && waitFor) this.s.o.logger.warn('egress: no standby came in sync: handed over anyway; the connections it lacks break', { ...fields, to: next.pod, node: next.node, standbys });
           } else if (next && told) {
@@ -278,10 +293,10 @@ export class Election {
           if (!told) {
             told = true;
             this.s.o.logger.warn('egress: must hand over, but no standby is in sync: keeping the address until one is', {
-              ...fields, cause, waitMs: o.until - now, standbys: this.s.streams.syncStates(st),
+              ...fields, cause, waitMs: o.until - now, standbys: this.streams.syncStates(st),
             });
           }
-          this.s.streams.ensureSenders(st);
+          this.streams.ensureSenders(st);
           return { done: false };
         });
         if (r.done) return r.next;
@@ -300,10 +315,10 @@ export class Election {
     if (address !== undefined) {
       // A decision is followed only from a node this one knows (the store's node list, a registered or
       // announced gateway, an owner), and an owner's own notice only from the owner's own address.
-      const why = !this.s.peers.knownNode(address) ? `sender ${from} at ${address} is not a known node`
+      const why = !this.peers.knownNode(address) ? `sender ${from} at ${address} is not a known node`
         : n.ownerNode === from && n.ownerNodeAddress && n.ownerNodeAddress !== address ? `sender ${from} at ${address} names its own address as ${n.ownerNodeAddress}` : undefined;
       if (why) {
-        this.s.peers.refuseSender(`${from}|${address}|notice`, 'egress: ownership notice refused; nothing in it applied', { from, address, egress: n.egress, floating: n.address, owner: n.owner, epoch: n.epoch, why });
+        this.peers.refuseSender(`${from}|${address}|notice`, 'egress: ownership notice refused; nothing in it applied', { from, address, egress: n.egress, floating: n.address, owner: n.owner, epoch: n.epoch, why });
         return Promise.resolve();
       }
     }
@@ -367,7 +382,7 @@ export class Election {
   private steerNow(st: AddressState): void {
     clearTimeout(st.steerTimer);
     st.steerTimer = undefined;
-    this.s.roles.updateClients(st);
+    this.steering.updateClients(st);
   }
 
   /**
@@ -378,16 +393,16 @@ export class Election {
     gw.datapath.own(st.address, st.egress.announce);
     st.holder = gw;
     this.broadcast(st);
-    this.s.roles.updateClients(st);
+    this.steering.updateClients(st);
     this.s.o.logger.info('egress: this node owns the floating address', { egress: st.egress.key, address: st.address, pod: gw.info.pod, epoch: st.own.epoch, cause });
-    await this.s.streams.startStreaming(st);
+    await this.streams.startStreaming(st);
   }
 
   private async standDown(st: AddressState, why: string): Promise<void> {
     const gw = st.holder;
     st.holder = undefined;
     gw?.datapath.release(st.address, st.egress.announce);
-    void this.s.streams.stopStreaming(st);
+    void this.streams.stopStreaming(st);
     this.s.o.logger.info('egress: stood down', { egress: st.egress.key, address: st.address, pod: gw?.info.pod, why });
   }
 
@@ -396,7 +411,7 @@ export class Election {
     return {
       egress: st.egress.key, address: st.address, owner: st.own.owner, epoch: st.own.epoch, ownerNode: st.own.ownerNode ?? '',
       ownerNodeAddress: st.own.ownerNodeAddress ?? '', ownerPodIp: st.own.ownerPodIp ?? '', cause: (st.own.cause ?? '').slice(0, 400),
-      inSync: st.holder ? this.s.streams.computeInSync(st) : [],
+      inSync: st.holder ? this.streams.computeInSync(st) : [],
     };
   }
 
@@ -405,7 +420,7 @@ export class Election {
     const n = this.noticeOf(st);
     const send = () => {
       try {
-        this.s.notices?.send(this.s.peers.peerAddresses(), [n]);
+        this.s.notices?.send(this.peers.peerAddresses(), [n]);
       } catch (e) {
         this.s.o.logger.error('egress: ownership notice not sent', { egress: st.egress.key, address: st.address, error: (e as Error).message });
       }
@@ -435,7 +450,7 @@ export class Election {
         const mine = [...this.s.gateways.values()].filter((g) => g.egresses.has(e.key)).map((g) => ({ ...g.info, egress: e.key }));
         const client = clientOf.has(e.key);
         if (!mine.length && !client) continue;
-        const peers = new Set(this.s.peers.liveRegistry(e.key).filter((g) => g.node !== this.s.o.node.name).map((g) => g.nodeAddress));
+        const peers = new Set(this.peers.liveRegistry(e.key).filter((g) => g.node !== this.s.o.node.name).map((g) => g.nodeAddress));
         for (const st of this.s.addresses.values()) if (st.egress.key === e.key && st.own.ownerNodeAddress) peers.add(st.own.ownerNodeAddress);
         peers.delete(this.s.o.node.address);
         this.s.notices.send(peers, [], mine, { clients: client ? [e.key] : [] });
@@ -452,10 +467,10 @@ export class Election {
   repeatOwnership(): void {
     if (!this.s.notices) return;
     const held = [...this.s.addresses.values()].filter((st) => st.holder);
-    for (const st of held) st.inSync = new Set(this.s.streams.computeInSync(st));
+    for (const st of held) st.inSync = new Set(this.streams.computeInSync(st));
     const byEgress = new Map<string, AddressState[]>();
     for (const st of held) byEgress.set(st.egress.key, [...(byEgress.get(st.egress.key) ?? []), st]);
-    for (const [egress, list] of byEgress) this.s.notices.send(this.s.peers.heartbeatPeers(egress), list.map((st) => this.noticeOf(st)));
+    for (const [egress, list] of byEgress) this.s.notices.send(this.peers.heartbeatPeers(egress), list.map((st) => this.noticeOf(st)));
   }
 }
 

@@ -5,10 +5,11 @@ import { BfdAuthType, BfdState, type BfdAuthConfig } from '../bfd';
 import { type BfdPeer } from '../bfd/threaded';
 import { type GatewayAnnouncement } from './ownership-notice';
 import { type GatewayInfo } from './ownership-store';
-import { EgressContext, type AddressState, BFD_STARTUP_GRACE_MS, HEARD_MS, ANNOUNCED_TTL_MS } from './egress-context';
+import { type EgressShared, type AddressState, BFD_STARTUP_GRACE_MS, HEARD_MS, ANNOUNCED_TTL_MS } from './egress-state';
 
 export class PeerLiveness {
-  constructor(private readonly s: EgressContext) {}
+  /** `requestTick`: a candidate was learned, or a peer's BFD session went Up or Down (the election looks again). */
+  constructor(private readonly s: EgressShared, private readonly requestTick: () => void) {}
 
   private readonly bfd = new Map<string, BfdPeer>();
 
@@ -81,7 +82,7 @@ export class PeerLiveness {
       }
       m.set(a.pod, { info, until });
     }
-    if (added) this.s.election.requestTick();
+    if (added) this.requestTick();
   }
 
   /** A node said it has client pods of these Egresses (an authenticated notice from its own address). */
@@ -237,10 +238,10 @@ export class PeerLiveness {
         auth: this.bfdAuth(),
       });
       const info = { createdAt: Date.now(), everUp: false };
-      s.on('down', () => this.s.election.requestTick());
+      s.on('down', () => this.requestTick());
       s.on('up', () => {
         info.everUp = true;
-        this.s.election.requestTick();
+        this.requestTick();
       });
       this.bfd.set(peer, s);
       this.bfdInfo.set(peer, info);

@@ -4,16 +4,23 @@ import * as fs from 'node:fs';
 import { podKeyOf as podKey, type PodRecord } from '../state/pod-store';
 import { attachEgressSteer } from '../bpf/egress-steer';
 import { type ResolvedEgress } from './egress-spec';
-import { EGRESS_TIER_EXCLUDED, EGRESS_TIER_FALLBACK, EGRESS_TIER_PREFERRED } from '../bpf/egress-structs';
 import { GatewayDatapath } from './gateway-datapath';
 import { type GatewayInfo } from './ownership-store';
-import { EgressContext, streamOf, selects, draining, type AddressState, type LocalGateway, type ClientPod, DRAIN_MS, HANDOVER_WAIT_MS } from './egress-context';
+import { type EgressShared, streamOf, selects, draining, type LocalGateway, type ClientPod, DRAIN_MS, HANDOVER_WAIT_MS } from './egress-state';
+import type { Election } from './election';
+import type { ConntrackStreams } from './conntrack-streams';
+import type { StoreRecords } from './store-records';
+import type { ClientSteering } from './client-steering';
 
 export class PodRoles {
-  constructor(private readonly s: EgressContext) {}
-
-  /** What the client steering map holds per Egress (for one log line per change). */
-  readonly steered = new Map<string, string>();
+  /** A gateway pod leaving hands over through the election; its sync streams stop, the store's registrations follow. */
+  constructor(
+    private readonly s: EgressShared,
+    private readonly election: Election,
+    private readonly streams: ConntrackStreams,
+    private readonly store: StoreRecords,
+    private readonly steering: ClientSteering,
+  ) {}
 
   watcher?: fs.FSWatcher;
 
@@ -55,7 +62,7 @@ export class PodRoles {
     const clientOf = [...this.s.egresses.values()].filter((e) => selects(e, 'clients', r.podNamespace!, labels));
     await this.gatewayRole(r, pod, ip, gwOf);
     this.clientRole(r, pod, ip, clientOf);
-    await this.s.election.tick();
+    await this.election.tick();
   }
 
   private async gatewayRole(r: PodRecord, pod: string, ip: string, gwOf: ResolvedEgress[]): Promise<void> {
@@ -74,9 +81,9 @@ export class PodRoles {
       for (const st of this.s.addresses.values()) {
         if (st.holder !== cur || !left.includes(st.egress.key)) continue;
         await this.s.mutex.run(streamOf(st), async () => {
-          this.s.election.handOver(st, pod, draining(`handover: ${pod} no longer a gateway of ${st.egress.key}`));
+          this.election.handOver(st, pod, draining(`handover: ${pod} no longer a gateway of ${st.egress.key}`));
           cur.datapath.withdrawAnnouncement(st.address);
-          void this.s.streams.stopStreaming(st);
+          void this.streams.stopStreaming(st);
         });
         // Packets clients sent before they learned the new owner still leave NATed: release after a drain.
         const release = () => {
@@ -92,7 +99,7 @@ export class PodRoles {
       }
       if ([...keys].sort().join() !== before) {
         this.s.o.logger.info('egress: gateway pod roles changed', { pod, egresses: [...keys] });
-        this.s.spawn(() => this.s.store.register().catch((e) => this.s.storeFailed(e)));
+        this.s.spawn(() => this.store.register().catch((e) => this.s.storeFailed(e)));
       }
       return;
     }
@@ -110,7 +117,7 @@ export class PodRoles {
     const resyncs = this.s.receiver?.requestResync((stream) => keys.has(stream.split('|')[0])) ?? 0;
     this.s.o.logger.info('egress: gateway pod ready', { pod, egresses: [...keys], resyncsRequested: resyncs });
     // The registry is told in the background: a store that hangs must not hold a pod's set-up.
-    this.s.spawn(() => this.s.store.register().catch((e) => this.s.storeFailed(e)));
+    this.s.spawn(() => this.store.register().catch((e) => this.s.storeFailed(e)));
   }
 
   private clientRole(r: PodRecord, pod: string, ip: string, clientOf: ResolvedEgress[]): void {
@@ -132,7 +139,7 @@ export class PodRoles {
       steer.setClient(ip, egressIds);
       this.s.clients.set(pod, { ip, hostIfName: r.hostIfName!, egressIds, steer });
     }
-    for (const e of clientOf) this.steered.delete(e.key);
+    for (const e of clientOf) this.steering.steered.delete(e.key);
     this.s.o.logger.info('egress: client pod steered', { pod, egresses: clientOf.map((e) => e.key) });
   }
 
@@ -181,15 +188,15 @@ export class PodRoles {
     const until = Date.now() + (drainMs ? this.s.o.handoverWaitMs ?? HANDOVER_WAIT_MS : 0);
     const held = [...this.s.addresses.values()].filter((st) => st.holder === gw);
     await Promise.all(held.map(async (st) => {
-      await this.s.election.handOverWhenInSync(st, pod, drainMs ? draining(`handover: ${cause} (${pod})`) : `handover: ${cause} (${pod})`, { until });
+      await this.election.handOverWhenInSync(st, pod, drainMs ? draining(`handover: ${cause} (${pod})`) : `handover: ${cause} (${pod})`, { until });
       await this.s.mutex.run(streamOf(st), async () => {
         if (st.holder === gw) return;
         gw.datapath.withdrawAnnouncement(st.address);
         // Closing the event reader waits out its receive timeout: not on the handover's critical path.
-        void this.s.streams.stopStreaming(st);
+        void this.streams.stopStreaming(st);
       });
     }));
-    this.s.spawn(() => this.s.store.register().catch((e) => this.s.storeFailed(e)));
+    this.s.spawn(() => this.store.register().catch((e) => this.s.storeFailed(e)));
     if (drainMs) await new Promise((res) => setTimeout(res, drainMs));
     try {
       gw.datapath.teardown();
@@ -213,47 +220,6 @@ export class PodRoles {
       this.s.o.logger.warn('egress: gateway pod namespace disappeared', { pod, netns: gw.netns });
       const [podNamespace, podName] = pod.split('/');
       await this.podDown({ podNamespace, podName } as PodRecord, 'gateway pod namespace gone');
-    }
-  }
-
-  updateClients(st: AddressState): void {
-    if (!this.s.maps || ![...this.s.clients.values()].some((c) => c.egressIds.includes(this.s.egressIds.get(st.egress.key)!))) return;
-    const id = this.s.egressIds.get(st.egress.key)!;
-    const slots: Array<{ gatewayIp: string; floatingIp: string; epoch: number; tier: number }> = [];
-    for (const a of [...this.s.addresses.values()].sort((x, y) => (x.address < y.address ? -1 : 1))) {
-      if (a.egress.key !== st.egress.key || !a.own.owner) continue;
-      const reg = this.s.peers.liveRegistry(a.egress.key).find((x) => x.pod === a.own.owner);
-      const gatewayIp = a.own.ownerPodIp || reg?.podIp;
-      // Not known yet (a record without the pod's address): keep the previous slots; dropped at worst,
-      // never sent unNATed. The owner's heartbeat brings it within a second.
-      if (!gatewayIp) return;
-      slots.push({ gatewayIp, floatingIp: a.address, epoch: a.own.epoch, tier: this.tierOf(a.egress, a.own.ownerNode, reg?.zone) });
-    }
-    this.s.maps.setGateways(id, slots);
-    const now = slots.map((x) => `${x.floatingIp}→${x.gatewayIp}@${x.epoch}/${x.tier}`).join(',');
-    if (this.steered.get(st.egress.key) !== now) {
-      this.steered.set(st.egress.key, now);
-      this.s.o.logger.info('egress: client steering updated', { egress: st.egress.key, slots });
-    }
-  }
-
-  /**
-   * The tier of an address for new flows of this node's clients, from the Egress's zone policy: its owner
-   * on this node (preferLocalNode) or in this node's zone (preferZone, requireZone) is preferred; the
-   * others are the fallback, or excluded under requireZone. Without a zone on this node, preferZone
-   * prefers nothing and requireZone excludes everything (status says why).
-   */
-  private tierOf(e: ResolvedEgress, ownerNode: string | undefined, ownerZone: string | undefined): number {
-    const zone = this.s.o.node.zone;
-    switch (e.zonePolicy) {
-      case 'preferLocalNode':
-        return ownerNode === this.s.o.node.name ? EGRESS_TIER_PREFERRED : EGRESS_TIER_FALLBACK;
-      case 'preferZone':
-        return !zone || ownerZone === zone ? EGRESS_TIER_PREFERRED : EGRESS_TIER_FALLBACK;
-      case 'requireZone':
-        return zone && ownerZone === zone ? EGRESS_TIER_PREFERRED : EGRESS_TIER_EXCLUDED;
-      default:
-        return EGRESS_TIER_PREFERRED;
     }
   }
 }

@@ -3,16 +3,9 @@
 // metric, /readyz and a Kubernetes Event, so a standby that cannot sync says so before a handover to it
 // would break connections (issue 29: a rolling upgrade whose sync versions differed said nothing).
 import type { RejectReason, SyncPeerStats } from '../conntrack-sync';
-import { EgressContext, streamOf, type AddressState } from './egress-context';
+import { type EgressShared, streamOf, type AddressState, type StandbySyncReason, type StandbySyncChange } from './egress-state';
+import type { PeerLiveness } from './peer-liveness';
 
-/**
- * Why a standby is not in sync, a bounded set (a metric label): `unreachable` no sync connection from the
- * owner's node arrives; `resyncing` one does and its first transfer is under way; the others are the
- * reason this node refused the owner's connection: `version` no protocol version in common, `auth` the
- * cluster key or an identity, `stale` an older ownership epoch than seen, `protocol` a malformed stream.
- */
-export type StandbySyncReason = 'unreachable' | 'resyncing' | 'version' | 'auth' | 'stale' | 'protocol';
-export const STANDBY_SYNC_REASONS: readonly StandbySyncReason[] = ['unreachable', 'resyncing', 'version', 'auth', 'stale', 'protocol'];
 /** Reasons that do not pass by themselves: reported at once, not after STANDBY_SYNC_BOUND_MS. */
 const REFUSALS: ReadonlySet<StandbySyncReason> = new Set(['version', 'auth', 'stale', 'protocol']);
 
@@ -41,21 +34,6 @@ export interface StandbySyncStatus {
   reported?: boolean;
 }
 
-/** A standby's sync problem turning reported, changing reason, or over after it was reported. */
-export interface StandbySyncChange {
-  egress: string;
-  address: string;
-  node: string;
-  /** This node's gateway pods of the Egress (the standbys). */
-  pods: string[];
-  owner: { pod: string; node: string };
-  inSync: boolean;
-  reason?: StandbySyncReason;
-  message?: string;
-  /** How long it has not been in sync (ms). */
-  forMs: number;
-}
-
 interface Track {
   ownerNode: string;
   reason: StandbySyncReason;
@@ -68,14 +46,14 @@ export class StandbySync {
   /** Per address (stream name) this node is a standby of and not in sync with. */
   private readonly tracks = new Map<string, Track>();
 
-  constructor(private readonly s: EgressContext) {}
+  constructor(private readonly s: EgressShared, private readonly peers: PeerLiveness) {}
 
   /** This node's gateway pods that are standbys of `st` (none: this node is no standby of it). */
   private standbyPods(st: AddressState): string[] {
     if (st.holder || this.s.o.conntrackSync === false) return [];
     const o = st.own;
     if (!o.owner || !o.ownerNode || o.ownerNode === this.s.o.node.name) return [];
-    if (!this.s.peers.ownerAlive(st)) return [];
+    if (!this.peers.ownerAlive(st)) return [];
     return [...this.s.gateways.values()].filter((g) => g.egresses.has(st.egress.key) && g.info.pod !== o.owner).map((g) => g.info.pod);
   }
 

@@ -4,7 +4,7 @@ import { ErrorCode, TetherError } from '../../lib/errors';
 import { scoreOf, supersedes } from './candidates';
 import { addressSlots, slotOwner, type ResolvedEgress } from './egress-spec';
 import { UnreadableRecordError, type Ownership } from './ownership-store';
-import { EgressContext, streamOf, type AddressState } from './egress-context';
+import { type EgressShared, streamOf, type AddressState } from './egress-state';
 import { REGISTRY_TTL_MS } from '../common/node-registry';
 
 /** The safety net's period: records a node follows by change notice are read whole this often anyway. */
@@ -18,7 +18,11 @@ export function safetyPeriodMs(node: string): number {
 }
 
 export class StoreRecords {
-  constructor(private readonly s: EgressContext) {}
+  /**
+   * `adopt`: follows a record that supersedes this node's view (the election does; it is built after the
+   * store's part, which it records its decisions through). Called under the address's lock.
+   */
+  constructor(private readonly s: EgressShared, private readonly adopt: (st: AddressState, rec: Ownership, via: string) => Promise<void>) {}
 
   private storeBusy = false;
 
@@ -93,7 +97,7 @@ export class StoreRecords {
         }
         const write = await this.s.mutex.run(streamOf(st), async () => {
           if (supersedes(rec, st.own) || (rec.epoch === st.own.epoch && rec.owner === st.own.owner)) {
-            await this.s.election.adopt(st, rec, 'store');
+            await this.adopt(st, rec, 'store');
             return false;
           }
           // This node's view supersedes the record: the holder writes it (the others wait for it to).
@@ -137,7 +141,7 @@ export class StoreRecords {
             throw err;
           });
           const st = this.s.track(e, a, slot, rec);
-          if (supersedes(rec, st.own)) await this.s.mutex.run(streamOf(st), () => this.s.election.adopt(st, rec, 'store'));
+          if (supersedes(rec, st.own)) await this.s.mutex.run(streamOf(st), () => this.adopt(st, rec, 'store'));
           this.s.o.logger.info('egress: floating address', { egress: e.key, address: a, pool: slot.pool, owner });
         } catch (err) {
           // TryAgainLater: the store restarted empty and new addresses wait while holders re-assert theirs.
@@ -189,7 +193,7 @@ export class StoreRecords {
     const r = await this.s.o.ownership.record({ ...own, score: scoreOf(own.address, own.owner) });
     if (r === 'superseded') {
       const rec = await this.s.o.ownership.get(st.egress.key, st.address);
-      await this.s.mutex.run(streamOf(st), () => this.s.election.adopt(st, rec, 'store'));
+      await this.s.mutex.run(streamOf(st), () => this.adopt(st, rec, 'store'));
       return;
     }
     if (st.own === own) st.recorded = true;

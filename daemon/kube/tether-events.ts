@@ -10,8 +10,7 @@
 //               Warning Refused          refused as invalid (the leader only, on the status change)
 //               Warning AddressConflict  an overlapping pool, or an address held by another owner (the leader)
 //               Normal  Accepted         valid again after a refusal or conflict (the leader)
-import type { OwnershipChange } from '../egress/egress-context';
-import type { StandbySyncChange } from '../egress/standby-sync';
+import type { OwnershipChange, StandbySyncChange } from '../egress/egress-state';
 import type { Condition } from './conditions';
 import type { EventObject, TetherEvent } from './event-recorder';
 import { GROUP, VERSION } from '../objects/crds';

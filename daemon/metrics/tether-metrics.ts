@@ -7,7 +7,7 @@
 import { collectDefaultMetrics, Counter, Gauge, Histogram, Registry } from 'prom-client';
 import type { Logger } from '../../lib/log';
 import { VERSION } from '../../lib/version';
-import { STANDBY_SYNC_REASONS } from '../egress/standby-sync';
+import { STANDBY_SYNC_REASONS } from '../egress/egress-state';
 
 type Labels = Record<string, string>;
 type Sample = [Labels, number];

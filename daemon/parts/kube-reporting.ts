@@ -6,12 +6,11 @@
 import type { Logger } from '../../lib/log';
 import type { KubeSource } from '../config/kube-source';
 import type { Reconciler } from '../config/source';
-import type { OwnershipChange } from '../egress/egress-context';
+import type { OwnershipChange, StandbySyncChange } from '../egress/egress-state';
 import type { RoleProblem } from '../pod/role-problems';
 import { EventRecorder, type EventObject, type TetherEvent } from '../kube/event-recorder';
 import { NodeStatusWriter, type NodeCondition } from '../kube/node-status';
 import { healthFlipEvent, ownershipEvent, standbySyncEvent } from '../kube/tether-events';
-import type { StandbySyncChange } from '../egress/standby-sync';
 import type { Subsystem } from './subsystem';
 
 /** Condition messages stay short: they are compared on every check and shown by kubectl. */

@@ -16,7 +16,7 @@ import { MAX_EVENT_BYTES, writeEntry, writeEvent, writeList } from '../../daemon
 import { ipToBytes } from '../../lib/ip-bytes';
 import { log, makeLogger, setLogger, type Logger } from '../../lib/log';
 import { ConntrackStreams } from '../../daemon/egress/conntrack-streams';
-import type { AddressState, EgressContext, LocalGateway } from '../../daemon/egress/egress-context';
+import type { AddressState, EgressShared, LocalGateway } from '../../daemon/egress/egress-state';
 import { waitFor } from '../lib/wait';
 
 const FLOATING = '10.99.0.1';
@@ -258,7 +258,7 @@ test('one conntrack event socket per gateway namespace, however many addresses i
   const ctx = {
     o: { conntrackSync: true, node: { name: 'node-a' }, clusterKey: KEY, syncPort: rx.port, logger: log() },
     addresses: new Map<string, AddressState>(), gateways: new Map([['gw-0', gw]]),
-  } as unknown as EgressContext;
+  } as unknown as EgressShared;
   const streams = new ConntrackStreams(ctx);
   const sts = addresses.map((address) => ({
     egress: { key: 'default/eg' }, address, own: { epoch: 1 }, holder: gw, senders: new Map(),

@@ -1,4 +1,4 @@
-// One Egress and its floating address, as the egress unit tests that drive a real EgressContext use them.
+// One Egress and its floating address, as the egress unit tests that drive the controller's real parts use them.
 import type { ResolvedEgress } from '../../daemon/egress/egress-spec';
 
 export const EGRESS: ResolvedEgress = {

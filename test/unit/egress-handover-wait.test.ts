@@ -1,7 +1,7 @@
 // A holder that must let an address go (tetherd stopping, its gateway pod deleted) hands it only to a
 // standby in sync with it: with none, it keeps the address and waits for one; one that comes in sync gets
-// it; at the end of the wait, the best live candidate gets it anyway. The real Election and PodRoles over
-// an EgressContext whose kernel side, store and sync senders are recording stand-ins.
+// it; at the end of the wait, the best live candidate gets it anyway. The real Election and PodRoles among
+// the controller's parts, whose kernel side, store and sync senders are recording stand-ins.
 import { test } from 'uvu';
 import * as assert from 'uvu/assert';
 import * as fs from 'node:fs';
@@ -9,8 +9,8 @@ import * as os from 'node:os';
 import * as path from 'node:path';
 import { Writable } from 'node:stream';
 import { makeLogger } from '../../lib/log';
-import { draining, isDraining, type AddressState, type EgressContext } from '../../daemon/egress/egress-context';
-import { egressContext } from '../../daemon/egress/egress-controller';
+import { draining, isDraining, type AddressState } from '../../daemon/egress/egress-state';
+import { egressParts, type EgressParts } from '../../daemon/egress/egress-controller';
 import { addressSlots } from '../../daemon/egress/egress-spec';
 import type { GatewayInfo, OwnershipStore } from '../../daemon/egress/ownership-store';
 import type { GatewayDatapath } from '../../daemon/egress/gateway-datapath';
@@ -40,8 +40,7 @@ function fakeSender(state: SyncSenderStats['state']): FakeSender {
   return s;
 }
 
-interface Node {
-  s: EgressContext;
+interface Node extends EgressParts {
   st: AddressState;
   calls: string[];
   senders: Record<string, FakeSender>;
@@ -53,10 +52,11 @@ function holder(o: { conntrackSync?: boolean; handoverWaitMs?: number } = {}): N
   const calls: string[] = [];
   const netns = fs.mkdtempSync(path.join(os.tmpdir(), 'tether-handover-netns-'));
   const ownership = { record: async () => 'recorded', get: async () => undefined, on: () => undefined, registerGateways: async () => undefined } as unknown as OwnershipStore;
-  const s = egressContext({
+  const parts = egressParts({
     node: { name: 'n1', address: gwA.nodeAddress, uplink: 'eth0' }, pinDir: '/nonexistent', fouPort: 0, syncPort: 0, clusterKey: Buffer.alloc(32),
     egresses: [EGRESS], ownership, addresses: {} as ClusterAddresses, attach: {} as AttachService, logger, conntrackSync: o.conntrackSync, handoverWaitMs: o.handoverWaitMs,
   });
+  const { s } = parts;
   const datapath = {
     own: (a: string) => calls.push(`own ${a}`), release: (a: string) => calls.push(`release ${a}`), takeUnannounced: () => undefined,
     withdrawAnnouncement: (a: string) => calls.push(`withdraw ${a}`), teardown: () => calls.push('teardown'),
@@ -70,7 +70,7 @@ function holder(o: { conntrackSync?: boolean; handoverWaitMs?: number } = {}): N
   const senders = { n2: fakeSender('resync'), n3: fakeSender('handshake') };
   st.senders.set(gwB.nodeAddress, senders.n2 as unknown as SyncSender);
   st.senders.set(gwC.nodeAddress, senders.n3 as unknown as SyncSender);
-  return { s, st, calls, senders, netns };
+  return { ...parts, st, calls, senders, netns };
 }
 
 const done = (n: Node) => {
@@ -83,7 +83,7 @@ const settled = <T>(p: Promise<T>) => Promise.race([p.then(() => true), sleep(0)
 test('no standby in sync: the holder keeps the address (owner, epoch, datapath) and waits', async () => {
   const n = holder();
   try {
-    const p = n.s.election.handOverWhenInSync(n.st, gwA.pod, 'handover: tetherd stopping', { until: Date.now() + 10_000 });
+    const p = n.election.handOverWhenInSync(n.st, gwA.pod, 'handover: tetherd stopping', { until: Date.now() + 10_000 });
     await sleep(600);
     assert.is(await settled(p), false, 'still waiting');
     assert.is(n.st.holder?.info.pod, gwA.pod);
@@ -105,7 +105,7 @@ test('a standby that comes in sync during the wait gets the address, though it i
   const n = holder();
   try {
     const t0 = Date.now();
-    const p = n.s.election.handOverWhenInSync(n.st, gwA.pod, 'handover: tetherd stopping', { until: Date.now() + 10_000 });
+    const p = n.election.handOverWhenInSync(n.st, gwA.pod, 'handover: tetherd stopping', { until: Date.now() + 10_000 });
     await sleep(400);
     n.senders.n3.state = 'streaming';
     const next = await p;
@@ -126,7 +126,7 @@ test('an in-sync standby from the start: handed over at once (the existing make-
   try {
     n.senders.n2.state = 'streaming';
     const t0 = Date.now();
-    const next = await n.s.election.handOverWhenInSync(n.st, gwA.pod, 'handover: tetherd stopping', { until: Date.now() + 10_000 });
+    const next = await n.election.handOverWhenInSync(n.st, gwA.pod, 'handover: tetherd stopping', { until: Date.now() + 10_000 });
     assert.is(next?.pod, gwB.pod);
     assert.ok(Date.now() - t0 < 100);
   } finally {
@@ -138,7 +138,7 @@ test('the wait ends with none in sync: the best live candidate gets it anyway, t
   const n = holder();
   try {
     const t0 = Date.now();
-    const next = await n.s.election.handOverWhenInSync(n.st, gwA.pod, draining('tetherd stopping'), { until: Date.now() + 500 });
+    const next = await n.election.handOverWhenInSync(n.st, gwA.pod, draining('tetherd stopping'), { until: Date.now() + 500 });
     assert.ok(Date.now() - t0 >= 490, `waited ${Date.now() - t0} ms`);
     assert.is(next?.pod, gwB.pod, 'the first live candidate');
     assert.match(n.st.own.cause!, /^tetherd stopping; no standby in sync within \d+ ms \(old gateway draining\)$/);
@@ -153,7 +153,7 @@ test('without conntrack sync there is nothing to wait for: handed over at once',
   const n = holder({ conntrackSync: false });
   try {
     const t0 = Date.now();
-    const next = await n.s.election.handOverWhenInSync(n.st, gwA.pod, 'handover: tetherd stopping', { until: Date.now() + 10_000 });
+    const next = await n.election.handOverWhenInSync(n.st, gwA.pod, 'handover: tetherd stopping', { until: Date.now() + 10_000 });
     assert.is(next?.pod, gwB.pod);
     assert.ok(Date.now() - t0 < 100);
   } finally {
@@ -165,10 +165,10 @@ test('gateway pod deleted (DEL): the pod keeps forwarding while waiting, the ele
   const n = holder({ handoverWaitMs: 10_000 });
   try {
     const rec = { podNamespace: 'shop', podName: 'gw-a' } as PodRecord;
-    const del = n.s.roles.podDown(rec, 'gateway pod deleted', 50);
+    const del = n.roles.podDown(rec, 'gateway pod deleted', 50);
     await sleep(300);
     // The pod is no longer one of this node's gateways, yet it holds the address: a pass must leave it.
-    await n.s.election.tick();
+    await n.election.tick();
     assert.is(await settled(del), false, 'the DEL waits');
     assert.is(n.st.holder?.info.pod, gwA.pod);
     assert.equal(n.calls, [], 'nothing released, withdrawn or torn down while waiting');
@@ -184,8 +184,8 @@ test('gateway pod deleted (DEL): the pod keeps forwarding while waiting, the ele
 test('a standby stopping while the pod leaves (the wait joined, not run twice) and a vanished namespace hands over at once', async () => {
   const n = holder({ handoverWaitMs: 10_000 });
   try {
-    const a = n.s.election.handOverWhenInSync(n.st, gwA.pod, 'handover: gateway pod deleted', { until: Date.now() + 10_000 });
-    const b = n.s.election.handOverWhenInSync(n.st, gwA.pod, 'tetherd stopping', { until: Date.now() + 10_000, elsewhere: true });
+    const a = n.election.handOverWhenInSync(n.st, gwA.pod, 'handover: gateway pod deleted', { until: Date.now() + 10_000 });
+    const b = n.election.handOverWhenInSync(n.st, gwA.pod, 'tetherd stopping', { until: Date.now() + 10_000, elsewhere: true });
     assert.is(a, b, 'one handover per address');
     n.senders.n2.state = 'streaming';
     assert.is((await b)?.pod, gwB.pod);
@@ -196,7 +196,7 @@ test('a standby stopping while the pod leaves (the wait joined, not run twice) a
   const m = holder({ handoverWaitMs: 10_000 });
   try {
     const t0 = Date.now();
-    await m.s.roles.podDown({ podNamespace: 'shop', podName: 'gw-a' } as PodRecord, 'gateway pod namespace gone');
+    await m.roles.podDown({ podNamespace: 'shop', podName: 'gw-a' } as PodRecord, 'gateway pod namespace gone');
     assert.ok(Date.now() - t0 < 200, 'no wait: its connections went with its namespace');
     assert.is(m.st.own.owner, gwB.pod);
   } finally {

@@ -5,7 +5,7 @@ import * as assert from 'uvu/assert';
 import { addressSlots, slotOwner, validateEgress } from '../../daemon/egress/egress-spec';
 import { validatePools } from '../../ipam/pool';
 import { TetherError } from '../../lib/errors';
-import { selects } from '../../daemon/egress/egress-context';
+import { selects } from '../../daemon/egress/egress-state';
 
 const pools = validatePools([
   { apiVersion: 'tether.dev/v1alpha1', kind: 'AddressPool', metadata: { name: 'pods' }, spec: { usage: 'pod', ipv4: { cidr: '10.244.0.0/16' } } },

@@ -6,12 +6,12 @@ import { test } from 'uvu';
 import * as assert from 'uvu/assert';
 import { Writable } from 'node:stream';
 import { makeLogger, setLogger } from '../../lib/log';
-import type { EgressContext } from '../../daemon/egress/egress-context';
-import { egressContext } from '../../daemon/egress/egress-controller';
+import type { StandbySyncChange } from '../../daemon/egress/egress-state';
+import { egressParts, type EgressParts } from '../../daemon/egress/egress-controller';
 import { addressSlots } from '../../daemon/egress/egress-spec';
 import type { GatewayInfo, OwnershipStore } from '../../daemon/egress/ownership-store';
 import type { GatewayDatapath } from '../../daemon/egress/gateway-datapath';
-import { STANDBY_SYNC_BOUND_MS, type StandbySyncChange } from '../../daemon/egress/standby-sync';
+import { STANDBY_SYNC_BOUND_MS } from '../../daemon/egress/standby-sync';
 import { SyncReceiver, SyncSender, MAX_PROTOCOL_VERSION } from '../../daemon/conntrack-sync';
 import { previousModule } from '../lib/releases';
 import { readyAnswer } from '../../daemon/health/probe-server';
@@ -28,10 +28,10 @@ const gwA: GatewayInfo = { pod: 'shop/gw-a', node: 'n1', nodeAddress: '127.0.0.1
 const gwB: GatewayInfo = { pod: 'shop/gw-b', node: 'n2', nodeAddress: '10.1.0.2', podIp: '10.244.2.5' };
 
 /** Node n2: gateway gw-b a standby of ADDRESS, owned (epoch 2) by gw-a on n1, live; its receiver listening. */
-async function standbyNode(): Promise<{ s: EgressContext; changes: StandbySyncChange[]; port: number; close: () => Promise<void> }> {
+async function standbyNode(): Promise<{ s: EgressParts['s']; standby: EgressParts['standby']; changes: StandbySyncChange[]; port: number; close: () => Promise<void> }> {
   const changes: StandbySyncChange[] = [];
   const ownership = { record: async () => 'recorded', get: async () => undefined, on: () => undefined } as unknown as OwnershipStore;
-  const s = egressContext({
+  const { s, standby } = egressParts({
     node: { name: 'n2', address: gwB.nodeAddress, uplink: 'eth0' }, pinDir: '/nonexistent', fouPort: 0, syncPort: 0, clusterKey: KEY,
     egresses: [EGRESS], ownership, addresses: {} as ClusterAddresses, attach: {} as AttachService, logger: quiet, onStandbySyncChanged: (c) => changes.push(c),
   });
@@ -42,16 +42,17 @@ async function standbyNode(): Promise<{ s: EgressContext; changes: StandbySyncCh
   const rx = new SyncReceiver({ key: KEY, id: 'n2', host: '127.0.0.1', port: 0, apply: () => undefined, upsert: () => undefined, sweep: () => 0, digests: () => undefined });
   s.receiver = rx;
   const port = await rx.listen();
-  return { s, changes, port, close: () => rx.close() };
+  return { s, standby, changes, port, close: () => rx.close() };
 }
 
-const statusOf = (s: EgressContext) => s.standby.statusOf([...s.addresses.values()][0]);
-const snapshotOf = (s: EgressContext): EgressAddressView[] => [...s.addresses.values()].map((st) => ({
-  egress: st.egress.key, address: st.address, epoch: st.own.epoch, ownedHere: false, flows: 0, packets: 0, bytes: 0, inSync: [], standbySync: s.standby.statusOf(st),
+type Standby = Pick<EgressParts, 's' | 'standby'>;
+const statusOf = (n: Standby) => n.standby.statusOf([...n.s.addresses.values()][0]);
+const snapshotOf = (n: Standby): EgressAddressView[] => [...n.s.addresses.values()].map((st) => ({
+  egress: st.egress.key, address: st.address, epoch: st.own.epoch, ownedHere: false, flows: 0, packets: 0, bytes: 0, inSync: [], standbySync: n.standby.statusOf(st),
 }));
-async function gauge(s: EgressContext): Promise<Record<string, number>> {
+async function gauge(n: Standby): Promise<Record<string, number>> {
   const m = new TetherMetrics(quiet);
-  m.use({ egress: () => snapshotOf(s) });
+  m.use({ egress: () => snapshotOf(n) });
   const text = await m.scrape();
   const out: Record<string, number> = {};
   for (const line of text.split('\n')) {
@@ -74,21 +75,21 @@ test('an owner that shares no protocol version: status, metric (version), /ready
   const bad = new SyncSender({ key: KEY, id: 'n1', host: '127.0.0.1', port: n.port, stream: STREAM, epoch: 2, snapshot: snap, backoffMinMs: 20, backoffMaxMs: 50, versions: { min: MAX_PROTOCOL_VERSION + 1, max: MAX_PROTOCOL_VERSION + 1 } });
   let good: SyncSender | undefined;
   try {
-    n.s.standby.update();
-    assert.is(statusOf(n.s)?.reason, 'unreachable', 'no stream yet');
-    assert.is(statusOf(n.s)?.reported, false, 'not reported within the bound');
-    assert.equal(n.s.standby.readinessProblems(), []);
+    n.standby.update();
+    assert.is(statusOf(n)?.reason, 'unreachable', 'no stream yet');
+    assert.is(statusOf(n)?.reported, false, 'not reported within the bound');
+    assert.equal(n.standby.readinessProblems(), []);
     bad.start();
     await waitFor(() => (n.s.receiver!.stats().rejected.version ?? 0) >= 1, 'the owner\'s connection refused for its version');
-    for (let i = 0; i < 5; i++) n.s.standby.update();
-    const st = statusOf(n.s)!;
+    for (let i = 0; i < 5; i++) n.standby.update();
+    const st = statusOf(n)!;
     assert.is(st.inSync, false);
     assert.is(st.reason, 'version');
     assert.is(st.reported, true, 'a refusal is reported at once');
     assert.is(st.ownerNode, 'n1');
     assert.match(st.message!, /speaks sync protocol versions 3, this node 2: none in common/);
-    assert.equal(await gauge(n.s), { unreachable: 0, resyncing: 0, version: 1, auth: 0, stale: 0, protocol: 0 });
-    const ready = readyAnswer({ started: () => true, roleProblems: () => [], egressSync: () => n.s.standby.readinessProblems() });
+    assert.equal(await gauge(n), { unreachable: 0, resyncing: 0, version: 1, auth: 0, stale: 0, protocol: 0 });
+    const ready = readyAnswer({ started: () => true, roleProblems: () => [], egressSync: () => n.standby.readinessProblems() });
     assert.is(ready.status, 503);
     assert.match(ready.body, /egress shop\/out address 198\.51\.100\.7: this standby cannot sync with its owner shop\/gw-a on n1 for \d+ s: version: /);
     assert.is(n.changes.length, 1, `one change per transition, not per pass: ${JSON.stringify(n.changes)}`);
@@ -100,11 +101,11 @@ test('an owner that shares no protocol version: status, metric (version), /ready
     good = new SyncSender({ key: KEY, id: 'n1', host: '127.0.0.1', port: n.port, stream: STREAM, epoch: 2, snapshot: snap, backoffMinMs: 20, backoffMaxMs: 50 });
     good.start();
     await waitFor(() => n.s.receiver!.stats().resyncs >= 1, 'the transfer applied');
-    n.s.standby.update();
-    n.s.standby.update();
-    assert.equal(statusOf(n.s), { inSync: true, ownerNode: 'n1' });
-    assert.equal(await gauge(n.s), { unreachable: 0, resyncing: 0, version: 0, auth: 0, stale: 0, protocol: 0 });
-    assert.is(readyAnswer({ started: () => true, roleProblems: () => [], egressSync: () => n.s.standby.readinessProblems() }).status, 200);
+    n.standby.update();
+    n.standby.update();
+    assert.equal(statusOf(n), { inSync: true, ownerNode: 'n1' });
+    assert.equal(await gauge(n), { unreachable: 0, resyncing: 0, version: 0, auth: 0, stale: 0, protocol: 0 });
+    assert.is(readyAnswer({ started: () => true, roleProblems: () => [], egressSync: () => n.standby.readinessProblems() }).status, 200);
     assert.is(n.changes.length, 2);
     assert.is(n.changes[1].inSync, true);
     assert.is(standbySyncEvent(n.changes[1]).reason, 'StandbyInSync');
@@ -119,21 +120,21 @@ test('no stream from the owner: not ready only after the bound, then once; a sta
   const n = await standbyNode();
   try {
     const t0 = Date.now();
-    n.s.standby.update(t0);
-    n.s.standby.update(t0 + STANDBY_SYNC_BOUND_MS - 1);
+    n.standby.update(t0);
+    n.standby.update(t0 + STANDBY_SYNC_BOUND_MS - 1);
     assert.is(n.changes.length, 0);
-    assert.equal(await gauge(n.s), { unreachable: 1, resyncing: 0, version: 0, auth: 0, stale: 0, protocol: 0 }, 'the metric counts it at once');
-    n.s.standby.update(t0 + STANDBY_SYNC_BOUND_MS);
-    n.s.standby.update(t0 + STANDBY_SYNC_BOUND_MS + 1000);
+    assert.equal(await gauge(n), { unreachable: 1, resyncing: 0, version: 0, auth: 0, stale: 0, protocol: 0 }, 'the metric counts it at once');
+    n.standby.update(t0 + STANDBY_SYNC_BOUND_MS);
+    n.standby.update(t0 + STANDBY_SYNC_BOUND_MS + 1000);
     assert.is(n.changes.length, 1);
     assert.is(n.changes[0].reason, 'unreachable');
-    assert.is(n.s.standby.readinessProblems().length, 1);
+    assert.is(n.standby.readinessProblems().length, 1);
     // This node holds the address now (say it took it over): no standby of it, the problem is over.
     const st = [...n.s.addresses.values()][0];
     st.holder = n.s.gateways.get(gwB.pod);
-    n.s.standby.update();
-    assert.is(statusOf(n.s), undefined);
-    assert.equal(n.s.standby.readinessProblems(), []);
+    n.standby.update();
+    assert.is(statusOf(n), undefined);
+    assert.equal(n.standby.readinessProblems(), []);
     assert.is(n.changes.length, 2);
     assert.is(n.changes[1].inSync, true);
   } finally {
@@ -147,8 +148,8 @@ test('the previous release (ccd851b) as the owner: this standby is in sync with 
   try {
     old.start();
     await waitFor(() => n.s.receiver!.stats().resyncs >= 1, 'the old owner\'s transfer applied');
-    n.s.standby.update();
-    assert.equal(statusOf(n.s), { inSync: true, ownerNode: 'n1' });
+    n.standby.update();
+    assert.equal(statusOf(n), { inSync: true, ownerNode: 'n1' });
     assert.is(n.s.receiver!.stats().peers[0].version, 2);
     assert.is(n.changes.length, 0);
   } finally {

@@ -13,8 +13,8 @@ import { validatePools } from '../../ipam/pool';
 import { RedisStore } from '../../ipam/store/redis-store';
 import type { ResolvedPool } from '../../ipam/types';
 import { OwnershipStore, type GatewayInfo } from '../../daemon/egress/ownership-store';
-import type { EgressContext } from '../../daemon/egress/egress-context';
-import { egressContext } from '../../daemon/egress/egress-controller';
+import type { EgressShared } from '../../daemon/egress/egress-state';
+import { egressParts, type EgressParts } from '../../daemon/egress/egress-controller';
 import type { GatewayDatapath } from '../../daemon/egress/gateway-datapath';
 import type { ResolvedEgress } from '../../daemon/egress/egress-spec';
 import type { AttachService } from '../../daemon/pod/attach-service';
@@ -68,19 +68,19 @@ test.after(async () => {
 type Role = 'gateway' | 'client' | 'none';
 
 /** One simulated node: the controller's shared state and parts, its store connections through `meter`. */
-async function simNode(prefix: string, i: number, role: Role, meter: RedisMeter): Promise<EgressContext> {
+async function simNode(prefix: string, i: number, role: Role, meter: RedisMeter): Promise<EgressParts> {
   const ownership = await OwnershipStore.connect(meter.url, { keyPrefix: prefix });
   const store = await RedisStore.connect(meter.url, { keyPrefix: prefix });
   cleanups.push(() => ownership.close(), () => store.close());
-  const s = egressContext({
+  const n = egressParts({
     node: { name: `n${i}`, address: addressOf(i), uplink: 'eth0' }, pinDir: '/nonexistent', fouPort: 0, syncPort: 0, clusterKey: Buffer.alloc(32),
     egresses: [EGRESS], ownership, addresses: new ClusterAddresses(pools, store, quiet, { holdOffMs: 0 }), attach: {} as AttachService, logger: quiet,
   });
   // Recording stand-ins for the kernel side: only what the store pass touches.
   const allowed: string[][] = [];
-  if (role === 'gateway') s.gateways.set(`shop/gw-${i}`, { info: gw(i), datapath: { setAllowedSources: (n: string[]) => allowed.push(n) } as unknown as GatewayDatapath, egresses: new Set([EGRESS.key]), guarded: '', netns: '' });
-  if (role === 'client') s.clients.set('shop/client', { ip: '10.244.200.1', hostIfName: 'vethc', egressIds: [1] });
-  return s;
+  if (role === 'gateway') n.s.gateways.set(`shop/gw-${i}`, { info: gw(i), datapath: { setAllowedSources: (n: string[]) => allowed.push(n) } as unknown as GatewayDatapath, egresses: new Set([EGRESS.key]), guarded: '', netns: '' });
+  if (role === 'client') n.s.clients.set('shop/client', { ip: '10.244.200.1', hostIfName: 'vethc', egressIds: [1] });
+  return n;
 }
 
 /** A cluster of `n` registered nodes, 3 of them gateways of the Egress, every one reporting usage; all live for a minute. */
@@ -98,21 +98,21 @@ async function cluster(prefix: string, n: number): Promise<void> {
 async function steadyCost(prefix: string, i: number, role: Role, observed = false) {
   const meter = await meterRedis(redis.socketPath);
   cleanups.push(() => meter.close());
-  const s = await simNode(prefix, i, role, meter);
+  const n = await simNode(prefix, i, role, meter);
   for (let k = 0; k < 3; k++) {
     later(1000);
-    await s.store.storePass();
+    await n.store.storePass();
   }
-  if (observed) s.observedUntil = Date.now() + 60_000;
+  if (observed) n.s.observedUntil = Date.now() + 60_000;
   meter.reset();
   const before = await serverCommands(raw);
   for (let k = 0; k < PASSES; k++) {
     later(1000);
-    await s.store.storePass();
+    await n.store.storePass();
   }
   // What the server ran, scripts' inner commands included (the scale bench's count).
   const server = serverDelta(before, await serverCommands(raw));
-  return { commands: Object.fromEntries([...meter.commands].sort()), total: meter.totalCommands(), bytes: meter.replyBytes, server, s };
+  return { commands: Object.fromEntries([...meter.commands].sort()), total: meter.totalCommands(), bytes: meter.replyBytes, server, s: n.s };
 }
 
 for (const role of ['gateway', 'client', 'none'] as Role[]) {
@@ -157,25 +157,25 @@ test('entries of nodes that stopped are removed by the first pass that sees them
   await cluster(p, 4);
   const meter = await meterRedis(redis.socketPath);
   cleanups.push(() => meter.close());
-  const s = await simNode(p, 9, 'client', meter);
-  await s.store.storePass();
+  const n = await simNode(p, 9, 'client', meter);
+  await n.store.storePass();
   const other = await OwnershipStore.connect(redis.url, { keyPrefix: p });
   cleanups.push(() => other.close());
   await registerNode(raw, p, 'n7', addressOf(7), 300);
   await other.registerGateways(EGRESS.key, 'n7', [gw(7)], 300);
   later(2000); // past the node registration's refresh interval: this pass reads what changed
-  await s.store.storePass();
-  assert.ok(s.nodes.includes(addressOf(7)), 'n7 registered');
-  assert.ok(s.registry.get(EGRESS.key)?.some((g) => g.node === 'n7'), 'n7 a candidate');
+  await n.store.storePass();
+  assert.ok(n.s.nodes.includes(addressOf(7)), 'n7 registered');
+  assert.ok(n.s.registry.get(EGRESS.key)?.some((g) => g.node === 'n7'), 'n7 a candidate');
   await new Promise((r) => setTimeout(r, 500));
   later(2000);
-  await s.store.storePass();
+  await n.store.storePass();
   // Its address stays accepted a grace longer (the registry refills so after a store wipe), then goes.
-  assert.ok(s.nodes.includes(addressOf(7)), 'n7 still accepted within LEFT_GRACE_MS');
+  assert.ok(n.s.nodes.includes(addressOf(7)), 'n7 still accepted within LEFT_GRACE_MS');
   later(LEFT_GRACE_MS);
-  await s.store.storePass();
-  assert.not.ok(s.nodes.includes(addressOf(7)), 'n7 gone from the node list');
-  assert.not.ok(s.registry.get(EGRESS.key)?.some((g) => g.node === 'n7'), 'n7 gone from the candidates');
+  await n.store.storePass();
+  assert.not.ok(n.s.nodes.includes(addressOf(7)), 'n7 gone from the node list');
+  assert.not.ok(n.s.registry.get(EGRESS.key)?.some((g) => g.node === 'n7'), 'n7 gone from the candidates');
   assert.is(await raw.hexists(`{${p}nodes}`, 'n7'), 0, 'node entry deleted');
   assert.is(await raw.zscore(`{${p}nodes}:expiry`, 'n7'), null, 'node expiry deleted');
   assert.is(await raw.hexists(`{${p}egress:${EGRESS.key}}:gateways`, 'n7'), 0, 'gateway entry deleted');
@@ -188,13 +188,13 @@ test('a node whose last part in an Egress ends (its client pod gone) drops its c
   await cluster(p, 4);
   const meter = await meterRedis(redis.socketPath);
   cleanups.push(() => meter.close());
-  const s = await simNode(p, 9, 'client', meter);
-  await s.store.storePass();
-  assert.is(s.registry.get(EGRESS.key)?.length, 3, 'a client knows the 3 candidates');
-  s.clients.clear();
-  await s.store.storePass();
-  assert.is(s.registry.get(EGRESS.key), undefined, 'no copy kept once it reads none');
-  assert.equal(s.peers.liveRegistry(EGRESS.key), [], 'and no candidates left in its view');
+  const n = await simNode(p, 9, 'client', meter);
+  await n.store.storePass();
+  assert.is(n.s.registry.get(EGRESS.key)?.length, 3, 'a client knows the 3 candidates');
+  n.s.clients.clear();
+  await n.store.storePass();
+  assert.is(n.s.registry.get(EGRESS.key), undefined, 'no copy kept once it reads none');
+  assert.equal(n.peers.liveRegistry(EGRESS.key), [], 'and no candidates left in its view');
 });
 
 test('a gateway node whose last gateway pod leaves removes its entry at once', async () => {
@@ -202,15 +202,15 @@ test('a gateway node whose last gateway pod leaves removes its entry at once', a
   await cluster(p, 4);
   const meter = await meterRedis(redis.socketPath);
   cleanups.push(() => meter.close());
-  const s = await simNode(p, 8, 'gateway', meter);
-  await s.store.storePass();
+  const n = await simNode(p, 8, 'gateway', meter);
+  await n.store.storePass();
   assert.is(await raw.hexists(`{${p}egress:${EGRESS.key}}:gateways`, 'n8'), 1);
-  s.gateways.clear();
-  await s.store.storePass();
+  n.s.gateways.clear();
+  await n.store.storePass();
   assert.is(await raw.hexists(`{${p}egress:${EGRESS.key}}:gateways`, 'n8'), 0, 'entry removed by the pass after the pod left');
   meter.reset();
   later(2000);
-  await s.store.storePass();
+  await n.store.storePass();
   assert.is(meter.commands.get('evalsha'), 1, `no longer a gateway nor a client: only the node registration (${JSON.stringify(Object.fromEntries(meter.commands))})`);
 });
 
@@ -219,10 +219,10 @@ test('a record that changed without a notice (lost) is followed by the safety-ne
   await cluster(p, 4);
   const meter = await meterRedis(redis.socketPath);
   cleanups.push(() => meter.close());
-  const s = await simNode(p, 9, 'client', meter);
+  const n = await simNode(p, 9, 'client', meter);
   later(1000);
-  await s.store.storePass();
-  const st = [...s.addresses.values()][0];
+  await n.store.storePass();
+  const st = [...n.s.addresses.values()][0];
   assert.ok(st, 'the address is tracked');
   const key = `${p}egress:${EGRESS.key}:owner:${st.address}`;
   // Written by hand: no notice goes out, as if the notice had been lost.
@@ -230,12 +230,12 @@ test('a record that changed without a notice (lost) is followed by the safety-ne
   meter.reset();
   for (let k = 0; k < 5; k++) {
     later(1000);
-    await s.store.storePass();
+    await n.store.storePass();
   }
   assert.not.ok(meter.commands.get('hgetall'), 'no periodic read of the record between safety-net passes');
   assert.is.not(st.own.owner, 'shop/gw-2', 'not followed yet');
   later(SAFETY_EVERY_MS * 1.25);
-  await s.store.storePass();
+  await n.store.storePass();
   assert.is(meter.commands.get('hgetall'), 1, 'the safety-net pass reads it');
   assert.is(st.own.owner, 'shop/gw-2', 'and follows it');
   assert.is(st.own.epoch, 5 + (st.own.epoch - 5));
@@ -247,39 +247,39 @@ test("the election tick looks only at Egresses the node plays a part in (and add
   await cluster(p, 4);
   const meter = await meterRedis(redis.socketPath);
   cleanups.push(() => meter.close());
-  const count = (s: EgressContext) => {
+  const count = (n: EgressParts) => {
     const seen = new Map<string, number>();
-    const real = s.peers.liveRegistry.bind(s.peers);
-    s.peers.liveRegistry = (egress: string) => {
+    const real = n.peers.liveRegistry.bind(n.peers);
+    n.peers.liveRegistry = (egress: string) => {
       seen.set(egress, (seen.get(egress) ?? 0) + 1);
       return real(egress);
     };
     return seen;
   };
-  const tick = (s: EgressContext) => (s.election as unknown as { pass(): Promise<void> }).pass();
+  const tick = (n: EgressParts) => (n.election as unknown as { pass(): Promise<void> }).pass();
   // 40 more Egresses this node has no part in, each with one address whose owner is a node elsewhere.
   const others: ResolvedEgress[] = Array.from({ length: 40 }, (_, i) => ({ ...EGRESS, key: `shop/other-${i}`, name: `other-${i}` }));
   const setUp = async (i: number, role: Role) => {
-    const s = await simNode(p, i, role, meter);
-    await s.store.storePass();
+    const n = await simNode(p, i, role, meter);
+    await n.store.storePass();
     others.forEach((e, k) => {
-      s.egresses.set(e.key, e);
-      s.egressIds.set(e.key, k + 2);
-      s.track(e, `198.51.100.${k + 2}`, { pool: 'float', index: 0 }, { egress: e.key, address: `198.51.100.${k + 2}`, owner: 'shop/gw-1', epoch: 3, ownerNode: 'n1', ownerNodeAddress: addressOf(1), ownerPodIp: gw(1).podIp });
+      n.s.egresses.set(e.key, e);
+      n.s.egressIds.set(e.key, k + 2);
+      n.s.track(e, `198.51.100.${k + 2}`, { pool: 'float', index: 0 }, { egress: e.key, address: `198.51.100.${k + 2}`, owner: 'shop/gw-1', epoch: 3, ownerNode: 'n1', ownerNodeAddress: addressOf(1), ownerPodIp: gw(1).podIp });
     });
-    return s;
+    return n;
   };
   const client = await setUp(9, 'client');
   const seen = count(client);
   await tick(client);
   assert.equal([...seen.keys()], [EGRESS.key], `a client of one Egress evaluates that one alone: ${[...seen.keys()].slice(0, 5).join(', ')}`);
-  assert.ok([...client.addresses.values()].filter((st) => st.egress.key !== EGRESS.key).every((st) => st.candidates.length === 0), 'no candidates listed for Egresses it has no part in');
+  assert.ok([...client.s.addresses.values()].filter((st) => st.egress.key !== EGRESS.key).every((st) => st.candidates.length === 0), 'no candidates listed for Egresses it has no part in');
 
   // An owner record naming this node (its gateway pod gone, nothing held): it still looks, to hand over.
   const former = await setUp(1, 'none');
   const seen1 = count(former);
   await tick(former);
-  const namedN1 = [...former.addresses.values()].filter((st) => st.own.ownerNode === 'n1').map((st) => st.egress.key).sort();
+  const namedN1 = [...former.s.addresses.values()].filter((st) => st.own.ownerNode === 'n1').map((st) => st.egress.key).sort();
   assert.ok(namedN1.length >= others.length, `the 40 records name n1 (${namedN1.length})`);
   assert.equal([...seen1.keys()].sort(), namedN1, 'every Egress whose record names n1 is looked at, and no other');
   const none = await setUp(12, 'none');
@@ -294,19 +294,19 @@ test('heartbeats go to the Egress\'s candidates and its clients\' nodes, not to 
   const meter = await meterRedis(redis.socketPath);
   cleanups.push(() => meter.close());
   type Sent = { peers: string[]; notices: number; gateways: number; clients: string[] };
-  const recorder = (s: EgressContext) => {
+  const recorder = (n: EgressParts) => {
     const sent: Sent[] = [];
-    s.notices = { send: (peers: Iterable<string>, notices: unknown[], gateways: unknown[] = [], opts: { clients?: string[] } = {}) => {
+    n.s.notices = { send: (peers: Iterable<string>, notices: unknown[], gateways: unknown[] = [], opts: { clients?: string[] } = {}) => {
       sent.push({ peers: [...peers].sort(), notices: notices.length, gateways: gateways.length, clients: opts.clients ?? [] });
-    } } as unknown as EgressContext['notices'];
+    } } as unknown as EgressShared['notices'];
     return sent;
   };
   const owner = await simNode(p, 1, 'gateway', meter);
   await owner.store.storePass();
-  const st = [...owner.addresses.values()][0];
+  const st = [...owner.s.addresses.values()][0];
   assert.ok(st, 'the address is tracked');
   st.own = { egress: EGRESS.key, address: st.address, owner: 'shop/gw-1', epoch: 1, ownerNode: 'n1', ownerNodeAddress: addressOf(1), ownerPodIp: gw(1).podIp };
-  st.holder = owner.gateways.get('shop/gw-1');
+  st.holder = owner.s.gateways.get('shop/gw-1');
   const ownerSent = recorder(owner);
   owner.election.heartbeat();
   const beat = ownerSent.filter((x) => x.notices);
@@ -315,7 +315,7 @@ test('heartbeats go to the Egress\'s candidates and its clients\' nodes, not to 
   // A client node tells the candidates and the owner that it has clients of the Egress...
   const client = await simNode(p, 150, 'client', meter);
   await client.store.storePass();
-  const cst = [...client.addresses.values()][0];
+  const cst = [...client.s.addresses.values()][0];
   cst.own = { ...st.own };
   const clientSent = recorder(client);
   client.election.heartbeat();

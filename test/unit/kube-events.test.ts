@@ -1,5 +1,5 @@
 // Kubernetes Events from tetherd, against the FAKE API server (test/lib/fake-apiserver.ts): a failover
-// decided by this node's real election (Election over an EgressContext whose kernel side and store are
+// decided by this node's real election (Election among the controller's parts, whose kernel side and store are
 // recording stand-ins) is one Event on the Egress with the fields kubectl shows; the same move repeated is
 // one Event whose series counts it; a storm of 1,000 takeovers costs a bounded number of requests (each
 // object's token bucket) and never makes the caller wait, even with the API server not answering (the
@@ -22,8 +22,8 @@ import { EventRecorder, REPORTING_CONTROLLER } from '../../daemon/kube/event-rec
 import { KubeReporting } from '../../daemon/parts/kube-reporting';
 import { StatusController } from '../../daemon/kube/status-controller';
 import { ownershipEvent } from '../../daemon/kube/tether-events';
-import type { EgressContext, OwnershipChange } from '../../daemon/egress/egress-context';
-import { egressContext } from '../../daemon/egress/egress-controller';
+import type { OwnershipChange } from '../../daemon/egress/egress-state';
+import { egressParts, type EgressParts } from '../../daemon/egress/egress-controller';
 import { addressSlots, type ResolvedEgress } from '../../daemon/egress/egress-spec';
 import type { GatewayInfo, OwnershipStore } from '../../daemon/egress/ownership-store';
 import type { GatewayDatapath } from '../../daemon/egress/gateway-datapath';
@@ -56,23 +56,24 @@ const EGRESS: ResolvedEgress = {
  * Node n1's egress controller parts around the real Election, with gateway shop/gw-a here and the
  * address owned (epoch 3) by shop/gw-b on n2, whose BFD session was Up and went Down.
  */
-function egressNode(onOwnershipChanged: (c: OwnershipChange) => void, netns: string): { s: EgressContext; owned: string[] } {
+function egressNode(onOwnershipChanged: (c: OwnershipChange) => void, netns: string): EgressParts & { owned: string[] } {
   const owned: string[] = [];
   const ownership = { record: async () => 'recorded', get: async () => undefined, on: () => undefined } as unknown as OwnershipStore;
-  const s = egressContext({
+  const parts = egressParts({
     node: { name: 'n1', address: '10.1.0.1', uplink: 'eth0' }, pinDir: '/nonexistent', fouPort: 0, syncPort: 0, clusterKey: Buffer.alloc(32),
     egresses: [EGRESS], ownership, addresses: {} as ClusterAddresses, attach: {} as AttachService, logger: quiet, conntrackSync: false, onOwnershipChanged,
   });
+  const { s } = parts;
   const gwA: GatewayInfo = { pod: 'shop/gw-a', node: 'n1', nodeAddress: '10.1.0.1', podIp: '10.244.1.5' };
   const gwB: GatewayInfo = { pod: 'shop/gw-b', node: 'n2', nodeAddress: '10.1.0.2', podIp: '10.244.2.5' };
   const datapath = { own: (a: string) => owned.push(a), takeUnannounced: () => undefined, release: () => undefined } as unknown as GatewayDatapath;
   s.gateways.set(gwA.pod, { info: gwA, datapath, egresses: new Set([EGRESS.key]), guarded: '', netns });
   s.registry.set(EGRESS.key, [gwB]);
   // n2's BFD session came Up once and is Down now.
-  (s.peers as unknown as { bfdInfo: Map<string, unknown> }).bfdInfo.set(gwB.nodeAddress, { everUp: true, createdAt: 0 });
+  (parts.peers as unknown as { bfdInfo: Map<string, unknown> }).bfdInfo.set(gwB.nodeAddress, { everUp: true, createdAt: 0 });
   const st = s.track(EGRESS, '198.51.100.7', addressSlots(EGRESS)[0], { egress: EGRESS.key, address: '198.51.100.7', owner: gwB.pod, epoch: 3, ownerNode: 'n2', ownerNodeAddress: gwB.nodeAddress, ownerPodIp: gwB.podIp });
   st.inSync = new Set(['n1']);
-  return { s, owned };
+  return { ...parts, owned };
 }
 
 test('a failover decided by this node is one Event on the Egress: reason, type, action, note naming address, nodes and cause, reporting fields, uid', async () => {
@@ -80,8 +81,8 @@ test('a failover decided by this node is one Event on the Egress: reason, type, 
   const netns = fs.mkdtempSync(path.join(os.tmpdir(), 'tether-events-netns-'));
   const reporting = new KubeReporting({ source, nodeName: 'n1', version: '9.9.9', storeConfigured: true, bpfPinDir: '/sys/fs/bpf/tether', roleProblems: () => [], logger: quiet });
   try {
-    const { s, owned } = egressNode(reporting.onOwnershipChanged, netns);
-    await s.election.tick();
+    const { s, election, owned } = egressNode(reporting.onOwnershipChanged, netns);
+    await election.tick();
     assert.equal(owned, ['198.51.100.7'], 'n1 took the address over (its gateway datapath holds it)');
     await reporting.events.flush();
     const list = events(api);

@@ -11,7 +11,8 @@ import { validatePools } from '../../ipam/pool';
 import { RedisStore } from '../../ipam/store/redis-store';
 import { EgressController } from '../../daemon/egress/egress-controller';
 import { OwnershipStore, type GatewayInfo } from '../../daemon/egress/ownership-store';
-import { takeoverCause, draining, type EgressContext } from '../../daemon/egress/egress-context';
+import { takeoverCause, draining, type EgressShared } from '../../daemon/egress/egress-state';
+import type { Election } from '../../daemon/egress/election';
 import type { GatewayDatapath } from '../../daemon/egress/gateway-datapath';
 import type { ResolvedEgress } from '../../daemon/egress/egress-spec';
 import type { AttachService } from '../../daemon/pod/attach-service';
@@ -49,13 +50,13 @@ test('a handover this node decides is counted by cause in its status and in the 
   });
   try {
     // Its shared state, as the started controller would have it: gw-1 here owns the address, gw-2 on n2 is a live candidate.
-    const s = (ctl as unknown as { s: EgressContext }).s;
+    const { s, election } = ctl as unknown as { s: EgressShared; election: Election };
     s.gateways.set('shop/gw-1', { info: gw(1), datapath: { guardStats: () => ({}) } as unknown as GatewayDatapath, egresses: new Set([EGRESS.key]), guarded: '', netns: '' });
     s.registry.set(EGRESS.key, [gw(1), gw(2)]);
     const st = s.track(EGRESS, '198.51.100.5', { pool: 'float', index: 0 }, { egress: EGRESS.key, address: '198.51.100.5', owner: 'shop/gw-1', epoch: 4, ownerNode: 'n1', ownerNodeAddress: '10.1.0.1', ownerPodIp: gw(1).podIp });
     assert.equal(ctl.status({ observe: false })[0].takeovers, {}, 'nothing decided yet');
 
-    const next = s.election.handOver(st, 'shop/gw-1', 'handover: gateway pod deleted (shop/gw-1)');
+    const next = election.handOver(st, 'shop/gw-1', 'handover: gateway pod deleted (shop/gw-1)');
     assert.is(next?.pod, 'shop/gw-2');
     const status = ctl.status({ observe: false })[0];
     assert.equal(status.takeovers, { handover: 1 });
@@ -83,7 +84,7 @@ test('a handover this node decides is counted by cause in its status and in the 
 
 /** The handover's store write runs in the background: let it finish before the store goes. */
 async function s_records(ctl: EgressController): Promise<void> {
-  await (ctl as unknown as { s: EgressContext }).s.records.close(2000);
+  await (ctl as unknown as { s: EgressShared }).s.records.close(2000);
 }
 
 test.run();

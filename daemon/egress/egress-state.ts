@@ -1,5 +1,7 @@
-// What the parts of the Egress controller share: its options, the state of this node's Egresses, gateways,
-// clients and floating addresses, and the parts themselves (each reaches the others through this).
+// What the parts of the Egress controller share on one node: its options, the state of this node's Egresses,
+// gateways, clients and floating addresses, and the timings and small helpers every part uses. The
+// controller owns the one EgressShared; each part (egress-controller.ts builds them, in dependency order)
+// receives it and the other parts it uses in its constructor. Nothing here knows a part.
 import type { Logger } from '../../lib/log';
 import type { AttachService } from '../pod/attach-service';
 import type { EgressMaps, EgressSteer } from '../bpf/egress-steer';
@@ -14,12 +16,6 @@ import type { PodMeta } from '../config/objects';
 import type { GatewayDatapath } from './gateway-datapath';
 import type { NoticeChannel } from './ownership-notice';
 import type { GatewayInfo, Ownership, OwnershipStore } from './ownership-store';
-import type { PeerLiveness } from './peer-liveness';
-import type { PodRoles } from './pod-roles';
-import type { Election } from './election';
-import type { ConntrackStreams } from './conntrack-streams';
-import type { StoreRecords } from './store-records';
-import type { StandbySync, StandbySyncChange } from './standby-sync';
 
 export interface EgressControllerOptions {
   /** maxEgressAddresses: this node's cap on the addresses of one Egress (over the Egress's own). */
@@ -50,6 +46,29 @@ export interface EgressControllerOptions {
   handoverWaitMs?: number;
   /** Told when this node, a standby, cannot sync with an address's owner (reported) and when that is over; must not throw or wait. */
   onStandbySyncChanged?: (c: StandbySyncChange) => void;
+}
+
+/**
+ * Why a standby is not in sync, a bounded set (a metric label): `unreachable` no sync connection from the
+ * owner's node arrives; `resyncing` one does and its first transfer is under way; the others are the
+ * reason this node refused the owner's connection: `version` no protocol version in common, `auth` the
+ * cluster key or an identity, `stale` an older ownership epoch than seen, `protocol` a malformed stream.
+ */
+export type StandbySyncReason = 'unreachable' | 'resyncing' | 'version' | 'auth' | 'stale' | 'protocol';
+export const STANDBY_SYNC_REASONS: readonly StandbySyncReason[] = ['unreachable', 'resyncing', 'version', 'auth', 'stale', 'protocol'];
+/** A standby's sync problem turning reported, changing reason, or over after it was reported. */
+export interface StandbySyncChange {
+  egress: string;
+  address: string;
+  node: string;
+  /** This node's gateway pods of the Egress (the standbys). */
+  pods: string[];
+  owner: { pod: string; node: string };
+  inSync: boolean;
+  reason?: StandbySyncReason;
+  message?: string;
+  /** How long it has not been in sync (ms). */
+  forMs: number;
 }
 
 /** An ownership change this node decided: a first owner, a failover takeover or a planned handover. */
@@ -174,14 +193,7 @@ export const CONSISTENCY_EVERY_MS = 30_000;
 /** A sync peer with fewer entries than this waiting is "in sync" (its standby has the connections). */
 export const IN_SYNC_MAX_LAG = 1000;
 
-export class EgressContext {
-  peers!: PeerLiveness;
-  roles!: PodRoles;
-  election!: Election;
-  streams!: ConntrackStreams;
-  store!: StoreRecords;
-  standby!: StandbySync;
-
+export class EgressShared {
   readonly egresses = new Map<string, ResolvedEgress>();
 
   readonly egressIds = new Map<string, number>();
@@ -285,7 +297,14 @@ export class EgressContext {
     this.o.logger.warn('egress: cluster store unreachable; ownership is decided between tetherds meanwhile', { error: (e as Error).message });
   }
 
-  constructor(readonly o: EgressControllerOptions) {}
+  /** The configured Egresses are numbered from 1, in their order. */
+  constructor(readonly o: EgressControllerOptions) {
+    o.egresses.forEach((e, i) => {
+      this.egresses.set(e.key, e);
+      this.egressIds.set(e.key, i + 1);
+    });
+    this.podMeta = new Map(Object.entries(o.podLabels ?? {}));
+  }
 }
 
 /** One floating address of one Egress: its sync stream name and its lock key. */

@@ -1,0 +1,54 @@
+// Client steering for the Egress controller: what this node's client pods' traffic of each Egress is steered
+// to in eBPF (each address's current owner's gateway pod, tiered by the Egress's zone policy).
+import { type ResolvedEgress } from './egress-spec';
+import { EGRESS_TIER_EXCLUDED, EGRESS_TIER_FALLBACK, EGRESS_TIER_PREFERRED } from '../bpf/egress-structs';
+import type { PeerLiveness } from './peer-liveness';
+import { type EgressShared, type AddressState } from './egress-state';
+
+export class ClientSteering {
+  constructor(private readonly s: EgressShared, private readonly peers: PeerLiveness) {}
+
+  /** What the client steering map holds per Egress (for one log line per change). */
+  readonly steered = new Map<string, string>();
+
+  updateClients(st: AddressState): void {
+    if (!this.s.maps || ![...this.s.clients.values()].some((c) => c.egressIds.includes(this.s.egressIds.get(st.egress.key)!))) return;
+    const id = this.s.egressIds.get(st.egress.key)!;
+    const slots: Array<{ gatewayIp: string; floatingIp: string; epoch: number; tier: number }> = [];
+    for (const a of [...this.s.addresses.values()].sort((x, y) => (x.address < y.address ? -1 : 1))) {
+      if (a.egress.key !== st.egress.key || !a.own.owner) continue;
+      const reg = this.peers.liveRegistry(a.egress.key).find((x) => x.pod === a.own.owner);
+      const gatewayIp = a.own.ownerPodIp || reg?.podIp;
+      // Not known yet (a record without the pod's address): keep the previous slots; dropped at worst,
+      // never sent unNATed. The owner's heartbeat brings it within a second.
+      if (!gatewayIp) return;
+      slots.push({ gatewayIp, floatingIp: a.address, epoch: a.own.epoch, tier: this.tierOf(a.egress, a.own.ownerNode, reg?.zone) });
+    }
+    this.s.maps.setGateways(id, slots);
+    const now = slots.map((x) => `${x.floatingIp}→${x.gatewayIp}@${x.epoch}/${x.tier}`).join(',');
+    if (this.steered.get(st.egress.key) !== now) {
+      this.steered.set(st.egress.key, now);
+      this.s.o.logger.info('egress: client steering updated', { egress: st.egress.key, slots });
+    }
+  }
+
+  /**
+   * The tier of an address for new flows of this node's clients, from the Egress's zone policy: its owner
+   * on this node (preferLocalNode) or in this node's zone (preferZone, requireZone) is preferred; the
+   * others are the fallback, or excluded under requireZone. Without a zone on this node, preferZone
+   * prefers nothing and requireZone excludes everything (status says why).
+   */
+  private tierOf(e: ResolvedEgress, ownerNode: string | undefined, ownerZone: string | undefined): number {
+    const zone = this.s.o.node.zone;
+    switch (e.zonePolicy) {
+      case 'preferLocalNode':
+        return ownerNode === this.s.o.node.name ? EGRESS_TIER_PREFERRED : EGRESS_TIER_FALLBACK;
+      case 'preferZone':
+        return !zone || ownerZone === zone ? EGRESS_TIER_PREFERRED : EGRESS_TIER_FALLBACK;
+      case 'requireZone':
+        return zone && ownerZone === zone ? EGRESS_TIER_PREFERRED : EGRESS_TIER_EXCLUDED;
+      default:
+        return EGRESS_TIER_PREFERRED;
+    }
+  }
+}
