@@ -3,17 +3,49 @@
 import * as fs from 'node:fs';
 import * as path from 'node:path';
 
-export function writeFileAtomic(file: string, data: string | Buffer, mode = 0o600): void {
+export interface AtomicWriteOptions {
+  /** The file's mode, set exactly (fchmod, so the umask does not narrow it); default 0600. */
+  mode?: number;
+  /** Owner the file gets before it appears under its name; refused ownership fails the write. */
+  owner?: { uid: number; gid: number };
+  /** Modification time the file gets before it appears under its name. */
+  mtime?: Date;
+  /**
+   * Name of the temp file in the same directory, which must not exist yet. Default `.<name>.<pid>.tmp`,
+   * which a writer of the same pid killed earlier may have left: that one is overwritten.
+   */
+  tempName?: string;
+}
+
+export function writeFileAtomic(file: string, data: string | Buffer, o: AtomicWriteOptions = {}): void {
+  const mode = o.mode ?? 0o600;
   const dir = path.dirname(file);
-  const tmp = path.join(dir, `.${path.basename(file)}.${process.pid}.tmp`);
-  const fd = fs.openSync(tmp, 'w', mode);
+  const tmp = path.join(dir, o.tempName ?? `.${path.basename(file)}.${process.pid}.tmp`);
+  const fd = fs.openSync(tmp, o.tempName ? 'wx' : 'w', mode);
   try {
     fs.writeSync(fd, typeof data === 'string' ? Buffer.from(data) : data);
+    if (o.owner) {
+      try {
+        fs.fchownSync(fd, o.owner.uid, o.owner.gid);
+      } catch (e) {
+        throw new Error(`${file}: cannot keep its owner (uid ${o.owner.uid}, gid ${o.owner.gid}): ${(e as Error).message}`);
+      }
+    }
+    fs.fchmodSync(fd, mode);
     fs.fsyncSync(fd);
-  } finally {
+  } catch (e) {
     fs.closeSync(fd);
+    fs.rmSync(tmp, { force: true });
+    throw e;
   }
-  fs.renameSync(tmp, file);
+  fs.closeSync(fd);
+  try {
+    if (o.mtime) fs.utimesSync(tmp, o.mtime, o.mtime);
+    fs.renameSync(tmp, file);
+  } catch (e) {
+    fs.rmSync(tmp, { force: true });
+    throw e;
+  }
   fsyncDir(dir);
 }
 

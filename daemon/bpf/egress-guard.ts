@@ -5,9 +5,10 @@
 import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { log } from '../../lib/log';
+import { formatV4 } from '../../lib/ip';
 import { BpfObject } from './object';
 import { bpfObjectDir } from './fou';
-import { ipv4Bytes, ipv4String } from './fou-structs';
+import { ipv4Bytes } from './fou-structs';
 import { parseIpv4Prefix } from './egress-structs';
 import { attachTc, detachTc, type TcAttachment } from './tc';
 import type { MapLayout } from './map-layout';
@@ -101,7 +102,7 @@ export class EgressGuard {
   }
 
   owned(): string[] {
-    return this.obj.map('guard_owned').keys().map((k) => ipv4String(k));
+    return this.obj.map('guard_owned').keys().map((k) => formatV4(k));
   }
 
   /** Counters summed over CPUs. */

@@ -8,7 +8,7 @@ import { readNetSysctl, writeNetSysctl } from '../sys/netns';
 import { BpfObject } from './object';
 import { BpfMap } from './map';
 import { bpfObjectDir } from './fou';
-import { ipv4Bytes, ipv4String } from './fou-structs';
+import { ipv4Bytes } from './fou-structs';
 import { attachTc, detachTc, type TcAttachment } from './tc';
 import {
   checkEgressId, decodeEgressClient, decodeEgressConfig, decodeEgressDest, decodeEgressDestKey, decodeEgressGateways,
@@ -17,6 +17,7 @@ import {
   type EgressStats, type EgressFlow, type EgressAddressStats, EGRESS_MAP_LAYOUTS,
 } from './egress-structs';
 import { TetherError, ErrorCode } from '../../lib/errors';
+import { formatV4 } from '../../lib/ip';
 
 export type { EgressSlot, EgressStats, EgressFlow, EgressAddressStats } from './egress-structs';
 
@@ -103,7 +104,7 @@ export class EgressMaps {
   }
 
   clients(): Map<string, number[]> {
-    return new Map(this.mapOf('egress_clients').entries().map(([k, v]) => [ipv4String(k), decodeEgressClient(v)]));
+    return new Map(this.mapOf('egress_clients').entries().map(([k, v]) => [formatV4(k), decodeEgressClient(v)]));
   }
 
   /**
@@ -149,7 +150,7 @@ export class EgressMaps {
     const out = new Map<string, EgressAddressStats>();
     for (const k of m.keys()) {
       const v = m.lookupPerCpu(k);
-      if (v) out.set(ipv4String(k), sumEgressAddressStats(v));
+      if (v) out.set(formatV4(k), sumEgressAddressStats(v));
     }
     return out;
   }

@@ -2,7 +2,8 @@
 // the compiled object's BTF by test/unit/bpf-structs.test.ts). Addresses and ports travel in network
 // order, ids, counts and epochs in host (little-endian) order.
 import { TetherError, ErrorCode } from '../../lib/errors';
-import { ipv4Bytes, ipv4String, type StructLayout } from './fou-structs';
+import { clearHostBits, formatV4 } from '../../lib/ip';
+import { ipv4Bytes, type StructLayout } from './fou-structs';
 import type { MapLayout } from './map-layout';
 
 // must match bpf/egress-types.h constants
@@ -110,9 +111,8 @@ export function parseIpv4Prefix(cidr: string, field = 'cidr'): Ipv4Prefix {
   const length = len === undefined ? 32 : Number(len);
   if (extra !== undefined || !/^\d{1,2}$/.test(len ?? '32') || length > 32) throw invalid(`${field}: "${cidr}" is not an IPv4 CIDR`);
   const b = ipv4Bytes(addr, field);
-  const mask = length === 0 ? 0 : (0xffffffff << (32 - length)) >>> 0;
-  b.writeUInt32BE((b.readUInt32BE(0) & mask) >>> 0);
-  return { address: ipv4String(b), length };
+  clearHostBits(b, length);
+  return { address: formatV4(b), length };
 }
 
 export function encodeEgressDestKey(egressId: number, p: Ipv4Prefix): Buffer {
@@ -128,7 +128,7 @@ export function decodeEgressDestKey(b: Buffer): { egressId: number; prefix: Ipv4
   const f = L.egress_dest_key.fields;
   return {
     egressId: b.readUInt32LE(f.egress_id.offset),
-    prefix: { address: ipv4String(b, f.daddr.offset), length: b.readUInt32LE(f.prefixlen.offset) - 32 },
+    prefix: { address: formatV4(b, f.daddr.offset), length: b.readUInt32LE(f.prefixlen.offset) - 32 },
   };
 }
 
@@ -203,8 +203,8 @@ export function decodeEgressGateways(b: Buffer): EgressSlot[] {
   return Array.from({ length: n }, (_, i) => {
     const at = g.slots.offset + i * L.egress_slot.size;
     return {
-      gatewayIp: ipv4String(b, at + s.gateway.offset),
-      floatingIp: ipv4String(b, at + s.floating.offset),
+      gatewayIp: formatV4(b, at + s.gateway.offset),
+      floatingIp: formatV4(b, at + s.floating.offset),
       epoch: b.readBigUInt64LE(at + s.epoch.offset),
       zone: b.readUInt32LE(at + s.zone.offset),
       tier: b.readUInt32LE(at + s.tier.offset),
@@ -230,7 +230,7 @@ export function encodeEgressConfig(c: EgressConfig): Buffer {
 
 export function decodeEgressConfig(b: Buffer): EgressConfig {
   const f = L.egress_config.fields;
-  return { nodeAddress: ipv4String(b, f.saddr.offset), port: b.readUInt16BE(f.dport.offset) };
+  return { nodeAddress: formatV4(b, f.saddr.offset), port: b.readUInt16BE(f.dport.offset) };
 }
 
 export interface EgressStats {
@@ -276,13 +276,13 @@ export interface EgressFlow {
 export function decodeEgressFlow(k: Buffer, v: Buffer): EgressFlow {
   const f = L.egress_flow_key.fields;
   return {
-    src: ipv4String(k, f.saddr.offset),
-    dst: ipv4String(k, f.daddr.offset),
+    src: formatV4(k, f.saddr.offset),
+    dst: formatV4(k, f.daddr.offset),
     sport: k.readUInt16BE(f.sport.offset),
     dport: k.readUInt16BE(f.dport.offset),
     proto: k.readUInt8(f.proto.offset),
     egressId: k.readUInt32LE(f.egress_id.offset),
-    floatingIp: ipv4String(v, L.egress_flow.fields.floating.offset),
+    floatingIp: formatV4(v, L.egress_flow.fields.floating.offset),
   };
 }
 

@@ -1,6 +1,7 @@
 // TypeScript mirrors of the structs in bpf/fou-types.h — must match bpf/fou-types.h (checked against the
 // compiled objects' BTF by test/unit/bpf-structs.test.ts). Addresses and ports travel in network order.
 import { TetherError, ErrorCode } from '../../lib/errors';
+import { formatV4, tryWriteV4 } from '../../lib/ip';
 import type { MapLayout } from './map-layout';
 
 export interface FieldLayout {
@@ -54,40 +55,7 @@ export function ipv4Bytes(addr: string, field = 'address'): Buffer {
 
 /** Writes addr's 4 bytes into out at off; an address net.isIPv4 refuses is refused, naming the field. */
 export function putIpv4(addr: string, out: Uint8Array, off: number, field = 'address'): void {
-  if (!writeIpv4(addr, out, off)) throw new TetherError(ErrorCode.InvalidConfig, `${field}: "${addr}" is not an IPv4 address`);
-}
-
-/**
- * Writes dotted-quad addr's 4 bytes at off; false (nothing meaningful written) unless addr is what
- * net.isIPv4 accepts: four decimal parts of 0 to 255, no leading zeros, nothing else. The mapping paths
- * call it for every key and target, so it parses by character instead of matching a regular expression.
- */
-export function writeIpv4(addr: string, out: Uint8Array, off: number): boolean {
-  const n = addr.length;
-  if (n < 7 || n > 15) return false;
-  let part = 0;
-  let value = 0;
-  let digits = 0;
-  for (let i = 0; i <= n; i++) {
-    const c = i < n ? addr.charCodeAt(i) : 46; /* the end closes the last part like a dot */
-    if (c === 46) {
-      if (digits === 0 || part > 3) return false;
-      out[off + part++] = value;
-      value = 0;
-      digits = 0;
-    } else if (c >= 48 && c <= 57) {
-      if (digits > 0 && value === 0) return false; // a leading zero
-      value = value * 10 + (c - 48);
-      if (++digits > 3 || value > 255) return false;
-    } else {
-      return false;
-    }
-  }
-  return part === 4;
-}
-
-export function ipv4String(b: Buffer, offset = 0): string {
-  return `${b[offset]}.${b[offset + 1]}.${b[offset + 2]}.${b[offset + 3]}`;
+  if (!tryWriteV4(out, off, addr)) throw new TetherError(ErrorCode.InvalidConfig, `${field}: "${addr}" is not an IPv4 address`);
 }
 
 function port(p: number, field: string): number {
@@ -123,7 +91,7 @@ export function encodeFouDest(d: FouDest): Buffer {
 }
 
 export function decodeFouDest(b: Buffer): FouDest {
-  return { backend: ipv4String(b, L.fou_dest.fields.daddr.offset), port: b.readUInt16BE(L.fou_dest.fields.dport.offset) };
+  return { backend: formatV4(b, L.fou_dest.fields.daddr.offset), port: b.readUInt16BE(L.fou_dest.fields.dport.offset) };
 }
 
 export interface FouDecapConfig {

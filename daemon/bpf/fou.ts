@@ -3,12 +3,13 @@
 import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { log } from '../../lib/log';
+import { formatV4 } from '../../lib/ip';
 import { BpfObject } from './object';
 import { BpfMap } from './map';
 import { attachTc, detachTc, type TcAttachment, type TcDirection } from './tc';
 import {
   FOU_DECAP_F_CHECK_SOURCES, FOU_ENCAP_F_REDIRECT_BACK, decodeFouDest, encodeFouDecapConfig, encodeFouDest,
-  encodeFouEncapConfig, ipv4Bytes, ipv4String, sumFouStats, FOU_MAP_LAYOUTS, type FouDest, type FouStats,
+  encodeFouEncapConfig, ipv4Bytes, sumFouStats, FOU_MAP_LAYOUTS, type FouDest, type FouStats,
 } from './fou-structs';
 
 export type { FouStats } from './fou-structs';
@@ -76,7 +77,7 @@ export class FouEncap {
   }
 
   destinations(): Map<string, FouDest> {
-    return new Map(this.obj.map('fou_dests').entries().map(([k, v]) => [ipv4String(k), decodeFouDest(v)]));
+    return new Map(this.obj.map('fou_dests').entries().map(([k, v]) => [formatV4(k), decodeFouDest(v)]));
   }
 
   stats(): FouStats {

@@ -1,7 +1,8 @@
 // TypeScript mirrors of the structs in bpf/lb-types.h (checked against the compiled object's BTF by
 // test/unit/bpf-structs.test.ts). Addresses and ports travel in network order, as in the packet.
+import { formatV4 } from '../../lib/ip';
 import type { StructLayout } from './fou-structs';
-import { ipv4Bytes, ipv4String, putIpv4 } from './fou-structs';
+import { ipv4Bytes, putIpv4 } from './fou-structs';
 import type { MapLayout } from './map-layout';
 
 export const LB_LAYOUTS: Record<string, StructLayout> = {
@@ -83,7 +84,7 @@ export function encodeServiceKey(vip: string, port: number, proto: number): Buff
 }
 
 export function decodeServiceKey(b: Buffer): { vip: string; port: number; proto: number } {
-  return { vip: ipv4String(b, 0), port: b.readUInt16BE(4), proto: b.readUInt8(6) };
+  return { vip: formatV4(b, 0), port: b.readUInt16BE(4), proto: b.readUInt8(6) };
 }
 
 export function encodeService(slot: number, flags: number): Buffer {
@@ -113,7 +114,7 @@ export function encodeMapKey(k: MapKey): Buffer {
 }
 
 export function decodeMapKey(b: Buffer, off = 0): MapKey {
-  return { vip: ipv4String(b, off), client: ipv4String(b, off + 4), vport: b.readUInt16BE(off + 8), cport: b.readUInt16BE(off + 10), proto: b.readUInt8(off + 12) };
+  return { vip: formatV4(b, off), client: formatV4(b, off + 4), vport: b.readUInt16BE(off + 8), cport: b.readUInt16BE(off + 10), proto: b.readUInt8(off + 12) };
 }
 
 export function encodeMapping(target: string, lastNs = 0n): Buffer {
@@ -124,7 +125,7 @@ export function encodeMapping(target: string, lastNs = 0n): Buffer {
 }
 
 export function decodeMapping(b: Buffer): { target: string; lastNs: bigint } {
-  return { target: ipv4String(b, 0), lastNs: b.readBigUInt64LE(8) };
+  return { target: formatV4(b, 0), lastNs: b.readBigUInt64LE(8) };
 }
 
 export function encodeTargetKey(vip: string, target: string): Buffer {
@@ -135,11 +136,11 @@ export function encodeTargetKey(vip: string, target: string): Buffer {
 }
 
 export function decodeTargetKey(b: Buffer): { vip: string; target: string } {
-  return { vip: ipv4String(b, 0), target: ipv4String(b, 4) };
+  return { vip: formatV4(b, 0), target: formatV4(b, 4) };
 }
 
 export function decodeEvent(b: Buffer): { key: MapKey; target: string; kind: number } {
-  return { key: decodeMapKey(b, 0), target: ipv4String(b, 16), kind: b.readUInt32LE(20) };
+  return { key: decodeMapKey(b, 0), target: formatV4(b, 16), kind: b.readUInt32LE(20) };
 }
 
 export interface LbStats {

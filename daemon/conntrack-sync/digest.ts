@@ -11,7 +11,7 @@
 // one pass over a dump, 12 bytes per bucket on the wire. Keys in a table are unique, so XOR never cancels
 // an entry against itself.
 import type { ConntrackEntry, CtTuple } from '../conntrack/types';
-import { formatV6 } from './address-text';
+import { formatV6 } from '../../lib/ip';
 import { CodecError, Cursor } from './entry-codec';
 
 /** Buckets per stream unless configured: 12 KiB of digests per check, ~1,000 entries a bucket at 1M. */

@@ -1,7 +1,7 @@
 // Compact binary encoding of conntrack entries and events for sync payloads (~55 bytes for a TCP/IPv4
 // entry against ~330 as JSON); decoding validates every bound so a bad payload is an error, not a crash.
 import type { ConntrackEntry, ConntrackEvent, ConntrackEventType, CtTuple } from '../conntrack/types';
-import { formatV4, formatV6, writeV4, writeV6 } from './address-text';
+import { formatV4, formatV6, writeV4, writeV6 } from '../../lib/ip';
 
 /** The most bytes one event can take: type, flags, status, two IPv6 tuples with every field, options. */
 export const MAX_EVENT_BYTES = 1 + 1 + 4 + 2 * (2 + 32 + 8) + 4 + 4 + 2 + 8 + 4;

@@ -2,7 +2,7 @@
 // neighbour entry) and sends gratuitous ARP so the segment's router moves its ARP entry at once instead
 // of waiting for it to age out. Withdrawal removes the proxy entry (the next owner's GARP does the rest).
 import { NetlinkHandle, isNetlinkError } from '../netlink';
-import { ipToBytes, macToBytes } from '../../lib/ip-bytes';
+import { ipToBytes, macToBytes } from '../../lib/ip';
 import { close, sendto, socket, SOCK_CLOEXEC, SOCK_RAW } from '../sys/libc';
 import { inNetns, writeNetSysctl } from '../sys/netns';
 import { log } from '../../lib/log';

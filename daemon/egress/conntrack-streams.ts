@@ -11,7 +11,7 @@ import {
   applyWireList, DigestCache, Digests, dumpScopeEncoded, scopeDigests, encodeEventAt, MAX_EVENT_BYTES, replyDstIs, STANDBY_MIN_TIMEOUT, StandbyDigests, SyncSender, syncedDigests, sweepSyncedEntries,
   type BucketSet, type KeySet, type SyncPeerInfo, type WireList,
 } from '../conntrack-sync';
-import { ipToBytes } from '../../lib/ip-bytes';
+import { ipToBytes } from '../../lib/ip';
 import { type EgressShared, streamOf, type AddressState, type LocalGateway, IN_SYNC_MAX_LAG } from './egress-state';
 
 /** The shared event socket of one gateway namespace and the addresses streaming from it. */

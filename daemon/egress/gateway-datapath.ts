@@ -7,6 +7,7 @@ import { attachFouDecap, detachFou, type FouDecap } from '../bpf/fou';
 import { EgressGuard, type GuardStats } from '../bpf/egress-guard';
 import { NetlinkHandle, isNetlinkError } from '../netlink';
 import { writeNetSysctl } from '../sys/netns';
+import { v4ToUint32 } from '../../lib/ip';
 import { log } from '../../lib/log';
 import { announceL2, withdrawL2 } from './announce-l2';
 import type { AnnounceMode } from './egress-spec';
@@ -40,9 +41,8 @@ export const FLOAT_MARK = 0x7e7e0000;
 
 /** The mark fou-decap gives packets pinned to `address` (IPv4); undefined when its low bits are 0. */
 export function floatMark(address: string): number | undefined {
-  const p = address.split('.').map(Number);
-  const low = ((p[2] << 8) | p[3]) >>> 0;
-  return p.length === 4 && low ? (FLOAT_MARK | low) >>> 0 : undefined;
+  const low = (v4ToUint32(address) ?? 0) & 0xffff;
+  return low ? (FLOAT_MARK | low) >>> 0 : undefined;
 }
 
 export class GatewayDatapath {

@@ -2,6 +2,7 @@
 // which every target gets ~M/N entries, and a change of the target set moves few entries. Every tetherd
 // computes the same table for the same target set: targets are ordered by address and hashed with fixed
 // seeds, so LB pods on different nodes send a new client to the same target.
+import { v4ToUint32 } from '../../lib/ip';
 
 /** Is n prime (trial division; table sizes are at most a few million). */
 export function isPrime(n: number): boolean {
@@ -27,18 +28,13 @@ function fnv1a(s: string, basis: number): number {
   return h >>> 0;
 }
 
-function ipv4ToUint(addr: string): number {
-  const p = addr.split('.').map(Number);
-  return ((p[0] << 24) | (p[1] << 16) | (p[2] << 8) | p[3]) >>> 0;
-}
-
 /**
  * The Maglev table of size m (a prime) over targets (IPv4 addresses): entry i is the index into the
  * returned `targets` (sorted, deduplicated) of the target owning slot i, or -1 for all when there are none.
  */
 export function maglevTable(targetsIn: readonly string[], m: number): { targets: string[]; table: Int32Array } {
   if (!isPrime(m)) throw new Error(`maglev table size ${m} is not a prime`);
-  const targets = [...new Set(targetsIn)].sort((a, b) => ipv4ToUint(a) - ipv4ToUint(b));
+  const targets = [...new Set(targetsIn)].sort((a, b) => (v4ToUint32(a) ?? 0) - (v4ToUint32(b) ?? 0));
   const table = new Int32Array(m).fill(-1);
   const n = targets.length;
   if (n === 0) return { targets, table };

@@ -1,12 +1,12 @@
 // Address operations over rtnetlink: add/del/list, IPv4 and IPv6, with prefix length, scope and label.
 import { attr, attrStr, attrU32, Attrs, NlMsg } from './codec';
 import { AF_INET, AF_INET6, AF_UNSPEC, IFA, IFA_F_NODAD, NLM_F_CREATE, NLM_F_EXCL, NLM_F_REPLACE, RTM } from './constants';
-import { bytesToIp, Family, ipToBytes, parsePrefix } from '../../lib/ip-bytes';
+import { bytesToIp, IpFamily, ipToBytes, parsePrefix } from '../../lib/ip';
 import type { NetlinkSocket } from './socket';
 import { decodeIfAddrMsg, encodeIfAddrMsg, IFADDRMSG_LEN } from './structs';
 
 export interface Address {
-  family: Family;
+  family: IpFamily;
   index: number;
   /** The interface's own address (IFA_LOCAL for IPv4, IFA_ADDRESS for IPv6). */
   address: string;
@@ -69,7 +69,7 @@ export function deleteAddress(s: NetlinkSocket, spec: AddressSpec): void {
 }
 
 /** Addresses, optionally of one family and/or link (filtered here, so it works without strict checking). */
-export function listAddresses(s: NetlinkSocket, filter: { family?: Family; index?: number } = {}): Address[] {
+export function listAddresses(s: NetlinkSocket, filter: { family?: IpFamily; index?: number } = {}): Address[] {
   const fam = filter.family === 4 ? AF_INET : filter.family === 6 ? AF_INET6 : AF_UNSPEC;
   return s.dump(RTM.GETADDR, [encodeIfAddrMsg({ family: fam })], 'RTM_GETADDR dump')
     // Only IPv4/IPv6: the kernel also dumps multicast-routing (RTNL_FAMILY_IPMR…) entries.

@@ -8,7 +8,7 @@ import * as neighbours from './neighbours';
 import * as routes from './routes';
 import * as rules from './rules';
 import { NetlinkSocket, NetlinkSocketOptions } from './socket';
-import type { Family } from '../../lib/ip-bytes';
+import type { IpFamily } from '../../lib/ip';
 
 export class NetlinkHandle {
   readonly socket: NetlinkSocket;
@@ -53,23 +53,23 @@ export class NetlinkHandle {
   kernelHasDummy(): boolean { return links.kernelHasDummy(this.socket); }
 
   // Addresses
-  listAddresses(filter?: { family?: Family; index?: number }): addresses.Address[] { return addresses.listAddresses(this.socket, filter); }
+  listAddresses(filter?: { family?: IpFamily; index?: number }): addresses.Address[] { return addresses.listAddresses(this.socket, filter); }
   addAddress(spec: addresses.AddressSpec): void { addresses.addAddress(this.socket, spec); }
   deleteAddress(spec: addresses.AddressSpec): void { addresses.deleteAddress(this.socket, spec); }
 
   // Routes
-  listRoutes(filter?: { family?: Family; table?: number }): routes.Route[] { return routes.listRoutes(this.socket, filter); }
+  listRoutes(filter?: { family?: IpFamily; table?: number }): routes.Route[] { return routes.listRoutes(this.socket, filter); }
   addRoute(spec: routes.RouteSpec): void { routes.addRoute(this.socket, spec); }
   replaceRoute(spec: routes.RouteSpec): void { routes.replaceRoute(this.socket, spec); }
   deleteRoute(spec: routes.RouteSpec): void { routes.deleteRoute(this.socket, spec); }
 
   // Rules
-  listRules(filter?: { family?: Family }): rules.Rule[] { return rules.listRules(this.socket, filter); }
+  listRules(filter?: { family?: IpFamily }): rules.Rule[] { return rules.listRules(this.socket, filter); }
   addRule(spec: rules.RuleSpec): void { rules.addRule(this.socket, spec); }
   deleteRule(spec: rules.RuleSpec): void { rules.deleteRule(this.socket, spec); }
 
   // Neighbours
-  listNeighbours(filter?: { family?: Family; index?: number; proxy?: boolean }): neighbours.Neighbour[] { return neighbours.listNeighbours(this.socket, filter); }
+  listNeighbours(filter?: { family?: IpFamily; index?: number; proxy?: boolean }): neighbours.Neighbour[] { return neighbours.listNeighbours(this.socket, filter); }
   addNeighbour(spec: neighbours.NeighbourSpec): void { neighbours.addNeighbour(this.socket, spec); }
   replaceNeighbour(spec: neighbours.NeighbourSpec): void { neighbours.replaceNeighbour(this.socket, spec); }
   deleteNeighbour(spec: neighbours.NeighbourSpec): void { neighbours.deleteNeighbour(this.socket, spec); }

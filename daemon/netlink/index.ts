@@ -7,5 +7,4 @@ export type { Address, AddressSpec } from './addresses';
 export type { Route, RouteSpec, Nexthop } from './routes';
 export type { Rule, RuleSpec } from './rules';
 export type { Neighbour, NeighbourSpec } from './neighbours';
-export { type Family, type Prefix, parsePrefix, canonicalIp, ipFamily, networkOf } from '../../lib/ip-bytes';
 export { RT_SCOPE, RT_TABLE_MAIN, RT_TABLE_LOCAL, NUD, IFF_UP } from './constants';

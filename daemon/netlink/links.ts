@@ -7,7 +7,7 @@ import {
   AF_UNSPEC, IFF_LOWER_UP, IFF_RUNNING, IFF_UP, IFLA, IFLA_INFO_DATA, IFLA_INFO_KIND, NLM_F_CREATE, NLM_F_ECHO,
   NLM_F_EXCL, RTM, VETH_INFO_PEER,
 } from './constants';
-import { bytesToMac, macToBytes } from '../../lib/ip-bytes';
+import { bytesToMac, macToBytes } from '../../lib/ip';
 import { isNetlinkError, NetlinkError } from './netlink-error';
 import type { NetlinkSocket } from './socket';
 import { decodeIfInfoMsg, encodeIfInfoMsg } from './structs';

@@ -1,12 +1,12 @@
 // Neighbour (ARP / NDP) entry operations over rtnetlink: add/replace/del/list.
 import { attr, Attrs, NlMsg } from './codec';
 import { AF_INET, AF_INET6, AF_UNSPEC, NDA, NLM_F_CREATE, NLM_F_EXCL, NLM_F_REPLACE, NUD, RTM } from './constants';
-import { bytesToIp, bytesToMac, Family, ipFamily, ipToBytes, macToBytes } from '../../lib/ip-bytes';
+import { bytesToIp, bytesToMac, IpFamily, ipFamily, ipToBytes, macToBytes } from '../../lib/ip';
 import type { NetlinkSocket } from './socket';
 import { decodeNdMsg, encodeNdMsg, NDMSG_LEN } from './structs';
 
 export interface Neighbour {
-  family: Family;
+  family: IpFamily;
   index: number;
   address: string;
   lladdr?: string;
@@ -71,7 +71,7 @@ export function deleteNeighbour(s: NetlinkSocket, spec: NeighbourSpec): void {
 }
 
 /** Only IPv4/IPv6 entries (the dump may also contain bridge FDB-like families, skipped here). */
-export function listNeighbours(s: NetlinkSocket, filter: { family?: Family; index?: number; proxy?: boolean } = {}): Neighbour[] {
+export function listNeighbours(s: NetlinkSocket, filter: { family?: IpFamily; index?: number; proxy?: boolean } = {}): Neighbour[] {
   const fam = filter.family === 4 ? AF_INET : filter.family === 6 ? AF_INET6 : AF_UNSPEC;
   // Proxy entries live in a separate table the kernel dumps only when the request carries NTF_PROXY.
   return s.dump(RTM.GETNEIGH, [encodeNdMsg({ family: fam, flags: filter.proxy ? NTF_PROXY : 0 })], 'RTM_GETNEIGH dump')

@@ -5,7 +5,7 @@ import {
   AF_INET, AF_INET6, AF_UNSPEC, NLM_F_CREATE, NLM_F_EXCL, NLM_F_REPLACE, RT_SCOPE, RT_TABLE_COMPAT, RT_TABLE_MAIN,
   RTA, RTAX_MTU, RTM, RTN, RTPROT_STATIC,
 } from './constants';
-import { bytesToIp, Family, ipFamily, ipToBytes, networkOf, parsePrefix } from '../../lib/ip-bytes';
+import { bytesToIp, IpFamily, ipFamily, ipToBytes, networkOf, parsePrefix } from '../../lib/ip';
 import type { NetlinkSocket } from './socket';
 import { decodeRtMsg, encodeRtMsg, encodeRtNexthop, RTMSG_LEN, RTNEXTHOP_LEN } from './structs';
 
@@ -18,7 +18,7 @@ export interface Nexthop {
 }
 
 export interface Route {
-  family: Family;
+  family: IpFamily;
   /** Network address; "0.0.0.0"/"::" with dstLen 0 for a default route. */
   dst: string;
   dstLen: number;
@@ -52,7 +52,7 @@ export interface RouteSpec {
   nexthops?: Nexthop[];
 }
 
-function familyOf(spec: RouteSpec): Family {
+function familyOf(spec: RouteSpec): IpFamily {
   if (spec.dst !== 'default') return parsePrefix(spec.dst).family;
   const gw = spec.gateway ?? spec.nexthops?.find((n) => n.gateway)?.gateway;
   return gw && ipFamily(gw) === 6 ? 6 : 4;
@@ -102,7 +102,7 @@ export function encodeRoute(spec: RouteSpec, forDelete = false): Buffer[] {
 export function decodeRoute(m: NlMsg): Route {
   const h = decodeRtMsg(m.payload);
   const a = Attrs.parse(m.payload, RTMSG_LEN);
-  const family: Family = h.family === AF_INET6 ? 6 : 4;
+  const family: IpFamily = h.family === AF_INET6 ? 6 : 4;
   const dst = a.get(RTA.DST);
   const gw = a.get(RTA.GATEWAY);
   const src = a.get(RTA.PREFSRC);
@@ -151,7 +151,7 @@ export function deleteRoute(s: NetlinkSocket, spec: RouteSpec): void {
 }
 
 /** Routes of one family (or both), optionally of one table (filtered here; the dump covers all tables). */
-export function listRoutes(s: NetlinkSocket, filter: { family?: Family; table?: number } = {}): Route[] {
+export function listRoutes(s: NetlinkSocket, filter: { family?: IpFamily; table?: number } = {}): Route[] {
   const fam = filter.family === 4 ? AF_INET : filter.family === 6 ? AF_INET6 : AF_UNSPEC;
   return s.dump(RTM.GETROUTE, [encodeRtMsg({ family: fam })], 'RTM_GETROUTE dump')
     // Only IPv4/IPv6: the kernel also dumps multicast-routing (RTNL_FAMILY_IPMR…) entries.

@@ -1,12 +1,12 @@
 // Policy routing rule operations over rtnetlink: add/del/list with priority, table, from/to, fwmark, iif.
 import { attr, attrStr, attrU32, Attrs, NlMsg } from './codec';
 import { AF_INET, AF_INET6, AF_UNSPEC, FR_ACT_TO_TBL, FRA, NLM_F_CREATE, NLM_F_EXCL, RT_TABLE_COMPAT, RTM, RTPROT_STATIC } from './constants';
-import { bytesToIp, Family, ipToBytes, networkOf, parsePrefix } from '../../lib/ip-bytes';
+import { bytesToIp, IpFamily, ipToBytes, networkOf, parsePrefix } from '../../lib/ip';
 import type { NetlinkSocket } from './socket';
 import { decodeFibRuleHdr, encodeFibRuleHdr, FIB_RULE_HDR_LEN } from './structs';
 
 export interface Rule {
-  family: Family;
+  family: IpFamily;
   priority: number;
   table: number;
   action: number;
@@ -21,7 +21,7 @@ export interface Rule {
 }
 
 export interface RuleSpec {
-  family?: Family;
+  family?: IpFamily;
   priority?: number;
   table: number;
   /** Prefixes; their family decides the rule's family when given. */
@@ -32,7 +32,7 @@ export interface RuleSpec {
   iifName?: string;
 }
 
-function familyOf(spec: RuleSpec): Family {
+function familyOf(spec: RuleSpec): IpFamily {
   if (spec.from) return parsePrefix(spec.from).family;
   if (spec.to) return parsePrefix(spec.to).family;
   return spec.family ?? 4;
@@ -101,7 +101,7 @@ export function deleteRule(s: NetlinkSocket, spec: RuleSpec): void {
   s.request(RTM.DELRULE, 0, encodeRule(spec), `RTM_DELRULE ${describeRule(spec)}`);
 }
 
-export function listRules(s: NetlinkSocket, filter: { family?: Family } = {}): Rule[] {
+export function listRules(s: NetlinkSocket, filter: { family?: IpFamily } = {}): Rule[] {
   const fam = filter.family === 4 ? AF_INET : filter.family === 6 ? AF_INET6 : AF_UNSPEC;
   return s.dump(RTM.GETRULE, [encodeFibRuleHdr({ family: fam })], 'RTM_GETRULE dump')
     // Only IPv4/IPv6: the kernel also dumps multicast-routing (RTNL_FAMILY_IPMR…) entries.

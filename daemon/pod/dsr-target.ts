@@ -6,7 +6,7 @@
 // removing the pod (or the pod ceasing to be a target, even after a restart) undoes exactly those actions.
 import { log } from '../../lib/log';
 import { NetlinkHandle, isNetlinkError } from '../netlink';
-import { ipFamily } from '../../lib/ip-bytes';
+import { ipFamily } from '../../lib/ip';
 import { netnsExists, writeNetSysctl, writeNetSysctls } from '../sys/netns';
 import { detachFou } from '../bpf/fou';
 

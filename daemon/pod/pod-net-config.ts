@@ -1,7 +1,7 @@
 // PodNetConfig: the pod network options of a Tether network config, and their validation. Every error
 // names the bad field ("vips[1]: '10.0.0.300' is not an IP address") so a wrong config is easy to fix.
 import { ErrorCode, TetherError } from '../../lib/errors';
-import { ipFamily, networkOf, parsePrefix, canonicalIp } from '../../lib/ip-bytes';
+import { canonicalIp, formatPrefix, ipFamily, networkOf, parsePrefix } from '../../lib/ip';
 
 export interface PodNetConfig {
   /** Absolute MTU for the pod interface (and its host-side veth); takes precedence over encapOverhead. */
@@ -73,7 +73,7 @@ export function validatePodNetConfig(raw: Record<string, unknown>): PodNetConfig
       } catch (e) {
         bad(`${f}.dst`, (e as Error).message);
       }
-      const route: { dst: string; gw?: string; mtu?: number; table?: number } = { dst: `${dst.address}/${dst.len}` };
+      const route: { dst: string; gw?: string; mtu?: number; table?: number } = { dst: formatPrefix(dst) };
       if (o.gw !== undefined) {
         const gw = str(o.gw, `${f}.gw`);
         const fam = ipFamily(gw);

@@ -5,7 +5,7 @@
 import { ErrorCode, TetherError } from '../../lib/errors';
 import { log } from '../../lib/log';
 import { NetlinkHandle, type Link } from '../netlink';
-import { ipFamily } from '../../lib/ip-bytes';
+import { ipFamily } from '../../lib/ip';
 import { netnsExists, readNetSysctl } from '../sys/netns';
 import { MIN_MTU, type PodNetConfig } from './pod-net-config';
 import { addVip, ignoreGone, openVipDevice, silenceArp, undoDsr, type DsrApplied } from './dsr-target';

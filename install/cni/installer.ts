@@ -15,6 +15,7 @@ import {
   versionProblem, type DirFile,
 } from './conflist';
 import { runtimeFiles, runtimeLoad, type Runtime } from './libcni';
+import { fsyncDir, writeFileAtomic } from '../../lib/atomic-file';
 
 /** The CNI executables: `tether` is one file; `tether-ipam` is the same program under its own name (a link). */
 export const EXECUTABLES = ['tether', 'tether-ipam'] as const;
@@ -53,47 +54,9 @@ export type Outcome =
 
 const sha256 = (b: Buffer) => crypto.createHash('sha256').update(b).digest('hex');
 
-function fsyncDir(dir: string): void {
-  const fd = fs.openSync(dir, 'r');
-  try {
-    fs.fsyncSync(fd);
-  } finally {
-    fs.closeSync(fd);
-  }
-}
-
-/**
- * Atomic replace: `.tether-<random>.tmp` in the same directory, fsync, rename over, fsync the directory.
- * `owner`: the file gets this uid/gid before it appears under its name.
- */
-export function writeAtomic(dir: string, name: string, bytes: Buffer, mode = 0o644, mtime?: Date, owner?: { uid: number; gid: number }): void {
-  const tmp = path.join(dir, `${TEMP_PREFIX}${crypto.randomBytes(6).toString('hex')}${TEMP_SUFFIX}`);
-  const fd = fs.openSync(tmp, 'wx', mode);
-  try {
-    fs.writeSync(fd, bytes);
-    if (owner) {
-      try {
-        fs.fchownSync(fd, owner.uid, owner.gid);
-      } catch (e) {
-        throw new Error(`${path.join(dir, name)}: cannot keep its owner (uid ${owner.uid}, gid ${owner.gid}): ${(e as Error).message}`);
-      }
-    }
-    fs.fchmodSync(fd, mode);
-    fs.fsyncSync(fd);
-  } catch (e) {
-    fs.closeSync(fd);
-    fs.rmSync(tmp, { force: true });
-    throw e;
-  }
-  fs.closeSync(fd);
-  try {
-    if (mtime) fs.utimesSync(tmp, mtime, mtime);
-    fs.renameSync(tmp, path.join(dir, name));
-  } catch (e) {
-    fs.rmSync(tmp, { force: true });
-    throw e;
-  }
-  fsyncDir(dir);
+/** A temp file's name in the runtime's directories: `.tether-<random>.tmp` (uninstall sweeps them). */
+export function tempName(): string {
+  return `${TEMP_PREFIX}${crypto.randomBytes(6).toString('hex')}${TEMP_SUFFIX}`;
 }
 
 function readIf(file: string): Buffer | undefined {
@@ -189,7 +152,7 @@ export class Installer {
 
   private saveState(s: State): void {
     fs.mkdirSync(this.o.stateDir, { recursive: true, mode: 0o700 });
-    writeAtomic(this.o.stateDir, 'state.json', Buffer.from(JSON.stringify(s, null, 2)), 0o600);
+    writeFileAtomic(this.statePath, Buffer.from(JSON.stringify(s, null, 2)), { mode: 0o600, tempName: tempName() });
   }
 
   /** Copies each executable that is missing or differs; returns the names written. */
@@ -218,7 +181,7 @@ export class Installer {
         state.executables.push(name);
         this.saveState(state);
       }
-      writeAtomic(this.o.binDir, name, bytes, 0o755, st.mtime);
+      writeFileAtomic(to, bytes, { mode: 0o755, mtime: st.mtime, tempName: tempName() });
       wrote.push(name);
       this.o.log.info('installed CNI executable', { executable: to, bytes: bytes.length });
     }
@@ -236,7 +199,7 @@ export class Installer {
         this.saveState(state);
       }
       // Atomic like the files: a link with a temp name, renamed over whatever is there.
-      const tmp = path.join(this.o.binDir, `${TEMP_PREFIX}${crypto.randomBytes(6).toString('hex')}${TEMP_SUFFIX}`);
+      const tmp = path.join(this.o.binDir, tempName());
       fs.symlinkSync(target, tmp);
       try {
         fs.renameSync(tmp, to);
@@ -313,7 +276,7 @@ export class Installer {
       st = undefined; // the primary went away meanwhile: a new file gets the usual 0644 root
     }
     try {
-      writeAtomic(dir, base, bytes, st ? st.mode & 0o7777 : 0o644, undefined, st ? { uid: st.uid, gid: st.gid } : undefined);
+      writeFileAtomic(path.join(dir, base), bytes, { mode: st ? st.mode & 0o7777 : 0o644, owner: st ? { uid: st.uid, gid: st.gid } : undefined, tempName: tempName() });
     } catch (e) {
       const via = dir === this.o.netDir ? '' : ` (through the link ${file})`;
       throw new Error(`cannot write ${path.join(dir, base)}${via}: ${(e as Error).message}`);

@@ -12,7 +12,8 @@
 import * as fs from 'node:fs';
 import * as path from 'node:path';
 import type { Logger } from 'winston';
-import { writeAtomic } from './installer';
+import { writeFileAtomic } from '../../lib/atomic-file';
+import { tempName } from './installer';
 
 export const TOMBSTONE_FILE = 'uninstall-tombstone';
 export const REFRESH_MS = 10_000;
@@ -31,7 +32,7 @@ export function tombstonePath(stateDir: string): string {
 export function writeTombstone(stateDir: string, log: Logger): void {
   fs.mkdirSync(stateDir, { recursive: true, mode: 0o700 });
   const body = { writtenAt: new Date().toISOString(), by: process.env.HOSTNAME ?? 'tether-install', why: 'tether is being uninstalled from this node' };
-  writeAtomic(stateDir, TOMBSTONE_FILE, Buffer.from(JSON.stringify(body) + '\n'), 0o600);
+  writeFileAtomic(tombstonePath(stateDir), Buffer.from(JSON.stringify(body) + '\n'), { mode: 0o600, tempName: tempName() });
   log.info('uninstall tombstone written: install and watch leave the CNI configuration alone while it is refreshed', { file: tombstonePath(stateDir), staleAfterMs: STALE_MS });
 }
 

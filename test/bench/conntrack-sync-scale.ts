@@ -13,7 +13,7 @@ import * as path from 'node:path';
 import { Writable } from 'node:stream';
 import { ConntrackHandle, IPS, type ConntrackEntry } from '../../daemon/conntrack';
 import { applyWireList, Digests, dumpScope, dumpScopeEncoded, scopeDigests, StandbyDigests, SyncReceiver, SyncSender, sweepSyncedEntries, syncedDigests } from '../../daemon/conntrack-sync';
-import { ipToBytes } from '../../lib/ip-bytes';
+import { ipToBytes } from '../../lib/ip';
 import { makeLogger, setLogger } from '../../lib/log';
 
 // Connection-level lines (connect, disconnect and why) go to stderr; the rest is dropped.

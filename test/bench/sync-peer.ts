@@ -15,7 +15,7 @@ import { createInterface } from 'node:readline';
 import { Writable } from 'node:stream';
 import { ConntrackEvents } from '../../daemon/conntrack';
 import { applyWireList, Digests, dumpScopeEncoded, encodeEventAt, EntryStore, SyncReceiver, SyncSender, sweepSyncedEntries, syncedDigests } from '../../daemon/conntrack-sync';
-import { ipToBytes } from '../../lib/ip-bytes';
+import { ipToBytes } from '../../lib/ip';
 import { makeLogger, setLogger } from '../../lib/log';
 import { MAX_EVENT_BYTES } from '../../daemon/conntrack-sync/entry-codec';
 

@@ -16,7 +16,7 @@ import { ConntrackEvents } from '../../daemon/conntrack';
 import { createRing, RING_PRODUCER_SOURCE } from '../../daemon/conntrack/event-ring';
 import { EventEmitter } from 'node:events';
 import { encodeEventAt, EntryStore, SyncReceiver, SyncSender } from '../../daemon/conntrack-sync';
-import { ipToBytes } from '../../lib/ip-bytes';
+import { ipToBytes } from '../../lib/ip';
 import { makeLogger, setLogger } from '../../lib/log';
 import { MAX_EVENT_BYTES } from '../../daemon/conntrack-sync/entry-codec';
 

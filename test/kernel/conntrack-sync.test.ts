@@ -13,7 +13,7 @@ import * as assert from 'uvu/assert';
 import { ConntrackHandle, IPS, entryKey, type ConntrackEntry, type ConntrackEvent } from '../../daemon/conntrack';
 import { applySyncedEvents, applyWireList, dumpScopeEncoded, SyncReceiver, SyncSender, WireList, bucketOf, sweepSyncedEntries, syncedDigests, upsertSyncedEntries, type SyncReceiverOptions } from '../../daemon/conntrack-sync';
 import { MAX_EVENT_BYTES, writeEntry, writeEvent, writeList } from '../../daemon/conntrack-sync/entry-codec';
-import { ipToBytes } from '../../lib/ip-bytes';
+import { ipToBytes } from '../../lib/ip';
 import { log, makeLogger, setLogger, type Logger } from '../../lib/log';
 import { ConntrackStreams } from '../../daemon/egress/conntrack-streams';
 import type { AddressState, EgressShared, LocalGateway } from '../../daemon/egress/egress-state';

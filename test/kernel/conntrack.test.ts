@@ -15,7 +15,7 @@ import { IP_CT_TCP_FLAG, TCP_CONNTRACK } from '../../daemon/conntrack/constants'
 import { NetlinkError } from '../../daemon/netlink';
 import { applySyncedEvents, encodeEventPayload, replaceSyncedEntries } from '../../daemon/conntrack-sync';
 import { Cursor, readEntry } from '../../daemon/conntrack-sync/entry-codec';
-import { ipToBytes } from '../../lib/ip-bytes';
+import { ipToBytes } from '../../lib/ip';
 
 const FLOATING = '10.99.0.1';
 const CLIENT = '10.0.0.2';

@@ -4,7 +4,8 @@ import { execFileSync } from 'node:child_process';
 import * as crypto from 'node:crypto';
 import { test } from 'uvu';
 import * as assert from 'uvu/assert';
-import { NetlinkError, NetlinkHandle, canonicalIp } from '../../daemon/netlink';
+import { NetlinkError, NetlinkHandle } from '../../daemon/netlink';
+import { canonicalIp } from '../../lib/ip';
 
 const created: string[] = [];
 const handles: NetlinkHandle[] = [];

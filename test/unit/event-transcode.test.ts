@@ -7,7 +7,7 @@ import { IPS, entryKey, type ConntrackEntry, type ConntrackEvent } from '../../d
 import { decodeEntry } from '../../daemon/conntrack/codec';
 import { SyncSender, encodeEventPayload } from '../../daemon/conntrack-sync';
 import { CodecError, Cursor, MAX_EVENT_BYTES, readEntry, writeEntry } from '../../daemon/conntrack-sync/entry-codec';
-import { ipToBytes } from '../../lib/ip-bytes';
+import { ipToBytes } from '../../lib/ip';
 import { KERNEL_TCP_SNAT, KERNEL_UDP6_SNAT, kernelShape, tcpSnat } from './ctnetlink-fixtures';
 import { KEY, captureLogs, restoreLogs, startReceiver, waitFor } from './conntrack-sync-fixtures';
 

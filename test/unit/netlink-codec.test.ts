@@ -4,7 +4,6 @@ import { test } from 'uvu';
 import * as assert from 'uvu/assert';
 import { align4, attr, attrStr, attrU32, Attrs, decodeMessages, encodeMessage, nested, NLA_F_NESTED } from '../../daemon/netlink/codec';
 import { NLM_F_ACK_TLVS, NLM_F_CAPPED, NLMSG_ERROR, RTA, RTAX_MTU, IFLA, IFLA_INFO_KIND } from '../../daemon/netlink/constants';
-import { bytesToIp, canonicalIp, ipToBytes, networkOf, parsePrefix } from '../../lib/ip-bytes';
 import { decodeError } from '../../daemon/netlink/socket';
 import { decodeRoute, encodeRoute } from '../../daemon/netlink/routes';
 import { decodeLink } from '../../daemon/netlink/links';
@@ -74,27 +73,6 @@ test('fixed headers have kernel sizes and round trip', () => {
   assert.equal(s.decodeNdMsg(s.encodeNdMsg(nd)), nd);
   assert.equal(s.decodeIfAddrMsg(s.encodeIfAddrMsg({ family: 10, prefixLen: 128, flags: 0, scope: 254, index: 1 })),
     { family: 10, prefixLen: 128, flags: 0, scope: 254, index: 1 });
-});
-
-test('IP text <-> bytes, inet_ntop style', () => {
-  assert.equal([...ipToBytes('10.1.2.3')], [10, 1, 2, 3]);
-  assert.is(bytesToIp(ipToBytes('fd00:0:0:0:0:0:0:1')), 'fd00::1');
-  assert.is(canonicalIp('2001:db8:0:1:0:0:0:1'), '2001:db8:0:1::1');
-  assert.is(canonicalIp('2001:db8:0:1:1:1:1:1'), '2001:db8:0:1:1:1:1:1'); // single zero group stays
-  assert.is(canonicalIp('::'), '::');
-  assert.is(canonicalIp('::ffff:10.0.0.1'), '::ffff:10.0.0.1');
-  assert.is(canonicalIp('1:0:0:2:0:0:0:3'), '1:0:0:2::3');
-  assert.throws(() => ipToBytes('10.0.0.300'));
-});
-
-test('prefixes', () => {
-  assert.equal(parsePrefix('10.1.0.5/24'), { family: 4, address: '10.1.0.5', len: 24 });
-  assert.equal(networkOf(parsePrefix('10.1.0.5/24')), { family: 4, address: '10.1.0.0', len: 24 });
-  assert.equal(networkOf(parsePrefix('fd00::1:2/112')), { family: 6, address: 'fd00::1:0', len: 112 });
-  assert.equal(parsePrefix('fd00::1'), { family: 6, address: 'fd00::1', len: 128 });
-  assert.equal(parsePrefix('default'), { family: 4, address: '0.0.0.0', len: 0 });
-  assert.throws(() => parsePrefix('10.0.0.0/33'), /prefix length/);
-  assert.throws(() => parsePrefix('nope/8'), /not an IP/);
 });
 
 test('route encode -> decode keeps table > 255, gateway, MTU metric and ECMP nexthops', () => {

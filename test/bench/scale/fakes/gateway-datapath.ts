@@ -1,6 +1,7 @@
 // Fake of daemon/egress/gateway-datapath.ts: a gateway pod's datapath (decap, SNAT, announcement) as the
 // set of addresses it owns; every call recorded.
 import type { AnnounceMode } from '../../../../daemon/egress/egress-spec';
+import { v4ToUint32 } from '../../../../lib/ip';
 import { record } from './record';
 
 export interface GatewayPod {
@@ -22,9 +23,8 @@ export interface NodeSide {
 
 export const FLOAT_MARK = 0x7e7e0000;
 export function floatMark(address: string): number | undefined {
-  const p = address.split('.').map(Number);
-  const low = ((p[2] << 8) | p[3]) >>> 0;
-  return p.length === 4 && low ? (FLOAT_MARK | low) >>> 0 : undefined;
+  const low = (v4ToUint32(address) ?? 0) & 0xffff;
+  return low ? (FLOAT_MARK | low) >>> 0 : undefined;
 }
 export function exportTable(announce: { mode: AnnounceMode; table?: number }): number | undefined {
   return announce.mode === 'routeTable' ? announce.table : undefined;

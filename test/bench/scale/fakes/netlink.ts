@@ -1,9 +1,8 @@
 // Fake of daemon/netlink (index, handle): a handle whose every call is recorded; links exist with a fixed
-// MTU so callers that read one go on. Errors, constants and address helpers are the real ones.
+// MTU so callers that read one go on. Errors and constants are the real ones.
 import { record, recorder } from './record';
 
 export { NetlinkError, isNetlinkError } from '../../../../daemon/netlink/netlink-error';
-export { parsePrefix, canonicalIp, ipFamily, networkOf } from '../../../../lib/ip-bytes';
 export { RT_SCOPE, RT_TABLE_MAIN, RT_TABLE_LOCAL, NUD, IFF_UP } from '../../../../daemon/netlink/constants';
 
 const link = (name: unknown) => ({ name: String(name), index: 2, mtu: 1500, mac: '02:00:00:00:00:01', up: true, flags: 1 });
