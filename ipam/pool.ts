@@ -1,7 +1,7 @@
 // AddressPool validation: turns file objects or custom resources (same shape) into ResolvedPools. Every
 // problem names the pool and the field, and all problems are reported at once so one edit fixes a file.
 import { ErrorCode, TetherError } from '../lib/errors';
-import { familyBits, formatCidr, parseCidr, parseIp, rangeOf, rangesOverlap } from '../lib/ip';
+import { cidrInside, cidrsOverlap, familyBits, formatCidr, parseCidr, parseIp, rangeOf } from '../lib/ip';
 import { API_VERSION, DNS1123_LABEL, ZONE_LABEL, describe, isLabelKey, isLabelValue, isObject } from '../lib/fields';
 import type { AddressPool, IpFamily, PoolUsage, ResolvedFamily, ResolvedPool } from './types';
 
@@ -37,7 +37,7 @@ const SPECIAL: Record<IpFamily, Array<[string, string]>> = {
     ['::ffff:0:0/96', 'IPv4-mapped'],
   ],
 };
-const V4_MAPPED = rangeOf(6, parseCidr('::ffff:0:0/96')!.base, 96);
+const V4_MAPPED = parseCidr('::ffff:0:0/96')!;
 
 
 /** Outcome of checking one pool without throwing; `pool` is set only when there are no problems. */
@@ -89,7 +89,7 @@ export function checkPools(
     for (let j = i + 1; j < ok.length; j++) {
       for (const a of ok[i].pool.families) {
         const b = ok[j].pool.families.find((f) => f.family === a.family);
-        if (b && rangesOverlap(rangeOf(a.family, a.base, a.prefix), rangeOf(b.family, b.base, b.prefix))) {
+        if (b && cidrsOverlap(a, b)) {
           const field = `spec.ipv${a.family}.cidr`;
           problems.push(`${ok[j].label}: ${field} ${b.cidr} overlaps ${ok[i].label} ${field} ${a.cidr}`);
         }
@@ -198,15 +198,13 @@ function checkFamily(
     bad(`${shown} is not a network address (did you mean ${formatCidr(family, cidr.base, cidr.prefix)}?)`);
     return undefined;
   }
-  const range = rangeOf(family, cidr.base, cidr.prefix);
   // A subnet inside v4-mapped space is an IPv4 subnet written the IPv6 way; say where it belongs.
-  if (family === 6 && range[0] >= V4_MAPPED[0] && range[1] <= V4_MAPPED[1]) {
+  if (family === 6 && cidrInside(cidr, V4_MAPPED)) {
     bad(`${shown} is IPv4-mapped (::ffff:0:0/96) space; put IPv4 subnets under spec.ipv4`);
     return undefined;
   }
   for (const [special, what] of SPECIAL[family]) {
-    const s = parseCidr(special)!;
-    if (rangesOverlap(range, rangeOf(family, s.base, s.prefix))) {
+    if (cidrsOverlap(cidr, parseCidr(special)!)) {
       bad(`${shown} overlaps ${what} space ${special}, which cannot be handed out`);
       return undefined;
     }
@@ -248,27 +246,26 @@ function checkReserved(
   raw.forEach((entry, i) => {
     const shown = `spec.reserved[${i}] ${describe(entry)}`;
     const text = typeof entry === 'string' ? entry.trim() : '';
-    let range: [bigint, bigint];
-    let family: IpFamily;
+    let given: { family: IpFamily; base: bigint; prefix: number };
     if (text.includes('/')) {
       const c = parseCidr(text);
       if (!c) return bad(`${shown} is not an address or CIDR`);
       if (!c.isNetwork) return bad(`${shown} is not a network address (did you mean ${formatCidr(c.family, c.base, c.prefix)}?)`);
-      [family, range] = [c.family, rangeOf(c.family, c.base, c.prefix)];
+      given = c;
     } else {
       const ip = parseIp(text);
       if (!ip) return bad(`${shown} is not an address or CIDR`);
-      [family, range] = [ip.family, [ip.value, ip.value]];
+      given = { family: ip.family, base: ip.value, prefix: familyBits(ip.family) };
     }
+    const family = given.family;
     const f = families.find((x) => x.family === family);
     if (!f) {
       // A declared family is missing only because its cidr was rejected, which has its own message.
       if (!declared.includes(family)) bad(`${shown} lies outside the pool (it has no IPv${family} subnet)`);
       return;
     }
-    const [first, last] = rangeOf(family, f.base, f.prefix);
-    if (range[0] < first || range[1] > last) return bad(`${shown} lies outside the pool's ${f.cidr}`);
-    f.reserved.push(range);
+    if (!cidrInside(given, f)) return bad(`${shown} lies outside the pool's ${f.cidr}`);
+    f.reserved.push(rangeOf(family, given.base, given.prefix));
   });
   for (const f of families) f.reserved.sort((a, b) => (a[0] < b[0] ? -1 : a[0] > b[0] ? 1 : 0));
 }

@@ -4,6 +4,7 @@
 // entry and per load-balancer mapping, so they parse and print by character, without regular expressions,
 // arrays or allocations.
 import * as net from 'node:net';
+import { IPv4, IPv4CidrRange, IPv4Prefix, IPv6, IPv6CidrRange, IPv6Prefix } from 'ip-num';
 
 /** An address family by its version number. */
 export type IpFamily = 4 | 6;
@@ -280,13 +281,31 @@ export function inSubnet(ip: { family: IpFamily; value: bigint }, s: { family: I
   return s.family === ip.family && ip.value >= s.base && ip.value < s.base + sizeOf(s.family, s.prefix);
 }
 
-/** Inclusive [first, last] of a prefix. */
+/** Inclusive [first, last] of a prefix (an allocator's reserved ranges are kept so). */
 export function rangeOf(family: IpFamily, base: bigint, prefix: number): [bigint, bigint] {
   return [base, base + sizeOf(family, prefix) - 1n];
 }
 
-export function rangesOverlap(a: [bigint, bigint], b: [bigint, bigint]): boolean {
-  return a[0] <= b[1] && b[0] <= a[1];
+// Relations between prefixes (pools with each other, with special-purpose space, a reserved entry with its
+// pool) are ip-num's: they are checked when a configuration changes, never per address or per packet, where
+// its cost (tens of microseconds a check, against a fraction of one for the parsing above) does not matter.
+type CidrLike = { family: IpFamily; base: bigint; prefix: number };
+
+function cidrRange(c: CidrLike): IPv4CidrRange | IPv6CidrRange {
+  // From the numbers, not the text: ip-num reads no dotted-quad tail in IPv6 text (::ffff:10.0.0.0).
+  return c.family === 4 ? new IPv4CidrRange(IPv4.fromNumber(c.base), new IPv4Prefix(BigInt(c.prefix))) : new IPv6CidrRange(IPv6.fromBigInt(c.base), new IPv6Prefix(BigInt(c.prefix)));
+}
+
+/** Do two prefixes share an address? Never across families. */
+export function cidrsOverlap(a: CidrLike, b: CidrLike): boolean {
+  if (a.family !== b.family) return false;
+  return a.family === 4 ? (cidrRange(a) as IPv4CidrRange).isOverlapping(cidrRange(b) as IPv4CidrRange) : (cidrRange(a) as IPv6CidrRange).isOverlapping(cidrRange(b) as IPv6CidrRange);
+}
+
+/** Is every address of `inner` in `outer`? */
+export function cidrInside(inner: CidrLike, outer: CidrLike): boolean {
+  if (inner.family !== outer.family) return false;
+  return inner.family === 4 ? (cidrRange(inner) as IPv4CidrRange).inside(cidrRange(outer) as IPv4CidrRange) : (cidrRange(inner) as IPv6CidrRange).inside(cidrRange(outer) as IPv6CidrRange);
 }
 
 // ---------------------------------------------------------------------------------------------------

@@ -8,7 +8,7 @@ import * as assert from 'uvu/assert';
 import {
   AddressError, bytesToIp, bytesToMac, canonicalIp, clearHostBits, familyBits, formatCidr, formatIp, formatPrefix, formatV4,
   formatV6, inSubnet, ipFamily, ipToBytes, macToBytes, networkOf, parseCidr, parseIp, parsePrefix, prefixMask, rangeOf,
-  rangesOverlap, sizeOf, tryWriteV4, tryWriteV6, v4ToUint32, writeV4, writeV6,
+  cidrInside, cidrsOverlap, sizeOf, tryWriteV4, tryWriteV6, v4ToUint32, writeV4, writeV6,
 } from '../../lib/ip';
 
 const inetNtop = (text: string) => new net.SocketAddress({ address: text, family: 'ipv6' }).address;
@@ -133,8 +133,18 @@ test('CIDRs as bigints: base, network-ness, masks, sizes, containment, overlap',
   assert.is(sizeOf(4, 24), 256n);
   assert.is(sizeOf(6, 64), 1n << 64n);
   assert.equal(rangeOf(4, 0x0a000000n, 24), [0x0a000000n, 0x0a0000ffn]);
-  assert.ok(rangesOverlap([1n, 5n], [5n, 9n]));
-  assert.not.ok(rangesOverlap([1n, 4n], [5n, 9n]));
+  const c = (t: string) => parseCidr(t)!;
+  assert.ok(cidrsOverlap(c('10.0.0.0/24'), c('10.0.0.128/25')), 'a subnet overlaps its parent');
+  assert.ok(cidrsOverlap(c('10.0.0.0/8'), c('10.255.0.0/16')));
+  assert.not.ok(cidrsOverlap(c('10.0.0.0/24'), c('10.0.1.0/24')), 'neighbours do not overlap');
+  assert.not.ok(cidrsOverlap(c('10.0.0.0/8'), c('::ffff:10.0.0.0/104')), 'never across families');
+  assert.ok(cidrsOverlap(c('fd00::/56'), c('fd00:0:0:ff::/64')));
+  assert.not.ok(cidrsOverlap(c('fd00::/56'), c('fd00:0:0:100::/64')));
+  assert.ok(cidrInside(c('fd00:0:0:ff::/64'), c('fd00::/56')));
+  assert.not.ok(cidrInside(c('fd00::/56'), c('fd00:0:0:ff::/64')), 'a parent is not inside its subnet');
+  assert.ok(cidrInside(c('::ffff:10.0.0.0/104'), c('::ffff:0:0/96')));
+  assert.ok(cidrInside(c('10.0.0.7/32'), c('10.0.0.0/29')));
+  assert.not.ok(cidrInside(c('10.0.0.8/32'), c('10.0.0.0/29')));
   const net4 = parseCidr('10.0.0.0/24')!;
   assert.ok(inSubnet(parseIp('10.0.0.255')!, net4));
   assert.not.ok(inSubnet(parseIp('10.0.1.0')!, net4));
