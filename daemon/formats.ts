@@ -228,7 +228,7 @@ export const FORMATS: readonly FormatEntry[] = [
   {
     name: 'lb-mapping-store',
     kind: 'store key/value',
-    definedIn: ['daemon/lb/mapping-store.ts'],
+    definedIn: ['daemon/lb/mapping-store.ts', 'daemon/lb/mapping-fields.ts', 'daemon/lb/expirer-lease.ts'],
     version: 1,
     reads: [1],
     versionField: 'none: absent = version 1',
@@ -238,7 +238,7 @@ export const FORMATS: readonly FormatEntry[] = [
   {
     name: 'lb-mapping-notice',
     kind: 'pub/sub notice',
-    definedIn: ['daemon/lb/mapping-store.ts'],
+    definedIn: ['daemon/lb/mapping-notices.ts', 'daemon/lb/mapping-fields.ts'],
     version: 1,
     reads: [1],
     versionField: 'none: absent = version 1',
@@ -248,7 +248,7 @@ export const FORMATS: readonly FormatEntry[] = [
   {
     name: 'lb-health-report',
     kind: 'store key/value',
-    definedIn: ['daemon/lb/mapping-store.ts', 'daemon/health/health-controller.ts'],
+    definedIn: ['daemon/health/health-reports.ts', 'daemon/health/health-controller.ts'],
     version: 1,
     reads: [1],
     versionField: 'none: absent = version 1',

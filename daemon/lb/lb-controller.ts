@@ -18,7 +18,7 @@ import { LB_MAX_VIPS_DEFAULT, type LbStats } from '../bpf/lb-structs';
 import type { PodRecord } from '../state/pod-store';
 import type { PodMeta } from '../config/objects';
 import type { LbResolution, ResolvedLoadBalancer } from './lb-spec';
-import type { MappingStore } from './mapping-store';
+import type { LbStore } from './lb-store';
 import { FOU_OVERHEAD, LbShared, groupByVip, pickableTargets, type LbControllerOptions } from './lb-state';
 import { VipAddresses } from './vip-addresses';
 import { SLOT_RELEASE_MS, VipSlots, overflowProblem } from './vip-slots';
@@ -28,7 +28,7 @@ import { LbTargets } from './targets';
 import { MappingSync } from './mapping-sync';
 import { ReconcileLoop } from '../util/reconcile-loop';
 import { ProgrammingTracker, type ProgrammingState } from '../health/proxy-health';
-import { REGISTRY_TTL_MS } from '../common/node-registry';
+import { NodeRegistry, REGISTRY_TTL_MS } from '../common/node-registry';
 
 export { FOU_OVERHEAD, type LbControllerOptions };
 
@@ -75,6 +75,7 @@ export class LbController {
   constructor(private readonly o: LbControllerOptions) {
     this.mode = o.datapath ?? 'node';
     this.uplink = o.uplink ?? 'eth0';
+    if (o.store) this.nodeRegistry = new NodeRegistry(o.store.connection.client, o.store.connection.prefix, o.node.name, o.node.address);
     this.s = new LbShared(o);
     this.pods = new LbPods(this.s);
     this.addresses = new VipAddresses(this.s, (st) => this.pods.withdraw(st));
@@ -136,8 +137,8 @@ export class LbController {
     return this.updates.state();
   }
 
-  /** The mapping store (health checks report there too). */
-  get store(): MappingStore | undefined {
+  /** The load balancer's parts of the cluster store (health checks report over its connection too). */
+  get store(): LbStore | undefined {
     return this.o.store;
   }
 
@@ -147,7 +148,7 @@ export class LbController {
     this.o.attach.onBeforeDetach((r: PodRecord) => (this.stopped ? Promise.resolve() : this.pods.leaving(r, () => void this.podsChanged())));
     this.o.attach.on('detached', () => this.podsChanged());
     this.sync.start();
-    this.o.store?.on('ready', () => void this.kick());
+    this.o.store?.connection.on('ready', () => void this.kick());
     this.updates.started();
     this.loop.start();
     this.poller.start();
@@ -224,7 +225,8 @@ export class LbController {
   }
 
   private needsCache?: Set<string>;
-  /** The node registry's list as last returned (the same array while it does not change). */
+  /** This node's registration over the store's connection, and the registry's list as last returned (the same array while it does not change). */
+  private readonly nodeRegistry?: NodeRegistry;
   private registered?: string[];
 
   /** A local pod came, is leaving or went: what this node needs is computed again. */
@@ -250,10 +252,10 @@ export class LbController {
   /** Publishes this node's address and reads the others' (targets accept FoU from registered nodes only). */
   private async registry(): Promise<void> {
     const store = this.o.store;
-    this.s.storeAway = !!store && !store.connected;
-    if (!store?.connected) return;
+    this.s.storeAway = !!store && !store.connection.connected;
+    if (!store?.connection.connected || !this.nodeRegistry) return;
     try {
-      const listed = await store.beatNode(this.o.node.name, this.o.node.address, REGISTRY_TTL_MS);
+      const listed = await this.nodeRegistry.beat(REGISTRY_TTL_MS);
       if (listed === this.registered) return; // the same list (NodeRegistry keeps it while nothing changes)
       this.registered = listed;
       const nodes = [...new Set([...listed, this.o.node.address])].sort();

@@ -9,7 +9,7 @@ import type { ClusterAddresses } from '../../ipam/cluster-addresses';
 import type { AttachService } from '../pod/attach-service';
 import type { DsrTarget } from '../pod/dsr-target';
 import type { AttachmentKey } from '../state/pod-store';
-import type { MappingStore } from './mapping-store';
+import type { LbStore } from './lb-store';
 import type { ResolvedLoadBalancer } from './lb-spec';
 
 /** FoU over IPv4: what the targets' MTU is lowered by. */
@@ -30,7 +30,8 @@ export interface LbControllerOptions {
   datapath?: LbDatapathMode;
   /** The node's uplink, where the node datapath attaches (default eth0). */
   uplink?: string;
-  store?: MappingStore;
+  /** The cluster store's parts the load balancer uses (lb-store.ts). */
+  store?: LbStore;
   addresses: ClusterAddresses;
   /** tetherd's state directory: the VIPs this node learned are kept there (vip-record.ts). */
   stateDir?: string;

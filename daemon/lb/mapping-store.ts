@@ -1,69 +1,27 @@
-// The load balancer's shared mapping store (Redis: one server, through Sentinel, or a Cluster): which
-// target each client of a VIP is mapped to, so that every LB pod — old, new or restarted, on any node —
-// sends a client to the same target.
+// The load balancer's flow mappings in the cluster store: which target each client of a VIP is mapped to,
+// so that every LB pod — old, new or restarted, on any node — sends a client to the same target.
 //
 // Per VIP and bucket (a hash of the mapping's field picks one of LB_STORE_BUCKETS) one hash
 // (mapping → target) and one sorted set (mapping → last use, ms), both tagged {<vip>#<bucket>}: every
 // script touches one hash slot, and a hot VIP spreads over BUCKETS slots of a Cluster. The first writer
-// of a mapping wins (HSETNX), so LB pods that pick at the same moment agree on the winner's choice. New
-// mappings are published on the VIP's own channel ({<vip>} tagged; SPUBLISH on a Cluster, PUBLISH
-// elsewhere), and only nodes serving the VIP subscribe to it. One node per VIP expires idle mappings: the
-// holder of the VIP's expirer lease (SET NX PX). Loads are paged (HSCAN, ZRANGEBYSCORE … LIMIT), so no one
-// command carries a whole VIP. Nothing here waits for Redis: callers queue and retry.
-import Redis, { type Cluster } from 'ioredis';
-import { EventEmitter } from 'node:events';
+// of a mapping wins (HSETNX), so LB pods that pick at the same moment agree on the winner's choice; the
+// new ones are announced on the VIP's notice channel (mapping-notices.ts). One node per VIP expires idle
+// mappings: the holder of the VIP's expirer lease (expirer-lease.ts). Loads are paged (HSCAN,
+// ZRANGEBYSCORE … LIMIT), so no one command carries a whole VIP. Nothing here waits for Redis: callers
+// queue and retry.
+import type Redis from 'ioredis';
 import { isIPv4 } from 'node:net';
-import { log } from '../../lib/log';
-import { createRedisClient, parseRedisUrl, reconnectAfterEnd } from '../common/redis';
-import { NodeRegistry } from '../common/node-registry';
+import type { StoreConnection } from '../common/store-connection';
 import { refuseRecord } from '../common/store-record';
 import type { MapKey } from '../bpf/lb-structs';
-import type { NodeHealthReport } from '../health/health-controller';
+import { LB_STORE_BUCKETS, bucketOf, fieldOf, keyOf, type StoredMapping } from './mapping-fields';
+import type { MappingNotices } from './mapping-notices';
 
-/**
- * Buckets per VIP. Every node must use the same count (a mapping's bucket is where every node looks for
- * it), so it is a constant, not an option.
- */
-export const LB_STORE_BUCKETS = 16;
-/** Entries per script call or page: small enough that no single command blocks Redis for long. */
+/** Entries per script call: small enough that no single command blocks Redis for long. */
 const PART = 500;
-/** Mappings per notice message (a pass's new mappings go in one; a backlog after an outage in several). */
-const NOTICE_PART = 2000;
 /** Script calls in flight at once on one server (each of up to PART mappings). */
 const CONCURRENT_CALLS = 32;
 const PAGE = 1000;
-
-/** A mapping as stored: the hash field names the client (and, per flow, the tuple). */
-export interface StoredMapping {
-  key: MapKey;
-  target: string;
-}
-
-/** "c:<client>" (client affinity) or "f:<client>:<proto>:<vport>:<cport>" (per flow). */
-export function fieldOf(k: MapKey): string {
-  return k.vport || k.cport || k.proto ? `f:${k.client}:${k.proto}:${k.vport}:${k.cport}` : `c:${k.client}`;
-}
-
-/** The bucket of a field: FNV-1a, the same on every node. */
-export function bucketOf(field: string): number {
-  let h = 0x811c9dc5;
-  for (let i = 0; i < field.length; i++) h = Math.imul(h ^ field.charCodeAt(i), 0x01000193);
-  return (h >>> 0) % LB_STORE_BUCKETS;
-}
-
-/** The mapping key of a hash field of vip's mappings; undefined when the field is not one. */
-export function keyOf(vip: string, field: string): MapKey | undefined {
-  const p = field.split(':');
-  const num = (s: string | undefined, max: number) => (s !== undefined && /^\d{1,5}$/.test(s) && Number(s) <= max ? Number(s) : undefined);
-  if (p[0] === 'c' && p.length === 2 && isIPv4(p[1])) return { vip, client: p[1], vport: 0, cport: 0, proto: 0 };
-  if (p[0] === 'f' && p.length === 5 && isIPv4(p[1])) {
-    const proto = num(p[2], 255);
-    const vport = num(p[3], 65535);
-    const cport = num(p[4], 65535);
-    if (proto !== undefined && vport !== undefined && cport !== undefined) return { vip, client: p[1], vport, cport, proto };
-  }
-  return undefined;
-}
 
 // KEYS: hash, zset of one bucket. ARGV: now ms, then field/target pairs. HSETNX each: a new mapping is
 // stamped and returned as "+<target>" (the caller publishes it); an existing one wins over ours.
@@ -107,210 +65,43 @@ end
 return n
 `;
 
-// KEYS: the VIP's expirer lease. ARGV: holder, lease ms. Taken when free, renewed by its holder; 1 when
-// the caller holds it now.
-const LEASE = `
-local cur = redis.call('GET', KEYS[1])
-if cur == ARGV[1] then
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  return 1
-end
-if cur then return 0 end
-redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2])
-return 1
-`;
-
 interface Scripted extends Redis {
   tetherLbClaim(hash: string, zset: string, now: string, ...pairs: string[]): Promise<Array<string | null>>;
   tetherLbExpire(hash: string, zset: string, cutoff: string, limit: string): Promise<string[]>;
   tetherLbDropTarget(hash: string, zset: string, target: string, ...fields: string[]): Promise<number>;
-  tetherLbLease(key: string, holder: string, ms: string): Promise<number>;
 }
 
-export class MappingStore extends EventEmitter {
-  private closed = false;
-  /** Notice channels wanted (the VIPs this node serves) and the ones subscribed now. */
-  private wanted = new Set<string>();
-  private readonly subscribed = new Set<string>();
-  private syncing?: Promise<void>;
-  private nodeRegistry?: NodeRegistry;
-  /**
-   * New mappings recorded whose notice could not be published (on a Cluster the channel's primary may be
-   * down while the buckets' are up): VIP → field → target, sent before the VIP's next claim.
-   */
-  private readonly unsent = new Map<string, Map<string, string>>();
+export class MappingStore {
+  private readonly client: Scripted;
+  private readonly prefix: string;
 
-  private constructor(
-    private readonly client: Scripted,
-    private readonly sub: Redis,
-    private readonly prefix: string,
+  /** Over the load balancer's connection set; new mappings are announced through notices. */
+  constructor(
+    private readonly conn: StoreConnection,
+    private readonly notices: MappingNotices,
   ) {
-    super();
-    // The commands are (re)defined here, whoever made the connections: one key slot per script.
-    client.defineCommand('tetherLbClaim', { numberOfKeys: 2, lua: CLAIM });
-    client.defineCommand('tetherLbExpire', { numberOfKeys: 2, lua: EXPIRE });
-    client.defineCommand('tetherLbDropTarget', { numberOfKeys: 2, lua: DROP_TARGET });
-    client.defineCommand('tetherLbLease', { numberOfKeys: 1, lua: LEASE });
-    sub.on('smessage', (_ch: string, msg: string) => this.onNotice(msg));
-    sub.on('ready', () => void this.syncSubscriptions());
-    // A Cluster's sharded subscribers were set up again (a shard's primary failed over, slots moved):
-    // notices published meanwhile never arrived here, so callers read back what changed.
-    sub.on('subscribersReady', () => this.emit('resubscribed'));
-    // ioredis resubscribes what it had after a reconnect; a connection that ended for good starts empty.
-    sub.on('end', () => this.subscribed.clear());
-  }
-
-  /**
-   * Connects (without waiting for Redis: a store that is down is reconnected in the background). Events:
-   * 'mapping' (a StoredMapping another LB pod recorded), 'ready' (connected again: callers write back what
-   * they hold and reload), 'resubscribed' (a Cluster's notice subscriptions were made again: notices may
-   * have been missed, callers read back what changed), 'garbled' (a notice that is not a mapping; logged
-   * and ignored).
-   */
-  static async connect(url: string, opts: { keyPrefix?: string; timeoutMs?: number } = {}): Promise<MappingStore> {
-    const target = parseRedisUrl(url);
-    const prefix = opts.keyPrefix ?? 'tether:';
-    // One server, Sentinel or a Cluster alike (createRedisClient); a Cluster client answers every command used here.
-    const common = { connectTimeoutMs: opts.timeoutMs ?? 1000, commandTimeoutMs: opts.timeoutMs ?? 2000 };
-    const client = createRedisClient(target, { ...common, enableOfflineQueue: false, connectionName: 'tether-lb' });
-    const sub = createRedisClient(target, { ...common, enableOfflineQueue: true, connectionName: 'tether-lb-sub', shardedSubscribers: true });
-    for (const c of [client, sub]) c.on('error', (e: Error) => log().debug('lb mapping store connection error', { error: e.message }));
-    // Each VIP's notices come on its own channel, subscribed by serve() for the VIPs this node holds.
-    const store = MappingStore.over(client, sub, prefix);
-    reconnectAfterEnd(client, () => store.closed, 'lb mappings');
-    reconnectAfterEnd(sub, () => store.closed, 'lb mapping notices');
-    try {
-      await client.connect();
-    } catch (e) {
-      log().warn('lb mapping store unreachable at start; forwarding goes on from local maps', { store: target.where, error: (e as Error).message });
-    }
-    sub.connect().catch(() => undefined);
-    return store;
-  }
-
-  /**
-   * A store over connections made elsewhere (a connection factory; ioredis's Cluster client with
-   * shardedSubscribers for a Redis Cluster): the same wiring connect() does, without connecting.
-   */
-  static over(client: Redis | Cluster, sub: Redis | Cluster, prefix = 'tether:'): MappingStore {
-    const store = new MappingStore(client as unknown as Scripted, sub as unknown as Redis, prefix);
-    sub.on('message', (_ch: string, msg: string) => store.onNotice(msg));
-    client.on('ready', () => store.emit('ready'));
-    return store;
-  }
-
-  get connected(): boolean {
-    return this.client.status === 'ready';
-  }
-
-  /** On a Redis Cluster notices go by sharded pub/sub (to the channel's shard only); elsewhere plain. */
-  get sharded(): boolean {
-    return (this.client as { isCluster?: boolean }).isCluster === true;
-  }
-
-  /** The VIP's own notice channel, in the VIP's slot. */
-  noticeChannel(vip: string): string {
-    return `${this.prefix}lb:{${vip}}:notices`;
+    this.client = conn.client as Scripted;
+    this.prefix = conn.prefix;
+    // The commands are (re)defined here, whoever made the connection: one key slot per script.
+    this.client.defineCommand('tetherLbClaim', { numberOfKeys: 2, lua: CLAIM });
+    this.client.defineCommand('tetherLbExpire', { numberOfKeys: 2, lua: EXPIRE });
+    this.client.defineCommand('tetherLbDropTarget', { numberOfKeys: 2, lua: DROP_TARGET });
   }
 
   private keys(vip: string, bucket: number): [string, string] {
     return [`${this.prefix}lb:{${vip}#${bucket}}:map`, `${this.prefix}lb:{${vip}#${bucket}}:used`];
   }
 
-  private leaseKey(vip: string): string {
-    return `${this.prefix}lb:{${vip}}:expirer`;
-  }
-
-  /**
-   * The VIPs whose new mappings this node wants (those it serves): their channels are subscribed, the
-   * others' left. Idempotent; with the store away it takes effect on the next connection.
-   */
-  async serve(vips: Iterable<string>): Promise<void> {
-    this.wanted = new Set([...vips].map((v) => this.noticeChannel(v)));
-    await this.syncSubscriptions();
-  }
-
-  /** Channels this node is subscribed to now (status and tests). */
-  subscriptions(): string[] {
-    return [...this.subscribed].sort();
-  }
-
-  /** Whether this node receives vip's new mappings now. */
-  hears(vip: string): boolean {
-    return this.subscribed.has(this.noticeChannel(vip));
-  }
-
-  private async syncSubscriptions(): Promise<void> {
-    while (this.syncing) await this.syncing;
-    if (this.closed || this.sub.status !== 'ready') return;
-    const add = [...this.wanted].filter((c) => !this.subscribed.has(c));
-    const del = [...this.subscribed].filter((c) => !this.wanted.has(c));
-    if (!add.length && !del.length) return;
-    this.syncing = (async () => {
-      try {
-        // A Cluster takes one sharded channel per command (channels of one command share a slot).
-        const parts = (l: string[]) => (this.sharded ? l.map((c) => [c]) : Array.from({ length: Math.ceil(l.length / PART) }, (_, i) => l.slice(i * PART, (i + 1) * PART)));
-        for (const p of parts(add)) {
-          await (this.sharded ? this.sub.ssubscribe(...p) : this.sub.subscribe(...p));
-          for (const c of p) this.subscribed.add(c);
-        }
-        for (const p of parts(del)) {
-          await (this.sharded ? this.sub.sunsubscribe(...p) : this.sub.unsubscribe(...p));
-          for (const c of p) this.subscribed.delete(c);
-        }
-      } catch (e) {
-        log().warn('lb mapping store: (un)subscribing notice channels failed; retried on the next change or connection', { error: (e as Error).message });
-      } finally {
-        this.syncing = undefined;
-      }
-    })();
-    await this.syncing;
-  }
-
-  /** A notice: {"vip": …, "mappings": [[field, target], …]}. Bad ones are named and ignored. */
-  private onNotice(msg: string): void {
-    let n: { vip?: unknown; mappings?: unknown };
-    try {
-      n = JSON.parse(msg) as typeof n;
-    } catch {
-      n = {};
-    }
-    const vip = typeof n.vip === 'string' && isIPv4(n.vip) ? n.vip : undefined;
-    const list = Array.isArray(n.mappings) ? n.mappings : undefined;
-    if (!vip || !list) {
-      this.garbled(msg);
-      return;
-    }
-    for (const e of list) {
-      const key = Array.isArray(e) && typeof e[0] === 'string' ? keyOf(vip, e[0]) : undefined;
-      const target = Array.isArray(e) ? e[1] : undefined;
-      if (!key || typeof target !== 'string' || !isIPv4(target)) this.garbled(JSON.stringify(e));
-      else this.emit('mapping', { key, target } satisfies StoredMapping);
-    }
-  }
-
-  private garbled(msg: string): void {
-    log().warn('lb mapping store: garbled mapping notice ignored', { notice: msg.slice(0, 200) });
-    this.emit('garbled', msg);
-  }
-
-  private async publish(vip: string, mappings: Array<[string, string]>): Promise<void> {
-    const msg = JSON.stringify({ vip, mappings });
-    const ch = this.noticeChannel(vip);
-    await (this.sharded ? this.client.spublish(ch, msg) : this.client.publish(ch, msg));
-  }
-
   /**
    * Records mappings of one VIP unless the store has them already (first writer wins), and publishes the
    * new ones on the VIP's channel. Returns the mappings in force, in the order given, which differ from
    * the ones given where another LB pod was first. On one server every bucket's call is sent at once, and
-   * what they recorded goes out as one notice per NOTICE_PART: a node hears a pass's new mappings in one
-   * message, not one per bucket.
+   * what they recorded is announced together (MappingNotices.announce), not one notice per bucket.
    */
   async claim(vip: string, list: StoredMapping[], nowMs = Date.now()): Promise<StoredMapping[]> {
     // Notices left unsent go first; while they still cannot go, the new mappings are recorded all the same
     // and the call fails at the end (the caller retries it, which sends them once the channel is back).
-    const unsentFailed = await this.sendUnsent(vip).then(() => undefined, (e: unknown) => e ?? new Error('publish failed'));
+    const unsentFailed = await this.notices.sendUnsent(vip).then(() => undefined, (e: unknown) => e ?? new Error('publish failed'));
     const out: StoredMapping[] = new Array(list.length);
     const fields = list.map((m) => fieldOf(m.key));
     const fresh: Array<[string, string]> = [];
@@ -340,7 +131,7 @@ export class MappingStore extends EventEmitter {
     };
     // A failed call does not stop the others: what they recorded is still published below.
     let writeFailed: unknown;
-    if (this.sharded) {
+    if (this.conn.sharded) {
       // A Cluster's buckets sit on different shards, and a Cluster client without an offline queue refuses
       // a command to a shard whose connection is still being made: one call after the other.
       for (const job of jobs) {
@@ -357,36 +148,11 @@ export class MappingStore extends EventEmitter {
     // not fail recorded. When that fails the mappings are stored but no longer fresh (a retried claim finds
     // them recorded), so their notice is kept and sent before the VIP's next claim (the caller retries this
     // one): on a Cluster, a failed-over channel primary would otherwise lose it for the serving nodes for good.
-    let publishFailed: unknown;
-    for (let i = 0; i < fresh.length; i += NOTICE_PART) {
-      try {
-        await this.publish(vip, fresh.slice(i, i + NOTICE_PART));
-      } catch (e) {
-        const q = this.unsent.get(vip) ?? new Map<string, string>();
-        for (const [f, t] of fresh.slice(i)) q.set(f, t);
-        this.unsent.set(vip, q);
-        publishFailed = e ?? new Error('publish failed');
-        break;
-      }
-    }
+    const publishFailed = await this.notices.announce(vip, fresh);
     if (writeFailed) throw writeFailed;
     if (publishFailed) throw publishFailed;
     if (unsentFailed) throw unsentFailed;
     return out;
-  }
-
-  /** Publishes the notices of vip that a failed publish left behind, in parts; kept when it fails again. */
-  private async sendUnsent(vip: string): Promise<void> {
-    const q = this.unsent.get(vip);
-    if (!q) return;
-    const all = [...q];
-    for (let i = 0; i < all.length; i += NOTICE_PART) {
-      const part = all.slice(i, i + NOTICE_PART);
-      await this.publish(vip, part);
-      for (const [f, t] of part) if (q.get(f) === t) q.delete(f);
-    }
-    if (!q.size) this.unsent.delete(vip);
-    log().info('lb mapping store: notices that failed to publish sent again', { vip, mappings: all.length });
   }
 
   /** Marks stored mappings as used at nowMs (only ever later: GT; never re-creates an expired one: XX). */
@@ -472,15 +238,6 @@ export class MappingStore extends EventEmitter {
   }
 
   /**
-   * Takes or renews the VIP's expirer lease for holder (a node name); true when holder is the expirer. One
-   * node per VIP expires its mappings, however many serve it; when it goes, the lease lapses after leaseMs
-   * and the next node to ask takes over.
-   */
-  async expirer(vip: string, holder: string, leaseMs: number): Promise<boolean> {
-    return (await this.client.tetherLbLease(this.leaseKey(vip), holder, String(Math.max(1, Math.round(leaseMs))))) === 1;
-  }
-
-  /**
    * Removes all of vip's mappings unused for idleS, however many; returns the keys removed. Each script
    * call removes at most `batch` of one bucket, so Redis is never blocked for long by a huge idle crowd.
    */
@@ -519,54 +276,9 @@ export class MappingStore extends EventEmitter {
     return n;
   }
 
-  /** Removes all of vip's mappings and its expirer lease (the Service is gone). */
-  async dropVip(vip: string): Promise<void> {
+  /** Removes all of vip's mappings (the Service is gone). */
+  async drop(vip: string): Promise<void> {
     for (let b = 0; b < LB_STORE_BUCKETS; b++) await this.client.del(...this.keys(vip, b));
-    await this.client.del(this.leaseKey(vip));
-    this.unsent.delete(vip);
-  }
-
-  /**
-   * Registers this node's address for `ttlMs` and returns every registered node's address (sorted): one
-   * command whose reply carries only what changed since this node's last call (targets accept FoU only
-   * from registered nodes).
-   */
-  async beatNode(node: string, address: string, ttlMs: number): Promise<string[]> {
-    if (!this.nodeRegistry) this.nodeRegistry = new NodeRegistry(this.client as unknown as Redis, this.prefix, node, address);
-    return this.nodeRegistry.beat(ttlMs);
-  }
-
-  /** This node's health-check answers, for the Services' status (the leader reads every node's). */
-  async reportHealth(node: string, report: NodeHealthReport, ttlMs: number): Promise<void> {
-    await this.client.hset(`${this.prefix}lb:health`, node, JSON.stringify({ report, expiresAt: Date.now() + ttlMs }));
-  }
-
-  /** Every node's latest health report that has not expired; expired and garbled entries are removed. */
-  async healthReports(nowMs = Date.now()): Promise<Record<string, NodeHealthReport>> {
-    const key = `${this.prefix}lb:health`;
-    const out: Record<string, NodeHealthReport> = {};
-    const stale: string[] = [];
-    for (const [node, v] of Object.entries(await this.client.hgetall(key))) {
-      let r: { report?: NodeHealthReport; expiresAt?: number } | undefined;
-      try {
-        r = JSON.parse(v) as typeof r;
-      } catch {
-        r = undefined;
-      }
-      if (!r || typeof r.expiresAt !== 'number' || typeof r.report?.services !== 'object' || r.report.services === null) {
-        log().warn('lb mapping store: garbled health report removed', { node, report: v.slice(0, 200) });
-        stale.push(node);
-      } else if (r.expiresAt <= nowMs) stale.push(node);
-      else out[node] = r.report;
-    }
-    if (stale.length) await this.client.hdel(key, ...stale);
-    return out;
-  }
-
-  async close(): Promise<void> {
-    this.closed = true;
-    this.client.disconnect();
-    this.sub.disconnect();
   }
 }
 

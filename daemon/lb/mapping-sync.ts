@@ -9,7 +9,7 @@
 // read (everything only after a start or after the store lost its data).
 import type { LbMapping } from '../bpf/lb';
 import type { MapKey } from '../bpf/lb-structs';
-import { fieldOf, type StoredMapping } from './mapping-store';
+import { fieldOf, type StoredMapping } from './mapping-fields';
 import type { ResolvedLoadBalancer } from './lb-spec';
 import { groupByVip, nowNs, type LbShared, type VipState } from './lb-state';
 
@@ -70,14 +70,14 @@ export class MappingSync {
 
   start(): void {
     const store = this.s.o.store;
-    store?.on('mapping', (m: StoredMapping) => this.learned(m));
-    store?.on('ready', () => {
+    store?.notices.on('mapping', (m: StoredMapping) => this.learned(m));
+    store?.connection.on('ready', () => {
       this.away = true;
       this.nextReadMs = 0;
     });
     // Notices may have been missed while a Cluster shard's subscription was being made again (its primary
     // failed over): read back what changed, as after an absence.
-    store?.on('resubscribed', () => {
+    store?.notices.on('resubscribed', () => {
       this.away = true;
       this.nextReadMs = 0;
     });
@@ -99,7 +99,7 @@ export class MappingSync {
     }
     // Every pass, not only on a change: a subscription that failed is retried (nothing is sent when the
     // subscriptions match already) — on a pass that reaches the store.
-    if (!this.s.storeAway) await this.s.o.store?.serve(this.serving.keys());
+    if (!this.s.storeAway) await this.s.o.store?.notices.serve(this.serving.keys());
   }
 
   /** Whether this node holds vip's expirer lease (as of its last renewal). */
@@ -131,7 +131,7 @@ export class MappingSync {
     } catch (e) {
       this.s.logger.warn('lb: reading or installing mappings failed', { error: (e as Error).message });
     }
-    if (this.pending.size && this.s.o.store?.connected) void this.flushPending();
+    if (this.pending.size && this.s.o.store?.connection.connected) void this.flushPending();
   }
 
   private async flushPending(): Promise<void> {
@@ -141,7 +141,7 @@ export class MappingSync {
     try {
       for (const [vip, q] of [...this.pending]) {
         const list = [...q.values()];
-        const got = await store.claim(vip, list);
+        const got = await store.mappings.claim(vip, list);
         // Another LB pod was first for some clients: follow its choice.
         const lost = got.filter((m, i) => m.target !== list[i].target);
         if (lost.length) this.installValid(lost);
@@ -176,7 +176,7 @@ export class MappingSync {
       return;
     }
     const waited = Date.now() - st.loadStarted > LOAD_WAIT_MS;
-    if (!store.connected || this.s.storeAway) {
+    if (!store.connection.connected || this.s.storeAway) {
       if (waited) {
         st.loaded = true;
         this.s.logger.warn('lb: mapping store unreachable; VIP announced with the mappings this node holds', { service: lb.key, vip: st.vip });
@@ -185,11 +185,11 @@ export class MappingSync {
     }
     // Loaded once the VIP's new mappings reach this node too, so none falls between load and notice (past
     // the wait, loaded anyway: a notice channel that does not come back must not keep the VIP dark).
-    if (!store.hears(st.vip!) && !waited) return;
+    if (!store.notices.hears(st.vip!) && !waited) return;
     try {
       const t0 = Date.now();
       let installed = 0;
-      const { loaded, garbled } = await store.loadPages(st.vip!, (page) => {
+      const { loaded, garbled } = await store.mappings.loadPages(st.vip!, (page) => {
         installed += this.installValid(page);
       });
       st.loaded = true;
@@ -242,7 +242,7 @@ export class MappingSync {
     if (expired) this.s.logger.info('lb: idle mappings expired', { count: expired, ...(pressure ? { underPressure: true } : {}) });
     const store = this.s.o.store;
     if (!store) return;
-    if (!store.connected || this.s.storeAway) {
+    if (!store.connection.connected || this.s.storeAway) {
       this.away = true;
       return;
     }
@@ -255,7 +255,7 @@ export class MappingSync {
         const since = this.synced!.ns;
         for (const [vip, list] of byVip) {
           const used = list.filter((m) => m.lastNs > since);
-          if (used.length) await store.touch(vip, used, nowMs);
+          if (used.length) await store.mappings.touch(vip, used, nowMs);
         }
       }
       await this.expireStore(nowMs);
@@ -283,11 +283,11 @@ export class MappingSync {
     for (const [vip, list] of byVip) {
       const changed = full || !since ? list : list.filter((m) => m.lastNs > since.ns);
       if (!changed.length) continue;
-      const got = await store.claim(vip, changed.map((m) => ({ key: m, target: m.target })));
+      const got = await store.mappings.claim(vip, changed.map((m) => ({ key: m, target: m.target })));
       written += changed.length;
       const differ = got.filter((g, i) => g.target !== changed[i].target);
       if (differ.length) this.installValid(differ);
-      if (!full) await store.touch(vip, changed);
+      if (!full) await store.mappings.touch(vip, changed);
     }
     // Read back: after a wipe everything (others wrote theirs back too); after an absence what changed
     // meanwhile; after a start nothing (a VIP loads everything before it is announced, subscribed first).
@@ -299,8 +299,8 @@ export class MappingSync {
         read += page.length;
         this.installValid(page);
       };
-      if (wiped) await store.loadPages(vip, install);
-      else if (since) await store.loadChangedSince(vip, since.ms - CHANGED_MARGIN_MS, install);
+      if (wiped) await store.mappings.loadPages(vip, install);
+      else if (since) await store.mappings.loadChangedSince(vip, since.ms - CHANGED_MARGIN_MS, install);
     }
     const what = wiped ? 'lb: mapping store lost its data: local mappings written back and reloaded'
       : full ? 'lb: local mappings written back (first sync since start)' : 'lb: mapping store back: what changed meanwhile written back and read';
@@ -314,18 +314,18 @@ export class MappingSync {
       if (nowMs < (this.nextExpire.get(vip) ?? 0)) continue;
       const period = syncPeriodMs(lb.idleTimeoutS);
       this.nextExpire.set(vip, nowMs + period);
-      const mine = await store.expirer(vip, this.s.o.node.name, period * LEASE_PERIODS);
+      const mine = await store.leases.take(vip, this.s.o.node.name, period * LEASE_PERIODS);
       if (mine !== this.expiring.has(vip)) this.s.logger.info(mine ? 'lb: this node expires the VIP\'s idle mappings' : 'lb: another node expires the VIP\'s idle mappings', { service: lb.key, vip });
       if (mine) this.expiring.add(vip);
       else this.expiring.delete(vip);
       if (!mine) continue;
-      const gone = await store.expire(vip, lb.idleTimeoutS, nowMs);
+      const gone = await store.mappings.expire(vip, lb.idleTimeoutS, nowMs);
       if (gone.length) this.s.logger.info('lb: idle mappings expired in the store', { service: lb.key, vip, count: gone.length });
     }
   }
 
   status(vip: string | undefined): MappingSyncStatus | undefined {
     if (!vip || !this.serving.has(vip)) return undefined;
-    return { expirer: this.expiring.has(vip), subscribed: this.s.o.store?.hears(vip) ?? false, queued: this.pending.get(vip)?.size ?? 0 };
+    return { expirer: this.expiring.has(vip), subscribed: this.s.o.store?.notices.hears(vip) ?? false, queued: this.pending.get(vip)?.size ?? 0 };
   }
 }

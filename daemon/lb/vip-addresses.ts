@@ -17,6 +17,7 @@
 import { ErrorCode, TetherError } from '../../lib/errors';
 import type { ResolvedLoadBalancer } from './lb-spec';
 import { ownerOf, type LbShared, type VipState } from './lb-state';
+import { dropVip } from './lb-store';
 import { VipRecord, type RecordedVip } from './vip-record';
 
 /**
@@ -130,7 +131,7 @@ export class VipAddresses {
       // the address later starts with no stale mappings.
       if (st.vip && freed.includes(st.vip) && this.s.o.store) {
         const vip = st.vip;
-        await this.s.o.store.dropVip(vip).then(
+        await dropVip(this.s.o.store, vip).then(
           () => this.s.logger.info('lb: mappings of a released VIP removed from the store', { service: key, vip }),
           (e: Error) => this.s.logger.warn('lb: mappings of a released VIP not removed from the store (left there)', { service: key, vip, error: e.message }),
         );
@@ -163,7 +164,8 @@ export class VipAddresses {
         this.s.logger.info('lb: VIP of a Service that no longer exists collected (no node held it when it went)', { owner, pool, vips: freed });
         for (const vip of freed) {
           out.push(vip);
-          await this.s.o.store?.dropVip(vip).catch((e: Error) => this.s.logger.warn('lb: mappings of a collected VIP not removed from the store (left there)', { owner, vip, error: e.message }));
+          const store = this.s.o.store;
+          if (store) await dropVip(store, vip).catch((e: Error) => this.s.logger.warn('lb: mappings of a collected VIP not removed from the store (left there)', { owner, vip, error: e.message }));
         }
       }
     }

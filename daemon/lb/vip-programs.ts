@@ -32,7 +32,7 @@ export class VipPrograms {
         const dropped = removed.length ? dp.deleteMappings((m) => m.vip === vip && removed.includes(m.target)) : 0;
         // In the store, once (by the VIP's expirer); elsewhere such mappings are void (the target is not
         // listed) and expire idle.
-        if (this.expirer(vip)) for (const t of removed) void this.s.o.store?.dropTarget(vip, t).catch(() => undefined);
+        if (this.expirer(vip)) for (const t of removed) void this.s.o.store?.mappings.dropTarget(vip, t).catch(() => undefined);
         if (removed.length) this.s.logger.info('lb: targets removed; their clients move', { service: lb.key, vip, targets: removed, mappingsDropped: dropped });
         st.targets = tkey;
       }

@@ -6,6 +6,7 @@ import type { KubeSource } from '../config/kube-source';
 import type { EgressController } from '../egress/egress-controller';
 import type { EgressObjects } from '../egress/egress-config';
 import type { LbController } from '../lb/lb-controller';
+import { HealthReports } from '../health/health-reports';
 import { Candidacy, parseCandidates, type LeaderWork } from '../kube/controllers';
 import { StatusController, type StatusControllerOptions } from '../kube/status-controller';
 import { ServiceLabeler } from '../kube/service-labeler';
@@ -24,6 +25,7 @@ export class Controllers implements Subsystem<ControllersDesired> {
   }) {
     const { source, egress, lb, logger } = o;
     this.labels = o.labels;
+    const reports = lb?.store && new HealthReports(lb.store.connection);
     const status = new StatusController({
       kc: source.kc,
       logger,
@@ -38,7 +40,7 @@ export class Controllers implements Subsystem<ControllersDesired> {
       services: () => new Map(source.cachedObjects('services').map((o) => [`${o.metadata?.namespace}/${o.metadata?.name}`, o])),
       addressPools: () => new Map(source.cachedObjects('addresspools').map((o) => [String(o.metadata?.name), o])),
       egresses: () => new Map(source.cachedObjects('egresses').map((o) => [`${o.metadata?.namespace}/${o.metadata?.name}`, o])),
-      healthReports: lb?.store && (() => lb.store!.healthReports()),
+      healthReports: reports && (() => reports.read()),
       events: o.events,
     });
     let labeler: ServiceLabeler | undefined;

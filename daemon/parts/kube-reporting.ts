@@ -204,7 +204,7 @@ export function startReporting(
 /** The subsystems whose datapath and store use the node status reports, once they exist. */
 export function observeSubsystems(
   r: KubeReporting,
-  s: { egress?: { storeReachable(): boolean }; lb?: { store?: { connected: boolean } } },
+  s: { egress?: { storeReachable(): boolean }; lb?: { store?: { connection: { connected: boolean } } } },
 ): void {
   if (s.egress) {
     const egress = s.egress;
@@ -214,6 +214,6 @@ export function observeSubsystems(
   if (s.lb) {
     r.servesDatapath('load balancer');
     const store = s.lb.store;
-    if (store) r.watchStore('load balancer', () => store.connected);
+    if (store) r.watchStore('load balancer', () => store.connection.connected);
   }
 }

@@ -7,7 +7,8 @@ import type { ConfigObjects } from '../config/objects';
 import type { Reconciler } from '../config/source';
 import { LbController } from '../lb/lb-controller';
 import { HealthController, REPORT_TTL_MS, type HealthControllerOptions } from '../health/health-controller';
-import { MappingStore } from '../lb/mapping-store';
+import { HealthReports } from '../health/health-reports';
+import { connectLbStore } from '../lb/lb-store';
 import { resolveLoadBalancers } from '../lb/lb-spec';
 import type { ClusterAddresses } from '../../ipam/cluster-addresses';
 import type { AttachService } from '../pod/attach-service';
@@ -32,8 +33,8 @@ export async function createLb(
     return undefined;
   }
   requireLocalAddress(opts['node-address']);
-  const store = await MappingStore.connect(opts.redis, { keyPrefix: opts['redis-prefix'] });
-  onStoreStarted(() => store.close());
+  const store = await connectLbStore(opts.redis, { keyPrefix: opts['redis-prefix'] });
+  onStoreStarted(() => store.connection.close());
   return new LbController({
     node: { name: o.nodeName, address: opts['node-address'] },
     pinDir: opts['bpf-pin-dir'],
@@ -120,8 +121,9 @@ export function createHealth(opts: Options, o: { lb: LbController; nodeName: str
   const port = Number(raw);
   if (!/^[0-9]+$/.test(raw) || port > 65535) throw new StartError(2, `--health-port: ${JSON.stringify(raw)} is not a port (0 turns it off)`);
   const store = o.lb.store;
+  const reports = store && new HealthReports(store.connection);
   return new HealthController({
     node: o.nodeName, port, services: () => o.lb.current(), programming: () => o.lb.programming(), eligible: o.eligible, logger: o.logger,
-    report: store && ((r) => store.reportHealth(o.nodeName, r, REPORT_TTL_MS)), onFlip: o.onFlip,
+    report: reports && ((r) => reports.write(o.nodeName, r, REPORT_TTL_MS)), onFlip: o.onFlip,
   });
 }

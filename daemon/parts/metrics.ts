@@ -72,7 +72,7 @@ export function metricSources(p: MetricsParts, logger: Logger): { sources: Metri
     store: () => ({
       ...(p.store ? { ipam: p.store.connected } : {}),
       ...(p.egress ? { egress: p.egress.storeReachable() } : {}),
-      ...(p.lb?.store ? { lb: p.lb.store.connected } : {}),
+      ...(p.lb?.store ? { lb: p.lb.store.connection.connected } : {}),
     }),
   };
   if (ipam) {

@@ -14,7 +14,8 @@ import { makeLogger, setLogger } from '../../lib/log';
 import { LbDatapath } from '../../daemon/bpf/lb';
 import { decodeEvent } from '../../daemon/bpf/lb-structs';
 import { ensureBpffs } from '../../daemon/bpf/bpffs';
-import { LB_STORE_BUCKETS, MappingStore } from '../../daemon/lb/mapping-store';
+import { LB_STORE_BUCKETS } from '../../daemon/lb/mapping-fields';
+import { connectLbStore, type LbStore } from '../../daemon/lb/lb-store';
 import { MappingSync } from '../../daemon/lb/mapping-sync';
 import { LbShared, type LbControllerOptions } from '../../daemon/lb/lb-state';
 import type { ResolvedLoadBalancer } from '../../daemon/lb/lb-spec';
@@ -56,10 +57,10 @@ async function redisCpuMs(raw: Redis): Promise<number> {
   return (num('used_cpu_sys') + num('used_cpu_user')) * 1000;
 }
 
-async function node(name: string, redisUrl: string): Promise<{ sync: MappingSync; dp: LbDatapath; store: MappingStore; pinDir: string }> {
+async function node(name: string, redisUrl: string): Promise<{ sync: MappingSync; dp: LbDatapath; store: LbStore; pinDir: string }> {
   const pinDir = `/sys/fs/bpf/tether-bench/lbrec-${name}-${process.pid}`;
   ensureBpffs(pinDir);
-  const store = await MappingStore.connect(redisUrl);
+  const store = await connectLbStore(redisUrl);
   const dp = LbDatapath.load({ pinDir, maxVips: 2, maglevSize: 251, maxMappings: 262144 });
   const s = new LbShared({ node: { name, address: '127.0.0.1' }, pinDir, fouPort: 5555, exportTable: 0, store, logger: quiet } as unknown as LbControllerOptions);
   s.dp = dp;
@@ -133,7 +134,7 @@ async function main(): Promise<void> {
     }
   } finally {
     for (const n of [a, b]) {
-      await n.store.close();
+      await n.store.connection.close();
       n.dp.close({ unpin: true });
       fs.rmSync(n.pinDir, { recursive: true, force: true });
     }

@@ -23,7 +23,8 @@ import {
 } from '../testbed/lb-scenario';
 import { LbDatapath } from '../../daemon/bpf/lb';
 import { ensureBpffs } from '../../daemon/bpf/bpffs';
-import { LB_STORE_BUCKETS, MappingStore } from '../../daemon/lb/mapping-store';
+import { LB_STORE_BUCKETS } from '../../daemon/lb/mapping-fields';
+import { connectLbStore } from '../../daemon/lb/lb-store';
 import { startRedis } from '../lib/redis';
 import { machine, updateReadme } from './stats';
 
@@ -141,7 +142,7 @@ async function loadMappings(): Promise<{ written: number; loadMs: number; instal
   const redis = await startRedis();
   const pinDir = `/sys/fs/bpf/tether-bench/lb-${process.pid}`;
   ensureBpffs(pinDir);
-  const store = await MappingStore.connect(redis.url);
+  const store = await connectLbStore(redis.url);
   const dp = LbDatapath.load({ pinDir, maxVips: 2 });
   try {
     const vip = '198.51.100.1';
@@ -149,9 +150,9 @@ async function loadMappings(): Promise<{ written: number; loadMs: number; instal
       key: { vip, client: `10.${(i >> 16) & 255}.${(i >> 8) & 255}.${i & 255}`, vport: 0, cport: 0, proto: 0 },
       target: `10.244.0.${(i % 50) + 2}`,
     }));
-    await store.claim(vip, list);
+    await store.mappings.claim(vip, list);
     const t0 = process.hrtime.bigint();
-    const { mappings } = await store.load(vip);
+    const { mappings } = await store.mappings.load(vip);
     const t1 = process.hrtime.bigint();
     dp.installMappings(mappings);
     const t2 = process.hrtime.bigint();
@@ -160,7 +161,7 @@ async function loadMappings(): Promise<{ written: number; loadMs: number; instal
   } finally {
     dp.close({ unpin: true });
     fs.rmSync(pinDir, { recursive: true, force: true });
-    await store.close();
+    await store.connection.close();
     await redis.stop();
   }
 }

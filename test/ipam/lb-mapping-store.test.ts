@@ -5,7 +5,9 @@ import * as assert from 'uvu/assert';
 import Redis from 'ioredis';
 import { PassThrough } from 'node:stream';
 import { log, makeLogger, setLogger } from '../../lib/log';
-import { LB_STORE_BUCKETS, MappingStore, bucketOf, fieldOf, keyOf, type StoredMapping } from '../../daemon/lb/mapping-store';
+import { LB_STORE_BUCKETS, bucketOf, fieldOf, keyOf, type StoredMapping } from '../../daemon/lb/mapping-fields';
+import { connectLbStore, dropVip, type LbStore } from '../../daemon/lb/lb-store';
+import { HealthReports } from '../../daemon/health/health-reports';
 import { startRedis, type TestRedis } from '../lib/redis';
 import { waitFor } from '../lib/wait';
 
@@ -14,18 +16,18 @@ const VIP = '192.0.2.10';
 const hashOf = (vip: string, field: string) => `tether:lb:{${vip}#${bucketOf(field)}}:map`;
 const key = (client: string, vip = VIP) => ({ vip, client, vport: 0, cport: 0, proto: 0 });
 let redis: TestRedis;
-let a: MappingStore;
-let b: MappingStore;
+let a: LbStore;
+let b: LbStore;
 
 test.before(async () => {
   redis = await startRedis();
-  a = await MappingStore.connect(redis.url);
-  b = await MappingStore.connect(redis.url);
+  a = await connectLbStore(redis.url);
+  b = await connectLbStore(redis.url);
 });
 
 test.after(async () => {
-  await a?.close();
-  await b?.close();
+  await a?.connection.close();
+  await b?.connection.close();
   await redis?.stop();
 });
 
@@ -39,27 +41,27 @@ test('fields name the client, or the whole tuple per flow, and read back', () =>
 
 test('the first writer wins; the loser learns the winner; nodes serving the VIP get a notice', async () => {
   const heard: StoredMapping[] = [];
-  b.on('mapping', (m: StoredMapping) => heard.push(m));
-  await waitFor(() => a.connected && b.connected, 'both connected');
-  await b.serve([VIP]);
-  await waitFor(() => b.hears(VIP), 'b subscribed to the VIP\'s channel');
-  const won = await a.claim(VIP, [{ key: key('10.0.0.1'), target: '10.244.0.5' }]);
+  b.notices.on('mapping', (m: StoredMapping) => heard.push(m));
+  await waitFor(() => a.connection.connected && b.connection.connected, 'both connected');
+  await b.notices.serve([VIP]);
+  await waitFor(() => b.notices.hears(VIP), 'b subscribed to the VIP\'s channel');
+  const won = await a.mappings.claim(VIP, [{ key: key('10.0.0.1'), target: '10.244.0.5' }]);
   assert.equal(won, [{ key: key('10.0.0.1'), target: '10.244.0.5' }]);
-  const lost = await b.claim(VIP, [{ key: key('10.0.0.1'), target: '10.244.0.9' }, { key: key('10.0.0.2'), target: '10.244.0.9' }]);
+  const lost = await b.mappings.claim(VIP, [{ key: key('10.0.0.1'), target: '10.244.0.9' }, { key: key('10.0.0.2'), target: '10.244.0.9' }]);
   assert.equal(lost.map((m) => m.target), ['10.244.0.5', '10.244.0.9'], 'the existing mapping stays; the new one is recorded');
   await waitFor(() => heard.length >= 2, 'notices of both recorded mappings');
   assert.equal(heard.map((m) => `${m.key.client}>${m.target}`).sort(), ['10.0.0.1>10.244.0.5', '10.0.0.2>10.244.0.9']);
-  const { mappings } = await a.load(VIP);
+  const { mappings } = await a.mappings.load(VIP);
   assert.is(mappings.length, 2);
 });
 
 test('idle mappings expire by last use; touched ones stay', async () => {
   const t0 = Date.now();
-  await a.claim(VIP, [{ key: key('10.0.1.1'), target: '10.244.0.5' }, { key: key('10.0.1.2'), target: '10.244.0.5' }], t0 - 60_000);
-  await a.touch(VIP, [key('10.0.1.2')], t0);
-  const gone = await a.expire(VIP, 30, t0);
+  await a.mappings.claim(VIP, [{ key: key('10.0.1.1'), target: '10.244.0.5' }, { key: key('10.0.1.2'), target: '10.244.0.5' }], t0 - 60_000);
+  await a.mappings.touch(VIP, [key('10.0.1.2')], t0);
+  const gone = await a.mappings.expire(VIP, 30, t0);
   assert.equal(gone.map((k) => k.client), ['10.0.1.1']);
-  const left = (await a.load(VIP)).mappings.map((m) => m.key.client);
+  const left = (await a.mappings.load(VIP)).mappings.map((m) => m.key.client);
   assert.ok(left.includes('10.0.1.2') && !left.includes('10.0.1.1'));
 });
 
@@ -70,12 +72,12 @@ test('expiry works at any count: 12,000 idle mappings of one VIP all go in one c
   const t0 = Date.now();
   const idle = Array.from({ length: 12_000 }, (_, i) => ({ key: k(i), target: '10.244.0.5' }));
   const fresh = Array.from({ length: 50 }, (_, i) => ({ key: k(20_000 + i), target: '10.244.0.6' }));
-  await a.claim(vip, idle, t0 - 600_000);
-  await a.claim(vip, fresh, t0);
-  const gone = await a.expire(vip, 300, t0);
+  await a.mappings.claim(vip, idle, t0 - 600_000);
+  await a.mappings.claim(vip, fresh, t0);
+  const gone = await a.mappings.expire(vip, 300, t0);
   assert.is(gone.length, 12_000, 'every idle mapping expired');
   assert.is(new Set(gone.map((x) => x.client)).size, 12_000);
-  const left = (await a.load(vip)).mappings;
+  const left = (await a.mappings.load(vip)).mappings;
   assert.equal(left.map((m) => m.key.client).sort(), fresh.map((m) => m.key.client).sort(), 'exactly the fresh ones are left');
   const raw = new Redis({ path: redis.socketPath });
   try {
@@ -85,29 +87,29 @@ test('expiry works at any count: 12,000 idle mappings of one VIP all go in one c
   } finally {
     raw.disconnect();
   }
-  await a.dropVip(vip);
+  await dropVip(a, vip);
 });
 
 test('a removed target takes only its own mappings', async () => {
-  const n = await a.dropTarget(VIP, '10.244.0.9');
+  const n = await a.mappings.dropTarget(VIP, '10.244.0.9');
   assert.is(n, 1);
-  const left = (await a.load(VIP)).mappings;
+  const left = (await a.mappings.load(VIP)).mappings;
   assert.ok(left.every((m) => m.target !== '10.244.0.9') && left.length >= 2);
 });
 
 test('garbled notices and fields are refused, not installed', async () => {
   const garbled: string[] = [];
   const heard: StoredMapping[] = [];
-  b.on('garbled', (m: string) => garbled.push(m));
-  b.on('mapping', (m: StoredMapping) => heard.push(m));
+  b.notices.on('garbled', (m: string) => garbled.push(m));
+  b.notices.on('mapping', (m: StoredMapping) => heard.push(m));
   const raw = new Redis({ path: redis.socketPath });
   try {
-    await raw.publish(b.noticeChannel(VIP), 'not json');
-    await raw.publish(b.noticeChannel(VIP), JSON.stringify({ vip: VIP, mappings: [['c:10.0.0.300', '10.244.0.5']] }));
+    await raw.publish(b.notices.channel(VIP), 'not json');
+    await raw.publish(b.notices.channel(VIP), JSON.stringify({ vip: VIP, mappings: [['c:10.0.0.300', '10.244.0.5']] }));
     await raw.hset(hashOf(VIP, 'c:bogus'), 'c:bogus', '10.244.0.5');
     await waitFor(() => garbled.length === 2, 'both garbled notices seen');
     assert.is(heard.length, 0);
-    const { garbled: bad } = await a.load(VIP);
+    const { garbled: bad } = await a.mappings.load(VIP);
     assert.is(bad, 1);
   } finally {
     raw.disconnect();
@@ -124,10 +126,10 @@ test('a garbled stored mapping is refused with one warn line naming it: load lea
   try {
     for (const [f, t] of [['c:10.0.9.1', 'not-an-address'], ['c:10.0.9.2', '10.244.0.5'], ['x:10.0.9.3', '10.244.0.5']]) await raw.hset(hashOf(vip, f), f, t);
     setLogger(makeLogger({ level: 'info', stream: out }));
-    const { mappings, garbled } = await a.load(vip);
+    const { mappings, garbled } = await a.mappings.load(vip);
     assert.equal(mappings, [{ key: key('10.0.9.2', vip), target: '10.244.0.5' }]);
     assert.is(garbled, 2);
-    const got = await a.claim(vip, [{ key: key('10.0.9.1', vip), target: '10.244.0.7' }]);
+    const got = await a.mappings.claim(vip, [{ key: key('10.0.9.1', vip), target: '10.244.0.7' }]);
     assert.equal(got, [{ key: key('10.0.9.1', vip), target: '10.244.0.7' }], 'the garbage is not followed');
   } finally {
     setLogger(prev);
@@ -138,19 +140,20 @@ test('a garbled stored mapping is refused with one warn line naming it: load lea
     `${hashOf(vip, 'c:10.0.9.1')} c:10.0.9.1: target is not an IPv4 address`,
     `${hashOf(vip, 'x:10.0.9.3')} x:10.0.9.3: not a mapping field (c:<client> or f:<client>:<proto>:<vport>:<cport>)`,
   ].sort());
-  await a.dropVip(vip);
+  await dropVip(a, vip);
 });
 
 test('health reports: each node\'s latest one is read back; expired and garbled ones are dropped (and removed)', async () => {
   const report = (local: number) => ({ eligible: true, healthy: true, services: { 'shop/db': { port: 32100, open: true, localEndpoints: local, status: local ? 200 : 503 } } });
-  await a.reportHealth('n1', report(2), 30_000);
-  await b.reportHealth('n2', report(0), 30_000);
-  await a.reportHealth('n1', report(1), 30_000); // the latest counts
-  await b.reportHealth('n3', report(1), -1); // expired
+  const [ra, rb] = [new HealthReports(a.connection), new HealthReports(b.connection)];
+  await ra.write('n1', report(2), 30_000);
+  await rb.write('n2', report(0), 30_000);
+  await ra.write('n1', report(1), 30_000); // the latest counts
+  await rb.write('n3', report(1), -1); // expired
   const raw = new Redis({ path: redis.socketPath });
   try {
     await raw.hset('tether:lb:health', 'n4', 'not json', 'n5', JSON.stringify({ expiresAt: Date.now() + 30_000 }));
-    const got = await a.healthReports();
+    const got = await ra.read();
     assert.equal(Object.keys(got).sort(), ['n1', 'n2']);
     assert.is(got.n1.services['shop/db'].localEndpoints, 1);
     assert.is(got.n2.services['shop/db'].status, 503);
@@ -166,16 +169,16 @@ test('with Redis gone, calls fail fast instead of hanging; after a restart (empt
 
   let failed = false;
   try {
-    await a.claim(VIP, [{ key: key('10.0.2.1'), target: '10.244.0.5' }]);
+    await a.mappings.claim(VIP, [{ key: key('10.0.2.1'), target: '10.244.0.5' }]);
   } catch {
     failed = true;
   }
   assert.ok(failed && Date.now() - t0 < 3000, 'a claim without Redis fails within the command timeout');
   await redis.restart();
-  await waitFor(() => a.connected, 'reconnected', { timeoutMs: 5000 });
-  assert.is((await a.load(VIP)).mappings.length, 0, 'the restarted Redis is empty');
-  await a.claim(VIP, [{ key: key('10.0.2.1'), target: '10.244.0.5' }]);
-  assert.is((await a.load(VIP)).mappings.length, 1);
+  await waitFor(() => a.connection.connected, 'reconnected', { timeoutMs: 5000 });
+  assert.is((await a.mappings.load(VIP)).mappings.length, 0, 'the restarted Redis is empty');
+  await a.mappings.claim(VIP, [{ key: key('10.0.2.1'), target: '10.244.0.5' }]);
+  assert.is((await a.mappings.load(VIP)).mappings.length, 1);
 });
 
 test.run();

@@ -18,7 +18,7 @@ import { ErrorCode, TetherError } from '../../lib/errors';
 import { MASTER_NAME, startSentinelSet, type SentinelSet } from '../lib/sentinel';
 import { waitFor } from '../lib/wait';
 import { OwnershipStore, type Ownership } from '../../daemon/egress/ownership-store';
-import { MappingStore } from '../../daemon/lb/mapping-store';
+import { connectLbStore } from '../../daemon/lb/lb-store';
 
 const quiet = makeLogger({ level: 'error', stream: new Writable({ write: (_c, _e, cb) => cb() }) });
 setLogger(quiet);
@@ -223,7 +223,7 @@ test('store clients outlive ioredis ending them in a failover (a +switch-master 
   const own = await startSet();
   const ipam = await RedisStore.connect(own.url, { keyPrefix: 'race:' });
   const owners = await OwnershipStore.connect(own.url, { keyPrefix: 'race:' });
-  const lb = await MappingStore.connect(own.url, { keyPrefix: 'race:' });
+  const lb = await connectLbStore(own.url, { keyPrefix: 'race:' });
   try {
     await own.waitReplicated();
     const sentinels = own.url.slice('redis+sentinel://'.length).split('/')[0].split(',').map((h) => Number(h.split(':')[1]));
@@ -234,7 +234,7 @@ test('store clients outlive ioredis ending them in a failover (a +switch-master 
     const vipKey = { vip: '192.0.2.10', client: '10.0.0.1', vport: 0, cport: 0, proto: 0 };
     await whenConnected(() => owners.record(rec(1)));
     await whenConnected(() => ipam.claimBlock('pods', '10.252.0.0/26', 'node-a'));
-    await waitFor(() => lb.connected, 'lb mapping store connected');
+    await waitFor(() => lb.connection.connected, 'lb mapping store connected');
 
     const old = masterSeenBy(sentinels[1]);
     const first = Number(/process_id:(\d+)/.exec(own.cli(sentinels[0], 'info', 'server'))?.[1]);
@@ -262,7 +262,7 @@ test('store clients outlive ioredis ending them in a failover (a +switch-master 
     const within = <T>(fn: () => Promise<T>) => whenConnected(fn, t0 - 20_000); // 10 s
     assert.is(await within(() => owners.record(rec(2))), 'recorded');
     assert.ok(await within(() => ipam.claimBlock('pods', '10.252.0.64/26', 'node-a')));
-    assert.equal(await within(() => lb.claim('192.0.2.10', [{ key: vipKey, target: '10.244.0.5' }])), [{ key: vipKey, target: '10.244.0.5' }]);
+    assert.equal(await within(() => lb.mappings.claim('192.0.2.10', [{ key: vipKey, target: '10.244.0.5' }])), [{ key: vipKey, target: '10.244.0.5' }]);
     // The notice channel is back too: a decision recorded now is heard.
     await within(() => owners.record(rec(3)));
     await waitFor(() => notices.some((n) => n.epoch === 3), 'the epoch-3 notice', { timeoutMs: 5000 });
@@ -270,7 +270,7 @@ test('store clients outlive ioredis ending them in a failover (a +switch-master 
   } finally {
     await ipam.close();
     await owners.close();
-    await lb.close();
+    await lb.connection.close();
     await own.stop();
   }
 });

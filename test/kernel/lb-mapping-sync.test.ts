@@ -10,7 +10,8 @@ import { Writable } from 'node:stream';
 import { makeLogger, setLogger } from '../../lib/log';
 import { LbDatapath } from '../../daemon/bpf/lb';
 import { ensureBpffs } from '../../daemon/bpf/bpffs';
-import { LB_STORE_BUCKETS, MappingStore, bucketOf, fieldOf } from '../../daemon/lb/mapping-store';
+import { LB_STORE_BUCKETS, bucketOf, fieldOf } from '../../daemon/lb/mapping-fields';
+import { connectLbStore, type LbStore } from '../../daemon/lb/lb-store';
 import { MappingSync, syncPeriodMs } from '../../daemon/lb/mapping-sync';
 import { LbShared, type LbControllerOptions } from '../../daemon/lb/lb-state';
 import type { ResolvedLoadBalancer } from '../../daemon/lb/lb-spec';
@@ -34,11 +35,11 @@ function service(idleTimeoutS: number): ResolvedLoadBalancer {
   };
 }
 
-async function bed(idleTimeoutS: number, fn: (o: { sync: MappingSync; dp: LbDatapath; store: MappingStore; raw: Redis; pause: () => void; resume: () => void; restart: () => Promise<void> }) => Promise<void>): Promise<void> {
+async function bed(idleTimeoutS: number, fn: (o: { sync: MappingSync; dp: LbDatapath; store: LbStore; raw: Redis; pause: () => void; resume: () => void; restart: () => Promise<void> }) => Promise<void>): Promise<void> {
   const redis = await startRedis();
   const raw = new Redis({ path: redis.socketPath });
   const pinDir = `/sys/fs/bpf/tether-test/${uniqueName('lbsync')}`;
-  const store = await MappingStore.connect(redis.url);
+  const store = await connectLbStore(redis.url);
   let dp: LbDatapath | undefined;
   try {
     ensureBpffs(pinDir);
@@ -52,7 +53,7 @@ async function bed(idleTimeoutS: number, fn: (o: { sync: MappingSync; dp: LbData
     await sync.serve([lb]);
     await fn({ sync, dp: dp!, store, raw, pause: () => redis.pause(), resume: () => redis.resume(), restart: () => redis.restart() });
   } finally {
-    await store.close();
+    await store.connection.close();
     dp?.close({ unpin: true });
     fs.rmSync(pinDir, { recursive: true, force: true });
     raw.disconnect();
@@ -120,7 +121,7 @@ test('after the store was away: only mappings new or used meanwhile are written 
       await raw.hset(`tether:lb:{${VIP}#${bucketOf(f)}}:map`, f, TARGETS[1]);
       await raw.zadd(`tether:lb:{${VIP}#${bucketOf(f)}}:used`, Date.now(), f);
     }
-    await store.emit('ready'); // what ioredis reports on a reconnect; the hang above already marked the absence
+    await store.connection.emit('ready'); // what ioredis reports on a reconnect; the hang above already marked the absence
     for (let i = 0; i < 50 && (await calls(raw, 'hmget')) === 0; i++) {
       await sync.sync();
       await sleep(100);
@@ -141,7 +142,7 @@ test('after the store lost its data: everything held is written back and every s
     await sync.sync();
     assert.is(await stored(raw), N);
     await restart();
-    await waitFor(() => store.connected, 'reconnected');
+    await waitFor(() => store.connection.connected, 'reconnected');
     const others = Array.from({ length: 4 }, (_, i) => key(N + 10 + i));
     const fresh = new Redis({ path: (raw.options as { path: string }).path });
     try {

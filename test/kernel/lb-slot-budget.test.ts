@@ -17,7 +17,7 @@ import { ClusterAddresses } from '../../ipam/cluster-addresses';
 import { validatePools } from '../../ipam/pool';
 import { RedisStore } from '../../ipam/store/redis-store';
 import { LbController } from '../../daemon/lb/lb-controller';
-import { MappingStore } from '../../daemon/lb/mapping-store';
+import { connectLbStore } from '../../daemon/lb/lb-store';
 import { resolveLoadBalancers } from '../../daemon/lb/lb-spec';
 import { PodStore } from '../../daemon/state/pod-store';
 import { AttachService } from '../../daemon/pod/attach-service';
@@ -48,7 +48,7 @@ test('past the node\'s slot budget: named in status and the log, nothing else di
   const logger = makeLogger({ level: 'info', stream: out });
   const pools = validatePools([{ apiVersion: 'tether.dev/v1alpha1', kind: 'AddressPool', metadata: { name: 'lb' }, spec: { usage: 'loadBalancer', ipv4: { cidr: '198.18.4.0/28' } } }]);
   const ipam = await RedisStore.connect(redis.url, { keyPrefix: 'slots:' });
-  const store = await MappingStore.connect(redis.url, { keyPrefix: 'slots:' });
+  const store = await connectLbStore(redis.url, { keyPrefix: 'slots:' });
   let ctl: LbController | undefined;
   try {
     const netns = addNetns(ns);
@@ -76,7 +76,7 @@ test('past the node\'s slot budget: named in status and the log, nothing else di
     }
     const errors = text.trim().split('\n').map((l) => JSON.parse(l) as Record<string, unknown>).filter((l) => /no slot left/.test(String(l.message)));
     assert.equal(errors.map((l) => l.vip).sort(), ['c', 'd', 'e'].map((n) => by(n).vip).sort(), 'one error line per refused VIP, naming it');
-    assert.equal(store.subscriptions(), [by('a').vip, by('b').vip].map((v) => store.noticeChannel(String(v))).sort(), 'only the slotted VIPs\' channels');
+    assert.equal(store.notices.subscriptions(), [by('a').vip, by('b').vip].map((v) => store.notices.channel(String(v))).sort(), 'only the slotted VIPs\' channels');
     // The datapath holds exactly the two slotted VIPs.
     const dp = LbDatapath.load({ pinDir, maxVips: 2, maglevSize: 251 });
     try {
@@ -94,7 +94,7 @@ test('past the node\'s slot budget: named in status and the log, nothing else di
     assert.ok(after.find((s) => s.service === 'shop/d')!.nodeProblem);
   } finally {
     await ctl?.stop();
-    await store.close();
+    await store.connection.close();
     await ipam.close();
     await redis.stop();
     delNetns(ns);

@@ -10,7 +10,7 @@ import * as assert from 'uvu/assert';
 import type { ChildProcess } from 'node:child_process';
 import { withTestbed, type Testbed } from './testbed';
 import { announcedOn, PORT, configure, lbPodSpec, lbStatus, startBgp, startTargets, topology, traffic, until } from './lb-scenario';
-import { LB_STORE_BUCKETS } from '../../daemon/lb/mapping-store';
+import { LB_STORE_BUCKETS } from '../../daemon/lb/mapping-fields';
 
 const CONNS = Number(process.env.LB_TEST_CONNS ?? 200);
 /** Long-lived connections opened while the primary is down (their mappings are recorded during the failover). */

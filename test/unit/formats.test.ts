@@ -27,7 +27,9 @@ import { AllocationStore, type AllocationRecord } from '../../ipam/allocation-st
 import { NodeRegistry, nodesKey } from '../../daemon/common/node-registry';
 import { OwnershipStore, readNotice, type GatewayInfo } from '../../daemon/egress/ownership-store';
 import { RedisStore } from '../../ipam/store/redis-store';
-import { MappingStore, type StoredMapping } from '../../daemon/lb/mapping-store';
+import type { StoredMapping } from '../../daemon/lb/mapping-fields';
+import { connectLbStore } from '../../daemon/lb/lb-store';
+import { HealthReports } from '../../daemon/health/health-reports';
 import { decodeNotices, encodeNotices, noticeKey } from '../../daemon/egress/ownership-notice';
 import { BfdDiag, BfdState, decodeControl, encodeControl, type BfdControl } from '../../daemon/bfd/packet';
 import { BfdAuthType, resolveAuth, signPacket, verifyDigest } from '../../daemon/bfd/auth';
@@ -696,27 +698,27 @@ const CASES: Record<string, Case> = {
   'lb-mapping-store': {
     async write() {
       const prefix = freshPrefix();
-      const s = await MappingStore.connect(redis.url, { keyPrefix: prefix });
+      const s = await connectLbStore(redis.url, { keyPrefix: prefix });
       try {
-        await s.claim(VIP, MAPPINGS, 1_700_000_000_000);
-        assert.ok(await s.expirer(VIP, 'node-a', 30_000));
+        await s.mappings.claim(VIP, MAPPINGS, 1_700_000_000_000);
+        assert.ok(await s.leases.take(VIP, 'node-a', 30_000));
         return { json: json(await dump(prefix)) };
       } finally {
-        await s.close();
+        await s.connection.close();
       }
     },
     async read(_v, g) {
       const prefix = freshPrefix();
       await restore(JSON.parse(g['json'].toString()), prefix);
-      const s = await MappingStore.connect(redis.url, { keyPrefix: prefix });
+      const s = await connectLbStore(redis.url, { keyPrefix: prefix });
       try {
-        const { mappings, garbled } = await s.load(VIP);
+        const { mappings, garbled } = await s.mappings.load(VIP);
         assert.is(garbled, 0);
         const byField = (a: StoredMapping[]) => [...a].sort((x, y) => JSON.stringify(x).localeCompare(JSON.stringify(y)));
         assert.equal(byField(mappings), byField(MAPPINGS));
-        assert.not.ok(await s.expirer(VIP, 'node-b', 30_000), 'the lease is held by node-a');
+        assert.not.ok(await s.leases.take(VIP, 'node-b', 30_000), 'the lease is held by node-a');
       } finally {
-        await s.close();
+        await s.connection.close();
       }
     },
   },
@@ -724,29 +726,29 @@ const CASES: Record<string, Case> = {
   'lb-mapping-notice': {
     async write() {
       const prefix = freshPrefix();
-      const s = await MappingStore.connect(redis.url, { keyPrefix: prefix });
+      const s = await connectLbStore(redis.url, { keyPrefix: prefix });
       try {
-        const [msg] = await published(s.noticeChannel(VIP), async () => void (await s.claim(VIP, MAPPINGS, 1_700_000_000_000)));
-        return { json: json({ channel: s.noticeChannel(VIP).replace(prefix, '<prefix>'), message: msg }) };
+        const [msg] = await published(s.notices.channel(VIP), async () => void (await s.mappings.claim(VIP, MAPPINGS, 1_700_000_000_000)));
+        return { json: json({ channel: s.notices.channel(VIP).replace(prefix, '<prefix>'), message: msg }) };
       } finally {
-        await s.close();
+        await s.connection.close();
       }
     },
     async read(_v, g) {
       const { channel, message } = JSON.parse(g['json'].toString()) as { channel: string; message: string };
       const prefix = freshPrefix();
-      const s = await MappingStore.connect(redis.url, { keyPrefix: prefix });
+      const s = await connectLbStore(redis.url, { keyPrefix: prefix });
       try {
-        assert.is(s.noticeChannel(VIP), channel.replace('<prefix>', prefix));
-        await s.serve([VIP]);
-        await waitFor(() => s.hears(VIP), "subscribed", { timeoutMs: 3000 });
+        assert.is(s.notices.channel(VIP), channel.replace('<prefix>', prefix));
+        await s.notices.serve([VIP]);
+        await waitFor(() => s.notices.hears(VIP), "subscribed", { timeoutMs: 3000 });
         const got: StoredMapping[] = [];
-        s.on('mapping', (m: StoredMapping) => got.push(m));
-        await raw.publish(s.noticeChannel(VIP), message);
+        s.notices.on('mapping', (m: StoredMapping) => got.push(m));
+        await raw.publish(s.notices.channel(VIP), message);
         await waitFor(() => got.length === MAPPINGS.length, "the notice", { timeoutMs: 3000 });
         assert.equal(got, MAPPINGS);
       } finally {
-        await s.close();
+        await s.connection.close();
       }
     },
   },
@@ -754,22 +756,22 @@ const CASES: Record<string, Case> = {
   'lb-health-report': {
     async write() {
       const prefix = freshPrefix();
-      const s = await MappingStore.connect(redis.url, { keyPrefix: prefix });
+      const s = await connectLbStore(redis.url, { keyPrefix: prefix });
       try {
-        await s.reportHealth('node-a', HEALTH, 15_000);
+        await new HealthReports(s.connection).write('node-a', HEALTH, 15_000);
         return { json: json(await dump(prefix)) };
       } finally {
-        await s.close();
+        await s.connection.close();
       }
     },
     async read(_v, g) {
       const prefix = freshPrefix();
       await restore(JSON.parse(g['json'].toString()), prefix);
-      const s = await MappingStore.connect(redis.url, { keyPrefix: prefix });
+      const s = await connectLbStore(redis.url, { keyPrefix: prefix });
       try {
-        assert.equal(await s.healthReports(), { 'node-a': HEALTH });
+        assert.equal(await new HealthReports(s.connection).read(), { 'node-a': HEALTH });
       } finally {
-        await s.close();
+        await s.connection.close();
       }
     },
   },

@@ -13,7 +13,7 @@ import { ClusterAddresses } from '../../ipam/cluster-addresses';
 import { validatePools } from '../../ipam/pool';
 import { RedisStore } from '../../ipam/store/redis-store';
 import { LbController } from '../../daemon/lb/lb-controller';
-import { MappingStore } from '../../daemon/lb/mapping-store';
+import { connectLbStore } from '../../daemon/lb/lb-store';
 import { resolveLoadBalancers } from '../../daemon/lb/lb-spec';
 import { PodStore } from '../../daemon/state/pod-store';
 import { AttachService } from '../../daemon/pod/attach-service';
@@ -33,7 +33,7 @@ test('1,000 Services accepted with VIPs; a node without their LB pods programs, 
     { apiVersion: 'tether.dev/v1alpha1', kind: 'AddressPool', metadata: { name: 'lb' }, spec: { usage: 'loadBalancer', ipv4: { cidr: '198.18.0.0/22' } } },
   ]);
   const ipam = await RedisStore.connect(redis.url, { keyPrefix: 'ctl:' });
-  const store = await MappingStore.connect(redis.url, { keyPrefix: 'ctl:' });
+  const store = await connectLbStore(redis.url, { keyPrefix: 'ctl:' });
   const ctl = new LbController({
     node: { name: 'n1', address: '127.0.0.1' }, pinDir: path.join(dir, 'bpf'), fouPort: 5555, exportTable: 0, maxVips: 16,
     store, addresses: new ClusterAddresses(pools, ipam, quiet), attach: new AttachService(new PodStore(path.join(dir, 'state')), quiet), logger: quiet,
@@ -54,7 +54,7 @@ test('1,000 Services accepted with VIPs; a node without their LB pods programs, 
     assert.is(vips.size, N, 'a distinct VIP each');
     assert.equal(ctl.slotBudget(), { used: 0, max: 16 });
     assert.ok(st.every((s) => s.slot === undefined && s.announced === false));
-    assert.equal(store.subscriptions(), [], 'no VIP is served here: no notice channel subscribed');
+    assert.equal(store.notices.subscriptions(), [], 'no VIP is served here: no notice channel subscribed');
     assert.not.ok(fs.existsSync(path.join(dir, 'bpf')), 'no datapath loaded');
     assert.is(ctl.current().length, N, 'health checks still know every Service');
     // Every node agrees on the VIPs: a second node's controller (every Service has its target there) gets the same ones.
@@ -67,7 +67,7 @@ test('1,000 Services accepted with VIPs; a node without their LB pods programs, 
     await other.stop();
   } finally {
     await ctl.stop();
-    await store.close();
+    await store.connection.close();
     await ipam.close();
     await redis.stop();
     fs.rmSync(dir, { recursive: true, force: true });

@@ -8,7 +8,8 @@ import * as assert from 'uvu/assert';
 import { startRedisCluster, type RedisCluster } from '../lib/redis-cluster';
 import { Writable } from 'node:stream';
 import { makeLogger, setLogger } from '../../lib/log';
-import { bucketOf, fieldOf, LB_STORE_BUCKETS, MappingStore, type StoredMapping } from '../../daemon/lb/mapping-store';
+import { bucketOf, fieldOf, LB_STORE_BUCKETS, type StoredMapping } from '../../daemon/lb/mapping-fields';
+import { connectLbStore, dropVip, type LbStore } from '../../daemon/lb/lb-store';
 import { waitFor } from '../lib/wait';
 
 setLogger(makeLogger({ level: 'error', stream: new Writable({ write: (_c, _e, cb) => cb() }) }));
@@ -18,30 +19,30 @@ const OTHER = '192.0.2.61';
 const mapping = (vip: string, i: number): StoredMapping => ({ key: { vip, client: `10.${100 + (i >> 16)}.${(i >> 8) & 255}.${i & 255}`, vport: 0, cport: 0, proto: 0 }, target: '10.244.0.5' });
 
 let cluster: RedisCluster;
-const stores: MappingStore[] = [];
+const stores: LbStore[] = [];
 
 test.before(async () => {
   cluster = await startRedisCluster();
 });
 
 test.after(async () => {
-  for (const s of stores) await s.close();
+  for (const s of stores) await s.connection.close();
   await cluster?.stop();
 });
 
 /** A node's store, connected the way tetherd connects (redis+cluster:// through the connection factory). */
-async function store(): Promise<MappingStore> {
-  const s = await MappingStore.connect(cluster.url);
+async function store(): Promise<LbStore> {
+  const s = await connectLbStore(cluster.url);
   stores.push(s);
-  await waitFor(() => s.connected, 'cluster client ready');
+  await waitFor(() => s.connection.connected, 'cluster client ready');
   return s;
 }
 
 test('a VIP spreads over the primaries; scripts, paged loads, the expirer and expiry work on the Cluster', async () => {
   const a = await store();
-  assert.ok(a.sharded, 'notices go by sharded pub/sub');
+  assert.ok(a.connection.sharded, 'notices go by sharded pub/sub');
   const t0 = Date.now();
-  await a.claim(VIP, Array.from({ length: 3000 }, (_, i) => mapping(VIP, i)), t0 - 60_000);
+  await a.mappings.claim(VIP, Array.from({ length: 3000 }, (_, i) => mapping(VIP, i)), t0 - 60_000);
   // Each bucket's keys sit on one primary; together the buckets cover more than one.
   const owners = new Set<number>();
   for (let b = 0; b < LB_STORE_BUCKETS; b++) {
@@ -51,15 +52,15 @@ test('a VIP spreads over the primaries; scripts, paged loads, the expirer and ex
   }
   assert.ok(owners.size >= 2, `buckets on ${owners.size} primaries`);
   let pages = 0;
-  const { loaded } = await a.loadPages(VIP, () => pages++, 100);
+  const { loaded } = await a.mappings.loadPages(VIP, () => pages++, 100);
   assert.is(loaded, 3000);
   assert.ok(pages >= LB_STORE_BUCKETS);
-  assert.ok(await a.expirer(VIP, 'n1', 10_000));
-  assert.not.ok(await a.expirer(VIP, 'n2', 10_000));
-  await a.touch(VIP, [mapping(VIP, 1).key], t0);
-  assert.is((await a.expire(VIP, 30, t0)).length, 2999);
-  assert.is(await a.dropTarget(VIP, '10.244.0.5'), 1);
-  await a.dropVip(VIP);
+  assert.ok(await a.leases.take(VIP, 'n1', 10_000));
+  assert.not.ok(await a.leases.take(VIP, 'n2', 10_000));
+  await a.mappings.touch(VIP, [mapping(VIP, 1).key], t0);
+  assert.is((await a.mappings.expire(VIP, 30, t0)).length, 2999);
+  assert.is(await a.mappings.dropTarget(VIP, '10.244.0.5'), 1);
+  await dropVip(a, VIP);
 });
 
 test('on the Cluster, new mappings reach by sharded pub/sub only the nodes serving their VIP', async () => {
@@ -68,17 +69,17 @@ test('on the Cluster, new mappings reach by sharded pub/sub only the nodes servi
   const elsewhere = await store();
   const heard: StoredMapping[] = [];
   const heardElsewhere: StoredMapping[] = [];
-  serving.on('mapping', (m: StoredMapping) => heard.push(m));
-  elsewhere.on('mapping', (m: StoredMapping) => heardElsewhere.push(m));
-  await serving.serve([VIP]);
-  await elsewhere.serve([OTHER]);
-  await waitFor(() => serving.hears(VIP) && elsewhere.hears(OTHER), 'subscribed');
-  await writer.claim(VIP, Array.from({ length: 200 }, (_, i) => mapping(VIP, i)));
+  serving.notices.on('mapping', (m: StoredMapping) => heard.push(m));
+  elsewhere.notices.on('mapping', (m: StoredMapping) => heardElsewhere.push(m));
+  await serving.notices.serve([VIP]);
+  await elsewhere.notices.serve([OTHER]);
+  await waitFor(() => serving.notices.hears(VIP) && elsewhere.notices.hears(OTHER), 'subscribed');
+  await writer.mappings.claim(VIP, Array.from({ length: 200 }, (_, i) => mapping(VIP, i)));
   await waitFor(() => heard.length === 200, 'the serving node heard all 200', { timeoutMs: 5000 });
   await new Promise((r) => setTimeout(r, 200));
   assert.is(heardElsewhere.length, 0, 'a node serving another VIP heard none');
   assert.ok(heard.every((m) => m.key.vip === VIP));
-  await writer.dropVip(VIP);
+  await dropVip(writer, VIP);
 });
 
 // Last, because it leaves one primary dead (its replica serves): the primary serving a VIP's notice channel
@@ -94,11 +95,11 @@ test('a notice whose publish failed while its channel primary was down reaches t
   const writer = await store();
   const serving = await store();
   const heard = new Set<string>();
-  serving.on('mapping', (m: StoredMapping) => heard.add(m.key.client));
+  serving.notices.on('mapping', (m: StoredMapping) => heard.add(m.key.client));
   let resubscribedAt = 0;
-  serving.on('resubscribed', () => (resubscribedAt = Date.now()));
-  await serving.serve([FAILOVER_VIP]);
-  await waitFor(() => serving.hears(FAILOVER_VIP), 'subscribed');
+  serving.notices.on('resubscribed', () => (resubscribedAt = Date.now()));
+  await serving.notices.serve([FAILOVER_VIP]);
+  await waitFor(() => serving.notices.hears(FAILOVER_VIP), 'subscribed');
 
   const victim = await cluster.primaryOf(await cluster.slotOf(`tether:lb:{${FAILOVER_VIP}}:notices`));
   // Mappings whose bucket lives on another primary: their claim's script runs while the channel is down.
@@ -120,7 +121,7 @@ test('a notice whose publish failed while its channel primary was down reaches t
     if (!seen.has(b)) warm.push(failoverMapping(i));
     seen.add(b);
   }
-  await writer.claim(FAILOVER_VIP, warm);
+  await writer.mappings.claim(FAILOVER_VIP, warm);
   await waitFor(() => heard.size === warm.length, 'the warm-up mappings heard');
   heard.clear();
 
@@ -129,7 +130,7 @@ test('a notice whose publish failed while its channel primary was down reaches t
   const killedAt = Date.now();
   let failedPublishes = 0;
   for (const m of onLive) {
-    await writer.claim(FAILOVER_VIP, [m]).then(
+    await writer.mappings.claim(FAILOVER_VIP, [m]).then(
       () => undefined,
       () => failedPublishes++,
     );
@@ -142,14 +143,14 @@ test('a notice whose publish failed while its channel primary was down reaches t
   }
 
   await cluster.waitFailover(victim);
-  await waitFor(() => resubscribedAt > killedAt && serving.hears(FAILOVER_VIP), "the serving node's subscription made again", { timeoutMs: 10_000 });
+  await waitFor(() => resubscribedAt > killedAt && serving.notices.hears(FAILOVER_VIP), "the serving node's subscription made again", { timeoutMs: 10_000 });
   await new Promise((r) => setTimeout(r, 500));
   assert.is(heard.size, 0, 'nothing heard before the writer tries again');
   // The retried claim (as MappingSync retries what failed, every ~20 ms, until its client found the new
   // primary) finds them recorded; then a new one.
   const retried = async (list: StoredMapping[]) => {
     for (const end = Date.now() + 10_000; Date.now() < end; await new Promise((r) => setTimeout(r, 20))) {
-      const got = await writer.claim(FAILOVER_VIP, list).catch(() => undefined);
+      const got = await writer.mappings.claim(FAILOVER_VIP, list).catch(() => undefined);
       if (got) return got;
     }
     throw new Error('a claim did not go through within 10 s of the failover');
@@ -159,7 +160,7 @@ test('a notice whose publish failed while its channel primary was down reaches t
   await retried([last]);
   await waitFor(() => heard.size === onLive.length + 1, `the serving node heard all ${onLive.length + 1}`, { timeoutMs: 5000 }).catch(() => undefined);
   assert.equal([...heard].sort(), [...onLive, last].map((m) => m.key.client).sort(), 'the notices of the mappings recorded during the failover arrived');
-  await writer.dropVip(FAILOVER_VIP);
+  await dropVip(writer, FAILOVER_VIP);
 });
 
 test.run();

@@ -15,7 +15,7 @@ import { ClusterAddresses } from '../../ipam/cluster-addresses';
 import { validatePools } from '../../ipam/pool';
 import { RedisStore } from '../../ipam/store/redis-store';
 import { LbController } from '../../daemon/lb/lb-controller';
-import { MappingStore } from '../../daemon/lb/mapping-store';
+import { connectLbStore, type LbStore } from '../../daemon/lb/lb-store';
 import { resolveLoadBalancers } from '../../daemon/lb/lb-spec';
 import { PodStore } from '../../daemon/state/pod-store';
 import { AttachService } from '../../daemon/pod/attach-service';
@@ -37,7 +37,7 @@ const objects = (targetNode: (i: number) => string, n = N) => lbServiceObjects(n
 interface Node {
   ctl: LbController;
   meter: RedisMeter;
-  store: MappingStore;
+  store: LbStore;
   drops: string[];
   close(): Promise<void>;
 }
@@ -60,10 +60,10 @@ test.after(async () => {
 async function node(name: string, prefix: string): Promise<Node> {
   const meter = await meterRedis(redis.socketPath);
   const ipam = await RedisStore.connect(meter.url, { keyPrefix: prefix });
-  const store = await MappingStore.connect(meter.url, { keyPrefix: prefix });
+  const store = await connectLbStore(meter.url, { keyPrefix: prefix });
   const drops: string[] = [];
-  const drop = store.dropVip.bind(store);
-  store.dropVip = (vip: string) => (drops.push(vip), drop(vip));
+  const drop = store.mappings.drop.bind(store.mappings);
+  store.mappings.drop = (vip: string) => (drops.push(vip), drop(vip));
   const d = path.join(dir, `${prefix}${name}`);
   const ctl = new LbController({
     node: { name, address: '127.0.0.1' }, pinDir: path.join(d, 'bpf'), fouPort: 5555, exportTable: 0, maxVips: 16,
@@ -73,7 +73,7 @@ async function node(name: string, prefix: string): Promise<Node> {
     ctl, meter, store, drops,
     close: async () => {
       await ctl.stop();
-      await store.close();
+      await store.connection.close();
       await ipam.close();
       await meter.close();
     },
@@ -154,7 +154,7 @@ test('a deleted Service\'s VIP is released and its mappings dropped exactly once
     assert.is(n2.ctl.status().find((s) => s.service === 'shop/svc-3')!.vip, vip);
     await n2.ctl.apply(r);
     assert.is(n2.ctl.status().find((s) => s.service === 'shop/svc-3')!.vip, undefined);
-    await lead.store.claim(vip, [{ key: { vip, client: '192.0.2.7', vport: 0, cport: 0, proto: 0 }, target: '10.244.0.3' }]);
+    await lead.store.mappings.claim(vip, [{ key: { vip, client: '192.0.2.7', vport: 0, cport: 0, proto: 0 }, target: '10.244.0.3' }]);
     const keys = async () => (await raw.keys(`${prefix}lb:{${vip}*`)).sort();
     assert.ok((await keys()).length >= 1, 'a mapping stored');
     const ownerKeysBefore = await raw.keys(`${prefix}*`);

@@ -13,7 +13,7 @@ import { ClusterAddresses } from '../../ipam/cluster-addresses';
 import { validatePools } from '../../ipam/pool';
 import { RedisStore } from '../../ipam/store/redis-store';
 import { LbController } from '../../daemon/lb/lb-controller';
-import { MappingStore } from '../../daemon/lb/mapping-store';
+import { connectLbStore } from '../../daemon/lb/lb-store';
 import { VIP_RECORD_FILE, VipRecord } from '../../daemon/lb/vip-record';
 import { resolveLoadBalancers } from '../../daemon/lb/lb-spec';
 import { PodStore } from '../../daemon/state/pod-store';
@@ -62,7 +62,7 @@ interface Node {
 
 async function node(name: string, stateDir: string): Promise<Node> {
   const ipam = await RedisStore.connect(redis.url, { keyPrefix: 'rec:' });
-  const store = await MappingStore.connect(redis.url, { keyPrefix: 'rec:' });
+  const store = await connectLbStore(redis.url, { keyPrefix: 'rec:' });
   fs.mkdirSync(stateDir, { recursive: true });
   const ctl = new LbController({
     node: { name, address: '127.0.0.1' }, pinDir: path.join(stateDir, 'bpf'), fouPort: 5555, exportTable: 0, maxVips: 4,
@@ -73,7 +73,7 @@ async function node(name: string, stateDir: string): Promise<Node> {
     ctl, stateDir,
     close: async () => {
       await ctl.stop();
-      await store.close();
+      await store.connection.close();
       await ipam.close();
     },
   };

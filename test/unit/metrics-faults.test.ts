@@ -15,7 +15,7 @@ import { RedisStore } from '../../ipam/store/redis-store';
 import { LazyStore } from '../../ipam/store/lazy-store';
 import type { ClusterStore } from '../../ipam/types';
 import { LbController } from '../../daemon/lb/lb-controller';
-import { MappingStore } from '../../daemon/lb/mapping-store';
+import { connectLbStore } from '../../daemon/lb/lb-store';
 import { PodStore } from '../../daemon/state/pod-store';
 import { AttachService } from '../../daemon/pod/attach-service';
 import { Ipam } from '../../daemon/parts/ipam';
@@ -100,8 +100,8 @@ test('store outage: the scrape answers with the store gauges at 0 and the cluste
     cleanups.push(() => store.close());
     const ipam = new Ipam({ nodeName: 'n1', config, source: {} as ConfigSource, store, stateDir: path.join(dir, 'state'), logger: quiet });
     await ipam.addresses.allocate({ pool: 'float', owner: 'egress/shop/out#0', count: 2 });
-    const mappings = await MappingStore.connect(redis.url, { keyPrefix: 'f:', timeoutMs: 300 });
-    cleanups.push(() => mappings.close());
+    const mappings = await connectLbStore(redis.url, { keyPrefix: 'f:', timeoutMs: 300 });
+    cleanups.push(() => mappings.connection.close());
     const lb = new LbController({
       node: { name: 'n1', address: '127.0.0.1' }, pinDir: path.join(dir, 'bpf'), fouPort: 5555, exportTable: 0, maxVips: 16,
       store: mappings, addresses: ipam.addresses, attach: new AttachService(new PodStore(path.join(dir, 'state')), quiet), logger: quiet,
@@ -109,14 +109,14 @@ test('store outage: the scrape answers with the store gauges at 0 and the cluste
     cleanups.push(() => lb.stop());
     const server = await startMetrics({ address: { host: '127.0.0.1', port: 0 }, metrics: new TetherMetrics(quiet), parts: { ipam, lb, store }, logger: quiet }, (c) => cleanups.push(c));
     const url = `http://127.0.0.1:${server.boundAddress()!.port}/metrics`;
-    await waitFor(() => store.connected && mappings.connected, 'the store connections');
+    await waitFor(() => store.connected && mappings.connection.connected, 'the store connections');
     let s = await scrapeMetrics(url);
     assert.is(s.value('tether_store_reachable', { subsystem: 'ipam' }), 1);
     assert.is(s.value('tether_store_reachable', { subsystem: 'lb' }), 1);
     assert.is(s.value('tether_ipam_cluster_addresses_allocated', { pool: 'float' }), 2);
 
     await redis.kill();
-    await waitFor(() => !store.connected && !mappings.connected, 'the store connections to notice the outage');
+    await waitFor(() => !store.connected && !mappings.connection.connected, 'the store connections to notice the outage');
     s = await scrapeMetrics(url);
     assert.is(s.value('tether_store_reachable', { subsystem: 'ipam' }), 0);
     assert.is(s.value('tether_store_reachable', { subsystem: 'lb' }), 0);

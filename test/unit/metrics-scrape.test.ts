@@ -16,7 +16,7 @@ import { validatePools } from '../../ipam/pool';
 import { RedisStore } from '../../ipam/store/redis-store';
 import { LazyStore } from '../../ipam/store/lazy-store';
 import { LbController } from '../../daemon/lb/lb-controller';
-import { MappingStore } from '../../daemon/lb/mapping-store';
+import { connectLbStore } from '../../daemon/lb/lb-store';
 import { resolveLoadBalancers } from '../../daemon/lb/lb-spec';
 import { PodStore } from '../../daemon/state/pod-store';
 import { AttachService } from '../../daemon/pod/attach-service';
@@ -111,8 +111,8 @@ test.before(async () => {
   const ipam = new Ipam({ nodeName: 'n1', config, source: {} as ConfigSource, store, stateDir: path.join(dir, 'state'), logger: quiet });
   await ipam.start();
   cleanups.push(() => ipam.stop());
-  const mappings = await MappingStore.connect(redis.url, { keyPrefix: 'm:' });
-  cleanups.push(() => mappings.close());
+  const mappings = await connectLbStore(redis.url, { keyPrefix: 'm:' });
+  cleanups.push(() => mappings.connection.close());
   const podStore = new PodStore(path.join(dir, 'state'));
   const attach = new AttachService(podStore, quiet);
   const ctl = new LbController({

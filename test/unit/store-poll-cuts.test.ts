@@ -10,7 +10,7 @@ import { makeLogger, setLogger } from '../../lib/log';
 import { ClusterAddresses } from '../../ipam/cluster-addresses';
 import { RedisStore } from '../../ipam/store/redis-store';
 import { validatePools } from '../../ipam/pool';
-import { MappingStore } from '../../daemon/lb/mapping-store';
+import { connectLbStore } from '../../daemon/lb/lb-store';
 import { LbShared } from '../../daemon/lb/lb-state';
 import { VipAddresses } from '../../daemon/lb/vip-addresses';
 import type { ResolvedLoadBalancer } from '../../daemon/lb/lb-spec';
@@ -128,9 +128,9 @@ test('a deleted Service\'s mappings and expirer lease are removed from the store
   const prefix = 'gone:';
   const nodes = await Promise.all([0, 1].map(async (i) => {
     const ipam = await RedisStore.connect(redis.url, { keyPrefix: prefix });
-    const store = await MappingStore.connect(redis.url, { keyPrefix: prefix });
+    const store = await connectLbStore(redis.url, { keyPrefix: prefix });
     const s = new LbShared({ node: { name: `n${i}`, address: `10.1.0.${i + 1}` }, pinDir: '/nonexistent', fouPort: 0, exportTable: 0, store, addresses: new ClusterAddresses(pools, ipam, quiet, { holdOffMs: 0 }), attach: {} as AttachService, logger: quiet });
-    return { s, v: new VipAddresses(s, () => undefined), close: async () => { await store.close(); await ipam.close(); } };
+    return { s, v: new VipAddresses(s, () => undefined), close: async () => { await store.connection.close(); await ipam.close(); } };
   }));
   try {
     const lb = { key: 'shop/web', vip: { pool: 'lb' } } as unknown as ResolvedLoadBalancer;
@@ -138,8 +138,8 @@ test('a deleted Service\'s mappings and expirer lease are removed from the store
     const vip = nodes[0].s.vips.get(lb.key)!.vip!;
     assert.is(nodes[1].s.vips.get(lb.key)!.vip, vip);
     const store = nodes[0].s.o.store!;
-    await store.claim(vip, [{ key: { vip, client: '192.0.2.7', vport: 0, cport: 0, proto: 0 }, target: '10.244.0.9' }]);
-    assert.ok(await store.expirer(vip, 'n0', 60_000));
+    await store.mappings.claim(vip, [{ key: { vip, client: '192.0.2.7', vport: 0, cport: 0, proto: 0 }, target: '10.244.0.9' }]);
+    assert.ok(await store.leases.take(vip, 'n0', 60_000));
     const keys = async () => (await raw.keys(`${prefix}lb:{${vip}*`)).sort();
     assert.ok((await keys()).length >= 3, `mappings and lease stored: ${await keys()}`);
     // The Service is deleted: every node releases; the first one's release frees the VIP and drops its keys.

@@ -12,7 +12,8 @@ import * as fs from 'node:fs';
 import { parseArgs } from 'node:util';
 import Redis from 'ioredis';
 import { startRedisCluster } from '../../lib/redis-cluster';
-import { MappingStore, type StoredMapping } from '../../../daemon/lb/mapping-store';
+import type { StoredMapping } from '../../../daemon/lb/mapping-fields';
+import { connectLbStore, type LbStore } from '../../../daemon/lb/lb-store';
 
 export interface MillionResult {
   vip: string;
@@ -45,13 +46,13 @@ export async function runMillion(total = 1_000_000, log: (m: string, x?: Record<
   const sampleRss = () => (rssPeak = Math.max(rssPeak, process.memoryUsage().rss));
   const rssTimer = setInterval(sampleRss, 500);
   const cluster = await startRedisCluster();
-  let store: MappingStore | undefined;
+  let store: LbStore | undefined;
   const admins: Redis[] = [];
   try {
     const primaries = (await cluster.nodes()).filter((n) => n.role === 'master' && !n.failed && n.slots.length).map((n) => n.port);
     for (const p of primaries) admins.push(new Redis({ host: '127.0.0.1', port: p }));
-    store = await MappingStore.connect(cluster.url, { timeoutMs: 10_000 });
-    store.on('error', (e) => fail('store', e));
+    store = await connectLbStore(cluster.url, { timeoutMs: 10_000 });
+    store.connection.on('error', (e: Error) => fail('store', e));
 
     // ioredis's Cluster client opens its connection to each primary on first use, and with the offline
     // queue off (the mapping store's choice: no command waits on a store that is down) commands sent to a
@@ -61,7 +62,7 @@ export async function runMillion(total = 1_000_000, log: (m: string, x?: Record<
     let warmupFailures = 0;
     for (let attempt = 0; attempt < 50; attempt++) {
       try {
-        await Promise.all(Array.from({ length: 64 }, (_, i) => store!.touch(VIP, [mapping(i).key])));
+        await Promise.all(Array.from({ length: 64 }, (_, i) => store!.mappings.touch(VIP, [mapping(i).key])));
         break;
       } catch {
         warmupFailures++;
@@ -77,7 +78,7 @@ export async function runMillion(total = 1_000_000, log: (m: string, x?: Record<
         next = start + CHUNK;
         const list = Array.from({ length: Math.min(CHUNK, total - start) }, (_, k) => mapping(start + k));
         try {
-          const got = await store!.claim(VIP, list);
+          const got = await store!.mappings.claim(VIP, list);
           claimCalls++;
           got.forEach((m, k) => {
             if (m.target !== list[k].target) fail('claim', new Error(`mapping ${start + k} came back with target ${m.target}, not ${list[k].target}`));
@@ -116,7 +117,7 @@ export async function runMillion(total = 1_000_000, log: (m: string, x?: Record<
     let loaded = 0;
     let garbled = 0;
     try {
-      const r = await store.loadPages(VIP, (page) => {
+      const r = await store.mappings.loadPages(VIP, (page) => {
         for (const m of page) held.set(`${m.key.client}:${m.key.cport}`, m.target);
       });
       loaded = r.loaded;
@@ -142,9 +143,9 @@ export async function runMillion(total = 1_000_000, log: (m: string, x?: Record<
     let expired = 0;
     let lease = false;
     try {
-      lease = await store.expirer(VIP, 'bench-expirer', 30_000);
+      lease = await store.leases.take(VIP, 'bench-expirer', 30_000);
       if (!lease) fail('expirer', new Error('expirer lease not taken'));
-      expired = (await store.expire(VIP, 1, Date.now() + 60_000)).length;
+      expired = (await store.mappings.expire(VIP, 1, Date.now() + 60_000)).length;
     } catch (e) {
       fail('expire', e);
     }
@@ -172,7 +173,7 @@ export async function runMillion(total = 1_000_000, log: (m: string, x?: Record<
     };
   } finally {
     clearInterval(rssTimer);
-    await store?.close().catch(() => undefined);
+    await store?.connection.close().catch(() => undefined);
     for (const a of admins) a.disconnect();
     await cluster.stop();
   }
