@@ -1,8 +1,7 @@
 // The one loop every subsystem's reconciler runs on (level-triggered): passes never overlap, a request
 // while a pass runs causes exactly one more pass after it, a failed pass is reported and run again after a
 // capped exponential backoff (lib/backoff.ts; requests meanwhile join that retry), and stop() waits for the
-// pass under way and starts no new one. Its timers (period, retry) never hold the process up. Nobody
-// writes their own busy/again loop.
+// pass under way and starts no new one. Nobody writes their own busy/again loop.
 import { Backoff, jittered } from '../../lib/backoff';
 
 /** A failing loop without a period of its own is retried at least this often. */
@@ -36,6 +35,8 @@ export interface ReconcileLoopOptions {
    * period (RETRY_MAX_MS without one), equal jitter, so a failing loop runs at least as often as its period.
    */
   backoff?: Backoff;
+  /** Its timers (period, retry) hold the process up, as a lease or a connection kept up should; by default they do not. */
+  holdsProcess?: boolean;
 }
 
 export class ReconcileLoop {
@@ -84,7 +85,7 @@ export class ReconcileLoop {
       if (!((this.o.skipBusyTicks || this.o.periodAfterPass) && this.current)) this.request();
       if (!this.o.periodAfterPass) this.arm();
     }, jittered(this.o.everyMs!, this.o.jitter ?? 0));
-    this.timer.unref();
+    if (!this.o.holdsProcess) this.timer.unref();
   }
 
   /**
@@ -154,7 +155,7 @@ export class ReconcileLoop {
       this.retry = undefined;
       void this.kick().then(settle);
     }, this.backoff.next());
-    timer.unref();
+    if (!this.o.holdsProcess) timer.unref();
     this.retry = { timer, done, settle };
     return done;
   }
