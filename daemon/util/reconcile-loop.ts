@@ -5,9 +5,9 @@
 import { Backoff, jittered } from '../../lib/backoff';
 
 /** A failing loop without a period of its own is retried at least this often. */
-export const RETRY_MAX_MS = 30_000;
+const RETRY_MAX_MS = 30_000;
 /** The first retry of a failing loop comes after at most this long (or its period, when shorter). */
-export const RETRY_MIN_MS = 1000;
+const RETRY_MIN_MS = 1000;
 
 export interface ReconcileLoopOptions {
   /** One pass: converges to what is wanted now. May call request() to have another pass right after. */
