@@ -2,9 +2,13 @@
 // candidate's SyncReceiver. A full transfer of the table only when a connection starts, the receiver asks
 // (RESYNC_REQUEST) or the peer fell too far behind; otherwise checkConsistency() (periodic, the caller's
 // timer) sends per-bucket digests (digest.ts), and the receiver asks back for just the buckets that differ.
+// The connection is kept up by a reconcile loop: a pass connects and lasts until the connection closes,
+// then the next one comes after a jittered backoff, reset by each completed handshake.
 import * as net from 'node:net';
 import type { ConntrackEntry, ConntrackEventType } from '../conntrack/types';
 import { log } from '../../lib/log';
+import { Backoff } from '../../lib/backoff';
+import { ReconcileLoop } from '../util/reconcile-loop';
 import { SyncChannel, type ChannelTiming } from './channel';
 import { CoalescingQueue } from './coalescing-queue';
 import { CodecError, EncodedEntries, MAX_EVENT_BYTES, writeEntry, writeList, type SyncEvent } from './entry-codec';
@@ -141,6 +145,9 @@ function inSet(all: Snapshot, set: BucketSet): Snapshot {
   return out;
 }
 
+/** A connection's pass ends when the connection does: the link connects again after its backoff. */
+class ConnectionEnded extends Error {}
+
 export class SyncSender {
   private readonly o: Required<Omit<SyncSenderOptions, 'expectReceiverId' | 'stream' | 'epoch' | 'digests'>> & Pick<SyncSenderOptions, 'expectReceiverId' | 'digests'> & { stream: string; epoch: number };
   private version: number | undefined;
@@ -167,8 +174,13 @@ export class SyncSender {
   /** Sequence number of the last DIGEST sent: no other goes out before the receiver acked (compared) it. */
   private checkSeq = -1;
   private pumpScheduled = false;
-  private reconnectTimer: NodeJS.Timeout | undefined;
-  private backoff: number;
+  /** Connects, and again after a connection ends (a pass lasts as long as its connection). */
+  private readonly link: ReconcileLoop;
+  /** Waits before connecting again: bounded, exponential, jittered (candidates restarted together do not
+   *  reconnect in lockstep); reset once a handshake completes. */
+  private readonly backoff: Backoff;
+  /** Ends the pass of the current connection. */
+  private ended: ((reason: string) => void) | undefined;
   private nonceS: Buffer | undefined;
   private pendingKeys: SessionKeys | undefined;
   private receiverId: string | undefined;
@@ -191,7 +203,18 @@ export class SyncSender {
     };
     checkBuckets(this.o.buckets);
     this.timing = { heartbeatMs: this.o.heartbeatMs, deadAfterMs: this.o.deadAfterMs, handshakeTimeoutMs: this.o.handshakeTimeoutMs };
-    this.backoff = this.o.backoffMinMs;
+    this.backoff = new Backoff(this.o.backoffMinMs, this.o.backoffMaxMs, Math.random, 0.25);
+    this.link = new ReconcileLoop({
+      run: () => this.connection(),
+      backoff: this.backoff,
+      holdsProcess: true,
+      // A connection's end is logged by onClosed; anything else kept it from being made.
+      onError: (e) => {
+        if (e instanceof ConnectionEnded) return;
+        if (this.state !== 'closed') this.state = 'idle';
+        log().error('conntrack sync: cannot connect', { peer: this.peer, stream: this.o.stream, error: e.message });
+      },
+    });
   }
 
   get peer(): string {
@@ -200,7 +223,7 @@ export class SyncSender {
 
   /** Starts connecting; reconnects on its own until close(). Idempotent. */
   start(): void {
-    if (this.state === 'idle' && !this.reconnectTimer) this.connect();
+    if (this.state === 'idle') this.link.request();
   }
 
   /**
@@ -326,17 +349,25 @@ export class SyncSender {
   async close(): Promise<void> {
     if (this.state === 'closed') return;
     this.state = 'closed';
-    clearTimeout(this.reconnectTimer);
+    const passDone = this.link.stop();
     const ch = this.ch;
     if (ch) {
       ch.close('sender closed', true);
       await ch.done;
     }
+    await passDone;
+  }
+
+  /** One pass of the link: a connection, ended (rejected) when it closes. */
+  private connection(): Promise<void> {
+    if (this.state === 'closed') return Promise.resolve();
+    return new Promise((_, reject) => {
+      this.ended = (reason) => reject(new ConnectionEnded(reason));
+      this.connect();
+    });
   }
 
   private connect(): void {
-    this.reconnectTimer = undefined;
-    if (this.state === 'closed') return;
     this.state = 'connecting';
     const gen = ++this.generation;
     const socket = net.connect({ host: this.o.host, port: this.o.port });
@@ -400,7 +431,7 @@ export class SyncSender {
     ch.establish(keys.toReceiver, keys.toSender, keys.session, Buffer.from(this.receiverId!, 'utf8'), this.version);
     this.nonceS = undefined;
     this.pendingKeys = undefined;
-    this.backoff = this.o.backoffMinMs;
+    this.backoff.reset();
     this.s.connects++;
     this.up = true;
     this.lastRejected = undefined;
@@ -472,12 +503,11 @@ export class SyncSender {
         framesSent: this.s.framesSent, entriesSent: this.s.entriesSent, resyncs: this.s.resyncs, disconnects: this.s.disconnects,
       });
     }
-    if (this.state === 'closed') return;
-    this.state = 'idle';
-    // Bounded exponential backoff with jitter so candidates restarted together don't reconnect in lockstep.
-    const delay = Math.round(this.backoff * (0.75 + Math.random() / 2));
-    this.backoff = Math.min(this.o.backoffMaxMs, this.backoff * 2);
-    this.reconnectTimer = setTimeout(() => this.connect(), delay);
+    if (this.state !== 'closed') this.state = 'idle';
+    const ended = this.ended;
+    this.ended = undefined;
+    // The link connects again after its backoff (unless closed).
+    ended?.(reason);
   }
 
   /**

@@ -3,14 +3,16 @@
 // a series on the Event already written (series.count, series.lastObservedTime) instead of a new object;
 // a token bucket per object (BURST writes, then one more every REFILL_MS, like client-go's spam filter)
 // bounds what one object can cost the API server, and drops the excess with one debug line. emit() never
-// waits and never throws: it only queues (a bounded queue; a full one drops), and one worker sends the
-// queue in order. API errors are logged (the first of a run at warn, the rest at debug) and never thrown:
-// Events are informative, and an Event flood during a takeover storm must not slow the egress path.
+// waits and never throws: it only queues (a bounded queue; a full one drops), and one worker (a reconcile
+// loop's passes) sends the queue in order. API errors are logged (the first of a run at warn, the rest at
+// debug) and never thrown: Events are informative, and an Event flood during a takeover storm must not
+// slow the egress path.
 import { microTime } from './micro-time';
 import { randomBytes } from 'node:crypto';
 import * as k8s from '@kubernetes/client-node';
 import type { Logger } from '../../lib/log';
 import { describeError } from '../config/reflector';
+import { ReconcileLoop } from '../util/reconcile-loop';
 
 /** The controller named in every Event tetherd writes. */
 export const REPORTING_CONTROLLER = 'tether.dev/tetherd';
@@ -117,7 +119,12 @@ export class EventRecorder {
   private readonly pending = new Set<Series>();
   private pendingTimer?: NodeJS.Timeout;
   private readonly queue: Series[] = [];
-  private worker?: Promise<void>;
+  /** Sends the queue: one pass at a time; writes queued during a pass get one more after it. */
+  private readonly sender = new ReconcileLoop({
+    run: () => this.drain(),
+    // drain() catches every write's error; anything else is a bug, and Events are informative.
+    onError: (e) => this.o.logger.warn('kube: events not sent', { error: e.message }),
+  });
   private stopped = false;
   private queueFullLogged = false;
   /** Set while writes fail (logged at warn once, then at debug until one succeeds). */
@@ -236,16 +243,7 @@ export class EventRecorder {
     s.queued = true;
     this.queue.push(s);
     this.stats.queued = this.queue.length;
-    this.kick();
-  }
-
-  /** One worker at a time; one that ends with writes queued meanwhile is followed by another. */
-  private kick(): void {
-    if (this.worker || this.stopped) return;
-    this.worker = this.drain().finally(() => {
-      this.worker = undefined;
-      if (this.queue.length) this.kick();
-    });
+    if (!this.stopped) this.sender.request();
   }
 
   /** Sends the queue in order, one request at a time. */
@@ -335,8 +333,8 @@ export class EventRecorder {
   }
 
   /** Waits until the queue is sent (tests, stop). */
-  async flush(): Promise<void> {
-    while (this.worker) await this.worker;
+  flush(): Promise<void> {
+    return this.sender.idle();
   }
 
   /** No more Events; what is queued is sent for at most `timeoutMs`, the rest dropped. */
@@ -348,6 +346,7 @@ export class EventRecorder {
     clearTimeout(timer);
     this.stopped = true;
     this.queue.length = 0;
+    void this.sender.stop();
   }
 }
 

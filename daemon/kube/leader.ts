@@ -10,7 +10,8 @@ import { microTime } from './micro-time';
 import { EventEmitter } from 'node:events';
 import * as k8s from '@kubernetes/client-node';
 import type { Logger } from '../../lib/log';
-import { Backoff, jittered } from '../../lib/backoff';
+import { Backoff } from '../../lib/backoff';
+import { ReconcileLoop } from '../util/reconcile-loop';
 
 export interface LeaderOptions {
   kc: k8s.KubeConfig;
@@ -33,16 +34,17 @@ function statusOf(e: unknown): number | undefined {
   return x.code ?? x.statusCode;
 }
 
+/** An attempt that failed for a candidate (the API away, or an error other than a lost race): backed off. */
+class AttemptFailed extends Error {}
+
 /** Emits 'elected' and 'lost'. */
 export class LeaderElection extends EventEmitter {
   private readonly api: k8s.CoordinationV1Api;
-  private timer?: NodeJS.Timeout;
   private leader = false;
   private lastRenew = 0;
-  private stopped = false;
-  private running?: Promise<void>;
   private readonly durationS: number;
-  private readonly backoff: Backoff;
+  /** One attempt per pass: the next one a retry period (±10%) after it, or its backoff after a failure. */
+  private readonly loop: ReconcileLoop;
   /** Attempts made (for tests: a non-candidate makes none). */
   attempts = 0;
 
@@ -50,7 +52,20 @@ export class LeaderElection extends EventEmitter {
     super();
     this.api = o.kc.makeApiClient(k8s.CoordinationV1Api);
     this.durationS = o.leaseDurationSeconds ?? 15;
-    this.backoff = new Backoff(this.o.retryMs ?? Math.round((this.durationS * 1000) / 3), this.durationS * 1000);
+    const every = this.o.retryMs ?? Math.round((this.durationS * 1000) / 3);
+    this.loop = new ReconcileLoop({
+      run: async () => {
+        const ok = await this.attempt();
+        // A leader renews on time whatever happened; a candidate whose attempts fail backs off.
+        if (!ok && !this.leader) throw new AttemptFailed();
+      },
+      everyMs: every,
+      jitter: 0.1,
+      periodAfterPass: true,
+      backoff: new Backoff(every, this.durationS * 1000),
+      holdsProcess: true,
+      onError: () => {}, // attempt() logs its failures
+    });
   }
 
   isLeader(): boolean {
@@ -58,23 +73,12 @@ export class LeaderElection extends EventEmitter {
   }
 
   start(): void {
-    const every = this.o.retryMs ?? Math.round((this.durationS * 1000) / 3);
-    const loop = () => {
-      if (this.stopped) return;
-      this.running = this.attempt().then((ok) => {
-        // A leader renews on time whatever happened; a candidate whose attempts fail backs off.
-        if (ok || this.leader) this.backoff.reset();
-        if (!this.stopped) this.timer = setTimeout(loop, ok || this.leader ? jittered(every, 0.1) : this.backoff.next());
-      });
-    };
-    loop();
+    this.loop.start().request();
   }
 
   /** Stops; a leader gives the Lease up (holder cleared) so another node takes over at once. */
   async stop(): Promise<void> {
-    this.stopped = true;
-    clearTimeout(this.timer);
-    await this.running;
+    await this.loop.stop();
     if (!this.leader) return;
     try {
       const cur = (await this.api.readNamespacedLease({ name: this.o.name, namespace: this.o.namespace })) as Lease;

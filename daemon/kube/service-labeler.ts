@@ -3,13 +3,14 @@
 // by label (Kubernetes' EndpointSlice controller copies a Service's labels onto its slices). Only the
 // leader watches every Service of the cluster; the nodes watch a label selector. Level-triggered: each pass
 // compares the cached Services with what they should carry and patches the difference (a JSON merge patch
-// of that one label, so nothing else of the Service is rewritten); a failed patch is retried on a later
-// pass after a jittered backoff.
+// of that one label, so nothing else of the Service is rewritten); a pass with a failed patch is retried
+// after a jittered backoff (the reconcile loop's).
 import * as k8s from '@kubernetes/client-node';
 import type { Logger } from '../../lib/log';
 import { Backoff } from '../../lib/backoff';
 import { Reflector, describeError } from '../config/reflector';
 import { isTetherService, LB_CLASS, TETHER_SERVICE_LABEL } from '../objects/names';
+import { ReconcileLoop } from '../util/reconcile-loop';
 
 type Obj = Record<string, any>;
 
@@ -22,14 +23,16 @@ export interface ServiceLabelerOptions {
   settleMs?: number;
 }
 
+/** A pass some of whose patches failed (each logged already): retried after the loop's backoff. */
+class PatchesFailed extends Error {}
+
 export class ServiceLabeler {
   private readonly reflector: Reflector;
   private readonly core: k8s.CoreV1Api;
-  private timer?: NodeJS.Timeout;
-  private running?: Promise<void>;
-  private again = false;
-  private stopped = true;
-  private readonly backoff = new Backoff(500, 30_000);
+  /** Changes settle this long before a pass (every change restarts the wait). */
+  private settle?: NodeJS.Timeout;
+  /** Made anew at each start (the leader's work stops and starts it again). */
+  private loop?: ReconcileLoop;
   readonly stats = { patches: 0, failures: 0 };
 
   constructor(private readonly o: ServiceLabelerOptions) {
@@ -39,39 +42,37 @@ export class ServiceLabeler {
       kc: o.kc,
       path: '/api/v1/services',
       list: (resourceVersion) => this.core.listServiceForAllNamespaces({ resourceVersion }) as unknown as Promise<Obj>,
-      changed: () => this.soon(o.settleMs ?? 50),
+      changed: () => this.changed(),
       logger: o.logger,
     });
   }
 
   start(): void {
-    this.stopped = false;
+    this.loop = new ReconcileLoop({
+      run: () => this.pass(),
+      backoff: new Backoff(500, 30_000),
+      holdsProcess: true,
+      onError: (e) => {
+        if (!(e instanceof PatchesFailed)) this.o.logger.warn('kube: Service labelling pass failed', { error: e.message });
+      },
+    });
     this.reflector.start();
   }
 
   async stop(): Promise<void> {
-    this.stopped = true;
-    clearTimeout(this.timer);
+    const loop = this.loop;
+    this.loop = undefined;
+    clearTimeout(this.settle);
+    // Patches not sent yet are dropped at once; the pass under way is waited for after the watch stops.
+    const passDone = loop?.stop();
     await this.reflector.stop();
-    await this.running;
+    await passDone;
   }
 
-  private soon(ms: number): void {
-    if (this.stopped) return;
-    clearTimeout(this.timer);
-    this.timer = setTimeout(() => {
-      if (this.running) {
-        this.again = true;
-        return;
-      }
-      this.running = this.pass().finally(() => {
-        this.running = undefined;
-        if (this.again) {
-          this.again = false;
-          this.soon(0);
-        }
-      });
-    }, ms);
+  private changed(): void {
+    if (!this.loop) return;
+    clearTimeout(this.settle);
+    this.settle = setTimeout(() => this.loop?.request(), this.o.settleMs ?? 50);
   }
 
   /** Services whose label is not what their class says, with the value they should have (null: none). */
@@ -87,10 +88,11 @@ export class ServiceLabeler {
   }
 
   private async pass(): Promise<void> {
+    const loop = this.loop;
     const todo = this.mismatches();
     let failed = 0;
     const one = async (t: { namespace: string; name: string; want: 'true' | null }) => {
-      if (this.stopped) return;
+      if (!loop || loop.stopping) return;
       try {
         await this.core.patchNamespacedService(
           { name: t.name, namespace: t.namespace, body: { metadata: { labels: { [TETHER_SERVICE_LABEL]: t.want } } } },
@@ -110,7 +112,6 @@ export class ServiceLabeler {
     await Promise.all(Array.from({ length: Math.min(this.o.parallel ?? 4, queue.length) }, async () => {
       for (let t = queue.shift(); t; t = queue.shift()) await one(t);
     }));
-    if (failed) this.soon(this.backoff.next());
-    else this.backoff.reset();
+    if (failed) throw new PatchesFailed(`${failed} Service labels not written`);
   }
 }

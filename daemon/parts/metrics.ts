@@ -14,6 +14,8 @@ import type { HealthController } from '../health/health-controller';
 import type { LazyStore } from '../../ipam/store/lazy-store';
 import type { Ipam } from './ipam';
 import type { Subsystem } from './subsystem';
+import { Backoff } from '../../lib/backoff';
+import { ReconcileLoop } from '../util/reconcile-loop';
 
 /** A metrics port that could not be opened is tried again this often. */
 export const LISTEN_RETRY_MS = 10_000;
@@ -102,7 +104,8 @@ export class MetricsServer implements Subsystem<never> {
   private server?: http.Server;
   private listening = false;
   private problem?: string;
-  private retry?: NodeJS.Timeout;
+  /** Listens; a listener that cannot be opened is tried again every retryMs. */
+  private readonly listener: ReconcileLoop;
   private stopped = false;
 
   constructor(
@@ -115,7 +118,11 @@ export class MetricsServer implements Subsystem<never> {
       logger: Logger;
       retryMs?: number;
     },
-  ) {}
+  ) {
+    const retryMs = o.retryMs ?? LISTEN_RETRY_MS;
+    // tryListen() logs its failure (once per problem).
+    this.listener = new ReconcileLoop({ run: () => this.tryListen(), backoff: new Backoff(retryMs, retryMs, Math.random, 0), onError: () => {} });
+  }
 
   get metrics(): TetherMetrics {
     return this.o.metrics;
@@ -133,7 +140,7 @@ export class MetricsServer implements Subsystem<never> {
       return;
     }
     this.o.clusterUsage?.refresh();
-    await this.tryListen();
+    await this.listener.kick();
   }
 
   apply(): void {
@@ -142,7 +149,7 @@ export class MetricsServer implements Subsystem<never> {
 
   async stop(): Promise<void> {
     this.stopped = true;
-    clearTimeout(this.retry);
+    void this.listener.stop();
     const s = this.server;
     this.server = undefined;
     this.listening = false;
@@ -194,8 +201,7 @@ export class MetricsServer implements Subsystem<never> {
       const problem = `cannot listen on ${where}: ${why}`;
       if (problem !== this.problem) this.o.logger.error('metrics: not served; retried', { address: where, problem, retryMs: this.o.retryMs ?? LISTEN_RETRY_MS });
       this.problem = problem;
-      if (!this.stopped) this.retry = setTimeout(() => void this.tryListen(), this.o.retryMs ?? LISTEN_RETRY_MS).unref();
-      return;
+      throw new Error(problem);
     }
     if (this.stopped) {
       server.close();

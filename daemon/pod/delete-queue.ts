@@ -12,6 +12,7 @@ import { fsyncDir, removeFileDurable } from '../../lib/atomic-file';
 import type { Lifecycle } from '../lifecycle';
 import type { Logger } from '../../lib/log';
 import { ReconcileLoop } from '../util/reconcile-loop';
+import { Backoff } from '../../lib/backoff';
 import type { AttachService } from './attach-service';
 import type { IpamService } from '../../ipam/ipam-service';
 
@@ -41,8 +42,9 @@ export class DeleteQueue {
   /** The periodic drains. */
   private readonly loop: ReconcileLoop;
   private draining?: Promise<DrainSummary>;
-  /** Failed requests by file name: how often, and when to try again. Lost on restart, which retries all. */
-  private readonly failures = new Map<string, { count: number; nextAt: number }>();
+  /** Failed requests by file name: their backoff (doubling from retryEveryMs, no jitter), and when to try
+   *  again. Lost on restart, which retries all. */
+  private readonly failures = new Map<string, { backoff: Backoff; nextAt: number }>();
 
   constructor(
     readonly dir: string,
@@ -141,10 +143,11 @@ export class DeleteQueue {
     try {
       await this.handlers[req.method](p);
     } catch (e) {
-      const count = (this.failures.get(name)?.count ?? 0) + 1;
-      const backoff = Math.min(this.retryEveryMs * 2 ** (count - 1), MAX_BACKOFF_MS);
-      this.failures.set(name, { count, nextAt: Date.now() + backoff });
-      this.logger.warn('delete queue: queued DEL failed; kept for retry', { ...who, error: (e as Error).message, attempt: count, retryInSeconds: Math.round(backoff / 1000) });
+      const failure = this.failures.get(name) ?? { backoff: new Backoff(this.retryEveryMs, MAX_BACKOFF_MS, Math.random, 0), nextAt: 0 };
+      const backoff = failure.backoff.next();
+      failure.nextAt = Date.now() + backoff;
+      this.failures.set(name, failure);
+      this.logger.warn('delete queue: queued DEL failed; kept for retry', { ...who, error: (e as Error).message, attempt: failure.backoff.failures, retryInSeconds: Math.round(backoff / 1000) });
       return false;
     }
     this.failures.delete(name);
