@@ -1,31 +1,37 @@
 // tetherd: the node daemon. One per node; several can run side by side (the testbed), each with its own
 // socket, state dir and bpffs pin dir. Pods it attached are recorded in the state dir and survive restarts.
-// This file only wires the parts (daemon/parts/) together: every subsystem has one shape (start / apply
-// typed desired state / stop / status, parts/subsystem.ts), each configuration from the config source is
-// resolved once into every subsystem's desired state and applied, and every part that starts registers
-// its stop, so a stop (or a failed start) undoes them in reverse order before the logger ends.
+// This file only wires the parts (daemon/parts/) together: nodeParts() is the list of a node's parts in
+// start order, each a Part (lifecycle.ts: name, start, stop, stop budget), started by one Lifecycle.start,
+// so a stop (or a failed start) undoes them in reverse order before the logger ends. Every subsystem is
+// such a part with desired state (parts/subsystem.ts): each configuration from the config source is
+// resolved once into every subsystem's desired state and applied. The scale simulation builds its nodes
+// with the same nodeParts(), leaving out what it has no use for.
 import * as path from 'node:path';
 import { makeLogger, setLogger, type Logger } from '../lib/log';
-import { endLogger, Lifecycle, StartError, stopSignal } from './lifecycle';
+import { endLogger, Lifecycle, StartError, stopOnly, stopSignal, type Part } from './lifecycle';
 import { LoopLag } from './util/loop-lag';
-import { feedResolved, type Reconciler } from './config/source';
+import type { Reconciler } from './config/source';
 import { KubeSource } from './config/kube-source';
 import { EgressObjects } from './egress/egress-config';
+import type { EgressController } from './egress/egress-controller';
+import type { LbController } from './lb/lb-controller';
 import { parseCandidates } from './kube/controllers';
+import type { PodStore } from './state/pod-store';
+import type { AttachService } from './pod/attach-service';
+import { nodeDeleteQueue } from './pod/delete-queue';
 import { checkRedisOption, flowsOption, metricsAddressOption, nodeNameOf, parseOptions, portOption, USAGE, type Options } from './options';
-import { CurrentConfig, startSource } from './parts/source';
-import { openPodState, startIpam, startStore, withStorePassword } from './parts/ipam';
-import { startDeleteQueue } from './pod/delete-queue';
-import { createEgress, Egress, planEgress } from './parts/egress';
-import { apiServer, startProbes } from './parts/api';
+import { configFeed, CurrentConfig, SourcePart } from './parts/source';
+import { clusterStore, Ipam, openPodState, withStorePassword } from './parts/ipam';
+import { createEgress, Egress, ownershipStore, planEgress } from './parts/egress';
+import { Probes, socketApi } from './parts/api';
 import { ensureBpffs, setBpffsMode } from './bpf/bpffs';
-import { createLb, Health, LoadBalancer } from './parts/lb';
+import { createLb, Health, LoadBalancer, mappingStore, planLb } from './parts/lb';
 import { Controllers } from './parts/controllers';
-import { startMetrics } from './parts/metrics';
+import { metricsServer } from './parts/metrics';
 import { TetherMetrics } from './metrics/tether-metrics';
 import { fed, resolveDesired, type DesiredState, type Subsystem } from './parts/subsystem';
 import { VERSION } from '../lib/version';
-import { observeSubsystems, startReporting } from './parts/kube-reporting';
+import { KubeReporting, observeSubsystems } from './parts/kube-reporting';
 import { useSysctlJournal } from './sys/sysctl-journal';
 
 export async function main(argv: string[]): Promise<number> {
@@ -48,7 +54,7 @@ export async function main(argv: string[]): Promise<number> {
   const life = new Lifecycle(logger);
   let code = 0;
   try {
-    await start(opts, nodeName, logger, life);
+    await life.start(nodeParts(opts, { nodeName, logger }));
     const signal = await stop.signal;
     logger.info('tetherd stopping', { signal });
     await life.stopAll();
@@ -64,17 +70,69 @@ export async function main(argv: string[]): Promise<number> {
   return code;
 }
 
-/** Starts every part in order, registering each one's stop with `life` as soon as it runs. */
-async function start(opts: Options, nodeName: string, logger: Logger, life: Lifecycle): Promise<void> {
+/** What a node leaves out: the scale simulation runs many in one process, with no kernel, CNI clients, kubelet or Prometheus. */
+export interface Without {
+  /** The host's bpffs (checked, and its mode set) and the sysctl journal in the state dir. */
+  host?: boolean;
+  /** The socket API, the delete queue the CNI clients fill, and the event loop monitor its status reads. */
+  cni?: boolean;
+  /** Prometheus metrics. */
+  metrics?: boolean;
+  /** Kubernetes Events and the node's TetherNode (kube mode). */
+  reporting?: boolean;
+}
+
+/** A node's parts once started, for those who drive it from outside (the scale simulation). */
+export interface StartedNode {
+  podStore: PodStore;
+  attach: AttachService;
+  ipam: Ipam;
+  egress?: EgressController;
+  lb?: LbController;
+}
+
+/**
+ * A node's parts, yielded in start order: each one is started (and its stop registered) by
+ * Lifecycle.start before the next is built, so a part is built from what started before it.
+ *
+ * Start order, and why:
+ *   config source      its first configuration is what every part starts from
+ *   cluster store      IPAM's (connected lazily: tetherd starts without it)
+ *   probes             kubelet sees a starting tetherd (/readyz "starting") rather than a refused port
+ *   kubernetes events and node status   the TetherNode says Ready False, Starting, from here on
+ *   ipam               pod blocks and allocations, before anything allocates or releases
+ *   delete queue       the DELs queued while tetherd was away are replayed before roles start and the socket serves
+ *   ownership store, lb mapping store   the egress and LB controllers' connections, opened before they are built
+ *   event loop monitor, metrics         served while the rest starts (a metrics port in use is retried, not fatal)
+ *   egress, load balancer   only their stops are registered here: they stop after the socket (a CNI ADD under
+ *                      way still finds its roles), and also when a later start fails, so what they set up is
+ *                      undone; egress's stop is bounded by its own budget, counted from the stop's start
+ *   socket API         serves from here
+ *   (egress starts; the LB applies the first desired state, then starts)
+ *   health checks      once the LB runs; they join the subsystems' status once started
+ *   config updates     every accepted change (and the one held since the source started), to each subsystem
+ *   controllers        after the config feed, which keeps their candidacy on this node's labels
+ * Stop order, the reverse: controllers, config updates, health checks, socket API (requests under way, a CNI
+ * ADD, are answered and written before anything they use goes away; the runtime retries what arrives after),
+ * load balancer, egress, metrics, event loop monitor, lb mapping store, ownership store, delete queue, ipam,
+ * kubernetes events and node status, probes, cluster store, config source.
+ */
+export async function* nodeParts(opts: Options, o: { nodeName: string; logger: Logger; without?: Without }): AsyncGenerator<Part, StartedNode, void> {
+  const { nodeName, logger } = o;
+  const without = o.without ?? {};
   try {
-    setBpffsMode(opts.bpffs);
-    // In a container the host's bpffs must already be there: say so before anything starts.
-    if (opts.bpffs === 'host') ensureBpffs(opts['bpf-pin-dir']);
+    if (!without.host) {
+      setBpffsMode(opts.bpffs);
+      // In a container the host's bpffs must already be there: say so before anything starts.
+      if (opts.bpffs === 'host') ensureBpffs(opts['bpf-pin-dir']);
+    }
     parseCandidates(opts['controller-candidates']);
   } catch (e) {
     throw new StartError(2, (e as Error).message);
   }
-  const { source, config, takeMissed } = await startSource(opts, nodeName, logger, life);
+  const src = new SourcePart(opts, nodeName, logger);
+  yield src;
+  const { source, config } = src;
   const current = new CurrentConfig(config, nodeName);
   const fouPort = portOption('fou-port', opts['fou-port']);
   const syncPort = portOption('sync-port', opts['sync-port']);
@@ -87,60 +145,68 @@ async function start(opts: Options, nodeName: string, logger: Logger, life: Life
   // The resolve step: each configuration into every subsystem's desired state, once.
   const resolve = (c: typeof config): DesiredState => resolveDesired(c, { nodeName, egressObjects });
 
-  const store = await startStore(opts, logger, life);
+  const store = clusterStore(opts, logger);
+  if (store) yield store;
   const stateDir = opts['state-dir'];
   // The node sysctls tetherd changes are journalled here before each change, for uninstall to restore.
-  useSysctlJournal(path.join(stateDir, 'sysctl-journal.json'));
+  if (!without.host) useSysctlJournal(path.join(stateDir, 'sysctl-journal.json'));
   const { podStore, attach, loaded } = openPodState(stateDir, logger);
-  const probes = await startProbes(opts, attach, logger, (name, close) => life.started(name, close));
+  const probes = new Probes(opts, attach, logger);
+  if (probes.serves) yield probes;
   // Kubernetes Events and this node's TetherNode (with a config file there is no API: none of it).
-  const reporting = source instanceof KubeSource ? startReporting(opts, { source, nodeName, version: VERSION, roleProblems: () => attach.roleProblems.list(), logger }, life) : undefined;
-  const ipam = await startIpam({ nodeName, config, source, store, stateDir, logger }, life);
-  // DELs the CNI clients queued while tetherd was away are replayed before roles start and the socket serves.
-  await startDeleteQueue({ stateDir, attach, ipam: ipam.service, logger }, life);
-  const egress = new Egress(
-    egressPlan
-      ? await createEgress(opts, egressPlan, { nodeName, config, fouPort, syncPort, maxFlows, addresses: ipam.addresses, attach, logger, onOwnershipChanged: reporting?.onOwnershipChanged, onStandbySyncChanged: reporting?.onStandbySyncChanged }, (close) => life.started('ownership store', close))
-      : undefined,
-    logger,
-  );
-  const lb = new LoadBalancer(await createLb(opts, { config, fouPort, addresses: ipam.addresses, attach, nodeName, logger }, (close) => life.started('lb mapping store', close)), logger);
-  if (reporting) observeSubsystems(reporting, { egress: egress.controller, lb: lb.controller });
-  const egressController = egress.controller;
+  const reporting = source instanceof KubeSource && !without.reporting
+    ? new KubeReporting({ source, nodeName, version: VERSION, storeConfigured: !!opts.redis, bpfPinDir: opts['bpf-pin-dir'], roleProblems: () => attach.roleProblems.list(), logger })
+    : undefined;
+  if (reporting) yield reporting;
+  const ipam = new Ipam({ nodeName, config, source, store: store?.store, stateDir, logger });
+  yield ipam;
+  if (!without.cni) yield nodeDeleteQueue({ stateDir, attach, ipam: ipam.service, logger });
+  let egressController: EgressController | undefined;
+  if (egressPlan) {
+    const ownership = ownershipStore(opts);
+    yield ownership;
+    egressController = createEgress(opts, egressPlan, {
+      nodeName, config, fouPort, syncPort, maxFlows, addresses: ipam.addresses, attach, logger, ownership: ownership.value,
+      onOwnershipChanged: reporting?.onOwnershipChanged, onStandbySyncChanged: reporting?.onStandbySyncChanged,
+    });
+  }
+  const egress = new Egress(egressController, logger);
+  const lbPlan = planLb(opts, config);
+  let lbController: LbController | undefined;
+  if (lbPlan) {
+    const mappings = mappingStore(opts, lbPlan);
+    yield mappings;
+    lbController = createLb(opts, lbPlan, { fouPort, addresses: ipam.addresses, attach, nodeName, store: mappings.value, logger });
+  }
+  const lb = new LoadBalancer(lbController, logger);
+  if (reporting) observeSubsystems(reporting, { egress: egressController, lb: lbController });
   if (egressController) probes.egressSync(() => egressController.standbyProblems());
   // The main event loop's worst delay since start (status): what a busy tetherd does to its timers.
   const loopLag = new LoopLag();
-  life.started('event loop monitor', () => loopLag.stop());
+  if (!without.cni) yield loopLag;
 
-  // Prometheus metrics: served while the rest starts (a port in use is retried, not fatal); CNI requests counted from the first.
+  // Prometheus metrics; CNI requests counted from the first.
   let health: Health | undefined;
-  const metrics = new TetherMetrics(logger);
-  const metricsServer = await startMetrics(
-    { address: metricsAddress, metrics, parts: { ipam, egress: egress.controller, lb: lb.controller, health: () => health?.checks, store }, logger },
-    (close) => life.started('metrics', close),
-  );
-
+  const metrics = without.metrics ? undefined : new TetherMetrics(logger);
   // In status order; the health checks join once they start.
-  const subsystems: Array<Subsystem<never>> = [ipam, egress, lb, metricsServer, ...(reporting ? [reporting] : [])];
-  const server = apiServer({
-    socket: opts.socket, nodeName, stateDir, bpfPinDir: opts['bpf-pin-dir'], current, podStore, attach, ipam, subsystems, loopLag, logger,
-    kubernetes: source instanceof KubeSource ? () => ({ problems: source.problems(), resources: source.stats() }) : undefined,
-    cniAnswered: (plugin, command, seconds, code) => metrics.cniAnswered(plugin, command, seconds, code),
-  });
-  // Egress stops after the socket (a CNI ADD under way still finds its roles), and also when its own start
-  // fails half-way, so whatever it set up is undone.
-  // Its stop may keep an address while no standby is in sync (HANDOVER_WAIT_MS): bounded by its own budget.
-  if (egress.controller) life.started('egress', () => egress.stop(life.stoppingSince), egress.controller.stopBudgetMs);
-  if (lb.controller) life.started('load balancer', () => lb.stop(), 15_000);
-  try {
-    await server.listen();
-  } catch (e) {
-    throw new StartError(1, `cannot serve socket ${opts.socket}: ${(e as Error).message}`);
+  const subsystems: Array<Subsystem<never>> = [ipam, egress, lb];
+  if (metrics) {
+    const server = metricsServer({ address: metricsAddress, metrics, parts: { ipam, egress: egressController, lb: lbController, health: () => health?.checks, store: store?.store }, logger });
+    yield server;
+    subsystems.push(server);
   }
-  // The socket stops first: requests under way (a CNI ADD) are answered and written before anything
-  // they use goes away; the runtime retries what arrives after.
-  life.started('socket API', () => server.close());
-  if (egress.controller) {
+  if (reporting) subsystems.push(reporting);
+
+  if (egressController) yield stopOnly(egress);
+  if (lbController) yield stopOnly(lb);
+  if (!without.cni) {
+    yield socketApi({
+      socket: opts.socket, nodeName, stateDir, bpfPinDir: opts['bpf-pin-dir'], current, podStore, attach, ipam, subsystems, loopLag, logger,
+      kubernetes: source instanceof KubeSource ? () => ({ problems: source.problems(), resources: source.stats() }) : undefined,
+      cniAnswered: metrics && ((plugin, command, seconds, code) => metrics.cniAnswered(plugin, command, seconds, code)),
+    });
+  }
+  if (egressController) {
     try {
       await egress.start();
     } catch (err) {
@@ -148,22 +214,20 @@ async function start(opts: Options, nodeName: string, logger: Logger, life: Life
     }
   }
   const desired = resolve(config);
-  if (lb.controller) {
+  if (lbController) {
     try {
       await lb.apply(desired.lb);
       await lb.start();
     } catch (err) {
       throw new StartError(1, `load balancer failed to start: ${(err as Error).message}`, { cause: err });
     }
-    health = new Health(opts, { lb: lb.controller, nodeName, eligible: desired.health.eligible, logger, onFlip: reporting?.onHealthFlip });
-    await health.start();
+    health = new Health(opts, { lb: lbController, nodeName, eligible: desired.health.eligible, logger, onFlip: reporting?.onHealthFlip });
+    yield health;
     subsystems.push(health);
-    life.started('health checks', () => health!.stop());
   }
   const controllers = source instanceof KubeSource
-    ? new Controllers({ source, nodeName, egress: egress.controller, egressObjects, lb: lb.controller, candidates: opts['controller-candidates'], labels: source.nodeLabels(), logger, events: reporting?.emit })
+    ? new Controllers({ source, nodeName, egress: egressController, egressObjects, lb: lbController, candidates: opts['controller-candidates'], labels: source.nodeLabels(), logger, events: reporting?.emit })
     : undefined;
-  // Every accepted configuration change, resolved once, reaches each subsystem, which converges to it.
   // Eligibility and candidacy first: they are cheap and were never held up by the others' passes.
   const reconcilers = [
     { name: current.name, apply: (d) => current.apply(d.config) },
@@ -173,13 +237,10 @@ async function start(opts: Options, nodeName: string, logger: Logger, life: Life
     fed(egress, (d) => d.egress),
     fed(lb, (d) => d.lb),
   ] satisfies Array<Reconciler<DesiredState>>;
-  const feed = feedResolved(source, resolve, reporting?.track(reconcilers) ?? reconcilers, logger, takeMissed);
-  life.started('config updates', () => feed.stop());
-  if (controllers) {
-    await controllers.start();
-    life.started('controllers', () => controllers.stop());
-  }
+  yield configFeed(src, resolve, reporting?.track(reconcilers) ?? reconcilers, logger);
+  if (controllers) yield controllers;
   probes.markStarted();
   reporting?.markStarted();
   logger.info('tetherd started', { version: VERSION, socket: opts.socket, stateDir, bpfPinDir: opts['bpf-pin-dir'], podsRecorded: loaded });
+  return { podStore, attach, ipam, egress: egressController, lb: lbController };
 }

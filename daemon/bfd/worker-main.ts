@@ -33,6 +33,7 @@ async function run(): Promise<void> {
   const data = workerData as BfdWorkerData;
   setLogger(forwardingLogger(data.logLevel));
   const lag = new LoopLag();
+  lag.start();
   let endpoint: BfdEndpoint;
   try {
     endpoint = await BfdEndpoint.open({ address: data.address, port: data.port, peerPort: data.peerPort });

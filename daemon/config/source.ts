@@ -282,16 +282,10 @@ export interface Reconciler<D = ConfigObjects> {
 
 /**
  * Feeds every accepted configuration of `source` to the reconcilers, in order, one configuration at a time
- * (a newer one replaces one still waiting). stop() detaches and waits for the one being applied, so no
- * reconciler is handed a configuration while it stops.
- */
-export function feedReconcilers(source: ConfigSource, reconcilers: Reconciler[], logger: Logger, takeMissed?: () => ConfigObjects | undefined): { stop(): Promise<void> } {
-  return feedResolved(source, (c) => c, reconcilers, logger, takeMissed);
-}
-
-/**
- * feedReconcilers through a resolve step: each configuration is resolved once into the desired state every
- * reconciler is handed. A configuration that does not resolve is logged and changes nothing.
+ * (a newer one replaces one still waiting), through a resolve step: each configuration is resolved once
+ * into the desired state every reconciler is handed; one that does not resolve is logged and changes
+ * nothing. stop() detaches and waits for the one being applied, so no reconciler is handed a
+ * configuration while it stops.
  */
 export function feedResolved<D>(source: ConfigSource, resolve: (c: ConfigObjects) => D, reconcilers: Reconciler<D>[], logger: Logger, takeMissed?: () => ConfigObjects | undefined): { stop(): Promise<void> } {
   let stopped = false;

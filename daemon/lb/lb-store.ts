@@ -23,6 +23,8 @@ export interface LbStore {
   mappings: MappingStore;
   notices: MappingNotices;
   leases: ExpirerLeases;
+  /** Closes the connection set (every part's commands end with it). */
+  close(): Promise<void>;
 }
 
 /** Connects (without waiting for Redis: a store that is down is reconnected in the background). */
@@ -34,6 +36,7 @@ export async function connectLbStore(url: string, opts: { keyPrefix?: string; ti
     mappings: new MappingStore(connection, notices),
     notices,
     leases: new ExpirerLeases(connection),
+    close: () => connection.close(),
   };
 }
 

@@ -17,7 +17,7 @@ import { ProbeServer } from '../health/probe-server';
 import { readiness } from '../../install/cni/installer';
 import { RUNTIMES, type Runtime } from '../../install/cni/libcni';
 import { portOption } from '../options';
-import { StartError } from '../lifecycle';
+import { StartError, type Part } from '../lifecycle';
 
 const asObject = <T>(p: unknown): T => {
   if (!p || typeof p !== 'object' || Array.isArray(p)) throw new TetherError(ErrorCode.BadRequest, 'params must be an object');
@@ -119,42 +119,78 @@ export function apiServer(d: ApiDeps): ApiServer {
   );
 }
 
+/** The socket API as a part: served from its start (a socket it cannot serve fails the start, exit 1). */
+export function socketApi(d: ApiDeps): Part {
+  const server = apiServer(d);
+  return {
+    name: 'socket API',
+    start: async () => {
+      try {
+        await server.listen();
+      } catch (e) {
+        throw new StartError(1, `cannot serve socket ${d.socket}: ${(e as Error).message}`);
+      }
+    },
+    stop: () => server.close(),
+  };
+}
+
 /**
  * kubelet's probes (--probe-port on 127.0.0.1): opened first, so a startupProbe sees a starting tetherd
  * (/livez 200, /readyz 503 "starting") rather than a refused connection; `markStarted` flips /readyz on.
+ * With --probe-port 0 there is nothing to start (`serves` is false) and the rest are no-ops.
  */
-export async function startProbes(
-  opts: { 'probe-port': string; 'cni-net-dir'?: string; 'cni-runtime': string },
-  attach: AttachService,
-  logger: Logger,
-  started: (name: string, stop: () => Promise<void>) => void,
-): Promise<{ markStarted: () => void; egressSync: (problems: () => string[]) => void }> {
-  let isStarted = false;
-  const markStarted = () => {
-    isStarted = true;
-  };
-  // The egress controller is created after the probes listen: its standbys' sync joins /readyz then.
-  let egressProblems: (() => string[]) | undefined;
-  const egressSync = (problems: () => string[]) => {
-    egressProblems = problems;
-  };
-  if (opts['probe-port'] === '0') return { markStarted, egressSync };
-  const port = portOption('probe-port', opts['probe-port']);
-  const netDir = opts['cni-net-dir'];
-  const runtime = opts['cni-runtime'] as Runtime;
-  if (!RUNTIMES.includes(runtime)) throw new StartError(2, `--cni-runtime ${runtime}: must be one of ${RUNTIMES.join(', ')}`);
-  const probes = new ProbeServer({
-    started: () => isStarted,
-    cniConfig: netDir ? () => readiness(netDir, undefined, runtime) : undefined,
-    roleProblems: () => attach.roleProblems.list(),
-    egressSync: () => egressProblems?.() ?? [],
-  });
-  try {
-    await probes.listen(port);
-  } catch (e) {
-    throw new StartError(1, `--probe-port ${port}: cannot listen on 127.0.0.1: ${(e as Error).message}`);
+export class Probes implements Part {
+  readonly name = 'probes';
+  private isStarted = false;
+  /** The egress controller is created after the probes listen: its standbys' sync joins /readyz then. */
+  private egressProblems?: () => string[];
+  private readonly port?: number;
+  private readonly netDir?: string;
+  private readonly server?: ProbeServer;
+
+  constructor(
+    opts: { 'probe-port': string; 'cni-net-dir'?: string; 'cni-runtime': string },
+    attach: AttachService,
+    private readonly logger: Logger,
+  ) {
+    if (opts['probe-port'] === '0') return;
+    this.port = portOption('probe-port', opts['probe-port']);
+    const netDir = (this.netDir = opts['cni-net-dir']);
+    const runtime = opts['cni-runtime'] as Runtime;
+    if (!RUNTIMES.includes(runtime)) throw new StartError(2, `--cni-runtime ${runtime}: must be one of ${RUNTIMES.join(', ')}`);
+    this.server = new ProbeServer({
+      started: () => this.isStarted,
+      cniConfig: netDir ? () => readiness(netDir, undefined, runtime) : undefined,
+      roleProblems: () => attach.roleProblems.list(),
+      egressSync: () => this.egressProblems?.() ?? [],
+    });
   }
-  started('probes', () => probes.close());
-  logger.info('probes listening', { address: `127.0.0.1:${port}`, paths: ['/livez', '/readyz'], cniNetDir: netDir });
-  return { markStarted, egressSync };
+
+  /** Whether there is a listener to start (--probe-port is not 0). */
+  get serves(): boolean {
+    return this.server !== undefined;
+  }
+
+  async start(): Promise<void> {
+    if (!this.server) return;
+    try {
+      await this.server.listen(this.port!);
+    } catch (e) {
+      throw new StartError(1, `--probe-port ${this.port}: cannot listen on 127.0.0.1: ${(e as Error).message}`);
+    }
+    this.logger.info('probes listening', { address: `127.0.0.1:${this.port}`, paths: ['/livez', '/readyz'], cniNetDir: this.netDir });
+  }
+
+  async stop(): Promise<void> {
+    await this.server?.close();
+  }
+
+  markStarted(): void {
+    this.isStarted = true;
+  }
+
+  egressSync(problems: () => string[]): void {
+    this.egressProblems = problems;
+  }
 }

@@ -3,13 +3,13 @@
 // removed; pod roles from labels).
 import * as fs from 'node:fs';
 import type { Logger } from '../../lib/log';
-import { StartError } from '../lifecycle';
+import { Connection, StartError } from '../lifecycle';
 import { ErrorCode, TetherError } from '../../lib/errors';
 import type { ConfigObjects } from '../config/objects';
-import type { ConfigSource, Reconciler } from '../config/source';
+import type { ConfigSource } from '../config/source';
 import { KubeSource } from '../config/kube-source';
 import { clusterKeyFromSecret } from '../kube/cluster-key';
-import { EgressObjects } from '../egress/egress-config';
+import type { EgressObjects } from '../egress/egress-config';
 import { EgressController, requireClusterKey } from '../egress/egress-controller';
 import type { EgressControllerOptions } from '../egress/egress-state';
 import type { ResolvedEgress } from '../egress/egress-spec';
@@ -72,23 +72,28 @@ export async function planEgress(opts: Options, source: ConfigSource, config: Co
   return plan;
 }
 
-export async function createEgress(
+/** The egress controller's connection to the ownership records (a store it cannot reach fails the start, exit 1). */
+export function ownershipStore(opts: Options): Connection<OwnershipStore> {
+  return new Connection('ownership store', async () => {
+    try {
+      return await OwnershipStore.connect(opts.redis!, { keyPrefix: opts['redis-prefix'] });
+    } catch (e) {
+      throw new StartError(1, `egress: ${(e as Error).message}`);
+    }
+  });
+}
+
+/** The egress controller of a node that serves Egress (planEgress), not started. */
+export function createEgress(
   opts: Options,
   plan: EgressPlan,
   o: {
     nodeName: string; config: ConfigObjects; fouPort: number; syncPort: number; maxFlows: number; addresses: ClusterAddresses; attach: AttachService; logger: Logger;
+    ownership: OwnershipStore;
     onOwnershipChanged?: EgressControllerOptions['onOwnershipChanged'];
     onStandbySyncChanged?: EgressControllerOptions['onStandbySyncChanged'];
   },
-  onOwnershipStarted: (close: () => Promise<void>) => void,
-): Promise<EgressController> {
-  let ownership: OwnershipStore;
-  try {
-    ownership = await OwnershipStore.connect(opts.redis!, { keyPrefix: opts['redis-prefix'] });
-  } catch (e) {
-    throw new StartError(1, `egress: ${(e as Error).message}`);
-  }
-  onOwnershipStarted(() => ownership.close());
+): EgressController {
   const nodeConfig = o.config.nodes[o.nodeName] ?? { labels: {} };
   const cap = nodeConfig.labels[MAX_EGRESS_ADDRESSES_LABEL];
   const maxEgressAddresses = cap !== undefined && /^[1-9][0-9]{0,2}$/.test(cap) ? Number(cap) : undefined;
@@ -102,7 +107,7 @@ export async function createEgress(
     clusterKey: plan.clusterKey,
     egresses: plan.resolved,
     podLabels: o.config.pods,
-    ownership,
+    ownership: o.ownership,
     addresses: o.addresses,
     attach: o.attach,
     logger: o.logger,
@@ -130,6 +135,11 @@ export class Egress implements Subsystem<EgressDesired> {
     else if (d.egresses.length) this.logger.error('egress: Egress objects need --node-address, --cluster-key-file and --redis; not served', { egresses: d.egresses.map((x) => x.key) });
   }
 
+  /** Its stop may keep an address while no standby is in sync (HANDOVER_WAIT_MS): bounded by its own budget. */
+  get stopBudgetMs(): number | undefined {
+    return this.controller?.stopBudgetMs;
+  }
+
   /** stoppingSince: when tetherd began to stop (the handover wait counts from there). */
   async stop(stoppingSince?: number): Promise<void> {
     await this.controller?.stop(stoppingSince);
@@ -139,10 +149,4 @@ export class Egress implements Subsystem<EgressDesired> {
     const c = this.controller;
     return { egress: c?.status() ?? [], egressSummary: c?.egressSummary() ?? {}, egressSecurity: c?.security(), bfd: c?.bfdStatus() };
   }
-}
-
-/** A reconciler of whole configurations (for wiring without the resolve step: the scale simulation). */
-export function egressReconciler(objects: EgressObjects, controller: EgressController | undefined, logger: Logger): Reconciler {
-  const egress = new Egress(controller, logger);
-  return { name: egress.name, apply: (c) => egress.apply({ egresses: objects.resolve(c), podMeta: c.pods }) };
 }

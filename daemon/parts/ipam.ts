@@ -3,14 +3,14 @@
 // retires pools live.
 import * as fs from 'node:fs';
 import type { Logger } from '../../lib/log';
-import { Lifecycle, StartError } from '../lifecycle';
+import { StartError, type Part } from '../lifecycle';
 import { ReconcileLoop } from '../util/reconcile-loop';
 import { PodStore } from '../state/pod-store';
 import { AttachService } from '../pod/attach-service';
 import { parseRedisUrl, withRedisPassword } from '../common/redis';
 import { redisPasswordFromSecret } from '../kube/cluster-key';
 import type { ConfigObjects } from '../config/objects';
-import type { ConfigSource, Reconciler } from '../config/source';
+import type { ConfigSource } from '../config/source';
 import type { IpamDesired, Subsystem } from './subsystem';
 import { KubeSource } from '../config/kube-source';
 import { KubeBlockClaims } from '../kube/block-claims';
@@ -43,15 +43,20 @@ export async function withStorePassword(opts: Options, source: ConfigSource, log
   return { ...opts, redis };
 }
 
-/** The cluster store (Redis), connected lazily: tetherd starts without it and retries on use. */
-export async function startStore(opts: Options, logger: Logger, life: Lifecycle): Promise<LazyStore | undefined> {
+/** The cluster store (Redis), connected lazily: tetherd starts without it and retries on use. None without --redis. */
+export function clusterStore(opts: Options, logger: Logger): (Part & { store: LazyStore }) | undefined {
   if (!opts.redis) return undefined;
   const url = opts.redis;
   const keyPrefix = opts['redis-prefix'];
   const store = new LazyStore(() => RedisStore.connect(url, { keyPrefix }));
-  life.started('cluster store', () => store.close());
-  if (!(await store.warmUp())) logger.warn('cluster store not reachable yet; will retry on use', { redis: parseRedisUrl(url).where });
-  return store;
+  return {
+    name: 'cluster store',
+    store,
+    start: async () => {
+      if (!(await store.warmUp())) logger.warn('cluster store not reachable yet; will retry on use', { redis: parseRedisUrl(url).where });
+    },
+    stop: () => store.close(),
+  };
 }
 
 /** The pods this node attached (records in the state dir, surviving restarts) and the attach service. */
@@ -76,7 +81,7 @@ export class Ipam implements Subsystem<IpamDesired> {
   /** Maintenance (returning empty blocks), awaited on stop, not cut off mid-write. */
   private readonly maintenance: ReconcileLoop;
 
-  constructor(private readonly o: { nodeName: string; config: ConfigObjects; source: ConfigSource; store?: LazyStore; stateDir: string; logger: Logger }) {
+  constructor(o: { nodeName: string; config: ConfigObjects; source: ConfigSource; store?: LazyStore; stateDir: string; logger: Logger }) {
     const { logger } = o;
     const nodeConfig = o.config.nodes[o.nodeName] ?? { labels: {} };
     const node = { name: o.nodeName, zone: nodeConfig.zone, labels: nodeConfig.labels };
@@ -111,20 +116,4 @@ export class Ipam implements Subsystem<IpamDesired> {
   async status(): Promise<Record<string, unknown>> {
     return { ipam: { pods: this.pods.usage(), cluster: await this.addresses.usage() } };
   }
-
-  /** A reconciler of whole configurations (for wiring without the resolve step: the scale simulation). */
-  get reconciler(): Reconciler {
-    return { name: this.name, apply: (c) => this.apply({ pools: c.pools, node: c.nodes[this.o.nodeName] ?? { labels: {} } }) };
-  }
-}
-
-/** IPAM, started, its stop registered with `life`. */
-export async function startIpam(
-  o: { nodeName: string; config: ConfigObjects; source: ConfigSource; store?: LazyStore; stateDir: string; logger: Logger },
-  life: Lifecycle,
-): Promise<Ipam> {
-  const ipam = new Ipam(o);
-  await ipam.start();
-  life.started('ipam maintenance', () => ipam.stop());
-  return ipam;
 }

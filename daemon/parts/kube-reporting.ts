@@ -86,7 +86,9 @@ export function nodeConditions(f: NodeFacts): NodeCondition[] {
 const RESOURCE_OF: Record<string, 'egresses' | 'services' | 'addresspools'> = { Egress: 'egresses', Service: 'services', AddressPool: 'addresspools' };
 
 export class KubeReporting implements Subsystem<unknown> {
-  readonly name = 'kubernetes reporting';
+  readonly name = 'kubernetes events and node status';
+  /** Its last words (Ready False, the Events still queued) are each cut short well within this. */
+  readonly stopBudgetMs = 5000;
   readonly events: EventRecorder;
   readonly nodeStatus: NodeStatusWriter;
   private started = false;
@@ -187,18 +189,6 @@ function uidOf(source: KubeSource, ref: EventObject): string | undefined {
   const resource = RESOURCE_OF[ref.kind];
   if (!resource) return undefined;
   return source.cachedObjects(resource).find((o) => o.metadata?.name === ref.name && (o.metadata?.namespace ?? undefined) === ref.namespace)?.metadata?.uid;
-}
-
-/** Kubernetes reporting of this node, started (its node status shows it starting), its stop registered with `life`. */
-export function startReporting(
-  opts: { redis?: string; 'bpf-pin-dir': string },
-  o: { source: KubeSource; nodeName: string; version: string; roleProblems: () => RoleProblem[]; logger: Logger },
-  life: { started(name: string, stop: () => Promise<void>, timeoutMs?: number): void },
-): KubeReporting {
-  const r = new KubeReporting({ ...o, storeConfigured: !!opts.redis, bpfPinDir: opts['bpf-pin-dir'] });
-  void r.start();
-  life.started('kubernetes events and node status', () => r.stop(), 5000);
-  return r;
 }
 
 /** The subsystems whose datapath and store use the node status reports, once they exist. */

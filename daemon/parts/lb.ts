@@ -2,50 +2,62 @@
 // for them given), its mapping store connection, the controller, and the subsystems around it and its
 // health checks.
 import type { Logger } from '../../lib/log';
-import { StartError } from '../lifecycle';
+import { Connection, StartError } from '../lifecycle';
 import type { ConfigObjects } from '../config/objects';
-import type { Reconciler } from '../config/source';
 import { LbController } from '../lb/lb-controller';
 import { HealthController, REPORT_TTL_MS, type HealthControllerOptions } from '../health/health-controller';
 import { HealthReports } from '../health/health-reports';
-import { connectLbStore } from '../lb/lb-store';
-import { resolveLoadBalancers } from '../lb/lb-spec';
+import { connectLbStore, type LbStore } from '../lb/lb-store';
 import type { ClusterAddresses } from '../../ipam/cluster-addresses';
 import type { AttachService } from '../pod/attach-service';
 import { lbOptions, requireLocalAddress, uplinkOption, type Options } from '../options';
 import type { HealthDesired, LbDesired, Subsystem } from './subsystem';
 import { isTetherService } from '../objects/names';
 
+/** What a node that serves load balancers serves them with. */
+export interface LbPlan extends ReturnType<typeof lbOptions> {
+  nodeAddress: string;
+  redis: string;
+}
+
 /**
- * The controller when this node can serve load balancers: it needs --node-address (the outer source of
- * forwarded packets, which targets accept) and --redis (the mapping store). Without them a configured
- * tether Service is an error at start; without any, the load balancer stays off.
+ * Whether this node can serve load balancers: it needs --node-address (the outer source of forwarded
+ * packets, which targets accept) and --redis (the mapping store). Without them a configured tether Service
+ * is an error at start; without any, the load balancer stays off.
  */
-export async function createLb(
-  opts: Options,
-  o: { config: ConfigObjects; fouPort: number; addresses: ClusterAddresses; attach: AttachService; nodeName: string; logger: Logger },
-  onStoreStarted: (close: () => Promise<void>) => void,
-): Promise<LbController | undefined> {
-  const configured = o.config.others.some(isTetherService);
+export function planLb(opts: Options, config: ConfigObjects): LbPlan | undefined {
+  const configured = config.others.some(isTetherService);
   const lb = lbOptions(opts);
   if (!opts['node-address'] || !opts.redis) {
     if (configured) throw new StartError(2, 'load balancer Services need --node-address and --redis');
     return undefined;
   }
   requireLocalAddress(opts['node-address']);
-  const store = await connectLbStore(opts.redis, { keyPrefix: opts['redis-prefix'] });
-  onStoreStarted(() => store.connection.close());
+  return { ...lb, nodeAddress: opts['node-address'], redis: opts.redis };
+}
+
+/** The load balancer's connection to the mapping store. */
+export function mappingStore(opts: Options, plan: LbPlan): Connection<LbStore> {
+  return new Connection('lb mapping store', () => connectLbStore(plan.redis, { keyPrefix: opts['redis-prefix'] }));
+}
+
+/** The load balancer's controller (planLb), not started. */
+export function createLb(
+  opts: Options,
+  plan: LbPlan,
+  o: { fouPort: number; addresses: ClusterAddresses; attach: AttachService; nodeName: string; store: LbStore; logger: Logger },
+): LbController {
   return new LbController({
-    node: { name: o.nodeName, address: opts['node-address'] },
+    node: { name: o.nodeName, address: plan.nodeAddress },
     pinDir: opts['bpf-pin-dir'],
     fouPort: o.fouPort,
-    exportTable: lb.exportTable,
-    maxVips: lb.maxVips,
-    maglevSize: lb.maglevSize,
-    maxMappings: lb.maxMappings,
-    datapath: lb.datapath,
+    exportTable: plan.exportTable,
+    maxVips: plan.maxVips,
+    maglevSize: plan.maglevSize,
+    maxMappings: plan.maxMappings,
+    datapath: plan.datapath,
     uplink: uplinkOption(opts),
-    store,
+    store: o.store,
     addresses: o.addresses,
     attach: o.attach,
     stateDir: opts['state-dir'],
@@ -56,6 +68,7 @@ export async function createLb(
 /** The load balancer on this node: the controller when the node serves it (createLb), else only the error saying why not. */
 export class LoadBalancer implements Subsystem<LbDesired> {
   readonly name = 'load balancer';
+  readonly stopBudgetMs = 15_000;
 
   constructor(
     readonly controller: LbController | undefined,
@@ -81,13 +94,10 @@ export class LoadBalancer implements Subsystem<LbDesired> {
   }
 }
 
-/** A reconciler of whole configurations (for wiring without the resolve step: the scale simulation). */
-export function lbReconciler(controller: LbController | undefined, logger: Logger): Reconciler {
-  const lb = new LoadBalancer(controller, logger);
-  return { name: lb.name, apply: (c) => lb.apply({ resolution: resolveLoadBalancers(c.others, c.pools), podMeta: c.pods }) };
-}
-
-/** Health checks of the load balancer's Services (desired state: whether the node is eligible; the Services are the LB's). */
+/**
+ * Health checks of the load balancer's Services with Local policy, and the node's health port (desired
+ * state: whether the node is eligible; the Services are the LB's).
+ */
 export class Health implements Subsystem<HealthDesired> {
   readonly name = 'health checks';
   private eligible: boolean;
@@ -95,7 +105,15 @@ export class Health implements Subsystem<HealthDesired> {
 
   constructor(opts: Options, o: { lb: LbController; nodeName: string; eligible: boolean; logger: Logger; onFlip?: HealthControllerOptions['onFlip'] }) {
     this.eligible = o.eligible;
-    this.checks = createHealth(opts, { ...o, eligible: () => this.eligible });
+    const raw = opts['health-port'];
+    const port = Number(raw);
+    if (!/^[0-9]+$/.test(raw) || port > 65535) throw new StartError(2, `--health-port: ${JSON.stringify(raw)} is not a port (0 turns it off)`);
+    const store = o.lb.store;
+    const reports = store && new HealthReports(store.connection);
+    this.checks = new HealthController({
+      node: o.nodeName, port, services: () => o.lb.current(), programming: () => o.lb.programming(), eligible: () => this.eligible, logger: o.logger,
+      report: reports && ((r) => reports.write(o.nodeName, r, REPORT_TTL_MS)), onFlip: o.onFlip,
+    });
   }
 
   start(): Promise<void> {
@@ -113,17 +131,4 @@ export class Health implements Subsystem<HealthDesired> {
   status(): Record<string, unknown> {
     return { health: this.checks.status() };
   }
-}
-
-/** Health checks for the load balancer's Services with Local policy, and the node's health port. */
-export function createHealth(opts: Options, o: { lb: LbController; nodeName: string; eligible: () => boolean; logger: Logger; onFlip?: HealthControllerOptions['onFlip'] }): HealthController {
-  const raw = opts['health-port'];
-  const port = Number(raw);
-  if (!/^[0-9]+$/.test(raw) || port > 65535) throw new StartError(2, `--health-port: ${JSON.stringify(raw)} is not a port (0 turns it off)`);
-  const store = o.lb.store;
-  const reports = store && new HealthReports(store.connection);
-  return new HealthController({
-    node: o.nodeName, port, services: () => o.lb.current(), programming: () => o.lb.programming(), eligible: o.eligible, logger: o.logger,
-    report: reports && ((r) => reports.write(o.nodeName, r, REPORT_TTL_MS)), onFlip: o.onFlip,
-  });
 }

@@ -239,17 +239,11 @@ function hostPort(host: string, port: number): string {
 }
 
 /**
- * The metrics listener, reading from the parts this node runs: started (a port it cannot open is retried,
- * not fatal) and its stop registered. `address` is --metrics-bind-address checked (metricsAddressOption).
+ * The metrics listener, reading from the parts this node runs, not started (its start never fails: a port
+ * it cannot open is retried). `address` is --metrics-bind-address checked (metricsAddressOption).
  */
-export async function startMetrics(
-  o: { address?: { host: string; port: number }; metrics: TetherMetrics; parts: MetricsParts; logger: Logger; retryMs?: number },
-  started: (close: () => Promise<void>) => void,
-): Promise<MetricsServer> {
+export function metricsServer(o: { address?: { host: string; port: number }; metrics: TetherMetrics; parts: MetricsParts; logger: Logger; retryMs?: number }): MetricsServer {
   const { sources, clusterUsage } = metricSources(o.parts, o.logger);
   o.metrics.use(sources);
-  const server = new MetricsServer({ address: o.address, metrics: o.metrics, sources, clusterUsage, logger: o.logger, retryMs: o.retryMs });
-  await server.start();
-  started(() => server.stop());
-  return server;
+  return new MetricsServer({ address: o.address, metrics: o.metrics, sources, clusterUsage, logger: o.logger, retryMs: o.retryMs });
 }

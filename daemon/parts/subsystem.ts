@@ -1,6 +1,7 @@
 // The one shape of tetherd's subsystems (IPAM, egress, load balancer, health checks, cluster controllers):
 // start / apply typed desired state / stop / status, and the one resolve step that turns each configuration
 // from the config source into every subsystem's desired state. main.ts only wires them.
+import type { Part } from '../lifecycle';
 import type { ConfigObjects, NodeFacts, PodMeta } from '../config/objects';
 import type { Reconciler } from '../config/source';
 import type { EgressObjects } from '../egress/egress-config';
@@ -8,14 +9,14 @@ import type { ResolvedEgress } from '../egress/egress-spec';
 import { resolveLoadBalancers, type LbResolution } from '../lb/lb-spec';
 import type { ResolvedPool } from '../../ipam/types';
 
-export interface Subsystem<Desired> {
-  readonly name: string;
+/** A part (lifecycle.ts) that also converges to desired state and reports its status. */
+export interface Subsystem<Desired> extends Part {
   /** Starts what it serves and its loops, from the desired state applied so far. */
   start(): Promise<void>;
   /** Converges to `desired`: the whole state every time (level-triggered), never a diff. Idempotent. */
   apply(desired: Desired): Promise<void> | void;
   /** Stops its loops, waiting for the pass under way; what must outlive tetherd (datapath) stays. */
-  stop(): Promise<void>;
+  stop(stoppingSince?: number): Promise<void>;
   /** Its fields of tetherd's status answer. */
   status(): Promise<Record<string, unknown>> | Record<string, unknown>;
 }

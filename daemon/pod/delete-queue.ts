@@ -9,7 +9,7 @@ import type { CniParams } from '../../lib/api/protocol';
 import { isQueueTempName, parseQueuedDelete, type QueuedDelete, type QueuedMethod } from '../../lib/api/delete-queue';
 import { validateCniRequest, type CniRequestFields } from '../../lib/cni-validate';
 import { fsyncDir, removeFileDurable } from '../../lib/atomic-file';
-import type { Lifecycle } from '../lifecycle';
+import type { Part } from '../lifecycle';
 import type { Logger } from '../../lib/log';
 import { ReconcileLoop } from '../util/reconcile-loop';
 import { Backoff } from '../../lib/backoff';
@@ -38,7 +38,8 @@ const STALE_TEMP_MS = 60_000;
 /** Where unreadable requests are moved: kept for a person to read, never replayed. */
 export const GARBLED_DIR = 'garbled';
 
-export class DeleteQueue {
+export class DeleteQueue implements Part {
+  readonly name = 'delete queue';
   /** The periodic drains. */
   private readonly loop: ReconcileLoop;
   private draining?: Promise<DrainSummary>;
@@ -72,8 +73,16 @@ export class DeleteQueue {
     return this.draining;
   }
 
-  /** Drains every retryEveryMs until stop(). */
-  start(): void {
+  /**
+   * Drains once now (tetherd: before its socket serves; a failure to read the directory is logged, never a
+   * failed start, since pods must stay deletable), then every retryEveryMs until stop().
+   */
+  async start(): Promise<void> {
+    try {
+      await this.drain();
+    } catch (e) {
+      this.logger.error('delete queue: drain at start failed; retrying periodically', { dir: this.dir, error: (e as Error).message });
+    }
     this.loop.start();
   }
 
@@ -190,22 +199,7 @@ export class DeleteQueue {
   }
 }
 
-/**
- * tetherd's deletion queue, <stateDir>/delete-queue: drained once now (before the socket serves; a failure
- * to read the directory is logged, never a failed start, since pods must stay deletable), then periodically
- * until stop.
- */
-export async function startDeleteQueue(
-  o: { stateDir: string; attach: AttachService; ipam: IpamService; logger: Logger },
-  life: Lifecycle,
-): Promise<DeleteQueue> {
-  const q = new DeleteQueue(path.join(o.stateDir, 'delete-queue'), { 'cni.del': (p) => o.attach.del(p), 'ipam.del': (p) => o.ipam.del(p) }, o.logger);
-  try {
-    await q.drain();
-  } catch (e) {
-    o.logger.error('delete queue: drain at start failed; retrying periodically', { dir: q.dir, error: (e as Error).message });
-  }
-  q.start();
-  life.started('delete queue', () => q.stop());
-  return q;
+/** tetherd's deletion queue, <stateDir>/delete-queue, replaying through the attach service and IPAM. */
+export function nodeDeleteQueue(o: { stateDir: string; attach: AttachService; ipam: IpamService; logger: Logger }): DeleteQueue {
+  return new DeleteQueue(path.join(o.stateDir, 'delete-queue'), { 'cni.del': (p) => o.attach.del(p), 'ipam.del': (p) => o.ipam.del(p) }, o.logger);
 }

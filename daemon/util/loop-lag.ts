@@ -4,13 +4,15 @@ import { monitorEventLoopDelay, type IntervalHistogram } from 'node:perf_hooks';
 
 const KEEP_SECONDS = 120;
 
+/** Measures from start() to stop() (a part of tetherd: daemon/lifecycle.ts). */
 export class LoopLag {
+  readonly name = 'event loop monitor';
   private readonly h: IntervalHistogram = monitorEventLoopDelay({ resolution: 10 });
   private readonly perSecond: number[] = [];
   private ever = 0;
-  private readonly timer: NodeJS.Timeout;
+  private timer?: NodeJS.Timeout;
 
-  constructor() {
+  start(): void {
     this.h.enable();
     this.timer = setInterval(() => this.roll(), 1000);
     this.timer.unref();

@@ -8,13 +8,13 @@ import * as assert from 'uvu/assert';
 import * as fs from 'node:fs';
 import * as os from 'node:os';
 import * as path from 'node:path';
-import { FileSource, feedReconcilers, serialApply } from '../../daemon/config/source';
+import { feedResolved, FileSource, serialApply } from '../../daemon/config/source';
 import { objectKey } from '../../daemon/config/objects';
 import type { ConfigObjects } from '../../daemon/config/objects';
 import { Writable } from 'node:stream';
 import { makeLogger } from '../../lib/log';
 import { captureLogger } from '../lib/log-capture';
-import { startSource } from '../../daemon/parts/source';
+import { SourcePart } from '../../daemon/parts/source';
 import { Lifecycle } from '../../daemon/lifecycle';
 import { parseOptions } from '../../daemon/options';
 
@@ -133,7 +133,7 @@ test('an empty file written live is refused: the objects in force stay applied, 
   try {
     await src.start();
     // The live path tetherd runs: every accepted configuration goes to the reconcilers (Egress, LB…).
-    const feed = feedReconcilers(src, [{ name: 'recorder', apply: (c) => void applied.push(c.pools.map((p) => p.name)) }], log);
+    const feed = feedResolved(src, (c) => c, [{ name: 'recorder', apply: (c) => void applied.push(c.pools.map((p) => p.name)) }], log);
     const empties: Array<[string, () => void]> = [
       ['zero bytes (truncated)', () => fs.truncateSync(file, 0)],
       ['whitespace', () => fs.writeFileSync(file, '  \n\n')],
@@ -374,7 +374,11 @@ test('an update that comes while the parts start (before the feed subscribes) is
   fs.writeFileSync(file, POOL('a', '10.1.0.0/24'));
   const life = new Lifecycle(logger);
   try {
-    const { source, config, takeMissed } = await startSource(parseOptions(['--config', file, '--node-name', 'n1']), 'n1', logger, life);
+    const part = new SourcePart(parseOptions(['--config', file, '--node-name', 'n1']), 'n1', logger);
+    await life.start((async function* () {
+      yield part;
+    })());
+    const { source, config, takeMissed } = part;
     assert.equal(config.pools.map((p) => p.name), ['a']);
     // tetherd starts its parts from `config` now; meanwhile the configuration changes (seen in the cluster:
     // a Pod object arriving just then, its pod left without its roles until an unrelated update).
@@ -382,7 +386,7 @@ test('an update that comes while the parts start (before the feed subscribes) is
     fs.writeFileSync(file, POOL('a', '10.1.0.0/24') + '---\n' + POOL('b', '10.2.0.0/24'));
     await seen;
     const applied: string[][] = [];
-    const feed = feedReconcilers(source, [{ name: 'recorder', apply: (c) => void applied.push(c.pools.map((p) => p.name)) }], logger, takeMissed);
+    const feed = feedResolved(source, (c) => c, [{ name: 'recorder', apply: (c) => void applied.push(c.pools.map((p) => p.name)) }], logger, takeMissed);
     for (let i = 0; i < 50 && !applied.length; i++) await sleep(10);
     await feed.stop();
     assert.equal(applied, [['a', 'b']], 'the change made before the feed subscribed reaches the reconcilers');

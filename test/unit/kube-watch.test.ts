@@ -13,7 +13,7 @@ import * as k8s from '@kubernetes/client-node';
 import { FakeApiServer, kubeconfigFor, type Call } from '../lib/fake-apiserver';
 import { captureLogger } from '../lib/log-capture';
 import { KubeSource } from '../../daemon/config/kube-source';
-import { feedReconcilers } from '../../daemon/config/source';
+import { feedResolved } from '../../daemon/config/source';
 import type { ConfigObjects } from '../../daemon/config/objects';
 import { ServiceLabeler } from '../../daemon/kube/service-labeler';
 import { Backoff } from '../../lib/backoff';
@@ -197,7 +197,7 @@ test('10k tether Services and their slices appearing at once: a few rebuilds and
     await src.start();
     let applies = 0;
     let last: ConfigObjects | undefined;
-    const feed = feedReconcilers(src, [{ name: 'counting', apply: async (c) => { applies++; last = c; await new Promise((r) => setTimeout(r, 20)); } }], logger);
+    const feed = feedResolved(src, (c) => c, [{ name: 'counting', apply: async (c) => { applies++; last = c; await new Promise((r) => setTimeout(r, 20)); } }], logger);
     const N = 10_000;
     for (let i = 0; i < N; i++) {
       api.apply(svc(`s${i}`, true, true, `ns${i % 50}`));

@@ -25,7 +25,7 @@ import { Egress } from '../../daemon/parts/egress';
 import { Health, LoadBalancer } from '../../daemon/parts/lb';
 import { apiServer } from '../../daemon/parts/api';
 import { CurrentConfig } from '../../daemon/parts/source';
-import { startMetrics, type MetricsServer } from '../../daemon/parts/metrics';
+import { metricsServer, type MetricsServer } from '../../daemon/parts/metrics';
 import { TetherMetrics } from '../../daemon/metrics/tether-metrics';
 import { LoopLag } from '../../daemon/util/loop-lag';
 import { call } from '../../lib/api/client';
@@ -79,7 +79,7 @@ let healthPort = 0;
 let redis: TestRedis;
 let dir: string;
 let socket: string;
-let metricsServer: MetricsServer;
+let metricsListener: MetricsServer;
 let metricsUrl: string;
 const cleanups: Array<() => Promise<void> | void> = [];
 
@@ -134,14 +134,13 @@ test.before(async () => {
   // A floating address held before the metrics start: the cluster-wide figure is read at start, then at most every 30 s.
   await ipam.addresses.allocate({ pool: 'float', owner: 'egress/shop/out#0', count: 1 });
   const metrics = new TetherMetrics(quiet);
-  metricsServer = await startMetrics(
-    { address: { host: '127.0.0.1', port: 0 }, metrics, parts: { ipam, egress: egressController as unknown as EgressController, lb: ctl, health: () => health.checks, store }, logger: quiet },
-    (close) => cleanups.push(close),
-  );
-  metricsUrl = `http://127.0.0.1:${metricsServer.boundAddress()!.port}/metrics`;
+  metricsListener = metricsServer({ address: { host: '127.0.0.1', port: 0 }, metrics, parts: { ipam, egress: egressController as unknown as EgressController, lb: ctl, health: () => health.checks, store }, logger: quiet });
+  await metricsListener.start();
+  cleanups.push(() => metricsListener.stop());
+  metricsUrl = `http://127.0.0.1:${metricsListener.boundAddress()!.port}/metrics`;
   const server: ApiServer = apiServer({
     socket, nodeName: 'n1', stateDir: path.join(dir, 'state'), bpfPinDir: path.join(dir, 'bpf'), current: new CurrentConfig(config, 'n1'), podStore, attach, ipam,
-    subsystems: [ipam, new Egress(egressController as unknown as EgressController, quiet), new LoadBalancer(ctl, quiet), health, metricsServer], loopLag: new LoopLag(), logger: quiet,
+    subsystems: [ipam, new Egress(egressController as unknown as EgressController, quiet), new LoadBalancer(ctl, quiet), health, metricsListener], loopLag: new LoopLag(), logger: quiet,
     cniAnswered: (plugin, command, seconds, code) => metrics.cniAnswered(plugin, command, seconds, code),
   });
   await server.listen();
@@ -214,7 +213,7 @@ test('the scrape agrees with tetherctl status: IPAM, Egress, BFD, conntrack sync
   assert.is(local.localEndpoints, 1);
   assert.is(s.value('tether_health_service_local_endpoints', { service: 'shop/svc-2' }), 1);
   assert.is(s.value('tether_health_service_healthy', { service: 'shop/svc-2' }), local.answer === 200 ? 1 : 0);
-  assert.equal(status.metrics, { address: `127.0.0.1:${metricsServer.boundAddress()!.port}`, listening: true });
+  assert.equal(status.metrics, { address: `127.0.0.1:${metricsListener.boundAddress()!.port}`, listening: true });
 });
 
 test('CNI requests: counted by plugin, command and result (ok or the error code), their answer time in a histogram', async () => {

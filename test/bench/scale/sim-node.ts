@@ -1,23 +1,16 @@
-// One simulated tetherd: the wiring of daemon/main.ts's start() through the same daemon/parts functions
-// (config source, cluster store, pod state, IPAM, egress, load balancer, health, config feed), with its
-// own store connections, config source, state dir and node address (127.x, so notices and conntrack sync
-// between simulated nodes are real UDP/TCP). Not wired: the socket API, probes and the delete queue (no
-// CNI clients here). Pods are recorded and announced to the controllers the way attach.add does after its
-// kernel work, which the simulation has none of. Only ever run bundled (bundle.ts), with the fakes in place.
+// One simulated tetherd: daemon/main.ts's nodeParts(), started as tetherd starts them, with its own store
+// connections, config source, state dir and node address (127.x, so notices and conntrack sync between
+// simulated nodes are real UDP/TCP). Left out (nodeParts' `without`): the host's bpffs and sysctl journal,
+// the socket API and the delete queue (no CNI clients here), metrics, Kubernetes Events and TetherNodes;
+// probes are off (--probe-port 0). Pods are recorded and announced to the controllers the way attach.add
+// does after its kernel work, which the simulation has none of. Only ever run bundled (bundle.ts), with
+// the fakes in place.
 import * as fs from 'node:fs';
 import * as path from 'node:path';
 import type { Logger } from '../../../lib/log';
 import { Lifecycle } from '../../../daemon/lifecycle';
-import { feedReconcilers } from '../../../daemon/config/source';
-import { EgressObjects } from '../../../daemon/egress/egress-config';
-import { flowsOption, parseOptions, portOption } from '../../../daemon/options';
-import { CurrentConfig, startSource } from '../../../daemon/parts/source';
-import { openPodState, startIpam, startStore } from '../../../daemon/parts/ipam';
-import { createEgress, egressReconciler, planEgress } from '../../../daemon/parts/egress';
-import { createHealth, createLb, lbReconciler } from '../../../daemon/parts/lb';
-import { resolveLoadBalancers } from '../../../daemon/lb/lb-spec';
-import { KubeSource } from '../../../daemon/config/kube-source';
-import { Controllers } from '../../../daemon/parts/controllers';
+import { nodeParts } from '../../../daemon/main';
+import { parseOptions } from '../../../daemon/options';
 import type { EgressController } from '../../../daemon/egress/egress-controller';
 import type { LbController } from '../../../daemon/lb/lb-controller';
 import type { PodRecord, PodStore } from '../../../daemon/state/pod-store';
@@ -80,40 +73,8 @@ export class SimNode {
     ]);
     const life = new Lifecycle(logger);
     try {
-      const { source, config, takeMissed } = await startSource(opts, nodeName, logger, life);
-      const current = new CurrentConfig(config, nodeName);
-      const fouPort = portOption('fou-port', opts['fou-port']);
-      const syncPort = portOption('sync-port', opts['sync-port']);
-      const maxFlows = flowsOption(opts['egress-flows']);
-      const egressObjects = new EgressObjects(logger);
-      const egressPlan = await planEgress(opts, source, config, egressObjects);
-      const store = await startStore(opts, logger, life);
-      const stateDir = opts['state-dir'];
-      const { podStore, attach } = openPodState(stateDir, logger);
-      const ipam = await startIpam({ nodeName, config, source, store, stateDir, logger }, life);
-      const egress = egressPlan
-        ? await createEgress(opts, egressPlan, { nodeName, config, fouPort, syncPort, maxFlows, addresses: ipam.addresses, attach, logger }, (close) => life.started('ownership store', close))
-        : undefined;
-      const lb = await createLb(opts, { config, fouPort, addresses: ipam.addresses, attach, nodeName, logger }, (close) => life.started('lb mapping store', close));
-      if (egress) life.started('egress', () => egress.stop(), 15_000);
-      if (lb) life.started('load balancer', () => lb.stop(), 15_000);
-      if (egress) await egress.start();
-      if (lb) {
-        await lb.apply(resolveLoadBalancers(config.others, config.pools), config.pods);
-        await lb.start();
-        const health = createHealth(opts, { lb, nodeName, eligible: () => current.node.eligible !== false, logger });
-        await health.start();
-        life.started('health checks', () => health.stop());
-      }
-      const feed = feedReconcilers(source, [current, ipam.reconciler, egressReconciler(egressObjects, egress, logger), lbReconciler(lb, logger)], logger, takeMissed);
-      life.started('config updates', () => feed.stop());
-      // As main.ts: in kube mode the controllers' Lease candidacy (and on the leader, status and the labeler).
-      if (source instanceof KubeSource) {
-        const controllers = new Controllers({ source, nodeName, egress, egressObjects, lb: lb ?? undefined, candidates: opts['controller-candidates'], labels: source.nodeLabels(), logger });
-        await controllers.start();
-        life.started('controllers', () => controllers.stop());
-      }
-      return new SimNode(o, life, podStore, attach, ipam, egress, lb);
+      const n = await life.start(nodeParts(opts, { nodeName, logger, without: { host: true, cni: true, metrics: true, reporting: true } }));
+      return new SimNode(o, life, n.podStore, n.attach, n.ipam, n.egress, n.lb);
     } catch (e) {
       await life.stopAll();
       throw e;
