@@ -2,8 +2,9 @@
 // problem names the pool and the field, and all problems are reported at once so one edit fixes a file.
 import { ErrorCode, TetherError } from '../lib/errors';
 import { cidrInside, cidrsOverlap, familyBits, formatCidr, parseCidr, parseIp, rangeOf } from '../lib/ip';
-import { API_VERSION, DNS1123_LABEL, ZONE_LABEL, describe, isLabelKey, isLabelValue, isObject } from '../lib/fields';
+import { API_VERSION, DNS1123_LABEL, describe, isLabelKey, isLabelValue, isObject } from '../lib/fields';
 import type { AddressPool, IpFamily, PoolUsage, ResolvedFamily, ResolvedPool } from './types';
+import { ZONE_LABEL } from '../daemon/objects/names';
 
 const USAGES: readonly PoolUsage[] = ['pod', 'floating', 'loadBalancer'];
 

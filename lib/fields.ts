@@ -2,7 +2,6 @@
 // checks and the subsystems' own.
 
 export const API_VERSION = 'tether.dev/v1alpha1';
-export const ZONE_LABEL = 'topology.kubernetes.io/zone';
 export const DNS1123_LABEL = /^[a-z0-9]([-a-z0-9]*[a-z0-9])?$/;
 const DNS1123_SUBDOMAIN = /^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$/;
 const LABEL_NAME = /^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$/;

@@ -13,7 +13,6 @@
 import { EventEmitter } from 'node:events';
 import * as k8s from '@kubernetes/client-node';
 import type { Logger } from '../../lib/log';
-import { ZONE_LABEL } from '../../lib/fields';
 import { GROUP, VERSION } from '../objects/crds';
 import { schemaProblems } from '../objects/schema';
 import { checkPools } from '../../ipam/pool';
@@ -21,7 +20,7 @@ import type { ResolvedPool } from '../../ipam/types';
 import { objectKey, type ConfigObjects, type NodeFacts, type PodMeta } from './objects';
 import type { ConfigSource } from './source';
 import { Reflector, type ReflectorStats } from './reflector';
-import { isTetherService, TO_BE_DELETED_TAINT, TETHER_SERVICE_SELECTOR } from '../objects/names';
+import { isTetherService, SERVICE_NAME_LABEL, TETHER_SERVICE_SELECTOR, TO_BE_DELETED_TAINT, ZONE_LABEL } from '../objects/names';
 
 type Obj = Record<string, any>;
 
@@ -213,7 +212,7 @@ export class KubeSource extends EventEmitter implements ConfigSource {
     const named = new Set(services.map((o) => `${o.metadata?.namespace}/${o.metadata?.name}`));
     others.push(...services);
     for (const o of this.objectsOf('endpointslices')) {
-      const svc = o.metadata?.labels?.['kubernetes.io/service-name'];
+      const svc = o.metadata?.labels?.[SERVICE_NAME_LABEL];
       if (svc && named.has(`${o.metadata?.namespace}/${svc}`)) others.push({ ...o, apiVersion: 'discovery.k8s.io/v1', kind: 'EndpointSlice' });
     }
     for (const key of [...this.accepted.keys()]) if (!live.has(key)) this.accepted.delete(key);

@@ -4,10 +4,11 @@
 import * as fs from 'node:fs';
 import { parseAllDocuments } from 'yaml';
 import { ErrorCode, TetherError } from '../../lib/errors';
-import { API_VERSION, ZONE_LABEL, describe, isDnsSubdomain, isLabelKey, isLabelValue, isObject } from '../../lib/fields';
+import { API_VERSION, describe, isDnsSubdomain, isLabelKey, isLabelValue, isObject } from '../../lib/fields';
 import { checkPools } from '../../ipam/pool';
 import { objectLabel, schemaKinds, schemaProblems } from '../objects/schema';
 import type { ResolvedPool } from '../../ipam/types';
+import { ZONE_LABEL } from '../objects/names';
 
 export interface NodeFacts {
   zone?: string;

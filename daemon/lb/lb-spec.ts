@@ -20,7 +20,7 @@ import { isObject, isLabelKey, isLabelValue } from '../../lib/fields';
 import { inSubnet, parseIp } from '../../lib/ip';
 import type { ResolvedPool } from '../../ipam/types';
 import { PROTO, type Protocol } from '../bpf/lb-structs';
-import { isTetherService } from '../objects/names';
+import { isTetherService, SERVICE_NAME_LABEL } from '../objects/names';
 
 export const ANNOTATION = {
   lbPods: 'lb.tether.dev/lb-pods',
@@ -33,7 +33,6 @@ export const ANNOTATION = {
 export const DEFAULT_LB_POD_LABELS = { 'tether.dev/role': 'lb' };
 /** Kubernetes' default for sessionAffinityConfig.clientIP.timeoutSeconds. */
 export const DEFAULT_IDLE_TIMEOUT_S = 10800;
-const SERVICE_NAME_LABEL = 'kubernetes.io/service-name';
 
 export type TargetState = 'active' | 'terminating';
 

@@ -11,6 +11,12 @@ export const LB_CLASS = 'tether.dev/lb';
 export const TETHER_SERVICE_LABEL = 'tether.dev/load-balancer';
 export const TETHER_SERVICE_SELECTOR = `${TETHER_SERVICE_LABEL}=true`;
 
+/** The well-known label of a Node's zone (and the pools' `zone` shorthand). */
+export const ZONE_LABEL = 'topology.kubernetes.io/zone';
+
+/** The label on an EndpointSlice naming its Service. */
+export const SERVICE_NAME_LABEL = 'kubernetes.io/service-name';
+
 /** The cluster autoscaler's taint on a Node it is about to remove. */
 export const TO_BE_DELETED_TAINT = 'ToBeDeletedByClusterAutoscaler';
 
