@@ -1,7 +1,15 @@
 // Crash-safe file writes: write a temp file, fsync it, rename over the target, fsync the directory.
 // A reader after kill -9 at any instant sees either the old or the new content, never a torn file.
-import * as fs from 'node:fs';
-import * as path from 'node:path';
+// The CNI executables use it too (a queued DEL), and they load a Node module only when a request needs it:
+// a static import would be loaded at every start (Bun hoists them), so node:fs is required on first use.
+import type * as Fs from 'node:fs';
+
+let fsModule: typeof Fs | undefined;
+function fsm(): typeof Fs {
+  return (fsModule ??= require('node:fs') as typeof Fs);
+}
+const dirOf = (file: string): string => file.slice(0, file.lastIndexOf('/')) || (file.startsWith('/') ? '/' : '.');
+const baseOf = (file: string): string => file.slice(file.lastIndexOf('/') + 1);
 
 export interface AtomicWriteOptions {
   /** The file's mode, set exactly (fchmod, so the umask does not narrow it); default 0600. */
@@ -19,8 +27,9 @@ export interface AtomicWriteOptions {
 
 export function writeFileAtomic(file: string, data: string | Buffer, o: AtomicWriteOptions = {}): void {
   const mode = o.mode ?? 0o600;
-  const dir = path.dirname(file);
-  const tmp = path.join(dir, o.tempName ?? `.${path.basename(file)}.${process.pid}.tmp`);
+  const fs = fsm();
+  const dir = dirOf(file);
+  const tmp = `${dir}/${o.tempName ?? `.${baseOf(file)}.${process.pid}.tmp`}`;
   const fd = fs.openSync(tmp, o.tempName ? 'wx' : 'w', mode);
   try {
     fs.writeSync(fd, typeof data === 'string' ? Buffer.from(data) : data);
@@ -50,17 +59,19 @@ export function writeFileAtomic(file: string, data: string | Buffer, o: AtomicWr
 }
 
 export function removeFileDurable(file: string): boolean {
+  const fs = fsm();
   try {
     fs.unlinkSync(file);
   } catch (e) {
     if ((e as NodeJS.ErrnoException).code === 'ENOENT') return false;
     throw e;
   }
-  fsyncDir(path.dirname(file));
+  fsyncDir(dirOf(file));
   return true;
 }
 
 export function fsyncDir(dir: string): void {
+  const fs = fsm();
   const fd = fs.openSync(dir, 'r');
   try {
     fs.fsyncSync(fd);
@@ -71,10 +82,11 @@ export function fsyncDir(dir: string): void {
 
 /** Removes temp files a killed writer left behind. */
 export function sweepTempFiles(dir: string): number {
+  const fs = fsm();
   let n = 0;
   for (const name of fs.readdirSync(dir)) {
     if (name.startsWith('.') && name.endsWith('.tmp')) {
-      fs.unlinkSync(path.join(dir, name));
+      fs.unlinkSync(`${dir}/${name}`);
       n++;
     }
   }

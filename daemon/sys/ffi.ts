@@ -6,6 +6,7 @@ import * as crypto from 'node:crypto';
 import * as fs from 'node:fs';
 import * as path from 'node:path';
 import type * as KoffiNs from 'koffi';
+import { writeFileAtomic } from '../../lib/atomic-file';
 
 export type Koffi = typeof KoffiNs;
 
@@ -41,9 +42,7 @@ function loadFromSea(): Koffi {
     ok = false;
   }
   if (!ok) {
-    const tmp = `${file}.${process.pid}.tmp`;
-    fs.writeFileSync(tmp, bytes, { mode: 0o700 });
-    fs.renameSync(tmp, file);
+    writeFileAtomic(file, bytes, { mode: 0o700 });
   }
   const mod = { exports: {} as Koffi };
   process.dlopen(mod, file);

@@ -64,9 +64,9 @@ export type QueueOutcome =
   | { queued: false; why: string };
 
 /**
- * Records a DEL durably: a temp file, fsync, rename over the request's file, fsync of the directory, so a
- * crash at any instant leaves the old file, the new one, or a temp file tetherd removes; never a torn
- * request. (lib/atomic-file.ts does the same for tetherd; the thin client cannot load daemon code.)
+ * Records a DEL durably (lib/atomic-file.ts: a temp file, fsync, rename over the request's file, fsync of the
+ * directory), so a crash at any instant leaves the old file, the new one, or a temp file tetherd removes;
+ * never a torn request.
  * Never throws: the caller answers the DEL with success either way, because a failing DEL stops the chain
  * before the primary plugin releases the pod's veth and address, for every pod on the node. What could not
  * be recorded is said in `why`, which the client prints on stderr (the runtime logs it).
@@ -90,22 +90,9 @@ export function queueDelete(dir: string, entry: Omit<QueuedDelete, 'format'>): Q
       const queued = fs.readdirSync(dir).filter((n) => !isQueueTempName(n)).length;
       if (queued >= MAX_QUEUED_DELETES) return { queued: false, why: `${dir} already holds ${queued} requests (limit ${MAX_QUEUED_DELETES})` };
     }
-    const tmp = `${dir}/.${name}.${process.pid}.tmp`;
-    const body = JSON.stringify({ format: DELETE_QUEUE_FORMAT, ...entry }) + '\n';
-    const fd = fs.openSync(tmp, 'w', 0o600);
-    try {
-      fs.writeSync(fd, body);
-      fs.fsyncSync(fd);
-    } finally {
-      fs.closeSync(fd);
-    }
-    fs.renameSync(tmp, file);
-    const dfd = fs.openSync(dir, 'r');
-    try {
-      fs.fsyncSync(dfd);
-    } finally {
-      fs.closeSync(dfd);
-    }
+    // Loaded here, not at the top: the CNI executables load only what a request uses.
+    const { writeFileAtomic } = require('../atomic-file') as typeof import('../atomic-file');
+    writeFileAtomic(file, JSON.stringify({ format: DELETE_QUEUE_FORMAT, ...entry }) + '\n', { mode: 0o600 });
     return { queued: true, file };
   } catch (e) {
     return { queued: false, why: `cannot write ${file}: ${(e as Error).message}` };
