@@ -31,9 +31,16 @@ export function nodeSpec(i: number, base = 20): NodeSpec {
   return { name: `sim-${String(i).padStart(4, '0')}`, address: `127.${base + (a >> 16)}.${(a >> 8) & 255}.${a & 255}` };
 }
 
-/** A second octet for this run's node addresses (32..231), drawn at random: overlapping runs do not collide. */
+/**
+ * A second octet for a run's node addresses (32..231): the first drawn at random, so overlapping processes do
+ * not collide, the next ones in this process the following octets, so two runs of one process (whose first
+ * run's nodes may still be up) never draw the same (seen: both tests of scale-sim.test.ts drew 160).
+ */
+let nextBase = 32 + Math.floor(Math.random() * 200);
 export function addressBase(): number {
-  return 32 + Math.floor(Math.random() * 200);
+  const b = nextBase;
+  nextBase = 32 + ((nextBase - 32 + 1) % 200);
+  return b;
 }
 
 /** The k-th pod IP of node i (10.128.0.0/9, 256 per node). */
