@@ -561,7 +561,7 @@ export class FakeApiServer {
 
   /** Validating admission of a write made over HTTP (recorded, and refused when `admit` says so). */
   private admitWrite(w: { operation: AdmissionAttributes['operation']; r: Resource; sub: boolean; name: string; object: Obj | null; oldObject: Obj | null }): void {
-    if (!this.serving) return;
+    if (!this.serving || (!this.admit && !this.recordCalls)) return;
     const a: AdmissionAttributes = {
       operation: w.operation, group: w.r.group, version: w.r.version, resource: w.r.plural, subResource: w.sub ? 'status' : '', kind: w.r.kind,
       name: w.name, namespace: (w.object ?? w.oldObject)?.metadata?.namespace ?? '',
