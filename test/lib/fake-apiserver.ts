@@ -5,8 +5,14 @@
 // demand: bookmark()); a mode where every watch answers 410 (a 410 loop); watches it can drop on demand;
 // create → 409 AlreadyExists; update with a stale resourceVersion → 409 Conflict; a status subresource
 // that changes only status (and the main resource that never changes status); generation bumped on spec
-// changes; label selectors (k=v, k==v, k!=v, k, !k) and field selectors (equality); Leases. Every request
-// is recorded with its query (calls). One thing of a controller is modelled because nodes depend on it:
+// changes; label selectors (k=v, k==v, k!=v, k, !k) and field selectors (=, ==, !=; only the fields the
+// real server knows for the resource, else 400); Leases, whose MicroTime fields (and an Event's) are parsed as
+// Go's RFC3339Micro (exactly six fractional digits, else 400); DELETE preconditions (uid, resourceVersion:
+// 409); finalizers (a DELETE of an object with finalizers sets deletionTimestamp; it goes when the last one
+// is removed); generateName; empty metadata maps and lists dropped as ObjectMeta's omitempty does; Status
+// bodies with the upstream messages and details. Every request is recorded with its query (calls), every
+// write as an admission plug-in sees it (admissions), and an `admit` hook can refuse writes as a
+// ValidatingAdmissionPolicy does (test/lib/admission-request.ts). docs/testing.md lists what still differs. One thing of a controller is modelled because nodes depend on it:
 // the EndpointSlice controller keeps a slice's labels equal to its Service's (reserved keys aside;
 // kubernetes/endpointslice setEndpointSliceLabels), for any slice naming a Service (copyServiceLabels).
 // Anything else (admission, CRD schemas, auth beyond one bearer token, other controllers) is not modelled.
@@ -78,6 +84,62 @@ export interface Call {
   token?: string;
 }
 
+/**
+ * One write as an admission plug-in sees it (the API server's admission.Attributes): the object after
+ * defaulting and name generation (null for a DELETE), the object before (null for a CREATE); a PATCH is an
+ * UPDATE of the patched object; a status write has subResource 'status' and the old spec.
+ */
+export interface AdmissionAttributes {
+  operation: 'CREATE' | 'UPDATE' | 'DELETE';
+  group: string;
+  version: string;
+  resource: string;
+  /** '' for the main resource. */
+  subResource: string;
+  kind: string;
+  /** '' when unknown (a CREATE with generateName has its generated name in object.metadata.name). */
+  name: string;
+  /** '' for a cluster-scoped object. */
+  namespace: string;
+  object: Obj | null;
+  oldObject: Obj | null;
+  /** The bearer token of the request: who made it. */
+  token?: string;
+}
+
+/** An admission verdict: a denial is answered with `code` (403 for reason Forbidden, 422 for Invalid). */
+export interface AdmissionVerdict {
+  allowed: boolean;
+  message?: string;
+  reason?: string;
+  code?: number;
+}
+
+/** Fields each resource can be selected by (fieldSelector); every resource also has metadata.name and metadata.namespace. */
+const SELECTABLE: Record<string, string[]> = {
+  pods: ['spec.nodeName', 'spec.restartPolicy', 'spec.schedulerName', 'spec.serviceAccountName', 'spec.hostNetwork', 'status.phase', 'status.podIP', 'status.nominatedNodeName'],
+  nodes: ['spec.unschedulable'],
+  secrets: ['type'],
+  services: ['spec.clusterIP', 'spec.type'],
+  events: ['involvedObject.kind', 'involvedObject.namespace', 'involvedObject.name', 'involvedObject.uid', 'involvedObject.apiVersion', 'involvedObject.resourceVersion', 'involvedObject.fieldPath', 'reason', 'reportingComponent', 'source', 'type'],
+};
+
+/** MicroTime fields of typed objects, by kind: parsed with Go's RFC3339Micro layout (exactly six fractional digits). */
+const MICRO_TIME: Record<string, string[][]> = {
+  Lease: [['spec', 'acquireTime'], ['spec', 'renewTime']],
+  Event: [['eventTime'], ['series', 'lastObservedTime']],
+};
+const MICRO = /^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}(Z|[+-]\d\d:\d\d)$/;
+
+/** metav1.Time as the server writes it: RFC 3339, whole seconds, UTC. */
+const rfc3339 = (d: Date) => d.toISOString().replace(/\.\d{3}Z$/, 'Z');
+
+class ApiError extends Error {
+  constructor(readonly code: number, readonly reason: string, message: string, readonly details?: Obj) {
+    super(message);
+  }
+}
+
 /** Events kept for watches resumed from an older resourceVersion; older ones are gone (410). */
 const HISTORY = 50_000;
 
@@ -109,6 +171,12 @@ export class FakeApiServer {
   /** Per bearer token ('' without one): requests, events and bytes (see ClientLoad). */
   readonly load = new Map<string, ClientLoad>();
   private readonly tokenOf = new WeakMap<http.ServerResponse, string>();
+  /** Writes as admission sees them, with the verdict (kept while recordCalls). */
+  readonly admissions: Array<AdmissionAttributes & { allowed: boolean; message?: string }> = [];
+  /** Validating admission of HTTP writes (direct apply/remove are not admitted): a denial fails the request. */
+  admit?: (a: AdmissionAttributes) => AdmissionVerdict;
+  /** The request being served (its token), while a write is admitted. */
+  private serving?: { token?: string };
 
   private tally(token: string | undefined): ClientLoad {
     const k = token ?? '';
@@ -241,11 +309,20 @@ export class FakeApiServer {
     let body = '';
     req.on('data', (c: Buffer) => (body += c.toString()));
     req.on('end', () => {
+      this.serving = { token };
       try {
-        this.route(req.method ?? 'GET', r, ns, name, sub === 'status', url, body ? JSON.parse(body) : undefined, res);
+        let parsed: Obj | undefined;
+        try {
+          parsed = body ? JSON.parse(body) : undefined;
+        } catch (e) {
+          throw new ApiError(400, 'BadRequest', `the body of the request was in an unknown format: ${(e as Error).message}`);
+        }
+        this.route(req.method ?? 'GET', r, ns, name, sub === 'status', url, parsed, res);
       } catch (e) {
-        const err = e as { code?: number; reason?: string; message: string };
-        this.status(res, err.code ?? 500, err.reason ?? 'InternalError', err.message);
+        const err = e as { code?: number; reason?: string; message: string; details?: Obj };
+        this.status(res, err.code ?? 500, err.reason ?? 'InternalError', err.message, err.details);
+      } finally {
+        this.serving = undefined;
       }
     });
   }
@@ -254,17 +331,33 @@ export class FakeApiServer {
     if (!name) {
       if (method === 'GET' && (url.searchParams.get('watch') === 'true' || url.searchParams.get('watch') === '1')) return this.watch(r, ns, url, res);
       if (method === 'GET') return this.send(res, 200, this.listBody(r, ns, url));
-      if (method === 'POST') return this.send(res, 201, this.create(r, { ...body, metadata: { ...body?.metadata, namespace: r.namespaced ? ns : undefined } }));
+      if (method === 'POST') {
+        if (r.namespaced && body?.metadata?.namespace && body.metadata.namespace !== ns) {
+          throw new ApiError(400, 'BadRequest', 'the namespace of the provided object does not match the namespace sent on the request');
+        }
+        if (body?.metadata?.resourceVersion) throw new ApiError(500, 'InternalError', 'resourceVersion should not be set on objects to be created');
+        return this.send(res, 201, this.create(r, { ...body, metadata: { ...body?.metadata, namespace: r.namespaced ? ns : undefined } }));
+      }
       return this.status(res, 405, 'MethodNotAllowed', method);
     }
     const cur = this.store.get(this.key(r, ns, name));
     if (method === 'GET') return cur ? this.send(res, 200, cur.obj) : this.notFound(res, r, name);
     if (method === 'DELETE') {
-      const gone = this.delete(r, ns, name);
-      return gone ? this.send(res, 200, gone) : this.notFound(res, r, name);
+      if (!cur) return this.notFound(res, r, name);
+      const pre = body?.preconditions as { uid?: string; resourceVersion?: string } | undefined;
+      if (pre?.uid && pre.uid !== cur.obj.metadata.uid) {
+        throw new ApiError(409, 'Conflict', `Operation cannot be fulfilled on ${qualified(r)} "${name}": Precondition failed: UID in precondition: ${pre.uid}, UID in object meta: ${cur.obj.metadata.uid}`, { name, group: r.group, kind: r.plural });
+      }
+      if (pre?.resourceVersion && pre.resourceVersion !== cur.obj.metadata.resourceVersion) {
+        throw new ApiError(409, 'Conflict', `Operation cannot be fulfilled on ${qualified(r)} "${name}": Precondition failed: ResourceVersion in precondition: ${pre.resourceVersion}, ResourceVersion in object meta: ${cur.obj.metadata.resourceVersion}`, { name, group: r.group, kind: r.plural });
+      }
+      return this.send(res, 200, this.delete(r, ns, name)!);
     }
     if (!cur) return this.notFound(res, r, name);
-    if (method === 'PUT') return this.send(res, 200, this.update(r, { ...body, metadata: { ...body?.metadata, name, namespace: r.namespaced ? ns : undefined } }, status));
+    if (method === 'PUT') {
+      if (body?.metadata?.name && body.metadata.name !== name) throw new ApiError(400, 'BadRequest', `the name of the object (${body.metadata.name}) does not match the name on the URL (${name})`);
+      return this.send(res, 200, this.update(r, { ...body, metadata: { ...body?.metadata, name, namespace: r.namespaced ? ns : undefined } }, status));
+    }
     if (method === 'PATCH') {
       // JSON merge patch (RFC 7386), enough for status and label patches.
       const merged = mergePatch(structuredClone(cur.obj), body ?? {});
@@ -274,17 +367,22 @@ export class FakeApiServer {
     this.status(res, 405, 'MethodNotAllowed', method);
   }
 
-  private matcher(url: URL): (o: Obj) => boolean {
-    const pairs = (s: string | null) => (s ? s.split(',').filter(Boolean).map((p) => p.split('=') as [string, string]) : []);
+  private matcher(r: Resource, url: URL): (o: Obj) => boolean {
     const labels = (url.searchParams.get('labelSelector') ?? '').split(',').filter(Boolean).map(labelTerm);
-    const fields = pairs(url.searchParams.get('fieldSelector'));
-    return (o) =>
-      labels.every((t) => t(o.metadata?.labels ?? {})) &&
-      fields.every(([k, v]) => String(k.split('.').reduce((x: any, p) => x?.[p], o) ?? '') === v);
+    const known = ['metadata.name', 'metadata.namespace', ...(SELECTABLE[r.plural] ?? [])];
+    const fields = (url.searchParams.get('fieldSelector') ?? '').split(',').filter(Boolean).map((term) => {
+      const m = /^([^!=]+)(!=|==|=)(.*)$/.exec(term);
+      if (!m) throw new ApiError(400, 'BadRequest', `invalid selector: '${term}'; can't understand '${term}'`);
+      const [, k, op, v] = m;
+      if (!known.includes(k)) throw new ApiError(400, 'BadRequest', `field label not supported: ${k}`);
+      const get = (o: Obj) => String(k.split('.').reduce((x: any, p) => x?.[p], o) ?? '');
+      return op === '!=' ? (o: Obj) => get(o) !== v : (o: Obj) => get(o) === v;
+    });
+    return (o) => labels.every((t) => t(o.metadata?.labels ?? {})) && fields.every((f) => f(o));
   }
 
   private listBody(r: Resource, ns: string | undefined, url: URL): Obj {
-    const match = this.matcher(url);
+    const match = this.matcher(r, url);
     const items = [...this.store.values()]
       .filter((x) => x.res === r && (!ns || x.obj.metadata.namespace === ns) && match(x.obj))
       .map((x) => x.obj);
@@ -292,15 +390,19 @@ export class FakeApiServer {
   }
 
   private watch(r: Resource, ns: string | undefined, url: URL, res: http.ServerResponse): void {
-    const from = Number(url.searchParams.get('resourceVersion') || this.rv);
+    const rvParam = url.searchParams.get('resourceVersion') ?? '';
+    const match = this.matcher(r, url);
+    // No resourceVersion (or "0"): the current state as ADDED events, then what follows (as upstream).
+    const fromNow = rvParam === '' || rvParam === '0';
+    const from = fromNow ? this.rv : Number(rvParam);
     res.writeHead(200, { 'content-type': 'application/json', 'transfer-encoding': 'chunked' });
     res.flushHeaders();
-    const match = this.matcher(url);
-    if (this.goneLoop || from < this.compactedBefore - 1) {
+    if (this.goneLoop || (!fromNow && from < this.compactedBefore - 1)) {
       res.end(JSON.stringify({ type: 'ERROR', object: { kind: 'Status', apiVersion: 'v1', status: 'Failure', reason: 'Expired', code: 410, message: `too old resource version: ${from} (${this.compactedBefore})` } }) + '\n');
       return;
     }
     const w: Watcher = { res: r, ns, match, res_: res, bookmarks: url.searchParams.get('allowWatchBookmarks') === 'true', token: this.tokenOf.get(res) };
+    if (fromNow) for (const x of this.store.values()) if (x.res === r && (!ns || x.obj.metadata.namespace === ns) && match(x.obj)) this.deliver(w, JSON.stringify({ type: 'ADDED', object: x.obj }) + '\n');
     for (const e of this.history) if (e.rv > from && e.res === r && (!ns || e.obj.metadata.namespace === ns) && match(e.obj)) this.deliver(w, JSON.stringify({ type: e.type, object: e.obj }) + '\n');
     this.watchers.add(w);
     res.on('close', () => this.watchers.delete(w));
@@ -325,14 +427,22 @@ export class FakeApiServer {
   }
 
   private create(r: Resource, obj: Obj): Obj {
-    const name = obj.metadata?.name;
-    if (!name) throw Object.assign(new Error('metadata.name: Required value'), { code: 422, reason: 'Invalid' });
-    if (r.namespaced && !obj.metadata.namespace) throw Object.assign(new Error('namespace required'), { code: 422, reason: 'Invalid' });
+    this.checkTimes(r, obj);
+    let name = obj.metadata?.name as string | undefined;
+    if (!name && obj.metadata?.generateName) name = `${obj.metadata.generateName}${randomUUID().replace(/-/g, '').slice(0, 5)}`;
+    if (!name) {
+      throw new ApiError(422, 'Invalid', `${r.kind} "" is invalid: metadata.name: Required value: name or generateName is required`, { group: r.group, kind: r.kind, causes: [{ reason: 'FieldValueRequired', message: 'Required value: name or generateName is required', field: 'metadata.name' }] });
+    }
+    if (r.namespaced && !obj.metadata.namespace) throw new ApiError(422, 'Invalid', `${r.kind} "${name}" is invalid: metadata.namespace: Required value`, { name, group: r.group, kind: r.kind });
     const k = this.key(r, obj.metadata.namespace, name);
-    if (this.store.has(k)) throw Object.assign(new Error(`${r.plural}.${r.group} "${name}" already exists`), { code: 409, reason: 'AlreadyExists' });
-    this.rv++;
     const stored: Obj = structuredClone({ ...obj, apiVersion: apiVersionOf(r), kind: r.kind });
-    stored.metadata = { ...stored.metadata, uid: randomUUID(), resourceVersion: String(this.rv), generation: 1, creationTimestamp: new Date().toISOString() };
+    stored.metadata = { ...stored.metadata, name, uid: randomUUID(), generation: 1, creationTimestamp: rfc3339(new Date()) };
+    tidyMeta(stored.metadata);
+    // Admission comes before storage: a create of an existing name is admitted, then refused (409).
+    this.admitWrite({ operation: 'CREATE', r, sub: false, name, object: stored, oldObject: null });
+    if (this.store.has(k)) throw new ApiError(409, 'AlreadyExists', `${qualified(r)} "${name}" already exists`, { name, group: r.group, kind: r.plural });
+    this.rv++;
+    stored.metadata.resourceVersion = String(this.rv);
     if (r.plural === 'endpointslices') {
       stored.metadata.labels = this.sliceLabels(stored);
       this.indexSlice(stored, k);
@@ -346,10 +456,11 @@ export class FakeApiServer {
   private update(r: Resource, obj: Obj, statusOnly: boolean): Obj {
     const k = this.key(r, obj.metadata.namespace, obj.metadata.name);
     const cur = this.store.get(k);
-    if (!cur) throw Object.assign(new Error('not found'), { code: 404, reason: 'NotFound' });
+    if (!cur) throw new ApiError(404, 'NotFound', `${qualified(r)} "${obj.metadata.name}" not found`, { name: obj.metadata.name, group: r.group, kind: r.plural });
+    this.checkTimes(r, obj);
     const want = obj.metadata.resourceVersion;
     if (want !== undefined && want !== cur.obj.metadata.resourceVersion) {
-      throw Object.assign(new Error(`Operation cannot be fulfilled on ${r.plural}.${r.group} "${obj.metadata.name}": the object has been modified; please apply your changes to the latest version and try again`), { code: 409, reason: 'Conflict' });
+      throw new ApiError(409, 'Conflict', `Operation cannot be fulfilled on ${qualified(r)} "${obj.metadata.name}": the object has been modified; please apply your changes to the latest version and try again`, { name: obj.metadata.name, group: r.group, kind: r.plural });
     }
     const next: Obj = structuredClone(cur.obj);
     if (statusOnly) next.status = obj.status;
@@ -360,13 +471,20 @@ export class FakeApiServer {
       if (!r.status && obj.status !== undefined) next.status = obj.status;
       next.metadata.labels = obj.metadata.labels;
       next.metadata.annotations = obj.metadata.annotations;
-      if (obj.metadata.deletionTimestamp) next.metadata.deletionTimestamp = obj.metadata.deletionTimestamp;
+      next.metadata.ownerReferences = obj.metadata.ownerReferences;
+      next.metadata.finalizers = obj.metadata.finalizers;
+      // deletionTimestamp is the server's: a client cannot set it (a test's direct apply can, to stage a terminating object).
+      if (!this.serving && obj.metadata.deletionTimestamp) next.metadata.deletionTimestamp = obj.metadata.deletionTimestamp;
+      tidyMeta(next.metadata);
       if (JSON.stringify(next.spec) !== JSON.stringify(cur.obj.spec)) next.metadata.generation = (cur.obj.metadata.generation ?? 1) + 1;
     }
     if (r.plural === 'endpointslices') {
       next.metadata.labels = this.sliceLabels(next);
       this.indexSlice(next, k);
     }
+    this.admitWrite({ operation: 'UPDATE', r, sub: statusOnly, name: obj.metadata.name, object: next, oldObject: cur.obj });
+    // The last finalizer removed from an object being deleted: it goes.
+    if (cur.obj.metadata.deletionTimestamp && !next.metadata.finalizers?.length) return this.delete(r, obj.metadata.namespace, obj.metadata.name, true)!;
     if (JSON.stringify(next) === JSON.stringify(cur.obj)) return cur.obj;
     this.rv++;
     next.metadata.resourceVersion = String(this.rv);
@@ -391,6 +509,17 @@ export class FakeApiServer {
 
   private relabelSlices(svc: Obj): void {
     if (!this.copyServiceLabels) return;
+    // The EndpointSlice controller's writes, not the request's: not admitted as the caller.
+    const serving = this.serving;
+    this.serving = undefined;
+    try {
+      this.relabel(svc);
+    } finally {
+      this.serving = serving;
+    }
+  }
+
+  private relabel(svc: Obj): void {
     const slices = RESOURCES.find((x) => x.plural === 'endpointslices')!;
     for (const k of this.slicesOf.get(`${svc.metadata.namespace}/${svc.metadata.name}`) ?? []) {
       const obj = this.store.get(k)?.obj;
@@ -410,10 +539,19 @@ export class FakeApiServer {
     this.slicesOf.get(key)!.add(k);
   }
 
-  private delete(r: Resource, ns: string | undefined, name: string): Obj | undefined {
+  /** A delete (admitted unless `admitted`); an object with finalizers only gets its deletionTimestamp. */
+  private delete(r: Resource, ns: string | undefined, name: string, admitted = false): Obj | undefined {
     const k = this.key(r, ns, name);
     const cur = this.store.get(k);
     if (!cur) return undefined;
+    if (!admitted) this.admitWrite({ operation: 'DELETE', r, sub: false, name, object: null, oldObject: cur.obj });
+    if (!admitted && cur.obj.metadata.finalizers?.length) {
+      if (cur.obj.metadata.deletionTimestamp) return cur.obj;
+      this.rv++;
+      cur.obj = { ...cur.obj, metadata: { ...cur.obj.metadata, deletionTimestamp: rfc3339(new Date()), deletionGracePeriodSeconds: 0, resourceVersion: String(this.rv) } };
+      this.emit('MODIFIED', r, cur.obj);
+      return cur.obj;
+    }
     this.store.delete(k);
     this.rv++;
     const gone = { ...cur.obj, metadata: { ...cur.obj.metadata, resourceVersion: String(this.rv) } };
@@ -421,12 +559,37 @@ export class FakeApiServer {
     return gone;
   }
 
-  private notFound(res: http.ServerResponse, r: Resource, name: string): void {
-    this.status(res, 404, 'NotFound', `${r.plural}.${r.group} "${name}" not found`);
+  /** Validating admission of a write made over HTTP (recorded, and refused when `admit` says so). */
+  private admitWrite(w: { operation: AdmissionAttributes['operation']; r: Resource; sub: boolean; name: string; object: Obj | null; oldObject: Obj | null }): void {
+    if (!this.serving || (!this.admit && !this.recordCalls)) return;
+    const a: AdmissionAttributes = {
+      operation: w.operation, group: w.r.group, version: w.r.version, resource: w.r.plural, subResource: w.sub ? 'status' : '', kind: w.r.kind,
+      name: w.name, namespace: (w.object ?? w.oldObject)?.metadata?.namespace ?? '',
+      object: w.object && structuredClone(w.object), oldObject: w.oldObject && structuredClone(w.oldObject), token: this.serving.token,
+    };
+    const v = this.admit?.(a) ?? { allowed: true };
+    if (this.recordCalls) this.admissions.push({ ...a, allowed: v.allowed, message: v.message });
+    if (!v.allowed) throw new ApiError(v.code ?? 403, v.reason ?? 'Forbidden', v.message ?? 'denied by admission');
   }
 
-  private status(res: http.ServerResponse, code: number, reason: string, message: string): void {
-    this.send(res, code, { kind: 'Status', apiVersion: 'v1', metadata: {}, status: 'Failure', message, reason, code });
+  /** MicroTime fields as the server decodes them (Go's RFC3339Micro): anything else is a 400. */
+  private checkTimes(r: Resource, obj: Obj): void {
+    for (const p of MICRO_TIME[r.kind] ?? []) {
+      const v = p.reduce((x: any, k) => x?.[k], obj);
+      if (v === undefined || v === null) continue;
+      if (typeof v !== 'string' || !MICRO.test(v)) {
+        throw new ApiError(400, 'BadRequest', `${r.kind} in version "${r.version}" cannot be handled as a ${r.kind}: parsing time ${JSON.stringify(JSON.stringify(v))} as "2006-01-02T15:04:05.000000Z07:00": cannot parse ${p.join('.')}`);
+      }
+    }
+  }
+
+  private notFound(res: http.ServerResponse, r: Resource, name: string): void {
+    this.status(res, 404, 'NotFound', `${qualified(r)} "${name}" not found`, { name, group: r.group, kind: r.plural });
+  }
+
+  private status(res: http.ServerResponse, code: number, reason: string, message: string, details?: Obj): void {
+    const d = details && Object.fromEntries(Object.entries(details).filter(([, v]) => v !== '' && v !== undefined));
+    this.send(res, code, { kind: 'Status', apiVersion: 'v1', metadata: {}, status: 'Failure', message, reason, ...(d ? { details: d } : {}), code });
   }
 
   private send(res: http.ServerResponse, code: number, body: unknown): void {
@@ -445,6 +608,19 @@ export function kubeconfigFor(url: string, token = 'fake-token'): string {
     'users:', `- name: fake`, `  user: { token: "${token}" }`,
     'contexts:', '- name: fake', '  context: { cluster: fake, user: fake }', '',
   ].join('\n');
+}
+
+/** A resource as the API server names it in messages: "services", "addressblocks.tether.dev". */
+function qualified(r: Resource): string {
+  return r.group ? `${r.plural}.${r.group}` : r.plural;
+}
+
+/** ObjectMeta's omitempty: empty maps and lists (labels, annotations, ownerReferences, finalizers) are not kept. */
+function tidyMeta(m: Obj): void {
+  for (const k of ['labels', 'annotations', 'ownerReferences', 'finalizers']) {
+    const v = m[k];
+    if (v === undefined || v === null || (Array.isArray(v) ? v.length === 0 : typeof v === 'object' && Object.keys(v).length === 0)) delete m[k];
+  }
 }
 
 /** One term of a label selector: k=v, k==v, k!=v, k (exists), !k (does not exist). */
