@@ -3,10 +3,11 @@
 // ioredis client (a Redis for one server or through Sentinel, a Cluster for Redis Cluster) with the same
 // reconnect and timeout settings, and the helpers every store uses the same way whatever the client is:
 // waitReady, watchConnection, reconnectAfterEnd, and storeFailure (a call's error as TRY_AGAIN_LATER when
-// the store is away or moving, INTERNAL when Redis refused the request itself).
+// the store is away, moving or full, INTERNAL when Redis refused the request itself).
 import Redis, { Cluster, ReplyError } from 'ioredis';
 import { ErrorCode, TetherError } from '../../lib/errors';
 import { log } from '../../lib/log';
+import { storeFullFailure, type StoreSubsystem } from './store-full';
 
 /** One server, a Sentinel-watched primary, or a Redis Cluster: every store takes either. */
 export type RedisClient = Redis | Cluster;
@@ -313,10 +314,13 @@ const TRANSIENT_REPLY = /^(LOADING|BUSY|MASTERDOWN|TRYAGAIN|READONLY|CLUSTERDOWN
 
 /**
  * A failed store call as the callers' error: TRY_AGAIN_LATER when the store is away, busy or moving
- * (reconnect, failover, slot migration), INTERNAL when Redis refused the request itself (a script error,
- * auth, a request spanning hash slots: a bug, not an outage).
+ * (reconnect, failover, slot migration) or full (its maxmemory reached: StoreFullError, recorded for
+ * `subsystem`), INTERNAL when Redis refused the request itself (a script error, auth, a request spanning
+ * hash slots: a bug, not an outage).
  */
-export function storeFailure(where: string, what: string, e: unknown): TetherError {
+export function storeFailure(where: string, what: string, e: unknown, subsystem: StoreSubsystem = 'ipam'): TetherError {
+  const full = storeFullFailure(subsystem, where, what, e);
+  if (full) return full;
   if (e instanceof TetherError) return e;
   const msg = e instanceof Error ? e.message : String(e);
   const crossSlot = /CROSSSLOT|should belong to the same slot/.test(msg);

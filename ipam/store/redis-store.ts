@@ -27,6 +27,7 @@ import { log } from '../../lib/log';
 import { formatCidr, formatIp, parseCidr, parseIp } from '../../lib/ip';
 import { createRedisClient, parseRedisUrl, reconnectAfterEnd, storeFailure, unreachable, waitReady, watchConnection, withDeadline } from '../../daemon/common/redis';
 import { refuseRecord } from '../../daemon/common/store-record';
+import { storeFullness } from '../../daemon/common/store-full';
 export { parseRedisUrl } from '../../daemon/common/redis';
 import type { AddressOutcome, AddressRequest, AllocationGuard, ClusterStore, StoreGeneration } from '../types';
 import { ALLOCATE, CLAIM_BLOCK, CONFIRM_POOL, GENERATION, MARK_POOL, RELEASE_BLOCK, RELEASE_OWNER } from './redis-scripts';
@@ -168,7 +169,10 @@ export class RedisStore implements ClusterStore {
         `cluster store (${this.where}): claim of block ${b} of pool "${pool}" not acknowledged: ${acked} of ${replicas} replica(s) confirmed it within ${waitMs} ms (a failover now could lose it); the block is not used, try again`,
       );
     }
-    if (state === 'claimed') log().info('block claimed', { pool, block: b, node, replicas });
+    if (state === 'claimed') {
+      log().info('block claimed', { pool, block: b, node, replicas });
+      storeFullness.written('ipam');
+    }
     return true;
   }
 
@@ -219,6 +223,7 @@ export class RedisStore implements ClusterStore {
     switch (reply[0]) {
       case 'ok': {
         for (const address of reply[2] as string[]) log().info('address claimed', { pool, address, owner });
+        if ((reply[2] as string[]).length) storeFullness.written('ipam');
         return { ok: true, addresses: reply[1] as string[] };
       }
       case 'conflict': {

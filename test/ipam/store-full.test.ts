@@ -1,0 +1,153 @@
+// A full cluster store, for real: a redis-server with a tiny maxmemory and noeviction (as tether's
+// manifests run it) is filled with load-balancer mappings until it refuses writes. Checked: an address
+// allocation then fails with TRY_AGAIN_LATER naming the store as full (CNI code 11, not INTERNAL), the
+// metrics and a Warning Event on the node's TetherNode say so, registrations and ownership records still
+// go through (nothing about a live node or owner changes because of it), the VIP's expirer takes its lease
+// and frees the store (two nodes expiring at once remove each mapping once), touched mappings survive it,
+// and allocations succeed again afterwards.
+import { test } from 'uvu';
+import * as assert from 'uvu/assert';
+import Redis from 'ioredis';
+import { Writable } from 'node:stream';
+import { makeLogger, setLogger } from '../../lib/log';
+import { cniCodeFor, ErrorCode, TetherError } from '../../lib/errors';
+import { RedisStore } from '../../ipam/store/redis-store';
+import { LazyStore } from '../../ipam/store/lazy-store';
+import { connectLbStore, type LbStore } from '../../daemon/lb/lb-store';
+import type { StoredMapping } from '../../daemon/lb/mapping-fields';
+import { OwnershipStore } from '../../daemon/egress/ownership-store';
+import { isOomReply, StoreFullError, storeFullness } from '../../daemon/common/store-full';
+import { KubeReporting } from '../../daemon/parts/kube-reporting';
+import { metricsServer } from '../../daemon/parts/metrics';
+import { TetherMetrics } from '../../daemon/metrics/tether-metrics';
+import { apiWithSource } from '../lib/kube-fixture';
+import { scrapeMetrics } from '../lib/metrics';
+import { startRedis, type TestRedis } from '../lib/redis';
+
+const quiet = makeLogger({ level: 'error', stream: new Writable({ write: (_c, _e, cb) => cb() }) });
+setLogger(quiet);
+const VIP = '192.0.2.20';
+const IDLE_S = 60;
+const key = (i: number) => ({ vip: VIP, client: `10.${(i >> 16) & 255}.${(i >> 8) & 255}.${i & 255}`, vport: 0, cport: 0, proto: 0 });
+const mapping = (i: number): StoredMapping => ({ key: key(i), target: '10.244.0.5' });
+
+const usedMemory = async (r: Redis) => Number(/^used_memory:(\d+)/m.exec(await r.info('memory'))![1]);
+
+test('a full store: TRY_AGAIN_LATER naming it, metric and Event; registrations, records, touches and the expirer still run; it empties and takes writes again', async () => {
+  const redis: TestRedis = await startRedis({ args: ['--maxmemory-policy', 'noeviction'] });
+  const cleanups: Array<() => Promise<unknown> | unknown> = [];
+  const { api, source, close } = await apiWithSource([{ apiVersion: 'v1', kind: 'Node', metadata: { name: 'n1' } }], quiet);
+  cleanups.push(close);
+  try {
+    const admin = new Redis({ path: redis.socketPath });
+    cleanups.push(() => admin.disconnect());
+    const ipam = new LazyStore(() => RedisStore.connect(redis.url, { keyPrefix: 'tether:' }));
+    cleanups.push(() => ipam.close());
+    const lbA: LbStore = await connectLbStore(redis.url);
+    const lbB: LbStore = await connectLbStore(redis.url);
+    cleanups.push(() => lbA.close(), () => lbB.close());
+    const ownership = await OwnershipStore.connect(redis.url);
+    cleanups.push(() => ownership.close());
+    const reporting = new KubeReporting({ source, nodeName: 'n1', version: '9.9.9', storeConfigured: true, bpfPinDir: '/x', roleProblems: () => [], logger: quiet });
+    cleanups.push(() => reporting.stop());
+    const server = metricsServer({ address: { host: '127.0.0.1', port: 0 }, metrics: new TetherMetrics(quiet), parts: { store: ipam }, logger: quiet });
+    await server.start();
+    cleanups.push(() => server.stop());
+    const metricsUrl = `http://127.0.0.1:${server.boundAddress()!.port}/metrics`;
+
+    // Before: writes go through, nothing full, the series exist at 0.
+    assert.equal((await ipam.allocateAddresses('float', 'egress/shop/out#0', { count: 1, candidates: ['198.51.100.1', '198.51.100.2', '198.51.100.3'] })).ok, true);
+    assert.is((await scrapeMetrics(metricsUrl)).value('tether_store_full', { subsystem: 'ipam' }), 0);
+    assert.equal(await ownership.beatNode('n1', '10.1.0.1', 15_000), ['10.1.0.1']);
+
+    // Mappings in use (touched while full, below) and idle ones, all last used 10 minutes ago.
+    const old = Date.now() - 10 * 60_000;
+    const LIVE = 20;
+    await lbA.mappings.claim(VIP, Array.from({ length: LIVE }, (_, i) => mapping(i)), old);
+    // A cap just above what the store holds now; then fill it until it refuses.
+    await admin.config('SET', 'maxmemory', String((await usedMemory(admin)) + 256 * 1024));
+    // Large batches first, then single mappings: a big request's own buffers count until it is answered, so
+    // the store is full only once a single mapping is refused.
+    let refused: unknown;
+    let n = LIVE;
+    for (const size of [500, 20, 1]) {
+      refused = undefined;
+      for (let round = 0; round < 400 && !refused; round++) {
+        const list = Array.from({ length: size }, (_, i) => mapping(n + i));
+        n += size;
+        await lbA.mappings.claim(VIP, list, old).catch((e: unknown) => {
+          refused = e;
+        });
+      }
+      assert.ok(refused, `the store refused a batch of ${size} before ${n} mappings`);
+      assert.ok(isOomReply(refused), `refused as full: ${(refused as Error).message}`);
+    }
+    // Full for good while the test looks (a connection's buffers freed would otherwise let a small write in).
+    const cap = (await usedMemory(admin)) - 64 * 1024;
+    await admin.config('SET', 'maxmemory', String(cap));
+
+    // An allocation: TRY_AGAIN_LATER (CNI 11) naming the store as full, not INTERNAL.
+    const err = await ipam.allocateAddresses('float', 'egress/shop/out#1', { count: 1, candidates: ['198.51.100.1', '198.51.100.2', '198.51.100.3'] }).then(
+      () => undefined,
+      (e: unknown) => e,
+    );
+    assert.instance(err, StoreFullError, String(err));
+    assert.is((err as TetherError).code, ErrorCode.TryAgainLater);
+    assert.is(cniCodeFor((err as TetherError).code), 11);
+    assert.match((err as Error).message, /cluster store \(redis at unix:.*\) is full: it refused allocateAddresses .*try again later/);
+    assert.ok(storeFullness.isFull('ipam'));
+
+    // The metric and tetherctl status say so.
+    let s = await scrapeMetrics(metricsUrl);
+    assert.is(s.value('tether_store_full', { subsystem: 'ipam' }), 1);
+    assert.ok(s.value('tether_store_full_refusals_total', { subsystem: 'ipam' })! >= 1);
+    assert.equal((server.status().storeFull as Record<string, unknown>).ipam, { full: true, refusals: storeFullness.state().ipam.refusals });
+
+    // One Warning Event on this node's TetherNode, however many refusals.
+    await ipam.allocateAddresses('float', 'egress/shop/out#2', { count: 1, candidates: ['198.51.100.3'] }).catch(() => undefined);
+    await reporting.events.flush();
+    const full = api.list('Event').filter((e) => e.reason === 'StoreFull');
+    assert.is(full.length, 1, JSON.stringify(full.map((e) => e.note)));
+    assert.equal([full[0].type, full[0].regarding.kind, full[0].regarding.name, full[0].reportingInstance], ['Warning', 'TetherNode', 'n1', 'n1']);
+    assert.match(full[0].note, /cluster store \(.*\) is full: it refused allocateAddresses of the ipam on node n1/);
+
+    // While full: a node's registration and an ownership record go through (nothing live changes because
+    // the store is full); a usage report (grows with traffic) is refused.
+    assert.equal(await ownership.beatNode('n1', '10.1.0.1', 15_000), ['10.1.0.1']);
+    assert.equal(await ownership.registerGateways('shop/out', 'n1', [{ pod: 'shop/gw-a', node: 'n1', nodeAddress: '10.1.0.1', podIp: '10.244.1.5' }], 15_000), [{ pod: 'shop/gw-a', node: 'n1', nodeAddress: '10.1.0.1', podIp: '10.244.1.5' }]);
+    const decision = { egress: 'shop/out', address: '198.51.100.1', owner: 'shop/gw-a', epoch: 1, cause: 'initial', ownerNode: 'n1', ownerNodeAddress: '10.1.0.1', ownerPodIp: '10.244.1.5' };
+    assert.is(await ownership.record({ ...decision, score: 'x' }, { firstOnly: true }), 'recorded');
+    assert.is((await ownership.get('shop/out', '198.51.100.1')).owner, 'shop/gw-a');
+    const usage = await ownership.reportUsage('shop/out', 'n1', { '198.51.100.1': { flows: 1, bytes: 2 } }, 90_000).then(() => undefined, (e: unknown) => e);
+    assert.ok(isOomReply(usage), 'a usage report is refused while full');
+
+    // The mappings in use are touched (a full store takes touches: only idle ones are expired).
+    const now = Date.now();
+    await lbA.mappings.touch(VIP, Array.from({ length: LIVE }, (_, i) => key(i)), now);
+    // The expirer's lease is taken on a full store: one node holds it.
+    assert.is(await lbA.leases.take(VIP, 'n1', 10_000), true);
+    assert.is(await lbB.leases.take(VIP, 'n2', 10_000), false);
+    // Two nodes expiring at once (a lease that lapsed between one's check and its expiry) remove each
+    // idle mapping once, and nothing else.
+    const [ga, gb] = await Promise.all([lbA.mappings.expire(VIP, IDLE_S, now, 1000), lbB.mappings.expire(VIP, IDLE_S, now, 1000)]);
+    const gone = new Set([...ga, ...gb].map((k) => k.client));
+    assert.is(ga.length + gb.length, gone.size, 'no mapping removed twice');
+    const left = (await lbA.mappings.load(VIP)).mappings.map((m) => m.key.client).sort();
+    assert.equal(left, Array.from({ length: LIVE }, (_, i) => key(i).client).sort(), 'the touched mappings stay');
+    assert.ok(gone.size > 1000, `idle mappings expired: ${gone.size}`);
+
+    // Space again: allocations succeed, and the store is no longer reported full.
+    assert.ok((await usedMemory(admin)) < cap, 'the expiry freed the store');
+    const again = await ipam.allocateAddresses('float', 'egress/shop/out#1', { count: 1, candidates: ['198.51.100.2'] });
+    assert.equal(again, { ok: true, addresses: ['198.51.100.2'] });
+    assert.not.ok(storeFullness.isFull('ipam'));
+    s = await scrapeMetrics(metricsUrl);
+    assert.is(s.value('tether_store_full', { subsystem: 'ipam' }), 0);
+    assert.ok(s.value('tether_store_full_refusals_total', { subsystem: 'ipam' })! >= 2);
+  } finally {
+    for (const c of cleanups.reverse()) await c();
+    await redis.stop();
+  }
+});
+
+test.run();
