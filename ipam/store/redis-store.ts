@@ -142,6 +142,10 @@ export class RedisStore implements ClusterStore {
     log().info('cluster store connected', { store: target.where, keyPrefix: prefix });
     const store = new RedisStore(client, prefix, target.where, commandTimeoutMs);
     reconnectAfterEnd(client, () => store.closed, 'ipam');
+    await store.checkVersion().catch(async (e: unknown) => {
+      await store.close();
+      throw e;
+    });
     if (!target.cluster) await store.detectUntagged();
     return store;
   }
@@ -298,6 +302,19 @@ export class RedisStore implements ClusterStore {
     } catch (e) {
       // Not knowing is unsafe both ways; fail the connect, the caller retries (LazyStore).
       throw storeFailure(this.where, 'looking for untagged keys', e);
+    }
+  }
+
+  /**
+   * Redis 7.0 or later: the scripts that must run on a full store say so with a script flag
+   * (common/store-full.ts), which older servers cannot compile. Refused at connect, naming the version,
+   * rather than as script errors later.
+   */
+  private async checkVersion(): Promise<void> {
+    const info = await this.run('checking the server version', () => this.client.info('server'));
+    const v = /^redis_version:(\d+)\.(\S+)/m.exec(String(info));
+    if (v && Number(v[1]) < 7) {
+      throw new TetherError(ErrorCode.InvalidConfig, `cluster store (${this.where}) is Redis ${v[1]}.${v[2]}: tether needs Redis 7.0 or later (script flags)`);
     }
   }
 

@@ -8,6 +8,7 @@
 import { test } from 'uvu';
 import * as assert from 'uvu/assert';
 import Redis from 'ioredis';
+import * as net from 'node:net';
 import { Writable } from 'node:stream';
 import { makeLogger, setLogger } from '../../lib/log';
 import { cniCodeFor, ErrorCode, TetherError } from '../../lib/errors';
@@ -147,6 +148,41 @@ test('a full store: TRY_AGAIN_LATER naming it, metric and Event; registrations, 
   } finally {
     for (const c of cleanups.reverse()) await c();
     await redis.stop();
+  }
+});
+
+test('a server older than Redis 7.0 (no script flags) is refused at connect, naming its version', async () => {
+  // A stand-in speaking just enough RESP: INFO says 6.2.14, everything else is OK.
+  const server = net.createServer((sock) => {
+    let buf = '';
+    sock.on('data', (d) => {
+      buf += d.toString('latin1');
+      // One command per *N array; answer each complete one (the stand-in's clients send small ones).
+      for (let m = /^\*(\d+)\r\n/.exec(buf); m; m = /^\*(\d+)\r\n/.exec(buf)) {
+        const parts = buf.split('\r\n');
+        const n = Number(m[1]);
+        if (parts.length < 1 + 2 * n + 1) return;
+        const cmd = parts[2].toUpperCase();
+        buf = parts.slice(1 + 2 * n).join('\r\n');
+        if (cmd === 'INFO') {
+          const body = 'redis_version:6.2.14\r\nloading:0\r\n';
+          sock.write(`$${Buffer.byteLength(body)}\r\n${body}\r\n`);
+        } else sock.write('+OK\r\n');
+      }
+    });
+  });
+  await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
+  try {
+    const port = (server.address() as net.AddressInfo).port;
+    const err = await RedisStore.connect(`redis://127.0.0.1:${port}`, { connectTimeoutMs: 1000 }).then(async (st) => {
+      await st.close();
+      return undefined;
+    }, (e: unknown) => e);
+    assert.instance(err, TetherError);
+    assert.is((err as TetherError).code, ErrorCode.InvalidConfig);
+    assert.match((err as Error).message, /cluster store \(redis at 127\.0\.0\.1:\d+\) is Redis 6\.2\.14: tether needs Redis 7\.0 or later/);
+  } finally {
+    server.close();
   }
 });
 

@@ -213,6 +213,15 @@ test('install/ → install/ha: the store URL is a generated ConfigMap, so the Da
   const args = (objs: Obj[]) => ds(objs).spec.template.spec.containers[0].command as string[];
   assert.ok(args(one).includes('--redis-password-secret=tether-redis-auth') && args(ha).includes('--redis-password-secret=tether-redis-auth'));
   for (const objs of [one, ha]) assert.ok(objs.some((o) => o.kind === 'NetworkPolicy' && o.metadata.name === 'tether-store'));
+  // Never two single Redis pods at once behind the Service (a rolling update would run the new one beside the old).
+  assert.equal(one.find((o) => o.kind === 'Deployment' && o.metadata.name === 'tether-redis')!.spec.strategy, { type: 'Recreate' });
+  // The Redis pods read the Secrets' files (root's without an fsGroup) as group 999.
+  for (const objs of [one, ha]) for (const o of objs.filter((x) => /^tether-redis/.test(x.metadata.name) && (x.kind === 'Deployment' || x.kind === 'StatefulSet'))) {
+    const pod = o.spec.template.spec;
+    assert.is(pod.securityContext?.fsGroup, 999, o.metadata.name);
+    assert.ok(pod.containers.every((c: Obj) => c.securityContext.runAsUser === 999), o.metadata.name);
+    assert.is(pod.volumes.find((v: Obj) => v.name === 'auth').secret.defaultMode, 0o440, o.metadata.name);
+  }
   assert.ok(ha.some((o) => o.kind === 'PodDisruptionBudget' && o.spec.maxUnavailable === 1), 'a drain takes one of the three Sentinel pods at a time');
 
   // docs/install.md's steps: applying install/ha, then its delete commands remove exactly what is left.
