@@ -4,7 +4,8 @@
 // metrics and a Warning Event on the node's TetherNode say so, registrations and ownership records still
 // go through (nothing about a live node or owner changes because of it), the VIP's expirer takes its lease
 // and frees the store (two nodes expiring at once remove each mapping once), touched mappings survive it,
-// and allocations succeed again afterwards.
+// and allocations succeed again afterwards. The load balancer's own sync does the same on a full store
+// (touches and expires although writing back is refused), and a server older than 7.0 is refused.
 import { test } from 'uvu';
 import * as assert from 'uvu/assert';
 import Redis from 'ioredis';
@@ -21,11 +22,16 @@ import { isOomReply, StoreFullError, storeFullness } from '../../daemon/common/s
 import { KubeReporting } from '../../daemon/parts/kube-reporting';
 import { metricsServer } from '../../daemon/parts/metrics';
 import { TetherMetrics } from '../../daemon/metrics/tether-metrics';
+import { MappingSync } from '../../daemon/lb/mapping-sync';
+import { LbShared, nowNs } from '../../daemon/lb/lb-state';
+import type { LbMapping } from '../../daemon/bpf/lb';
+import type { MapKey } from '../../daemon/bpf/lb-structs';
+import type { ResolvedLoadBalancer } from '../../daemon/lb/lb-spec';
 import { apiWithSource } from '../lib/kube-fixture';
 import { scrapeMetrics } from '../lib/metrics';
 import { startRedis, type TestRedis } from '../lib/redis';
 
-const quiet = makeLogger({ level: 'error', stream: new Writable({ write: (_c, _e, cb) => cb() }) });
+const quiet = makeLogger({ level: "error", stream: new Writable({ write: (_c, _e, cb) => cb() }) });
 setLogger(quiet);
 const VIP = '192.0.2.20';
 const IDLE_S = 60;
@@ -84,7 +90,7 @@ test('a full store: TRY_AGAIN_LATER naming it, metric and Event; registrations, 
       assert.ok(isOomReply(refused), `refused as full: ${(refused as Error).message}`);
     }
     // Full for good while the test looks (a connection's buffers freed would otherwise let a small write in).
-    const cap = (await usedMemory(admin)) - 64 * 1024;
+    const cap = (await usedMemory(admin)) - 16 * 1024;
     await admin.config('SET', 'maxmemory', String(cap));
 
     // An allocation: TRY_AGAIN_LATER (CNI 11) naming the store as full, not INTERNAL.
@@ -147,6 +153,78 @@ test('a full store: TRY_AGAIN_LATER naming it, metric and Event; registrations, 
     assert.ok(s.value('tether_store_full_refusals_total', { subsystem: 'ipam' })! >= 2);
   } finally {
     for (const c of cleanups.reverse()) await c();
+    await redis.stop();
+  }
+});
+
+/** Fills the store with idle mappings of `vip` until even one more is refused; returns how many went in. */
+async function fill(lb: LbStore, vip: string, from: number, at: number): Promise<number> {
+  let n = from;
+  for (const size of [500, 20, 1]) {
+    let refused: unknown;
+    for (let round = 0; round < 400 && !refused; round++) {
+      const list = Array.from({ length: size }, (_, i) => ({ key: { ...key(n + i), vip }, target: '10.244.0.5' }));
+      n += size;
+      await lb.mappings.claim(vip, list, at).catch((e: unknown) => {
+        refused = e;
+      });
+    }
+    assert.ok(isOomReply(refused), `a batch of ${size} refused as full: ${String(refused)}`);
+  }
+  return n - from;
+}
+
+test('the load balancer\'s sync on a full store: writing back is refused and counted, but it touches the mappings in use, takes the expirer lease and expires the idle ones; then it writes back', async () => {
+  const redis: TestRedis = await startRedis({ args: ['--maxmemory-policy', 'noeviction'] });
+  const admin = new Redis({ path: redis.socketPath });
+  const store = await connectLbStore(redis.url);
+  try {
+    const vip = '192.0.2.30';
+    const lb = { key: 'shop/db', idleTimeoutS: IDLE_S, targets: [{ address: '10.244.0.5', state: 'active' }] } as unknown as ResolvedLoadBalancer;
+    const s = new LbShared({ node: { name: 'n1', address: '10.0.0.1' }, pinDir: '/nonexistent', fouPort: 5555, exportTable: 0, logger: quiet, store } as never);
+    // The datapath's table: a few flows in use now.
+    let rows: LbMapping[] = Array.from({ length: 5 }, (_, i) => ({ ...key(100_000 + i), vip, target: '10.244.0.5', lastNs: nowNs() - 1_000_000_000n }));
+    s.dp = {
+      maxMappings: 1000,
+      mappings: () => [...rows],
+      deleteMappingKeys: (keys: MapKey[]) => {
+        const gone = new Set(keys.map((k) => k.client));
+        const before = rows.length;
+        rows = rows.filter((m) => !gone.has(m.client));
+        return before - rows.length;
+      },
+      installMappings: (l: unknown[]) => ({ installed: l.length, full: 0 }),
+    } as never;
+    s.vips.set(lb.key, { key: lb.key, pool: 'lb', vip, slot: 0, loaded: true, announced: true } as never);
+    const sync = new MappingSync(s);
+    await sync.serve([lb]);
+    // In the store: the flows in use (recorded 10 minutes ago, by another node) and a crowd of idle ones.
+    const old = Date.now() - 10 * 60_000;
+    await store.mappings.claim(vip, rows.map((m) => ({ key: { vip, client: m.client, vport: 0, cport: 0, proto: 0 }, target: m.target })), old);
+    await admin.config('SET', 'maxmemory', String((await usedMemory(admin)) + 256 * 1024));
+    const idle = await fill(store, vip, 0, old);
+    await admin.config('SET', 'maxmemory', String((await usedMemory(admin)) - 8 * 1024));
+    const filled = await usedMemory(admin);
+    const before = storeFullness.state().lb?.refusals ?? 0;
+
+    // The first sync writes back everything held: refused. It still touches and expires.
+    await sync.sync();
+    assert.ok((await usedMemory(admin)) < filled, 'the expiry freed memory');
+    assert.ok(storeFullness.isFull('lb'), 'the refusal is counted for the load balancer');
+    assert.is(storeFullness.state().lb.refusals, before + 1);
+    assert.ok(sync.expires(vip), 'this node took the expirer lease on the full store');
+    const left = (await store.mappings.load(vip)).mappings.map((m) => m.key.client).sort();
+    assert.equal(left, rows.map((m) => m.client).sort(), `the ${idle} idle mappings expired, the ones in use stay (touched)`);
+
+    // Room again (here: maxmemory raised): the next sync (a period later) writes back what it holds, and the
+    // load balancer is no longer reported full.
+    await admin.config('SET', 'maxmemory', String((await usedMemory(admin)) + 256 * 1024));
+    (sync as unknown as { nextReadMs: number }).nextReadMs = 0;
+    await sync.sync();
+    assert.not.ok(storeFullness.isFull('lb'));
+  } finally {
+    await store.close();
+    admin.disconnect();
     await redis.stop();
   }
 });
