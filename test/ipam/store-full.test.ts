@@ -5,7 +5,8 @@
 // go through (nothing about a live node or owner changes because of it), the VIP's expirer takes its lease
 // and frees the store (two nodes expiring at once remove each mapping once), touched mappings survive it,
 // and allocations succeed again afterwards. The load balancer's own sync does the same on a full store
-// (touches and expires although writing back is refused), and a server older than 7.0 is refused.
+// (touches and expires although writing back is refused), an Egress node keeps reading and following
+// records (not store-down), and a server older than 7.0 is refused.
 import { test } from 'uvu';
 import * as assert from 'uvu/assert';
 import Redis from 'ioredis';
@@ -27,6 +28,11 @@ import { LbShared, nowNs } from '../../daemon/lb/lb-state';
 import type { LbMapping } from '../../daemon/bpf/lb';
 import type { MapKey } from '../../daemon/bpf/lb-structs';
 import type { ResolvedLoadBalancer } from '../../daemon/lb/lb-spec';
+import { ClusterAddresses } from '../../ipam/cluster-addresses';
+import { validatePools } from '../../ipam/pool';
+import { egressParts } from '../../daemon/egress/egress-controller';
+import type { ResolvedEgress } from '../../daemon/egress/egress-spec';
+import type { AttachService } from '../../daemon/pod/attach-service';
 import { apiWithSource } from '../lib/kube-fixture';
 import { scrapeMetrics } from '../lib/metrics';
 import { startRedis, type TestRedis } from '../lib/redis';
@@ -225,6 +231,61 @@ test('the load balancer\'s sync on a full store: writing back is refused and cou
   } finally {
     await store.close();
     admin.disconnect();
+    await redis.stop();
+  }
+});
+
+test('egress on a full store: not store-down; the pass goes on reading and follows a decision recorded meanwhile; only the usage report is refused and counted', async () => {
+  const redis: TestRedis = await startRedis({ args: ['--maxmemory-policy', 'noeviction'] });
+  const admin = new Redis({ path: redis.socketPath });
+  const closers: Array<() => Promise<unknown> | unknown> = [() => admin.disconnect()];
+  try {
+    const pools = validatePools([{ apiVersion: 'tether.dev/v1alpha1', kind: 'AddressPool', metadata: { name: 'float' }, spec: { usage: 'floating', ipv4: { cidr: '198.51.100.0/28' } } }]);
+    const egress: ResolvedEgress = {
+      key: 'shop/out', name: 'out', namespace: 'shop', clients: { matchLabels: { app: 'client' } }, gateways: { matchLabels: { app: 'gw' } },
+      destinations: ['203.0.113.0/24'], excluded: [], addresses: [{ pool: 'float', count: 1 }], zonePolicy: 'any',
+      failover: { intervalMs: 50, detectMultiplier: 3 }, announce: { mode: 'l2' },
+    };
+    const ownership = await OwnershipStore.connect(redis.url);
+    const ipam = await RedisStore.connect(redis.url);
+    closers.push(() => ownership.close(), () => ipam.close());
+    // A client node of the Egress (its clients use the address: it reports their use).
+    const n = egressParts({
+      node: { name: 'n2', address: '10.1.0.2', uplink: 'eth0' }, pinDir: '/nonexistent', fouPort: 0, syncPort: 0, clusterKey: Buffer.alloc(32),
+      egresses: [egress], ownership, addresses: new ClusterAddresses(pools, ipam, quiet, { holdOffMs: 0 }), attach: {} as AttachService, logger: quiet,
+    });
+    n.s.clients.set('shop/client', { ip: '10.244.200.1', hostIfName: 'vethc', egressIds: [1] });
+    await n.store.storePass({ full: true });
+    const [st] = [...n.s.addresses.values()];
+    assert.ok(st, 'the node tracks the Egress\'s address');
+    // The client steering maps: only what the pass reads (the use of the address) and writes (its gateways).
+    n.s.maps = { addressStats: () => new Map([[st.address, { flows: 3n, packets: 4n, bytes: 5n }]]), setGateways: () => undefined, setDestinations: () => undefined } as never;
+    const other = await OwnershipStore.connect(redis.url);
+    closers.push(() => other.close());
+    const decision = { egress: egress.key, address: st.address, owner: 'shop/gw-1', epoch: 1, cause: 'initial', ownerNode: 'n1', ownerNodeAddress: '10.1.0.1', ownerPodIp: '10.244.1.5' };
+    await other.record({ ...decision, score: 'a' });
+    await n.store.storePass({ full: true });
+    assert.is(st.own.epoch, 1);
+
+    // Full: LB-like clutter up to the cap.
+    const lb = await connectLbStore(redis.url);
+    closers.push(() => lb.close());
+    await admin.config('SET', 'maxmemory', String((await usedMemory(admin)) + 128 * 1024));
+    await fill(lb, '192.0.2.40', 0, Date.now());
+    await admin.config('SET', 'maxmemory', String((await usedMemory(admin)) - 16 * 1024));
+    const before = storeFullness.state().egress?.refusals ?? 0;
+
+    // A failover decided elsewhere while the store is full is recorded (ownership records run on a full store)...
+    assert.is(await other.record({ ...decision, owner: 'shop/gw-2', epoch: 2, cause: 'failover', ownerNode: 'n3', ownerNodeAddress: '10.1.0.3', ownerPodIp: '10.244.3.5', score: 'b' }), 'recorded');
+    // ...and this node's pass follows it: the store is read, not treated as down.
+    await n.store.storePass({ full: true });
+    assert.is(n.s.storeDown, false, 'a full store is not a store that is down');
+    assert.equal([st.own.owner, st.own.epoch], ['shop/gw-2', 2]);
+    assert.is(storeFullness.state().egress.refusals, before + 1, 'the usage report was refused and counted');
+    assert.ok(storeFullness.isFull('egress'));
+    n.s.stopped = true;
+  } finally {
+    for (const c of closers.reverse()) await c();
     await redis.stop();
   }
 });
