@@ -5,6 +5,7 @@
 // it holds (the whole hash only when the log no longer covers that version, e.g. after a store wipe).
 // All keys of one set share a hash tag, so the script touches one slot (Redis Cluster).
 import type Redis from 'ioredis';
+import { RUNS_WHEN_FULL } from './store-full';
 
 /** The set's keys: `base` must carry the hash tag, e.g. "{tether:nodes}". */
 export function memberKeys(base: string): [string, string, string, string] {
@@ -87,7 +88,7 @@ interface Scripted extends Redis {
 
 function scripted(client: Redis): Scripted {
   const c = client as Scripted;
-  if (typeof c.tetherMembers !== 'function') client.defineCommand('tetherMembers', { numberOfKeys: 4, lua: SCRIPT });
+  if (typeof c.tetherMembers !== 'function') client.defineCommand('tetherMembers', { numberOfKeys: 4, lua: RUNS_WHEN_FULL + SCRIPT });
   return c;
 }
 

@@ -1,12 +1,14 @@
-// The Redis connection every subsystem shares: the store URL (redis://, unix://, redis+sentinel://,
-// redis+cluster://) parsed into a target, ONE factory (createRedisClient) that turns a target into an
+// The Redis connection every subsystem shares: the store URL (redis://, rediss:// (TLS), unix://,
+// redis+sentinel://, redis+cluster://) parsed into a target, ONE factory (createRedisClient) that turns a target into an
 // ioredis client (a Redis for one server or through Sentinel, a Cluster for Redis Cluster) with the same
 // reconnect and timeout settings, and the helpers every store uses the same way whatever the client is:
 // waitReady, watchConnection, reconnectAfterEnd, and storeFailure (a call's error as TRY_AGAIN_LATER when
-// the store is away or moving, INTERNAL when Redis refused the request itself).
+// the store is away, moving or full, INTERNAL when Redis refused the request itself).
 import Redis, { Cluster, ReplyError } from 'ioredis';
+import * as fs from 'node:fs';
 import { ErrorCode, TetherError } from '../../lib/errors';
 import { log } from '../../lib/log';
+import { storeFullFailure, type StoreSubsystem } from './store-full';
 
 /** One server, a Sentinel-watched primary, or a Redis Cluster: every store takes either. */
 export type RedisClient = Redis | Cluster;
@@ -16,12 +18,18 @@ export function unreachable(where: string, e: unknown): TetherError {
   const auth = authProblems.get(where);
   // A refused password shows as a closed connection to the caller: say what the store answered instead.
   if (auth) return new TetherError(ErrorCode.TryAgainLater, `cluster store (${where}) refused authentication: ${auth} (tether's password comes from the store URL or --redis-password-secret)`, { cause: e });
+  const tls = tlsProblems.get(where);
+  // A certificate refused shows as a closed connection too: say why.
+  if (tls) return new TetherError(ErrorCode.TryAgainLater, `cluster store (${where}) unreachable: its TLS certificate was refused: ${tls} (checked against the CA file of the store URL's ca=, and the URL's host)`, { cause: e });
   return new TetherError(ErrorCode.TryAgainLater, `cluster store (${where}) unreachable: ${msg}`, { cause: e });
 }
 
 /** The store's last answer refusing authentication, per store (cleared once a connection is ready). */
 const authProblems = new Map<string, string>();
 const AUTH_REFUSED = /WRONGPASS|NOAUTH|invalid password|invalid username-password/i;
+/** The last TLS refusal of the server's certificate, per store (cleared once a connection is ready). */
+const tlsProblems = new Map<string, string>();
+const TLS_REFUSED = /CERT|SELF_SIGNED|UNABLE_TO_(GET|VERIFY)|ALTNAME|ERR_TLS|ERR_SSL/;
 
 /** Logs losing and regaining Redis once per transition; ioredis's per-attempt errors only at debug. */
 export function watchConnection(client: RedisClient, where: string): void {
@@ -33,6 +41,12 @@ export function watchConnection(client: RedisClient, where: string): void {
       authProblems.set(where, e.message);
       return;
     }
+    const code = (e as NodeJS.ErrnoException).code;
+    if (code && TLS_REFUSED.test(code)) {
+      if (tlsProblems.get(where) !== e.message) log().error('cluster store\'s TLS certificate refused; retrying', { store: where, error: e.message, code });
+      tlsProblems.set(where, `${e.message} (${code})`);
+      return;
+    }
     log().debug('cluster store connection error', { store: where, error: e.message });
   });
   client.on('close', () => {
@@ -41,6 +55,7 @@ export function watchConnection(client: RedisClient, where: string): void {
   });
   client.on('ready', () => {
     if (authProblems.delete(where)) log().info('cluster store accepted the password', { store: where });
+    tlsProblems.delete(where);
     if (lost) log().info('cluster store reconnected', { store: where });
     lost = false;
   });
@@ -105,6 +120,11 @@ export interface RedisTarget {
     sentinelPassword?: string;
     /** Subscribe to the sentinels' +switch-master, so a failover is followed at once, not on the next error. */
     failoverDetector?: boolean;
+    /**
+     * TLS (rediss://): the server's certificate is checked against these CA certificates (the system's when
+     * none is given) and against the host name or address of the URL.
+     */
+    tls?: { ca?: Buffer };
   };
   /** A Redis Cluster: the nodes to learn the slot map from (any reachable one is enough). */
   cluster?: Array<{ host: string; port: number }>;
@@ -213,8 +233,10 @@ export function parseRedisUrl(url: string): RedisTarget {
     const options = { path, password: u.searchParams.get('password') ?? undefined, db: db(u.searchParams.get('db')) };
     return { options, where: `redis at unix:${path}` };
   }
-  if (u.protocol === 'redis:') {
-    if (!u.hostname) throw new TetherError(ErrorCode.InvalidConfig, 'store url: redis:// needs a host');
+  if (u.protocol === 'redis:' || u.protocol === 'rediss:') {
+    const tls = u.protocol === 'rediss:';
+    if (!u.hostname) throw new TetherError(ErrorCode.InvalidConfig, `store url: ${u.protocol}// needs a host`);
+    if (tls) for (const k of u.searchParams.keys()) if (k !== 'ca') throw new TetherError(ErrorCode.InvalidConfig, `store url: unknown parameter ${JSON.stringify(k)} (rediss:// takes ca=<CA certificate file>)`);
     const host = u.hostname.replace(/^\[(.*)\]$/, '$1');
     const port = u.port ? Number(u.port) : 6379;
     const d = db(u.pathname.replace(/^\//, ''));
@@ -224,10 +246,28 @@ export function parseRedisUrl(url: string): RedisTarget {
       username: u.username ? decodeURIComponent(u.username) : undefined,
       password: u.password ? decodeURIComponent(u.password) : undefined,
       db: d,
+      ...(tls ? { tls: { ca: readCa(u.searchParams.get('ca')) } } : {}),
     };
-    return { options, where: `redis at ${u.hostname}:${port}${d === undefined ? '' : `/${d}`}` };
+    return { options, where: `redis at ${u.hostname}:${port}${d === undefined ? '' : `/${d}`}${tls ? ' (TLS)' : ''}` };
   }
-  throw new TetherError(ErrorCode.InvalidConfig, `store url: unsupported scheme ${u.protocol} (use redis://, unix://, redis+sentinel:// or redis+cluster://)`);
+  if (/^rediss\+(sentinel|cluster):$/.test(u.protocol)) {
+    throw new TetherError(ErrorCode.InvalidConfig, `store url: ${u.protocol}// is not supported: TLS to the store is supported to one server (rediss://host[:port][/db][?ca=file]), not through Sentinel or to a Redis Cluster`);
+  }
+  throw new TetherError(ErrorCode.InvalidConfig, `store url: unsupported scheme ${u.protocol} (use redis://, rediss://, unix://, redis+sentinel:// or redis+cluster://)`);
+}
+
+/** The CA certificates of rediss://…?ca=<file> (PEM), read now, so a wrong path fails at start naming it. */
+function readCa(file: string | null): Buffer | undefined {
+  if (file === null) return undefined;
+  if (!file.startsWith('/')) throw new TetherError(ErrorCode.InvalidConfig, `store url: ca must be an absolute file path, got ${JSON.stringify(file)}`);
+  let pem: Buffer;
+  try {
+    pem = fs.readFileSync(file);
+  } catch (e) {
+    throw new TetherError(ErrorCode.InvalidConfig, `store url: CA certificate file ${file} cannot be read: ${(e as NodeJS.ErrnoException).code ?? (e as Error).message}`, { cause: e });
+  }
+  if (!pem.includes('-----BEGIN CERTIFICATE-----')) throw new TetherError(ErrorCode.InvalidConfig, `store url: CA certificate file ${file} holds no PEM certificate`);
+  return pem;
 }
 
 /**
@@ -313,10 +353,13 @@ const TRANSIENT_REPLY = /^(LOADING|BUSY|MASTERDOWN|TRYAGAIN|READONLY|CLUSTERDOWN
 
 /**
  * A failed store call as the callers' error: TRY_AGAIN_LATER when the store is away, busy or moving
- * (reconnect, failover, slot migration), INTERNAL when Redis refused the request itself (a script error,
- * auth, a request spanning hash slots: a bug, not an outage).
+ * (reconnect, failover, slot migration) or full (its maxmemory reached: StoreFullError, recorded for
+ * `subsystem`), INTERNAL when Redis refused the request itself (a script error, auth, a request spanning
+ * hash slots: a bug, not an outage).
  */
-export function storeFailure(where: string, what: string, e: unknown): TetherError {
+export function storeFailure(where: string, what: string, e: unknown, subsystem: StoreSubsystem = 'ipam'): TetherError {
+  const full = storeFullFailure(subsystem, where, what, e);
+  if (full) return full;
   if (e instanceof TetherError) return e;
   const msg = e instanceof Error ? e.message : String(e);
   const crossSlot = /CROSSSLOT|should belong to the same slot/.test(msg);

@@ -3,6 +3,7 @@
 // controller owns the one EgressShared; each part (egress-controller.ts builds them, in dependency order)
 // receives it and the other parts it uses in its constructor. Nothing here knows a part.
 import type { Logger } from '../../lib/log';
+import { storeFullFailure } from '../common/store-full';
 import type { AttachService } from '../pod/attach-service';
 import type { EgressMaps, EgressSteer } from '../bpf/egress-steer';
 import type { BfdThread } from '../bfd/threaded';
@@ -291,7 +292,13 @@ export class EgressShared {
     }
   }
 
+  /**
+   * A store call failed. A full store (it refused a write: its maxmemory reached) is not a store that is
+   * down: it answers reads, so ownership goes on following its records and nothing moves because of it;
+   * the refusal is counted and reported (common/store-full.ts) and the write tried again on a later pass.
+   */
   storeFailed(e: unknown): void {
+    if (storeFullFailure('egress', 'ownership store', 'an egress write', e)) return;
     if (this.storeDown) return;
     this.storeDown = true;
     this.o.logger.warn('egress: cluster store unreachable; ownership is decided between tetherds meanwhile', { error: (e as Error).message });

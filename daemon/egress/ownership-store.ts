@@ -12,6 +12,7 @@ import { log } from '../../lib/log';
 import { createRedisClient, parseRedisUrl, reconnectAfterEnd } from '../common/redis';
 import { listNodes, NodeRegistry, registerNode } from '../common/node-registry';
 import { MemberView } from '../common/member-registry';
+import { RUNS_WHEN_FULL } from '../common/store-full';
 import { isCanonicalIp, isObjectRef, isPlainName, nonNegativeInt, parseObject, refuseRecord, UnreadableRecordError } from '../common/store-record';
 export { UnreadableRecordError } from '../common/store-record';
 
@@ -240,7 +241,7 @@ export class OwnershipStore extends EventEmitter {
     private readonly prefix: string,
   ) {
     super();
-    client.defineCommand('tetherRecordOwner1', { numberOfKeys: 1, lua: RECORD });
+    client.defineCommand('tetherRecordOwner1', { numberOfKeys: 1, lua: RUNS_WHEN_FULL + RECORD });
     client.defineCommand('tetherUsageReport', { numberOfKeys: 2, lua: USAGE_REPORT });
     client.defineCommand('tetherUsageSum', { numberOfKeys: 2, lua: USAGE_SUM });
   }
@@ -253,7 +254,7 @@ export class OwnershipStore extends EventEmitter {
     const client = createRedisClient(target, { ...common, connectionName: 'tether-ownership' }) as unknown as Scripted;
     const sub = createRedisClient(target, { ...common, connectionName: 'tether-ownership-sub' }) as unknown as Redis;
     for (const c of [client, sub]) c.on('error', (e: Error) => log().debug('ownership store connection error', { error: e.message }));
-    client.defineCommand('tetherRecordOwner', { numberOfKeys: 2, lua: RECORD });
+    client.defineCommand('tetherRecordOwner', { numberOfKeys: 2, lua: RUNS_WHEN_FULL + RECORD });
     const store = new OwnershipStore(client, sub, prefix);
     reconnectAfterEnd(client, () => store.closed, 'ownership');
     reconnectAfterEnd(sub, () => store.closed, 'ownership notices');

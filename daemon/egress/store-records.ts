@@ -6,6 +6,7 @@ import { addressSlots, slotOwner, type ResolvedEgress } from './egress-spec';
 import { UnreadableRecordError, type Ownership } from './ownership-store';
 import { type EgressShared, streamOf, type AddressState } from './egress-state';
 import { REGISTRY_TTL_MS } from '../common/node-registry';
+import { isOomReply, storeFullness } from '../common/store-full';
 
 /** The safety net's period: records a node follows by change notice are read whole this often anyway. */
 export const SAFETY_EVERY_MS = 15_000;
@@ -58,7 +59,8 @@ export class StoreRecords {
     try {
       const full = opts.full || this.fullAgain || this.s.storeDown;
       this.fullAgain = false;
-      await this.register();
+      // A full store refuses writes but still answers reads: the pass goes on reading and following records.
+      await this.unlessFull(this.register());
       const involved = this.s.involvedSet();
       const watched = [...this.s.egresses.values()].filter((e) => full || involved.has(e.key));
       // Read together (one round trip's wait, not one per Egress): a full pass reads every Egress, and as
@@ -92,7 +94,7 @@ export class StoreRecords {
         if (rec === 'unreadable') {
           // A garbled record (refused and logged by the store layer): nothing in it is followed; the
           // holder's decision replaces it, the others wait for that.
-          if (st.holder) await this.record(st);
+          if (st.holder) await this.unlessFull(this.record(st));
           continue;
         }
         const write = await this.s.mutex.run(streamOf(st), async () => {
@@ -103,7 +105,7 @@ export class StoreRecords {
           // This node's view supersedes the record: the holder writes it (the others wait for it to).
           return !!st.holder;
         });
-        if (write) await this.record(st);
+        if (write) await this.unlessFull(this.record(st));
       }
       // The use of the addresses is read only while someone asks for it (the leader's status, the API).
       if (Date.now() < this.s.observedUntil) for (const e of this.s.egresses.values()) this.s.usage.set(e.key, await this.s.o.ownership.usage(e.key));
@@ -200,6 +202,16 @@ export class StoreRecords {
     if (r === 'recorded') this.s.o.logger.info('egress: decision recorded in the cluster store', { egress: st.egress.key, address: st.address, owner: own.owner, epoch: own.epoch });
   }
 
+  /** `p`, whose refusal by a full store is reported (storeFailed) instead of failing the pass. */
+  private async unlessFull(p: Promise<void>): Promise<void> {
+    try {
+      await p;
+    } catch (e) {
+      if (!isOomReply(e)) throw e;
+      this.s.storeFailed(e);
+    }
+  }
+
   recordLater(st: AddressState): void {
     void this.s.records.run(() => this.record(st)).catch((e) => this.s.storeFailed(e));
   }
@@ -230,7 +242,10 @@ export class StoreRecords {
         const c = st.egress.key === e.key ? counters.get(st.address) : undefined;
         if (c) usage[st.address] = { flows: Number(c.flows), bytes: Number(c.bytes) };
       }
-      if (Object.keys(usage).length) await this.s.o.ownership.reportUsage(e.key, this.s.o.node.name, usage, REGISTRY_TTL_MS * 6);
+      // Usage is diagnostics, and grows with the nodes reporting it: a full store refuses it (reported).
+      if (Object.keys(usage).length) {
+        await this.unlessFull(this.s.o.ownership.reportUsage(e.key, this.s.o.node.name, usage, REGISTRY_TTL_MS * 6).then(() => storeFullness.written('egress')));
+      }
     }
     const nodes = await this.s.o.ownership.beatNode(this.s.o.node.name, this.s.o.node.address, REGISTRY_TTL_MS);
     if (nodes.join() !== this.s.nodes.join()) {

@@ -58,6 +58,12 @@ export class NodeStatusWriter {
   /** The conditions and version last written, and when. */
   private written?: string;
   private writtenAt = 0;
+
+  /** The TetherNode's uid, once read or written (Events about this node name it). */
+  get uid(): string | undefined {
+    const uid = this.obj?.metadata?.uid;
+    return typeof uid === 'string' && uid ? uid : undefined;
+  }
   private readonly heartbeatMs: number;
   private readonly now: () => number;
   readonly stats: NodeStatusStats = { writes: 0, heartbeats: 0, creates: 0, conflicts: 0, failures: 0 };

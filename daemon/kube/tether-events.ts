@@ -6,6 +6,7 @@
 //   Egress      Normal  StandbyInSync    … and it can again
 //   Service     Warning HealthCheckFailing  this node's health check answer flipped to 503 (each node, its own)
 //   Service     Normal  HealthCheckPassing  … and back to 200
+//   TetherNode  Warning StoreFull        the cluster store refused this node's write as full (each node, its own)
 //   AddressPool, Egress, Service
 //               Warning Refused          refused as invalid (the leader only, on the status change)
 //               Warning AddressConflict  an overlapping pool, or an address held by another owner (the leader)
@@ -50,6 +51,16 @@ export function healthFlipEvent(f: { service: string; port: number; status: numb
   if (f.status === 200) return { regarding, type: 'Normal', reason: 'HealthCheckPassing', action: 'HealthCheck', note: `node ${node} answers 200 on health-check port ${f.port} (was ${f.was})` };
   const why = f.localEndpoints > 0 ? 'tether\'s programming on this node is stale' : 'no ready local endpoint';
   return { regarding, type: 'Warning', reason: 'HealthCheckFailing', action: 'HealthCheck', note: `node ${node} answers ${f.status} on health-check port ${f.port} (was ${f.was}): ${why}` };
+}
+
+/** The cluster store refused a write of this node's `subsystem` as full (once per episode: common/store-full.ts). */
+export function storeFullEvent(node: string, n: { subsystem: string; where: string; what: string }): TetherEvent {
+  const regarding: EventObject = { apiVersion: CR_API, kind: 'TetherNode', name: node };
+  return {
+    regarding, type: 'Warning', reason: 'StoreFull', action: 'WriteStore',
+    note: `the cluster store (${n.where}) is full: it refused ${n.what} of the ${n.subsystem} on node ${node} (Redis at its maxmemory, noeviction); ` +
+      'such writes are retried and fail with "try again later" until space is freed (idle load-balancer mappings expire, addresses are released) or maxmemory is raised',
+  };
 }
 
 /**

@@ -1,8 +1,10 @@
 // Each VIP's expirer lease in the cluster store (<prefix>lb:{<vip>}:expirer, SET NX PX): one node per VIP
 // expires its idle mappings and drops a removed target's, however many nodes serve it; when that node
-// goes, the lease lapses and the next node to ask takes over.
+// goes, the lease lapses and the next node to ask takes over. The lease is taken and renewed on a full store
+// too (RUNS_WHEN_FULL): expiring idle mappings is what frees it.
 import type Redis from 'ioredis';
 import type { StoreConnection } from '../common/store-connection';
+import { RUNS_WHEN_FULL } from '../common/store-full';
 
 // KEYS: the VIP's expirer lease. ARGV: holder, lease ms. Taken when free, renewed by its holder; 1 when
 // the caller holds it now.
@@ -28,7 +30,7 @@ export class ExpirerLeases {
   constructor(conn: StoreConnection) {
     this.client = conn.client as Scripted;
     this.prefix = conn.prefix;
-    this.client.defineCommand('tetherLbLease', { numberOfKeys: 1, lua: LEASE });
+    this.client.defineCommand('tetherLbLease', { numberOfKeys: 1, lua: RUNS_WHEN_FULL + LEASE });
   }
 
   private key(vip: string): string {

@@ -12,6 +12,7 @@
 import type Redis from 'ioredis';
 import { isIPv4 } from 'node:net';
 import type { StoreConnection } from '../common/store-connection';
+import { RUNS_WHEN_FULL } from '../common/store-full';
 import { refuseRecord } from '../common/store-record';
 import type { MapKey } from '../bpf/lb-structs';
 import { LB_STORE_BUCKETS, bucketOf, fieldOf, keyOf, type StoredMapping } from './mapping-fields';
@@ -65,7 +66,15 @@ end
 return n
 `;
 
+// KEYS: zset of one bucket. ARGV: score/field pairs. Marks mappings as used (only ever later: GT; never
+// re-creates an expired one: XX). A script only to run on a full store (RUNS_WHEN_FULL): it grows nothing,
+// and a refused touch would leave the expirer taking mappings in use for idle ones.
+const TOUCH = `
+return redis.call('ZADD', KEYS[1], 'XX', 'GT', unpack(ARGV))
+`;
+
 interface Scripted extends Redis {
+  tetherLbTouch(zset: string, ...pairs: Array<string | number>): Promise<number>;
   tetherLbClaim(hash: string, zset: string, now: string, ...pairs: string[]): Promise<Array<string | null>>;
   tetherLbExpire(hash: string, zset: string, cutoff: string, limit: string): Promise<string[]>;
   tetherLbDropTarget(hash: string, zset: string, target: string, ...fields: string[]): Promise<number>;
@@ -86,6 +95,7 @@ export class MappingStore {
     this.client.defineCommand('tetherLbClaim', { numberOfKeys: 2, lua: CLAIM });
     this.client.defineCommand('tetherLbExpire', { numberOfKeys: 2, lua: EXPIRE });
     this.client.defineCommand('tetherLbDropTarget', { numberOfKeys: 2, lua: DROP_TARGET });
+    this.client.defineCommand('tetherLbTouch', { numberOfKeys: 1, lua: RUNS_WHEN_FULL + TOUCH });
   }
 
   private keys(vip: string, bucket: number): [string, string] {
@@ -163,7 +173,7 @@ export class MappingStore {
       for (let i = 0; i < idx.length; i += PAGE) {
         const args: Array<string | number> = [];
         for (const j of idx.slice(i, i + PAGE)) args.push(nowMs, fields[j]);
-        await this.client.zadd(zset, 'XX', 'GT', ...(args as [number, string]));
+        await this.client.tetherLbTouch(zset, ...args);
       }
     }
   }

@@ -8,6 +8,7 @@
 // the local maps and new mappings queue; when it is back, only what changed meanwhile is written back and
 // read (everything only after a start or after the store lost its data).
 import type { LbMapping } from '../bpf/lb';
+import { isOomReply, storeFullFailure, storeFullness } from '../common/store-full';
 import type { MapKey } from '../bpf/lb-structs';
 import { fieldOf, type StoredMapping } from './mapping-fields';
 import type { ResolvedLoadBalancer } from './lb-spec';
@@ -142,6 +143,7 @@ export class MappingSync {
       for (const [vip, q] of [...this.pending]) {
         const list = [...q.values()];
         const got = await store.mappings.claim(vip, list);
+        storeFullness.written('lb');
         // Another LB pod was first for some clients: follow its choice.
         const lost = got.filter((m, i) => m.target !== list[i].target);
         if (lost.length) this.installValid(lost);
@@ -150,6 +152,7 @@ export class MappingSync {
       }
     } catch (e) {
       this.away = true;
+      storeFullFailure('lb', 'lb mapping store', 'new load-balancer mappings', e);
       this.s.logger.debug('lb: writing new mappings failed; kept queued', { error: (e as Error).message });
     } finally {
       this.flushing = false;
@@ -249,23 +252,40 @@ export class MappingSync {
     const byVip = groupByVip(all.filter((m) => !isIdle(m) && this.serving.has(m.vip)));
     try {
       const full = this.synced === undefined || this.wiped;
-      if (full || this.away) await this.writeBack(byVip, full);
-      else {
+      // Mappings recorded (what a full store refuses; touches run on a full one too).
+      let wrote = false;
+      try {
+        if (full || this.away) wrote = (await this.writeBack(byVip, full)) > 0;
         // The steady state: one batched touch per VIP of what was used since the last sync.
-        const since = this.synced!.ns;
-        for (const [vip, list] of byVip) {
-          const used = list.filter((m) => m.lastNs > since);
-          if (used.length) await store.mappings.touch(vip, used, nowMs);
-        }
+        else await this.touchUsed(byVip, this.synced!.ns, nowMs);
+      } catch (e) {
+        // A full store refuses mappings written back, but takes touches, and its expiry still runs:
+        // deleting idle mappings is what frees it (touched first, so only idle ones go). What was not
+        // written is written back (as after an absence) once it takes writes again.
+        if (!storeFullFailure('lb', 'lb mapping store', 'load-balancer mappings written back', e)) throw e;
+        await this.touchUsed(byVip, this.synced?.ns ?? 0n, nowMs);
+        await this.expireStore(nowMs);
+        throw e;
       }
+      if (wrote) storeFullness.written('lb');
       await this.expireStore(nowMs);
       this.synced = { ms: nowMs, ns };
       this.away = false;
       this.wiped = false;
     } catch (e) {
       this.away = true;
-      this.nextReadMs = 0;
+      // Retried at once, unless the store is full: then at the next period (the expiry that frees it ran).
+      if (!isOomReply(e)) this.nextReadMs = 0;
       this.s.logger.debug('lb: mapping store sync failed; retried', { error: (e as Error).message });
+    }
+  }
+
+  /** Marks the mappings used since `sinceNs` as used in the store (touches: a full store takes them). */
+  private async touchUsed(byVip: Map<string, LbMapping[]>, sinceNs: bigint, nowMs: number): Promise<void> {
+    const store = this.s.o.store!;
+    for (const [vip, list] of byVip) {
+      const used = list.filter((m) => m.lastNs > sinceNs);
+      if (used.length) await store.mappings.touch(vip, used, nowMs);
     }
   }
 
@@ -274,7 +294,7 @@ export class MappingSync {
    * and after a wipe every served VIP read back. After an absence: only mappings new or used since the last sync are
    * written and touched, and only what others recorded or used meanwhile is read.
    */
-  private async writeBack(byVip: Map<string, LbMapping[]>, full: boolean): Promise<void> {
+  private async writeBack(byVip: Map<string, LbMapping[]>, full: boolean): Promise<number> {
     const store = this.s.o.store!;
     const t0 = Date.now();
     const since = this.synced;
@@ -305,6 +325,7 @@ export class MappingSync {
     const what = wiped ? 'lb: mapping store lost its data: local mappings written back and reloaded'
       : full ? 'lb: local mappings written back (first sync since start)' : 'lb: mapping store back: what changed meanwhile written back and read';
     this.s.logger.info(what, { written, read, ms: Date.now() - t0 });
+    return written;
   }
 
   /** For each served VIP due: take or renew its expirer lease; the holder expires its idle mappings. */

@@ -85,6 +85,8 @@ export interface MetricsSnapshot {
   health?: HealthView;
   /** Each cluster store connection of this node (ipam, egress, lb): up now. */
   store?: Record<string, boolean>;
+  /** Per subsystem (ipam, egress, lb): writes the store refused as full (common/store-full.ts). */
+  storeFull?: Record<string, { full: boolean; refusals: number }>;
 }
 
 /** Where each section comes from: synchronous reads of the parts' state, never a store call. */
@@ -219,6 +221,10 @@ export class TetherMetrics {
   private defineStore(): void {
     this.gauge('tether_store_reachable', 'Whether this node reaches the cluster store (1) or not (0), per subsystem: ipam, egress (its last store pass), lb.', ['subsystem'], (s) =>
       Object.entries(s.store ?? {}).map(([subsystem, up]): Sample => [{ subsystem }, flag(up)]));
+    this.gauge('tether_store_full', 'Whether the cluster store refused a write of this subsystem as full (Redis at its maxmemory, noeviction) in the last minute with none going through since (1) or not (0): ipam, egress, lb.', ['subsystem'], (s) =>
+      Object.entries(s.storeFull ?? {}).map(([subsystem, x]): Sample => [{ subsystem }, flag(x.full)]));
+    this.counter('tether_store_full_refusals_total', 'Writes the cluster store refused as full (Redis at its maxmemory, noeviction), per subsystem.', ['subsystem'], (s) =>
+      Object.entries(s.storeFull ?? {}).map(([subsystem, x]): Sample => [{ subsystem }, x.refusals]));
   }
 
   private defineIpam(): void {

@@ -10,7 +10,8 @@ import type { OwnershipChange, StandbySyncChange } from '../egress/egress-state'
 import type { RoleProblem } from '../pod/role-problems';
 import { EventRecorder, type EventObject, type TetherEvent } from '../kube/event-recorder';
 import { NodeStatusWriter, type NodeCondition } from '../kube/node-status';
-import { healthFlipEvent, ownershipEvent, standbySyncEvent } from '../kube/tether-events';
+import { healthFlipEvent, ownershipEvent, standbySyncEvent, storeFullEvent } from '../kube/tether-events';
+import { storeFullness } from '../common/store-full';
 import type { Subsystem } from './subsystem';
 
 /** Condition messages stay short: they are compared on every check and shown by kubectl. */
@@ -96,18 +97,22 @@ export class KubeReporting implements Subsystem<unknown> {
   private readonly failures = new Map<string, string>();
   private readonly stores: Array<{ name: string; reachable: () => boolean }> = [];
   private readonly datapaths: string[] = [];
+  /** Stops telling this node's Events of a full store. */
+  private readonly unwatchFull: () => void;
 
   constructor(private readonly o: KubeReportingOptions) {
     const { source, nodeName, logger } = o;
     this.events = new EventRecorder({
       kc: source.kc, nodeName, logger, ...o.events,
-      uidOf: (ref) => uidOf(source, ref),
+      uidOf: (ref) => (ref.kind === 'TetherNode' && ref.name === nodeName ? this.nodeStatus.uid : uidOf(source, ref)),
     });
     this.nodeStatus = new NodeStatusWriter({
       kc: source.kc, nodeName, version: o.version, logger, heartbeatMs: o.heartbeatMs, checkEveryMs: o.checkEveryMs,
       conditions: () => nodeConditions(this.facts()),
       nodeUid: () => source.cachedObjects('nodes').find((n) => n.metadata?.name === nodeName)?.metadata?.uid,
     });
+    // A write refused by a full store: a Warning on this node's TetherNode, once per episode.
+    this.unwatchFull = storeFullness.onFull((n) => this.events.emit(storeFullEvent(nodeName, n)));
   }
 
   /** For the egress controller: an Event on the Egress for every ownership change this node decides. */
@@ -176,6 +181,7 @@ export class KubeReporting implements Subsystem<unknown> {
   async stop(): Promise<void> {
     if (this.stopped) return;
     this.stopped = true;
+    this.unwatchFull();
     await this.nodeStatus.stop(nodeConditions(this.facts()));
     await this.events.stop();
   }

@@ -15,6 +15,7 @@ import type { LazyStore } from '../../ipam/store/lazy-store';
 import type { Ipam } from './ipam';
 import type { Subsystem } from './subsystem';
 import { Backoff } from '../../lib/backoff';
+import { storeFullness } from '../common/store-full';
 import { ReconcileLoop } from '../util/reconcile-loop';
 
 /** A metrics port that could not be opened is tried again this often. */
@@ -76,6 +77,17 @@ export function metricSources(p: MetricsParts, logger: Logger): { sources: Metri
       ...(p.egress ? { egress: p.egress.storeReachable() } : {}),
       ...(p.lb?.store ? { lb: p.lb.store.connection.connected } : {}),
     }),
+    // Every subsystem with a store has its series (0 until a refusal), so an alert sees them from the start.
+    storeFull: () => {
+      const seen = storeFullness.state();
+      const none = { full: false, refusals: 0 };
+      return {
+        ...(p.store ? { ipam: none } : {}),
+        ...(p.egress ? { egress: none } : {}),
+        ...(p.lb?.store ? { lb: none } : {}),
+        ...seen,
+      };
+    },
   };
   if (ipam) {
     sources.ipam = () => {
@@ -161,14 +173,17 @@ export class MetricsServer implements Subsystem<never> {
   status(): Record<string, unknown> {
     const a = this.o.address;
     let storeReachable: Record<string, boolean> | undefined;
+    let storeFull: Record<string, { full: boolean; refusals: number }> | undefined;
     try {
       storeReachable = this.o.sources.store?.();
+      storeFull = this.o.sources.storeFull?.();
     } catch {
       // the scrape logs it; status answers without it
     }
     return {
       metrics: a ? { address: hostPort(a.host, this.boundAddress()?.port ?? a.port), listening: this.listening, ...(this.problem ? { problem: this.problem } : {}) } : { address: 'off' },
       ...(storeReachable && Object.keys(storeReachable).length ? { storeReachable } : {}),
+      ...(storeFull && Object.keys(storeFull).length ? { storeFull } : {}),
     };
   }
 

@@ -27,6 +27,7 @@ import { log } from '../../lib/log';
 import { formatCidr, formatIp, parseCidr, parseIp } from '../../lib/ip';
 import { createRedisClient, parseRedisUrl, reconnectAfterEnd, storeFailure, unreachable, waitReady, watchConnection, withDeadline } from '../../daemon/common/redis';
 import { refuseRecord } from '../../daemon/common/store-record';
+import { storeFullness } from '../../daemon/common/store-full';
 export { parseRedisUrl } from '../../daemon/common/redis';
 import type { AddressOutcome, AddressRequest, AllocationGuard, ClusterStore, StoreGeneration } from '../types';
 import { ALLOCATE, CLAIM_BLOCK, CONFIRM_POOL, GENERATION, MARK_POOL, RELEASE_BLOCK, RELEASE_OWNER } from './redis-scripts';
@@ -141,6 +142,10 @@ export class RedisStore implements ClusterStore {
     log().info('cluster store connected', { store: target.where, keyPrefix: prefix });
     const store = new RedisStore(client, prefix, target.where, commandTimeoutMs);
     reconnectAfterEnd(client, () => store.closed, 'ipam');
+    await store.checkVersion().catch(async (e: unknown) => {
+      await store.close();
+      throw e;
+    });
     if (!target.cluster) await store.detectUntagged();
     return store;
   }
@@ -168,7 +173,10 @@ export class RedisStore implements ClusterStore {
         `cluster store (${this.where}): claim of block ${b} of pool "${pool}" not acknowledged: ${acked} of ${replicas} replica(s) confirmed it within ${waitMs} ms (a failover now could lose it); the block is not used, try again`,
       );
     }
-    if (state === 'claimed') log().info('block claimed', { pool, block: b, node, replicas });
+    if (state === 'claimed') {
+      log().info('block claimed', { pool, block: b, node, replicas });
+      storeFullness.written('ipam');
+    }
     return true;
   }
 
@@ -219,6 +227,7 @@ export class RedisStore implements ClusterStore {
     switch (reply[0]) {
       case 'ok': {
         for (const address of reply[2] as string[]) log().info('address claimed', { pool, address, owner });
+        if ((reply[2] as string[]).length) storeFullness.written('ipam');
         return { ok: true, addresses: reply[1] as string[] };
       }
       case 'conflict': {
@@ -293,6 +302,19 @@ export class RedisStore implements ClusterStore {
     } catch (e) {
       // Not knowing is unsafe both ways; fail the connect, the caller retries (LazyStore).
       throw storeFailure(this.where, 'looking for untagged keys', e);
+    }
+  }
+
+  /**
+   * Redis 7.0 or later: the scripts that must run on a full store say so with a script flag
+   * (common/store-full.ts), which older servers cannot compile. Refused at connect, naming the version,
+   * rather than as script errors later.
+   */
+  private async checkVersion(): Promise<void> {
+    const info = await this.run('checking the server version', () => this.client.info('server'));
+    const v = /^redis_version:(\d+)\.(\S+)/m.exec(String(info));
+    if (v && Number(v[1]) < 7) {
+      throw new TetherError(ErrorCode.InvalidConfig, `cluster store (${this.where}) is Redis ${v[1]}.${v[2]}: tether needs Redis 7.0 or later (script flags)`);
     }
   }
 

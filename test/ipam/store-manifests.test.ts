@@ -142,25 +142,34 @@ test('install/: the single Redis requires the Secret\'s password (not on its com
   assert.match((err as Error).message, /refused authentication: WRONGPASS/);
 });
 
-test('install/ha: replicas authenticate to the primary (masterauth), sentinels need the password and use it (auth-pass); tetherd through Sentinel gets in', async () => {
+/**
+ * install/ha's scripts for one pod, localized: every host name is this machine, each pod's Redis has its
+ * own port (`port`), the sentinels are one at `sp` and the primary of a new install is at `p0`.
+ */
+function haScript(s: Record<string, string>, script: string, name: string, dir: string, ports: { port?: number; sp: number; p0: number }, rewrite: Array<[RegExp, string]> = []): string {
+  const find = s['find-primary.sh']
+    .replace(/^me=.*$/m, 'me=127.0.0.1')
+    .replace(/^REDIS_PORT=6379$/m, `REDIS_PORT=${ports.port ?? 6379}`)
+    .replace(/^SENTINEL_PORT=26379$/m, `SENTINEL_PORT=${ports.sp}`)
+    .replace(/^first=.*$/m, `first="127.0.0.1 ${ports.p0}"`)
+    .replaceAll('-h "$peer.$SVC"', '-h 127.0.0.1');
+  assert.ok(s[script].includes('. /scripts/find-primary.sh'), `${script} sources find-primary.sh`);
+  return localize(s[script].replace('. /scripts/find-primary.sh', () => find), name, dir, [[/"\$me"/g, '127.0.0.1'], ...rewrite]);
+}
+
+test('install/ha: replicas authenticate to the primary (masterauth), sentinels need the password and use it (auth-pass); tetherd through Sentinel gets in; a primary restarted before the sentinels failed over waits for them and keeps the data', async () => {
   const s = scripts('install/ha', 'tether-redis-ha');
   const [p0, p1, sp] = [await freePort(), await freePort(), await freePort()];
-  const primaryName = 'tether-redis-ha-0.tether-redis-ha.tether-system.svc';
-  // Host names resolve to this machine; the primary's port is p0.
-  const names: Array<[RegExp, string]> = [
-    [/"\$me"/g, '127.0.0.1'],
-    [new RegExp(`${primaryName.replaceAll('.', '\\.')}`, 'g'), '127.0.0.1'],
-  ];
-  const startRedis = (name: string, port: number) =>
-    run(localize(s['start-redis.sh'], name, path.join(tmp, name), [...names, [/replicaof %s 6379/, `replicaof %s ${p0}`], [/exec redis-server (\S+)/, `exec redis-server $1 --port ${port} --bind 127.0.0.1`]]), path.join(tmp, name));
-  startRedis('tether-redis-ha-0', p0);
+  const startRedis = (name: string, port: number, dir = path.join(tmp, name)) =>
+    run(haScript(s, 'start-redis.sh', name, dir, { port, sp, p0 }, [[/exec redis-server (\S+)/, `exec redis-server $1 --port ${port} --bind 127.0.0.1`]]), dir);
+  const pod0 = startRedis('tether-redis-ha-0', p0);
   await waitFor(() => probe(s['ping.sh'], p0), 'primary ready', { timeoutMs: 5000 });
   startRedis('tether-redis-ha-1', p1);
   await waitFor(() => /master_link_status:up/.test(cli(p1, ['info', 'replication'], PASSWORD).out), 'the replica is in sync with the primary (it authenticated with masterauth)', { timeoutMs: 10_000, describe: () => cli(p1, ['info', 'replication'], PASSWORD).out });
   assert.match(cli(p1, ['ping']).out, /NOAUTH/, 'the replica requires the password too');
 
   const sdir = path.join(tmp, 'sentinel');
-  run(localize(s['start-sentinel.sh'], 'tether-redis-ha-0', sdir, [...names, [/\$me/g, '127.0.0.1'], [/port 26379/, `port ${sp}`], [/\$primary 6379 2/, `$primary ${p0} 1`], [/exec redis-server "\$conf" --sentinel/, 'exec redis-server "$conf" --sentinel --bind 127.0.0.1']]), sdir);
+  run(haScript(s, 'start-sentinel.sh', 'tether-redis-ha-2', sdir, { sp, p0 }, [[/^QUORUM=2$/m, 'QUORUM=1'], [/exec redis-server "\$conf" --sentinel/, 'exec redis-server "$conf" --sentinel --bind 127.0.0.1']]), sdir);
   await waitFor(() => probe(s['ping.sh'], sp), 'the sentinel answers with the password', { timeoutMs: 5000 });
   assert.match(cli(sp, ['ping']).out, /NOAUTH/, 'the sentinel requires the password');
   await waitFor(() => /num-slaves\n1/.test(cli(sp, ['sentinel', 'master', 'tether'], PASSWORD).out), 'the sentinel monitors the primary with the password (auth-pass)', { timeoutMs: 10_000, describe: () => cli(sp, ['sentinel', 'master', 'tether'], PASSWORD).out });
@@ -173,6 +182,18 @@ test('install/ha: replicas authenticate to the primary (masterauth), sentinels n
   } finally {
     await store.close();
   }
+
+  // Pod 0, the primary, restarts at once (a crash, a rolled pod): it comes back empty before the sentinels
+  // noticed it was gone. Started as the primary again, it would have the replica copy its empty data set.
+  assert.is(cli(p0, ['set', 'kept', 'yes'], PASSWORD).out, 'OK');
+  await waitFor(() => cli(p1, ['get', 'kept'], PASSWORD).out === 'yes', 'the key reached the replica');
+  pod0.kill('SIGKILL');
+  await new Promise((r) => pod0.once('exit', r));
+  startRedis('tether-redis-ha-0', p0, path.join(tmp, 'tether-redis-ha-0-again'));
+  await waitFor(() => cli(sp, ['sentinel', 'get-master-addr-by-name', 'tether'], PASSWORD).out.endsWith(String(p1)), 'the sentinel promoted the replica', { timeoutMs: 20_000 });
+  await waitFor(() => /role:slave/.test(cli(p0, ['info', 'replication'], PASSWORD).out) && /master_link_status:up/.test(cli(p0, ['info', 'replication'], PASSWORD).out), 'the restarted pod 0 replicates the new primary', { timeoutMs: 20_000, describe: () => cli(p0, ['info', 'replication'], PASSWORD).out });
+  assert.is(cli(p1, ['get', 'kept'], PASSWORD).out, 'yes', 'the data survived on the new primary');
+  assert.is(cli(p0, ['get', 'kept'], PASSWORD).out, 'yes', 'and reached the restarted pod');
 });
 
 test('install/ → install/ha: the store URL is a generated ConfigMap, so the DaemonSet rolls by itself; what install/ha leaves behind is exactly the single Redis', () => {
@@ -192,6 +213,15 @@ test('install/ → install/ha: the store URL is a generated ConfigMap, so the Da
   const args = (objs: Obj[]) => ds(objs).spec.template.spec.containers[0].command as string[];
   assert.ok(args(one).includes('--redis-password-secret=tether-redis-auth') && args(ha).includes('--redis-password-secret=tether-redis-auth'));
   for (const objs of [one, ha]) assert.ok(objs.some((o) => o.kind === 'NetworkPolicy' && o.metadata.name === 'tether-store'));
+  // Never two single Redis pods at once behind the Service (a rolling update would run the new one beside the old).
+  assert.equal(one.find((o) => o.kind === 'Deployment' && o.metadata.name === 'tether-redis')!.spec.strategy, { type: 'Recreate' });
+  // The Redis pods read the Secrets' files (root's without an fsGroup) as group 999.
+  for (const objs of [one, ha]) for (const o of objs.filter((x) => /^tether-redis/.test(x.metadata.name) && (x.kind === 'Deployment' || x.kind === 'StatefulSet'))) {
+    const pod = o.spec.template.spec;
+    assert.is(pod.securityContext?.fsGroup, 999, o.metadata.name);
+    assert.ok(pod.containers.every((c: Obj) => c.securityContext.runAsUser === 999), o.metadata.name);
+    assert.is(pod.volumes.find((v: Obj) => v.name === 'auth').secret.defaultMode, 0o440, o.metadata.name);
+  }
   assert.ok(ha.some((o) => o.kind === 'PodDisruptionBudget' && o.spec.maxUnavailable === 1), 'a drain takes one of the three Sentinel pods at a time');
 
   // docs/install.md's steps: applying install/ha, then its delete commands remove exactly what is left.

@@ -191,6 +191,10 @@ export function expectedFromStatus(status: Json): Expected[] {
   const g = (name: string, labels: Record<string, string>, value: unknown) => typeof value === 'number' && out.push({ name, labels, value, kind: 'gauge' });
   const c = (name: string, labels: Record<string, string>, value: unknown) => typeof value === 'number' && out.push({ name, labels, value, kind: 'counter' });
   for (const [subsystem, up] of Object.entries((status.storeReachable ?? {}) as Record<string, boolean>)) g('tether_store_reachable', { subsystem }, up ? 1 : 0);
+  for (const [subsystem, x] of Object.entries((status.storeFull ?? {}) as Record<string, { full: boolean; refusals: number }>)) {
+    g('tether_store_full', { subsystem }, x.full ? 1 : 0);
+    c('tether_store_full_refusals_total', { subsystem }, x.refusals);
+  }
   for (const p of status.ipam?.pods ?? []) {
     for (const f of p.families ?? []) {
       const l = { pool: p.pool, family: `ipv${f.family}` };

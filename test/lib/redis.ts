@@ -28,7 +28,8 @@ export interface TestRedis {
 const REDIS_SERVER = process.env.REDIS_SERVER ?? 'redis-server';
 const READY_TIMEOUT_MS = 5000;
 
-export async function startRedis(): Promise<TestRedis> {
+/** `args`: more redis-server options (e.g. ['--maxmemory-policy', 'noeviction']), kept across restart(). */
+export async function startRedis(opts: { args?: string[] } = {}): Promise<TestRedis> {
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'tether-redis-'));
   const socketPath = path.join(dir, 'redis.sock');
   let proc: ChildProcess | undefined;
@@ -38,7 +39,7 @@ export async function startRedis(): Promise<TestRedis> {
 
   const launch = async () => {
     fs.rmSync(socketPath, { force: true });
-    const args = ['--port', '0', '--unixsocket', socketPath, '--unixsocketperm', '700', '--save', '', '--appendonly', 'no', '--dir', dir];
+    const args = ['--port', '0', '--unixsocket', socketPath, '--unixsocketperm', '700', '--save', '', '--appendonly', 'no', '--dir', dir, ...(opts.args ?? [])];
     const out = fs.openSync(path.join(dir, 'redis.log'), 'a');
     const p = spawn(REDIS_SERVER, args, { stdio: ['ignore', out, out] });
     fs.closeSync(out);
