@@ -194,6 +194,7 @@ export async function* nodeParts(opts: Options, o: { nodeName: string; logger: L
     const server = metricsServer({ address: metricsAddress, metrics, parts: {
       ipam, egress: egressController, lb: lbController, health: () => health?.checks, store: store?.store,
       kube: source instanceof KubeSource ? { apiCalls: source.apiCalls, events: reporting?.events } : undefined,
+      roleProblems: () => attach.roleProblems.list(),
     }, logger });
     yield server;
     subsystems.push(server);

@@ -94,6 +94,8 @@ export interface MetricsSnapshot {
   /** Each cluster store connection of this node (ipam, egress, lb): up now. */
   store?: Record<string, boolean>;
   kube?: KubeView;
+  /** Pods whose role (egress, lb pod, lb target) could not be set up in the datapath, retried: their roles. */
+  roleProblems?: Array<{ role: string }>;
 }
 
 /** Where each section comes from: synchronous reads of the parts' state, never a store call. */
@@ -145,6 +147,11 @@ export class TetherMetrics {
     this.defineLb();
     this.defineHealth();
     this.defineKube();
+    this.gauge('tether_pod_role_problems', 'Pods of this node whose role (egress, lb pod, lb target) could not be set up in the datapath and is retried, by role (the TetherNode\'s DatapathAttached condition names them).', ['role'], (s) => {
+      const by = new Map<string, number>();
+      for (const p of s.roleProblems ?? []) by.set(p.role, (by.get(p.role) ?? 0) + 1);
+      return s.roleProblems ? [...by].map(([role, n]): Sample => [{ role }, n]) : [];
+    });
   }
 
   /** Where scrapes read from from now on. */

@@ -36,6 +36,8 @@ export interface MetricsParts {
   store?: LazyStore;
   /** Kubernetes (kube mode): failed API requests, the Event recorder, the leader elections this process runs. */
   kube?: { apiCalls?: KubeApiCalls; events?: EventRecorder; elections?: () => LeaderElection[] };
+  /** Pods whose datapath role setup failed (retried). */
+  roleProblems?: () => Array<{ role: string }>;
 }
 
 /** A value read in the background: get() answers the last one at once and starts a new read when it is stale. */
@@ -98,6 +100,8 @@ export function metricSources(p: MetricsParts, logger: Logger): { sources: Metri
   }
   const lb = p.lb;
   if (lb) sources.lb = () => lb.status() as unknown as LbServiceView[];
+  const roleProblems = p.roleProblems;
+  if (roleProblems) sources.roleProblems = () => roleProblems().map((r) => ({ role: r.role }));
   const kube = p.kube;
   if (kube) {
     sources.kube = () => ({

@@ -1,7 +1,8 @@
 // The Kubernetes side of /metrics, against the FAKE API server, scraped over HTTP from the metrics part:
 // failed API requests by verb, resource and code (a client's 404, a watch's 410, an API server gone),
 // Events the recorder dropped (an object's budget spent, a full queue, refused writes), and leadership
-// (the gauge follows the Lease, transitions count each change). Each appears and then moves.
+// (the gauge follows the Lease, transitions count each change); and pods whose datapath role failed, by role.
+// Each appears and then moves.
 import { test } from 'uvu';
 import * as assert from 'uvu/assert';
 import * as fs from 'node:fs';
@@ -178,6 +179,24 @@ test('leadership: the gauge follows the Lease, transitions count each change', a
     await a.stop();
     await server.stop();
     await done();
+  }
+});
+
+test('pods whose datapath role failed, by role: absent without the part, 0 series when none, counted by role', async () => {
+  const problems: Array<{ pod: string; role: string }> = [];
+  const { server, scrape } = await serve({ roleProblems: () => problems });
+  try {
+    let s = await scrape();
+    assert.equal(s.samples('tether_pod_role_problems'), []);
+    problems.push({ pod: 'shop/gw-1', role: 'egress' }, { pod: 'shop/gw-2', role: 'egress' }, { pod: 'web/lb-0', role: 'lb pod' });
+    s = await scrape();
+    assert.is(s.value('tether_pod_role_problems', { role: 'egress' }), 2);
+    assert.is(s.value('tether_pod_role_problems', { role: 'lb pod' }), 1);
+    problems.length = 0;
+    s = await scrape();
+    assert.equal(s.samples('tether_pod_role_problems'), [], 'solved: the series go');
+  } finally {
+    await server.stop();
   }
 });
 
