@@ -191,7 +191,11 @@ export async function* nodeParts(opts: Options, o: { nodeName: string; logger: L
   // In status order; the health checks join once they start.
   const subsystems: Array<Subsystem<never>> = [ipam, egress, lb];
   if (metrics) {
-    const server = metricsServer({ address: metricsAddress, metrics, parts: { ipam, egress: egressController, lb: lbController, health: () => health?.checks, store: store?.store }, logger });
+    const server = metricsServer({ address: metricsAddress, metrics, parts: {
+      ipam, egress: egressController, lb: lbController, health: () => health?.checks, store: store?.store,
+      kube: source instanceof KubeSource ? { apiCalls: source.apiCalls, events: reporting?.events } : undefined,
+      roleProblems: () => attach.roleProblems.list(),
+    }, logger });
     yield server;
     subsystems.push(server);
   }

@@ -5,12 +5,14 @@
 # load balancer of the health-check test, kubectl for the manifests; for the node as Kubernetes makes it:
 # containerd and runc (kubelet's runtime, driven over CRI), debootstrap, buildah and umoci (the image, built
 # offline from Debian packages), gcc and libc6-dev (the static pause program), Go 1.19 and libcni's source
-# (golden tests of the installer against libcni itself)) and the npm dependencies from the lock file.
+# (golden tests of the installer against libcni itself); Prometheus for its promtool (the monitoring
+# component's alert rules and dashboard queries, test/unit/monitoring.test.ts)) and the npm dependencies
+# from the lock file.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 pkgs=(clang llvm libbpf-dev libbpf1 bpftool iproute2 util-linux nftables conntrack containernetworking-plugins redis-server bird2 haproxy iputils-ping procps tcpdump
-  containerd runc debootstrap buildah umoci gcc libc6-dev golang-1.19-go golang-github-appc-cni-dev)
+  containerd runc debootstrap buildah umoci gcc libc6-dev golang-1.19-go golang-github-appc-cni-dev prometheus)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -20,6 +20,7 @@ import type { ResolvedPool } from '../../ipam/types';
 import { objectKey, type ConfigObjects, type NodeFacts, type PodMeta } from './objects';
 import type { ConfigSource } from './source';
 import { Reflector, type ReflectorStats } from './reflector';
+import { KubeApiCalls } from './kube-api-calls';
 import { isTetherService, SERVICE_NAME_LABEL, TETHER_SERVICE_SELECTOR, TO_BE_DELETED_TAINT, ZONE_LABEL } from '../objects/names';
 
 type Obj = Record<string, any>;
@@ -49,6 +50,8 @@ const MAX_SETTLE_MS = 1000;
 export class KubeSource extends EventEmitter implements ConfigSource {
   readonly name = 'kubernetes';
   readonly kc = new k8s.KubeConfig();
+  /** Failed API requests of every client made from kc (and the reflectors' watches), for the metrics. */
+  readonly apiCalls = new KubeApiCalls();
   private readonly reflectors: Reflector[] = [];
   private timer?: NodeJS.Timeout;
   /** When the first change not yet built came in (0: none waiting). */
@@ -67,6 +70,7 @@ export class KubeSource extends EventEmitter implements ConfigSource {
     super();
     if (o.kubeconfig) this.kc.loadFromFile(o.kubeconfig);
     else this.kc.loadFromCluster();
+    this.apiCalls.instrument(this.kc);
   }
 
   async start(): Promise<ConfigObjects> {
@@ -76,6 +80,7 @@ export class KubeSource extends EventEmitter implements ConfigSource {
     const reflector = (name: string, path: string, list: (rv: string | undefined) => Promise<unknown>, sel: { labelSelector?: string; fieldSelector?: string } = {}) =>
       new Reflector({
         name, kc: this.kc, path, list: list as (rv: string | undefined) => Promise<Obj>, ...sel, changed: () => this.soon(), logger: this.o.logger,
+        watchFailed: (err) => this.apiCalls.watchFailed(name, err),
         idleMs: this.o.watchIdleMs, backoffMinMs: this.o.backoffMinMs, backoffMaxMs: this.o.backoffMaxMs,
       });
     const crd = (plural: string) => reflector(plural, `/apis/${GROUP}/${VERSION}/${plural}`, (resourceVersion) => custom.listClusterCustomObject({ group: GROUP, version: VERSION, plural, resourceVersion }));

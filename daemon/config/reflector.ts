@@ -26,6 +26,8 @@ export interface ReflectorOptions {
   /** Called after every change to the objects (coalescing is the caller's). */
   changed: () => void;
   logger: Logger;
+  /** A watch that ended with an error or 410 Gone (counted as a failed API request; nothing else changes). */
+  watchFailed?: (err: unknown) => void;
   /** No event or bookmark for this long: the watch is taken for stalled and resumed (default 150 s). */
   idleMs?: number;
   /** Backoff between failed attempts (default 500 ms doubling to 30 s, jittered). */
@@ -122,6 +124,7 @@ export class Reflector {
       if (this.stopped) return;
       if (end.gone) {
         this.counts.gone++;
+        this.o.watchFailed?.({ statusCode: 410 });
         this.rv = '';
         this.goneStreak++;
         // One 410 is ordinary (the version was compacted while we were away): relist at once. Several in a
@@ -139,6 +142,7 @@ export class Reflector {
       }
       if (end.error !== undefined) {
         this.counts.restarts++;
+        this.o.watchFailed?.(end.error);
         const inMs = this.backoff.next();
         this.report(`watch failed: ${describeError(end.error)}; resuming from resourceVersion ${this.rv}, serving the last ${this.store.size} objects`, { inMs });
         await this.sleep(inMs);

@@ -47,6 +47,8 @@ export class LeaderElection extends EventEmitter {
   private readonly loop: ReconcileLoop;
   /** Attempts made (for tests: a non-candidate makes none). */
   attempts = 0;
+  /** Times this process became leader or stopped being it (the metrics' transitions). */
+  transitions = 0;
 
   constructor(private readonly o: LeaderOptions) {
     super();
@@ -72,6 +74,11 @@ export class LeaderElection extends EventEmitter {
     return this.leader;
   }
 
+  /** The Lease ("namespace/name"), whether this process holds it, and how often that changed. */
+  leadership(): { lease: string; leader: boolean; transitions: number } {
+    return { lease: `${this.o.namespace}/${this.o.name}`, leader: this.leader, transitions: this.transitions };
+  }
+
   start(): void {
     this.loop.start().request();
   }
@@ -94,6 +101,7 @@ export class LeaderElection extends EventEmitter {
   private setLeader(v: boolean, why: string): void {
     if (v === this.leader) return;
     this.leader = v;
+    this.transitions++;
     this.o.logger.info(v ? 'kube: elected leader' : 'kube: no longer leader', { lease: `${this.o.namespace}/${this.o.name}`, identity: this.o.identity, why });
     this.emit(v ? 'elected' : 'lost');
   }

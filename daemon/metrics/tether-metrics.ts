@@ -75,6 +75,14 @@ export interface HealthView {
   services?: Array<{ service: string; open?: boolean; localEndpoints?: number; answer?: number }>;
 }
 
+/** The Kubernetes side of this process: failed API requests, Events the recorder dropped, Leases it competes for. */
+export interface KubeView {
+  apiErrors?: Array<{ verb: string; resource: string; code: string; count: number }>;
+  /** EventRecorder.stats: new Events refused by their object's budget, writes dropped on a full queue, writes that failed. */
+  events?: { rateLimited: number; queueFull: number; failed: number };
+  leadership?: Array<{ lease: string; leader: boolean; transitions: number }>;
+}
+
 /** What one scrape reads: each section from one part, absent when the part does not run on this node. */
 export interface MetricsSnapshot {
   ipam?: { pods: PodPoolView[]; cluster?: ClusterPoolView[] };
@@ -87,6 +95,9 @@ export interface MetricsSnapshot {
   store?: Record<string, boolean>;
   /** Per subsystem (ipam, egress, lb): writes the store refused as full (common/store-full.ts). */
   storeFull?: Record<string, { full: boolean; refusals: number }>;
+  kube?: KubeView;
+  /** Pods whose role (egress, lb pod, lb target) could not be set up in the datapath, retried: their roles. */
+  roleProblems?: Array<{ role: string }>;
 }
 
 /** Where each section comes from: synchronous reads of the parts' state, never a store call. */
@@ -137,6 +148,12 @@ export class TetherMetrics {
     this.defineSync();
     this.defineLb();
     this.defineHealth();
+    this.defineKube();
+    this.gauge('tether_pod_role_problems', 'Pods of this node whose role (egress, lb pod, lb target) could not be set up in the datapath and is retried, by role (the TetherNode\'s DatapathAttached condition names them).', ['role'], (s) => {
+      const by = new Map<string, number>();
+      for (const p of s.roleProblems ?? []) by.set(p.role, (by.get(p.role) ?? 0) + 1);
+      return s.roleProblems ? [...by].map(([role, n]): Sample => [{ role }, n]) : [];
+    });
   }
 
   /** Where scrapes read from from now on. */
@@ -320,5 +337,19 @@ export class TetherMetrics {
     this.gauge('tether_health_service_port_open', 'Whether the Service\'s health-check port is open on this node.', ['service'], (s) => services(s).map((x): Sample => [{ service: x.service }, flag(x.open)]));
     this.counter('tether_health_answers_total', 'Health-check answers this node gave, by check (healthz, livez: the node\'s; service: the Services\' checks) and HTTP code.', ['check', 'code'], (s) =>
       (s.health?.answers ?? []).map((a): Sample => [{ check: a.check, code: String(a.code) }, a.count]));
+  }
+
+  private defineKube(): void {
+    this.counter('tether_kube_api_errors_total', 'Kubernetes API requests that failed, by verb, resource and HTTP code (network: no answer); watches included.', ['verb', 'resource', 'code'], (s) =>
+      (s.kube?.apiErrors ?? []).map((e): Sample => [{ verb: e.verb, resource: e.resource, code: e.code }, e.count]));
+    // Every reason, zeros included, so an alert on one has a series to watch before it happens.
+    this.counter('tether_kube_events_dropped_total', 'Kubernetes Events not written, by reason: rate_limited (the object\'s budget spent), queue_full, failed (the API refused or was away).', ['reason'], (s) => {
+      const e = s.kube?.events;
+      return e ? [[{ reason: 'rate_limited' }, e.rateLimited], [{ reason: 'queue_full' }, e.queueFull], [{ reason: 'failed' }, e.failed]] : [];
+    });
+    this.gauge('tether_leader', 'Whether this process holds the Lease (1) or not (0), per Lease it competes for.', ['lease'], (s) =>
+      (s.kube?.leadership ?? []).map((l): Sample => [{ lease: l.lease }, flag(l.leader)]));
+    this.counter('tether_leader_transitions_total', 'Times this process became leader or stopped being it, per Lease.', ['lease'], (s) =>
+      (s.kube?.leadership ?? []).map((l): Sample => [{ lease: l.lease }, l.transitions]));
   }
 }

@@ -13,6 +13,9 @@ import type { LbController } from '../lb/lb-controller';
 import type { HealthController } from '../health/health-controller';
 import type { LazyStore } from '../../ipam/store/lazy-store';
 import type { Ipam } from './ipam';
+import type { KubeApiCalls } from '../config/kube-api-calls';
+import type { EventRecorder } from '../kube/event-recorder';
+import type { LeaderElection } from '../kube/leader';
 import type { Subsystem } from './subsystem';
 import { Backoff } from '../../lib/backoff';
 import { storeFullness } from '../common/store-full';
@@ -32,6 +35,10 @@ export interface MetricsParts {
   health?: () => HealthController | undefined;
   /** The cluster store IPAM uses (--redis). */
   store?: LazyStore;
+  /** Kubernetes (kube mode): failed API requests, the Event recorder, the leader elections this process runs. */
+  kube?: { apiCalls?: KubeApiCalls; events?: EventRecorder; elections?: () => LeaderElection[] };
+  /** Pods whose datapath role setup failed (retried). */
+  roleProblems?: () => Array<{ role: string }>;
 }
 
 /** A value read in the background: get() answers the last one at once and starts a new read when it is stale. */
@@ -105,6 +112,16 @@ export function metricSources(p: MetricsParts, logger: Logger): { sources: Metri
   }
   const lb = p.lb;
   if (lb) sources.lb = () => lb.status() as unknown as LbServiceView[];
+  const roleProblems = p.roleProblems;
+  if (roleProblems) sources.roleProblems = () => roleProblems().map((r) => ({ role: r.role }));
+  const kube = p.kube;
+  if (kube) {
+    sources.kube = () => ({
+      ...(kube.apiCalls ? { apiErrors: kube.apiCalls.list() } : {}),
+      ...(kube.events ? { events: kube.events.stats } : {}),
+      ...(kube.elections ? { leadership: kube.elections().map((e) => e.leadership()) } : {}),
+    });
+  }
   const health = p.health;
   if (health) sources.health = () => health()?.status() as HealthView | undefined;
   return { sources, clusterUsage };

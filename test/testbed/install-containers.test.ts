@@ -156,7 +156,7 @@ test('install-cni, cni-watch, then the uninstall DaemonSet, each in its manifest
       pinDir: path.join(bpfDir(tb.prefix), NODE),
       primaryRange: '10.250.1.0/24',
     };
-    const volumes = { 'cni-net': d.netDir, 'cni-bin': d.binDir, state: d.tetherdState, 'run-tether': path.dirname(d.socket) };
+    const volumes = { 'cni-net': d.netDir, 'cni-bin': d.binDir, state: d.tetherdState, 'cni-install-state': d.installerState, 'run-tether': path.dirname(d.socket) };
     // tether's entry in the conflist must name the testbed's socket and deletion queue (the node's paths
     // as the plugin, run on the node, sees them): the testbed's --entry-file, in a read-only dir of its own.
     const entryDir = tb.nodeDir(NODE, 'entry');

@@ -43,6 +43,57 @@ for (const dir of ['install', 'install/ha', 'install/uninstall']) {
   });
 }
 
+/** Every container of every workload in the objects, with its pod spec. */
+function containersOf(objs: Obj[]): Array<{ where: string; pod: Obj; c: Obj }> {
+  return objs.filter((o) => ['DaemonSet', 'Deployment', 'StatefulSet', 'Job'].includes(o.kind)).flatMap((o) => {
+    const pod = o.spec.template.spec;
+    return [...(pod.initContainers ?? []), ...(pod.containers ?? [])].map((c: Obj) => ({ where: `${o.kind} ${o.metadata.name}, container ${c.name}`, pod, c }));
+  });
+}
+
+/** The problems of the hardening every container must have: RuntimeDefault seccomp; spc_t exactly where it writes host paths. */
+function hardeningProblems(objs: Obj[]): string[] {
+  const out: string[] = [];
+  for (const { where, pod, c } of containersOf(objs)) {
+    const seccomp = c.securityContext?.seccompProfile ?? pod.securityContext?.seccompProfile;
+    if (seccomp?.type !== 'RuntimeDefault') out.push(`${where}: seccompProfile ${JSON.stringify(seccomp)} (want RuntimeDefault, on the container or its pod)`);
+    const hostWrites = (c.volumeMounts ?? []).filter((m: Obj) => !m.readOnly && pod.volumes?.find((v: Obj) => v.name === m.name)?.hostPath);
+    const writesHost = c.securityContext?.privileged === true || hostWrites.length > 0;
+    const type = c.securityContext?.seLinuxOptions?.type ?? pod.securityContext?.seLinuxOptions?.type;
+    if (writesHost && type !== 'spc_t') out.push(`${where}: writes host paths (${hostWrites.map((m: Obj) => m.mountPath).join(', ') || 'privileged'}) without seLinuxOptions type spc_t`);
+    if (!writesHost && type === 'spc_t') out.push(`${where}: spc_t (unconfined) on a container that writes no host path`);
+  }
+  return out;
+}
+
+for (const dir of ['install', 'install/ha', 'install/uninstall']) {
+  test(`${dir}: every container under RuntimeDefault seccomp, spc_t on exactly those writing host paths`, () => {
+    const objs = build(dir);
+    assert.ok(containersOf(objs).length >= 1);
+    assert.equal(hardeningProblems(objs), []);
+  });
+}
+
+test('the hardening check finds a container without seccomp, a host writer without spc_t, and spc_t where none is needed', () => {
+  const pod = (c: Obj, sc?: Obj) => ({ kind: 'DaemonSet', metadata: { name: 'x' }, spec: { template: { spec: { securityContext: sc, containers: [c], volumes: [{ name: 'h', hostPath: { path: '/opt/cni/bin' } }] } } } });
+  assert.equal(hardeningProblems([pod({ name: 'a' })]).length, 1);
+  assert.equal(hardeningProblems([pod({ name: 'b', volumeMounts: [{ name: 'h', mountPath: '/h' }] }, { seccompProfile: { type: 'RuntimeDefault' } })]).length, 1);
+  assert.equal(hardeningProblems([pod({ name: 'c', volumeMounts: [{ name: 'h', mountPath: '/h', readOnly: true }], securityContext: { seLinuxOptions: { type: 'spc_t' } } }, { seccompProfile: { type: 'RuntimeDefault' } })]).length, 1);
+  assert.equal(hardeningProblems([pod({ name: 'd', volumeMounts: [{ name: 'h', mountPath: '/h' }], securityContext: { seLinuxOptions: { type: 'spc_t' } } }, { seccompProfile: { type: 'RuntimeDefault' } })]), []);
+});
+
+test('cni-watch: no DAC_OVERRIDE, read-only root, its own state dir only (not tetherd\'s)', () => {
+  const ds = build('install').find((o) => o.kind === 'DaemonSet' && o.metadata.name === 'tetherd')!;
+  const pod = ds.spec.template.spec;
+  const w = pod.containers.find((c: Obj) => c.name === 'cni-watch');
+  assert.equal(w.securityContext.capabilities, { drop: ['ALL'], add: ['CHOWN', 'DAC_READ_SEARCH', 'FOWNER'] });
+  assert.is(w.securityContext.readOnlyRootFilesystem, true);
+  const hostPaths = w.volumeMounts.map((m: Obj) => pod.volumes.find((v: Obj) => v.name === m.name).hostPath.path).sort();
+  assert.equal(hostPaths, ['/etc/cni/net.d', '/opt/cni/bin', '/var/lib/tether/cni-install']);
+  const stateDir = w.command.find((a: string) => a.startsWith('--state-dir=')).split('=')[1];
+  assert.ok(w.volumeMounts.some((m: Obj) => m.mountPath === stateDir), 'its --state-dir is its mount');
+});
+
 test('a bad manifest fails the same validation (the check can fail)', () => {
   assert.throws(() => validate({ apiVersion: 'apps/v1', kind: 'DaemonSet', metadata: { name: 'x' }, spec: { template: {} } }), /selector/);
   assert.throws(() => validate({ apiVersion: 'v1', kind: 'ConfigMap', metadata: { name: 'x' }, data: { a: 5 } }), /data/);
