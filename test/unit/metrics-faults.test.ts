@@ -26,7 +26,7 @@ import { StartError } from '../../daemon/lifecycle';
 import type { ConfigSource } from '../../daemon/config/source';
 import { captureLogger } from '../lib/log-capture';
 import { startRedis } from '../lib/redis';
-import { waitFor, sleep } from '../lib/wait';
+import { until, waitFor, sleep } from '../lib/wait';
 import { compareWithStatus, parseExposition, scrapeMetrics } from '../lib/metrics';
 
 const quiet = makeLogger({ level: 'error', stream: new Writable({ write: (_c, _e, cb) => cb() }) });
@@ -111,7 +111,12 @@ test('store outage: the scrape answers with the store gauges at 0 and the cluste
     cleanups.push(() => server.stop());
     const url = `http://127.0.0.1:${server.boundAddress()!.port}/metrics`;
     await waitFor(() => store.connected && mappings.connection.connected, 'the store connections');
-    let s = await scrapeMetrics(url);
+    // The cluster figures are read from the store in the background, not by the scrape: wait until the
+    // allocation above is read (a busy machine may scrape before the first read).
+    let s = await until('the first read of the cluster figures', async () => {
+      const x = await scrapeMetrics(url);
+      return x.value('tether_ipam_cluster_addresses_allocated', { pool: 'float' }) === 2 ? x : undefined;
+    }, 10_000);
     assert.is(s.value('tether_store_reachable', { subsystem: 'ipam' }), 1);
     assert.is(s.value('tether_store_reachable', { subsystem: 'lb' }), 1);
     assert.is(s.value('tether_ipam_cluster_addresses_allocated', { pool: 'float' }), 2);
