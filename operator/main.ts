@@ -113,7 +113,7 @@ export async function* operatorParts(
 
   let started = false;
   if (probePort !== undefined) {
-    const probes = new ProbeServer({ started: () => started, roleProblems: () => [] });
+    const probes = new ProbeServer({ what: 'tether-operator', started: () => started, roleProblems: () => [] });
     const port = probePort;
     yield { name: 'probes', start: async () => void (await probes.listen(port, opts['probe-address'])), stop: () => probes.close() };
   }

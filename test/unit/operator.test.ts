@@ -22,6 +22,9 @@ import { slotOwner } from '../../daemon/egress/egress-spec';
 import { operatorParts, type StartedOperator } from '../../operator/main';
 import { parseOperatorOptions } from '../../operator/options';
 import { OPERATOR_LEASE } from '../../operator/controllers';
+import { nodeParts } from '../../daemon/main';
+import { parseOptions } from '../../daemon/options';
+import { readyAnswer } from '../../daemon/health/probe-server';
 
 const quiet = makeLogger({ level: 'error', stream: new Writable({ write: (_c, _e, cb) => cb() }) });
 setLogger(quiet);
@@ -40,6 +43,23 @@ test('--help, and a command line without the API or with a bad lease duration is
   assert.throws(() => parseOperatorOptions([]), /needs the Kubernetes API: give --kubernetes or --kubeconfig/);
   assert.throws(() => parseOperatorOptions(['--kubernetes', '--lease-duration', '1']), /--lease-duration "1"/);
   assert.throws(() => parseOperatorOptions(['--kubernetes', '--controller-candidates', 'all']), /controller-candidates/);
+});
+
+test('tetherd: --controller-candidates (an older manifest) is accepted and ignored with a warning', async () => {
+  const lines: string[] = [];
+  const logger = makeLogger({ level: 'warn', stream: new Writable({ write: (c, _e, cb) => (lines.push(String(c)), cb()) }) });
+  const opts = parseOptions(['--controller-candidates', 'all', '--node-name', 'n1']);
+  const parts = nodeParts(opts, { nodeName: 'n1', logger, without: { host: true, cni: true, metrics: true, reporting: true } });
+  const first = await parts.next();
+  assert.is((first.value as { name: string }).name, 'config source', 'tetherd goes on to its parts');
+  await parts.return(undefined as never);
+  assert.ok(lines.some((l) => l.includes('--controller-candidates is ignored') && l.includes('tether-operator') && l.includes('"given":"all"')), lines.join(''));
+});
+
+test('the operator\'s probes: /readyz names tether-operator while it starts', () => {
+  const a = readyAnswer({ what: 'tether-operator', started: () => false, roleProblems: () => [] });
+  assert.equal([a.status, a.body], [503, 'not ready:\ntether-operator is starting\n']);
+  assert.is(readyAnswer({ what: 'tether-operator', started: () => true, roleProblems: () => [] }).status, 200);
 });
 
 test('two replicas: one leader on its Lease; status, label, block collection and Secrets; a stopped leader is replaced', async () => {
