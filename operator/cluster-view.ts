@@ -38,35 +38,51 @@ export class EgressView {
     };
     const addresses: EgressAddressStatus[] = [];
     const summaries: Record<string, EgressSummary> = {};
+    const failed: string[] = [];
     for (const e of egresses) {
-      const slots = addressSlots(e);
-      const gateways: GatewayInfo[] = await this.o.ownership.listGateways(e.key);
-      const usage = await this.o.ownership.usage(e.key);
-      const mine: EgressAddressStatus[] = [];
-      for (const s of slots) {
-        const address = (await ownerToAddress(s.pool)).get(slotOwner(e.key, s));
-        if (!address) continue;
-        const own = await this.o.ownership.get(e.key, address);
-        const u = usage[address];
-        mine.push({
-          egress: e.key, address, owner: own.owner, ownerNode: own.ownerNode || undefined, epoch: own.epoch,
-          ownerZone: gateways.find((g) => g.pod === own.owner)?.zone,
-          ...(u ? { flows: u.flows, bytes: u.bytes } : {}),
-        });
+      try {
+        const { mine, summary } = await this.read(e, ownerToAddress);
+        addresses.push(...mine);
+        summaries[e.key] = summary;
+      } catch (err) {
+        // This Egress as last read (its status is not rewritten from nothing); the others go on.
+        failed.push(`${e.key}: ${(err as Error).message}`);
+        addresses.push(...this.addresses.filter((a) => a.egress === e.key));
+        if (this.summaries[e.key]) summaries[e.key] = this.summaries[e.key];
       }
-      const owned = mine.filter((a) => a.owner);
-      const ownerNodes = new Set(owned.map((a) => a.ownerNode)).size;
-      // A cap (the Egress's, or a node's label) keeps addresses without an owner while live gateways are there.
-      const liveNodes = new Set(gateways.map((g) => g.node)).size;
-      const capped = e.maxAddressesPerNode !== undefined || gateways.some((g) => g.maxAddresses !== undefined);
-      summaries[e.key] = {
-        asked: slots.length, allocated: mine.length, owned: owned.length, ownerNodes,
-        capLimited: capped && liveNodes > 0 && owned.length < mine.length && ownerNodes >= liveNodes,
-      };
-      addresses.push(...mine);
     }
+    if (failed.length) this.o.logger.warn('operator: Egress owners not read from the store; their status keeps what was last read', { failed });
     this.addresses = addresses;
     this.summaries = summaries;
+  }
+
+  /** One Egress: its slots' addresses and owners, and its counts. */
+  private async read(e: ResolvedEgress, ownerToAddress: (pool: string) => Promise<Map<string, string>>): Promise<{ mine: EgressAddressStatus[]; summary: EgressSummary }> {
+    const slots = addressSlots(e);
+    const gateways: GatewayInfo[] = await this.o.ownership.listGateways(e.key);
+    const usage = await this.o.ownership.usage(e.key);
+    const mine: EgressAddressStatus[] = [];
+    for (const s of slots) {
+      const address = (await ownerToAddress(s.pool)).get(slotOwner(e.key, s));
+      if (!address) continue;
+      const own = await this.o.ownership.get(e.key, address);
+      const u = usage[address];
+      mine.push({
+        egress: e.key, address, owner: own.owner, ownerNode: own.ownerNode || undefined, epoch: own.epoch,
+        ownerZone: gateways.find((g) => g.pod === own.owner)?.zone,
+        ...(u ? { flows: u.flows, bytes: u.bytes } : {}),
+      });
+    }
+    const owned = mine.filter((a) => a.owner);
+    const ownerNodes = new Set(owned.map((a) => a.ownerNode)).size;
+    // A cap (the Egress's, or a node's label) keeps addresses without an owner while live gateways are there.
+    const liveNodes = new Set(gateways.map((g) => g.node)).size;
+    const capped = e.maxAddressesPerNode !== undefined || gateways.some((g) => g.maxAddresses !== undefined);
+    const summary = {
+      asked: slots.length, allocated: mine.length, owned: owned.length, ownerNodes,
+      capLimited: capped && liveNodes > 0 && owned.length < mine.length && ownerNodes >= liveNodes,
+    };
+    return { mine, summary };
   }
 
   status(): EgressAddressStatus[] {

@@ -66,10 +66,12 @@ export function clusterControllers(o: {
   const status = new StatusController({
     kc: source.kc,
     logger,
+    // The store's view, read before each pass; unreadable (the store away), the pass goes on with the view
+    // last read, so the pools' and refused objects' status does not wait for the store.
     refresh: async () => {
       const config = o.config();
-      await o.egressView?.refresh(o.egressObjects.resolve(config), config.pools);
-      await o.lbView?.refresh(resolveLoadBalancers(config.others, config.pools), config.pools);
+      await o.egressView?.refresh(o.egressObjects.resolve(config), config.pools); // keeps what it cannot read, itself
+      await o.lbView?.refresh(resolveLoadBalancers(config.others, config.pools), config.pools).catch((e: Error) => logger.warn('operator: VIPs not read from the store; status keeps what was last read', { error: e.message }));
     },
     verdicts: () => source.currentVerdicts(),
     refused: () => o.egressObjects.problems(),

@@ -139,6 +139,13 @@ test('two replicas: one leader on its Lease; status, label, block collection and
     await until('Egress status follows the new owner', () => api.get('Egress', 'out', 'shop')?.status?.addresses?.[0]?.ownerPod === 'shop/gw2');
     assert.is(api.get('Lease', OPERATOR_LEASE, 'tether-system')?.spec.holderIdentity, leaderId === 'op-a' ? 'op-b' : 'op-a');
     assert.is(api.get('Service', 'web', 'shop')!.status.loadBalancer.ingress[0].ip, ingress.ip, 'the same VIP under the new leader');
+
+    // The store lost: the status pass goes on with what it last read (a new pool gets its status; the
+    // Egress keeps its owner rather than losing it).
+    await redis.kill();
+    api.apply({ apiVersion: V, kind: 'AddressPool', metadata: { name: 'later' }, spec: { usage: 'floating', ipv4: { cidr: '192.0.2.0/28' } } });
+    await until('a pool\'s status with the store away', () => api.get('AddressPool', 'later')?.status?.conditions?.[0]?.status === 'True', 15_000);
+    assert.is(api.get('Egress', 'out', 'shop')!.status.addresses[0].ownerPod, 'shop/gw2', 'the owner last read is kept');
   } finally {
     for (const l of lives) await l.stopAll();
     for (const s of stores) await s.close();
