@@ -13,7 +13,8 @@ import { LeaderElection } from '../daemon/kube/leader';
 import { StatusController, type StatusControllerOptions } from '../daemon/kube/status-controller';
 import { ServiceLabeler } from '../daemon/kube/service-labeler';
 import type { HealthReports } from '../daemon/health/health-reports';
-import { resolveLoadBalancers } from '../daemon/lb/lb-spec';
+import { resolveLoadBalancers, type LbResolution } from '../daemon/lb/lb-spec';
+import type { ResolvedEgress } from '../daemon/egress/egress-spec';
 import type { EgressView, LbView } from './cluster-view';
 
 export const OPERATOR_LEASE = 'tether-operator';
@@ -56,9 +57,21 @@ export class LeaderRole implements Part {
   }
 }
 
+/** What the operator's passes work from: each configuration resolved once, as it comes. */
+export interface ClusterDesired {
+  config: ConfigObjects;
+  egresses: ResolvedEgress[];
+  lb: LbResolution;
+}
+
+/** The resolve step: the Egresses through `egressObjects` (which keeps a refused one's reason, for status). */
+export function resolveCluster(config: ConfigObjects, egressObjects: EgressObjects): ClusterDesired {
+  return { config, egresses: egressObjects.resolve(config), lb: resolveLoadBalancers(config.others, config.pools) };
+}
+
 /** The status controller and the Service labeler over the operator's watches and its view of the store. */
 export function clusterControllers(o: {
-  source: KubeSource; config: () => ConfigObjects; egressObjects: EgressObjects; egressView?: EgressView; lbView?: LbView; healthReports?: HealthReports; logger: Logger;
+  source: KubeSource; desired: () => ClusterDesired; egressObjects: EgressObjects; egressView?: EgressView; lbView?: LbView; healthReports?: HealthReports; logger: Logger;
   events?: StatusControllerOptions['events'];
   everyMs?: number; gcEveryMs?: number;
 }): LeaderWork & { status: StatusController } {
@@ -69,9 +82,9 @@ export function clusterControllers(o: {
     // The store's view, read before each pass; unreadable (the store away), the pass goes on with the view
     // last read, so the pools' and refused objects' status does not wait for the store.
     refresh: async () => {
-      const config = o.config();
-      await o.egressView?.refresh(o.egressObjects.resolve(config), config.pools); // keeps what it cannot read, itself
-      await o.lbView?.refresh(resolveLoadBalancers(config.others, config.pools), config.pools).catch((e: Error) => logger.warn('operator: VIPs not read from the store; status keeps what was last read', { error: e.message }));
+      const d = o.desired();
+      await o.egressView?.refresh(d.egresses, d.config.pools); // keeps what it cannot read, itself
+      await o.lbView?.refresh(d.lb, d.config.pools).catch((e: Error) => logger.warn('operator: VIPs not read from the store; status keeps what was last read', { error: e.message }));
     },
     verdicts: () => source.currentVerdicts(),
     refused: () => o.egressObjects.problems(),

@@ -6,7 +6,7 @@
 //   cluster store      the VIPs' allocations; the ownership records; the LB's store (nodes' health reports)
 //   probes             /livez, /readyz (ready once every part started)
 //   events             the cluster's Events (refusals, address conflicts), reported as tether-operator
-//   config updates     every accepted change into the configuration the status pass reads
+//   config updates     every accepted change, resolved once, into what the status pass reads
 //   leader election    the Lease; while leading, the controllers (controllers.ts)
 // Stopped in reverse: the leader stops its work and releases the Lease first.
 import { makeLogger, setLogger, type Logger } from '../lib/log';
@@ -27,7 +27,7 @@ import { EgressObjects } from '../daemon/egress/egress-config';
 import { connectLbStore } from '../daemon/lb/lb-store';
 import { ClusterAddresses } from '../ipam/cluster-addresses';
 import { EgressView, LbView } from './cluster-view';
-import { clusterControllers, LeaderRole, OPERATOR_LEASE } from './controllers';
+import { clusterControllers, LeaderRole, OPERATOR_LEASE, resolveCluster, type ClusterDesired } from './controllers';
 import { identityOf, parseOperatorOptions, USAGE, type OperatorOptions } from './options';
 
 export const OPERATOR_CONTROLLER = 'tether.dev/tether-operator';
@@ -74,7 +74,7 @@ export async function* operatorParts(
   const src = new SourcePart(opts, identity, logger);
   yield src;
   const source = src.source as KubeSource;
-  let config: ConfigObjects = src.config;
+  const first: ConfigObjects = src.config;
 
   if (opts['cluster-key-secret']) {
     const name = opts['cluster-key-secret'];
@@ -98,7 +98,7 @@ export async function* operatorParts(
   const store = clusterStore(opts, logger);
   if (store) {
     yield store;
-    const addresses = new ClusterAddresses(config.pools, store.store, logger);
+    const addresses = new ClusterAddresses(first.pools, store.store, logger);
     const ownership = ownershipStore(opts);
     yield ownership;
     const url = opts.redis!;
@@ -121,11 +121,13 @@ export async function* operatorParts(
   const events = new EventRecorder({ kc: source.kc, nodeName: identity, controller: OPERATOR_CONTROLLER, logger, uidOf: (ref) => uidOf(source, ref) });
   yield { name: 'events', start: () => {}, stop: () => events.stop() };
 
-  yield configFeed(src, (c) => c, [{ name: 'current configuration', apply: (c: ConfigObjects) => void (config = c) }], logger);
-
+  // Each configuration resolved once, as it comes (the Egresses' refusals kept for status).
   const egressObjects = new EgressObjects(logger);
+  let desired = resolveCluster(first, egressObjects);
+  yield configFeed(src, (c) => resolveCluster(c, egressObjects), [{ name: 'cluster configuration', apply: (d: ClusterDesired) => void (desired = d) }], logger);
+
   const controllers = clusterControllers({
-    source, config: () => config, egressObjects, egressView, lbView, healthReports, logger, events: (e) => events.emit(e), everyMs: o.everyMs, gcEveryMs: o.gcEveryMs,
+    source, desired: () => desired, egressObjects, egressView, lbView, healthReports, logger, events: (e) => events.emit(e), everyMs: o.everyMs, gcEveryMs: o.gcEveryMs,
   });
   const leader = new LeaderRole({
     election: { kc: source.kc, namespace, name: OPERATOR_LEASE, identity, logger, leaseDurationSeconds: Number(opts['lease-duration']), retryMs: o.retryMs },
