@@ -22,37 +22,50 @@ test('operator scaled to 0: pods created and the owner node lost keep 100 % of c
 
     await tb.scaleOperator(0);
     assert.is(tb.operatorReplicas, 0);
+    const lagged = { ...egressStatus()!.addresses[0] };
 
     // New pods while no operator runs: a second gateway on the standby node, a second client. Each gets its
     // address through the CNI chain (tetherd's IPAM, a block claimed as an AddressBlock if needed).
-    const standby = first.node === 'n1' ? 'n2' : 'n1';
-    const gw = await tb.addPod(standby, { name: `gw${standby.slice(1)}b`, namespace: 'shop', tether: { labels: { role: 'egress-gw' } } });
+    const other = first.node === 'n1' ? 'n2' : 'n1';
+    const gw = await tb.addPod(other, { name: `gw${other.slice(1)}b`, namespace: 'shop', tether: { labels: { role: 'egress-gw' } } });
     const web2 = await tb.addPod('n3', { name: 'web2', namespace: 'shop', tether: { labels: { app: 'web' } } });
     for (const p of [gw, web2]) assert.ok(p.ip, `${p.key} attached with an address while the operator is away`);
 
-    // The owner's node is lost under traffic (tetherd killed, its uplink down): the standby takes over.
-    await waitStandbyReady(tb, first.node, standby);
+    // The owner's node (whichever holds the address now) is lost under traffic (tetherd killed, its uplink
+    // down): the standby takes over.
+    const owner = await waitOwner(tb, undefined, 8000, true);
+    const standby = owner.node === 'n1' ? 'n2' : 'n1';
+    await waitStandbyReady(tb, owner.node, standby);
     const { report } = await runTraffic(tb, CONNS, 9000, async () => {
-      await tb.killTetherd(first.node, 'SIGKILL');
-      await tb.mustExec(first.node, ['ip', 'link', 'set', 'eth0', 'down']);
+      await tb.killTetherd(owner.node, 'SIGKILL');
+      await tb.mustExec(owner.node, ['ip', 'link', 'set', 'eth0', 'down']);
     });
     process.stdout.write(`  operator at 0: ${report.intact}/${CONNS} intact, longest gap ${report.maxGapAfterMarkMs} ms\n`);
     assert.is(report.intact, CONNS, `${report.intact}/${CONNS} intact; ${report.errors.slice(0, 4).join('; ')}`);
     const now = await egressOf(tb, standby);
     assert.ok(now?.ownedHere, `the standby node owns the address: ${JSON.stringify(now)}`);
-    // Nobody wrote the status meanwhile: it still names the lost owner.
-    assert.is(egressStatus()?.addresses?.[0]?.ownerNode, first.node, 'the status lags while no operator runs');
+    // Nobody wrote the status meanwhile: it still names the owner of when the operator stopped.
+    const still = egressStatus()!.addresses[0];
+    assert.equal([still.ownerNode, still.ownerPod, still.epoch], [lagged.ownerNode, lagged.ownerPod, lagged.epoch], 'the status lags while no operator runs');
 
     // The operator back: the status catches up with what the nodes decided.
     await tb.scaleOperator(1);
-    await until(`the Egress status naming the new owner ${standby}`, async () => egressStatus()?.addresses?.[0]?.ownerNode === standby, 30_000).catch((e: Error) => {
+    await until(`the Egress status naming the new owner ${standby}`, async () => {
+      const a = egressStatus()?.addresses?.[0];
+      return a?.ownerNode === standby && a.epoch > lagged.epoch;
+    }, 30_000).catch((e: Error) => {
       throw new Error(`${e.message}; status: ${JSON.stringify(egressStatus())}`);
     });
     assert.is(tb.api.get('Lease', 'tether-operator', 'tether-system')?.spec?.holderIdentity, 'tether-operator-0');
 
-    // What the nodes asked of the API server: no Lease, no Service write, no status but their TetherNode's, no Secret create.
-    const nodeCalls = tb.api.calls.filter((c) => c.token !== OPERATOR_TOKEN && c.method !== 'GET');
-    const forbidden = nodeCalls.filter((c) => /\/leases\b/.test(c.path) || /\/services\//.test(c.path) || /\/secrets\b/.test(c.path) || (/\/status$/.test(c.path) && !/\/tethernodes\//.test(c.path)));
+    // What the nodes asked of the API server: no Lease at all (not even a read), no Service write, no status
+    // but their TetherNode's, no Secret create.
+    const fromNodes = tb.api.calls.filter((c) => c.token !== OPERATOR_TOKEN);
+    const nodeCalls = fromNodes.filter((c) => c.method !== 'GET');
+    const forbidden = [
+      ...fromNodes.filter((c) => /\/leases\b/.test(c.path)),
+      ...nodeCalls.filter((c) => /\/services\//.test(c.path) || /\/secrets\b/.test(c.path) || (/\/status$/.test(c.path) && !/\/tethernodes\//.test(c.path))),
+    ];
     assert.equal(forbidden.map((c) => `${c.method} ${c.path}`), [], 'tetherd makes no cluster-wide write');
     assert.ok(nodeCalls.some((c) => /\/addressblocks/.test(c.path)), 'the nodes did write (their block claims): the filter sees their calls');
     assert.ok(tb.api.calls.some((c) => c.token === OPERATOR_TOKEN && c.method === 'PUT' && /\/egresses\/out\/status$/.test(c.path)), 'the operator wrote the Egress status');
