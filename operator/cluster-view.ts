@@ -62,9 +62,13 @@ export class EgressView {
     const gateways: GatewayInfo[] = await this.o.ownership.listGateways(e.key);
     const usage = await this.o.ownership.usage(e.key);
     const mine: EgressAddressStatus[] = [];
+    const unallocated = new Set<string>();
     for (const s of slots) {
       const address = (await ownerToAddress(s.pool)).get(slotOwner(e.key, s));
-      if (!address) continue;
+      if (!address) {
+        unallocated.add(s.pool);
+        continue;
+      }
       const own = await this.o.ownership.get(e.key, address);
       const u = usage[address];
       mine.push({
@@ -78,8 +82,16 @@ export class EgressView {
     // A cap (the Egress's, or a node's label) keeps addresses without an owner while live gateways are there.
     const liveNodes = new Set(gateways.map((g) => g.node)).size;
     const capped = e.maxAddressesPerNode !== undefined || gateways.some((g) => g.maxAddresses !== undefined);
+    // Why fewer are allocated, as far as the store tells: a pool with no free address (the nodes log the rest).
+    const capacity = new Map(this.o.addresses.capacities().map((c) => [c.pool, c.capacity]));
+    const full: string[] = [];
+    for (const pool of unallocated) {
+      const used = (await ownerToAddress(pool)).size;
+      const cap = capacity.get(pool);
+      if (cap !== undefined && used >= cap) full.push(`pool ${pool} has no free address (${used} of ${cap} allocated)`);
+    }
     const summary = {
-      asked: slots.length, allocated: mine.length, owned: owned.length, ownerNodes,
+      asked: slots.length, allocated: mine.length, owned: owned.length, ownerNodes, ...(full.length ? { shortfall: full.join('; ') } : {}),
       capLimited: capped && liveNodes > 0 && owned.length < mine.length && ownerNodes >= liveNodes,
     };
     return { mine, summary };

@@ -75,6 +75,9 @@ test('two replicas: one leader on its Lease; status, label, block collection and
     redis = await startRedis();
     api.apply({ apiVersion: 'v1', kind: 'Node', metadata: { name: 'n1' } });
     api.apply({ apiVersion: V, kind: 'AddressPool', metadata: { name: 'float' }, spec: { usage: 'floating', ipv4: { cidr: '198.51.100.0/28' } } });
+    const tiny = { apiVersion: V, kind: 'AddressPool', metadata: { name: 'tiny' }, spec: { usage: 'floating', ipv4: { cidr: '198.51.100.16/29' } } };
+    api.apply(tiny);
+    api.apply({ apiVersion: V, kind: 'Egress', metadata: { name: 'big', namespace: 'shop' }, spec: { clients: { podSelector: { matchLabels: { app: 'c' } } }, gateways: { podSelector: { matchLabels: { app: 'gw' } } }, addresses: { pool: 'tiny', count: 16 } } });
     api.apply({ apiVersion: V, kind: 'AddressPool', metadata: { name: 'vips' }, spec: { usage: 'loadBalancer', ipv4: { cidr: '203.0.113.0/28' } } });
     api.apply({ apiVersion: V, kind: 'Egress', metadata: { name: 'out', namespace: 'shop' }, spec: { clients: { podSelector: { matchLabels: { app: 'c' } } }, gateways: { podSelector: { matchLabels: { app: 'gw' } } }, addresses: { pool: 'float' } } });
     api.apply({ apiVersion: 'v1', kind: 'Service', metadata: { name: 'web', namespace: 'shop' }, spec: { type: 'LoadBalancer', loadBalancerClass: LB_CLASS, ports: [{ port: 80, protocol: 'TCP' }] } });
@@ -85,9 +88,16 @@ test('two replicas: one leader on its Lease; status, label, block collection and
     // A node's egress controller allocated the Egress's address and recorded its owner, as nodes do.
     const rs = await RedisStore.connect(redis.url, { keyPrefix: 'tether:' });
     stores.push(rs);
-    const pools = validatePools([{ apiVersion: V, kind: 'AddressPool', metadata: { name: 'float' }, spec: { usage: 'floating', ipv4: { cidr: '198.51.100.0/28' } } }]);
+    const pools = validatePools([{ apiVersion: V, kind: 'AddressPool', metadata: { name: 'float' }, spec: { usage: 'floating', ipv4: { cidr: '198.51.100.0/28' } } }, tiny]);
     const addrs = new ClusterAddresses(pools, rs, quiet, { holdOffMs: 0 });
     const { addresses: [address] } = await addrs.allocate({ pool: 'float', owner: slotOwner('shop/out', { pool: 'float', index: 0 }) });
+    // The big Egress asks for more than its pool holds: the nodes allocated what there was.
+    let tinyHeld = 0;
+    for (let index = 0; index < 16; index++) {
+      const got = await addrs.allocate({ pool: 'tiny', owner: slotOwner('shop/big', { pool: 'tiny', index }) }).catch(() => undefined);
+      if (got) tinyHeld++;
+    }
+    assert.ok(tinyHeld > 0 && tinyHeld < 16, `tiny held ${tinyHeld}`);
     const own = await OwnershipStore.connect(redis.url, { keyPrefix: 'tether:' });
     stores.push(own);
     await own.record({ egress: 'shop/out', address, owner: 'shop/gw1', epoch: 1, ownerNode: 'n1', ownerNodeAddress: '192.0.2.1', ownerPodIp: '10.244.0.5', score: '1' });
@@ -118,6 +128,13 @@ test('two replicas: one leader on its Lease; status, label, block collection and
     assert.equal([eg.wanted, eg.allocated, eg.held, eg.nodes], [1, 1, 1, 1]);
     assert.is(eg.conditions.find((c: { type: string }) => c.type === 'Ready').status, 'True');
     assert.is(api.get('AddressPool', 'float')!.status?.conditions?.[0]?.status, 'True');
+    // Fewer than asked, and why as far as the store tells: the pool is full.
+    await until('the big Egress\'s status', () => api.get('Egress', 'big', 'shop')?.status?.allocated === tinyHeld);
+    const big = api.get('Egress', 'big', 'shop')!.status;
+    assert.is(big.wanted, 16);
+    const complete = big.conditions.find((c: { type: string }) => c.type === 'AddressesComplete');
+    assert.equal([complete.status, complete.reason], ['False', 'FewerAddresses']);
+    assert.match(complete.message, new RegExp(`pool tiny has no free address \\(${tinyHeld} of ${tinyHeld} allocated\\)`));
 
     // The Service: labelled (only tether's), then its VIP from the loadBalancer pool in its status.
     await until('Service labelled', () => api.get('Service', 'web', 'shop')?.metadata.labels?.[TETHER_SERVICE_LABEL] === 'true');
