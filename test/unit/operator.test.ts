@@ -21,6 +21,7 @@ import { OwnershipStore } from '../../daemon/egress/ownership-store';
 import { slotOwner } from '../../daemon/egress/egress-spec';
 import { operatorParts, type StartedOperator } from '../../operator/main';
 import { parseOperatorOptions } from '../../operator/options';
+import { answerCommandLine } from '../../lib/version';
 import { OPERATOR_LEASE } from '../../operator/controllers';
 import { nodeParts } from '../../daemon/main';
 import { parseOptions } from '../../daemon/options';
@@ -37,6 +38,15 @@ const until = async (what: string, fn: () => boolean, ms = 10_000) => {
     await new Promise((r) => setTimeout(r, 25));
   }
 };
+
+test('the executable called tether-operator answers as itself, not as a CNI plugin', () => {
+  const out: string[] = [];
+  assert.is(answerCommandLine('tether-operator', ['--version'], {}, { write: (t) => out.push(t) }), 0);
+  assert.match(out.join(''), /^tether-operator, the cluster's controllers of Tether v\d/);
+  assert.not.match(out.join(''), /CNI/);
+  // No CNI_COMMAND and no --version: its own main runs (a CNI plugin would print its "about" and exit).
+  assert.is(answerCommandLine('tether-operator', ['--kubernetes'], {}, { write: () => undefined }, { write: () => undefined }), undefined);
+});
 
 test('--help, and a command line without the API or with a bad lease duration is refused naming the option', () => {
   assert.ok(parseOperatorOptions(['--help']).help);
