@@ -1,5 +1,5 @@
 // One executable, several names: dispatches on the name it was invoked by (the installer links
-// tether-ipam, tetherd, tetherctl and tether-install to tether). Each branch is required lazily so the CNI client
+// tether-ipam, tetherd, tether-operator, tetherctl and tether-install to tether). Each branch is required lazily so the CNI client
 // never initialises daemon code (winston, koffi) and starts as fast as a bare Node.
 import * as path from 'node:path';
 import { answerCommandLine } from '../lib/version';
@@ -23,6 +23,8 @@ async function run(): Promise<number> {
   switch (name) {
     case 'tetherd':
       return (require('../daemon/main') as typeof import('../daemon/main')).main(args);
+    case 'tether-operator':
+      return (require('../operator/main') as typeof import('../operator/main')).main(args);
     case 'tetherctl':
       return (require('./tetherctl') as typeof import('./tetherctl')).main(args);
     case 'tether-install':
@@ -39,9 +41,9 @@ async function run(): Promise<number> {
 run().then(
   (code) => {
     process.exitCode = code;
-    // tetherd's main() returns only once everything it started was stopped (or failed to start): exit
-    // now, so a connection or timer some library keeps (a Redis client reconnecting) cannot keep it alive.
-    if (calledAs().name === 'tetherd') process.exit(code);
+    // tetherd's and the operator's main() return only once everything they started was stopped (or failed
+    // to start): exit now, so a connection or timer some library keeps (a Redis client reconnecting) cannot keep it alive.
+    if (calledAs().name === 'tetherd' || calledAs().name === 'tether-operator') process.exit(code);
   },
   (e) => {
     process.stderr.write(`${(e as Error).stack ?? e}\n`);

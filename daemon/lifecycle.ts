@@ -1,4 +1,4 @@
-// tetherd's start and stop order: parts of one shape are started in order, each registered as it starts,
+// tetherd's (and tether-operator's) start and stop order: parts of one shape are started in order, each registered as it starts,
 // and a stop (a signal, or a part that failed to start) stops them in reverse order, each awaited with a
 // bound, before the logger ends. Nothing runs or logs after that, and the exit code says how it went.
 import type { Logger } from '../lib/log';
@@ -129,6 +129,32 @@ export function stopSignal(): { signal: Promise<NodeJS.Signals>; dispose: () => 
       process.off('SIGINT', onInt);
     },
   };
+}
+
+/**
+ * A process's whole life (tetherd's, tether-operator's): its parts started in order, then stopped in reverse
+ * on the first SIGTERM or SIGINT, or at once when a start fails; the logger ended last. Resolves with the
+ * exit code: 0, or the failed start's (StartError's, else 1).
+ */
+export async function runParts(name: string, logger: Logger, parts: AsyncGenerator<Part, unknown, void>): Promise<number> {
+  const stop = stopSignal();
+  const life = new Lifecycle(logger);
+  let code = 0;
+  try {
+    await life.start(parts);
+    const signal = await stop.signal;
+    logger.info(`${name} stopping`, { signal });
+    await life.stopAll();
+    logger.info(`${name} stopped`, { signal });
+  } catch (e) {
+    code = e instanceof StartError ? e.exitCode : 1;
+    logger.error(`${name}: start failed`, { error: (e as Error).message, ...(e instanceof StartError ? {} : { stack: (e as Error).stack }) });
+    await life.stopAll();
+  } finally {
+    stop.dispose();
+  }
+  await endLogger(logger);
+  return code;
 }
 
 /** Ends the logger and waits until everything written has left; later writes are dropped, not thrown. */

@@ -8,14 +8,13 @@
 // with the same nodeParts(), leaving out what it has no use for.
 import * as path from 'node:path';
 import { makeLogger, setLogger, type Logger } from '../lib/log';
-import { endLogger, Lifecycle, StartError, stopOnly, stopSignal, type Part } from './lifecycle';
+import { runParts, StartError, stopOnly, type Part } from './lifecycle';
 import { LoopLag } from './util/loop-lag';
 import type { Reconciler } from './config/source';
 import { KubeSource } from './config/kube-source';
 import { EgressObjects } from './egress/egress-config';
 import type { EgressController } from './egress/egress-controller';
 import type { LbController } from './lb/lb-controller';
-import { parseCandidates } from './kube/controllers';
 import type { PodStore } from './state/pod-store';
 import type { AttachService } from './pod/attach-service';
 import { nodeDeleteQueue } from './pod/delete-queue';
@@ -26,7 +25,6 @@ import { createEgress, Egress, ownershipStore, planEgress } from './parts/egress
 import { Probes, socketApi } from './parts/api';
 import { ensureBpffs, setBpffsMode } from './bpf/bpffs';
 import { createLb, Health, LoadBalancer, mappingStore, planLb } from './parts/lb';
-import { Controllers } from './parts/controllers';
 import { metricsServer } from './parts/metrics';
 import { TetherMetrics } from './metrics/tether-metrics';
 import { fed, resolveDesired, type DesiredState, type Subsystem } from './parts/subsystem';
@@ -50,24 +48,7 @@ export async function main(argv: string[]): Promise<number> {
   const nodeName = nodeNameOf(opts);
   const logger = makeLogger({ level: opts['log-level'], node: nodeName });
   setLogger(logger);
-  const stop = stopSignal();
-  const life = new Lifecycle(logger);
-  let code = 0;
-  try {
-    await life.start(nodeParts(opts, { nodeName, logger }));
-    const signal = await stop.signal;
-    logger.info('tetherd stopping', { signal });
-    await life.stopAll();
-    logger.info('tetherd stopped', { signal });
-  } catch (e) {
-    code = e instanceof StartError ? e.exitCode : 1;
-    logger.error('tetherd: start failed', { error: (e as Error).message, ...(e instanceof StartError ? {} : { stack: (e as Error).stack }) });
-    await life.stopAll();
-  } finally {
-    stop.dispose();
-  }
-  await endLogger(logger);
-  return code;
+  return runParts('tetherd', logger, nodeParts(opts, { nodeName, logger }));
 }
 
 /** What a node leaves out: the scale simulation runs many in one process, with no kernel, CNI clients, kubelet or Prometheus. */
@@ -111,8 +92,7 @@ export interface StartedNode {
  *   (egress starts; the LB applies the first desired state, then starts)
  *   health checks      once the LB runs; they join the subsystems' status once started
  *   config updates     every accepted change (and the one held since the source started), to each subsystem
- *   controllers        after the config feed, which keeps their candidacy on this node's labels
- * Stop order, the reverse: controllers, config updates, health checks, socket API (requests under way, a CNI
+ * Stop order, the reverse: config updates, health checks, socket API (requests under way, a CNI
  * ADD, are answered and written before anything they use goes away; the runtime retries what arrives after),
  * load balancer, egress, metrics, event loop monitor, lb mapping store, ownership store, delete queue, ipam,
  * kubernetes events and node status, probes, cluster store, config source.
@@ -126,10 +106,11 @@ export async function* nodeParts(opts: Options, o: { nodeName: string; logger: L
       // In a container the host's bpffs must already be there: say so before anything starts.
       if (opts.bpffs === 'host') ensureBpffs(opts['bpf-pin-dir']);
     }
-    parseCandidates(opts['controller-candidates']);
   } catch (e) {
     throw new StartError(2, (e as Error).message);
   }
+  // The cluster's controllers run in tether-operator: an older manifest may still pass this.
+  if (opts['controller-candidates'] !== undefined) logger.warn('--controller-candidates is ignored: the cluster\'s controllers run in tether-operator, not on the nodes', { given: opts['controller-candidates'] });
   const src = new SourcePart(opts, nodeName, logger);
   yield src;
   const { source, config } = src;
@@ -141,7 +122,7 @@ export async function* nodeParts(opts: Options, o: { nodeName: string; logger: L
   checkRedisOption(opts);
   opts = await withStorePassword(opts, source, logger);
   const egressObjects = new EgressObjects(logger);
-  const egressPlan = await planEgress(opts, source, config, egressObjects);
+  const egressPlan = await planEgress(opts, source, config, egressObjects, logger);
   // The resolve step: each configuration into every subsystem's desired state, once.
   const resolve = (c: typeof config): DesiredState => resolveDesired(c, { nodeName, egressObjects });
 
@@ -229,20 +210,15 @@ export async function* nodeParts(opts: Options, o: { nodeName: string; logger: L
     yield health;
     subsystems.push(health);
   }
-  const controllers = source instanceof KubeSource
-    ? new Controllers({ source, nodeName, egress: egressController, egressObjects, lb: lbController, candidates: opts['controller-candidates'], labels: source.nodeLabels(), logger, events: reporting?.emit })
-    : undefined;
-  // Eligibility and candidacy first: they are cheap and were never held up by the others' passes.
+  // Eligibility first: it is cheap and never held up by the others' passes.
   const reconcilers = [
     { name: current.name, apply: (d) => current.apply(d.config) },
     ...(health ? [fed(health, (d) => d.health)] : []),
-    ...(controllers ? [fed(controllers, (d) => d.controllers)] : []),
     fed(ipam, (d) => d.ipam),
     fed(egress, (d) => d.egress),
     fed(lb, (d) => d.lb),
   ] satisfies Array<Reconciler<DesiredState>>;
   yield configFeed(src, resolve, reporting?.track(reconcilers) ?? reconcilers, logger);
-  if (controllers) yield controllers;
   probes.markStarted();
   reporting?.markStarted();
   logger.info('tetherd started', { version: VERSION, socket: opts.socket, stateDir, bpfPinDir: opts['bpf-pin-dir'], podsRecorded: loaded });

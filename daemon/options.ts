@@ -26,9 +26,7 @@ export const USAGE = `usage: tetherd [--node-name NAME] [--socket PATH] [--state
                           default: the interface holding --node-address, else eth0
   --cluster-key-file FILE shared secret (≥ 32 bytes, hex or base64) authenticating tetherd-to-tetherd traffic
   --cluster-key-secret NAME  in a cluster: the key from Secret NAME in $POD_NAMESPACE (created by the first tetherd)
-  --controller-candidates C  in a cluster, the nodes that compete to run the controllers (the others never
-                          touch the Lease): auto (default: nodes labelled tether.dev/controller-candidate=true,
-                          or every node when none is), label, all, or node names separated by commas
+  --controller-candidates C  ignored (with a warning): the cluster's controllers run in tether-operator
   --fou-port N            UDP port of FoU encapsulation (default 5555); --sync-port N conntrack sync (default 3785)
   --egress-flows N        flows of this node's client pods pinned to their egress address (LRU; default 65536)
   Load balancer (Services of type LoadBalancer, loadBalancerClass tether.dev/lb) needs --node-address and --redis:
@@ -64,7 +62,7 @@ export type Options = {
   uplink: string;
   'cluster-key-file'?: string;
   'cluster-key-secret'?: string;
-  'controller-candidates': string;
+  'controller-candidates'?: string;
   'fou-port': string;
   'sync-port': string;
   'egress-flows': string;
@@ -103,7 +101,7 @@ export function parseOptions(argv: string[]): Options {
       uplink: { type: 'string', default: '' },
       'cluster-key-file': { type: 'string' },
       'cluster-key-secret': { type: 'string' },
-      'controller-candidates': { type: 'string', default: 'auto' },
+      'controller-candidates': { type: 'string' },
       'fou-port': { type: 'string', default: '5555' },
       'sync-port': { type: 'string', default: '3785' },
       'egress-flows': { type: 'string', default: '65536' },
@@ -131,7 +129,7 @@ export function nodeNameOf(opts: Options): string {
 }
 
 /** Whether objects come from the Kubernetes API. */
-export function kubeMode(opts: Options): boolean {
+export function kubeMode(opts: Pick<Options, 'kubernetes' | 'kubeconfig'>): boolean {
   return opts.kubernetes || opts.kubeconfig !== undefined;
 }
 
@@ -178,7 +176,7 @@ export function metricsAddressOption(raw: string): { host: string; port: number 
 }
 
 /** --redis must be a store URL we understand (checked before anything starts). */
-export function checkRedisOption(opts: Options): void {
+export function checkRedisOption(opts: Pick<Options, 'redis'>): void {
   if (!opts.redis) return;
   try {
     parseRedisUrl(opts.redis);

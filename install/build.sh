@@ -2,7 +2,7 @@
 # Builds what Tether ships, offline:
 #   dist/bpf/*.o          the eBPF objects (clang)
 #   dist/bin/tetherd      one Node single executable (esbuild bundle, `node --experimental-sea-config`,
-#                         postject) that also answers as tetherctl and tether-install (links beside it)
+#                         postject) that also answers as tether-operator, tetherctl and tether-install (links beside it)
 #   dist/bin/tether       the CNI executables kubelet's runtime runs for every pod, built for start-up time
 #                         with `bun build --compile` (the npm package bun carries the compiler); tether-ipam
 #                         is a link to it.
@@ -47,7 +47,7 @@ node_modules/.bin/postject "$tmp" NODE_SEA_BLOB "$out/sea-prep.blob" \
 chmod 0755 "$tmp"
 rm -f "$out/bin/tetherd"
 mv -f "$tmp" "$out/bin/tetherd"
-for name in tetherctl tether-install; do ln -sfn tetherd "$out/bin/$name"; done
+for name in tether-operator tetherctl tether-install; do ln -sfn tetherd "$out/bin/$name"; done
 
 # 4. The CNI executables: only the thin client (cmd/cni-plugin.ts), compiled with Bun. A runtime runs them
 #    in whatever directory it is in: they read no .env or bunfig.toml from there (Bun's default would).
@@ -56,4 +56,4 @@ node_modules/.bin/bun build --compile --minify --bytecode --no-compile-autoload-
   cmd/cni-plugin.ts --outfile "$out/bin/.tether.tmp" >"$out/bun.log" 2>&1 || { cat "$out/bun.log"; exit 1; }
 mv -f "$out/bin/.tether.tmp" "$out/bin/tether"
 ln -sfn tether "$out/bin/tether-ipam"
-echo "built $out/bin/tetherd ($(du -h "$out/bin/tetherd" | cut -f1); links tetherctl, tether-install; bundle $(du -h "$out/tetherd.js" | cut -f1)) and $out/bin/tether ($(du -h "$out/bin/tether" | cut -f1), Bun; link tether-ipam)"
+echo "built $out/bin/tetherd ($(du -h "$out/bin/tetherd" | cut -f1); links tether-operator, tetherctl, tether-install; bundle $(du -h "$out/tetherd.js" | cut -f1)) and $out/bin/tether ($(du -h "$out/bin/tether" | cut -f1), Bun; link tether-ipam)"

@@ -11,6 +11,7 @@ const DESCRIPTION: Record<string, string> = {
   tether: 'CNI tether plugin (chained: egress steering and gateways, pod MTU, VIPs; the work is done by tetherd)',
   'tether-ipam': 'CNI tether-ipam plugin (IPAM from tetherd\'s address pools)',
   tetherd: 'tetherd, the Tether node daemon',
+  'tether-operator': 'tether-operator, the cluster\'s controllers of Tether',
   tetherctl: 'tetherctl, the command line of a node\'s tetherd',
   'tether-install': 'tether-install, the installer of the CNI executables and configuration on a node',
 };
@@ -22,8 +23,11 @@ const CNI_USAGE = (name: string) => `usage: ${name} --help | --version
   configuration, default /run/tether/tetherd.sock).
 ${CNI_VERSIONS}`;
 
+/** The names that are not CNI plugins (each prints its own usage); any other name answers as one. */
+const NOT_CNI = new Set(['tetherd', 'tether-operator', 'tetherctl', 'tether-install']);
+
 export function isCniPlugin(name: string): boolean {
-  return name !== 'tetherd' && name !== 'tetherctl' && name !== 'tether-install';
+  return !NOT_CNI.has(name);
 }
 
 /** The reference plugins' "about": name and version, then the spec versions. */
@@ -37,8 +41,8 @@ export interface TextSink {
 }
 
 /**
- * The answers that need no daemon: `--version` and `--help` for every name (tetherd and tetherctl print
- * their own usage), and the CNI plugins run with no CNI_COMMAND. Returns the exit code, or undefined when
+ * The answers that need no daemon: `--version` and `--help` for every name (tetherd, tether-operator and
+ * tetherctl print their own usage), and the CNI plugins run with no CNI_COMMAND. Returns the exit code, or undefined when
  * the command line is not one of these.
  */
 export function answerCommandLine(name: string, args: string[], env: NodeJS.ProcessEnv, out: TextSink = process.stdout, err: TextSink = process.stderr): number | undefined {

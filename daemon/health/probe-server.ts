@@ -11,8 +11,10 @@ import type { AddressInfo } from 'node:net';
 import type { RoleProblem } from '../pod/role-problems';
 
 export interface ProbeSources {
-  /** Whether tetherd finished starting (socket served, controllers started). */
+  /** Whether tetherd finished starting (socket served, subsystems started). */
   started: () => boolean;
+  /** Who answers (default tetherd; tether-operator serves the same probes). */
+  what?: string;
   /** The installer's verdict on the runtime's CNI configuration, when tetherd is told where it is. */
   cniConfig?: () => { ready: boolean; why: string };
   roleProblems: () => RoleProblem[];
@@ -28,7 +30,7 @@ export interface ProbeAnswer {
 /** What /readyz answers, as a pure function of its sources (tested without a listener). */
 export function readyAnswer(s: ProbeSources): ProbeAnswer {
   const why: string[] = [];
-  if (!s.started()) why.push('tetherd is starting');
+  if (!s.started()) why.push(`${s.what ?? 'tetherd'} is starting`);
   const cni = s.cniConfig?.();
   if (cni && !cni.ready) why.push(`CNI configuration: ${cni.why}`);
   for (const p of s.roleProblems()) why.push(`pod ${p.pod}: ${p.role} role not set up since ${p.since}: ${p.error}`);

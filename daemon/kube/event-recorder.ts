@@ -40,8 +40,10 @@ export interface TetherEvent {
 
 export interface EventRecorderOptions {
   kc: k8s.KubeConfig;
-  /** reportingInstance: this node's name (an admission policy may require it to equal the token's node). */
+  /** reportingInstance: this node's name (an admission policy may require it to equal the token's node), or the operator replica's. */
   nodeName: string;
+  /** reportingController (default REPORTING_CONTROLLER, tetherd's). */
+  controller?: string;
   logger: Logger;
   /** The uid of an object (from the watch caches), so `kubectl describe` finds its Events. */
   uidOf?: (o: EventObject) => string | undefined;
@@ -280,7 +282,7 @@ export class EventRecorder {
       kind: 'Event',
       metadata: { name: eventName(e.regarding.name, s.firstAt), namespace: s.namespace },
       eventTime: microTime(s.firstAt),
-      reportingController: REPORTING_CONTROLLER,
+      reportingController: this.o.controller ?? REPORTING_CONTROLLER,
       reportingInstance: this.o.nodeName,
       action: e.action,
       reason: e.reason,

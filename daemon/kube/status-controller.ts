@@ -1,4 +1,4 @@
-// The cluster's controllers, run by the leader only (leader.ts): status of AddressPools (Ready, or why a
+// The cluster's controllers, run by tether-operator's leader only (leader.ts, operator/controllers.ts): status of AddressPools (Ready, or why a
 // pool is refused: invalid, overlapping) and of Egresses (each address with its owner node, pod and epoch;
 // the counts kubectl's columns show: wanted, allocated, held, nodes; Ready when every address has an owner,
 // or why the Egress is refused), and garbage collection of the block claims of nodes that no longer exist.
@@ -71,6 +71,8 @@ export interface StatusControllerOptions {
   egresses?: () => Map<string, Obj>;
   /** Every node's health-check answers (from the store), for the Local Services' status. */
   healthReports?: () => Promise<Record<string, NodeHealthReport>>;
+  /** Run before each pass (the operator reads the store's view of the egress addresses and VIPs here). */
+  refresh?: () => Promise<void>;
   everyMs?: number;
   gcEveryMs?: number;
   /** Records an Event (a refusal or an address conflict written into an object's status); never waits. */
@@ -159,6 +161,7 @@ export class StatusController {
 
   /** One pass: every AddressPool's and Egress's status as it should be now. */
   async pass(): Promise<void> {
+    await this.o.refresh?.();
     const verdicts = this.o.verdicts();
     const addresses = this.o.egressAddresses();
     const refused = this.o.refused?.() ?? {};

@@ -1,8 +1,8 @@
 // The load balancer on one node, a level-triggered reconciler: from the resolved Services (lb-spec.ts) and
 // the pods this node attached it converges, on every configuration, pod event and tick, to
 //  - the VIP of each Service this node needs allocated from its loadBalancer pool (vip-addresses.ts): the
-//    Services a local LB pod selects or a local pod is a target of, and every Service while this node runs
-//    the cluster's controllers (their status shows every VIP); the others cost this node nothing;
+//    Services a local LB pod selects or a local pod is a target of (tether-operator holds every Service's,
+//    for their status); the others cost this node nothing;
 //  - a datapath slot for each VIP a local LB pod serves, within this node's budget (vip-slots.ts), and
 //    the VIP's ports, targets and Maglev row programmed there (vip-programs.ts) — nodes without an LB pod
 //    of a Service program nothing for it, so the cluster has no cap on Services;
@@ -34,8 +34,6 @@ export { FOU_OVERHEAD, type LbControllerOptions };
 
 const TICK_MS = 1000;
 const EVENT_POLL_MS = 20;
-/** How often the controllers' node looks for VIPs of Services deleted while no node held them. */
-const COLLECT_EVERY_MS = 60_000;
 
 export class LbController {
   private lbs = new Map<string, ResolvedLoadBalancer>();
@@ -57,11 +55,8 @@ export class LbController {
   private programmed: ResolvedLoadBalancer[] = [];
   /** Services whose VIP this node needs (as of the last pass). */
   private needed = new Set<string>();
-  /** This node runs the cluster's controllers (it holds every Service's VIP, for their status). */
-  private controllers = false;
   /** A configuration was applied (the Services are known: what no Service names may be collected). */
   private configured = false;
-  private lastCollect = 0;
   /** When the datapath was loaded, and the VIPs of the slots a previous run left (kept a release delay at least). */
   private loadedAt = 0;
   private adopted = new Set<string>();
@@ -111,21 +106,6 @@ export class LbController {
     let n = 0;
     for (const k of this.needed) if (!this.s.vips.get(k)?.vip) n++;
     return n;
-  }
-
-  /**
-   * Whether this node runs the cluster's controllers: while it does it holds every Service's VIP (the
-   * leader's status controller writes each one into its Service); when it stops, the VIPs it does not
-   * need otherwise are forgotten here (not released).
-   */
-  setControllers(on: boolean): void {
-    if (on === this.controllers) return;
-    this.controllers = on;
-    this.needsCache = undefined;
-    this.addresses.resetCollection();
-    this.lastCollect = 0;
-    this.o.logger.info(on ? 'lb: this node runs the controllers: holding every Service\'s VIP' : 'lb: this node no longer runs the controllers: holding only the VIPs its pods need', { services: this.lbs.size });
-    void this.kick();
   }
 
   /**
@@ -191,10 +171,6 @@ export class LbController {
     const vips = await this.addresses.apply(this.lbs, needed, { keepRecord: this.configured });
     if (vips.wiped) this.sync.storeWiped();
     if (vips.more) this.loop.request(); // the next part of a large batch of new Services, right after this pass
-    if (this.controllers && this.configured && !vips.more && Date.now() - this.lastCollect >= COLLECT_EVERY_MS) {
-      this.lastCollect = Date.now();
-      await this.addresses.collect(this.lbs).catch((e: Error) => this.o.logger.warn('lb: looking for VIPs of deleted Services failed; retried', { error: e.message }));
-    }
     const served = [...this.lbs.values()].filter((l) => this.s.vips.get(l.key)?.vip);
     const sel = this.pods.selections(served);
     this.assignSlots(served, sel);
@@ -214,11 +190,11 @@ export class LbController {
   }
 
   /**
-   * The Services whose VIP this node needs: every one while it runs the controllers; else those a local LB
-   * pod selects (it serves the VIP) and those with a target on this node (its DSR set-up holds the VIP).
+   * The Services whose VIP this node needs: those a local LB pod selects (it serves the VIP) and those with
+   * a target on this node (its DSR set-up holds the VIP).
    */
   private needs(): Set<string> {
-    // Kept until the Services, the local pods or the controllers' role change: a tick with nothing new does
+    // Kept until the Services or the local pods change: a tick with nothing new does
     // not match every local LB pod against every Service again.
     this.needsCache ??= this.computeNeeds();
     return this.needsCache;
@@ -237,7 +213,6 @@ export class LbController {
   }
 
   private computeNeeds(): Set<string> {
-    if (this.controllers) return new Set(this.lbs.keys());
     const out = new Set<string>();
     for (const w of this.pods.selections([...this.lbs.values()]).values()) for (const k of w.services) out.add(k);
     const local = new Set<string>();
@@ -367,7 +342,7 @@ export class LbController {
       const vip = st?.vip;
       const stats: LbStats | undefined = st?.slot !== undefined && dp ? dp.stats(st.slot) : undefined;
       const mine = <T extends { vips: Set<string> }>(m: Map<string, T>) => [...m.values()].filter((x) => vip && x.vips.has(vip));
-      // No VIP state here: not needed (no local LB pod or target; the controllers' node holds it), or
+      // No VIP state here: not needed (no local LB pod or target; tether-operator holds it), or
       // needed and not asked for yet. Either way this node does not know the VIP — not "no VIP".
       const vipHere = st ? undefined : this.needed.has(lb.key) ? 'pending: not asked for yet' : 'not needed on this node (no local LB pod or target)';
       out.push({

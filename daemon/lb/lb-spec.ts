@@ -9,8 +9,8 @@
 //   lb.tether.dev/vip                a requested VIP (spec.loadBalancerIP, deprecated upstream, also works)
 //   lb.tether.dev/idle-timeout       seconds a mapping lives unused, when sessionAffinity is not ClientIP
 //
-// The VIP the Service was given, as its status records it (status.loadBalancer.ingress[].ip, written by the
-// controllers' node from the store's allocation), is read too: a node that newly needs the VIP while the
+// The VIP the Service was given, as its status records it (status.loadBalancer.ingress[].ip, written by
+// tether-operator from the store's allocation), is read too: a node that newly needs the VIP while the
 // store is unreachable serves it from there, and confirms it with the store once it is back.
 //
 // sessionAffinity ClientIP's timeoutSeconds is the mapping's idle timeout. Every problem names the Service

@@ -2,16 +2,16 @@
 // node that asks names the same owner and gets the same address), released when the Service goes or asks
 // for another; after the store lost its data, the VIPs this node holds are put back under their Services.
 // A node asks only for the VIPs it needs (the caller says which: a local LB pod selects the Service, a
-// local pod is one of its targets, or the node runs the cluster's controllers, which hold every VIP for
-// the Services' status): a Service no local pod concerns costs this node no store command. A Service
+// local pod is one of its targets; tether-operator, which holds every VIP for the Services' status, asks
+// for all): a Service no local pod concerns costs this node no store command. A Service
 // whose need here ends is forgotten here only — its VIP stays allocated in the store, for the nodes that
 // still serve it. Releasing (the Service deleted, or asking for another pool or address) is done by every
-// node that holds the VIP then, the controllers' node among them; the one whose release freed it drops
-// its mappings from the store. A Service deleted while no node held its VIP (no leader then) is collected
-// by the controllers' node: an lb/ owner of a loadBalancer pool that no Service of its configuration
-// names, seen so on two looks at least ORPHAN_GRACE_MS apart, is released and its mappings dropped.
+// holder of the VIP then, the operator among them; the one whose release freed it drops its mappings from
+// the store. A Service deleted while nobody held its VIP (no operator then) is collected by the operator:
+// an lb/ owner of a loadBalancer pool that no Service of its configuration names, seen so on two looks at
+// least ORPHAN_GRACE_MS apart, is released and its mappings dropped.
 // A node that needs a VIP while the store is unreachable takes it from where it was last recorded — the
-// Service's status (the controllers write the store's allocation there), else this node's own record of the
+// Service's status (the operator writes the store's allocation there), else this node's own record of the
 // VIPs it learned (vip-record.ts) — and serves it provisionally: once the store answers, the same request
 // confirms it, or the VIP is withdrawn (the store gives the Service another, or refuses it).
 import { ErrorCode, TetherError } from '../../lib/errors';
@@ -141,7 +141,7 @@ export class VipAddresses {
   }
 
   /**
-   * On the controllers' node: releases the VIPs of Services that no longer exist and that no node held
+   * tether-operator's: releases the VIPs of Services that no longer exist and that no node held
    * when they went (their owner in a loadBalancer pool named by no Service here, on two looks at least
    * ORPHAN_GRACE_MS apart), and drops their mappings. Returns the VIPs collected.
    */
@@ -173,11 +173,6 @@ export class VipAddresses {
     return out;
   }
 
-  /** Forgets what earlier looks saw (this node starts or stops running the controllers). */
-  resetCollection(): void {
-    this.orphans.clear();
-  }
-
   /** A local LB pod or target pod still carries the VIP. */
   private inUse(st: VipState): boolean {
     if (!st.vip) return false;
@@ -186,7 +181,7 @@ export class VipAddresses {
     return false;
   }
 
-  /** Where the Service's VIP was last recorded: its status (the controllers'), else this node's record. */
+  /** Where the Service's VIP was last recorded: its status (the operator's), else this node's record. */
   private lastRecorded(lb: ResolvedLoadBalancer): { vip: string; from: NonNullable<VipState['provisional']> } | undefined {
     if (lb.vip.recorded) return { vip: lb.vip.recorded, from: 'Service status' };
     const mine = this.record.get(lb.key, lb.vip.pool);

@@ -8,7 +8,7 @@ import { ErrorCode, TetherError } from '../../lib/errors';
 import type { ConfigObjects } from '../config/objects';
 import type { ConfigSource } from '../config/source';
 import { KubeSource } from '../config/kube-source';
-import { clusterKeyFromSecret } from '../kube/cluster-key';
+import { awaitClusterSecret } from '../kube/cluster-key';
 import type { EgressObjects } from '../egress/egress-config';
 import { EgressController, requireClusterKey } from '../egress/egress-controller';
 import type { EgressControllerOptions } from '../egress/egress-state';
@@ -28,11 +28,11 @@ export interface EgressPlan {
   nodeAddress: string;
 }
 
-async function clusterKeyText(opts: Options, source: ConfigSource): Promise<string | undefined> {
+async function clusterKeyText(opts: Options, source: ConfigSource, logger: Logger): Promise<string | undefined> {
   if (opts['cluster-key-secret'] && source instanceof KubeSource) {
     const ns = process.env.POD_NAMESPACE || 'tether-system';
     try {
-      return await clusterKeyFromSecret(source.kc, ns, opts['cluster-key-secret']);
+      return await awaitClusterSecret(source.kc, ns, opts['cluster-key-secret'], 'clusterKey', { logger });
     } catch (e) {
       throw new TetherError(ErrorCode.InvalidConfig, `--cluster-key-secret: Secret ${ns}/${opts['cluster-key-secret']}: ${(e as Error).message}`);
     }
@@ -52,7 +52,7 @@ async function clusterKeyText(opts: Options, source: ConfigSource): Promise<stri
  * options for them are given (Egresses may come later). A bad Egress file, a missing option or an
  * unreadable key stops the start (exit 2); in a cluster an invalid Egress is refused alone.
  */
-export async function planEgress(opts: Options, source: ConfigSource, config: ConfigObjects, objects: EgressObjects): Promise<EgressPlan | undefined> {
+export async function planEgress(opts: Options, source: ConfigSource, config: ConfigObjects, objects: EgressObjects, logger: Logger): Promise<EgressPlan | undefined> {
   const configured = config.others.some((o) => o.kind === 'Egress');
   const optioned = !!opts['node-address'] && !!(opts['cluster-key-file'] || opts['cluster-key-secret']) && !!opts.redis;
   if (!configured && !optioned) return undefined;
@@ -64,7 +64,7 @@ export async function planEgress(opts: Options, source: ConfigSource, config: Co
     if (rejected.length && !kubeMode(opts)) throw new TetherError(ErrorCode.InvalidConfig, rejected.join('\n'));
     if (!opts.redis) throw new TetherError(ErrorCode.InvalidConfig, 'Egress objects need the cluster store: start tetherd with --redis');
     if (!opts['node-address']) throw new TetherError(ErrorCode.InvalidConfig, 'Egress objects need --node-address');
-    plan = { resolved, clusterKey: requireClusterKey(await clusterKeyText(opts, source)), nodeAddress: opts['node-address'] };
+    plan = { resolved, clusterKey: requireClusterKey(await clusterKeyText(opts, source, logger)), nodeAddress: opts['node-address'] };
   } catch (e) {
     throw new StartError(2, `egress configuration rejected: ${(e as Error).message}`);
   }
@@ -73,7 +73,7 @@ export async function planEgress(opts: Options, source: ConfigSource, config: Co
 }
 
 /** The egress controller's connection to the ownership records (a store it cannot reach fails the start, exit 1). */
-export function ownershipStore(opts: Options): Connection<OwnershipStore> {
+export function ownershipStore(opts: Pick<Options, 'redis' | 'redis-prefix'>): Connection<OwnershipStore> {
   return new Connection('ownership store', async () => {
     try {
       return await OwnershipStore.connect(opts.redis!, { keyPrefix: opts['redis-prefix'] });

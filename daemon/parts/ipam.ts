@@ -8,7 +8,8 @@ import { ReconcileLoop } from '../util/reconcile-loop';
 import { PodStore } from '../state/pod-store';
 import { AttachService } from '../pod/attach-service';
 import { parseRedisUrl, withRedisPassword } from '../common/redis';
-import { redisPasswordFromSecret } from '../kube/cluster-key';
+import { awaitClusterSecret } from '../kube/cluster-key';
+import type * as k8s from '@kubernetes/client-node';
 import type { ConfigObjects } from '../config/objects';
 import type { ConfigSource } from '../config/source';
 import type { IpamDesired, Subsystem } from './subsystem';
@@ -27,14 +28,18 @@ import type { Options } from '../options';
  * The options with the store's password from --redis-password-secret put into the store URL (every store
  * client reads the URL). Outside a cluster the option cannot be used: said at start, not ignored.
  */
-export async function withStorePassword(opts: Options, source: ConfigSource, logger: Logger): Promise<Options> {
+export async function withStorePassword<O extends Pick<Options, 'redis' | 'redis-password-secret'>>(
+  opts: O, source: ConfigSource, logger: Logger,
+  /** How the Secret's value is had: tetherd reads it (waiting for the operator to create it); the operator creates it. */
+  secretValue: (kc: k8s.KubeConfig, namespace: string, name: string) => Promise<string> = (kc, ns, name) => awaitClusterSecret(kc, ns, name, 'redisPassword', { logger }),
+): Promise<O> {
   const secret = opts['redis-password-secret'];
   if (!secret || !opts.redis) return opts;
   if (!(source instanceof KubeSource)) throw new StartError(2, '--redis-password-secret needs the Kubernetes API (--kubernetes or --kubeconfig); give the password in the --redis URL instead');
   const ns = process.env.POD_NAMESPACE || 'tether-system';
   let password: string;
   try {
-    password = await redisPasswordFromSecret(source.kc, ns, secret);
+    password = await secretValue(source.kc, ns, secret);
   } catch (e) {
     throw new StartError(1, `--redis-password-secret: Secret ${ns}/${secret}: ${(e as Error).message}`);
   }
@@ -44,7 +49,7 @@ export async function withStorePassword(opts: Options, source: ConfigSource, log
 }
 
 /** The cluster store (Redis), connected lazily: tetherd starts without it and retries on use. None without --redis. */
-export function clusterStore(opts: Options, logger: Logger): (Part & { store: LazyStore }) | undefined {
+export function clusterStore(opts: Pick<Options, 'redis' | 'redis-prefix'>, logger: Logger): (Part & { store: LazyStore }) | undefined {
   if (!opts.redis) return undefined;
   const url = opts.redis;
   const keyPrefix = opts['redis-prefix'];

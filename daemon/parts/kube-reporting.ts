@@ -191,7 +191,7 @@ export class KubeReporting implements Subsystem<unknown> {
   }
 }
 
-function uidOf(source: KubeSource, ref: EventObject): string | undefined {
+export function uidOf(source: KubeSource, ref: EventObject): string | undefined {
   const resource = RESOURCE_OF[ref.kind];
   if (!resource) return undefined;
   return source.cachedObjects(resource).find((o) => o.metadata?.name === ref.name && (o.metadata?.namespace ?? undefined) === ref.namespace)?.metadata?.uid;

@@ -39,7 +39,7 @@ export class SourcePart implements Part {
     this.missed = c;
   };
 
-  constructor(opts: Options, nodeName: string, logger: Logger) {
+  constructor(opts: Pick<Options, 'kubernetes' | 'kubeconfig' | 'config'>, nodeName: string, logger: Logger) {
     this.kube = kubeMode(opts);
     if (this.kube && opts.config) throw new StartError(2, '--config and --kubernetes/--kubeconfig are two config sources: give one');
     try {

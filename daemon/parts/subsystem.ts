@@ -1,4 +1,4 @@
-// The one shape of tetherd's subsystems (IPAM, egress, load balancer, health checks, cluster controllers):
+// The one shape of tetherd's subsystems (IPAM, egress, load balancer, health checks):
 // start / apply typed desired state / stop / status, and the one resolve step that turns each configuration
 // from the config source into every subsystem's desired state. main.ts only wires them.
 import type { Part } from '../lifecycle';
@@ -43,11 +43,6 @@ export interface HealthDesired {
   eligible: boolean;
 }
 
-export interface ControllersDesired {
-  /** This node's labels (whether it is a controller candidate). */
-  labels: Record<string, string>;
-}
-
 /** Every subsystem's desired state, from one configuration. */
 export interface DesiredState {
   config: ConfigObjects;
@@ -55,7 +50,6 @@ export interface DesiredState {
   egress: EgressDesired;
   lb: LbDesired;
   health: HealthDesired;
-  controllers: ControllersDesired;
 }
 
 /**
@@ -70,7 +64,6 @@ export function resolveDesired(c: ConfigObjects, o: { nodeName: string; egressOb
     egress: { egresses: o.egressObjects.resolve(c), podMeta: c.pods },
     lb: { resolution: resolveLoadBalancers(c.others, c.pools), podMeta: c.pods },
     health: { eligible: node.eligible !== false },
-    controllers: { labels: node.labels },
   };
 }
 

@@ -72,7 +72,7 @@ test('health-check node port: 200 exactly on nodes with a ready local target, fl
 
 type Cond = { type: string; status: string; reason: string; message: string };
 
-/** The Service's tether.dev/HealthCheck condition once `ok` holds for it (written by the leader). */
+/** The Service's tether.dev/HealthCheck condition once `ok` holds for it (written by tether-operator). */
 async function healthCondition(tb: Testbed, what: string, ok: (c: Cond) => boolean): Promise<Cond> {
   return until(what, async () => {
     const s = tb.api.get('Service', 'db', 'shop') as { status?: { conditions?: Cond[] } } | undefined;

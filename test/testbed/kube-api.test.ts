@@ -1,6 +1,7 @@
 // The testbed driven through the Kubernetes API (the run's FAKE API server: no kube-apiserver runs on these
 // machines) instead of the config file: tetherd on every node runs with --kubeconfig, pods get their roles
-// from their Pod objects' labels, block claims are AddressBlock resources, and the leader writes status.
+// from their Pod objects' labels, block claims are AddressBlock resources, and tether-operator (a process
+// beside the nodes) writes status.
 // The same Egress scenario as the file source's tests must give the same results, and each change made
 // through the API (a label, an Egress deleted, a refused object) takes effect while tetherd runs.
 import { test } from 'uvu';
@@ -44,7 +45,7 @@ test('through the API: roles from Pod labels, steering, ownership and failover, 
       assert.equal((await tb.nodeBlocks(n)).blocks.slice().sort(), mine, `${n}'s blocks are its AddressBlock resources`);
     }
 
-    // Ownership from API labels (the conflist carries none here), and the leader writes it into status.
+    // Ownership from API labels (the conflist carries none here), and the operator writes it into status.
     const first = await waitOwner(tb);
     const egress = await until('Egress status with the owner', () => {
       const e = tb.api.get('Egress', 'out', 'shop');
@@ -55,7 +56,8 @@ test('through the API: roles from Pod labels, steering, ownership and failover, 
     const complete = (egress.status.conditions as Obj[]).find((c) => c.type === 'AddressesComplete');
     assert.equal([complete?.status, complete?.reason], ['True', 'AllHeld'], JSON.stringify(egress.status.conditions));
     await until('AddressPool status Ready', () => ready(tb.api.get('AddressPool', 'float'))?.status === 'True');
-    assert.ok(tb.api.list('Lease').some((l) => l.metadata.name === 'tether-controllers' && l.spec?.holderIdentity), 'one leader holds the Lease');
+    // The operator's replica holds its Lease; no node ever touches one.
+    assert.equal(tb.api.list('Lease').map((l) => [l.metadata.name, l.spec?.holderIdentity]), [['tether-operator', 'tether-operator-0']], 'only the operator\'s Lease');
 
     // Failover under traffic, exactly as with the file source: the owner's gateway pod goes (its Pod
     // object too, as kubelet and the API would), every connection survives, status follows.

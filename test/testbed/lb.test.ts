@@ -243,7 +243,7 @@ scenario('in a cluster (fake API server): the Service and its EndpointSlice come
       tb.api.apply(structuredClone(service()));
       tb.api.apply(structuredClone(slice(tb, ['n4-t1', 'n4-t2', 'n5-t3'])));
       const vip = await announcedOn(tb, ['n1', 'n2']);
-      const st = await until('Service status written by the leader', async () => {
+      const st = await until('Service status written by tether-operator', async () => {
         const s = tb.api.get('Service', 'db', 'shop') as { status?: { loadBalancer?: { ingress?: Array<{ ip: string; ipMode: string }> }; conditions?: Array<{ type: string; status: string }> } } | undefined;
         return s?.status?.loadBalancer?.ingress?.length ? s.status : undefined;
       });

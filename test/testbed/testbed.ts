@@ -18,6 +18,7 @@ import { CLIENT_SCRIPT, ProbeResult, SERVER_SCRIPT } from './probe';
 import { CriNode, type CriSandbox } from './cri-nodes';
 import { mustRun, nsenterArgv, run, RunOptions, RunResult } from './proc';
 import { binDir, ensureBpffs, ExitStatus, Tetherd, tetherBinariesPresent } from './tetherd';
+import { OperatorProc } from './operator-proc';
 import { NodeRuntime } from '../lib/container/node-runtime';
 import { tetherdPodSpec, type PodSpec as ManifestPodSpec } from '../lib/container/pod-spec';
 import type { Release } from '../lib/releases';
@@ -81,6 +82,8 @@ export class Testbed {
   readonly runDir: string;
   private readonly pods = new Map<string, Pod>();
   private readonly daemons = new Map<string, Tetherd>();
+  /** configSource 'kubernetes': tether-operator's replicas, by index (stopped ones stay, to start again). */
+  private readonly operators: OperatorProc[] = [];
   private readonly children = new Set<ChildProcess>();
   private isDown = false;
   private testRedis?: TestRedis;
@@ -404,6 +407,11 @@ export class Testbed {
     return path.join(this.runDir, 'kubeconfig');
   }
 
+  /** tether-operator's kubeconfig: its bearer token is OPERATOR_TOKEN (the nodes' is the fake's default). */
+  get operatorKubeconfigPath(): string {
+    return path.join(this.runDir, 'kubeconfig-operator');
+  }
+
   /** A pod's Pod object as the API holds it once the pod is scheduled and running (Ready). */
   podObject(pod: PodPlan, labels?: Record<string, string>): Record<string, unknown> {
     const stepLabels = { ...(this.node(pod.node).tether?.labels as Record<string, string> | undefined), ...(pod.tether?.labels as Record<string, string> | undefined) };
@@ -432,6 +440,8 @@ export class Testbed {
     }
     for (const o of this.topology.extraObjects ?? []) api.apply(structuredClone(o));
     fs.writeFileSync(this.kubeconfigPath, kubeconfigFor(`http://127.0.0.1:${KUBE_API_PORT}`), { mode: 0o600 });
+    // The operator's own token (its own ServiceAccount in a cluster): the fake's calls tell its requests apart.
+    fs.writeFileSync(this.operatorKubeconfigPath, kubeconfigFor(`http://127.0.0.1:${KUBE_API_PORT}`, OPERATOR_TOKEN), { mode: 0o600 });
     await Promise.all(this.plan.nodes.map(async (n) => {
       const child = this.spawn(n.name, [process.execPath, '-e', FORWARDER, String(KUBE_API_PORT), sock]);
       await new Promise<void>((resolve, reject) => {
@@ -476,6 +486,37 @@ export class Testbed {
   async restartTetherd(node: string): Promise<void> {
     await this.tetherd(node).restart();
     await this.syncBlockRoutes();
+  }
+
+  // ---- tether-operator (configSource 'kubernetes') ---------------------------------------------------------
+
+  /** tether-operator's log (every replica's, appended; kept across restarts). */
+  get operatorLog(): string {
+    return path.join(this.runDir, 'tether-operator.log');
+  }
+
+  /** The replicas running now. */
+  get operatorReplicas(): number {
+    return this.operators.filter((o) => o.running).length;
+  }
+
+  /**
+   * Runs `replicas` replicas of tether-operator, as `kubectl scale deploy/tether-operator` would: the highest
+   * ones stop first (SIGTERM: a leader releases its Lease), stopped ones start again (ready once every part
+   * started). Each runs in the last node's namespace.
+   */
+  async scaleOperator(replicas: number): Promise<void> {
+    if (!this.kube) throw new Error('tether-operator runs only with configSource kubernetes');
+    const last = this.plan.nodes[this.plan.nodes.length - 1];
+    while (this.operators.length < replicas) {
+      this.operators.push(new OperatorProc({
+        identity: `tether-operator-${this.operators.length}`, nsPath: this.nsPath(last.name), kubeconfig: this.operatorKubeconfigPath,
+        redis: { url: this.sentinelSet?.url ?? this.clusterStore?.url ?? this.redis.url, prefix: this.redisPrefix },
+        // The build under test: an older release in the upgrade test has no operator (its nodes led then).
+        log: this.operatorLog, binDir: binDir(),
+      }));
+    }
+    await Promise.all(this.operators.map((o, i) => (i < replicas ? (o.running ? undefined : o.start()) : o.kill('SIGTERM'))));
   }
 
   /** tetherd's status answer for a node (what `tetherctl status` prints). */
@@ -856,6 +897,7 @@ export class Testbed {
         await runtime.start();
       }
       await Promise.all(plan.nodes.map((n) => this.startDaemon(n)));
+      if (this.kube && this.ipam === 'tether-ipam') await this.scaleOperator(this.topology.operatorReplicas ?? 1);
     }
     if (this.cri) await this.startCri();
     // Nodes attach their pods in parallel, each node one pod at a time (as a kubelet would, roughly).
@@ -957,6 +999,7 @@ export class Testbed {
     if (this.opts.keepLogs || process.env.TETHER_TESTBED_KEEP_LOGS === '1') this.copyLogs();
     // Sandboxes go through CRI while tetherd still answers their DEL; containerds before the namespaces.
     const criLeft = await this.destroyCri();
+    await Promise.all(this.operators.map((o) => o.kill('SIGKILL')));
     for (const c of this.children) c.kill('SIGKILL');
     // Containers first (SIGKILL through containerd, as the plain tetherds are killed by the teardown).
     const rtLeft = (await this.nodeRuntime?.runtime.destroy()) ?? [];
@@ -1012,6 +1055,10 @@ export class Testbed {
       fs.mkdirSync(this.keptLogsDir, { recursive: true });
       fs.copyFileSync(this.tetherdLog(n.name), path.join(this.keptLogsDir, `tetherd-${n.name}.log`));
     }
+    if (this.operators.length && fs.existsSync(this.operatorLog)) {
+      fs.mkdirSync(this.keptLogsDir, { recursive: true });
+      fs.copyFileSync(this.operatorLog, path.join(this.keptLogsDir, 'tether-operator.log'));
+    }
   }
 
   /** What of this run still exists (namespaces, run dir, pin dir); empty after down(). */
@@ -1019,6 +1066,9 @@ export class Testbed {
     return leftovers(this.prefix);
   }
 }
+
+/** The bearer token of tether-operator's requests to the run's API server (the nodes': 'fake-token'). */
+export const OPERATOR_TOKEN = 'tether-operator';
 
 /** The port tetherds reach the FAKE API server on, inside each node namespace. */
 const KUBE_API_PORT = 16443;

@@ -67,6 +67,11 @@ export interface Topology {
   /** More tetherd flags on every node. */
   tetherdArgs?: string[];
   /**
+   * configSource 'kubernetes': replicas of tether-operator run as processes (default 1; 0: none until
+   * tb.scaleOperator), each in the last node's namespace, where that node's forwarder reaches the API server.
+   */
+  operatorReplicas?: number;
+  /**
    * The cluster store tetherds use in tether-ipam mode: one Redis on a Unix socket (default), or a Sentinel
    * set (primary, replica, three sentinels) on the router's fabric address, reached by redis+sentinel://,
    * or a Redis Cluster (3 primaries, 3 replicas; test/lib/redis-cluster.ts) there, reached by redis+cluster://.

@@ -34,7 +34,7 @@ import { validateEgress } from '../../daemon/egress/egress-spec';
 import { resolveLoadBalancers } from '../../daemon/lb/lb-spec';
 import { parseCommandLine as parseTetherctl } from '../../cmd/tetherctl';
 import { checkRedisOption, flowsOption, lbOptions, parseOptions, portOption } from '../../daemon/options';
-import { parseCandidates } from '../../daemon/kube/controllers';
+import { parseOperatorOptions } from '../../operator/options';
 import { checkCommandLine as checkTetherInstall } from '../../install/cni/main';
 import { confListFromBytes } from '../../install/cni/libcni';
 import { BFD_CONTROL_PORT } from '../../daemon/bfd/endpoint';
@@ -342,7 +342,6 @@ function checkTetherd(args: string[]): void {
   flowsOption(o['egress-flows']);
   checkRedisOption(o);
   lbOptions(o);
-  parseCandidates(o['controller-candidates']);
   if (!['mount', 'host'].includes(o.bpffs)) throw new Error(`--bpffs ${o.bpffs}: mount or host`);
   if (o.config !== undefined && !fs.existsSync(path.join(ROOT, o.config)) && !path.isAbsolute(o.config)) throw new Error(`--config ${o.config}: no such file`);
 }
@@ -360,6 +359,9 @@ function checkArgv(argv: string[], pagePools: Obj[]): void {
     }
     case 'tetherd':
       return checkTetherd(args);
+    case 'tether-operator':
+      parseOperatorOptions(args);
+      return;
     case 'tether-install':
       return checkTetherInstall(args);
     case 'kubectl':

@@ -14,7 +14,7 @@ const repo = path.resolve(__dirname, '../..');
 const ARCHIVE = path.join(repo, 'dist/image/tether.oci.tar');
 const VERSION = (JSON.parse(fs.readFileSync(path.join(repo, 'package.json'), 'utf8')) as { version: string }).version;
 const TAG = `ghcr.io/tether-cni/tether:${VERSION}`;
-const NAMES = ['tetherd', 'tetherctl', 'tether-install', 'tether', 'tether-ipam'];
+const NAMES = ['tetherd', 'tether-operator', 'tetherctl', 'tether-install', 'tether', 'tether-ipam'];
 // The environment the image gives a process, not this shell's (whose NODE_EXTRA_CA_CERTS and the like
 // point at files the image does not hold).
 const IMAGE_ENV = { PATH: '/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin', LC_ALL: 'C' };
@@ -125,6 +125,7 @@ test('the executables are the ones install/build.sh made, with the links beside 
   }
   // tetherctl and tether-install are tetherd answering to another name; tether-ipam is tether.
   assert.equal(fs.readlinkSync(path.join(bin, 'tetherctl')), 'tetherd');
+  assert.equal(fs.readlinkSync(path.join(bin, 'tether-operator')), 'tetherd');
   assert.equal(fs.readlinkSync(path.join(bin, 'tether-install')), 'tetherd');
   assert.equal(fs.readlinkSync(path.join(bin, 'tether-ipam')), 'tether');
   for (const n of NAMES) {
@@ -167,8 +168,8 @@ test('what tetherd calls at run time is in the image: libbpf.so.1 in the loader 
   for (const p of ['libbpf1', 'nftables', 'util-linux', 'iproute2']) assert.match(pkgs, new RegExp(`^${p} `, 'm'), `${p} not in the base`);
 });
 
-test('tetherd, tetherctl and tether run from the image and answer as dist/bin does', () => {
-  for (const n of ['tetherd', 'tetherctl']) {
+test('tetherd, tether-operator, tetherctl and tether run from the image and answer as dist/bin does', () => {
+  for (const n of ['tetherd', 'tether-operator', 'tetherctl']) {
     const want = execFileSync(path.join(repo, 'dist/bin', n), ['--version'], { encoding: 'utf8', env: IMAGE_ENV }).trim();
     const got = inImage([`/usr/local/bin/${n}`, '--version']);
     assert.equal(got.code, 0, `${n} --version in the image: ${got.stderr}`);

@@ -15,7 +15,7 @@ import { StatusController, type EgressAddressStatus } from '../../daemon/kube/st
 import { mergeConditions } from '../../daemon/kube/conditions';
 import type { Verdicts } from '../../daemon/config/kube-source';
 import { makeLogger } from '../../lib/log';
-import { clusterKeyFromSecret } from '../../daemon/kube/cluster-key';
+import { awaitClusterSecret, ensureClusterSecret } from '../../daemon/kube/cluster-key';
 import { schemaProblems } from '../../daemon/objects/schema';
 import { CRDS } from '../../daemon/objects/crds';
 
@@ -182,16 +182,42 @@ test('block claims of deleted nodes are collected; live nodes keep theirs', asyn
   }
 });
 
-test('the cluster key Secret: nodes racing to create it all read one key; an existing Secret is used as is', async () => {
+test('the cluster Secrets: operator replicas racing to create one all read one value, type Opaque; an existing Secret is used as is', async () => {
   const { api, kc, done } = await setup();
   try {
-    const keys = await Promise.all([1, 2, 3, 4].map(() => clusterKeyFromSecret(kc, 'tether-system', 'tether-cluster-key')));
-    assert.is(new Set(keys).size, 1, 'one key for every node');
+    const keys = await Promise.all([1, 2, 3, 4].map(() => ensureClusterSecret(kc, 'tether-system', 'tether-cluster-key', 'clusterKey')));
+    assert.is(new Set(keys).size, 1, 'one key for every replica');
     assert.match(keys[0], /^[0-9a-f]{64}$/);
     assert.is(api.list('Secret').length, 1);
+    assert.is(api.get('Secret', 'tether-cluster-key', 'tether-system')?.type, 'Opaque');
     api.remove('Secret', 'tether-cluster-key', 'tether-system');
     api.apply({ apiVersion: 'v1', kind: 'Secret', metadata: { name: 'tether-cluster-key', namespace: 'tether-system' }, data: { key: Buffer.from('b'.repeat(64)).toString('base64') } });
-    assert.is(await clusterKeyFromSecret(kc, 'tether-system', 'tether-cluster-key'), 'b'.repeat(64));
+    assert.is(await ensureClusterSecret(kc, 'tether-system', 'tether-cluster-key', 'clusterKey'), 'b'.repeat(64));
+    const pw = await ensureClusterSecret(kc, 'tether-system', 'tether-redis-auth', 'redisPassword');
+    assert.match(pw, /^[A-Za-z0-9_-]{32}$/);
+  } finally {
+    await done();
+  }
+});
+
+test('tetherd only reads a cluster Secret: it waits for the operator to create it, and never creates one', async () => {
+  const { api, kc, done } = await setup();
+  const lines: string[] = [];
+  const logger = makeLogger({ level: 'warn', stream: new Writable({ write: (c, _e, cb) => (lines.push(String(c)), cb()) }) });
+  try {
+    let got: string | undefined;
+    const waiting = awaitClusterSecret(kc, 'tether-system', 'tether-redis-auth', 'redisPassword', { logger, everyMs: 50, logEveryMs: 10_000 }).then((v) => (got = v));
+    await new Promise((r) => setTimeout(r, 300));
+    assert.is(got, undefined, 'still waiting');
+    assert.equal(api.list('Secret'), [], 'tetherd created no Secret');
+    assert.ok(lines.some((l) => l.includes('waiting for a cluster Secret') && l.includes('tether-system/tether-redis-auth')), lines.join(''));
+    api.apply({ apiVersion: 'v1', kind: 'Secret', metadata: { name: 'tether-redis-auth', namespace: 'tether-system' }, type: 'Opaque', data: { password: Buffer.from('pw').toString('base64') } });
+    await waiting;
+    assert.is(got, 'pw');
+    // A Secret without the entry is an error naming it, not a wait.
+    api.apply({ apiVersion: 'v1', kind: 'Secret', metadata: { name: 'tether-cluster-key', namespace: 'tether-system' }, type: 'Opaque', data: { other: 'eA==' } });
+    const e = await awaitClusterSecret(kc, 'tether-system', 'tether-cluster-key', 'clusterKey', { logger }).catch((x: Error) => x);
+    assert.match(String(e), /has no "key" entry/);
   } finally {
     await done();
   }

@@ -41,11 +41,12 @@ export const FLOORS: readonly string[] = [
   'daemon/options.ts',
   'daemon/parts/',
   'daemon/main.ts',
+  'operator/', // tether-operator: the cluster's controllers, wired like daemon/main.ts
   'cmd/', // entry points: thin mains
 ];
 
 /** Folders holding the project's own TypeScript (tests, fixtures and generated code are not floors). */
-const SOURCE_ROOTS = ['cmd', 'lib', 'cni', 'ipam', 'daemon', 'install'];
+const SOURCE_ROOTS = ['cmd', 'lib', 'cni', 'ipam', 'daemon', 'install', 'operator'];
 
 export function floorOf(file: string, floors: readonly string[] = FLOORS): number {
   let best = -1;

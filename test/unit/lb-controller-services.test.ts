@@ -1,7 +1,8 @@
 // The load balancer controller with 1,000 tether LoadBalancer Services in the cluster, against a real
-// redis-server (VIPs from ClusterAddresses, the mapping store) and no LB pod on this node: every Service
-// is accepted and given its VIP, and the node programs nothing for them — no datapath, no slot, no
-// subscription — so the cluster's Service count is not capped by any node's --lb-max-vips.
+// redis-server (VIPs from ClusterAddresses, the mapping store), every Service's target on this node and no
+// LB pod: every Service is accepted and given its VIP (the one tether-operator's view holds too), and the
+// node programs nothing for them — no datapath, no slot, no subscription — so the cluster's Service count
+// is not capped by any node's --lb-max-vips.
 import { test } from 'uvu';
 import * as assert from 'uvu/assert';
 import * as fs from 'node:fs';
@@ -18,13 +19,14 @@ import { resolveLoadBalancers } from '../../daemon/lb/lb-spec';
 import { PodStore } from '../../daemon/state/pod-store';
 import { AttachService } from '../../daemon/pod/attach-service';
 import { lbServiceObjects } from '../lib/lb-objects';
+import { LbView } from '../../operator/cluster-view';
 import { startRedis } from '../lib/redis';
 
 const quiet = makeLogger({ level: 'error', stream: new Writable({ write: (_c, _e, cb) => cb() }) });
 setLogger(quiet);
 const N = 1000;
 
-const objects = () => lbServiceObjects(N, () => 'n2');
+const objects = () => lbServiceObjects(N, () => 'n1');
 
 test('1,000 Services accepted with VIPs; a node without their LB pods programs, slots and subscribes nothing', async () => {
   const redis = await startRedis();
@@ -41,8 +43,7 @@ test('1,000 Services accepted with VIPs; a node without their LB pods programs, 
   try {
     const r = resolveLoadBalancers(objects(), pools);
     assert.is(r.loadBalancers.length, N);
-    // n1 runs the cluster's controllers: it holds every Service's VIP (for their status).
-    ctl.setControllers(true);
+    // Every Service has its target on n1: n1 needs every VIP (its targets' DSR set-up holds it).
     assert.equal(ctl.programming(), { lastUpdated: undefined, pendingSince: undefined }, 'nothing programmed or waiting yet');
     await ctl.apply(r);
     const prog = ctl.programming();
@@ -57,14 +58,10 @@ test('1,000 Services accepted with VIPs; a node without their LB pods programs, 
     assert.equal(store.notices.subscriptions(), [], 'no VIP is served here: no notice channel subscribed');
     assert.not.ok(fs.existsSync(path.join(dir, 'bpf')), 'no datapath loaded');
     assert.is(ctl.current().length, N, 'health checks still know every Service');
-    // Every node agrees on the VIPs: a second node's controller (every Service has its target there) gets the same ones.
-    const other = new LbController({
-      node: { name: 'n2', address: '127.0.0.2' }, pinDir: path.join(dir, 'bpf2'), fouPort: 5555, exportTable: 0, maxVips: 16,
-      store, addresses: new ClusterAddresses(pools, ipam, quiet), attach: new AttachService(new PodStore(path.join(dir, 'state2')), quiet), logger: quiet,
-    });
-    await other.apply(r);
-    assert.equal(other.status().map((s) => s.vip), st.map((s) => s.vip));
-    await other.stop();
+    // The node and tether-operator (which holds every Service's VIP for their status) agree on the VIPs.
+    const view = new LbView({ identity: 'tether-operator-0', addresses: new ClusterAddresses(pools, ipam, quiet), store, logger: quiet });
+    await view.refresh(r, pools);
+    assert.equal(view.status().map((s) => s.vip), st.map((s) => s.vip));
   } finally {
     await ctl.stop();
     await store.connection.close();

@@ -1,8 +1,8 @@
 // Which nodes ask the cluster store for a Service's VIP, against a real redis-server (each node's store
 // connections through a counting relay, test/lib/redis-meter.ts): a node with no LB pod and no target of
 // a Service sends no store command for it, at start and at steady state; a node that gets a target later
-// allocates and gets the VIP the controllers' node holds; a node whose need ends forgets the VIP without
-// releasing it; a deleted Service's VIP is released and its mappings dropped once, by the nodes that held it.
+// allocates and gets the VIP tether-operator holds (it holds every one); a node whose need ends forgets the VIP without
+// releasing it; a deleted Service's VIP is released and its mappings dropped once, by the nodes (and the operator) that held it; one deleted while nobody held it is collected by the operator.
 import { test } from 'uvu';
 import * as assert from 'uvu/assert';
 import * as fs from 'node:fs';
@@ -16,7 +16,8 @@ import { validatePools } from '../../ipam/pool';
 import { RedisStore } from '../../ipam/store/redis-store';
 import { LbController } from '../../daemon/lb/lb-controller';
 import { connectLbStore, type LbStore } from '../../daemon/lb/lb-store';
-import { resolveLoadBalancers } from '../../daemon/lb/lb-spec';
+import { resolveLoadBalancers, type LbResolution } from '../../daemon/lb/lb-spec';
+import { LbView } from '../../operator/cluster-view';
 import { PodStore } from '../../daemon/state/pod-store';
 import { AttachService } from '../../daemon/pod/attach-service';
 import { lbServiceObjects } from '../lib/lb-objects';
@@ -56,14 +57,20 @@ test.after(async () => {
   if (dir) fs.rmSync(dir, { recursive: true, force: true });
 });
 
-/** A node's LB controller whose store connections (IPAM and mapping store) go through one counting relay. */
-async function node(name: string, prefix: string): Promise<Node> {
+/** Store connections (IPAM and mapping store) through one counting relay; the VIPs whose mappings were dropped. */
+async function connections(prefix: string) {
   const meter = await meterRedis(redis.socketPath);
   const ipam = await RedisStore.connect(meter.url, { keyPrefix: prefix });
   const store = await connectLbStore(meter.url, { keyPrefix: prefix });
   const drops: string[] = [];
   const drop = store.mappings.drop.bind(store.mappings);
   store.mappings.drop = (vip: string) => (drops.push(vip), drop(vip));
+  return { meter, ipam, store, drops };
+}
+
+/** A node's LB controller whose store connections go through one counting relay. */
+async function node(name: string, prefix: string): Promise<Node> {
+  const { meter, ipam, store, drops } = await connections(prefix);
   const d = path.join(dir, `${prefix}${name}`);
   const ctl = new LbController({
     node: { name, address: '127.0.0.1' }, pinDir: path.join(d, 'bpf'), fouPort: 5555, exportTable: 0, maxVips: 16,
@@ -73,6 +80,28 @@ async function node(name: string, prefix: string): Promise<Node> {
     ctl, meter, store, drops,
     close: async () => {
       await ctl.stop();
+      await store.connection.close();
+      await ipam.close();
+      await meter.close();
+    },
+  };
+}
+
+/** tether-operator's view of the VIPs (operator/cluster-view.ts), over its own counting relay: it holds every Service's VIP. */
+async function leader(prefix: string) {
+  const { meter, ipam, store, drops } = await connections(prefix);
+  const view = new LbView({ identity: 'tether-operator-0', addresses: new ClusterAddresses(pools, ipam, quiet, { holdOffMs: 0 }), store, logger: quiet });
+  let last: LbResolution = resolveLoadBalancers([], pools);
+  return {
+    view, meter, store, drops,
+    apply: async (r: LbResolution) => {
+      last = r;
+      await view.refresh(r, pools);
+    },
+    /** Another status pass over the same Services. */
+    kick: () => view.refresh(last, pools),
+    status: () => view.status(),
+    close: async () => {
       await store.connection.close();
       await ipam.close();
       await meter.close();
@@ -103,15 +132,14 @@ test('a node with no LB pod and no target of 100 Services sends no store command
   }
 });
 
-test('a node that gets a target later asks for that VIP only and gets the one the controllers\' node holds; when its need ends it forgets it without releasing', async () => {
-  const lead = await node('n0', 'later:');
+test('a node that gets a target later asks for that VIP only and gets the one the operator holds; when its need ends it forgets it without releasing', async () => {
+  const lead = await leader('later:');
   const n1 = await node('n1', 'later:');
   try {
-    lead.ctl.setControllers(true);
     const r = resolveLoadBalancers(objects(() => 'n9'), pools);
-    await lead.ctl.apply(r);
-    const held = new Map(lead.ctl.status().map((s) => [s.service, s.vip]));
-    assert.is(new Set(held.values()).size, N, 'the controllers\' node holds every VIP');
+    await lead.apply(r);
+    const held = new Map(lead.status().map((s) => [s.service, s.vip]));
+    assert.is(new Set(held.values()).size, N, 'the operator holds every VIP');
     await n1.ctl.apply(r);
     assert.ok(n1.ctl.status().every((s) => s.vip === undefined));
     // svc-7 gets a target on n1.
@@ -120,7 +148,7 @@ test('a node that gets a target later asks for that VIP only and gets the one th
     const st = n1.ctl.status();
     const mine = st.filter((s) => s.vip);
     assert.equal(mine.map((s) => s.service), ['shop/svc-7'], 'only the Service with a target here');
-    assert.is(mine[0].vip, held.get('shop/svc-7'), 'the VIP the controllers\' node holds');
+    assert.is(mine[0].vip, held.get('shop/svc-7'), 'the VIP the operator holds');
     assert.ok(n1.meter.totalCommands() > 0 && n1.meter.totalCommands() < 20, `one allocation's commands: ${JSON.stringify(Object.fromEntries(n1.meter.commands))}`);
     // The target moves away: forgotten here, still allocated to the Service in the store.
     n1.meter.reset();
@@ -129,9 +157,9 @@ test('a node that gets a target later asks for that VIP only and gets the one th
     assert.ok(n1.ctl.status().every((s) => s.vip === undefined), 'forgotten here');
     assert.not.ok(n1.meter.commands.get('evalsha') || n1.meter.commands.get('eval'), `no release script sent: ${JSON.stringify(Object.fromEntries(n1.meter.commands))}`);
     assert.is(n1.drops.length, 0);
-    // Asked again by the controllers' node: still the same VIP (it was not freed).
-    await lead.ctl.kick();
-    assert.equal(new Map(lead.ctl.status().map((s) => [s.service, s.vip])), held);
+    // Asked again by the operator: still the same VIP (it was not freed).
+    await lead.kick();
+    assert.equal(new Map(lead.status().map((s) => [s.service, s.vip])), held);
   } finally {
     await n1.close();
     await lead.close();
@@ -140,14 +168,14 @@ test('a node that gets a target later asks for that VIP only and gets the one th
 
 test('a deleted Service\'s VIP is released and its mappings dropped exactly once; a node that forgot it sends nothing', async () => {
   const prefix = 'deleted:';
-  const lead = await node('n0', prefix);
+  const lead = await leader(prefix);
   const n1 = await node('n1', prefix);
   const n2 = await node('n2', prefix);
   try {
-    lead.ctl.setControllers(true);
     const r = resolveLoadBalancers(objects((i) => (i === 3 ? 'n1' : 'n9'), 5), pools);
-    for (const n of [lead, n1, n2]) await n.ctl.apply(r);
-    const vip = String(lead.ctl.status().find((s) => s.service === 'shop/svc-3')!.vip);
+    await lead.apply(r);
+    for (const n of [n1, n2]) await n.ctl.apply(r);
+    const vip = String(lead.status().find((s) => s.service === 'shop/svc-3')!.vip);
     assert.is(n1.ctl.status().find((s) => s.service === 'shop/svc-3')!.vip, vip, 'n1 holds it (its target is here)');
     // n2 held it once (a target there), then forgot it.
     await n2.ctl.apply(resolveLoadBalancers(objects((i) => (i === 3 ? 'n2' : 'n9'), 5), pools));
@@ -162,7 +190,8 @@ test('a deleted Service\'s VIP is released and its mappings dropped exactly once
     // svc-3 deleted.
     const gone = resolveLoadBalancers(objects((i) => (i === 3 ? 'n1' : 'n9'), 5).filter((o) => !String((o.metadata as { name: string }).name).startsWith('svc-3')), pools);
     n2.meter.reset();
-    for (const n of [lead, n1, n2]) await n.ctl.apply(gone);
+    await lead.apply(gone);
+    for (const n of [n1, n2]) await n.ctl.apply(gone);
     assert.equal(await keys(), [], 'nothing of the VIP left in the store');
     assert.is(lead.drops.length + n1.drops.length + n2.drops.length, 1, `mappings dropped once: ${JSON.stringify([lead.drops, n1.drops, n2.drops])}`);
     assert.is(n2.meter.totalCommands(), 0, `the node that forgot it sends nothing: ${JSON.stringify(Object.fromEntries(n2.meter.commands))}`);
@@ -171,21 +200,21 @@ test('a deleted Service\'s VIP is released and its mappings dropped exactly once
       apiVersion: 'v1', kind: 'Service', metadata: { name: 'other', namespace: 'shop' },
       spec: { type: 'LoadBalancer', loadBalancerClass: LB_CLASS, loadBalancerIP: vip, ports: [{ port: 80, protocol: 'TCP' }] },
     }], pools);
-    await lead.ctl.apply(again);
-    const other = lead.ctl.status().find((s) => s.service === 'shop/other');
+    await lead.apply(again);
+    const other = lead.status().find((s) => s.service === 'shop/other');
     assert.is(other?.vip, vip, `the freed VIP given to another Service: ${JSON.stringify(other)}`);
   } finally {
     for (const n of [n2, n1, lead]) await n.close();
   }
 });
 
-test('a Service deleted while no node held its VIP (no controllers\' node then) is collected by the next controllers\' node, after a grace', async () => {
+test('a Service deleted while no node held its VIP (no operator then) is collected by the operator, after a grace', async () => {
   const prefix = 'orphan:';
   const realNow = Date.now;
   let skew = 0;
   Date.now = () => realNow() + skew;
   const n1 = await node('n1', prefix);
-  const lead = await node('n0', prefix);
+  const lead = await leader(prefix);
   const lookStore = await RedisStore.connect(redis.url, { keyPrefix: prefix });
   const look = new ClusterAddresses(pools, lookStore, quiet);
   try {
@@ -199,17 +228,16 @@ test('a Service deleted while no node held its VIP (no controllers\' node then) 
     await n1.ctl.apply(without);
     const stillHeld = async () => (await look.holders('lb')).get(vip);
     assert.is(await stillHeld(), 'lb/shop/svc-3', 'left allocated in the store');
-    // A controllers' node starts: the first look only notes the owner no Service names.
-    lead.ctl.setControllers(true);
-    await lead.ctl.apply(without);
+    // The operator starts: the first look only notes the owner no Service names.
+    await lead.apply(without);
     assert.is(await stillHeld(), 'lb/shop/svc-3', 'not collected on the first look');
-    const live = new Map(lead.ctl.status().map((s) => [s.service, s.vip]));
+    const live = new Map(lead.status().map((s) => [s.service, s.vip]));
     assert.is(live.size, 4);
     skew += 61_000;
-    await lead.ctl.kick();
+    await lead.kick();
     assert.is(await stillHeld(), undefined, 'collected after the grace');
     assert.equal(lead.drops, [vip], 'its mappings dropped once');
-    assert.equal(new Map(lead.ctl.status().map((s) => [s.service, s.vip])), live, 'the live Services keep their VIPs');
+    assert.equal(new Map(lead.status().map((s) => [s.service, s.vip])), live, 'the live Services keep their VIPs');
   } finally {
     Date.now = realNow;
     await lookStore.close();

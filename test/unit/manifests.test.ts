@@ -152,7 +152,7 @@ test('the install holds the CRDs exactly as generated, the DaemonSet as promised
       assert.not.ok(rule.verbs.includes('*') || rule.resources.includes('*') || (rule.apiGroups ?? []).includes('*'), `${r.kind} ${r.metadata.name}: no wildcards`);
     }
   }
-  const cluster = objs.find((o) => o.kind === 'ClusterRole')!;
+  const cluster = objs.find((o) => o.kind === 'ClusterRole' && o.metadata.name === 'tether')!;
   const may = (group: string, resource: string, verb: string) => cluster.rules.some((rule: Obj) => rule.apiGroups.includes(group) && rule.resources.includes(resource) && rule.verbs.includes(verb));
   for (const verb of ['create', 'patch']) assert.ok(may('events.k8s.io', 'events', verb), `events: ${verb} (Events, their series)`);
   for (const verb of ['get', 'create', 'update']) assert.ok(may('tether.dev', 'tethernodes', verb), `tethernodes: ${verb}`);
@@ -160,6 +160,74 @@ test('the install holds the CRDs exactly as generated, the DaemonSet as promised
   assert.not.ok(may('tether.dev', 'tethernodes', 'delete') || may('tether.dev', 'tethernodes', 'list'), 'a node neither lists nor deletes TetherNodes');
   assert.not.ok(cluster.rules.some((rule: Obj) => rule.resources.includes('secrets')), 'no cluster-wide access to Secrets');
   assert.not.ok(cluster.rules.some((rule: Obj) => rule.resources.some((x: string) => ['addresspools', 'egresses'].includes(x)) && rule.verbs.some((v: string) => ['update', 'patch', 'create', 'delete'].includes(v))), 'the spec of AddressPools and Egresses is read-only to tetherd');
+});
+
+/** Every (apiGroup, resource, verb, resourceNames) a ServiceAccount is granted in the rendered install, through its bindings. */
+function grants(objs: Obj[], sa: string): Array<{ group: string; resource: string; verb: string; names?: string[]; namespace?: string }> {
+  const out: Array<{ group: string; resource: string; verb: string; names?: string[]; namespace?: string }> = [];
+  for (const b of objs.filter((o) => o.kind === 'ClusterRoleBinding' || o.kind === 'RoleBinding')) {
+    if (!b.subjects.some((x: Obj) => x.kind === 'ServiceAccount' && x.name === sa && x.namespace === 'tether-system')) continue;
+    const role = objs.find((o) => o.kind === b.roleRef.kind && o.metadata.name === b.roleRef.name && (b.roleRef.kind === 'ClusterRole' || o.metadata.namespace === b.metadata.namespace));
+    assert.ok(role, `${b.kind} ${b.metadata.name}: its ${b.roleRef.kind} ${b.roleRef.name} is in the install`);
+    for (const rule of role.rules) for (const group of rule.apiGroups) for (const resource of rule.resources) for (const verb of rule.verbs) {
+      out.push({ group, resource, verb, names: rule.resourceNames, namespace: b.kind === 'RoleBinding' ? b.metadata.namespace : undefined });
+    }
+  }
+  return out;
+}
+
+test("tetherd's ServiceAccount has no cluster-wide write; the operator's has exactly the cluster's writes", () => {
+  const objs = build('install');
+  const node = grants(objs, 'tether');
+  const op = grants(objs, 'tether-operator');
+  const has = (g: typeof node, group: string, resource: string, verb: string) => g.some((x) => x.group === group && x.resource === resource && x.verb === verb);
+  // tetherd: no Lease at all, no Service write, no status of the cluster's objects, no Secret create.
+  assert.equal(node.filter((x) => x.resource === 'leases'), [], 'tetherd: no Lease verb');
+  for (const verb of ['create', 'update', 'patch', 'delete']) assert.not.ok(has(node, '', 'services', verb), `tetherd: services ${verb}`);
+  for (const r of ['services/status', 'egresses/status', 'addresspools/status']) assert.equal(node.filter((x) => x.resource === r), [], `tetherd: no ${r} verb`);
+  assert.not.ok(has(node, '', 'secrets', 'create') || has(node, '', 'secrets', 'list') || has(node, '', 'secrets', 'watch'), 'tetherd: Secrets neither created nor listed');
+  assert.equal(node.filter((x) => x.resource === 'secrets').map((x) => [x.verb, x.names]), [['get', ['tether-cluster-key', 'tether-redis-auth']]], 'tetherd: the cluster Secrets, get by name');
+  for (const verb of ['create', 'delete']) assert.ok(has(node, 'tether.dev', 'addressblocks', verb), `tetherd: addressblocks ${verb} (its own node's: the admission policy)`);
+  // The operator: the Lease by name, the Service label and status, the objects' status, Secrets created.
+  assert.ok(has(op, 'coordination.k8s.io', 'leases', 'create'), 'operator: Lease create');
+  for (const verb of ['get', 'update']) {
+    const l = op.filter((x) => x.resource === 'leases' && x.verb === verb);
+    assert.ok(l.length && l.every((x) => x.names?.join() === 'tether-operator' && x.namespace === 'tether-system'), `operator: Lease ${verb} only on tether-system/tether-operator`);
+  }
+  assert.ok(has(op, '', 'services', 'patch'), 'operator: services patch (the label)');
+  for (const r of ['services/status', 'egresses/status', 'addresspools/status']) assert.ok(has(op, r === 'services/status' ? '' : 'tether.dev', r, 'update'), `operator: ${r} update`);
+  for (const verb of ['list', 'watch', 'delete']) assert.ok(has(op, 'tether.dev', 'addressblocks', verb), `operator: addressblocks ${verb}`);
+  assert.not.ok(has(op, 'tether.dev', 'addressblocks', 'create'), 'operator: never creates a block claim');
+  assert.ok(op.some((x) => x.resource === 'secrets' && x.verb === 'create' && x.namespace === 'tether-system'), 'operator: Secret create in tether-system only');
+  assert.not.ok(op.some((x) => x.resource === 'secrets' && x.verb === 'get' && !x.names), 'operator: Secrets read by name only');
+  assert.ok(has(op, 'events.k8s.io', 'events', 'create'), 'operator: Events');
+  for (const r of ['tethernodes', 'tethernodes/status']) assert.not.ok(op.some((x) => x.resource === r), `operator: no ${r}`);
+});
+
+test('the operator: a Deployment of 2 replicas, its own ServiceAccount, the same image, no privilege', () => {
+  const objs = build('install');
+  const dep = objs.find((o) => o.kind === 'Deployment' && o.metadata.name === 'tether-operator')!;
+  assert.ok(dep, 'Deployment tether-operator');
+  assert.is(dep.metadata.namespace, 'tether-system');
+  assert.is(dep.spec.replicas, 2);
+  const spec = dep.spec.template.spec;
+  assert.is(spec.serviceAccountName, 'tether-operator');
+  assert.ok(objs.some((o) => o.kind === 'ServiceAccount' && o.metadata.name === 'tether-operator' && o.metadata.namespace === 'tether-system'));
+  assert.not.ok(spec.hostNetwork, 'not on the host network');
+  assert.equal(spec.volumes.filter((v: Obj) => v.hostPath), [], 'no host path');
+  const [c] = spec.containers;
+  const ds = objs.find((o) => o.kind === 'DaemonSet' && o.metadata.name === 'tetherd')!;
+  assert.is(c.image, ds.spec.template.spec.containers.find((x: Obj) => x.name === 'tetherd').image, 'the same image as tetherd');
+  assert.equal(c.command.slice(0, 2), ['/usr/local/bin/tether-operator', '--kubernetes']);
+  const sc = c.securityContext;
+  assert.equal([sc.privileged, sc.allowPrivilegeEscalation, sc.readOnlyRootFilesystem, sc.runAsNonRoot], [false, false, true, true]);
+  assert.equal(sc.capabilities, { drop: ['ALL'] });
+  assert.equal(sc.seccompProfile, { type: 'RuntimeDefault' });
+  const probePort = Number(c.command.find((a: string) => a.startsWith('--probe-port=')).split('=')[1]);
+  for (const [probe, p] of [['startupProbe', '/livez'], ['livenessProbe', '/livez'], ['readinessProbe', '/readyz']]) assert.equal(c[probe].httpGet, { port: probePort, path: p }, probe);
+  assert.ok(c.env.some((e: Obj) => e.name === 'TETHER_REDIS_URL'), 'the store URL');
+  // Passing --controller-candidates to tetherd only earns a warning now: the manifest no longer does.
+  assert.not.ok(ds.spec.template.spec.containers.some((x: Obj) => x.command.some((a: string) => a.startsWith('--controller-candidates'))));
 });
 
 test.run();

@@ -1,6 +1,6 @@
 // tetherd's /metrics, scraped over HTTP from the metrics part started as tetherd starts it, reading real
 // parts against a real redis-server: IPAM (a pod pool and a floating pool), the load balancer controller
-// (the cluster's controllers here: every Service gets its VIP), the health checks of a Local Service, and
+// (every Service has a target on this node: it holds every VIP), the health checks of a Local Service, and
 // the socket API counting CNI requests. Egress is its controller's status (it needs BPF, a BFD thread and
 // gateway pods: the testbed's). The scrape follows Prometheus's naming rules and agrees with the status
 // the same parts give `tetherctl status`, read over the socket as tetherctl reads it.
@@ -120,12 +120,11 @@ test.before(async () => {
     store: mappings, addresses: ipam.addresses, attach, logger: quiet,
   });
   cleanups.push(() => ctl.stop());
-  // Two Services whose targets run elsewhere, and one with externalTrafficPolicy Local and a target here.
-  const objects = lbServiceObjects(3, (i) => (i === 2 ? 'n1' : 'n2'));
+  // Three Services with their target here (so this node holds their VIPs), one with externalTrafficPolicy Local.
+  const objects = lbServiceObjects(3, () => 'n1');
   const local = objects.find((o) => (o.metadata as { name: string }).name === 'svc-2')!;
   healthPort = await freePort();
   local.spec = { ...(local.spec as object), externalTrafficPolicy: 'Local', healthCheckNodePort: healthPort };
-  ctl.setControllers(true);
   await ctl.apply(resolveLoadBalancers(objects, pools));
   const health = new Health({ 'health-port': '0' } as Options, { lb: ctl, nodeName: 'n1', eligible: true, logger: quiet });
   await health.start();
@@ -204,7 +203,7 @@ test('the scrape agrees with tetherctl status: IPAM, Egress, BFD, conntrack sync
   assert.is(s.value('tether_bfd_session_state', { peer: '10.0.0.2', state: 'Down' }), 0);
   assert.is(s.value('tether_bfd_rejected_packets_total', { reason: 'badDigest' }), 2);
   const lbs = status.loadBalancers as Array<{ service: string; vip?: string }>;
-  assert.is(lbs.filter((l) => l.vip).length, 3, 'every Service has its VIP (the controllers run here)');
+  assert.is(lbs.filter((l) => l.vip).length, 3, 'every Service has its VIP (each has a target here)');
   assert.is(s.samples('tether_lb_vip_announced').length, 3);
   const local = (status.health.services as Array<{ service: string; localEndpoints: number; answer: number }>).find((x) => x.service === 'shop/svc-2')!;
   const answers = status.health.answers as Array<{ check: string; code: number; count: number }>;

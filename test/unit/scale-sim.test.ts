@@ -68,8 +68,11 @@ test('kube mode: the nodes read the fake API server, each with its own token; th
   try {
     await api.apply(apiObjects(s, n, base));
     const w = await sim.fork(path.join(sim.dir, 'worker-kube.log'));
-    const r = await w.ask<{ failed: unknown[] }>({ op: 'start', common: commonFor(sim, redis.url, undefined, { apiUrl: api.url, controllerCandidates: specs[0].name, redisPrefix: 'kube:' }), nodes: specs, alive: specs.map((x) => x.address) });
+    const r = await w.ask<{ failed: unknown[] }>({ op: 'start', common: commonFor(sim, redis.url, undefined, { apiUrl: api.url, redisPrefix: 'kube:' }), nodes: specs, alive: specs.map((x) => x.address) });
     assert.equal(r.failed, []);
+    // The cluster's controllers: tether-operator, built as operator/main.ts builds it, in the same worker.
+    await w.ask({ op: 'startOperator', common: commonFor(sim, redis.url, undefined, { apiUrl: api.url, redisPrefix: 'kube:' }) });
+    await until('the operator leads', () => w.ask<boolean>({ op: 'operatorLeads' }), 15_000);
     await w.ask({ op: 'addPods', pods: placePods(s, n).map((p) => ({ node: specs[p.node].name, pod: p.pod })) });
     await until('every node sees one owner', async () => {
       const view = await w.ask<Record<string, Record<string, string>>>({ op: 'egressView' });
@@ -82,6 +85,9 @@ test('kube mode: the nodes read the fake API server, each with its own token; th
       assert.ok(l && l.lists >= 6 && l.watches >= 6, `${x.name} listed and watched its 6 resources: ${JSON.stringify(l)}`);
     }
     assert.ok(load.openWatches >= 6 * n, `open watches ${load.openWatches}`);
+    // The operator reads (its own token) and writes status; the nodes write no status (their writes are their blocks).
+    const op = load.clients['tether-operator'];
+    assert.ok(op && op.lists >= 6 && op.writes >= 1, `tether-operator listed and wrote: ${JSON.stringify(op)}`);
     await w.ask({ op: 'exit' }).catch(() => undefined);
   } finally {
     await api.stop();

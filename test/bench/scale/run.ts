@@ -54,8 +54,8 @@ const BASE = addressBase();
 const nodeSpec = (i: number) => nodeSpecAt(i, BASE);
 const API_MODE = args.api === 'file' ? 'file' : 'kube';
 if (args.api !== 'file' && args.api !== 'kube') throw new Error(`--api ${args.api}: give kube (the fake API server) or file`);
-/** Kube mode: the nodes that compete for the controllers' Lease (as --controller-candidates names a few); not the victims. */
-const CANDIDATES = 'sim-0003,sim-0004,sim-0005';
+/** Kube mode: the fake API server's name for tether-operator's token (sim-operator.ts, in a worker of its own). */
+const OPERATOR = 'tether-operator';
 const MEMORY_LIMIT_GIB = Math.max(2, Math.floor(require('node:os').totalmem() / 2 ** 30) - 4);
 
 let storeKind: 'standalone' | 'cluster' = process.env.TETHER_SIM_STORE === 'cluster' ? 'cluster' : 'standalone';
@@ -153,7 +153,7 @@ async function until<T>(fn: () => Promise<T | undefined>, timeoutMs: number, eve
   }
 }
 
-/** API load between two tallies of the fake: per simulated node (mean and max) and the leader's, per second. */
+/** API load between two tallies of the fake: per simulated node (mean and max) and tether-operator's, per second. */
 function apiRates(a0: ApiLoad, a1: ApiLoad, names: Set<string>, secs: number) {
   const zero = { requests: 0, lists: 0, watches: 0, writes: 0, events: 0, bytes: 0 };
   const per = [...names].map((name) => {
@@ -161,16 +161,17 @@ function apiRates(a0: ApiLoad, a1: ApiLoad, names: Set<string>, secs: number) {
     const y = a0.clients[name] ?? zero;
     return { name, requests: (x.requests - y.requests) / secs, writes: (x.writes - y.writes) / secs, events: (x.events - y.events) / secs, bytes: (x.bytes - y.bytes) / secs };
   });
-  // The controllers' leader (the one node writing: status, labels) does per-cluster work; it is reported
-  // apart, and the per-node figures are over the other nodes.
-  const leader = per.reduce((a, p) => (p.writes > a.writes ? p : a), per[0]);
-  const others = leader && leader.writes > 0 ? per.filter((p) => p !== leader) : per;
+  // tether-operator (status, labels: per-cluster work) is reported apart; the per-node figures are the nodes'.
+  const op = a1.clients[OPERATOR];
+  const op0 = a0.clients[OPERATOR] ?? zero;
+  const leader = op && { name: OPERATOR, requests: (op.requests - op0.requests) / secs, writes: (op.writes - op0.writes) / secs, events: (op.events - op0.events) / secs, bytes: (op.bytes - op0.bytes) / secs };
+  const others = per;
   const mean = (k: 'requests' | 'events' | 'bytes' | 'writes') => others.reduce((a, p) => a + p[k], 0) / Math.max(1, others.length);
   const max = (k: 'requests' | 'events' | 'bytes') => others.reduce((a, p) => (p[k] > a[k] ? p : a), others[0] ?? { name: '-', requests: 0, events: 0, bytes: 0, writes: 0 });
   return {
     requestsPerSecPerNode: round(mean('requests'), 3), watchEventsPerSecPerNode: round(mean('events'), 3), bytesPerSecPerNode: round(mean('bytes')),
     maxNode: { requests: { node: max('requests').name, perSec: round(max('requests').requests, 3) }, events: { node: max('events').name, perSec: round(max('events').events, 3) }, bytes: { node: max('bytes').name, perSec: round(max('bytes').bytes) } },
-    leader: leader && leader.writes > 0 ? { node: leader.name, requestsPerSec: round(leader.requests, 2), writesPerSec: round(leader.writes, 2), eventsPerSec: round(leader.events, 2), bytesPerSec: round(leader.bytes) } : undefined,
+    operator: leader ? { client: leader.name, requestsPerSec: round(leader.requests, 2), writesPerSec: round(leader.writes, 2), eventsPerSec: round(leader.events, 2), bytesPerSec: round(leader.bytes) } : undefined,
     nodesCounted: per.length,
   };
 }
@@ -184,7 +185,7 @@ async function runSize(sim: Sim, n: number): Promise<Record<string, unknown>> {
   if (API_MODE === 'kube') {
     api = await SimApi.start(path.join(runDir, 'apiserver.log'));
     await api.apply(apiObjects(SCENARIO, n, BASE));
-    common = commonFor(sim, store.url, undefined, { dir: path.join(runDir, 'nodes'), apiUrl: api.url, controllerCandidates: CANDIDATES });
+    common = commonFor(sim, store.url, undefined, { dir: path.join(runDir, 'nodes'), apiUrl: api.url });
   } else {
     const configFile = path.join(runDir, 'config.yaml');
     const { writeScenario } = await import('./sim');
@@ -199,15 +200,14 @@ async function runSize(sim: Sim, n: number): Promise<Record<string, unknown>> {
   try {
     for (let i = 0; i < Math.min(VICTIMS, n); i++) victims.push(await sim.fork(path.join(runDir, `victim-${i}.log`)));
     for (let i = 0; i < MAIN_WORKERS; i++) mains.push(await sim.fork(path.join(runDir, `worker-${i}.log`)));
-    // Kube mode: the controller candidates (one of them the leader, whose status passes are per-cluster
-    // work) run in a process of their own, as the leader runs on a node of its own, not on the main
-    // workers' nodes' CPU time.
-    const candidates = new Set(API_MODE === 'kube' ? CANDIDATES.split(',') : []);
-    const ctl = specs.some((s) => candidates.has(s.name)) ? await sim.fork(path.join(runDir, 'controllers.log')) : undefined;
+    // Kube mode: tether-operator (its status passes are per-cluster work) runs in a process of its own, as
+    // it runs in a Deployment of its own, not on the main workers' nodes' CPU time.
+    const ctl = API_MODE === 'kube' ? await sim.fork(path.join(runDir, 'operator.log')) : undefined;
+    if (ctl) await ctl.ask({ op: 'startOperator', common });
     const placement = new Map<SimWorker, NodeSpec[]>();
     let m = 0;
     specs.forEach((s, i) => {
-      const w = i < victims.length ? victims[i] : ctl && candidates.has(s.name) ? ctl : mains[m++ % mains.length];
+      const w = i < victims.length ? victims[i] : mains[m++ % mains.length];
       owner.set(s.name, w);
       placement.set(w, [...(placement.get(w) ?? []), s]);
     });
@@ -246,8 +246,8 @@ async function runSize(sim: Sim, n: number): Promise<Record<string, unknown>> {
     };
     const conv = await until(agreedAll, 240_000, 1000);
     log('converged', { n, ok: conv.value !== undefined, ms: conv.ms });
-    // The load balancer settled too: every node holds the VIPs it needs (the controllers' node all of
-    // them), and the leader's status writes for them are done (3 s without one): the window measures the
+    // The load balancer settled too: every node holds the VIPs it needs (the operator every
+    // one), and the operator's status writes for them are done (3 s without one): the window measures the
     // steady state, not the tail of the start.
     const lbSettled = await until(async () => {
       const pending = (await Promise.all(live().map((w) => w.ask<number>({ op: 'lbPending' })))).reduce((a, b) => a + b, 0);
@@ -277,7 +277,7 @@ async function runSize(sim: Sim, n: number): Promise<Record<string, unknown>> {
     await sleep(WINDOW_S * 1000);
     if (profDir) {
       fs.mkdirSync(profDir, { recursive: true });
-      await Promise.all(profiled.map((w, i) => w.ask({ op: 'profStop', file: path.join(profDir, `n${n}-w${i}-${w === ctl ? 'controllers' : victims.includes(w) ? 'victim' : 'main'}.cpuprofile`) })));
+      await Promise.all(profiled.map((w, i) => w.ask({ op: 'profStop', file: path.join(profDir, `n${n}-w${i}-${w === ctl ? 'operator' : victims.includes(w) ? 'victim' : 'main'}.cpuprofile`) })));
     }
     const c1 = await store.counters();
     const s1 = await statsAll();
@@ -420,7 +420,7 @@ async function runSize(sim: Sim, n: number): Promise<Record<string, unknown>> {
       api: api
         ? {
           mode: 'kube', server: 'test/lib/fake-apiserver.ts (a fake) in one process, serving every node',
-          controllerCandidates: CANDIDATES, openWatches: a1?.openWatches, steady: apiSteady, churn: apiChurn,
+          operator: 'tether-operator, 1 replica, in a worker of its own', openWatches: a1?.openWatches, steady: apiSteady, churn: apiChurn,
           startup: apiStart && { requestsPerNode: apiStart.requestsPerSecPerNode, bytesPerNode: apiStart.bytesPerSecPerNode, eventsPerNode: apiStart.watchEventsPerSecPerNode },
           fakeRssMiB: a1 && round(a1.rss / 2 ** 20), fakeCpuS: a1 && round((a1.cpuUserMs + a1.cpuSystemMs) / 1000),
         }
@@ -530,7 +530,7 @@ function summarize(rows: Row[]) {
     totalStoreOpsAt1000: Math.round(at1000 ? at1000.store.commandsPerSec : extrapolate(ok.map((r) => ({ n: r.nodes, total: r.store.commandsPerSec })), 1000)),
     totalStoreOpsAt1000Is: at1000 ? 'measured' : ok.length === 1 ? `extrapolated (per node x 1,000 from N = ${ok[0].nodes} alone)` : `extrapolated (total commands/s fitted as a + b·N over N = ${ok.map((r) => r.nodes).join(', ')})`,
     lbServices: SCENARIO.services,
-    // API load per node (kube mode; the controllers' leader apart) at N = 50 and the largest N.
+    // API load per node (kube mode; tether-operator apart) at N = 50 and the largest N.
     ...(apiOf(first) && apiOf(largest) ? { apiPerNode: { [`n${first.nodes}`]: apiOf(first), [`n${largest.nodes}`]: apiOf(largest) } } : {}),
     egresses: SCENARIO.egresses,
     gatewaysPerEgress: SCENARIO.gatewaysPerEgress,
@@ -580,7 +580,7 @@ function table(r: { machine: Record<string, unknown>; summary: Record<string, an
   }
   const s = r.summary;
   lines.push('', `Summary (${s.store}): maxNodes ${s.maxNodes}, perNodeGrowth ${s.perNodeGrowth} (N = ${s.maxNodes} over N = ${s.perNodeGrowthBase}: commands/s x${s.perNodeGrowthCommands}, reply bytes/s x${s.perNodeGrowthReplyBytes}), totalStoreOpsAt1000 ${s.totalStoreOpsAt1000} (${s.totalStoreOpsAt1000Is}), lbServices ${s.lbServices}.`);
-  if (s.apiPerNode) lines.push('', `API load per node (fake API server, the controllers' leader apart), steady / churn: ${Object.entries(s.apiPerNode as Record<string, Record<string, number>>).map(([k, v]) => `N = ${k.slice(1)}: ${v.requestsPerSec} / ${v.churnRequestsPerSec} requests/s, ${v.watchEventsPerSec} / ${v.churnWatchEventsPerSec} watch events/s, ${fmt(v.bytesPerSec)} B/s steady`).join('; ')}.`);
+  if (s.apiPerNode) lines.push('', `API load per node (fake API server, tether-operator apart), steady / churn: ${Object.entries(s.apiPerNode as Record<string, Record<string, number>>).map(([k, v]) => `N = ${k.slice(1)}: ${v.requestsPerSec} / ${v.churnRequestsPerSec} requests/s, ${v.watchEventsPerSec} / ${v.churnWatchEventsPerSec} watch events/s, ${fmt(v.bytesPerSec)} B/s steady`).join('; ')}.`);
   if (million) lines.push('', `1M mappings of one VIP in the 3-primary Redis Cluster (daemon/lb/mapping-store.ts): ${million.mappings.toLocaleString('en-US')} claimed in ${round(million.write.ms / 1000)} s (${million.write.concurrentClaims} claims at once), loaded back in pages in ${round(million.load.ms / 1000)} s, expired by the VIP's expirer in ${round(million.expire.ms / 1000)} s; errors ${million.errors}${million.errors ? ` (${million.errorSamples.join('; ')})` : ''}; per primary (keys, mappings, used memory): ${million.perPrimary.map((p) => `${p.keys}, ${p.mappings.toLocaleString('en-US')}, ${p.usedMemoryMiB} MiB`).join(' | ')}; bench process RSS peak ${million.process.rssPeakMiB} MiB.`);
   if (s.cluster) lines.push(`Cluster rows: maxNodes ${s.cluster.maxNodes}, perNodeGrowth ${s.cluster.perNodeGrowth}, totalStoreOpsAt1000 ${s.cluster.totalStoreOpsAt1000} (${s.cluster.totalStoreOpsAt1000Is}).`);
 

@@ -2,7 +2,8 @@
 // connections, config source, state dir and node address (127.x, so notices and conntrack sync between
 // simulated nodes are real UDP/TCP). Left out (nodeParts' `without`): the host's bpffs and sysctl journal,
 // the socket API and the delete queue (no CNI clients here), metrics, Kubernetes Events and TetherNodes;
-// probes are off (--probe-port 0). Pods are recorded and announced to the controllers the way attach.add
+// probes are off (--probe-port 0); the cluster's controllers run in the simulation's operator (sim-operator.ts).
+// Pods are recorded and announced to the role controllers the way attach.add
 // does after its kernel work, which the simulation has none of. Only ever run bundled (bundle.ts), with
 // the fakes in place.
 import * as fs from 'node:fs';
@@ -27,8 +28,6 @@ export interface SimNodeOptions {
   configFile?: string;
   /** Kube mode: this node's kubeconfig (its own token, so the fake API server tallies its load). */
   kubeconfig?: string;
-  /** Kube mode: --controller-candidates (the few nodes that compete for the controllers' Lease). */
-  controllerCandidates?: string;
   clusterKeyFile: string;
   /** This node's own directory (state, pin dir, pod namespace stand-ins). */
   dir: string;
@@ -66,7 +65,6 @@ export class SimNode {
     fs.mkdirSync(path.join(o.dir, 'netns'), { recursive: true });
     const opts = parseOptions([
       '--node-name', nodeName, ...(o.kubeconfig ? ['--kubeconfig', o.kubeconfig] : ['--config', o.configFile!]), '--redis', o.redisUrl, '--redis-prefix', o.redisPrefix,
-      ...(o.controllerCandidates ? ['--controller-candidates', o.controllerCandidates] : []),
       '--state-dir', path.join(o.dir, 'state'), '--socket', path.join(o.dir, 'tether.sock'), '--bpf-pin-dir', path.join(o.dir, 'bpf'),
       '--node-address', o.address, '--cluster-key-file', o.clusterKeyFile, '--sync-port', String(o.syncPort),
       '--lb-max-vips', String(o.maxVips), '--health-port', '0', '--probe-port', '0', '--log-level', 'warn',

@@ -8,6 +8,7 @@ import { Session } from 'node:inspector/promises';
 import Redis from 'ioredis';
 import { makeLogger, setLogger } from '../../../lib/log';
 import { SimNode, type SimPod } from './sim-node';
+import { SimOperator } from './sim-operator';
 import { MemberView } from '../../../daemon/common/member-registry';
 import { setAlive } from './fakes/bfd-threaded';
 import { lbDatapaths } from './fakes/bpf-lb';
@@ -25,7 +26,6 @@ export interface Common {
   configFile?: string;
   /** Kube mode: the fake API server's URL (each node gets a kubeconfig with its own token). */
   apiUrl?: string;
-  controllerCandidates?: string;
   clusterKeyFile: string;
   dir: string;
   maxVips: number;
@@ -33,6 +33,9 @@ export interface Common {
 }
 export type Request =
   | { op: 'start'; common: Common; nodes: NodeSpec[]; alive: string[] }
+  /** Kube mode: tether-operator in this worker (its token "tether-operator"); answers whether it leads once started. */
+  | { op: 'startOperator'; common: Common }
+  | { op: 'operatorLeads' }
   | { op: 'alive'; address: string; alive: boolean }
   | { op: 'addPods'; pods: Array<{ node: string; pod: SimPod }> }
   | { op: 'removePod'; node: string; namespace: string; name: string }
@@ -54,6 +57,7 @@ const logger = makeLogger({ level: process.env.TETHER_SIM_LOG_LEVEL ?? 'error' }
 logger.silent = !process.env.TETHER_SIM_LOG_LEVEL;
 setLogger(logger);
 const nodes = new Map<string, SimNode>();
+let operator: SimOperator | undefined;
 // Event loop delay of this process since the last stats question: a worker whose loop lags by most of a
 // second runs its nodes' 1 s passes less often than a real node would, and the rates measured undercount.
 const loopDelay = monitorEventLoopDelay({ resolution: 20 });
@@ -137,6 +141,17 @@ async function handle(m: Request): Promise<unknown> {
     case 'start':
       for (const a of m.alive) setAlive(a, true);
       return startAll(m.common, m.nodes);
+    case 'startOperator': {
+      if (!m.common.apiUrl) throw new Error('startOperator: kube mode only (no apiUrl)');
+      const dir = path.join(m.common.dir, 'tether-operator');
+      fs.mkdirSync(dir, { recursive: true });
+      const kubeconfig = path.join(dir, 'kubeconfig');
+      fs.writeFileSync(kubeconfig, kubeconfigFor(m.common.apiUrl, 'tether-operator'));
+      operator = await SimOperator.start({ identity: 'tether-operator-0', kubeconfig, redisUrl: m.common.redisUrl, redisPrefix: m.common.redisPrefix, logger: logger.child({ node: 'tether-operator' }) });
+      return true;
+    }
+    case 'operatorLeads':
+      return operator?.isLeader() ?? false;
     case 'alive':
       setAlive(m.address, m.alive);
       return true;
@@ -209,7 +224,7 @@ async function handle(m: Request): Promise<unknown> {
       return true;
     }
     case 'exit':
-      await Promise.all([...nodes.values()].map((n) => n.stop().catch(() => undefined)));
+      await Promise.all([...nodes.values(), ...(operator ? [operator] : [])].map((n) => n.stop().catch(() => undefined)));
       setTimeout(() => process.exit(0), 100);
       return true;
   }
