@@ -49,6 +49,11 @@ export class LeaderRole implements Part {
     return this.election.isLeader();
   }
 
+  /** The Lease, whether this replica holds it, and how often that changed (the metrics). */
+  leadership(): ReturnType<LeaderElection['leadership']> {
+    return this.election.leadership();
+  }
+
   async stop(): Promise<void> {
     const was = this.election.isLeader();
     await this.election.stop();

@@ -5,6 +5,8 @@
 //   cluster Secrets    the cluster key and the store's password, created when absent (tetherd only reads them)
 //   cluster store      the VIPs' allocations; the ownership records; the LB's store (nodes' health reports)
 //   probes             /livez, /readyz (ready once every part started)
+//   metrics            /metrics on --metrics-bind-address (tetherd's metrics part): leadership, failed API
+//                      requests, dropped Events, store reachability, the leader's status passes
 //   events             the cluster's Events (refusals, address conflicts), reported as tether-operator
 //   config updates     every accepted change, resolved once, into what the status pass reads
 //   leader election    the Lease; while leading, the controllers (controllers.ts)
@@ -14,7 +16,7 @@ import { VERSION } from '../lib/version';
 import { runParts, StartError, Connection, type Part } from '../daemon/lifecycle';
 import { KubeSource } from '../daemon/config/kube-source';
 import type { ConfigObjects } from '../daemon/config/objects';
-import { checkRedisOption, portOption } from '../daemon/options';
+import { checkRedisOption, metricsAddressOption, portOption } from '../daemon/options';
 import { configFeed, SourcePart } from '../daemon/parts/source';
 import { clusterStore, withStorePassword } from '../daemon/parts/ipam';
 import { ownershipStore } from '../daemon/parts/egress';
@@ -25,6 +27,8 @@ import { ProbeServer } from '../daemon/health/probe-server';
 import { HealthReports } from '../daemon/health/health-reports';
 import { EgressObjects } from '../daemon/egress/egress-config';
 import { connectLbStore } from '../daemon/lb/lb-store';
+import { metricsServer, type MetricsServer, type MetricsParts } from '../daemon/parts/metrics';
+import { TetherMetrics } from '../daemon/metrics/tether-metrics';
 import { ClusterAddresses } from '../ipam/cluster-addresses';
 import { EgressView, LbView } from './cluster-view';
 import { clusterControllers, LeaderRole, OPERATOR_LEASE, resolveCluster, type ClusterDesired } from './controllers';
@@ -54,6 +58,8 @@ export async function main(argv: string[]): Promise<number> {
 export interface StartedOperator {
   leader: LeaderRole;
   controllers: ReturnType<typeof clusterControllers>;
+  /** Its metrics listener, when --metrics-bind-address is given. */
+  metrics?: MetricsServer;
 }
 
 /** The operator's parts, in start order (see the head of this file); timing options for tests. */
@@ -69,6 +75,7 @@ export async function* operatorParts(
   } catch (e) {
     throw new StartError(2, (e as Error).message);
   }
+  const metricsAddress = metricsAddressOption(opts['metrics-bind-address']);
   const namespace = process.env.POD_NAMESPACE || 'tether-system';
   // Its configuration: the Kubernetes API only (no node of its own: the Node and Pod watches find nothing).
   const src = new SourcePart(opts, identity, logger);
@@ -95,6 +102,8 @@ export async function* operatorParts(
   let egressView: EgressView | undefined;
   let lbView: LbView | undefined;
   let healthReports: HealthReports | undefined;
+  // What the metrics read; the leader election and the controllers join once made (below).
+  const measured: MetricsParts = { kube: { apiCalls: source.apiCalls } };
   const store = clusterStore(opts, logger);
   if (store) {
     yield store;
@@ -104,6 +113,8 @@ export async function* operatorParts(
     const url = opts.redis!;
     const lbStore = new Connection('lb store', () => connectLbStore(url, { keyPrefix: opts['redis-prefix'] }));
     yield lbStore;
+    measured.store = store.store;
+    measured.storeConnections = { lb: lbStore.value.connection };
     egressView = new EgressView({ ownership: ownership.value, addresses, logger });
     lbView = new LbView({ identity, addresses, store: lbStore.value, logger });
     healthReports = new HealthReports(lbStore.value.connection);
@@ -118,8 +129,16 @@ export async function* operatorParts(
     yield { name: 'probes', start: async () => void (await probes.listen(port, opts['probe-address'])), stop: () => probes.close() };
   }
 
+  // Served while the rest starts (a port in use is retried, not fatal).
+  let metrics: MetricsServer | undefined;
+  if (metricsAddress) {
+    metrics = metricsServer({ address: metricsAddress, metrics: new TetherMetrics(logger), parts: measured, logger });
+    yield metrics;
+  }
+
   const events = new EventRecorder({ kc: source.kc, nodeName: identity, controller: OPERATOR_CONTROLLER, logger, uidOf: (ref) => uidOf(source, ref) });
   yield { name: 'events', start: () => {}, stop: () => events.stop() };
+  measured.kube!.events = events;
 
   // Each configuration resolved once, as it comes (the Egresses' refusals kept for status).
   const egressObjects = new EgressObjects(logger);
@@ -133,8 +152,10 @@ export async function* operatorParts(
     election: { kc: source.kc, namespace, name: OPERATOR_LEASE, identity, logger, leaseDurationSeconds: Number(opts['lease-duration']), retryMs: o.retryMs },
     work: controllers,
   });
+  measured.kube!.elections = () => [leader];
+  measured.statusPasses = () => controllers.status.passes;
   yield leader;
   started = true;
   logger.info('tether-operator started', { version: VERSION, identity, lease: `${namespace}/${OPERATOR_LEASE}` });
-  return { leader, controllers };
+  return { leader, controllers, metrics };
 }

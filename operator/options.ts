@@ -13,6 +13,8 @@ Lease tether-operator in its namespace ($POD_NAMESPACE, default tether-system).
   --cluster-key-secret S  the cluster key's Secret (entry "key"), created when absent
   --identity I            this replica's name in the Lease (default $POD_NAME, else the host name)
   --probe-port N          /livez and /readyz on N (default 0: none); --probe-address A (default 0.0.0.0)
+  --metrics-bind-address IP:PORT  Prometheus metrics on http://IP:PORT/metrics (default empty: none;
+                          the Deployment serves them on 0.0.0.0:10270, the pod's address)
   --lease-duration S      seconds (default 15)
   --log-level L           error, warn, info (default), debug`;
 
@@ -26,6 +28,7 @@ export interface OperatorOptions {
   identity?: string;
   'probe-port': string;
   'probe-address': string;
+  'metrics-bind-address': string;
   'lease-duration': string;
   'log-level': string;
   help?: boolean;
@@ -44,6 +47,7 @@ export function parseOperatorOptions(argv: string[]): OperatorOptions {
       identity: { type: 'string' },
       'probe-port': { type: 'string', default: '0' },
       'probe-address': { type: 'string', default: '0.0.0.0' },
+      'metrics-bind-address': { type: 'string', default: '' },
       'lease-duration': { type: 'string', default: '15' },
       'log-level': { type: 'string', default: 'info' },
       help: { type: 'boolean', short: 'h' },

@@ -135,6 +135,8 @@ export class StatusController {
   private seen = new Set<string>();
   /** Counters for status and tests. */
   readonly stats = { statusWrites: 0, conflicts: 0, claimsCollected: 0 };
+  /** The last pass that went through to its end (the metrics): when it ended and how long it took. */
+  readonly passes: { lastSuccessMs?: number; lastDurationMs?: number } = {};
 
   constructor(private readonly o: StatusControllerOptions) {
     this.api = o.kc.makeApiClient(k8s.CustomObjectsApi);
@@ -161,6 +163,7 @@ export class StatusController {
 
   /** One pass: every AddressPool's and Egress's status as it should be now. */
   async pass(): Promise<void> {
+    const began = Date.now();
     await this.o.refresh?.();
     const verdicts = this.o.verdicts();
     const addresses = this.o.egressAddresses();
@@ -195,6 +198,8 @@ export class StatusController {
     // Objects gone (or no longer tether's): what was remembered of them goes.
     for (const k of this.written.keys()) if (!this.seen.has(k)) this.written.delete(k);
     for (const k of this.countsWritten.keys()) if (!this.seen.has(k)) this.countsWritten.delete(k);
+    this.passes.lastSuccessMs = Date.now();
+    this.passes.lastDurationMs = this.passes.lastSuccessMs - began;
   }
 
   /**

@@ -1,4 +1,5 @@
-// tetherd's Prometheus metrics (prom-client). Almost everything is read when scraped, from the same
+// tetherd's and tether-operator's Prometheus metrics (prom-client): one set of definitions, each process
+// filling the sections of the parts it runs (the operator: store, kube, status passes). Almost everything is read when scraped, from the same
 // status each part gives `tetherctl status` (one snapshot per scrape, every section read without a store
 // call and without waiting); only CNI requests are counted as they are answered. Names follow Prometheus:
 // tether_ prefix, _total on counters, units in names, labels of bounded cardinality (an Egress and its
@@ -83,6 +84,12 @@ export interface KubeView {
   leadership?: Array<{ lease: string; leader: boolean; transitions: number }>;
 }
 
+/** The status controller's passes (StatusController.passes): the last one that completed, and how long it took. */
+export interface StatusPassView {
+  lastSuccessMs?: number;
+  lastDurationMs?: number;
+}
+
 /** What one scrape reads: each section from one part, absent when the part does not run on this node. */
 export interface MetricsSnapshot {
   ipam?: { pods: PodPoolView[]; cluster?: ClusterPoolView[] };
@@ -96,6 +103,8 @@ export interface MetricsSnapshot {
   /** Per subsystem (ipam, egress, lb): writes the store refused as full (common/store-full.ts). */
   storeFull?: Record<string, { full: boolean; refusals: number }>;
   kube?: KubeView;
+  /** tether-operator's leader: its status passes. */
+  statusPasses?: StatusPassView;
   /** Pods whose role (egress, lb pod, lb target) could not be set up in the datapath, retried: their roles. */
   roleProblems?: Array<{ role: string }>;
 }
@@ -140,7 +149,7 @@ export class TetherMetrics {
     this.collectErrors = new Counter({ name: 'tether_metrics_collect_errors_total', help: 'Sections or metrics a scrape skipped because reading them failed (the error is logged).', labelNames: ['section'], registers: [reg] });
     this.cniRequests = new Counter({ name: 'tether_cni_requests_total', help: 'CNI requests tetherd answered on its socket, by plugin, command and result (ok, or the error code).', labelNames: ['plugin', 'command', 'result'], registers: [reg] });
     this.cniDuration = new Histogram({ name: 'tether_cni_request_duration_seconds', help: 'Time tetherd took to answer a CNI request, by plugin and command.', labelNames: ['plugin', 'command'], buckets: CNI_DURATION_BUCKETS, registers: [reg] });
-    this.gauge('tether_build_info', 'tetherd\'s version; always 1.', ['version'], () => [[{ version: VERSION }, 1]]);
+    this.gauge('tether_build_info', 'The version of this process (tetherd or tether-operator); always 1.', ['version'], () => [[{ version: VERSION }, 1]]);
     this.defineStore();
     this.defineIpam();
     this.defineEgress();
@@ -351,5 +360,9 @@ export class TetherMetrics {
       (s.kube?.leadership ?? []).map((l): Sample => [{ lease: l.lease }, flag(l.leader)]));
     this.counter('tether_leader_transitions_total', 'Times this process became leader or stopped being it, per Lease.', ['lease'], (s) =>
       (s.kube?.leadership ?? []).map((l): Sample => [{ lease: l.lease }, l.transitions]));
+    this.gauge('tether_status_pass_last_success_timestamp_seconds', 'When tether-operator\'s leader last completed a status pass (AddressPools, Egresses, Services), Unix time; absent before its first.', [], (s) =>
+      finite(s.statusPasses?.lastSuccessMs) ? [[{}, s.statusPasses.lastSuccessMs / 1000]] : []);
+    this.gauge('tether_status_pass_duration_seconds', 'How long tether-operator\'s last completed status pass took.', [], (s) =>
+      finite(s.statusPasses?.lastDurationMs) ? [[{}, s.statusPasses.lastDurationMs / 1000]] : []);
   }
 }

@@ -7,7 +7,7 @@ import * as http from 'node:http';
 import type { AddressInfo } from 'node:net';
 import type { Logger } from '../../lib/log';
 import { portHolder } from '../sys/port-holder';
-import type { TetherMetrics, BfdView, ClusterPoolView, EgressAddressView, EgressSecurityView, HealthView, LbServiceView, MetricSources, PodPoolView } from '../metrics/tether-metrics';
+import type { TetherMetrics, BfdView, ClusterPoolView, EgressAddressView, EgressSecurityView, HealthView, LbServiceView, MetricSources, PodPoolView, StatusPassView } from '../metrics/tether-metrics';
 import type { EgressController } from '../egress/egress-controller';
 import type { LbController } from '../lb/lb-controller';
 import type { HealthController } from '../health/health-controller';
@@ -26,7 +26,7 @@ export const LISTEN_RETRY_MS = 10_000;
 /** The cluster store is asked for cluster-wide pool use at most this often, and only while scraped. */
 export const CLUSTER_USAGE_MAX_AGE_MS = 30_000;
 
-/** What the metrics read: the parts this node runs (absent ones are left out of the scrape). */
+/** What the metrics read: the parts this process runs (absent ones are left out of the scrape). */
 export interface MetricsParts {
   ipam?: Ipam;
   egress?: EgressController;
@@ -35,8 +35,12 @@ export interface MetricsParts {
   health?: () => HealthController | undefined;
   /** The cluster store IPAM uses (--redis). */
   store?: LazyStore;
+  /** Other cluster store connections, by subsystem (tether-operator's: lb, the nodes' health reports). */
+  storeConnections?: Record<string, { readonly connected: boolean }>;
   /** Kubernetes (kube mode): failed API requests, the Event recorder, the leader elections this process runs. */
-  kube?: { apiCalls?: KubeApiCalls; events?: EventRecorder; elections?: () => LeaderElection[] };
+  kube?: { apiCalls?: KubeApiCalls; events?: EventRecorder; elections?: () => Array<Pick<LeaderElection, 'leadership'>> };
+  /** The status controller's passes (tether-operator's leader). */
+  statusPasses?: () => StatusPassView | undefined;
   /** Pods whose datapath role setup failed (retried). */
   roleProblems?: () => Array<{ role: string }>;
 }
@@ -83,6 +87,7 @@ export function metricSources(p: MetricsParts, logger: Logger): { sources: Metri
       ...(p.store ? { ipam: p.store.connected } : {}),
       ...(p.egress ? { egress: p.egress.storeReachable() } : {}),
       ...(p.lb?.store ? { lb: p.lb.store.connection.connected } : {}),
+      ...Object.fromEntries(Object.entries(p.storeConnections ?? {}).map(([subsystem, c]) => [subsystem, c.connected])),
     }),
     // Every subsystem with a store has its series (0 until a refusal), so an alert sees them from the start.
     storeFull: () => {
@@ -122,6 +127,8 @@ export function metricSources(p: MetricsParts, logger: Logger): { sources: Metri
       ...(kube.elections ? { leadership: kube.elections().map((e) => e.leadership()) } : {}),
     });
   }
+  // Read when scraped: the operator's status controller is made after its metrics part.
+  sources.statusPasses = () => p.statusPasses?.();
   const health = p.health;
   if (health) sources.health = () => health()?.status() as HealthView | undefined;
   return { sources, clusterUsage };
@@ -271,7 +278,7 @@ function hostPort(host: string, port: number): string {
 }
 
 /**
- * The metrics listener, reading from the parts this node runs, not started (its start never fails: a port
+ * The metrics listener, reading from the parts this process runs, not started (its start never fails: a port
  * it cannot open is retried). `address` is --metrics-bind-address checked (metricsAddressOption).
  */
 export function metricsServer(o: { address?: { host: string; port: number }; metrics: TetherMetrics; parts: MetricsParts; logger: Logger; retryMs?: number }): MetricsServer {

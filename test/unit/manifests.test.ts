@@ -5,9 +5,11 @@
 import { test } from 'uvu';
 import * as assert from 'uvu/assert';
 import { execFileSync } from 'node:child_process';
+import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { parseAllDocuments } from 'yaml';
 import { generatedCrds } from '../../install/gen-crds';
+import { metricsAddressOption } from '../../daemon/options';
 
 type Obj = Record<string, any>;
 const root = path.join(__dirname, '../..');
@@ -225,6 +227,19 @@ test('the operator: a Deployment of 2 replicas, its own ServiceAccount, the same
   assert.equal(sc.seccompProfile, { type: 'RuntimeDefault' });
   const probePort = Number(c.command.find((a: string) => a.startsWith('--probe-port=')).split('=')[1]);
   for (const [probe, p] of [['startupProbe', '/livez'], ['livenessProbe', '/livez'], ['readinessProbe', '/readyz']]) assert.equal(c[probe].httpGet, { port: probePort, path: p }, probe);
+  // Metrics on the pod's address, on a port of their own that the container declares (the PodMonitor's).
+  const metricsFlag = c.command.filter((a: string) => a.startsWith('--metrics-bind-address='));
+  assert.equal(metricsFlag, ['--metrics-bind-address=0.0.0.0:10270']);
+  const metricsAt = metricsAddressOption(metricsFlag[0].split('=')[1])!;
+  assert.equal(c.ports.find((p: Obj) => p.name === 'metrics'), { name: 'metrics', containerPort: metricsAt.port, protocol: 'TCP' });
+  assert.is.not(metricsAt.port, probePort, 'not the probes\' port');
+  assert.ok(c.ports.some((p: Obj) => p.name === 'probes' && p.containerPort === probePort));
+  // install/monitoring's PodMonitor for the operator scrapes that port of these pods.
+  const monitors = parseAllDocuments(fs.readFileSync(path.join(root, 'install/monitoring/pod-monitor.yaml'), 'utf8')).map((d) => d.toJS() as Obj);
+  const pm = monitors.find((m) => m.kind === 'PodMonitor' && m.metadata.name === 'tether-operator')!;
+  assert.ok(pm, 'PodMonitor tether-operator');
+  assert.equal(pm.spec.selector.matchLabels, dep.spec.selector.matchLabels, 'it selects the operator\'s pods');
+  assert.equal(pm.spec.podMetricsEndpoints.map((e: Obj) => [e.port, e.path]), [['metrics', '/metrics']]);
   assert.ok(c.env.some((e: Obj) => e.name === 'TETHER_REDIS_URL'), 'the store URL');
   // Passing --controller-candidates to tetherd only earns a warning now: the manifest no longer does.
   assert.not.ok(ds.spec.template.spec.containers.some((x: Obj) => x.command.some((a: string) => a.startsWith('--controller-candidates'))));

@@ -64,15 +64,20 @@ test('the component builds with install/: Kubernetes objects validate, the monit
       assert.unreachable(`${o.kind} ${o.metadata?.name}: ${(e as Error).message.slice(0, 300)}`);
     }
   }
-  const pm = objs.find((o) => o.kind === 'PodMonitor')!;
-  assert.is(pm.apiVersion, 'monitoring.coreos.com/v1');
-  assert.is(pm.metadata.namespace, 'tether-system');
-  const ds = objs.find((o) => o.kind === 'DaemonSet' && o.metadata.name === 'tetherd')!;
-  const labels = ds.spec.template.metadata.labels as Record<string, string>;
-  for (const [k, v] of Object.entries(pm.spec.selector.matchLabels as Record<string, string>)) assert.is(labels[k], v, `the PodMonitor selects tetherd's pods (${k})`);
-  const tetherd = ds.spec.template.spec.containers.find((c: Obj) => c.name === 'tetherd');
-  const port = tetherd.ports.find((p: Obj) => p.name === pm.spec.podMetricsEndpoints[0].port);
-  assert.ok(port, 'the PodMonitor scrapes a port tetherd declares');
+  // One PodMonitor per workload (its job, tether-system/NAME, is what the rules select): each selects its
+  // workload's pods only and scrapes a port its container declares.
+  const monitors = objs.filter((o) => o.kind === 'PodMonitor');
+  assert.equal(monitors.map((m) => m.metadata.name).sort(), ['tether-operator', 'tetherd']);
+  for (const [name, kind] of [['tetherd', 'DaemonSet'], ['tether-operator', 'Deployment']]) {
+    const pm = monitors.find((m) => m.metadata.name === name)!;
+    assert.is(pm.apiVersion, 'monitoring.coreos.com/v1');
+    assert.is(pm.metadata.namespace, 'tether-system');
+    const workloads = objs.filter((o) => ['DaemonSet', 'Deployment'].includes(o.kind));
+    const selected = workloads.filter((w) => Object.entries(pm.spec.selector.matchLabels as Record<string, string>).every(([k, v]) => w.spec.template.metadata.labels[k] === v));
+    assert.equal(selected.map((w) => `${w.kind} ${w.metadata.name}`), [`${kind} ${name}`], `PodMonitor ${name} selects the pods of ${kind} ${name} only`);
+    const container = selected[0].spec.template.spec.containers.find((c: Obj) => c.name === name);
+    assert.ok(container.ports.find((p: Obj) => p.name === pm.spec.podMetricsEndpoints[0].port), `PodMonitor ${name} scrapes a port ${name} declares`);
+  }
   assert.ok(ruleObj.spec.groups.length > 0 && alerts.length > 0);
   const cm = objs.find((o) => o.kind === 'ConfigMap' && o.metadata.name === 'tether-dashboard')!;
   assert.is(cm.metadata.labels.grafana_dashboard, '1');
