@@ -20,7 +20,8 @@ import { mustRun, nsenterArgv, run, RunOptions, RunResult } from './proc';
 import { binDir, ensureBpffs, ExitStatus, Tetherd, tetherBinariesPresent } from './tetherd';
 import { OperatorProc } from './operator-proc';
 import { NodeRuntime } from '../lib/container/node-runtime';
-import { tetherdPodSpec, type PodSpec as ManifestPodSpec } from '../lib/container/pod-spec';
+import { installObjects, operatorDeployment, tetherdPodSpec, type PodSpec as ManifestPodSpec } from '../lib/container/pod-spec';
+import { admitWith, serviceAccountUser, type UserInfo } from '../lib/admission-request';
 import type { Release } from '../lib/releases';
 import { addrOf, IpamMode, NodePlan, Plan, planPod, PodPlan, PodSpec, resolveTopology, TetherStepConfig, Topology } from './topology';
 
@@ -95,10 +96,15 @@ export class Testbed {
   /** Block routes installed by syncBlockRoutes(): block CIDR → owning node. */
   private readonly blockRoutes = new Map<string, string>();
   private routeSync: Promise<void> = Promise.resolve();
-  /** configSource 'kubernetes': the run's FAKE API server. */
+  /** configSource 'kubernetes': the run's FAKE API server, and its socket. */
   private fakeApi?: FakeApiServer;
+  private apiSocket?: string;
   /** containers: the runtime of the nodes' tetherd containers and the manifest's pod spec. */
   private nodeRuntime?: { runtime: NodeRuntime; pod: ManifestPodSpec; env?: Record<string, string> };
+  /** configSource 'kubernetes': who each bearer token is (a node's tetherd, an operator replica). */
+  private readonly users = new Map<string, UserInfo>();
+  /** configSource 'kubernetes': writes the admission policies denied ("user VERB resource/name: message"). */
+  private readonly denied: string[] = [];
   /** runtime 'cri': each node's containerd, and (file config) the Pod objects that carry pods' labels. */
   private readonly criNodes = new Map<string, CriNode>();
   private readonly criPodObjects = new Map<string, Record<string, unknown>>();
@@ -403,13 +409,30 @@ export class Testbed {
     return this.fakeApi;
   }
 
-  get kubeconfigPath(): string {
-    return path.join(this.runDir, 'kubeconfig');
+  /** A node's tetherd's kubeconfig (in its run directory, which its container mounts): the node's own token. */
+  kubeconfigOf(node: string): string {
+    return this.nodeDir(node, 'kubeconfig');
   }
 
-  /** tether-operator's kubeconfig: its bearer token is OPERATOR_TOKEN (the nodes' is the fake's default). */
-  get operatorKubeconfigPath(): string {
-    return path.join(this.runDir, 'kubeconfig-operator');
+  /** Who a bearer token of the run's API server belongs to (undefined: none of the run's components). */
+  userOf(token: string | undefined): UserInfo | undefined {
+    return token === undefined ? undefined : this.users.get(token);
+  }
+
+  /** Writes the admission policies denied so far (none may be: down() fails the run if any was). */
+  get admissionDenials(): readonly string[] {
+    return this.denied;
+  }
+
+  /**
+   * A kubeconfig at `file` with a token of its own for `user` (a pod-bound ServiceAccount token), readable
+   * by `owner` (a container's non-root user) when given.
+   */
+  private writeKubeconfig(file: string, token: string, user: UserInfo, owner?: { uid: number; gid: number }): void {
+    this.users.set(token, user);
+    fs.mkdirSync(path.dirname(file), { recursive: true });
+    fs.writeFileSync(file, kubeconfigFor(`http://127.0.0.1:${KUBE_API_PORT}`, token), { mode: 0o600 });
+    if (owner) fs.chownSync(file, owner.uid, owner.gid);
   }
 
   /** A pod's Pod object as the API holds it once the pod is scheduled and running (Ready). */
@@ -431,24 +454,41 @@ export class Testbed {
   private async startApi(): Promise<void> {
     const api = new FakeApiServer();
     this.fakeApi = api;
-    const sock = path.join(this.runDir, 'apiserver.sock');
-    await api.listen({ socketPath: sock });
+    // Both admission policies of install/, enforced on every write as a cluster's API server does, each
+    // request made as its token's user. A denial is a bug of the component that wrote: loud now, and down()
+    // fails the run.
+    const policies = installObjects().filter((o) => o.kind === 'ValidatingAdmissionPolicy');
+    if (policies.length < 2) throw new Error(`install/ holds ${policies.length} ValidatingAdmissionPolicies; the testbed expects the node's and the operator's`);
+    const admit = admitWith(policies, (a) => this.userOf(a.token) ?? ADMIN);
+    api.admit = (a) => {
+      const v = admit(a);
+      if (!v.allowed) {
+        const line = `${this.userOf(a.token)?.username ?? `token ${a.token}`} ${a.operation} ${a.resource}${a.subResource ? `/${a.subResource}` : ''} ${a.namespace ? `${a.namespace}/` : ''}${a.name || a.object?.metadata?.name || ''}: ${v.message}`;
+        this.denied.push(line);
+        process.stderr.write(`  testbed ${this.prefix}: admission DENIED ${line}\n`);
+      }
+      return v;
+    };
+    this.apiSocket = path.join(this.runDir, 'apiserver.sock');
+    await api.listen({ socketPath: this.apiSocket });
     const { podPool } = this.plan;
     api.apply({ apiVersion: 'tether.dev/v1alpha1', kind: 'AddressPool', metadata: { name: podPool.name }, spec: { usage: 'pod', ipv4: { cidr: podPool.cidr, blockSize: podPool.blockSize } } });
     for (const n of this.plan.nodes) {
       api.apply({ apiVersion: 'v1', kind: 'Node', metadata: { name: n.name, labels: n.zone ? { 'topology.kubernetes.io/zone': n.zone } : {} }, spec: {} });
     }
     for (const o of this.topology.extraObjects ?? []) api.apply(structuredClone(o));
-    fs.writeFileSync(this.kubeconfigPath, kubeconfigFor(`http://127.0.0.1:${KUBE_API_PORT}`), { mode: 0o600 });
-    // The operator's own token (its own ServiceAccount in a cluster): the fake's calls tell its requests apart.
-    fs.writeFileSync(this.operatorKubeconfigPath, kubeconfigFor(`http://127.0.0.1:${KUBE_API_PORT}`, OPERATOR_TOKEN), { mode: 0o600 });
-    await Promise.all(this.plan.nodes.map(async (n) => {
-      const child = this.spawn(n.name, [process.execPath, '-e', FORWARDER, String(KUBE_API_PORT), sock]);
-      await new Promise<void>((resolve, reject) => {
-        child.stdout?.on('data', (b: Buffer) => b.toString().includes('ready') && resolve());
-        child.once('exit', (code) => reject(new Error(`API forwarder on ${n.name} exited (${code})`)));
-      });
-    }));
+    // Each node's tetherd its own token, as the DaemonSet's pod-bound token names its node.
+    for (const n of this.plan.nodes) this.writeKubeconfig(this.kubeconfigOf(n.name), `node-${n.name}`, serviceAccountUser('tether-system', 'tether', { node: n.name, pod: `tetherd-${n.name}` }));
+    await Promise.all(this.plan.nodes.map((n) => this.forwardApi(n.name)));
+  }
+
+  /** A TCP forwarder in a namespace: 127.0.0.1:KUBE_API_PORT → the API server's socket. */
+  private async forwardApi(ns: string): Promise<void> {
+    const child = this.spawn(ns, [process.execPath, '-e', FORWARDER, String(KUBE_API_PORT), this.apiSocket!]);
+    await new Promise<void>((resolve, reject) => {
+      child.stdout?.on('data', (b: Buffer) => b.toString().includes('ready') && resolve());
+      child.once('exit', (code) => reject(new Error(`API forwarder in ${ns} exited (${code})`)));
+    });
   }
 
   // ---- tetherd -------------------------------------------------------------------------------------------
@@ -490,9 +530,9 @@ export class Testbed {
 
   // ---- tether-operator (configSource 'kubernetes') ---------------------------------------------------------
 
-  /** tether-operator's log (every replica's, appended; kept across restarts). */
-  get operatorLog(): string {
-    return path.join(this.runDir, 'tether-operator.log');
+  /** A replica's log (kept across its restarts). */
+  operatorLog(replica: number): string {
+    return path.join(this.runDir, 'operator', `tether-operator-${replica}.log`);
   }
 
   /** The replicas running now. */
@@ -500,23 +540,70 @@ export class Testbed {
     return this.operators.filter((o) => o.running).length;
   }
 
+  /** The identities (pod names, the Lease's holderIdentity) of the replicas running now. */
+  get operatorIdentities(): string[] {
+    return this.operators.filter((o) => o.running).map((o) => o.o.identity);
+  }
+
+  /** One replica by its identity. */
+  operator(identity: string): OperatorProc {
+    const o = this.operators.find((x) => x.o.identity === identity);
+    if (!o) throw new Error(`no tether-operator replica ${identity} (replicas: ${this.operators.map((x) => x.o.identity).join(', ') || 'none'})`);
+    return o;
+  }
+
+  /** Stops one replica by its identity (SIGTERM: a leader releases the Lease; SIGKILL: it does not), as a pod lost. */
+  async stopOperator(identity: string, signal: NodeJS.Signals = 'SIGTERM'): Promise<void> {
+    await this.operator(identity).kill(signal);
+  }
+
   /**
    * Runs `replicas` replicas of tether-operator, as `kubectl scale deploy/tether-operator` would: the highest
    * ones stop first (SIGTERM: a leader releases its Lease), stopped ones start again (ready once every part
-   * started). Each runs in the last node's namespace.
+   * started: in container mode once its probes answer). Each replica has its own token of the ServiceAccount
+   * tether-operator. As processes they run in the last node's namespace; in container mode each runs the
+   * Deployment's container in a network namespace of its own.
    */
   async scaleOperator(replicas: number): Promise<void> {
     if (!this.kube) throw new Error('tether-operator runs only with configSource kubernetes');
-    const last = this.plan.nodes[this.plan.nodes.length - 1];
-    while (this.operators.length < replicas) {
-      this.operators.push(new OperatorProc({
-        identity: `tether-operator-${this.operators.length}`, nsPath: this.nsPath(last.name), kubeconfig: this.operatorKubeconfigPath,
-        redis: { url: this.sentinelSet?.url ?? this.clusterStore?.url ?? this.redis.url, prefix: this.redisPrefix },
-        // The build under test: an older release in the upgrade test has no operator (its nodes led then).
-        log: this.operatorLog, binDir: binDir(),
-      }));
-    }
+    if (!Number.isInteger(replicas) || replicas < 0) throw new Error(`scaleOperator(${replicas}): give a whole number of replicas, 0 or more`);
+    while (this.operators.length < replicas) this.operators.push(await this.newOperator(this.operators.length));
     await Promise.all(this.operators.map((o, i) => (i < replicas ? (o.running ? undefined : o.start()) : o.kill('SIGTERM'))));
+  }
+
+  private async newOperator(i: number): Promise<OperatorProc> {
+    const identity = `tether-operator-${i}`;
+    const dir = path.join(this.runDir, 'operator', identity);
+    fs.mkdirSync(dir, { recursive: true });
+    const user = serviceAccountUser('tether-system', 'tether-operator', { pod: identity });
+    const common = { identity, log: this.operatorLog(i), binDir: binDir() }; // the build under test
+    if (!this.nodeRuntime) {
+      const last = this.plan.nodes[this.plan.nodes.length - 1];
+      this.writeKubeconfig(path.join(dir, 'kubeconfig'), identity, user);
+      return new OperatorProc({
+        ...common, nsPath: this.nsPath(last.name), kubeconfig: path.join(dir, 'kubeconfig'),
+        redis: { url: this.sentinelSet?.url ?? this.clusterStore?.url ?? this.redis.url, prefix: this.redisPrefix },
+      });
+    }
+    const { pod } = operatorDeployment();
+    const sc = pod.containers.find((c) => c.name === 'tether-operator')?.securityContext;
+    const owner = { uid: sc?.runAsUser ?? 0, gid: sc?.runAsGroup ?? 0 };
+    // Its network namespace: loopback only, where a forwarder reaches the API server. The store over a
+    // relay socket of its own, which its user may open (the run's Redis socket is root's).
+    if (this.sentinelSet || this.clusterStore) throw new Error('the operator\'s container reaches the store over a Unix socket: a Sentinel set or a Cluster (TCP on the fabric) is not reachable from its namespace');
+    const ns = `${this.prefix}-op${i}`;
+    await mustRun(['ip', 'netns', 'add', ns]);
+    await mustRun(['ip', '-n', ns, 'link', 'set', 'lo', 'up']);
+    await this.forwardApi(ns);
+    const relay = await StoreRelay.start(path.join(dir, 'redis.sock'), this.redis.socketPath);
+    this.relays.set(identity, relay);
+    fs.chownSync(relay.path, owner.uid, owner.gid);
+    this.writeKubeconfig(path.join(dir, 'kubeconfig'), identity, user, owner);
+    return new OperatorProc({
+      ...common, nsPath: `/run/netns/${ns}`, kubeconfig: path.join(dir, 'kubeconfig'),
+      redis: { url: `unix://${relay.path}`, prefix: this.redisPrefix },
+      container: { runtime: this.nodeRuntime.runtime, pod, tmpDir: path.join(this.runDir, 'operator') },
+    });
   }
 
   /** tetherd's status answer for a node (what `tetherctl status` prints). */
@@ -897,7 +984,8 @@ export class Testbed {
         await runtime.start();
       }
       await Promise.all(plan.nodes.map((n) => this.startDaemon(n)));
-      if (this.kube && this.ipam === 'tether-ipam') await this.scaleOperator(this.topology.operatorReplicas ?? 1);
+      // As many replicas as the Deployment says when it runs from its manifest; one as a process.
+      if (this.kube && this.ipam === 'tether-ipam') await this.scaleOperator(this.topology.operatorReplicas ?? (this.nodeRuntime ? operatorDeployment().replicas : 1));
     }
     if (this.cri) await this.startCri();
     // Nodes attach their pods in parallel, each node one pod at a time (as a kubelet would, roughly).
@@ -962,7 +1050,7 @@ export class Testbed {
       // Every tetherd knows its node address and shares the run's cluster key: Egress needs both.
       extraArgs: [
         '--node-address', n.fabricIp, '--uplink', 'eth0', '--cluster-key-file', this.clusterKeyPath(),
-        ...(this.kube && !n.tetherdConfig ? ['--kubeconfig', this.kubeconfigPath] : []),
+        ...(this.kube && !n.tetherdConfig ? ['--kubeconfig', this.kubeconfigOf(n.name)] : []),
         ...(this.topology.tetherdArgs ?? []),
       ],
       logLevel: this.topology.tetherdLogLevel,
@@ -1011,6 +1099,7 @@ export class Testbed {
     await this.testRedis?.stop(); // teardown killed it already; this drops the helper's exit hook
     unregisterLive(this.prefix);
     if (left.length > 0) throw new Error(`testbed ${this.prefix} teardown left: ${left.join(', ')}`);
+    if (this.denied.length > 0) throw new Error(`testbed ${this.prefix}: the admission policies denied ${this.denied.length} write(s) of the run's components:\n  ${this.denied.join('\n  ')}`);
     if (rtLeft.length > 0) throw new Error(`testbed ${this.prefix} node containers left: ${rtLeft.join(', ')}`);
     if (criLeft.length > 0) throw new Error(`testbed ${this.prefix} containerd teardown: ${criLeft.join('; ')}`);
   }
@@ -1055,10 +1144,11 @@ export class Testbed {
       fs.mkdirSync(this.keptLogsDir, { recursive: true });
       fs.copyFileSync(this.tetherdLog(n.name), path.join(this.keptLogsDir, `tetherd-${n.name}.log`));
     }
-    if (this.operators.length && fs.existsSync(this.operatorLog)) {
+    this.operators.forEach((_, i) => {
+      if (!fs.existsSync(this.operatorLog(i))) return;
       fs.mkdirSync(this.keptLogsDir, { recursive: true });
-      fs.copyFileSync(this.operatorLog, path.join(this.keptLogsDir, 'tether-operator.log'));
-    }
+      fs.copyFileSync(this.operatorLog(i), path.join(this.keptLogsDir, path.basename(this.operatorLog(i))));
+    });
   }
 
   /** What of this run still exists (namespaces, run dir, pin dir); empty after down(). */
@@ -1067,8 +1157,12 @@ export class Testbed {
   }
 }
 
-/** The bearer token of tether-operator's requests to the run's API server (the nodes': 'fake-token'). */
-export const OPERATOR_TOKEN = 'tether-operator';
+/** The ServiceAccount users of the run's components, as the API server names them. */
+export const NODE_SA = 'system:serviceaccount:tether-system:tether';
+export const OPERATOR_SA = 'system:serviceaccount:tether-system:tether-operator';
+
+/** A request whose token is none of the run's components': an administrator (no policy applies to it). */
+const ADMIN: UserInfo = { username: 'kubernetes-admin', groups: ['kubeadm:cluster-admins', 'system:authenticated'] };
 
 /** The port tetherds reach the FAKE API server on, inside each node namespace. */
 const KUBE_API_PORT = 16443;

@@ -67,8 +67,9 @@ export interface Topology {
   /** More tetherd flags on every node. */
   tetherdArgs?: string[];
   /**
-   * configSource 'kubernetes': replicas of tether-operator run as processes (default 1; 0: none until
-   * tb.scaleOperator), each in the last node's namespace, where that node's forwarder reaches the API server.
+   * configSource 'kubernetes': replicas of tether-operator (0: none until tb.scaleOperator). Default: the
+   * Deployment's replicas in container mode (each from its manifest, in a namespace of its own), else 1 as a
+   * process in the last node's namespace, where that node's forwarder reaches the API server.
    */
   operatorReplicas?: number;
   /**

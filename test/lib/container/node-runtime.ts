@@ -9,7 +9,7 @@ import * as fs from 'node:fs';
 import * as os from 'node:os';
 import * as path from 'node:path';
 import { Containerd } from '../cri/containerd';
-import { ctrRunFlags, type CtrRunInput } from './pod-spec';
+import { ctrRunFlags, runAsArgv, type CtrRunInput } from './pod-spec';
 
 const root = path.join(__dirname, '../../..');
 export const IMAGE_ARCHIVE = process.env.TETHER_IMAGE_ARCHIVE ?? path.join(root, 'dist/image/tether.oci.tar');
@@ -162,7 +162,7 @@ export class NodeRuntime {
     const image = this.image(archive ?? this.defaultArchive);
     const id = `${name}-${this.instance}-${crypto.randomBytes(2).toString('hex')}`;
     const pidFile = path.join(this.dir, `${id}.pid`);
-    const argv = ['-a', this.containerd.socket, '-n', NS, 'run', '--rm', '--rootfs', '--pid-file', pidFile, ...image.env.flatMap((e) => ['--env', e]), ...ctrRunFlags(input), image.rootfs, id, ...input.argv];
+    const argv = ['-a', this.containerd.socket, '-n', NS, 'run', '--rm', '--rootfs', '--pid-file', pidFile, ...image.env.flatMap((e) => ['--env', e]), ...ctrRunFlags(input), image.rootfs, id, ...runAsArgv(input.container, input.argv)];
     const fd = fs.openSync(logFile, 'a');
     fs.writeSync(fd, `# ${new Date().toISOString()} container ${id}: ctr ${argv.join(' ')}\n`);
     const child = spawn('ctr', argv, { stdio: ['ignore', fd, fd] });
