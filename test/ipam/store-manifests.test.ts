@@ -15,6 +15,7 @@ import { RedisStore } from '../../ipam/store/redis-store';
 import { parseRedisUrl, withRedisPassword } from '../../daemon/common/redis';
 import { TetherError } from '../../lib/errors';
 import { waitFor } from '../lib/wait';
+import { freePort } from '../lib/ports';
 
 type Obj = Record<string, any>;
 const root = path.join(__dirname, '../..');
@@ -46,18 +47,6 @@ test.after(async () => {
   if (tmp) fs.rmSync(tmp, { recursive: true, force: true });
 });
 
-/** A port nobody listens on (a listener opened and closed). */
-async function freePort(): Promise<number> {
-  const net = await import('node:net');
-  return new Promise((resolve, reject) => {
-    const s = net.createServer();
-    s.listen(0, '127.0.0.1', () => {
-      const port = (s.address() as { port: number }).port;
-      s.close(() => resolve(port));
-    });
-    s.on('error', reject);
-  });
-}
 
 /** The pod's paths and names rewritten to this machine's; the script otherwise as the manifest has it. */
 function localize(script: string, name: string, dir: string, rewrite: Array<[RegExp, string]> = []): string {

@@ -8,7 +8,6 @@ import { test } from 'uvu';
 import * as assert from 'uvu/assert';
 import { execFileSync, spawn, type ChildProcess } from 'node:child_process';
 import * as fs from 'node:fs';
-import * as net from 'node:net';
 import * as os from 'node:os';
 import * as path from 'node:path';
 import { parseAllDocuments } from 'yaml';
@@ -17,6 +16,7 @@ import { connectLbStore } from '../../daemon/lb/lb-store';
 import { parseRedisUrl, withRedisPassword } from '../../daemon/common/redis';
 import { ErrorCode, TetherError } from '../../lib/errors';
 import { waitFor } from '../lib/wait';
+import { freePort } from '../lib/ports';
 
 type Obj = Record<string, any>;
 const root = path.join(__dirname, '../..');
@@ -58,13 +58,6 @@ function buildWithTls(): Obj[] {
   return parseAllDocuments(out).map((d) => d.toJS() as Obj).filter(Boolean);
 }
 
-async function freePort(): Promise<number> {
-  const s = net.createServer();
-  await new Promise<void>((r) => s.listen(0, '127.0.0.1', r));
-  const p = (s.address() as net.AddressInfo).port;
-  await new Promise((r) => s.close(r));
-  return p;
-}
 
 const localize = (script: string, dir: string) => script.replaceAll('/auth/', `${tmp}/auth/`).replaceAll('/conf/', `${dir}/`).replaceAll('/tls/', `${tmp}/tls/`);
 

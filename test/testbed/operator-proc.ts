@@ -9,7 +9,7 @@
 import { ChildProcess, spawn } from 'node:child_process';
 import * as fs from 'node:fs';
 import * as path from 'node:path';
-import { nsenterArgv, run, sleep } from './proc';
+import { nsenterArgv, run, sleep, stopBoxOrChild } from './proc';
 import type { ExitStatus } from './tetherd';
 import type { NodeContainer, NodeRuntime } from '../lib/container/node-runtime';
 import { containerEnv, containerOf, expandCommand, type HttpProbe, type PodSpec } from '../lib/container/pod-spec';
@@ -150,21 +150,7 @@ export class OperatorProc {
 
   /** Sends the signal (SIGTERM: a clean stop, releasing the Lease) and resolves when it has exited. */
   async kill(signal: NodeJS.Signals = 'SIGTERM', timeoutMs = 10_000): Promise<ExitStatus> {
-    if (this.box) {
-      const box = this.box;
-      if (!box.running) return box.exited;
-      box.kill(signal);
-      const st = await Promise.race([box.exited, sleep(timeoutMs).then(() => undefined)]);
-      if (st) return st;
-      box.kill('SIGKILL');
-      return box.exited;
-    }
-    if (!this.running || !this.child) return (await this.exited) ?? { code: null, signal: null };
-    this.child.kill(signal);
-    const st = await Promise.race([this.exited!, sleep(timeoutMs).then(() => undefined)]);
-    if (st) return st;
-    this.child.kill('SIGKILL');
-    return this.exited!;
+    return stopBoxOrChild({ box: this.box, child: this.child, running: this.running, exited: this.exited }, signal, timeoutMs, { code: null, signal: null });
   }
 
   logTail(lines = 30): string {

@@ -106,3 +106,36 @@ export function killQuiet(pid: number, signal: NodeJS.Signals): void {
     // Already gone: nothing to do.
   }
 }
+
+/** Something that runs and ends: a child process or a container (its `exited` resolves with how it ended). */
+export interface Stoppable<T> {
+  running: boolean;
+  exited: Promise<T | undefined>;
+  kill(signal: NodeJS.Signals): void;
+}
+
+/**
+ * Sends `signal`, and SIGKILL if it has not ended within `timeoutMs`; resolves with how it ended (at once when
+ * it is not running).
+ */
+export async function signalThenKill<T>(p: Stoppable<T>, signal: NodeJS.Signals, timeoutMs: number, none: T): Promise<T> {
+  if (!p.running) return (await p.exited) ?? none;
+  p.kill(signal);
+  const st = await Promise.race([p.exited, sleep(timeoutMs).then(() => undefined)]);
+  if (st) return st;
+  p.kill('SIGKILL');
+  return (await p.exited) ?? none;
+}
+
+/** A testbed process that runs either in a container (`box`) or as a child process. */
+export function stopBoxOrChild<T>(
+  o: { box?: Stoppable<T>; child?: { kill(signal: NodeJS.Signals): unknown }; running: boolean; exited?: Promise<T | undefined> },
+  signal: NodeJS.Signals,
+  timeoutMs: number,
+  none: T,
+): Promise<T> {
+  const box = o.box;
+  if (box) return signalThenKill({ running: box.running, exited: box.exited, kill: (s) => box.kill(s) }, signal, timeoutMs, none);
+  const child = o.child;
+  return signalThenKill({ running: o.running && !!child, exited: o.exited ?? Promise.resolve(undefined), kill: (s) => child?.kill(s) }, signal, timeoutMs, none);
+}

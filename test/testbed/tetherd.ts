@@ -3,7 +3,7 @@
 import { ChildProcess, spawn } from 'node:child_process';
 import * as fs from 'node:fs';
 import * as path from 'node:path';
-import { nsenterArgv, run, sleep } from './proc';
+import { nsenterArgv, run, sleep, stopBoxOrChild } from './proc';
 import type { NodeContainer, NodeRuntime } from '../lib/container/node-runtime';
 import { containerOf, type PodSpec } from '../lib/container/pod-spec';
 
@@ -188,22 +188,7 @@ export class Tetherd {
 
   /** Sends signal and resolves with how the process ended; resolves at once if it is not running. */
   async kill(signal: NodeJS.Signals = 'SIGKILL', timeoutMs = 5000): Promise<ExitStatus> {
-    if (this.box) {
-      const box = this.box;
-      if (!box.running) return box.exited;
-      box.kill(signal);
-      const st = await Promise.race([box.exited, sleep(timeoutMs).then(() => undefined)]);
-      if (st) return st;
-      box.kill('SIGKILL');
-      return box.exited;
-    }
-    if (!this.running || !this.child) return (await this.exited) ?? { code: null, signal: null };
-    this.child.kill(signal);
-    const timeout = sleep(timeoutMs).then(() => undefined);
-    const st = await Promise.race([this.exited, timeout]);
-    if (st) return st;
-    this.child.kill('SIGKILL');
-    return (await this.exited) as ExitStatus;
+    return stopBoxOrChild({ box: this.box, child: this.child, running: this.running, exited: this.exited }, signal, timeoutMs, { code: null, signal: null });
   }
 
   /** Clean stop (SIGTERM, SIGKILL after a grace period) then start again. */

@@ -22,6 +22,7 @@ import { healthCondition } from '../../daemon/kube/status-controller';
 import { portHolder } from '../../daemon/sys/port-holder';
 import type { ResolvedLoadBalancer } from '../../daemon/lb/lb-spec';
 import { log } from '../../lib/log';
+import { freePort } from '../lib/ports';
 
 function get(port: number, path: string, host = '127.0.0.1'): Promise<{ status: number; headers: http.IncomingHttpHeaders; body: string }> {
   return new Promise((resolve, reject) => {
@@ -142,10 +143,6 @@ test('staleness by kube-proxy\'s rule: unhealthy only when a change has waited 6
   assert.is(proxyHealth(t.state(), at(1000)).healthy, true);
 });
 
-/** A port free now (bound and released). */
-function freePort(): Promise<number> {
-  return new Promise((r) => { const s = net.createServer().listen(0, () => { const p = (s.address() as net.AddressInfo).port; s.close(() => r(p)); }); });
-}
 
 const hasIPv6Loopback = existsSync('/proc/net/if_inet6') && /^0{31}1 /m.test(readFileSync('/proc/net/if_inet6', 'utf8'));
 

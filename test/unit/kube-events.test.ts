@@ -31,6 +31,7 @@ import type { ClusterAddresses } from '../../ipam/cluster-addresses';
 import type { AttachService } from '../../daemon/pod/attach-service';
 import { HealthController } from '../../daemon/health/health-controller';
 import type { ResolvedLoadBalancer } from '../../daemon/lb/lb-spec';
+import { freePort } from '../lib/ports';
 
 type Obj = Record<string, any>;
 const quiet = makeLogger({ level: 'error', stream: new Writable({ write: (_c, _e, cb) => cb() }) });
@@ -291,12 +292,5 @@ test('a health-check answer flipping 200 → 503 → 200 on this node is an Even
   }
 });
 
-async function freePort(): Promise<number> {
-  const s = net.createServer();
-  await new Promise<void>((r) => s.listen(0, '127.0.0.1', r));
-  const p = (s.address() as net.AddressInfo).port;
-  await new Promise((r) => s.close(r));
-  return p;
-}
 
 test.run();

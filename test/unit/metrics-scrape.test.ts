@@ -7,7 +7,6 @@
 import { test } from 'uvu';
 import * as assert from 'uvu/assert';
 import * as fs from 'node:fs';
-import * as net from 'node:net';
 import * as os from 'node:os';
 import * as path from 'node:path';
 import { Writable } from 'node:stream';
@@ -37,6 +36,7 @@ import type { Options } from '../../daemon/options';
 import { lbServiceObjects } from '../lib/lb-objects';
 import { startRedis, type TestRedis } from '../lib/redis';
 import { compareWithStatus, expectedFromStatus, namingProblems, parseExposition, scrapeMetrics } from '../lib/metrics';
+import { freePort } from '../lib/ports';
 
 const quiet = makeLogger({ level: 'error', stream: new Writable({ write: (_c, _e, cb) => cb() }) });
 setLogger(quiet);
@@ -83,13 +83,6 @@ let metricsListener: MetricsServer;
 let metricsUrl: string;
 const cleanups: Array<() => Promise<void> | void> = [];
 
-async function freePort(): Promise<number> {
-  const s = net.createServer();
-  await new Promise<void>((r) => s.listen(0, '127.0.0.1', r));
-  const port = (s.address() as net.AddressInfo).port;
-  await new Promise((r) => s.close(r));
-  return port;
-}
 
 const cniParams = (id: string) => ({
   command: 'ADD', containerId: id, netns: '/proc/self/ns/net', ifName: 'eth0', args: { K8S_POD_NAMESPACE: 'shop', K8S_POD_NAME: id },

@@ -7,7 +7,6 @@
 import { test } from 'uvu';
 import * as assert from 'uvu/assert';
 import * as fs from 'node:fs';
-import * as net from 'node:net';
 import * as os from 'node:os';
 import * as path from 'node:path';
 import { Writable } from 'node:stream';
@@ -19,6 +18,7 @@ import { Lifecycle } from '../../daemon/lifecycle';
 import { operatorParts, type StartedOperator } from '../../operator/main';
 import { parseOperatorOptions } from '../../operator/options';
 import { OPERATOR_LEASE } from '../../operator/controllers';
+import { freePort } from '../lib/ports';
 
 const quiet = makeLogger({ level: 'error', stream: new Writable({ write: (_c, _e, cb) => cb() }) });
 setLogger(quiet);
@@ -33,14 +33,6 @@ const until = async (what: string, fn: () => boolean | Promise<boolean>, ms = 10
   }
 };
 
-/** A port free now on 127.0.0.1 (the operator, like tetherd, reads port 0 as "metrics off"). */
-async function freePort(): Promise<number> {
-  const s = net.createServer();
-  await new Promise<void>((r) => s.listen(0, '127.0.0.1', () => r()));
-  const { port } = s.address() as net.AddressInfo;
-  await new Promise<void>((r) => s.close(() => r()));
-  return port;
-}
 
 test('--metrics-bind-address: off by default, checked like tetherd\'s', async () => {
   assert.is(parseOperatorOptions(['--kubernetes'])['metrics-bind-address'], '');
