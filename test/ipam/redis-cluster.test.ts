@@ -338,7 +338,9 @@ test('a primary SIGKILLed mid-stream: TRY_AGAIN_LATER while its replica takes ov
       if (Date.now() - t > 20_000) assert.unreachable(`allocations did not resume after the failover: ${JSON.stringify(stream.failures)}`);
       await sleep(20);
     }
-    assert.ok(stream.handedOut.size > before + 30);
+    // Each answer counted after the mark is a new owner's new address: at least 30 more (exactly 30 when the
+    // loop above stops on the 30th and none came between the kill and the mark).
+    assert.ok(stream.handedOut.size >= before + 30, `${stream.handedOut.size - before} addresses handed out since the kill`);
   } finally {
     await stream.stop();
   }
