@@ -81,8 +81,8 @@ static __always_inline __be32 lb_mapped(const struct lb_map_key *k)
 	return m->target;
 }
 
-/* A new client: the VIP's Maglev row picks its target, which is recorded here and reported on the ring
- * buffer (tetherd writes it to the store later: the packet never waits for that). A full table does not
+/* A new client: the VIP's Maglev row picks its target, which is recorded here and, unless the service is
+ * quiet, reported on the ring buffer (tetherd writes it to the store later: the packet never waits for that). A full table does not
  * stop the flow: it is forwarded by the same pick, counted, and still reported so the store holds it.
  * 0 when the VIP has no active target. */
 static __always_inline __be32 lb_pick(const struct lb_map_key *k, const struct lb_service *svc,
@@ -105,6 +105,10 @@ static __always_inline __be32 lb_pick(const struct lb_map_key *k, const struct l
 	if (err == -E2BIG_)
 		st->mapping_full++;
 	st->misses++;
+	/* Quiet: nothing to report while the target set holds still (every LB node picks alike); a pick this
+	 * map could not hold is reported all the same, so the store holds what no local mapping does. */
+	if ((svc->flags & LB_F_QUIET) && err != -E2BIG_)
+		return m.target;
 	ev = bpf_ringbuf_reserve(&lb_events, sizeof(*ev), 0);
 	if (ev) {
 		ev->key = *k;

@@ -10,6 +10,10 @@
 
 /* lb_service.flags */
 #define LB_F_PER_FLOW 0x1 /* the mapping key is the 5-tuple; default: the client address */
+/* New picks are recorded in this node's map but not reported (tetherd records on change: a flow needs a
+ * store record only when a new Maglev table would move it). A pick the full map cannot hold is still
+ * reported. Releases before this flag never set it, and ignore it. */
+#define LB_F_QUIET 0x2
 
 /* lb_target.state: both keep their existing mappings; only active ones are in the Maglev table. */
 #define LB_TARGET_ACTIVE 1

@@ -236,6 +236,16 @@ export const FORMATS: readonly FormatEntry[] = [
     history: { 1: 'first version' },
   },
   {
+    name: 'lb-table-version',
+    kind: 'store key/value',
+    definedIn: ['daemon/lb/table-versions.ts'],
+    version: 1,
+    reads: [1],
+    versionField: 'field "format" of the hash; a reader refuses another format by name',
+    summary: 'hash <prefix>lb:{<vip>}:table: active and next as "<version>|<ms>|<row>", members m:<node> (expiry ms), d:<node> (row wanted), a:<node> (version acknowledged)',
+    history: { 1: 'first version (issue 32): releases before it never read or write the key; they switch rows at once and record every pick' },
+  },
+  {
     name: 'lb-mapping-notice',
     kind: 'pub/sub notice',
     definedIn: ['daemon/lb/mapping-notices.ts', 'daemon/lb/mapping-fields.ts'],

@@ -38,6 +38,8 @@ export const LB_LAYOUTS: Record<string, StructLayout> = {
 
 // must match bpf/lb-types.h
 export const LB_F_PER_FLOW = 0x1;
+/** New picks are not reported on the ring buffer (record on change; lb-types.h). */
+export const LB_F_QUIET = 0x2;
 export const LB_TARGET_ACTIVE = 1;
 export const LB_TARGET_TERMINATING = 2;
 export const LB_MAX_VIPS_DEFAULT = 16;
@@ -187,4 +189,34 @@ export function sumLbStats(perCpu: Buffer[]): LbStats {
   const s = Object.fromEntries(STAT_NAMES.map((n) => [n, 0n])) as unknown as LbStats;
   for (const b of perCpu) STAT_NAMES.forEach((n, i) => { s[n] += b.readBigUInt64LE(i * 8); });
   return s;
+}
+
+/** One round of lb_mix (lb-core.h): murmur3's block mix. */
+function lbMix(h: number, k: number): number {
+  k = Math.imul(k, 0xcc9e2d51);
+  k = (k << 15) | (k >>> 17);
+  k = Math.imul(k, 0x1b873593);
+  h ^= k;
+  h = (h << 13) | (h >>> 19);
+  return (Math.imul(h, 5) + 0xe6546b64) | 0;
+}
+
+/**
+ * lb_hash of lb-core.h, bit for bit: the words are the key's fields as the program loads them (network
+ * byte order read little-endian), so tetherd computes the pick every LB node's datapath makes for a key.
+ */
+export function lbHash(k: MapKey, seed: number): number {
+  const b = encodeMapKey(k);
+  let h = seed | 0;
+  h = lbMix(h, b.readUInt32LE(0));
+  h = lbMix(h, b.readUInt32LE(4));
+  h = lbMix(h, ((b.readUInt16LE(8) << 16) | b.readUInt16LE(10)) >>> 0);
+  h = lbMix(h, b[12]);
+  h ^= 16;
+  h ^= h >>> 16;
+  h = Math.imul(h, 0x85ebca6b);
+  h ^= h >>> 13;
+  h = Math.imul(h, 0xc2b2ae35);
+  h ^= h >>> 16;
+  return h >>> 0;
 }

@@ -155,6 +155,17 @@ export class LbDatapath {
     }
   }
 
+  /** Rewrites the flags of every port of vip (its slot kept); ports and slot are set by setService. */
+  setServiceFlags(vip: string, flags: number): void {
+    const m = this.o().map('lb_services');
+    const vipHex = ipv4Bytes(vip, 'vip').toString('hex');
+    const update: Array<[Buffer, Buffer]> = [];
+    for (const [k, v] of m.entries()) {
+      if (k.toString('hex').startsWith(vipHex) && v.readUInt32LE(4) !== flags) update.push([k, encodeService(v.readUInt32LE(0), flags)]);
+    }
+    if (update.length) m.updateBatch(update);
+  }
+
   /** The VIPs programmed now and their slots (from each VIP's port-0 entry): what a restart finds. */
   services(): Map<string, number> {
     const out = new Map<string, number>();

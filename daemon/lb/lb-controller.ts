@@ -4,7 +4,8 @@
 //    Services a local LB pod selects or a local pod is a target of (tether-operator holds every Service's,
 //    for their status); the others cost this node nothing;
 //  - a datapath slot for each VIP a local LB pod serves, within this node's budget (vip-slots.ts), and
-//    the VIP's ports, targets and Maglev row programmed there (vip-programs.ts) — nodes without an LB pod
+//    the VIP's ports and targets programmed there (vip-programs.ts), its Maglev row switched to a new target
+//    set together with the VIP's other LB nodes (table-switch.ts) — nodes without an LB pod
 //    of a Service program nothing for it, so the cluster has no cap on Services;
 //  - the program on each local LB pod and the VIP routed and announced through them once its mappings
 //    are loaded (lb-pods.ts); with --lb-datapath=node also the program on the node's uplink, which handles
@@ -26,6 +27,7 @@ import { VipPrograms } from './vip-programs';
 import { LbPods, type Selections } from './lb-pods';
 import { LbTargets } from './targets';
 import { MappingSync } from './mapping-sync';
+import { TableSwitch, affinityFlags } from './table-switch';
 import { ReconcileLoop } from '../util/reconcile-loop';
 import { ProgrammingTracker, type ProgrammingState } from '../health/proxy-health';
 import { NodeRegistry, REGISTRY_TTL_MS } from '../common/node-registry';
@@ -45,6 +47,7 @@ export class LbController {
   private readonly pods: LbPods;
   private readonly targets: LbTargets;
   private readonly sync: MappingSync;
+  private readonly tables: TableSwitch;
   /** The reconcile passes: on every configuration, pod event, store reconnect, and each TICK_MS. */
   private readonly loop: ReconcileLoop;
   /** Mappings learnt by the datapath, read every EVENT_POLL_MS. */
@@ -76,8 +79,9 @@ export class LbController {
     this.addresses = new VipAddresses(this.s, (st) => this.pods.withdraw(st));
     this.slots = new VipSlots(o.maxVips ?? LB_MAX_VIPS_DEFAULT);
     const pickable = (lb: ResolvedLoadBalancer) => pickableTargets(lb, o.node.name);
-    this.sync = new MappingSync(this.s);
-    this.programs = new VipPrograms(this.s, pickable, (vip) => this.sync.expires(vip));
+    this.sync = new MappingSync(this.s, (vip, list) => this.tables.needsRecord(vip, list));
+    this.tables = new TableSwitch(this.s, pickable, (page) => this.sync.installValid(page));
+    this.programs = new VipPrograms(this.s, (lb, vip) => affinityFlags(lb) | this.tables.flags(vip), (vip) => this.sync.expires(vip));
     this.targets = new LbTargets(this.s);
     this.loop = new ReconcileLoop({
       run: async () => {
@@ -87,7 +91,12 @@ export class LbController {
       everyMs: TICK_MS,
       onError: (e) => this.o.logger.error('lb: reconcile pass failed', { error: e.message, stack: e.stack }),
     });
-    this.poller = new ReconcileLoop({ run: () => this.sync.poll(), everyMs: EVENT_POLL_MS, onError: (e) => this.o.logger.warn('lb: reading mappings failed', { error: e.message }) });
+    this.poller = new ReconcileLoop({
+      run: () => {
+        this.sync.poll();
+        this.tables.tick();
+      },
+      everyMs: EVENT_POLL_MS, onError: (e) => this.o.logger.warn('lb: reading mappings failed', { error: e.message }) });
   }
 
   /**
@@ -181,6 +190,8 @@ export class LbController {
     // Subscribed before any load: a mapping recorded between a VIP's load and its subscription would be
     // missed, and its client re-picked here.
     await this.sync.serve(slotted);
+    // Each VIP's Maglev row (a change agreed with the VIP's other LB nodes first), before it is announced.
+    await this.tables.apply(slotted);
     await this.pods.apply(served, sel, (lb, st) => this.sync.ensureLoaded(lb, st));
     this.targets.apply(served);
     const programmed = [...this.lbs.values()].filter((l) => this.s.vips.get(l.key)?.vip || (!needed.has(l.key) && !this.s.vips.has(l.key)));
@@ -365,7 +376,7 @@ export class LbController {
           return [t.pod, f && { packets: Number(f.packets), rejectedSource: Number(f.rejectedSource), errors: Number(f.errors) }];
         })),
         announced: st?.announced ?? false,
-        ...(st?.slot !== undefined ? { slot: st.slot, mappingStore: this.sync.status(vip) } : {}),
+        ...(st?.slot !== undefined ? { slot: st.slot, mappingStore: this.sync.status(vip), table: this.tables.status(vip!) } : {}),
         mappings: vip ? counts?.get(vip)?.length ?? 0 : 0,
         problem: st?.problem ?? (lb.targets.length === 0 ? 'no targets: accepted, nothing announced' : undefined),
         // This node's own trouble with the Service (others may serve it): no slot left for its VIP here.

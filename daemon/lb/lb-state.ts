@@ -55,8 +55,6 @@ export interface VipState {
   slot?: number;
   /** Why local LB pods do not serve the VIP (no slot left on this node). */
   slotProblem?: string;
-  /** Active targets the Maglev row was last written for (sorted, joined). */
-  row?: string;
   targets?: string;
   /** Mappings loaded from the store (or the wait for them given up). */
   loaded: boolean;

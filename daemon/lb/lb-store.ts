@@ -1,11 +1,12 @@
 // The load balancer's parts of the cluster store, over one connection set (StoreConnection): the flow
-// mappings, their notices and the VIPs' expirer leases, each owning its own keys. The node registry
+// mappings, their notices, the VIPs' expirer leases and table versions, each owning its own keys. The node registry
 // (common/node-registry.ts, the controller's) and the health reports (health/health-reports.ts) use the
 // same connection.
 import { StoreConnection, type ConnectionNames } from '../common/store-connection';
 import { ExpirerLeases } from './expirer-lease';
 import { MappingNotices } from './mapping-notices';
 import { MappingStore } from './mapping-store';
+import { TableVersions } from './table-versions';
 
 /** What the load balancer's connection is called on the server and in log lines. */
 const NAMES: ConnectionNames = {
@@ -23,6 +24,8 @@ export interface LbStore {
   mappings: MappingStore;
   notices: MappingNotices;
   leases: ExpirerLeases;
+  /** Each VIP's Maglev table version: LB nodes switch to a new target set together. */
+  tables: TableVersions;
   /** Closes the connection set (every part's commands end with it). */
   close(): Promise<void>;
 }
@@ -36,6 +39,7 @@ export async function connectLbStore(url: string, opts: { keyPrefix?: string; ti
     mappings: new MappingStore(connection, notices),
     notices,
     leases: new ExpirerLeases(connection),
+    tables: new TableVersions(connection),
     close: () => connection.close(),
   };
 }
@@ -44,5 +48,6 @@ export async function connectLbStore(url: string, opts: { keyPrefix?: string; ti
 export async function dropVip(s: LbStore, vip: string): Promise<void> {
   await s.mappings.drop(vip);
   await s.leases.drop(vip);
+  await s.tables.drop(vip);
   s.notices.forget(vip);
 }

@@ -3,6 +3,7 @@
 // computes the same table for the same target set: targets are ordered by address and hashed with fixed
 // seeds, so LB pods on different nodes send a new client to the same target.
 import { v4ToUint32 } from '../../lib/ip';
+import { lbHash, type MapKey } from '../bpf/lb-structs';
 
 /** Is n prime (trial division; table sizes are at most a few million). */
 export function isPrime(n: number): boolean {
@@ -60,4 +61,34 @@ export function maglevTable(targetsIn: readonly string[], m: number): { targets:
       if (++filled === m) return { targets, table };
     }
   }
+}
+
+/** A Maglev table as written to a VIP's row: entry i indexes targets (-1: none). */
+export interface MaglevTable {
+  targets: string[];
+  table: Int32Array;
+}
+
+/** The target the datapath picks for key from table (lb_pick of lb-core.h); undefined when the row is empty. */
+export function pickOf(t: MaglevTable, key: MapKey, seed: number): string | undefined {
+  const i = t.table[lbHash(key, seed) % t.table.length];
+  return i >= 0 ? t.targets[i] : undefined;
+}
+
+/**
+ * The table of `base` with every entry whose target is not in `known` taken from `fill` instead (targets of
+ * both, sorted as maglevTable sorts them). Every node with the same three inputs computes the same table:
+ * the entries of known targets stay where base has them.
+ */
+export function patchTable(base: MaglevTable, fill: MaglevTable, known: ReadonlySet<string>): MaglevTable {
+  const targets = [...new Set([...base.targets.filter((t) => known.has(t)), ...fill.targets])].sort((a, b) => (v4ToUint32(a) ?? 0) - (v4ToUint32(b) ?? 0));
+  const index = new Map(targets.map((t, i) => [t, i]));
+  const table = new Int32Array(base.table.length);
+  for (let i = 0; i < table.length; i++) {
+    const b = base.table[i] >= 0 ? base.targets[base.table[i]] : undefined;
+    const f = fill.table[i] >= 0 ? fill.targets[fill.table[i]] : undefined;
+    const t = b !== undefined && known.has(b) ? b : f;
+    table[i] = t === undefined ? -1 : index.get(t)!;
+  }
+  return { targets, table };
 }

@@ -67,7 +67,11 @@ export class MappingSync {
   private pressure = false;
   private fullLoggedAt = 0;
 
-  constructor(private readonly s: LbShared) {}
+  constructor(
+    private readonly s: LbShared,
+    /** Of a VIP's mappings, those the store must hold (table-switch.ts: record on change or every pick). */
+    private readonly needsRecord: (vip: string, list: LbMapping[]) => LbMapping[] = (_vip, list) => list,
+  ) {}
 
   start(): void {
     const store = this.s.o.store;
@@ -213,7 +217,6 @@ export class MappingSync {
   released(st: VipState): void {
     st.loaded = false;
     st.loadStarted = undefined;
-    st.row = undefined;
     st.targets = undefined;
   }
 
@@ -249,7 +252,8 @@ export class MappingSync {
       this.away = true;
       return;
     }
-    const byVip = groupByVip(all.filter((m) => !isIdle(m) && this.serving.has(m.vip)));
+    // Only what the store must hold: in record-on-change mode the flows a change moved, not every flow.
+    const byVip = new Map([...groupByVip(all.filter((m) => !isIdle(m) && this.serving.has(m.vip)))].map(([vip, list]) => [vip, this.needsRecord(vip, list)]));
     try {
       const full = this.synced === undefined || this.wiped;
       // Mappings recorded (what a full store refuses; touches run on a full one too).

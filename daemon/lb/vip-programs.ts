@@ -1,15 +1,13 @@
-// The node's datapath for the VIPs that hold a slot here (a local LB pod serves them): ports, targets and
-// the Maglev row of each, and a slot cleared when its VIP leaves it. Only bpf/lb.ts touches the kernel.
-import { LB_F_PER_FLOW } from '../bpf/lb-structs';
-import { maglevTable } from './maglev';
+// The node's datapath for the VIPs that hold a slot here (a local LB pod serves them): ports and targets of
+// each (its Maglev row is table-switch.ts's), and a slot cleared when its VIP leaves it. Only bpf/lb.ts touches the kernel.
 import type { ResolvedLoadBalancer } from './lb-spec';
 import type { LbShared } from './lb-state';
 
 export class VipPrograms {
   constructor(
     private readonly s: LbShared,
-    /** Targets new clients may be given here. */
-    private readonly pickable: (lb: ResolvedLoadBalancer) => ResolvedLoadBalancer['targets'],
+    /** The datapath flags beyond affinity (table-switch.ts: quiet while no table change is under way). */
+    private readonly flags: (lb: ResolvedLoadBalancer, vip: string) => number,
     /** Whether this node is the VIP's expirer: it alone clears a removed target's mappings from the store. */
     private readonly expirer: (vip: string) => boolean,
   ) {}
@@ -21,7 +19,7 @@ export class VipPrograms {
     for (const lb of slotted) {
       const st = this.s.vips.get(lb.key)!;
       const vip = st.vip!;
-      dp.setService(vip, st.slot!, lb.ports.map((p) => ({ port: p.port, proto: p.proto })), lb.affinity === 'flow' ? LB_F_PER_FLOW : 0);
+      dp.setService(vip, st.slot!, lb.ports.map((p) => ({ port: p.port, proto: p.proto })), this.flags(lb, vip));
       const targets = new Map(lb.targets.map((t) => [t.address, t.state]));
       const tkey = JSON.stringify([...targets].sort());
       if (tkey !== st.targets) {
@@ -35,16 +33,6 @@ export class VipPrograms {
         if (this.expirer(vip)) for (const t of removed) void this.s.o.store?.mappings.dropTarget(vip, t).catch(() => undefined);
         if (removed.length) this.s.logger.info('lb: targets removed; their clients move', { service: lb.key, vip, targets: removed, mappingsDropped: dropped });
         st.targets = tkey;
-      }
-      // Local policy: new clients go to this node's own targets only (the node announces the VIP only while
-      // it has one); existing mappings to any listed target stay valid, so flows that ECMP moves here from
-      // a node that withdrew keep their (possibly terminating) target.
-      const active = this.pickable(lb).map((t) => t.address).sort();
-      if (active.join() !== st.row) {
-        const mg = maglevTable(active, dp.maglevSize);
-        dp.setMaglevRow(st.slot!, mg.table, mg.targets);
-        this.s.logger.info('lb: Maglev row written', { service: lb.key, vip, slot: st.slot, active: active.length, terminating: lb.targets.length - active.length });
-        st.row = active.join();
       }
     }
   }

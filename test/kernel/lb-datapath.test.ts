@@ -11,11 +11,11 @@ import * as assert from 'uvu/assert';
 import { execFileSync, spawn } from 'node:child_process';
 import * as fs from 'node:fs';
 import * as path from 'node:path';
-import { LbDatapath } from '../../daemon/bpf/lb';
+import { LB_HASH_SEED, LbDatapath } from '../../daemon/bpf/lb';
 import { attachFouDecap, type FouDecap } from '../../daemon/bpf/fou';
 import { ensureBpffs } from '../../daemon/bpf/bpffs';
-import { PROTO } from '../../daemon/bpf/lb-structs';
-import { maglevTable } from '../../daemon/lb/maglev';
+import { LB_F_PER_FLOW, LB_F_QUIET, PROTO } from '../../daemon/bpf/lb-structs';
+import { maglevTable, pickOf } from '../../daemon/lb/maglev';
 import { addNetns, delNetns, uniqueName } from '../lib/netns';
 import { waitFor } from '../lib/wait';
 import { lbConnect, type LbAnswer } from '../lib/lb-client';
@@ -197,6 +197,35 @@ test('each client sticks to one target, targets see the client, new mappings are
   const st = bed.lb!.stats(0);
   assert.is(st.misses, BigInt(clients.length));
   assert.ok(st.packets > 0n && st.dropError === 0n && st.reportLost === 0n, JSON.stringify(st, (_k, v) => (typeof v === 'bigint' ? String(v) : v)));
+});
+
+test('quiet (record on change): new picks are kept in the map and not reported; tetherd computes the same pick the program made', () => {
+  const events: string[] = [];
+  const table = maglevTable([T1, T2], M);
+  try {
+    for (const flags of [LB_F_QUIET, LB_F_PER_FLOW | LB_F_QUIET]) {
+      bed.lb!.deleteMappings(() => true);
+      bed.lb!.setService(VIP, 0, [{ port: PORT, proto: PROTO.TCP }], 0);
+      bed.lb!.setServiceFlags(VIP, flags);
+      bed.lb!.onEvents((e) => events.push(e.key.client));
+      const answers = connect(clients);
+      for (const a of answers) assert.ok(a.ok, `${a.src}: ${a.error}`);
+      bed.lb!.pollEvents();
+      const maps = bed.lb!.mappings();
+      assert.is(maps.length, clients.length, `one local mapping per new client (flags ${flags})`);
+      assert.equal(events, [], 'nothing reported on the ring buffer');
+      const byClient = new Map(answers.map((a) => [a.src, a.who]));
+      for (const m of maps) {
+        assert.is(m.vport !== 0, (flags & LB_F_PER_FLOW) !== 0, 'the key is the tuple exactly when per flow');
+        assert.is(pickOf(table, m, LB_HASH_SEED), m.target, `tetherd's pick for ${m.client}:${m.cport} is the program's`);
+        assert.is(whoIs(m.target), byClient.get(m.client), 'and the target that answered');
+      }
+    }
+  } finally {
+    bed.lb!.onEvents(() => undefined);
+    bed.lb!.setServiceFlags(VIP, 0);
+    bed.lb!.deleteMappings(() => true);
+  }
 });
 
 test('an installed mapping (from the store) decides over the Maglev table', () => {

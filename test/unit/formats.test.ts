@@ -753,6 +753,36 @@ const CASES: Record<string, Case> = {
     },
   },
 
+  'lb-table-version': {
+    async write() {
+      const prefix = freshPrefix();
+      const s = await connectLbStore(redis.url, { keyPrefix: prefix });
+      try {
+        const opts = { memberTtlMs: 8000, keyTtlMs: 120_000, nowMs: 1_700_000_000_000 };
+        await s.tables.step(VIP, 'node-a', '10.244.1.5,10.244.2.5', opts);
+        await s.tables.step(VIP, 'node-a', '10.244.1.5,10.244.2.5,10.244.3.5', { ...opts, nowMs: opts.nowMs + 100 });
+        return { json: json(await dump(prefix)) };
+      } finally {
+        await s.connection.close();
+      }
+    },
+    async read(_v, g) {
+      const prefix = freshPrefix();
+      await restore(JSON.parse(g['json'].toString()), prefix);
+      const s = await connectLbStore(redis.url, { keyPrefix: prefix });
+      try {
+        const opts = { memberTtlMs: 8000, keyTtlMs: 120_000, nowMs: 1_700_000_001_000 };
+        const st = await s.tables.step(VIP, 'node-b', '10.244.1.5,10.244.2.5,10.244.3.5', opts);
+        assert.equal(st.active, { version: 1, atMs: 1_700_000_000_000, row: '10.244.1.5,10.244.2.5' });
+        assert.equal(st.next, { version: 2, atMs: 1_700_000_000_100, row: '10.244.1.5,10.244.2.5,10.244.3.5' });
+        assert.is(st.members, 2);
+        assert.equal([...st.waiting].sort(), ['node-a', 'node-b']);
+      } finally {
+        await s.connection.close();
+      }
+    },
+  },
+
   'lb-health-report': {
     async write() {
       const prefix = freshPrefix();

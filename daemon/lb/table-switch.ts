@@ -1,0 +1,316 @@
+// Each slotted VIP's Maglev row on this node, and when a flow needs a record in the store.
+//
+// Record on change (Services with externalTrafficPolicy Cluster, with a store): while a VIP's target set
+// holds still every LB node picks the same target for a client, so a flow that ECMP moves to another LB
+// node keeps its target without any record, and the datapath reports nothing (LB_F_QUIET). When the
+// target set changes, the new row is a table version agreed through the store (table-versions.ts): each LB
+// node of the VIP records the flows of its local map that the new row would move, acknowledges, and only
+// once every live LB node has does any of them write the new row; until a few seconds after it did, new
+// picks are recorded too (a flow that starts during the switch). So the store holds mappings only for
+// flows a change moved, and a change costs about (live flows ÷ targets) records, not one per connection.
+//
+// Record every pick (externalTrafficPolicy Local, whose rows differ per node; or no store): the row is
+// written as soon as the configuration changes, and the datapath reports every new pick.
+//
+// The store away: a change waits (the row stays the active version every LB node has), except that a
+// target this node no longer knows gets no new client (its entries take the new row's picks: patchTable).
+// A node that starts with the store away writes the row of its configuration.
+import { LB_F_PER_FLOW, LB_F_QUIET } from '../bpf/lb-structs';
+import { LB_HASH_SEED, type LbMapping } from '../bpf/lb';
+import type { StoredMapping } from './mapping-fields';
+import { maglevTable, patchTable, pickOf, type MaglevTable } from './maglev';
+import type { ResolvedLoadBalancer } from './lb-spec';
+import type { LbShared } from './lb-state';
+import type { TableState, TableVersion } from './table-versions';
+
+/** A member beats this often; one silent for MEMBER_TTL_MS no longer holds a change back. */
+export const BEAT_MS = 1000;
+/**
+ * How long a killed LB node holds a change back. Its flows reach the other LB nodes once its route is
+ * withdrawn (BGP hold time, BFD); those that arrive before the change takes effect keep the old pick and
+ * are recorded, so this should exceed the route's withdrawal time.
+ */
+export const MEMBER_TTL_MS = 8000;
+/** The table hash lapses this long after the last step of any member. */
+const KEY_TTL_MS = 120_000;
+/** While a change waits, its state is read this often. */
+const STEP_MS = 50;
+/** After a row is written, new picks are still recorded this long (other LB nodes switch around then too). */
+export const SETTLE_MS = 3000;
+/** Records of the change are read back from this long before it was proposed (clock skew between nodes). */
+const MARGIN_MS = 2000;
+
+export type RecordMode = 'change' | 'pick';
+
+interface VipTable {
+  service: string;
+  vip: string;
+  slot: number;
+  /** The affinity's datapath flags (LB_F_PER_FLOW or 0). */
+  base: number;
+  mode: RecordMode;
+  /** The row this node's configuration wants (active targets it may pick, sorted, joined). */
+  want: string;
+  /** The VIP's targets (any state): a mapping or an entry to another one is void here. */
+  known: Set<string>;
+  active?: TableVersion;
+  next?: TableVersion;
+  /** When this node first saw the change waiting (records of it are read back from then). */
+  nextSeenMs?: number;
+  acked?: number;
+  /** What the datapath row holds ("<active row>" or "<active row>><wanted row>" when patched), and that table. */
+  written?: string;
+  table?: MaglevTable;
+  /** New picks are reported (recorded) until then. */
+  recordUntil: number;
+  nextStepAt: number;
+  quiet?: boolean;
+}
+
+export interface TableSwitchStatus {
+  mode: RecordMode;
+  version?: number;
+  /** A change waits: its version, and the LB nodes that have not acknowledged it. */
+  pending?: { version: number; waitingFor: string[] };
+  recording: boolean;
+}
+
+export class TableSwitch {
+  private readonly vips = new Map<string, VipTable>();
+  private running: Promise<void> = Promise.resolve();
+
+  constructor(
+    private readonly s: LbShared,
+    /** Targets new clients may be given here. */
+    private readonly pickable: (lb: ResolvedLoadBalancer) => ResolvedLoadBalancer['targets'],
+    /** Installs mappings read from the store (MappingSync.installValid). */
+    private readonly install: (page: StoredMapping[]) => number,
+  ) {}
+
+  /** How a Service's flows are recorded on this node. */
+  modeOf(lb: ResolvedLoadBalancer): RecordMode {
+    return this.s.o.store && lb.externalTrafficPolicy !== 'Local' ? 'change' : 'pick';
+  }
+
+  /** The datapath flags this node wants for vip beyond its affinity: quiet while no change is under way. */
+  flags(vip: string): number {
+    const t = this.vips.get(vip);
+    return t && this.isQuiet(t) ? LB_F_QUIET : 0;
+  }
+
+  /** Per pass, after the VIPs' services and targets are programmed: each slotted VIP's row. */
+  apply(slotted: ResolvedLoadBalancer[]): Promise<void> {
+    return this.serial(() => this.applyNow(slotted));
+  }
+
+  /** Every poll: VIPs with a change under way (or a beat due) are stepped. */
+  tick(): void {
+    const now = Date.now();
+    let due = false;
+    for (const t of this.vips.values()) {
+      if (t.mode !== 'change') continue;
+      if (now >= t.nextStepAt || t.quiet !== this.isQuiet(t, now)) due = true;
+    }
+    if (due) void this.serial(() => this.stepDue()).catch(() => undefined);
+  }
+
+  /**
+   * Of vip's mappings, those the store must hold: in record-on-change mode only those whose target the
+   * row written here would not pick (a change moved them); every one in record-every-pick mode.
+   */
+  needsRecord(vip: string, list: LbMapping[]): LbMapping[] {
+    const t = this.vips.get(vip);
+    if (!t || t.mode !== 'change' || !t.table) return list;
+    const table = t.table;
+    return list.filter((m) => pickOf(table, m, LB_HASH_SEED) !== m.target);
+  }
+
+  status(vip: string): TableSwitchStatus | undefined {
+    const t = this.vips.get(vip);
+    if (!t) return undefined;
+    return {
+      mode: t.mode,
+      ...(t.active ? { version: t.active.version } : {}),
+      ...(t.next ? { pending: { version: t.next.version, waitingFor: this.waiting.get(vip) ?? [] } } : {}),
+      recording: !this.isQuiet(t),
+    };
+  }
+
+  private readonly waiting = new Map<string, string[]>();
+
+  private serial(fn: () => Promise<void>): Promise<void> {
+    const run = this.running.then(fn);
+    this.running = run.catch(() => undefined);
+    return run;
+  }
+
+  private isQuiet(t: VipTable, now = Date.now()): boolean {
+    return t.mode === 'change' && t.written !== undefined && !t.next && now >= t.recordUntil;
+  }
+
+  private async applyNow(slotted: ResolvedLoadBalancer[]): Promise<void> {
+    const seen = new Set<string>();
+    for (const lb of slotted) {
+      const st = this.s.vips.get(lb.key)!;
+      const vip = st.vip!;
+      seen.add(vip);
+      let t = this.vips.get(vip);
+      const mode = this.modeOf(lb);
+      if (!t || t.slot !== st.slot) {
+        t = { service: lb.key, vip, slot: st.slot!, base: 0, mode, want: '', known: new Set(), recordUntil: 0, nextStepAt: 0 };
+        this.vips.set(vip, t);
+      }
+      if (t.mode !== mode) {
+        this.s.logger.info('lb: VIP\'s flows now recorded ' + (mode === 'change' ? 'on change' : 'at every pick'), { service: lb.key, vip });
+        if (t.mode === 'change') void this.s.o.store?.tables.leave(vip, this.s.o.node.name).catch(() => undefined);
+        t.mode = mode;
+        t.active = t.next = undefined;
+        t.written = undefined;
+      }
+      t.service = lb.key;
+      t.base = affinityFlags(lb);
+      t.want = this.pickable(lb).map((x) => x.address).sort().join(',');
+      t.known = new Set(lb.targets.map((x) => x.address));
+      if (t.mode === 'pick') this.write(t, t.want, '');
+      else await this.stepOne(t);
+      this.setFlags(t);
+    }
+    for (const [vip, t] of this.vips) {
+      if (seen.has(vip)) continue;
+      this.vips.delete(vip);
+      this.waiting.delete(vip);
+      if (t.mode === 'change' && !this.s.storeAway) void this.s.o.store?.tables.leave(vip, this.s.o.node.name).catch(() => undefined);
+    }
+  }
+
+  private async stepDue(): Promise<void> {
+    const now = Date.now();
+    for (const t of this.vips.values()) {
+      if (t.mode !== 'change') continue;
+      if (now >= t.nextStepAt) await this.stepOne(t).catch((e) => this.s.logger.debug('lb: table version step failed; retried', { service: t.service, vip: t.vip, error: (e as Error).message }));
+      this.setFlags(t);
+    }
+  }
+
+  /** One VIP in record-on-change mode: beat, propose, record and acknowledge, activate. */
+  private async stepOne(t: VipTable): Promise<void> {
+    const store = this.s.o.store!;
+    const away = this.s.storeAway || !store.connection.connected;
+    if (away) {
+      t.nextStepAt = Date.now() + BEAT_MS;
+      // The change waits; a target this node no longer knows gets no new client meanwhile.
+      this.write(t, t.active?.row ?? t.want, t.active ? t.want : '');
+      return;
+    }
+    const node = this.s.o.node.name;
+    const opts = { memberTtlMs: MEMBER_TTL_MS, keyTtlMs: KEY_TTL_MS };
+    let r: TableState;
+    try {
+      r = await store.tables.step(t.vip, node, t.want, opts);
+      this.seen(t, r);
+      if (r.next && r.next.row === t.want && t.acked !== r.next.version) {
+        // Recording before the dump: a flow that starts after it is reported by the datapath.
+        t.recordUntil = Number.MAX_SAFE_INTEGER;
+        this.setFlags(t);
+        await this.recordMoved(t, r.next);
+        t.acked = r.next.version;
+        r = await store.tables.step(t.vip, node, t.want, { ...opts, ack: r.next.version });
+        this.seen(t, r);
+      }
+    } catch (e) {
+      t.nextStepAt = Date.now() + STEP_MS;
+      this.write(t, t.active?.row ?? t.want, t.active ? t.want : '');
+      throw e;
+    }
+    t.nextStepAt = Date.now() + (t.next ? STEP_MS : BEAT_MS);
+    await this.activate(t);
+  }
+
+  private seen(t: VipTable, r: TableState): void {
+    if (r.next && t.next?.version !== r.next.version) {
+      t.nextSeenMs ??= Date.now();
+      this.s.logger.info('lb: Maglev table change proposed: LB nodes record the flows it moves', { service: t.service, vip: t.vip, version: r.next.version, targets: r.next.row.split(',').filter(Boolean).length, members: r.members });
+    }
+    t.active = r.active;
+    t.next = r.next;
+    this.waiting.set(t.vip, r.waiting);
+  }
+
+  /** The flows of this node's map that `next` would send elsewhere: recorded in the store. */
+  private async recordMoved(t: VipTable, next: TableVersion): Promise<void> {
+    const dp = this.s.dp;
+    if (!dp) return;
+    const t0 = Date.now();
+    const table = maglevTable(rowTargets(next.row), dp.maglevSize);
+    const mine = dp.mappings().filter((m) => m.vip === t.vip && t.known.has(m.target));
+    const moved = mine.filter((m) => pickOf(table, m, LB_HASH_SEED) !== m.target);
+    if (moved.length) await this.s.o.store!.mappings.claim(t.vip, moved.map((m) => ({ key: m, target: m.target })));
+    this.s.logger.info('lb: flows a Maglev table change moves recorded', { service: t.service, vip: t.vip, version: next.version, flows: mine.length, recorded: moved.length, ms: Date.now() - t0 });
+  }
+
+  /** The active version's row, once what its change recorded is installed here. */
+  private async activate(t: VipTable): Promise<void> {
+    const active = t.active!;
+    const key = rowKey(active.row, this.unknown(t, active.row) ? t.want : '');
+    if (key === t.written) return;
+    const first = t.written === undefined;
+    if (!first && this.s.o.store) {
+      // The records of the change reach this node on the VIP's channel too; read here, none is missed.
+      const since = Math.min(t.nextSeenMs ?? active.atMs, active.atMs) - MARGIN_MS;
+      let read = 0;
+      await this.s.o.store.mappings.loadChangedSince(t.vip, since, (page) => {
+        read += page.length;
+        this.install(page);
+      });
+      if (read) this.s.logger.debug('lb: records of the change installed before its row', { service: t.service, vip: t.vip, read });
+    }
+    const proposed = t.nextSeenMs;
+    t.nextSeenMs = undefined;
+    t.acked = undefined;
+    this.write(t, active.row, this.unknown(t, active.row) ? t.want : '');
+    if (!first) this.s.logger.info('lb: Maglev table version active', { service: t.service, vip: t.vip, version: active.version, targets: rowTargets(active.row).length, ...(proposed ? { ms: Date.now() - proposed } : {}) });
+  }
+
+  /** Whether row names a target this node does not know (removed, or not in its configuration yet). */
+  private unknown(t: VipTable, row: string): boolean {
+    return rowTargets(row).some((a) => !t.known.has(a));
+  }
+
+  /** Writes the row for `row` (entries of targets this node does not know filled from `fill`) when it changed. */
+  private write(t: VipTable, row: string, fill: string): void {
+    const dp = this.s.dp;
+    if (!dp) return;
+    const patched = fill !== '' && this.unknown(t, row);
+    const key = rowKey(row, patched ? fill : '');
+    if (key === t.written) return;
+    const base = maglevTable(rowTargets(row), dp.maglevSize);
+    const table = patched ? patchTable(base, maglevTable(rowTargets(fill), dp.maglevSize), t.known) : base;
+    dp.setMaglevRow(t.slot, table.table, table.targets);
+    const firstWrite = t.written === undefined;
+    t.written = key;
+    t.table = table;
+    t.recordUntil = t.mode === 'change' && !firstWrite ? Date.now() + SETTLE_MS : t.recordUntil;
+    this.s.logger.info('lb: Maglev row written', { service: t.service, vip: t.vip, slot: t.slot, targets: table.targets.length, record: t.mode === 'change' ? 'on change' : 'every pick', ...(patched ? { withoutUnknownTargets: true } : {}) });
+  }
+
+  /** The VIP's ports get the quiet flag while no change is under way, and lose it while one is. */
+  private setFlags(t: VipTable): void {
+    const quiet = this.isQuiet(t);
+    if (quiet === t.quiet || !this.s.dp) return;
+    this.s.dp.setServiceFlags(t.vip, t.base | (quiet ? LB_F_QUIET : 0));
+    t.quiet = quiet;
+  }
+}
+
+/** The datapath flags of a Service's affinity. */
+export function affinityFlags(lb: ResolvedLoadBalancer): number {
+  return lb.affinity === 'flow' ? LB_F_PER_FLOW : 0;
+}
+
+function rowTargets(row: string): string[] {
+  return row ? row.split(',') : [];
+}
+
+function rowKey(row: string, fill: string): string {
+  return fill ? `${row}>${fill}` : row;
+}
