@@ -34,6 +34,9 @@ export const USAGE = `usage: tetherd [--node-name NAME] [--socket PATH] [--state
   --lb-max-vips N         VIPs this node's LB pods can serve (default 16, at most 256): the node's own budget; a
                           node programs only the VIPs of its LB pods, so the cluster's Services are not capped
   --lb-maglev-size P      Maglev table size, a prime (65537); --lb-max-mappings N  clients held per node (262144)
+  --lb-change-wait S      how long a target-set change waits for an LB node of the VIP that stopped answering
+                          (default 8): set it above the time your routers take to withdraw a dead LB node
+                          (BGP hold time, BFD), so its flows reach the others before the new table holds
   --lb-datapath MODE      where VIP traffic is handled: node (default: at tc ingress of --uplink, where it arrives;
                           the LB pods still decide where the VIP is announced) or pod (in the LB pods)
   --health-port N         the node's /healthz and /livez, kube-proxy's contract (default 10266; 0: off); Services
@@ -70,6 +73,7 @@ export type Options = {
   'lb-max-vips': string;
   'lb-maglev-size': string;
   'lb-max-mappings': string;
+  'lb-change-wait': string;
   'lb-datapath': string;
   'health-port': string;
   'probe-port': string;
@@ -109,6 +113,7 @@ export function parseOptions(argv: string[]): Options {
       'lb-max-vips': { type: 'string', default: '16' },
       'lb-maglev-size': { type: 'string', default: '65537' },
       'lb-max-mappings': { type: 'string', default: '262144' },
+      'lb-change-wait': { type: 'string', default: '8' },
       'lb-datapath': { type: 'string', default: 'node' },
       'health-port': { type: 'string', default: '10266' },
       'probe-port': { type: 'string', default: '0' },
@@ -192,8 +197,8 @@ export function flowsOption(raw: string): number {
   return n;
 }
 
-/** --lb-export-table, --lb-max-vips, --lb-maglev-size, --lb-max-mappings (they size the maps at start) and --lb-datapath, checked. */
-export function lbOptions(opts: Options): { exportTable: number; maxVips: number; maglevSize: number; maxMappings: number; datapath: 'node' | 'pod' } {
+/** --lb-export-table, --lb-max-vips, --lb-maglev-size, --lb-max-mappings (they size the maps at start), --lb-change-wait and --lb-datapath, checked. */
+export function lbOptions(opts: Options): { exportTable: number; maxVips: number; maglevSize: number; maxMappings: number; changeWaitMs: number; datapath: 'node' | 'pod' } {
   const int = (name: keyof Options, min: number, max: number): number => {
     const raw = String(opts[name]);
     const n = Number(raw);
@@ -206,5 +211,6 @@ export function lbOptions(opts: Options): { exportTable: number; maxVips: number
   if (!isPrime(maglevSize)) throw new StartError(2, `--lb-maglev-size: ${maglevSize} is not a prime`);
   const datapath = opts['lb-datapath'] ?? 'node';
   if (datapath !== 'node' && datapath !== 'pod') throw new StartError(2, `--lb-datapath: ${JSON.stringify(datapath)} is not node or pod`);
-  return { exportTable, maxVips: int('lb-max-vips', 1, 256), maglevSize, maxMappings: int('lb-max-mappings', 1024, 16_777_216), datapath };
+  const changeWaitMs = int('lb-change-wait', 2, 600) * 1000;
+  return { exportTable, maxVips: int('lb-max-vips', 1, 256), maglevSize, maxMappings: int('lb-max-mappings', 1024, 16_777_216), changeWaitMs, datapath };
 }

@@ -201,6 +201,29 @@ export class LbDatapath {
     }
   }
 
+  /** The Maglev row of slot as the datapath holds it: each entry's target, '' for none. */
+  maglevRow(slot: number): string[] {
+    const m = this.o().map('lb_maglev');
+    const out: string[] = new Array(this.maglevSize);
+    const k = Buffer.alloc(4);
+    for (let i = 0; i < this.maglevSize; i++) {
+      k.writeUInt32LE(slot * this.maglevSize + i);
+      const v = m.lookup(k);
+      out[i] = v && v.readUInt32LE(0) !== 0 ? `${v[0]}.${v[1]}.${v[2]}.${v[3]}` : '';
+    }
+    return out;
+  }
+
+  /** The VIP's targets as the datapath holds them (a mapping to another one is void). */
+  targetsOf(vip: string): Set<string> {
+    const out = new Set<string>();
+    for (const k of this.o().map('lb_targets').keys()) {
+      const tk = decodeTargetKey(k);
+      if (tk.vip === vip) out.add(tk.target);
+    }
+    return out;
+  }
+
   /** Writes a Maglev row: table[i] indexes targets (-1 = none). */
   setMaglevRow(slot: number, table: Int32Array, targets: string[]): void {
     if (table.length !== this.maglevSize) throw new Error(`maglev row has ${table.length} entries, not ${this.maglevSize}`);

@@ -166,6 +166,7 @@ export class LbController {
     this.stopped = true;
     await this.poller.stop();
     await this.loop.stop();
+    await this.tables.stop();
     // Programs, routes and pinned maps stay: forwarding goes on while tetherd restarts, and the restarted
     // tetherd finds the mappings (and each VIP's slot) in the pinned maps.
     this.s.dp?.close();

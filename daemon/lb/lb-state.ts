@@ -26,6 +26,11 @@ export interface LbControllerOptions {
   maglevSize?: number;
   /** Entries of the node's mapping table (full: new clients are forwarded by their Maglev pick unrecorded). */
   maxMappings?: number;
+  /**
+   * How long a target-set change waits for an LB node of the VIP that stopped answering (its membership
+   * lapses; default MEMBER_TTL_MS of table-switch.ts).
+   */
+  changeWaitMs?: number;
   /** Where VIP traffic is handled (default pod): on the node's uplink as it arrives, or in the LB pods. */
   datapath?: LbDatapathMode;
   /** The node's uplink, where the node datapath attaches (default eth0). */

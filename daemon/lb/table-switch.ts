@@ -61,6 +61,8 @@ interface VipTable {
   /** What the datapath row holds ("<active row>" or "<active row>><wanted row>" when patched), and that table. */
   written?: string;
   table?: MaglevTable;
+  /** The active version the written row is (undefined while it is the configuration's, in an outage at start). */
+  writtenVersion?: number;
   /** New picks are reported (recorded) until then. */
   recordUntil: number;
   nextStepAt: number;
@@ -78,6 +80,7 @@ export interface TableSwitchStatus {
 export class TableSwitch {
   private readonly vips = new Map<string, VipTable>();
   private running: Promise<void> = Promise.resolve();
+  private readonly memberTtlMs: number;
 
   constructor(
     private readonly s: LbShared,
@@ -85,7 +88,9 @@ export class TableSwitch {
     private readonly pickable: (lb: ResolvedLoadBalancer) => ResolvedLoadBalancer['targets'],
     /** Installs mappings read from the store (MappingSync.installValid). */
     private readonly install: (page: StoredMapping[]) => number,
-  ) {}
+  ) {
+    this.memberTtlMs = s.o.changeWaitMs ?? MEMBER_TTL_MS;
+  }
 
   /** How a Service's flows are recorded on this node. */
   modeOf(lb: ResolvedLoadBalancer): RecordMode {
@@ -130,7 +135,7 @@ export class TableSwitch {
     if (!t) return undefined;
     return {
       mode: t.mode,
-      ...(t.active ? { version: t.active.version } : {}),
+      ...(t.writtenVersion !== undefined ? { version: t.writtenVersion } : {}),
       ...(t.next ? { pending: { version: t.next.version, waitingFor: this.waiting.get(vip) ?? [] } } : {}),
       recording: !this.isQuiet(t),
     };
@@ -138,8 +143,16 @@ export class TableSwitch {
 
   private readonly waiting = new Map<string, string[]>();
 
+  /** No step starts any more; the one under way ends first. */
+  async stop(): Promise<void> {
+    this.stopped = true;
+    await this.running;
+  }
+
+  private stopped = false;
+
   private serial(fn: () => Promise<void>): Promise<void> {
-    const run = this.running.then(fn);
+    const run = this.running.then(() => (this.stopped ? undefined : fn()));
     this.running = run.catch(() => undefined);
     return run;
   }
@@ -203,7 +216,9 @@ export class TableSwitch {
       return;
     }
     const node = this.s.o.node.name;
-    const opts = { memberTtlMs: MEMBER_TTL_MS, keyTtlMs: KEY_TTL_MS };
+    // A new table hash (first LB node, or the store restarted empty) starts from the row forwarded by here.
+    const have = t.written?.split('>')[0] ?? t.want;
+    const opts = { memberTtlMs: this.memberTtlMs, keyTtlMs: KEY_TTL_MS, have };
     let r: TableState;
     try {
       r = await store.tables.step(t.vip, node, t.want, opts);
@@ -282,10 +297,15 @@ export class TableSwitch {
     if (!dp) return;
     const patched = fill !== '' && this.unknown(t, row);
     const key = rowKey(row, patched ? fill : '');
-    if (key === t.written) return;
+    const version = t.mode === 'change' && t.active?.row === row ? t.active.version : undefined;
+    if (key === t.written) {
+      t.writtenVersion = version;
+      return;
+    }
     const base = maglevTable(rowTargets(row), dp.maglevSize);
     const table = patched ? patchTable(base, maglevTable(rowTargets(fill), dp.maglevSize), t.known) : base;
     dp.setMaglevRow(t.slot, table.table, table.targets);
+    t.writtenVersion = version;
     const firstWrite = t.written === undefined;
     t.written = key;
     t.table = table;

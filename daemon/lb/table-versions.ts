@@ -13,7 +13,8 @@ import { RUNS_WHEN_FULL } from '../common/store-full';
 export const TABLE_FORMAT = 1;
 
 // KEYS: the VIP's table hash. ARGV: node, now ms, member ttl ms, the node's wanted row, the version it
-// acknowledges ('' for none), key ttl ms. Fields: format; active and next as "<version>|<ms>|<row>";
+// acknowledges ('' for none), key ttl ms, the row the node forwards by now (the active row when the hash has
+// none: after a store restarted empty a change is still recorded before it takes effect). Fields: format; active and next as "<version>|<ms>|<row>";
 // m:<node> member expiry ms; d:<node> the row the member wants; a:<node> the version it acknowledged.
 // Returns {format, active, next or '', live members, those of them that have not acknowledged next}.
 const STEP = `
@@ -30,8 +31,8 @@ local function parse(s)
 end
 local active = parse(redis.call('HGET', K, 'active'))
 if not active then
-  active = {1, now, want}
-  redis.call('HSET', K, 'active', '1|' .. now .. '|' .. want)
+  active = {1, now, ARGV[7]}
+  redis.call('HSET', K, 'active', '1|' .. now .. '|' .. ARGV[7])
 end
 local nxt = parse(redis.call('HGET', K, 'next'))
 -- Live members and what they want; the lapsed ones go.
@@ -105,7 +106,7 @@ export interface TableState {
 export class TableFormatError extends Error {}
 
 interface Scripted extends Redis {
-  tetherLbTableStep(key: string, node: string, now: string, ttl: string, want: string, ack: string, keyTtl: string): Promise<[string, string, string, number, string[]]>;
+  tetherLbTableStep(key: string, node: string, now: string, ttl: string, want: string, ack: string, keyTtl: string, have: string): Promise<[string, string, string, number, string[]]>;
 }
 
 function parseVersion(s: string): TableVersion {
@@ -134,12 +135,13 @@ export class TableVersions {
    * One step for node: beats its membership (memberTtlMs), says which row it wants, proposes it when it
    * differs from the active row and the change waiting, acknowledges `ack` (the version of the change
    * waiting, once node has recorded what it moves), commits when every live member has. The hash lapses
-   * keyTtlMs after the last step of any member (no LB node serves the VIP any more).
+   * keyTtlMs after the last step of any member (no LB node serves the VIP any more); a new one starts from
+   * `have`, the row the node forwards by (default: want).
    */
-  async step(vip: string, node: string, want: string, opts: { ack?: number; memberTtlMs: number; keyTtlMs: number; nowMs?: number }): Promise<TableState> {
+  async step(vip: string, node: string, want: string, opts: { ack?: number; memberTtlMs: number; keyTtlMs: number; nowMs?: number; have?: string }): Promise<TableState> {
     const now = opts.nowMs ?? Date.now();
     const [fmt, active, next, members, waiting] = await this.client.tetherLbTableStep(
-      this.key(vip), node, String(now), String(opts.memberTtlMs), want, opts.ack !== undefined ? String(opts.ack) : '', String(opts.keyTtlMs),
+      this.key(vip), node, String(now), String(opts.memberTtlMs), want, opts.ack !== undefined ? String(opts.ack) : '', String(opts.keyTtlMs), opts.have ?? want,
     );
     if (fmt !== String(TABLE_FORMAT)) throw new TableFormatError(`VIP ${vip}'s table is in format ${fmt}; this release reads format ${TABLE_FORMAT}`);
     return { active: parseVersion(active), ...(next ? { next: parseVersion(next) } : {}), members: Number(members), waiting: waiting ?? [] };

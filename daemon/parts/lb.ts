@@ -55,6 +55,7 @@ export function createLb(
     maxVips: plan.maxVips,
     maglevSize: plan.maglevSize,
     maxMappings: plan.maxMappings,
+    changeWaitMs: plan.changeWaitMs,
     datapath: plan.datapath,
     uplink: uplinkOption(opts),
     store: o.store,

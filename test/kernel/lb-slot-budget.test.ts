@@ -59,7 +59,7 @@ test('past the node\'s slot budget: named in status and the log, nothing else di
       labels: { 'tether.dev/role': 'lb' }, phase: 'attached', config: {}, createdAt: new Date().toISOString(),
     });
     ctl = new LbController({
-      node: { name: 'n1', address: '127.0.0.1' }, pinDir, fouPort: 5555, exportTable: 0, maxVips: 2, maglevSize: 251,
+      node: { name: 'n1', address: '127.0.0.1' }, pinDir, fouPort: 5555, exportTable: 0, maxVips: 2, maglevSize: 251, datapath: 'pod', uplink: 'tlbnone',
       store, addresses: new ClusterAddresses(pools, ipam, logger), attach: new AttachService(pods, logger), logger,
     });
     const names = ['a', 'b', 'c', 'd', 'e'];
