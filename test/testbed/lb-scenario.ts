@@ -85,6 +85,8 @@ export interface LbStatus {
   problem?: string;
   refused?: string[];
   counters?: Record<string, number>;
+  /** The VIP's Maglev table on this node (table-switch.ts): the version it forwards by, a change waiting. */
+  table?: { mode: string; version?: number; pending?: { version: number; waitingFor: string[] }; recording: boolean };
 }
 
 export async function lbStatus(tb: Testbed, node: string): Promise<LbStatus | undefined> {

@@ -3,7 +3,9 @@
 // targets scaled out, a tetherd restart and Redis restarted empty; removing a target breaks only its own.
 import { test } from 'uvu';
 import * as assert from 'uvu/assert';
+import Redis from 'ioredis';
 import { withTestbed, type Testbed } from './testbed';
+import type { PodSpec } from './topology';
 import {
   announcedOn, baselineAnnounce, baselineWithdraw, PORT, configure, lbPodSpec, pool, slice, lbStatus, routerPaths, service, startBgp, startTargets, targetSpec, topology, traffic, until,
 } from './lb-scenario';
@@ -100,6 +102,83 @@ scenario('through the VIP: targets see the client, replies bypass the LB pods, a
   });
 });
 
+
+/** Mappings the store holds for vip (every bucket). */
+async function storedMappings(tb: Testbed, vip: string): Promise<number> {
+  const raw = new Redis(tb.redis.socketPath);
+  try {
+    let n = 0;
+    for (const k of await raw.keys(`*lb:{${vip}#*}:map`)) n += await raw.hlen(k);
+    return n;
+  } finally {
+    raw.disconnect();
+  }
+}
+
+/** Waits until the given LB nodes forward by one table version above `above`, none pending; returns it. */
+async function switched(tb: Testbed, nodes: string[], above: number): Promise<number> {
+  return until(`${nodes.join(', ')} on one table version above ${above}`, async () => {
+    const t = await Promise.all(nodes.map(async (n) => (await lbStatus(tb, n))?.table));
+    const v = t[0]?.version;
+    return v !== undefined && v > above && t.every((x) => x?.version === v && !x.pending) ? v : undefined;
+  }, 40_000);
+}
+
+scenario('record on change under live traffic: a target added while an LB node is killed, then two added in quick succession while new connections start; an LB node withdrawn after: every connection survives, and the store holds only moved flows', async () => {
+  const topo = topology();
+  const more: Record<string, Array<string | PodSpec>> = { n3: [lbPodSpec], n4: [targetSpec('t5')], n5: [targetSpec('t4'), targetSpec('t6')] };
+  const nodes = topo.nodes.map((n) => (more[n.name] ? { ...n, pods: [...((n.pods as Array<string | PodSpec>) ?? []), ...more[n.name]] } : n));
+  await withTestbed({ ...topo, nodes }, async (tb) => {
+    const bgp = await startBgp(tb);
+    const all = ['n4-t1', 'n4-t2', 'n5-t3', 'n5-t4', 'n4-t5', 'n5-t6'];
+    try {
+      configure(tb, ['n4-t1', 'n4-t2', 'n5-t3']);
+      const vip = await announcedOn(tb, ['n1', 'n2', 'n3']);
+      const servers = await startTargets(tb, ['n4-t1', 'n4-t2', 'n5-t3'], vip);
+      const v0 = await switched(tb, ['n1', 'n2', 'n3'], 0);
+      let late: Awaited<ReturnType<typeof traffic>> | undefined;
+      let stored = -1;
+      try {
+        const report = await traffic(tb, vip, CONNS, 120_000, async () => {
+          process.stdout.write('  LB node n2 killed and target t4 added at once\n');
+          await tb.killTetherd('n2', 'SIGKILL');
+          await tb.mustExec('n2', ['ip', 'link', 'set', 'eth0', 'down']);
+          configure(tb, ['n4-t1', 'n4-t2', 'n5-t3', 'n5-t4']);
+          // The change waits for n2's membership to lapse: 100 connections start meanwhile.
+          late = await traffic(tb, vip, 100, 90_000, async () => {
+            const during = (await lbStatus(tb, 'n1'))?.table;
+            process.stdout.write(`  100 connections started while the change waits: ${JSON.stringify(during?.pending)}\n`);
+            await until('t4 ready as a target', async () => (await lbStatus(tb, 'n5'))?.localTargets.includes('shop/t4'));
+            await servers.add('n5-t4');
+            await announcedOn(tb, ['n1', 'n3']);
+            const v1 = await switched(tb, ['n1', 'n3'], v0);
+            stored = await storedMappings(tb, vip);
+            process.stdout.write(`  version ${v0} → ${v1} on n1 and n3 once n2 lapsed; ${stored} mappings in the store; targets t5 and t6 added in quick succession\n`);
+            configure(tb, ['n4-t1', 'n4-t2', 'n5-t3', 'n5-t4', 'n4-t5']);
+            configure(tb, all);
+            await until('t5 and t6 ready as targets', async () => (await lbStatus(tb, 'n4'))?.localTargets.includes('shop/t5') && (await lbStatus(tb, 'n5'))?.localTargets.includes('shop/t6'));
+            await servers.add('n4-t5');
+            await servers.add('n5-t6');
+            const v2 = await switched(tb, ['n1', 'n3'], v1);
+            process.stdout.write(`  version ${v2} on n1 and n3; LB pod on n1 removed: its flows move to n3\n`);
+            await tb.delPod('n1-lb');
+            await announcedOn(tb, ['n3']);
+            await new Promise((r) => setTimeout(r, 3000));
+          }, false, { endWhenDone: true });
+        }, true, { endWhenDone: true });
+        const peers = await servers.stop();
+        process.stdout.write(`  ${report.intact}/${CONNS} intact (longest gap ${report.maxGapAfterMarkMs} ms), ${late?.intact}/100 started during the switch intact; ${stored} mappings stored after the first change; per target: ${[...peers].map(([k, v]) => `${k} ${v.length}`).join(', ')}\n`);
+        assert.is(report.intact, CONNS, `${report.intact}/${CONNS} intact; ${report.errors.slice(0, 4).join('; ')}`);
+        assert.is(late?.intact, 100, `connections started during the switch: ${late?.intact}/100; ${late?.errors.slice(0, 4).join('; ')}`);
+        assert.ok(stored >= 0 && stored < CONNS, `the store holds the moved flows only (${stored} for ${CONNS} connections)`);
+      } finally {
+        await servers.stop().catch(() => undefined);
+      }
+    } finally {
+      await bgp.stop();
+    }
+  });
+});
 
 const BIG_CLIENT = `
 const net = require('net'), crypto = require('crypto'), dgram = require('dgram');
