@@ -15,7 +15,8 @@
 // The store away: a change waits (the row stays the active version every LB node has), except that a
 // target this node no longer knows gets no new client (its entries take the new row's picks: patchTable).
 // A node that starts with the store away writes the row of its configuration.
-import { LB_F_PER_FLOW, LB_F_QUIET } from '../bpf/lb-structs';
+import { LB_F_PER_FLOW, LB_F_QUIET, decodeMapKey, lbHashKeyBytes } from '../bpf/lb-structs';
+import { formatV4, v4ToUint32 } from '../../lib/ip';
 import { LB_HASH_SEED, type LbMapping } from '../bpf/lb';
 import type { StoredMapping } from './mapping-fields';
 import { maglevTable, patchTable, pickOf, type MaglevTable } from './maglev';
@@ -137,6 +138,14 @@ export class TableSwitch {
   }
 
   private readonly waiting = new Map<string, string[]>();
+  /** The last table computed (a change's row is computed to record its moves, then again to write it). */
+  private lastTable?: { key: string; table: MaglevTable };
+
+  private tableOf(targets: string[], size: number): MaglevTable {
+    const key = `${size}:${targets.join(',')}`;
+    if (this.lastTable?.key !== key) this.lastTable = { key, table: maglevTable(targets, size) };
+    return this.lastTable.table;
+  }
 
   private serial(fn: () => Promise<void>): Promise<void> {
     const run = this.running.then(fn);
@@ -241,11 +250,10 @@ export class TableSwitch {
     const dp = this.s.dp;
     if (!dp) return;
     const t0 = Date.now();
-    const table = maglevTable(rowTargets(next.row), dp.maglevSize);
-    const mine = dp.mappings().filter((m) => m.vip === t.vip && t.known.has(m.target));
-    const moved = mine.filter((m) => pickOf(table, m, LB_HASH_SEED) !== m.target);
-    if (moved.length) await this.s.o.store!.mappings.claim(t.vip, moved.map((m) => ({ key: m, target: m.target })));
-    this.s.logger.info('lb: flows a Maglev table change moves recorded', { service: t.service, vip: t.vip, version: next.version, flows: mine.length, recorded: moved.length, ms: Date.now() - t0 });
+    const table = this.tableOf(rowTargets(next.row), dp.maglevSize);
+    const { flows, moved } = movedFlows(dp.mappingEntries(), t.vip, t.known, table);
+    if (moved.length) await this.s.o.store!.mappings.claim(t.vip, moved);
+    this.s.logger.info('lb: flows a Maglev table change moves recorded', { service: t.service, vip: t.vip, version: next.version, flows, recorded: moved.length, ms: Date.now() - t0 });
   }
 
   /** The active version's row, once what its change recorded is installed here. */
@@ -283,7 +291,7 @@ export class TableSwitch {
     const patched = fill !== '' && this.unknown(t, row);
     const key = rowKey(row, patched ? fill : '');
     if (key === t.written) return;
-    const base = maglevTable(rowTargets(row), dp.maglevSize);
+    const base = this.tableOf(rowTargets(row), dp.maglevSize);
     const table = patched ? patchTable(base, maglevTable(rowTargets(fill), dp.maglevSize), t.known) : base;
     dp.setMaglevRow(t.slot, table.table, table.targets);
     const firstWrite = t.written === undefined;
@@ -300,6 +308,30 @@ export class TableSwitch {
     this.s.dp.setServiceFlags(t.vip, t.base | (quiet ? LB_F_QUIET : 0));
     t.quiet = quiet;
   }
+}
+
+/**
+ * Of the mapping table's entries (raw, as LbDatapath.mappingEntries reads them), vip's to a target in `known`:
+ * how many (flows), and those `table` would send to another target, decoded (moved). The same as decoding
+ * every entry and keeping those whose pickOf(table, key) differs from its target, without decoding the rest.
+ */
+export function movedFlows(entries: Array<[Buffer, Buffer]>, vip: string, known: ReadonlySet<string>, table: MaglevTable): { flows: number; moved: StoredMapping[] } {
+  const vipN = v4ToUint32(vip);
+  const knownN = new Set([...known].map((a) => v4ToUint32(a)));
+  const targetsN = table.targets.map((a) => v4ToUint32(a));
+  const size = table.table.length;
+  let flows = 0;
+  const moved: StoredMapping[] = [];
+  for (const [k, v] of entries) {
+    if (k.readUInt32BE(0) !== vipN) continue;
+    const target = v.readUInt32BE(0);
+    if (!knownN.has(target)) continue;
+    flows++;
+    const i = table.table[lbHashKeyBytes(k, LB_HASH_SEED) % size];
+    if (i >= 0 && targetsN[i] === target) continue;
+    moved.push({ key: decodeMapKey(k), target: formatV4(v, 0) });
+  }
+  return { flows, moved };
 }
 
 /** The datapath flags of a Service's affinity. */
