@@ -310,7 +310,7 @@ async function main(): Promise<void> {
   const r = rows as unknown as Row[];
   const md = `A target added to a Service whose 3 LB nodes hold N live flows (record on change, per-flow affinity, Maglev rows of ${MAGLEV}): measured by \`test/bench/lb-switch.ts\` (in \`npm run bench\`) on ${String(m.cpu)} (${String(m.cores)} cores), ${String(m.date).slice(0, 10)}; raw numbers in \`results/bench-lb.json\` (\`tableChange\`). Three real LbControllers share one process and one redis-server: their recording runs one after the other on these 2 cores, where on three nodes it runs at once, so the time to active is an upper bound.
 
-| live flows | new table active on every node | records written (store) | flows whose pick changed | records per live flow | each node's recording (ms) | one node's map read / new picks (ms) | records read back by a node (ms) |
+| live flows | new table active on every node | records written (store) | flows whose pick changed | records per live flow | each node's recording (ms) | n1's map after: read / scanned for moved flows (ms) | records read back by a node (ms) |
 |---|---|---|---|---|---|---|---|
 ${r.map((x) => `| ${x.flows} | ${x.activeMs} ms | ${x.recorded} | ${x.movedExpected} | ${x.recordedPerFlow} | ${x.perNode.map((p) => p.recordMs).join(' / ')} | ${x.parts.readMs} / ${x.parts.pickMs} (${x.parts.mappings} mappings) | ${x.parts.loadChangedSince} in ${x.parts.loadChangedSinceMs} |`).join('\n')}
 `;
