@@ -206,12 +206,18 @@ function lbMix(h: number, k: number): number {
  * byte order read little-endian), so tetherd computes the pick every LB node's datapath makes for a key.
  */
 export function lbHash(k: MapKey, seed: number): number {
-  const b = encodeMapKey(k);
+  return lbHashKeyBytes(encodeMapKey(k), seed);
+}
+
+/** lbHash of a key as the mapping table holds it (lb_map_key's bytes at off): no decoding, no re-encoding. */
+export function lbHashKeyBytes(b: Uint8Array, seed: number, off = 0): number {
+  const le32 = (o: number) => (b[off + o] | (b[off + o + 1] << 8) | (b[off + o + 2] << 16) | (b[off + o + 3] << 24)) >>> 0;
+  const le16 = (o: number) => b[off + o] | (b[off + o + 1] << 8);
   let h = seed | 0;
-  h = lbMix(h, b.readUInt32LE(0));
-  h = lbMix(h, b.readUInt32LE(4));
-  h = lbMix(h, ((b.readUInt16LE(8) << 16) | b.readUInt16LE(10)) >>> 0);
-  h = lbMix(h, b[12]);
+  h = lbMix(h, le32(0));
+  h = lbMix(h, le32(4));
+  h = lbMix(h, ((le16(8) << 16) | le16(10)) >>> 0);
+  h = lbMix(h, b[off + 12]);
   h ^= 16;
   h ^= h >>> 16;
   h = Math.imul(h, 0x85ebca6b);

@@ -280,6 +280,14 @@ export class LbDatapath {
     return this.o().map('lb_mappings').entries().map(([k, v]) => ({ ...decodeMapKey(k), ...decodeMapping(v) }));
   }
 
+  /**
+   * Every mapping as the map holds it: lb_map_key's and lb_mapping's bytes (decodeMapKey, decodeMapping),
+   * for a scan of many that decodes only the few it keeps.
+   */
+  mappingEntries(): Array<[Buffer, Buffer]> {
+    return this.o().map('lb_mappings').entries();
+  }
+
   /** Deletes the mappings matching pred; returns how many went. */
   deleteMappings(pred: (m: LbMapping) => boolean): number {
     return this.deleteMappingKeys(this.mappings().filter(pred));

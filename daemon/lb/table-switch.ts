@@ -15,7 +15,8 @@
 // The store away: a change waits (the row stays the active version every LB node has), except that a
 // target this node no longer knows gets no new client (its entries take the new row's picks: patchTable).
 // A node that starts with the store away writes the row of its configuration.
-import { LB_F_PER_FLOW, LB_F_QUIET } from '../bpf/lb-structs';
+import { LB_F_PER_FLOW, LB_F_QUIET, decodeMapKey, lbHashKeyBytes } from '../bpf/lb-structs';
+import { formatV4, v4ToUint32 } from '../../lib/ip';
 import { LB_HASH_SEED, type LbMapping } from '../bpf/lb';
 import type { StoredMapping } from './mapping-fields';
 import { maglevTable, patchTable, pickOf, type MaglevTable } from './maglev';
@@ -33,6 +34,8 @@ export const BEAT_MS = 1000;
 export const MEMBER_TTL_MS = 8000;
 /** The table hash lapses this long after the last step of any member. */
 const KEY_TTL_MS = 120_000;
+/** After a failed step the store is left alone this long (the next pass or beat asks again). */
+const AWAY_MS = 3000;
 /** While a change waits, its state is read this often. */
 const STEP_MS = 50;
 /** After a row is written, new picks are still recorded this long (other LB nodes switch around then too). */
@@ -81,6 +84,8 @@ export class TableSwitch {
   private readonly vips = new Map<string, VipTable>();
   private running: Promise<void> = Promise.resolve();
   private readonly memberTtlMs: number;
+  /** The store is not asked until then (a step failed). */
+  private awayUntil = 0;
 
   constructor(
     private readonly s: LbShared,
@@ -142,6 +147,14 @@ export class TableSwitch {
   }
 
   private readonly waiting = new Map<string, string[]>();
+  /** The last table computed (a change's row is computed to record its moves, then again to write it). */
+  private lastTable?: { key: string; table: MaglevTable };
+
+  private tableOf(targets: string[], size: number): MaglevTable {
+    const key = `${size}:${targets.join(',')}`;
+    if (this.lastTable?.key !== key) this.lastTable = { key, table: maglevTable(targets, size) };
+    return this.lastTable.table;
+  }
 
   /** No step starts any more; the one under way ends first. */
   async stop(): Promise<void> {
@@ -185,7 +198,7 @@ export class TableSwitch {
       t.want = this.pickable(lb).map((x) => x.address).sort().join(',');
       t.known = new Set(lb.targets.map((x) => x.address));
       if (t.mode === 'pick') this.write(t, t.want, '');
-      else await this.stepOne(t);
+      else await this.stepOne(t).catch((e) => this.s.logger.debug('lb: table version step failed; the row stays, retried', { service: t?.service, vip, error: (e as Error).message }));
       this.setFlags(t);
     }
     for (const [vip, t] of this.vips) {
@@ -208,11 +221,13 @@ export class TableSwitch {
   /** One VIP in record-on-change mode: beat, propose, record and acknowledge, activate. */
   private async stepOne(t: VipTable): Promise<void> {
     const store = this.s.o.store!;
-    const away = this.s.storeAway || !store.connection.connected;
+    // After a step failed (a store that hangs answers nothing until its command timeout), the store is not
+    // asked again for AWAY_MS: steps must not hold the pass, which announces VIPs, behind that timeout.
+    const away = this.s.storeAway || !store.connection.connected || Date.now() < this.awayUntil;
     if (away) {
       t.nextStepAt = Date.now() + BEAT_MS;
       // The change waits; a target this node no longer knows gets no new client meanwhile.
-      this.write(t, t.active?.row ?? t.want, t.active ? t.want : '');
+      this.hold(t);
       return;
     }
     const node = this.s.o.node.name;
@@ -232,13 +247,15 @@ export class TableSwitch {
         r = await store.tables.step(t.vip, node, t.want, { ...opts, ack: r.next.version });
         this.seen(t, r);
       }
+      t.nextStepAt = Date.now() + (t.next ? STEP_MS : BEAT_MS);
+      await this.activate(t);
+      this.awayUntil = 0;
     } catch (e) {
-      t.nextStepAt = Date.now() + STEP_MS;
-      this.write(t, t.active?.row ?? t.want, t.active ? t.want : '');
+      this.awayUntil = Date.now() + AWAY_MS;
+      t.nextStepAt = this.awayUntil;
+      this.hold(t);
       throw e;
     }
-    t.nextStepAt = Date.now() + (t.next ? STEP_MS : BEAT_MS);
-    await this.activate(t);
   }
 
   private seen(t: VipTable, r: TableState): void {
@@ -256,11 +273,10 @@ export class TableSwitch {
     const dp = this.s.dp;
     if (!dp) return;
     const t0 = Date.now();
-    const table = maglevTable(rowTargets(next.row), dp.maglevSize);
-    const mine = dp.mappings().filter((m) => m.vip === t.vip && t.known.has(m.target));
-    const moved = mine.filter((m) => pickOf(table, m, LB_HASH_SEED) !== m.target);
-    if (moved.length) await this.s.o.store!.mappings.claim(t.vip, moved.map((m) => ({ key: m, target: m.target })));
-    this.s.logger.info('lb: flows a Maglev table change moves recorded', { service: t.service, vip: t.vip, version: next.version, flows: mine.length, recorded: moved.length, ms: Date.now() - t0 });
+    const table = this.tableOf(rowTargets(next.row), dp.maglevSize);
+    const { flows, moved } = movedFlows(dp.mappingEntries(), t.vip, t.known, table);
+    if (moved.length) await this.s.o.store!.mappings.claim(t.vip, moved);
+    this.s.logger.info('lb: flows a Maglev table change moves recorded', { service: t.service, vip: t.vip, version: next.version, flows, recorded: moved.length, ms: Date.now() - t0 });
   }
 
   /** The active version's row, once what its change recorded is installed here. */
@@ -286,6 +302,16 @@ export class TableSwitch {
     if (!first) this.s.logger.info('lb: Maglev table version active', { service: t.service, vip: t.vip, version: active.version, targets: rowTargets(active.row).length, ...(proposed ? { ms: Date.now() - proposed } : {}) });
   }
 
+  /**
+   * The store cannot be asked: the row forwarded by stays (a change waits), with the entries of a target this
+   * node no longer knows taken from the wanted row; a node with no row yet writes the wanted one.
+   */
+  private hold(t: VipTable): void {
+    const held = t.written?.split('>')[0];
+    if (held === undefined) this.write(t, t.want, '');
+    else this.write(t, held, t.want);
+  }
+
   /** Whether row names a target this node does not know (removed, or not in its configuration yet). */
   private unknown(t: VipTable, row: string): boolean {
     return rowTargets(row).some((a) => !t.known.has(a));
@@ -299,13 +325,14 @@ export class TableSwitch {
     const key = rowKey(row, patched ? fill : '');
     const version = t.mode === 'change' && t.active?.row === row ? t.active.version : undefined;
     if (key === t.written) {
-      t.writtenVersion = version;
+      if (version !== undefined) t.writtenVersion = version;
       return;
     }
-    const base = maglevTable(rowTargets(row), dp.maglevSize);
+    const sameBase = row === t.written?.split('>')[0];
+    const base = this.tableOf(rowTargets(row), dp.maglevSize);
     const table = patched ? patchTable(base, maglevTable(rowTargets(fill), dp.maglevSize), t.known) : base;
     dp.setMaglevRow(t.slot, table.table, table.targets);
-    t.writtenVersion = version;
+    t.writtenVersion = version ?? (sameBase ? t.writtenVersion : undefined);
     const firstWrite = t.written === undefined;
     t.written = key;
     t.table = table;
@@ -320,6 +347,30 @@ export class TableSwitch {
     this.s.dp.setServiceFlags(t.vip, t.base | (quiet ? LB_F_QUIET : 0));
     t.quiet = quiet;
   }
+}
+
+/**
+ * Of the mapping table's entries (raw, as LbDatapath.mappingEntries reads them), vip's to a target in `known`:
+ * how many (flows), and those `table` would send to another target, decoded (moved). The same as decoding
+ * every entry and keeping those whose pickOf(table, key) differs from its target, without decoding the rest.
+ */
+export function movedFlows(entries: Array<[Buffer, Buffer]>, vip: string, known: ReadonlySet<string>, table: MaglevTable): { flows: number; moved: StoredMapping[] } {
+  const vipN = v4ToUint32(vip);
+  const knownN = new Set([...known].map((a) => v4ToUint32(a)));
+  const targetsN = table.targets.map((a) => v4ToUint32(a));
+  const size = table.table.length;
+  let flows = 0;
+  const moved: StoredMapping[] = [];
+  for (const [k, v] of entries) {
+    if (k.readUInt32BE(0) !== vipN) continue;
+    const target = v.readUInt32BE(0);
+    if (!knownN.has(target)) continue;
+    flows++;
+    const i = table.table[lbHashKeyBytes(k, LB_HASH_SEED) % size];
+    if (i >= 0 && targetsN[i] === target) continue;
+    moved.push({ key: decodeMapKey(k), target: formatV4(v, 0) });
+  }
+  return { flows, moved };
 }
 
 /** The datapath flags of a Service's affinity. */

@@ -1,9 +1,13 @@
-// Benchmark (not a test): what recording one new LB mapping costs in CPU, on the real parts. Two "LB nodes"
-// in this process, each with its own datapath maps (lb.bpf.o pinned under a unique bpffs directory) and its
-// own MappingStore on one real redis-server: node A gets RATE new picks per second (as its datapath reports
-// them on the ring buffer: the 24-byte event decoded, then MappingSync.picked) and writes them to the store
-// every 20 ms pass; node B hears each on the VIP's channel and installs it into its maps. Measured: CPU of
-// this process (both nodes) and of redis-server per mapping, against the same passes with nothing picked.
+// Benchmark (not a test): what recording one new LB mapping costs in CPU, on the real parts, where every pick
+// is recorded: Services with externalTrafficPolicy Local (their rows differ per node), and any Service while a
+// change of its target set is under way (until a few seconds after the new row is written: table-switch.ts).
+// At a steady target set (record on change) nothing is recorded per pick; what a change costs then is
+// measured by lb-switch.ts. Two "LB nodes" in this process, each with its own datapath maps (lb.bpf.o pinned
+// under a unique bpffs directory) and its own MappingStore on one real redis-server: node A gets RATE new
+// picks per second (as its datapath reports them on the ring buffer: the 24-byte event decoded, then
+// MappingSync.picked) and writes them to the store every 20 ms pass; node B hears each on the VIP's channel
+// and installs it into its maps. Measured: CPU of this process (both nodes) and of redis-server per mapping,
+// against the same passes with nothing picked.
 // BENCH_LB_RECORD_PROF=<dir> writes a CPU profile. Prints JSON; writes results/bench-lb-record.json.
 import * as fs from 'node:fs';
 import * as path from 'node:path';
@@ -122,7 +126,7 @@ async function main(): Promise<void> {
     const installedOnB = b.dp.mappings().length;
     const per = (x: number, y: number) => +(((x - y) * 1000) / busy.picked).toFixed(1);
     const result = {
-      benchmark: 'lb-record', machine: machine(), rate: RATE, secs: SECS, picked: busy.picked, stored, installedOnB,
+      benchmark: 'lb-record', records: 'every pick (externalTrafficPolicy Local; any Service while a target set change is under way)', machine: machine(), rate: RATE, secs: SECS, picked: busy.picked, stored, installedOnB,
       idle, busy,
       // µs of CPU per mapping recorded, above the same passes with nothing picked.
       perMappingUs: { tetherd: per(busy.cpuMs, idle.cpuMs), redis: per(busy.redisCpuMs, idle.redisCpuMs) },

@@ -7,11 +7,15 @@
 //     node, the LB pods' path is measured too in the same run (the uplink program taken off n1 and n2, so
 //     VIP traffic falls back to the LB pods, then tetherd restarted there to put it back).
 //  2. Time to load 100k mappings into a new LB pod: from the store (Redis HGETALL) into the node's maps.
-//  3. New connections per second through the VIP while each new flow's mapping is written to Redis
-//     (per-flow affinity), against the same connections straight to a target; the mappings in Redis after.
+//  3. New connections per second through the VIP at a steady target set (per-flow affinity; record on change:
+//     the picks stay in the LB nodes' maps, nothing is written to the store per connection), against the same
+//     connections straight to a target; the store writes per new connection (mappings in Redis, and Redis's
+//     write counter, before and after the rounds) and the LB nodes' CPU per new connection (above direct).
+//     What recording every pick costs (externalTrafficPolicy Local, or while a change is under way) is
+//     measured apart by lb-record.ts; a change of the target set by lb-switch.ts.
 //  4. The survival table: 200 long-lived connections through each change, tether and the stateless
 //     ECMP + kube-proxy baseline.
-// Writes results/bench-lb.json and the README section.
+// Writes results/bench-lb.json (keeping lb-switch.ts's `tableChange`) and its docs/performance.md section.
 import * as fs from 'node:fs';
 import * as path from 'node:path';
 import type { ChildProcess } from 'node:child_process';
@@ -133,6 +137,24 @@ async function storm(tb: Testbed, host: string, n: number): Promise<{ perSecond:
   return JSON.parse(r.stdout.trim().split('\n').pop()!) as { perSecond: number; errors: number };
 }
 
+/** Redis's write counter (changes to the data set; nothing is saved, so it never resets) and its script and publish calls. */
+async function storeCounters(raw: Redis): Promise<{ writes: number; scripts: number; publishes: number }> {
+  const info = await raw.info('all');
+  const num = (re: RegExp) => Number(re.exec(info)?.[1] ?? 0);
+  const calls = (cmd: string) => num(new RegExp(`cmdstat_${cmd}:calls=(\\d+)`));
+  return {
+    writes: num(/rdb_changes_since_last_save:(\d+)/),
+    scripts: calls('evalsha') + calls('eval'),
+    publishes: calls('publish') + calls('spublish'),
+  };
+}
+
+async function storedMappings(raw: Redis, prefix: string, vip: string): Promise<number> {
+  let stored = 0;
+  for (let i = 0; i < LB_STORE_BUCKETS; i++) stored += await raw.hlen(`${prefix}lb:{${vip}#${i}}:map`);
+  return stored;
+}
+
 async function announced(tb: Testbed, vip: string, nodes: string[]): Promise<void> {
   const want = nodes.map((n) => tb.node(n).fabricIp).sort().join();
   await until(`${vip} over ${nodes.join(',')}`, async () => (await routerPaths(tb, vip)).join() === want, 30_000);
@@ -225,27 +247,40 @@ async function main(): Promise<void> {
         viaNodeVsPlainPps: +(tput.viaNode.pps64 / tput.plain.pps64).toFixed(2),
       };
 
-      // New connections per second while their mappings are written (per-flow affinity).
+      // New connections per second at a steady target set (per-flow affinity, record on change).
       const targets = await startTargets(tb, ['n4-t1', 'n4-t2', 'n5-t3'], st.db);
+      const raw = new Redis({ path: tb.redis.socketPath });
       try {
+        // The target set holds still: each LB node's table is active, no change waits, and nothing is recorded.
+        type Table = { mode: string; version?: number; pending?: unknown; recording: boolean };
+        const tables = await until('the db VIP\'s table quiet on the LB nodes', async () => {
+          const t = await Promise.all(PERF_LB_NODES.map(async (n) => ((await lbStatus(tb, n)) as unknown as { table?: Table } | undefined)?.table));
+          return t.every((x) => x && x.mode === 'change' && !x.pending && !x.recording) ? t : undefined;
+        }, 30_000);
         // Interleaved rounds (each burst lasts about a second), the median of each path. "Paused": through
-        // the VIP with tetherd stopped (SIGSTOP) on the LB nodes, so the datapath picks and forwards while
-        // nothing reads its reports (the 1 MiB ring holds them; they are written when tetherd goes on): the
-        // rate the datapath allows, and so what the per-connection recording costs on these 2 shared cores.
+        // the VIP with tetherd stopped (SIGSTOP) on the LB nodes, so the datapath alone picks and forwards: the
+        // rate the datapath allows, and so what tetherd's work per connection (none is recorded at a steady
+        // target set) costs on these 2 shared cores.
         // Each connection leaves the client a TIME_WAIT port for 60 s, and every round reuses the same two
         // destinations: the client gets the whole port range, so 2 × rounds × STORM stays well inside it per
         // destination (with the default 28k a third round waited on connect's port search: ~600/s on every path).
         await tb.mustExec('client', ['sysctl', '-q', '-w', 'net.ipv4.ip_local_port_range=1024 65535']);
         const runs: Record<'direct' | 'viaNode' | 'through' | 'paused', Array<{ perSecond: number; errors: number }>> = { direct: [], viaNode: [], through: [], paused: [] };
-        // CPU of the LB nodes' tetherds and of Redis while connections go straight to the target (what they
-        // use anyway) and while they go through the VIP (that plus recording each new mapping).
+        // CPU of the LB nodes' tetherds and of Redis, and Redis's writes, while connections go straight to the
+        // target (what they use anyway: beats, registry, health reports) and while they go through the VIP
+        // (that plus whatever each new connection costs them).
         const recorders = () => [...PERF_LB_NODES.map((n) => tb.tetherd(n).pid!), tb.redis.pid!];
         const cpu = { direct: { ms: 0, s: 0 }, through: { ms: 0, s: 0 } };
+        const writes = { direct: { writes: 0, scripts: 0, publishes: 0 }, through: { writes: 0, scripts: 0, publishes: 0 } };
+        const mappingsBefore = await storedMappings(raw, tb.redisPrefix, st.db);
         const measured = async (which: 'direct' | 'through', host: string) => {
+          const w0 = await storeCounters(raw);
           const c0 = cpuMs(recorders());
           const r = await storm(tb, host, STORM);
           cpu[which].ms += cpuMs(recorders()) - c0;
           cpu[which].s += STORM / r.perSecond;
+          const w1 = await storeCounters(raw);
+          for (const k of ['writes', 'scripts', 'publishes'] as const) writes[which][k] += w1[k] - w0[k];
           return r;
         };
         for (let round = 0; round < STORM_ROUNDS; round++) {
@@ -273,24 +308,36 @@ async function main(): Promise<void> {
         const through = median(runs.through);
         const pausedRate = median(runs.paused);
         await new Promise((r) => setTimeout(r, 1500));
-        const raw = new Redis({ path: tb.redis.socketPath });
-        let stored = 0;
-        for (let i = 0; i < LB_STORE_BUCKETS; i++) stored += await raw.hlen(`${tb.redisPrefix}lb:{${st.db}#${i}}:map`);
-        raw.disconnect();
+        const stored = await storedMappings(raw, tb.redisPrefix, st.db);
+        const viaVip = STORM * STORM_ROUNDS * 2;
         result.connections = {
           throughVipPerSecond: Math.round(through.perSecond), directPerSecond: Math.round(direct.perSecond), ratio: +(through.perSecond / direct.perSecond).toFixed(2),
-          viaNodePerSecond: Math.round(viaNode.perSecond), viaNodeRatio: +(through.perSecond / viaNode.perSecond).toFixed(2), errors: through.errors, mappingsInRedis: stored, connections: STORM * STORM_ROUNDS * 2,
+          viaNodePerSecond: Math.round(viaNode.perSecond), viaNodeRatio: +(through.perSecond / viaNode.perSecond).toFixed(2), errors: through.errors,
+          mappingsBefore, mappingsInRedis: stored, connections: viaVip,
           tetherdPausedPerSecond: Math.round(pausedRate.perSecond), pausedRatio: +(pausedRate.perSecond / direct.perSecond).toFixed(2), pausedErrors: pausedRate.errors, rounds: STORM_ROUNDS,
+          table: tables[0],
         };
-        // µs of CPU per connection that recording its mapping took (the LB nodes' tetherds and Redis), above
-        // what they used in the same time with the connections going straight to the target.
+        // Store writes per new connection through the VIP at a steady target set (record on change: 0): the
+        // mappings recorded over every round through the VIP (with tetherd running or paused), and Redis's
+        // writes, script calls and publishes during the rounds through the VIP above the same time's worth of
+        // the rounds straight to the target (the LB nodes' beats, the node registry and health reports).
+        const excess = (k: 'writes' | 'scripts' | 'publishes') => writes.through[k] - (writes.direct[k] / cpu.direct.s) * cpu.through.s;
+        const per = (x: number) => +(x / (STORM * STORM_ROUNDS)).toFixed(3);
+        result.storeWrites = {
+          mappingsPerConnection: +((stored - mappingsBefore) / viaVip).toFixed(3),
+          writesPerConnection: per(excess('writes')), scriptCallsPerConnection: per(excess('scripts')), publishesPerConnection: per(excess('publishes')),
+          through: writes.through, direct: writes.direct, throughS: +cpu.through.s.toFixed(2), directS: +cpu.direct.s.toFixed(2),
+        };
+        process.stdout.write(`  store writes: ${JSON.stringify(result.storeWrites)}\n`);
+        // µs of CPU per connection through the VIP (the LB nodes' tetherds and Redis), above what they used in
+        // the same time with the connections going straight to the target.
         const idleMsPerS = cpu.direct.ms / cpu.direct.s;
         result.recordingCpu = {
           throughMs: Math.round(cpu.through.ms), throughS: +cpu.through.s.toFixed(2), directMs: Math.round(cpu.direct.ms), directS: +cpu.direct.s.toFixed(2),
           usPerConnection: Math.round(((cpu.through.ms - idleMsPerS * cpu.through.s) * 1000) / (STORM * STORM_ROUNDS)),
           coresWhileThrough: +(cpu.through.ms / 1000 / cpu.through.s).toFixed(2),
         };
-        process.stdout.write(`  recording CPU: ${JSON.stringify(result.recordingCpu)}\n`);
+        process.stdout.write(`  LB nodes' CPU per connection: ${JSON.stringify(result.recordingCpu)}\n`);
         result.connectionRuns = { direct: direct.all, viaNode: viaNode.all, through: through.all, tetherdPaused: pausedRate.all };
         process.stdout.write(`  connections: ${JSON.stringify(result.connections)}\n`);
 
@@ -364,6 +411,7 @@ async function main(): Promise<void> {
         });
         result.survival = survival;
       } finally {
+        raw.disconnect();
         await targets.stop().catch(() => undefined);
       }
     } finally {
@@ -373,11 +421,17 @@ async function main(): Promise<void> {
   });
 
   fs.mkdirSync(path.join(repo, 'results'), { recursive: true });
-  fs.writeFileSync(path.join(repo, 'results/bench-lb.json'), JSON.stringify(result, null, 2) + '\n');
+  const file = path.join(repo, 'results/bench-lb.json');
+  // lb-switch.ts's rows (a run of their own) stay.
+  const before = fs.existsSync(file) ? (JSON.parse(fs.readFileSync(file, 'utf8')) as Record<string, unknown>) : {};
+  if (before.tableChange) result.tableChange = before.tableChange;
+  fs.writeFileSync(file, JSON.stringify(result, null, 2) + '\n');
   const t = result.throughput as Record<string, Record<string, number>>;
   const r = result.ratios as Record<string, number>;
   const l = result.load as { totalMs: number; loadMs: number; installMs: number; written: number };
   const c = result.connections as Record<string, number>;
+  const w = result.storeWrites as Record<string, number>;
+  const cpuUs = (result.recordingCpu as Record<string, number>).usPerConnection;
   const s = result.survival as Array<{ path: string; change: string; intact: number; of: number }>;
   const row = (label: string, x: Record<string, number>) => `| ${label} | ${x.mbps1} Mbit/s | ${x.mbps8} Mbit/s | ${x.pps64} pkt/s |`;
   const rows = [
@@ -396,8 +450,9 @@ ${rows.join('\n')}
 Ratios (tether: the ${DATAPATH} datapath): tether / plain ${r.tetherVsPlain1} (1 stream), ${r.tetherVsPlain8} (8 streams), ${r.ppsVsPlain} (packets); tether / DNAT ${r.tetherVsDnat1}, ${r.tetherVsDnat8}, ${r.ppsVsDnat}; tether / plain routing through an LB node ${r.tetherVsViaNode1}, ${r.tetherVsViaNode8}, ${r.ppsVsViaNode} (that path's packets / plain: ${r.viaNodeVsPlainPps}).${t.tetherPod ? ` The pod datapath in the same run: / plain ${r.podVsPlain1}, ${r.podVsPlain8}, ${r.podPpsVsPlain}.` : ''}
 
 - ${l.written} mappings loaded into a new LB pod's maps in ${l.totalMs.toFixed(0)} ms (Redis ${l.loadMs.toFixed(0)} ms, maps ${l.installMs.toFixed(0)} ms).
-- New connections: ${c.throughVipPerSecond}/s through the VIP (${DATAPATH} datapath) with each mapping written to Redis, against ${c.directPerSecond}/s straight to a target (${c.ratio}×) and ${c.viaNodePerSecond}/s routed to it through an LB node (${c.viaNodeRatio}×)${c.throughPodsPerSecond ? `; ${c.throughPodsPerSecond}/s through the LB pods (${c.podsRatio}×)` : ''}; with tetherd stopped on the LB nodes (the datapath alone, nothing recorded until it goes on) ${c.tetherdPausedPerSecond}/s (${c.pausedRatio}×); medians of ${c.rounds} interleaved rounds; ${c.mappingsInRedis} mappings in Redis after ${c.connections} connections (plus earlier ones), ${c.errors} errors.
-- Recording the mappings of those connections took ${(result.recordingCpu as Record<string, number>).usPerConnection} µs of CPU per connection on the LB nodes' tetherds and Redis together (above what they used in the same time while connections went straight to the target): ${(result.recordingCpu as Record<string, number>).coresWhileThrough} cores' worth during the bursts through the VIP, on a machine of 2 cores that also runs the client, the targets and the kernel's forwarding.
+- New connections at a steady target set (record on change: each pick stays in the LB node's map, nothing is written to the store): ${c.throughVipPerSecond}/s through the VIP (${DATAPATH} datapath), against ${c.directPerSecond}/s straight to a target (${c.ratio}×) and ${c.viaNodePerSecond}/s routed to it through an LB node (${c.viaNodeRatio}×)${c.throughPodsPerSecond ? `; ${c.throughPodsPerSecond}/s through the LB pods (${c.podsRatio}×)` : ''}; with tetherd stopped on the LB nodes (the datapath alone) ${c.tetherdPausedPerSecond}/s (${c.pausedRatio}×); medians of ${c.rounds} interleaved rounds, ${c.errors} errors.
+- Store writes per new connection through the VIP: ${w.mappingsPerConnection} mappings recorded (${c.mappingsBefore} in Redis before the rounds, ${c.mappingsInRedis} after ${c.connections} connections through the VIP); Redis's writes during the bursts through the VIP above its rate during those straight to the target (the LB nodes' beats, registry, health reports): ${w.writesPerConnection} per connection${Math.abs(w.writesPerConnection) < 0.05 ? ' (none: what is left is that background\'s own variation)' : ''} (script calls ${w.scriptCallsPerConnection}, publishes ${w.publishesPerConnection}).
+- CPU: the LB nodes' tetherds and Redis used ${cpuUs} µs per connection through the VIP above what they used in the same time while connections went straight to the target${cpuUs <= 0 ? ' (nothing measurable: they used no more than in the bursts straight to the target)' : ''}; ${(result.recordingCpu as Record<string, number>).coresWhileThrough} cores' worth during the bursts through the VIP, on a machine of 2 cores that also runs the client, the targets and the kernel's forwarding. What recording every pick costs (externalTrafficPolicy Local, and while a change is under way) is measured apart by \`test/bench/lb-record.ts\`.
 
 | path | change | connections intact |
 |---|---|---|

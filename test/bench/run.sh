@@ -19,6 +19,7 @@ node_modules/.bin/tsx test/bench/config-latency.ts
 node_modules/.bin/tsx test/bench/egress-failover.ts
 node_modules/.bin/tsx test/bench/egress-multi.ts
 node_modules/.bin/tsx test/bench/lb.ts
+node_modules/.bin/tsx test/bench/lb-switch.ts
 node_modules/.bin/tsx test/bench/lb-record.ts
 node_modules/.bin/tsx test/bench/health.ts
 node_modules/.bin/tsx test/bench/bfd-lag.ts
