@@ -27,7 +27,7 @@ import { VipPrograms } from './vip-programs';
 import { LbPods, type Selections } from './lb-pods';
 import { LbTargets } from './targets';
 import { MappingSync } from './mapping-sync';
-import { TableSwitch, affinityFlags } from './table-switch';
+import { TableSwitch, affinityFlags, recordsOnChange } from './table-switch';
 import { ReconcileLoop } from '../util/reconcile-loop';
 import { ProgrammingTracker, type ProgrammingState } from '../health/proxy-health';
 import { NodeRegistry, REGISTRY_TTL_MS } from '../common/node-registry';
@@ -243,6 +243,7 @@ export class LbController {
     if (!store?.connection.connected || !this.nodeRegistry) return;
     try {
       const listed = await this.nodeRegistry.beat(REGISTRY_TTL_MS);
+      this.earlierReleases([...this.nodeRegistry.releases()]);
       if (listed === this.registered) return; // the same list (NodeRegistry keeps it while nothing changes)
       this.registered = listed;
       const nodes = [...new Set([...listed, this.o.node.address])].sort();
@@ -254,6 +255,20 @@ export class LbController {
       this.s.storeAway = true;
       this.o.logger.debug('lb: node registry pass failed', { error: (e as Error).message });
     }
+  }
+
+  /**
+   * While a node of a release before table versions is registered (a rolling upgrade or rollback), every
+   * new pick is recorded, as that release does: it switches rows at once, so a flow this node did not
+   * record could reach it under a row that moves it.
+   */
+  private earlierReleases(releases: Array<[string, string]>): void {
+    const older = releases.filter(([, r]) => !recordsOnChange(r)).map(([n]) => n).sort();
+    const was = this.s.earlierReleases;
+    this.s.earlierReleases = older.length > 0;
+    if (was === this.s.earlierReleases) return;
+    if (older.length) this.o.logger.info('lb: nodes of a release before table versions are registered: every new pick is recorded until none is', { nodes: older.slice(0, 10), count: older.length });
+    else if (was) this.o.logger.info('lb: every registered node records on change: new picks are recorded only while a table change is under way');
   }
 
   /**

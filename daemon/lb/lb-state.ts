@@ -104,6 +104,8 @@ export class LbShared {
    * timeout, and a VIP taken over during the outage would wait for all of them).
    */
   storeAway = false;
+  /** A node of a release before table versions is registered: every new pick is recorded (table-switch.ts). */
+  earlierReleases = false;
 
   constructor(readonly o: LbControllerOptions) {}
 

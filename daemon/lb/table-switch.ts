@@ -171,7 +171,7 @@ export class TableSwitch {
   }
 
   private isQuiet(t: VipTable, now = Date.now()): boolean {
-    return t.mode === 'change' && t.written !== undefined && !t.next && now >= t.recordUntil;
+    return t.mode === 'change' && !this.s.earlierReleases && t.written !== undefined && !t.next && now >= t.recordUntil;
   }
 
   private async applyNow(slotted: ResolvedLoadBalancer[]): Promise<void> {
@@ -371,6 +371,18 @@ export function movedFlows(entries: Array<[Buffer, Buffer]>, vip: string, known:
     moved.push({ key: decodeMapKey(k), target: formatV4(v, 0) });
   }
   return { flows, moved };
+}
+
+/** The first release that records on change (table versions); releases before it record every pick. */
+export const TABLE_VERSIONS_SINCE = '0.2.0';
+
+/** Whether a node of `release` (its registration's; '' for 0.1.0, which wrote none) records on change. */
+export function recordsOnChange(release: string): boolean {
+  const v = /^(\d+)\.(\d+)\.(\d+)/.exec(release);
+  if (!v) return false;
+  const since = TABLE_VERSIONS_SINCE.split('.').map(Number);
+  for (let i = 0; i < 3; i++) if (Number(v[i + 1]) !== since[i]) return Number(v[i + 1]) > since[i];
+  return true;
 }
 
 /** The datapath flags of a Service's affinity. */

@@ -30,6 +30,9 @@ import { AttachService } from '../../daemon/pod/attach-service';
 import { LB_CLASS } from '../../daemon/objects/names';
 import { startRedis, type TestRedis } from '../lib/redis';
 import { addNetns, delNetns, uniqueName } from '../lib/netns';
+import { memberCall } from '../../daemon/common/member-registry';
+import { nodesKey } from '../../daemon/common/node-registry';
+import { recordsOnChange } from '../../daemon/lb/table-switch';
 import { until } from '../lib/wait';
 
 const logger = makeLogger({ level: process.env.LB_SWITCH_LOG ? 'info' : 'error', stream: process.env.LB_SWITCH_LOG ? process.stdout : new Writable({ write: (_c, _e, cb) => cb() }) });
@@ -361,6 +364,25 @@ test('a terminating target drains: its flows are recorded at the change and keep
     await until('A gone from the datapath', async () => [n1, n2].every((n) => c.withMaps(n, (dp) => !dp.targetsOf(c.vip).has(A))));
     for (const n of [n1, n2]) assert.not.ok(c.decide(n, onA).includes(A), `${n.name}: the removed target's flows go elsewhere`);
     assert.equal(c.moved(flows.filter((f) => f.target !== A)), []);
+  });
+});
+
+test('beside a node of a release before table versions (0.1.0 registers no release): every new pick is recorded, as that release does; once it is gone, nothing is', async () => {
+  assert.equal(['', '0.1.0', '0.1.9', '0.2.0', '0.2.1', '0.10.0', '1.0.0', 'x'].map(recordsOnChange), [false, false, false, true, true, true, true, false]);
+  await withCluster(async (c) => {
+    const [n1, n2] = [await c.add('n1', [A, B, C]), await c.add('n2', [A, B, C])];
+    await c.settled('one table version on every node');
+    await until('quiet on both', async () => [n1, n2].every((n) => !c.table(n).recording));
+    const raw = new Redis(c.redis.socketPath);
+    try {
+      // A node of 0.1.0 registers its address only.
+      await memberCall(raw, nodesKey(c.prefix), 'old1', JSON.stringify({ address: '127.0.0.99' }), 20_000, -1);
+      await until('every new pick recorded beside the 0.1.0 node', async () => [n1, n2].every((n) => c.table(n).recording));
+      await memberCall(raw, nodesKey(c.prefix), 'old1', undefined, 0, -1);
+      await until('quiet again once it left', async () => [n1, n2].every((n) => !c.table(n).recording));
+    } finally {
+      raw.disconnect();
+    }
   });
 });
 
