@@ -65,6 +65,8 @@ export interface LbServiceView {
   targets?: { active: number; terminating: number };
   mappings?: number;
   mappingStore?: { queued?: number };
+  /** table-switch.ts: the version forwarded by, a change waiting, whether new picks are recorded. */
+  table?: { mode?: string; version?: number; pending?: { version: number; waitingFor: string[] }; recording?: boolean };
   counters?: Record<string, number>;
 }
 
@@ -332,6 +334,12 @@ export class TetherMetrics {
     this.gauge('tether_lb_mappings', 'Client mappings of the VIP in this node\'s table.', ['service', 'vip'], (s) => vips(s).map(({ x, l }): Sample => [l, x.mappings ?? NaN]));
     this.gauge('tether_lb_store_queued_mappings', 'New mappings of the VIP waiting to be written to the cluster store.', ['service', 'vip'], (s) =>
       vips(s).filter(({ x }) => x.mappingStore).map(({ x, l }): Sample => [l, x.mappingStore!.queued ?? NaN]));
+    this.gauge('tether_lb_table_version', 'The Maglev table version (target set agreed through the store) the VIP is forwarded by on this node.', ['service', 'vip'],
+      (s) => vips(s).filter(({ x }) => x.table?.version !== undefined).map(({ x, l }): Sample => [l, x.table!.version!]));
+    this.gauge('tether_lb_table_change_pending', 'A target-set change of the VIP waits for LB nodes to record the flows it moves: 1, else 0.', ['service', 'vip'],
+      (s) => vips(s).filter(({ x }) => x.table?.mode === 'change').map(({ x, l }): Sample => [l, x.table!.pending ? 1 : 0]));
+    this.gauge('tether_lb_recording_every_pick', 'New picks of the VIP are reported and written to the store (a change under way, externalTrafficPolicy Local, or a node of an earlier release registered): 1, else 0.', ['service', 'vip'],
+      (s) => vips(s).filter(({ x }) => x.table).map(({ x, l }): Sample => [l, x.table!.recording ? 1 : 0]));
     this.gauge('tether_lb_vip_announced', 'Whether this node announces the VIP (1) or not (0).', ['service', 'vip'], (s) => vips(s).map(({ x, l }): Sample => [l, flag(x.announced)]));
     this.gauge('tether_lb_targets', 'Targets of the Service, by state (active, terminating).', ['service', 'state'], (s) =>
       (s.lb ?? []).filter((x) => x.targets).flatMap((x): Sample[] => [[{ service: x.service, state: 'active' }, x.targets!.active], [{ service: x.service, state: 'terminating' }, x.targets!.terminating]]));
