@@ -193,7 +193,13 @@ export class RedisStore implements ClusterStore {
     const k = this.keys;
     const fresh = randomBytes(8).toString('hex');
     if (opts.markRestarted !== undefined) checkName('generation', opts.markRestarted, 64);
-    const [token, ageMs, how, restarted] = await this.run('generation', () => this.client.tetherGeneration(k.generation, k.born, k.restarted, k.pools, fresh, opts.markRestarted ?? ''));
+    const [token, ageMs, how, restarted] = await this.run('generation', async () => {
+      const reply: unknown = await this.client.tetherGeneration(k.generation, k.born, k.restarted, k.pools, fresh, opts.markRestarted ?? '');
+      // A Cluster primary killed under the call can leave it with no reply at all: that is the store not
+      // answering (try again later), not a malformed generation.
+      if (!Array.isArray(reply) || reply.length < 4) throw new Error(`no answer to the generation script (got ${JSON.stringify(reply) ?? 'nothing'})`);
+      return reply as Awaited<ReturnType<typeof this.client.tetherGeneration>>;
+    });
     if (opts.markRestarted === token && !restarted) log().warn('cluster store: generation marked as a restart, but the mark did not stick', { generation: token });
     if (how === 'new') log().warn('cluster store: new generation (the store is new, or restarted empty)', { store: this.where, generation: token });
     else if (how === 'upgraded') log().warn('cluster store: generation without a birth time (written by an older tetherd, or garbled): its birth is recorded as now', { store: this.where, generation: token });
