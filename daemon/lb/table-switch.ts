@@ -58,6 +58,8 @@ interface VipTable {
   known: Set<string>;
   active?: TableVersion;
   next?: TableVersion;
+  /** The live members that have not acknowledged next (as of the last step). */
+  waiting?: string[];
   /** When this node first saw the change waiting (records of it are read back from then). */
   nextSeenMs?: number;
   acked?: number;
@@ -141,12 +143,11 @@ export class TableSwitch {
     return {
       mode: t.mode,
       ...(t.writtenVersion !== undefined ? { version: t.writtenVersion } : {}),
-      ...(t.next ? { pending: { version: t.next.version, waitingFor: this.waiting.get(vip) ?? [] } } : {}),
+      ...(t.next ? { pending: { version: t.next.version, waitingFor: t.waiting ?? [] } } : {}),
       recording: !this.isQuiet(t),
     };
   }
 
-  private readonly waiting = new Map<string, string[]>();
   /** The last table computed (a change's row is computed to record its moves, then again to write it). */
   private lastTable?: { key: string; table: MaglevTable };
 
@@ -204,7 +205,6 @@ export class TableSwitch {
     for (const [vip, t] of this.vips) {
       if (seen.has(vip)) continue;
       this.vips.delete(vip);
-      this.waiting.delete(vip);
       if (t.mode === 'change' && !this.s.storeAway) void this.s.o.store?.tables.leave(vip, this.s.o.node.name).catch(() => undefined);
     }
   }
@@ -265,7 +265,7 @@ export class TableSwitch {
     }
     t.active = r.active;
     t.next = r.next;
-    this.waiting.set(t.vip, r.waiting);
+    t.waiting = r.waiting;
   }
 
   /** The flows of this node's map that `next` would send elsewhere: recorded in the store. */
