@@ -78,18 +78,31 @@ function pinnedMaps(): FormatEntry[] {
 
 /** One entry per custom resource kind. */
 function crds(): FormatEntry[] {
-  return CRDS.map((d) => ({
-    name: `crd-${d.kind.toLowerCase()}`,
-    kind: 'CRD' as const,
-    definedIn: ['daemon/objects/crds.ts', 'daemon/objects/schema.ts'],
-    // The API version v1alpha1 is format version 1; a v1alpha2 or v1 would be 2 and needs a conversion.
-    version: crdVersionNumber(CRD_VERSION),
-    reads: [crdVersionNumber(CRD_VERSION)],
-    versionField: `apiVersion ${GROUP}/${CRD_VERSION}`,
-    summary: `${d.kind} (${d.scope}${d.reportOnly ? ', written by tetherd only' : ''}): its schema as served`,
-    history: { 1: `${GROUP}/v1alpha1` },
-  }));
+  return CRDS.map((d) => {
+    const rev = CRD_SCHEMA_REVISIONS[d.kind];
+    return {
+      name: `crd-${d.kind.toLowerCase()}`,
+      kind: 'CRD' as const,
+      definedIn: ['daemon/objects/crds.ts', 'daemon/objects/schema.ts'],
+      // The API version v1alpha1 is format version 1; a later revision of its schema that only adds optional
+      // fields (every object valid before stays valid) is a new format version under the same API version.
+      // A v1alpha2 or v1 would need a conversion.
+      version: rev ? rev.version : crdVersionNumber(CRD_VERSION),
+      reads: rev ? rev.reads : [crdVersionNumber(CRD_VERSION)],
+      versionField: `apiVersion ${GROUP}/${CRD_VERSION}`,
+      summary: `${d.kind} (${d.scope}${d.reportOnly ? ', written by tetherd only' : ''}): its schema as served`,
+      history: { 1: `${GROUP}/v1alpha1`, ...(rev?.history ?? {}) },
+    };
+  });
 }
+
+/**
+ * Additive revisions of a CRD's schema within v1alpha1. The previous release validates the objects itself, so
+ * it refuses one that uses a new field (reported by name on that node) and takes every other as before.
+ */
+const CRD_SCHEMA_REVISIONS: Record<string, { version: number; reads: number[]; history: Record<number, string> }> = {
+  Egress: { version: 2, reads: [1, 2], history: { 2: `${GROUP}/v1alpha1 with spec.ipFamilies and IPv6 explicit addresses (optional: every v1 object is still valid)` } },
+};
 
 /** The format version of a CRD API version: v1alpha1 is 1; later ones are listed here when they come. */
 export function crdVersionNumber(apiVersion: string): number {

@@ -1,8 +1,10 @@
 // The Egress object (file config now, custom resource later) and its validation. Every problem names the
 // Egress and the field; all problems are reported at once; an invalid Egress changes nothing.
 // N floating addresses: a count from one pool, a count from each of several pools, or explicit addresses.
+// IP families: an Egress steers the families of its addresses (spec.ipFamilies, or what its destinations,
+// explicit addresses or pools imply); each family's traffic leaves from an address of its own family.
 import { ErrorCode, TetherError } from '../../lib/errors';
-import { formatCidr, inSubnet, parseCidr, parseIp } from '../../lib/ip';
+import { formatCidr, inSubnet, parseCidr, parseIp, type IpFamily } from '../../lib/ip';
 import { API_VERSION, describe, isLabelKey, isLabelValue, isObject } from '../../lib/fields';
 import type { ResolvedPool } from '../../ipam/types';
 import { OWN_NAMESPACE_ONLY } from '../objects/crds';
@@ -11,8 +13,15 @@ export type AnnounceMode = 'l2' | 'routeTable';
 export type ZonePolicy = 'any' | 'preferLocalNode' | 'preferZone' | 'requireZone';
 export const ZONE_POLICIES: ZonePolicy[] = ['any', 'preferLocalNode', 'preferZone', 'requireZone'];
 
-/** One floating address an Egress asks for: `count` addresses from a pool are slots pool#0..#count-1. */
-export type AddressSlot = { pool: string; index: number } | { pool: string; explicit: string };
+/**
+ * One floating address an Egress asks for: `count` addresses from a pool are slots pool#0..#count-1. `family`
+ * is set only for a family other than the pool's first (the one a count drew from before Egresses had
+ * families), so the slots, and their owners in the store, of every Egress written before stay as they were.
+ */
+export type AddressSlot = { pool: string; index: number; family?: IpFamily } | { pool: string; explicit: string };
+
+/** Kubernetes' names of the families (Service.spec.ipFamilies). */
+export const FAMILY_NAMES: Record<IpFamily, 'IPv4' | 'IPv6'> = { 4: 'IPv4', 6: 'IPv6' };
 
 /** Pods of the Egress's own namespace (never another: crds.ts) whose labels match all of matchLabels. */
 export interface PodSelection {
@@ -27,12 +36,17 @@ export interface ResolvedEgress {
   namespace: string;
   clients: PodSelection;
   gateways: PodSelection;
-  /** CIDRs steered through the egress (IPv4 for now). */
+  /** The families the Egress steers, each with addresses of its own (IPv4 first when both). */
+  families: IpFamily[];
+  /** CIDRs steered through the egress, of its families. */
   destinations: string[];
   /** CIDRs never steered (cluster pod and service ranges, plus spec.excludeDestinations). */
   excluded: string[];
-  /** What spec.addresses asks for: counts from pools, or explicit addresses (each with its pool). */
-  addresses: Array<{ pool: string; count: number } | { pool: string; explicit: string[] }>;
+  /**
+   * What spec.addresses asks for: counts from pools, or explicit addresses (each with its pool). A count's
+   * `family` is set only when it is not the pool's first family (see AddressSlot).
+   */
+  addresses: Array<{ pool: string; count: number; family?: IpFamily } | { pool: string; explicit: string[] }>;
   /** How clients choose among the addresses (default any). */
   zonePolicy: ZonePolicy;
   /** At most this many of the Egress's addresses on one node (default: no cap). */
@@ -42,7 +56,9 @@ export interface ResolvedEgress {
 }
 
 const NAME = /^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$/;
-const SPEC_FIELDS = new Set(['clients', 'gateways', 'destinations', 'excludeDestinations', 'addresses', 'zonePolicy', 'maxAddressesPerNode', 'failover', 'announce']);
+const SPEC_FIELDS = new Set(['clients', 'gateways', 'ipFamilies', 'destinations', 'excludeDestinations', 'addresses', 'zonePolicy', 'maxAddressesPerNode', 'failover', 'announce']);
+/** The default destination of each family: everything (less the cluster's ranges, always excluded). */
+const EVERYTHING: Record<IpFamily, string> = { 4: '0.0.0.0/0', 6: '::/0' };
 const RESERVED_TABLES = new Set([0, 253, 254, 255]);
 
 export interface EgressContext {
@@ -70,12 +86,24 @@ export function validateEgress(raw: unknown, ctx: EgressContext): ResolvedEgress
   const clients = selection(spec.clients, 'spec.clients', bad);
   const gateways = selection(spec.gateways, 'spec.gateways', bad);
   const floating = ctx.pools.filter((p) => p.usage === 'floating');
-  const addresses = checkAddresses(spec.addresses, floating, bad);
+  const asked = checkAddresses(spec.addresses, floating, bad);
 
-  const podRanges = ctx.pools.filter((p) => p.usage === 'pod').flatMap((p) => p.families.filter((f) => f.family === 4).map((f) => f.cidr));
-  const destinations = spec.destinations === undefined ? ['0.0.0.0/0'] : cidrList(spec.destinations, 'spec.destinations', bad);
+  const destinations = spec.destinations === undefined ? undefined : cidrList(spec.destinations, 'spec.destinations', bad);
   const extraExcluded = spec.excludeDestinations === undefined ? [] : cidrList(spec.excludeDestinations, 'spec.excludeDestinations', bad);
   if (Array.isArray(spec.destinations) && spec.destinations.length === 0) bad('spec.destinations must not be empty (omit it to mean everything outside the cluster)');
+  const families = egressFamilies(spec.ipFamilies, destinations, asked, floating, bad);
+  // What made a family the Egress's, for the message when it has no address of it.
+  const why = (f: IpFamily) => (spec.ipFamilies !== undefined ? 'spec.ipFamilies' : `spec.destinations ${destinations?.filter((d) => familyOf(d) === f).join(', ')}`);
+  const addresses = asked && families.length ? addressesOf(asked, families, floating, why, bad) : undefined;
+  destinations?.forEach((d, i) => {
+    const f = familyOf(d);
+    if (families.length && !families.includes(f)) bad(`spec.destinations[${i}] ${d} is ${FAMILY_NAMES[f]}, but the Egress has no ${FAMILY_NAMES[f]} address (its families: ${families.map((x) => FAMILY_NAMES[x]).join(', ')}): its traffic could leave from no address of its own family`);
+  });
+  extraExcluded.forEach((d, i) => {
+    if (families.length && !families.includes(familyOf(d))) bad(`spec.excludeDestinations[${i}] ${d} is ${FAMILY_NAMES[familyOf(d)]}, which the Egress does not steer`);
+  });
+  const inFamilies = (c: string) => families.includes(familyOf(c));
+  const podRanges = ctx.pools.filter((p) => p.usage === 'pod').flatMap((p) => p.families.map((f) => f.cidr)).filter(inFamilies);
 
   const zonePolicy = spec.zonePolicy === undefined ? 'any' : ZONE_POLICIES.includes(spec.zonePolicy as ZonePolicy) ? (spec.zonePolicy as ZonePolicy) : (bad(`spec.zonePolicy ${describe(spec.zonePolicy)} must be one of ${ZONE_POLICIES.join(', ')}`), 'any');
   const maxAddressesPerNode = spec.maxAddressesPerNode === undefined ? undefined : intIn(spec.maxAddressesPerNode, 1, 16, 'spec.maxAddressesPerNode', bad);
@@ -104,8 +132,9 @@ export function validateEgress(raw: unknown, ctx: EgressContext): ResolvedEgress
     namespace,
     clients,
     gateways,
-    destinations,
-    excluded: [...podRanges, ...(ctx.serviceCidrs ?? []), ...extraExcluded],
+    families,
+    destinations: destinations ?? families.map((f) => EVERYTHING[f]),
+    excluded: [...podRanges, ...(ctx.serviceCidrs ?? []).filter(inFamilies), ...extraExcluded],
     addresses: addresses!,
     zonePolicy,
     ...(maxAddressesPerNode !== undefined ? { maxAddressesPerNode } : {}),
@@ -137,7 +166,7 @@ function selection(raw: unknown, field: string, bad: (m: string) => void): PodSe
   return { matchLabels };
 }
 
-function checkAddresses(raw: unknown, floating: ResolvedPool[], bad: (m: string) => void): ResolvedEgress['addresses'] | undefined {
+function checkAddresses(raw: unknown, floating: ResolvedPool[], bad: (m: string) => void): AskedAddresses | undefined {
   if (!isObject(raw)) {
     bad('spec.addresses must be an object: {pool, count}, {pools: [{pool, count}]} or {explicit: [...]}');
     return undefined;
@@ -198,13 +227,81 @@ function checkAddresses(raw: unknown, floating: ResolvedPool[], bad: (m: string)
 /** The address slots an Egress asks for, each allocated under its own owner so one can come and go alone. */
 export function addressSlots(e: Pick<ResolvedEgress, 'addresses'>): AddressSlot[] {
   return e.addresses.flatMap((a): AddressSlot[] =>
-    'explicit' in a ? a.explicit.map((x) => ({ pool: a.pool, explicit: x })) : Array.from({ length: a.count }, (_, index) => ({ pool: a.pool, index })),
+    'explicit' in a
+      ? a.explicit.map((x) => ({ pool: a.pool, explicit: x }))
+      : Array.from({ length: a.count }, (_, index) => (a.family ? { pool: a.pool, index, family: a.family } : { pool: a.pool, index })),
   );
 }
 
-/** The allocation owner of a slot in the cluster store: egress/<ns>/<name>#<pool>/<index or address>. */
+/**
+ * The allocation owner of a slot in the cluster store: egress/<ns>/<name>#<pool>/<index or address>, and for a
+ * count in a pool's second family egress/<ns>/<name>#<pool>/IPv6/<index> (the first family's owners are the
+ * ones every release wrote).
+ */
 export function slotOwner(egressKey: string, s: AddressSlot): string {
-  return `egress/${egressKey}#${s.pool}/${'explicit' in s ? s.explicit : s.index}`;
+  if ('explicit' in s) return `egress/${egressKey}#${s.pool}/${s.explicit}`;
+  return `egress/${egressKey}#${s.pool}/${s.family ? `${FAMILY_NAMES[s.family]}/` : ''}${s.index}`;
+}
+
+/** The family a slot's address is of, given its pool (undefined: the pool is gone). */
+export function slotFamily(s: AddressSlot, pools: ResolvedPool[]): IpFamily | undefined {
+  if ('explicit' in s) return parseIp(s.explicit)?.family;
+  return s.family ?? pools.find((p) => p.name === s.pool)?.families[0]?.family;
+}
+
+type AskedAddresses = Array<{ pool: string; count: number } | { pool: string; explicit: string[] }>;
+
+const familyOf = (cidrOrIp: string): IpFamily => (cidrOrIp.includes(':') ? 6 : 4);
+
+/**
+ * The families an Egress steers: spec.ipFamilies when given; else those of its destinations; else those of
+ * its explicit addresses; else the first family of each pool it counts from (what a count drew from before
+ * Egresses had families, so an Egress written before keeps its one family).
+ */
+function egressFamilies(raw: unknown, destinations: string[] | undefined, asked: AskedAddresses | undefined, floating: ResolvedPool[], bad: (m: string) => void): IpFamily[] {
+  let fams: IpFamily[];
+  if (raw !== undefined) {
+    const names = Object.entries(FAMILY_NAMES);
+    if (!Array.isArray(raw) || raw.length < 1 || raw.length > 2 || raw.some((x) => !names.some(([, n]) => n === x)) || new Set(raw).size !== raw.length) {
+      bad(`spec.ipFamilies ${JSON.stringify(raw) ?? describe(raw)} must list IPv4, IPv6 or both, once each`);
+      return [];
+    }
+    fams = raw.map((x) => Number(names.find(([, n]) => n === x)![0]) as IpFamily);
+  } else if (destinations?.length) fams = destinations.map(familyOf);
+  else if (asked?.some((a) => 'explicit' in a)) fams = asked.flatMap((a) => ('explicit' in a ? a.explicit.map(familyOf) : []));
+  else fams = (asked ?? []).flatMap((a) => floating.find((p) => p.name === a.pool)?.families.slice(0, 1).map((f) => f.family) ?? []);
+  return ([4, 6] as IpFamily[]).filter((f) => fams.includes(f));
+}
+
+/**
+ * The counts per family and explicit addresses, checked against the Egress's families: each family has an
+ * address, no address is of a family the Egress does not steer.
+ */
+function addressesOf(asked: AskedAddresses, families: IpFamily[], floating: ResolvedPool[], why: (f: IpFamily) => string, bad: (m: string) => void): ResolvedEgress['addresses'] {
+  const out: ResolvedEgress['addresses'] = [];
+  const have = new Set<IpFamily>();
+  const fams = families.map((f) => FAMILY_NAMES[f]).join(', ');
+  for (const a of asked) {
+    if ('explicit' in a) {
+      const mine = a.explicit.filter((x) => families.includes(familyOf(x)));
+      for (const x of a.explicit) if (!mine.includes(x)) bad(`spec.addresses.explicit: ${x} is ${FAMILY_NAMES[familyOf(x)]}, not a family of the Egress (${fams})`);
+      mine.forEach((x) => have.add(familyOf(x)));
+      if (mine.length) out.push({ pool: a.pool, explicit: mine });
+      continue;
+    }
+    const pool = floating.find((p) => p.name === a.pool)!;
+    const poolFams = pool.families.map((f) => f.family);
+    const drawn = poolFams.filter((f) => families.includes(f));
+    if (!drawn.length) bad(`spec.addresses pool "${a.pool}" has no ${fams} subnet (it has ${poolFams.map((f) => FAMILY_NAMES[f]).join(', ')})`);
+    for (const f of drawn) {
+      have.add(f);
+      out.push(f === poolFams[0] ? { pool: a.pool, count: a.count } : { pool: a.pool, count: a.count, family: f });
+    }
+  }
+  for (const f of families) if (!have.has(f)) bad(`${why(f)}: the Egress steers ${FAMILY_NAMES[f]} but none of its addresses is ${FAMILY_NAMES[f]}`);
+  const total = out.reduce((n, o) => n + ('explicit' in o ? o.explicit.length : o.count), 0);
+  if (total > 16) bad(`spec.addresses ask for ${total} addresses over ${fams}; an Egress has at most 16`);
+  return out;
 }
 
 function cidrList(raw: unknown, field: string, bad: (m: string) => void): string[] {
@@ -215,8 +312,7 @@ function cidrList(raw: unknown, field: string, bad: (m: string) => void): string
   const out: string[] = [];
   raw.forEach((c, i) => {
     const p = typeof c === 'string' ? parseCidr(c) : undefined;
-    if (!p) return bad(`${field}[${i}] ${describe(c)} is not a CIDR like "203.0.113.0/24"`);
-    if (p.family !== 4) return bad(`${field}[${i}] ${c}: only IPv4 destinations are steered so far`);
+    if (!p) return bad(`${field}[${i}] ${describe(c)} is not a CIDR like "203.0.113.0/24" or "2001:db8::/32"`);
     if (!p.isNetwork) return bad(`${field}[${i}] ${c} is not a network address (did you mean ${formatCidr(p.family, p.base, p.prefix)}?)`);
     out.push(formatCidr(p.family, p.base, p.prefix));
   });

@@ -132,7 +132,7 @@ export class StoreRecords {
         const owner = slotOwner(e.key, slot);
         if (held.has(owner)) continue;
         try {
-          const req = 'explicit' in slot ? { pool: slot.pool, owner, addresses: [slot.explicit] } : { pool: slot.pool, owner, count: 1 };
+          const req = 'explicit' in slot ? { pool: slot.pool, owner, addresses: [slot.explicit] } : { pool: slot.pool, owner, count: 1, ...(slot.family ? { family: slot.family } : {}) };
           const { addresses } = await this.s.o.addresses.allocate(req);
           const a = addresses[0];
           if (!a) continue;

@@ -137,7 +137,15 @@ const egressSchema: Schema = {
       properties: {
         clients: { ...podSelection, description: 'Pods whose traffic to the destinations leaves through the floating addresses.' },
         gateways: { ...podSelection, description: 'Pods that may hold the floating addresses and NAT to them.' },
-        destinations: { type: 'array', items: { type: 'string', format: 'cidr' }, minItems: 1, maxItems: 64, description: 'Default: everything outside the cluster.' },
+        ipFamilies: {
+          type: 'array',
+          items: { type: 'string', enum: ['IPv4', 'IPv6'] },
+          minItems: 1,
+          maxItems: 2,
+          'x-kubernetes-list-type': 'set',
+          description: "The families steered, each leaving from addresses of its own family (a count takes that many per family). Default: the destinations' families, else the explicit addresses', else each pool's first family.",
+        },
+        destinations: { type: 'array', items: { type: 'string', format: 'cidr' }, minItems: 1, maxItems: 64, description: 'Default: everything outside the cluster, in each family of the Egress.' },
         excludeDestinations: { type: 'array', items: { type: 'string', format: 'cidr' }, maxItems: 64 },
         addresses: {
           type: 'object',
@@ -156,7 +164,7 @@ const egressSchema: Schema = {
                 properties: { pool: { type: 'string', maxLength: 63 }, count: { type: 'integer', minimum: 1, maximum: 16 } },
               },
             },
-            explicit: { type: 'array', items: { type: 'string', format: 'ipv4' }, minItems: 1, maxItems: 16, description: 'Egress is IPv4 so far.' },
+            explicit: { type: 'array', items: { type: 'string', format: 'ip' }, minItems: 1, maxItems: 16, description: 'IPv4, IPv6, or some of each (a dual-stack Egress).' },
           },
           'x-kubernetes-validations': [
             { rule: '[has(self.count), has(self.explicit), has(self.pools)].filter(x, x).size() <= 1', message: 'give one of count, pools, explicit' },

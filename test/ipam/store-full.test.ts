@@ -243,7 +243,7 @@ test('egress on a full store: not store-down; the pass goes on reading and follo
     const pools = validatePools([{ apiVersion: 'tether.dev/v1alpha1', kind: 'AddressPool', metadata: { name: 'float' }, spec: { usage: 'floating', ipv4: { cidr: '198.51.100.0/28' } } }]);
     const egress: ResolvedEgress = {
       key: 'shop/out', name: 'out', namespace: 'shop', clients: { matchLabels: { app: 'client' } }, gateways: { matchLabels: { app: 'gw' } },
-      destinations: ['203.0.113.0/24'], excluded: [], addresses: [{ pool: 'float', count: 1 }], zonePolicy: 'any',
+      families: [4], destinations: ['203.0.113.0/24'], excluded: [], addresses: [{ pool: 'float', count: 1 }], zonePolicy: 'any',
       failover: { intervalMs: 50, detectMultiplier: 3 }, announce: { mode: 'l2' },
     };
     const ownership = await OwnershipStore.connect(redis.url);

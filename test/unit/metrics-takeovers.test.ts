@@ -27,7 +27,7 @@ setLogger(quiet);
 const EGRESS: ResolvedEgress = {
   key: 'shop/out', name: 'out', namespace: 'shop',
   clients: { matchLabels: { app: 'client' } }, gateways: { matchLabels: { app: 'gw' } },
-  destinations: ['203.0.113.0/24'], excluded: [], addresses: [{ pool: 'float', count: 1 }], zonePolicy: 'any',
+  families: [4], destinations: ['203.0.113.0/24'], excluded: [], addresses: [{ pool: 'float', count: 1 }], zonePolicy: 'any',
   failover: { intervalMs: 50, detectMultiplier: 3 }, announce: { mode: 'l2' },
 };
 const gw = (i: number): GatewayInfo => ({ pod: `shop/gw-${i}`, node: `n${i}`, nodeAddress: `10.1.0.${i}`, podIp: `10.244.0.${i}` });
