@@ -96,6 +96,8 @@ export interface LocalGateway {
 
 export interface ClientPod {
   ip: string;
+  /** The pod's IPv6 address in a dual-stack cluster: its IPv6 traffic is steered by it. */
+  ip6?: string;
   hostIfName: string;
   egressIds: number[];
   steer?: EgressSteer;

@@ -53,6 +53,7 @@ export class PodRoles {
   private async podRoles(r: PodRecord): Promise<void> {
     const pod = podKey(r);
     const ip = r.ips?.find((i) => !i.includes(':'));
+    const ip6 = r.ips?.find((i) => i.includes(':'));
     if (!pod || !ip || !r.hostIfName) return;
     const meta = this.s.podMeta.get(pod);
     const labels = meta?.labels ?? r.labels ?? {};
@@ -60,12 +61,12 @@ export class PodRoles {
     const serving = meta?.ready !== false && !meta?.deleting;
     const gwOf = serving ? [...this.s.egresses.values()].filter((e) => selects(e, 'gateways', r.podNamespace!, labels)) : [];
     const clientOf = [...this.s.egresses.values()].filter((e) => selects(e, 'clients', r.podNamespace!, labels));
-    await this.gatewayRole(r, pod, ip, gwOf);
-    this.clientRole(r, pod, ip, clientOf);
+    await this.gatewayRole(r, pod, ip, ip6, gwOf);
+    this.clientRole(r, pod, ip, ip6, clientOf);
     await this.election.tick();
   }
 
-  private async gatewayRole(r: PodRecord, pod: string, ip: string, gwOf: ResolvedEgress[]): Promise<void> {
+  private async gatewayRole(r: PodRecord, pod: string, ip: string, ip6: string | undefined, gwOf: ResolvedEgress[]): Promise<void> {
     const cur = this.s.gateways.get(pod);
     const keys = new Set(gwOf.map((e) => e.key));
     const guarded = { destinations: [...new Set(gwOf.flatMap((e) => e.destinations))], excluded: [...new Set(gwOf.flatMap((e) => e.excluded))] };
@@ -107,7 +108,7 @@ export class PodRoles {
       pod, node: this.s.o.node.name, nodeAddress: this.s.o.node.address, podIp: ip, zone: this.s.o.node.zone,
       ...(this.s.o.node.maxEgressAddresses !== undefined ? { maxAddresses: this.s.o.node.maxEgressAddresses } : {}),
     };
-    const datapath = new GatewayDatapath({ pod, netns: r.netns, podIp: ip, ifName: r.ifName, hostIfName: r.hostIfName! }, { uplink: this.s.o.node.uplink, fouPort: this.s.o.fouPort, pinDir: this.s.o.pinDir });
+    const datapath = new GatewayDatapath({ pod, netns: r.netns, podIp: ip, ...(ip6 ? { podIp6: ip6 } : {}), ifName: r.ifName, hostIfName: r.hostIfName! }, { uplink: this.s.o.node.uplink, fouPort: this.s.o.fouPort, pinDir: this.s.o.pinDir });
     datapath.prepare(this.s.nodes, guarded);
     this.s.gateways.set(pod, { info, datapath, egresses: keys, netns: r.netns, guarded: JSON.stringify(guarded) });
     // Owners already streaming to this node sent their tables before this pod existed, and events bring
@@ -120,7 +121,7 @@ export class PodRoles {
     this.s.spawn(() => this.store.register().catch((e) => this.s.storeFailed(e)));
   }
 
-  private clientRole(r: PodRecord, pod: string, ip: string, clientOf: ResolvedEgress[]): void {
+  private clientRole(r: PodRecord, pod: string, ip: string, ip6: string | undefined, clientOf: ResolvedEgress[]): void {
     const cur = this.s.clients.get(pod);
     const egressIds = clientOf.map((e) => this.s.egressIds.get(e.key)!).sort((a, b) => a - b);
     if (!egressIds.length) {
@@ -130,14 +131,17 @@ export class PodRoles {
       }
       return;
     }
+    // A dual-stack pod is a client by both its addresses: each family's packets carry their own source.
     if (cur) {
       if (cur.egressIds.join() === egressIds.join()) return;
       cur.steer?.setClient(ip, egressIds);
+      if (ip6) cur.steer?.setClient(ip6, egressIds);
       cur.egressIds = egressIds;
     } else {
       const steer = attachEgressSteer({ ifName: r.hostIfName!, pinDir: this.s.o.pinDir, nodeAddress: this.s.o.node.address, port: this.s.o.fouPort });
       steer.setClient(ip, egressIds);
-      this.s.clients.set(pod, { ip, hostIfName: r.hostIfName!, egressIds, steer });
+      if (ip6) steer.setClient(ip6, egressIds);
+      this.s.clients.set(pod, { ip, ...(ip6 ? { ip6 } : {}), hostIfName: r.hostIfName!, egressIds, steer });
     }
     for (const e of clientOf) this.steering.steered.delete(e.key);
     this.s.o.logger.info('egress: client pod steered', { pod, egresses: clientOf.map((e) => e.key) });
@@ -145,6 +149,7 @@ export class PodRoles {
 
   clientDown(pod: string, client: ClientPod): void {
     this.s.maps?.removeClient(client.ip);
+    if (client.ip6) this.s.maps?.removeClient(client.ip6);
     try {
       client.steer?.detach();
     } catch {
