@@ -49,7 +49,9 @@ function ctNamespace(role: string): string {
   execFileSync('ip', ['netns', 'add', ns]);
   namespaces.push(ns);
   // Conntrack in a namespace tracks only while a rule there uses it; the nat chain makes NAT work.
-  execFileSync('nsenter', [`--net=/run/netns/${ns}`, 'nft', 'add table ip tcs; add chain ip tcs f { type filter hook forward priority 0; }; add rule ip tcs f ct state established accept; add chain ip tcs p { type nat hook postrouting priority 100; }']);
+  for (const fam of ['ip', 'ip6']) {
+    execFileSync('nsenter', [`--net=/run/netns/${ns}`, 'nft', `add table ${fam} tcs; add chain ${fam} tcs f { type filter hook forward priority 0; }; add rule ${fam} tcs f ct state established accept; add chain ${fam} tcs p { type nat hook postrouting priority 100; }`]);
+  }
   return `/run/netns/${ns}`;
 }
 
@@ -162,6 +164,65 @@ test(`${N} entries: applied while streaming, then a consistency check costs O(bu
   await waitFor(() => rx.stats().resyncs === 1, 'transfer after reconnect', { timeoutMs: 40_000 });
   assert.is(sameKeys(keysOf(ha), keysOf(hb)), undefined, 'deleted while down: gone from B; created: there');
   assert.is(rx.stats().swept, 100);
+});
+
+// IPv6: flows SNATed (SNAT66) to an IPv6 floating address, streamed by the wire path tetherd uses (the dump
+// read straight into wire form, scoped by the address's 16 bytes), then checked and repaired by bucket.
+const FLOATING6 = '2001:db8:f::7';
+const N6 = 10_000;
+
+function flow6(i: number): ConntrackEntry {
+  const port = 1024 + (i % 60000), svc = 443 + Math.floor(i / 60000);
+  return {
+    orig: { family: 6, proto: 6, src: 'fd00:10:244::2', dst: '2001:db8:100::1', sport: port, dport: svc },
+    reply: { family: 6, proto: 6, src: '2001:db8:100::1', dst: FLOATING6, sport: svc, dport: port },
+    status: IPS.SEEN_REPLY | IPS.ASSURED | IPS.SRC_NAT, timeout: 600, tcp: { state: 3 },
+  };
+}
+
+test(`IPv6: ${N6} SNAT66 entries streamed, checked in O(buckets) bytes, a lost and a stray copy fixed by bucket`, async () => {
+  const a = ctNamespace('a');
+  const b = ctNamespace('b');
+  const ha = open(a);
+  const hb = open(b);
+  const r = ha.insertMany(Array.from({ length: N6 }, (_, i) => flow6(i)));
+  assert.is(r.failed.length, 0, r.failed[0]?.error.message);
+  const inScope6 = (e: ConntrackEntry) => e.reply.dst === FLOATING6;
+  const keys6 = (h: ConntrackHandle) => new Set(h.dump({ family: 6 }).filter(inScope6).map(entryKey));
+  // An IPv4 flow of another address in the same table: out of scope, never sent.
+  ha.insert(flow(1));
+  const rx = await receiver(b, {
+    sweep: async (keep, buckets) => (await sweepSyncedEntries(b, inScope6, keep, buckets)).deleted,
+    digests: async (k) => (await syncedDigests(b, inScope6, k)).digests,
+  });
+  const tx = new SyncSender({
+    key: KEY, id: 'node-a', host: '127.0.0.1', port: rx.port, stream: FLOATING6, epoch: 1, buckets: K, backoffMinMs: 20, backoffMaxMs: 100,
+    snapshot: () => dumpScopeEncoded(a, 6, ipToBytes(FLOATING6)),
+  });
+  closers.push(() => tx.close());
+  tx.start();
+  await waitFor(() => rx.stats().resyncs === 1, 'the first transfer', { timeoutMs: 40_000 });
+  assert.is(sameKeys(keys6(ha), keys6(hb)), undefined);
+  assert.is(hb.dump({ family: 4 }).length, 0, 'the IPv4 flow of another address stayed out');
+  const copy = hb.get(flow6(9).orig)!;
+  assert.is(copy.reply.dst, FLOATING6, 'the copy answers at the IPv6 floating address');
+  assert.ok((copy.status & IPS.SRC_NAT) !== 0, 'as SNAT');
+
+  await waitFor(() => tx.stats().inflightFrames === 0, 'acked');
+  const before = tx.stats();
+  tx.checkConsistency();
+  await waitFor(() => rx.stats().checks === 1, 'the check compared', { timeoutMs: 10_000 });
+  await new Promise((res) => setTimeout(res, 100));
+  const bytes = tx.stats().bytesSent - before.bytesSent;
+  assert.ok(bytes <= 4 + K * 12 + 128, `a check sent ${bytes} bytes`);
+  assert.is(rx.stats().bucketsRequested, 0, 'the digests of IPv6 entries agree on both sides');
+
+  hb.delete(flow6(7).orig);
+  hb.insert(flow6(N6 + 5));
+  tx.checkConsistency();
+  await waitFor(() => rx.stats().bucketResyncs === 1, 'the differing buckets', { timeoutMs: 10_000 });
+  assert.is(rx.stats().bucketsRequested, new Set([bucketOf(flow6(7), K), bucketOf(flow6(N6 + 5), K)]).size);
+  assert.is(sameKeys(keys6(ha), keys6(hb)), undefined, 'equal again');
 });
 
 test('a transfer cut off halfway deletes nothing in the standby', async () => {
