@@ -12,13 +12,14 @@ import { createInterface } from 'node:readline';
 import { ConntrackHandle, type ConntrackEntry } from '../../daemon/conntrack';
 import { machine, percentile, updateReadme } from './stats';
 
-/** The floating address the benchmark's flows are SNATed to (the sync stream's scope). */
+/** The floating address the benchmark's flows are SNATed to (the sync stream's scope), per family. */
 const NAT_ADDRESS = '10.77.0.100';
+export const NAT_ADDRESS6 = 'fd00:77::100';
 /** Runs per system and size; the table shows the median (by time), raw figures keep every trial. */
 const TRIALS = Number(process.env.BENCH_SYNC_TRIALS ?? 3);
 
 /** The run with the median time (the upper middle one for an even count); incomplete if any trial was. */
-function median(runs: Run[]): Run {
+export function median(runs: Run[]): Run {
   const mid = [...runs].sort((x, y) => x.ms - y.ms)[Math.floor(runs.length / 2)];
   return { ...mid, complete: runs.every((r) => r.complete) };
 }
@@ -34,16 +35,20 @@ function sh(...argv: string[]): string {
   return execFileSync(argv[0], argv.slice(1), { encoding: 'utf8' });
 }
 
-function entries(n: number, salt: number): ConntrackEntry[] {
+/** n TCP flows SNATed to the family's NAT address; IPv6 ones are the same flows with IPv6 addresses. */
+export function entries(n: number, salt: number, family: 4 | 6 = 4): ConntrackEntry[] {
   const out: ConntrackEntry[] = [];
+  const v6 = family === 6;
+  const server = v6 ? '2001:db8:203::1' : '203.0.113.1';
+  const nat = v6 ? NAT_ADDRESS6 : NAT_ADDRESS;
   for (let i = 0; i < n; i++) {
-    const src = `10.${100 + salt}.${(i >> 8) & 255}.${i & 255}`;
+    const src = v6 ? `fd00:${(100 + salt).toString(16)}::${((i >> 8) & 255).toString(16)}:${(i & 255).toString(16)}` : `10.${100 + salt}.${(i >> 8) & 255}.${i & 255}`;
     // SNATed to NAT_ADDRESS keeping the port: the server port varies with i and salt so every reply tuple is unique.
     const sport = 10000 + (i % 50000);
     const dport = 1000 + salt * 4 + Math.floor(i / 50000);
     out.push({
-      orig: { family: 4, proto: 6, src, dst: '203.0.113.1', sport, dport },
-      reply: { family: 4, proto: 6, src: '203.0.113.1', dst: NAT_ADDRESS, sport: dport, dport: sport },
+      orig: { family, proto: 6, src, dst: server, sport, dport },
+      reply: { family, proto: 6, src: server, dst: nat, sport: dport, dport: sport },
       status: 0x8 | 0x2 | 0x4,
       timeout: 3600,
       tcp: { state: 3 },
@@ -63,7 +68,7 @@ async function until(cond: () => boolean, timeoutMs: number): Promise<boolean> {
   return cond();
 }
 
-interface Run {
+export interface Run {
   entries: number;
   ms: number;
   perSec: number;
@@ -86,7 +91,7 @@ function cpuMsOf(pid: number | undefined): number {
 }
 
 /** A sync peer process (sync-peer.ts, bundled) in namespace ns; resolves each JSON line it prints. */
-class Peer {
+export class Peer {
   readonly proc: ChildProcess;
   private lines: Array<Record<string, unknown>> = [];
   private waiters: Array<() => void> = [];
@@ -134,30 +139,30 @@ class Peer {
 }
 
 /** Bundles sync-peer.ts as install/build.sh bundles tetherd (koffi external). */
-function bundlePeer(dir: string): string {
+export function bundlePeer(dir: string): string {
   const out = path.join(dir, 'sync-peer.js');
   execFileSync(path.join(repo, 'node_modules/.bin/esbuild'), [path.join(__dirname, 'sync-peer.ts'), '--bundle', '--platform=node', '--target=node20',
     '--format=cjs', '--minify', '--external:koffi', `--outfile=${out}`, '--log-level=warning']);
   return out;
 }
 
-async function tetherRun(bundle: string, a: string, b: string, n: number, salt: number, into: 'kernel' | 'memory'): Promise<Run> {
+export async function tetherRun(bundle: string, a: string, b: string, n: number, salt: number, into: 'kernel' | 'memory', family: 4 | 6 = 4): Promise<Run> {
   const keyHex = randomBytes(32).toString('hex');
   const rx = new Peer(bundle, b, ['receiver', keyHex, '10.77.0.2', String(n), into]);
   let tx: Peer | undefined;
   try {
     const ready = await rx.line('ready', 10_000);
     if (!ready) throw new Error('sync receiver did not start');
-    tx = new Peer(bundle, a, ['sender', keyHex, '10.77.0.2', String(ready.port), NAT_ADDRESS]);
+    tx = new Peer(bundle, a, ['sender', keyHex, '10.77.0.2', String(ready.port), family === 6 ? NAT_ADDRESS6 : NAT_ADDRESS]);
     if (!(await tx.line('streaming', 10_000))) throw new Error('sync sender did not connect');
     // Warm-up: tetherd is long-running, so its code is compiled by V8's optimizing tier; a fresh process
     // is not yet. The same warm-up entries go through conntrackd too, and stay in both tables.
     await rx.tell(`expect ${WARMUP}`, 'expecting');
-    ConntrackHandle.with(`/run/netns/${a}`, (h) => h.insertMany(entries(WARMUP, 50 + salt)));
+    ConntrackHandle.with(`/run/netns/${a}`, (h) => h.insertMany(entries(WARMUP, 50 + salt, family)));
     if (!(await rx.line('applied', 60_000))) throw new Error('warm-up did not sync');
     await rx.tell(`expect ${n}`, 'expecting');
     await new Promise((r) => setTimeout(r, 200));
-    const list = entries(n, salt);
+    const list = entries(n, salt, family);
     const a0 = cpuMsOf(tx.proc.pid), b0 = cpuMsOf(rx.proc.pid);
     const t0 = Date.now();
     ConntrackHandle.with(`/run/netns/${a}`, (h) => h.insertMany(list));
@@ -254,7 +259,7 @@ function externalCount(ns: string, conf: string): number {
   }
 }
 
-function kernelCount(ns: string): number {
+export function kernelCount(ns: string): number {
   return Number(execFileSync('nsenter', [`--net=/run/netns/${ns}`, 'conntrack', '-C'], { encoding: 'utf8' }).trim());
 }
 
@@ -399,7 +404,9 @@ function spawnQuiet(...argv: string[]): void {
   }
 }
 
-main().catch((e) => {
-  process.stderr.write(`bench failed: ${(e as Error).stack ?? e}\n`);
-  process.exit(1);
-});
+if (require.main === module) {
+  main().catch((e) => {
+    process.stderr.write(`bench failed: ${(e as Error).stack ?? e}\n`);
+    process.exit(1);
+  });
+}

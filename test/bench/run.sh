@@ -24,3 +24,4 @@ node_modules/.bin/tsx test/bench/lb-record.ts
 node_modules/.bin/tsx test/bench/health.ts
 node_modules/.bin/tsx test/bench/bfd-lag.ts
 node_modules/.bin/tsx test/bench/conntrack-sync-vs-conntrackd.ts
+node_modules/.bin/tsx test/bench/conntrack-sync-families.ts

@@ -79,7 +79,7 @@ async function receiver(initial: number, memory: boolean): Promise<void> {
 }
 
 function sender(port: number, address: string): void {
-  const snapshot = () => dumpScopeEncoded(NS, 4, ipToBytes(address));
+  const snapshot = () => dumpScopeEncoded(NS, address.includes(':') ? 6 : 4, ipToBytes(address));
   const tx = new SyncSender({ key, id: 'a', host, port, stream: address, snapshot });
   const events = ConntrackEvents.open(NS);
   const scope = ipToBytes(address);
