@@ -399,7 +399,10 @@ test('containerd SIGKILLed as soon as the first of 10 ADDs starts (sandboxes at 
     `  ${inFlight} plugin(s) running at the kill, ${succeeded} RunPodSandbox returned, ${nsAtKill.length} netns made; containerd lists ${mine.length} after its restart (${pathless} without a netns path)`,
   );
   for (const s of mine) await c.removePod(s.id, 60_000);
-  assert.is(mine.length, 10, 'containerd recovered every sandbox it had started');
+  // Under load containerd may not have taken all 10 requests by the kill; a request it never saved left
+  // nothing behind. It saves a sandbox before making its netns, so each netns made marks one it must
+  // recover, and so does each RunPodSandbox that returned.
+  assert.ok(mine.length >= Math.max(nsAtKill.length, succeeded, 1), `containerd recovered ${mine.length} sandboxes; ${nsAtKill.length} netns had been made and ${succeeded} RunPodSandbox calls returned`);
 
   const left = leaks();
   // What is left may only be containerd's own: netns made in this window with nothing of CNI's in them
