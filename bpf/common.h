@@ -10,13 +10,18 @@
 #ifndef ETH_P_IP
 #define ETH_P_IP 0x0800
 #endif
+#ifndef ETH_P_IPV6
+#define ETH_P_IPV6 0x86DD
+#endif
 #ifndef ETH_HLEN
 #define ETH_HLEN 14
 #endif
 #ifndef ETH_ALEN
 #define ETH_ALEN 6
 #endif
-#define IPPROTO_UDP_ 17 /* IPPROTO_UDP is an enum in vmlinux.h; a macro keeps switch/if code uniform */
+#define IPPROTO_TCP_ 6 /* IPPROTO_* are enums in vmlinux.h; macros keep switch/if code uniform */
+#define IPPROTO_UDP_ 17
+#define IPPROTO_ICMPV6_ 58
 #define IP_DF 0x4000
 
 #define PACKET_HOST_ 0 /* skb->pkt_type of a frame addressed to this host (PACKET_HOST is an enum in vmlinux.h) */

@@ -87,4 +87,49 @@ struct {
 	__type(value, struct egress_stats);
 } egress_stats SEC(".maps");
 
+/* IPv6 beside IPv4: maps of their own, same sizes and semantics (the egress stats are shared). */
+
+/* (egress id, IPv6 destination prefix) -> STEER or BYPASS. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__uint(max_entries, EGRESS_MAX_DESTS);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, struct egress_dest6_key);
+	__type(value, struct egress_dest);
+} egress_dest6 SEC(".maps");
+
+/* Client pod source IPv6 -> the Egresses it belongs to. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, EGRESS_MAX_CLIENTS);
+	__type(key, struct in6_addr);
+	__type(value, struct egress_client);
+} egress_clients6 SEC(".maps");
+
+/* Egress id -> its IPv6 gateway slots (a hash without preallocation, as egress_gateways and for the same
+ * reason). */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, EGRESS_MAX_EGRESSES);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, __u32);
+	__type(value, struct egress_gateways6);
+} egress_gateways6 SEC(".maps");
+
+/* IPv6 flow -> its pinned floating address; sized like egress_flows (tetherd sets both). */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, EGRESS_MAX_FLOWS);
+	__type(key, struct egress_flow6_key);
+	__type(value, struct egress_flow6);
+} egress_flows6 SEC(".maps");
+
+/* IPv6 floating address -> per-CPU flow, packet and byte counts. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
+	__uint(max_entries, EGRESS_MAX_ADDRESSES);
+	__type(key, struct in6_addr);
+	__type(value, struct egress_addr_stats);
+} egress_addr_stats6 SEC(".maps");
+
 #endif

@@ -106,13 +106,66 @@ struct egress_config {
 struct egress_stats {
 	__u64 steered;       /* packets encapsulated to a gateway */
 	__u64 steered_bytes; /* inner bytes of those */
-	__u64 bypassed;      /* client packets to a BYPASS prefix or to no destination of its Egresses */
-	__u64 not_client;    /* IPv4 packets from a source not in egress_clients */
+	__u64 bypassed;      /* client packets to a BYPASS prefix, to no destination of its Egresses, or (IPv6) to
+			      * a link-local or multicast address */
+	__u64 not_client;    /* IP packets from a source not in egress_clients(6) */
 	__u64 no_gateway;    /* steerable packets of an Egress with no gateway slot (dropped) */
-	__u64 errors;        /* unconfigured node settings, bad slot counts, failed helper calls */
+	__u64 errors;        /* unconfigured node settings, bad slot counts, failed helper calls, IPv6 packets
+			      * too short for their header (dropped) */
 	__u64 pinned;        /* new flows pinned to an address */
 	__u64 repinned;      /* pinned flows whose address was removed, pinned again elsewhere */
 	__u64 excluded;      /* packets dropped: every slot of the Egress is excluded for this node (requireZone) */
+};
+
+/* IPv6 inner packets. The underlay stays IPv4 (outer IPv4 + UDP, FOU_OVERHEAD bytes), so a gateway is
+ * still an IPv4 address; what is IPv6 is the client, the destination and the floating address. These
+ * structs sit in maps of their own beside the IPv4 ones, whose layouts (and the program of the release
+ * before, which ignores IPv6) stay as they were. Each mirrors its IPv4 counterpart field by field. */
+
+/* LPM key of egress_dest6: prefixlen is 32 (the egress id) + the CIDR's length. Must match
+ * daemon/bpf/egress-structs.ts. */
+struct egress_dest6_key {
+	__u32 prefixlen;
+	__u32 egress_id;
+	struct in6_addr daddr;
+};
+
+/* One IPv6 floating address of an Egress and the gateway pod (by its IPv4: the outer destination) that
+ * owns it now. pad keeps epoch 8-byte aligned without a hole the compiler would choose. Must match
+ * daemon/bpf/egress-structs.ts. */
+struct egress_slot6 {
+	__be32 gateway;
+	__u32 pad;
+	struct in6_addr floating;
+	__u64 epoch;
+	__u32 zone;
+	__u32 tier;
+};
+
+/* The IPv6 gateways of one Egress, replaced as a whole like egress_gateways. Must match
+ * daemon/bpf/egress-structs.ts. */
+struct egress_gateways6 {
+	__u32 count;
+	__u32 flags;
+	struct egress_slot6 slots[EGRESS_MAX_SLOTS];
+};
+
+/* An IPv6 flow for pinning: ports for TCP and UDP, 0 for anything else, including packets whose next
+ * header is an extension header (a fragment header among them), which are not parsed. Must match
+ * daemon/bpf/egress-structs.ts. */
+struct egress_flow6_key {
+	struct in6_addr saddr;
+	struct in6_addr daddr;
+	__be16 sport;
+	__be16 dport;
+	__u8 proto; /* the IPv6 next header */
+	__u8 pad[3];
+	__u32 egress_id;
+};
+
+/* Where an IPv6 flow is pinned. Must match daemon/bpf/egress-structs.ts. */
+struct egress_flow6 {
+	struct in6_addr floating;
 };
 
 #endif

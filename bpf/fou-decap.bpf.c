@@ -1,5 +1,6 @@
-/* fou-decap.bpf.c (tc ingress, or egress of a pod's host-side veth): strips outer IPv4 + UDP from FoU packets addressed to this interface's
- * configured address and port, from allowed sources only, and passes the inner packet up the stack. */
+/* fou-decap.bpf.c (tc ingress, or egress of a pod's host-side veth): strips outer IPv4 + UDP from FoU packets
+ * addressed to this interface's configured address and port, from allowed sources only, and passes the inner
+ * packet (IPv4 without options, or IPv6) up the stack. */
 #include "common.h"
 #include "parse.h"
 #include "fou.h"
@@ -16,6 +17,7 @@ int fou_decap(struct __sk_buff *skb)
 	struct iphdr ip;
 	__u8 inner_vihl;
 	__u32 key = 0;
+	int v6;
 
 	if (parse_ipv4(skb, &ip) || parse_udp(skb, &ip, &udp))
 		return TC_ACT_OK;
@@ -37,13 +39,22 @@ int fou_decap(struct __sk_buff *skb)
 		st->rejected_source++;
 		return TC_ACT_SHOT;
 	}
-	/* Encapsulators set DF; a first fragment carries only part of the inner packet. */
-	if (ip.frag_off & bpf_htons(IP_MF) ||
-	    bpf_skb_load_bytes(skb, ETH_HLEN + FOU_OVERHEAD, &inner_vihl, 1) || inner_vihl != 0x45) {
+	/* Encapsulators set DF; a first fragment carries only part of the inner packet. The inner packet's first
+	 * byte tells its family (one port carries both, as steering sends both); the stack checks the rest of
+	 * the inner header once it is unwrapped. */
+	if (ip.frag_off & bpf_htons(IP_MF) || bpf_skb_load_bytes(skb, ETH_HLEN + FOU_OVERHEAD, &inner_vihl, 1)) {
 		st->errors++;
 		return TC_ACT_SHOT;
 	}
-	if (fou_decap4(skb)) {
+	if (inner_vihl == 0x45)
+		v6 = 0;
+	else if ((inner_vihl >> 4) == 6)
+		v6 = 1;
+	else {
+		st->errors++;
+		return TC_ACT_SHOT;
+	}
+	if (v6 ? fou_decap6(skb) : fou_decap4(skb)) {
 		st->errors++;
 		return TC_ACT_SHOT;
 	}

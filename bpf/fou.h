@@ -1,4 +1,4 @@
-/* fou.h: Foo-over-UDP encapsulation and decapsulation of IPv4 in IPv4/UDP. */
+/* fou.h: Foo-over-UDP encapsulation and decapsulation of IPv4 and IPv6 in IPv4/UDP. */
 #ifndef TETHER_FOU_H
 #define TETHER_FOU_H
 
@@ -49,21 +49,21 @@ static __always_inline __be16 fou_sport(struct __sk_buff *skb)
 	return fou_sport_of(fou_flow_hash(skb));
 }
 
-/* Wraps the IPv4 packet behind the Ethernet header in outer IPv4 + UDP. The ENCAP flags make
- * adjust_room mark the skb as a UDP tunnel (inner header offsets, gso_type), so a GSO super-packet is
- * segmented correctly after this hook and each segment gets its own outer header. The outer UDP
- * checksum is 0 (allowed for IPv4; the inner transport checksum protects the data). DF is set: the
- * target's MSS is lowered by FOU_OVERHEAD so outer packets fit, and fragmenting FoU would make the
- * receiver reassemble before it can decapsulate. sport: outer UDP source port (fou_sport_of a flow hash).
- * Returns 0 or a negative value (packet unusable). */
 /* skb->mark of a decapsulated packet whose outer IP ID named a floating address (low 16 bits). Must match
  * daemon/egress/gateway-datapath.ts. */
 #define FOU_FLOAT_MARK 0x7e7e0000u
 
-static __always_inline int fou_encap4_id(struct __sk_buff *skb, const struct iphdr *inner, __be32 saddr,
-					 __be32 daddr, __be16 dport, __be16 sport, __be16 id)
+/* Wraps the packet behind the Ethernet header (inner_len bytes, IPv4 or IPv6) in outer IPv4 + UDP. The
+ * ENCAP flags make adjust_room mark the skb as a UDP tunnel (inner header offsets, gso_type, and the inner
+ * protocol taken from skb->protocol before it becomes IPv4), so a GSO super-packet is segmented correctly
+ * after this hook and each segment gets its own outer header. The outer UDP
+ * checksum is 0 (allowed for IPv4; the inner transport checksum protects the data). DF is set: the
+ * target's MSS is lowered by FOU_OVERHEAD so outer packets fit, and fragmenting FoU would make the
+ * receiver reassemble before it can decapsulate. sport: outer UDP source port (fou_sport_of a flow hash).
+ * Returns 0 or a negative value (packet unusable). */
+static __always_inline int fou_push(struct __sk_buff *skb, __u32 inner_len, __u8 tos, __be32 saddr, __be32 daddr,
+				    __be16 dport, __be16 sport, __be16 id)
 {
-	__u32 inner_len = bpf_ntohs(inner->tot_len);
 	struct fou_hdr h = {};
 
 	if (inner_len + FOU_OVERHEAD > 0xffff)
@@ -71,7 +71,7 @@ static __always_inline int fou_encap4_id(struct __sk_buff *skb, const struct iph
 
 	h.ip.version = 4;
 	h.ip.ihl = 5;
-	h.ip.tos = inner->tos;
+	h.ip.tos = tos;
 	h.ip.tot_len = bpf_htons(inner_len + FOU_OVERHEAD);
 	/* DF is set, so the ID plays no part in reassembly (RFC 6864): egress steering carries the low 16 bits
 	 * of the flow's floating address in it, for the gateway's SNAT (fou-decap marks the packet with it). */
@@ -94,6 +94,32 @@ static __always_inline int fou_encap4_id(struct __sk_buff *skb, const struct iph
 	return 0;
 }
 
+static __always_inline int fou_encap4_id(struct __sk_buff *skb, const struct iphdr *inner, __be32 saddr,
+					 __be32 daddr, __be16 dport, __be16 sport, __be16 id)
+{
+	return fou_push(skb, bpf_ntohs(inner->tot_len), inner->tos, saddr, daddr, dport, sport, id);
+}
+
+/* fou_encap4_id for an IPv6 inner packet (still in outer IPv4: the underlay is IPv4, 28 bytes as for IPv4).
+ * The outer TOS is the inner traffic class, so DSCP and ECN mean the same on the underlay; the outer TTL is
+ * FOU_TTL as for IPv4 (the inner hop limit counts the inner path, which the tunnel is one hop of). The
+ * Ethernet type becomes IPv4 with the outer header: anything reading the frame (a later tc program, an
+ * egress-side redirect, a capture) must see what skb->protocol now says. */
+static __always_inline int fou_encap6_id(struct __sk_buff *skb, const struct ipv6hdr *inner, __be32 saddr,
+					 __be32 daddr, __be16 dport, __be16 sport, __be16 id)
+{
+	__u32 payload = bpf_ntohs(inner->payload_len);
+	__u8 tclass = (inner->priority << 4) | (inner->flow_lbl[0] >> 4);
+	__be16 ethertype = bpf_htons(ETH_P_IP);
+
+	/* 0 is a jumbogram (or a BIG TCP super-packet): no outer IPv4 length can describe it. */
+	if (!payload)
+		return -1;
+	if (fou_push(skb, payload + sizeof(*inner), tclass, saddr, daddr, dport, sport, id))
+		return -1;
+	return bpf_skb_store_bytes(skb, 2 * ETH_ALEN, &ethertype, sizeof(ethertype), 0) ? -1 : 0;
+}
+
 static __always_inline int fou_encap4_sport(struct __sk_buff *skb, const struct iphdr *inner, __be32 saddr,
 					    __be32 daddr, __be16 dport, __be16 sport)
 {
@@ -112,6 +138,18 @@ static __always_inline int fou_encap4(struct __sk_buff *skb, const struct iphdr 
 static __always_inline int fou_decap4(struct __sk_buff *skb)
 {
 	return bpf_skb_adjust_room(skb, -FOU_OVERHEAD, BPF_ADJ_ROOM_MAC, BPF_F_ADJ_ROOM_DECAP_L3_IPV4);
+}
+
+/* Removes outer IPv4 + UDP from an IPv6 inner packet. DECAP_L3_IPV6 also sets skb->protocol to IPv6; the
+ * Ethernet type follows, so the frame says what it carries when it leaves (decap at a veth's egress) or is
+ * read again. */
+static __always_inline int fou_decap6(struct __sk_buff *skb)
+{
+	__be16 ethertype = bpf_htons(ETH_P_IPV6);
+
+	if (bpf_skb_adjust_room(skb, -FOU_OVERHEAD, BPF_ADJ_ROOM_MAC, BPF_F_ADJ_ROOM_DECAP_L3_IPV6))
+		return -1;
+	return bpf_skb_store_bytes(skb, 2 * ETH_ALEN, &ethertype, sizeof(ethertype), 0) ? -1 : 0;
 }
 
 /* Turns an ingress packet around: it leaves through the device it came in by, back to the sender's MAC. */

@@ -1,15 +1,16 @@
 // The node's guarantee on a gateway pod's way out (bpf/egress-guard.bpf.c at tc ingress of its host-side
 // veth): toward the destinations of its Egresses, only floating addresses the pod owns right now may be
 // the source. Maps are per veth, pinned under <pinDir>/egress-guard-<veth>/, so a restarted tetherd keeps
-// enforcing (and updating) what the running program uses; a new attachment resets them.
+// enforcing (and updating) what the running program uses; a new attachment resets them. IPv4 and IPv6 have
+// maps of their own; the methods take addresses and prefixes of both and dispatch by family.
 import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { log } from '../../lib/log';
-import { formatV4 } from '../../lib/ip';
+import { bytesToIp } from '../../lib/ip';
 import { BpfObject } from './object';
 import { bpfObjectDir } from './fou';
-import { ipv4Bytes } from './fou-structs';
-import { parseIpv4Prefix } from './egress-structs';
+import { addressFamily, ipBytes, ipv4Bytes, ipv6Bytes } from './fou-structs';
+import { parseIpPrefix } from './egress-structs';
 import { attachTc, detachTc, type TcAttachment } from './tc';
 import type { MapLayout } from './map-layout';
 
@@ -25,19 +26,26 @@ export const GUARD_MAP_LAYOUTS: Record<string, MapLayout> = {
   guard_dest: { version: 1, convert: 'copy' },
   guard_owned: { version: 1, convert: 'copy' }, // what the pod owns: its SNAT keeps working across an upgrade
   guard_cfg: { version: 1, convert: 'prefix' },
-  guard_stats: { version: 1, convert: 'prefix' },
+  guard_stats: { version: 1, convert: 'prefix' }, // grows at its end only (ipv6 was appended)
+  // IPv6, added beside the maps above: created empty over the pins of the release before.
+  guard_dest6: { version: 1, convert: 'copy' },
+  guard_owned6: { version: 1, convert: 'copy' },
+  guard_cfg6: { version: 1, convert: 'prefix' },
 };
-// must match struct guard_stats in bpf/egress-guard.bpf.c
-export const GUARD_STATS_FIELDS = ['allowed', 'notGuarded', 'notIpv4', 'droppedPodSource', 'droppedOtherSource', 'droppedTruncated'] as const;
+// must match struct guard_stats in bpf/egress-guard.bpf.c. notIpv4 counts packets of neither family (ARP);
+// the name predates IPv6. ipv6 counts IPv6 packets, which are also counted by outcome.
+export const GUARD_STATS_FIELDS = ['allowed', 'notGuarded', 'notIpv4', 'droppedPodSource', 'droppedOtherSource', 'droppedTruncated', 'ipv6'] as const;
 export type GuardStats = Record<(typeof GUARD_STATS_FIELDS)[number], number>;
 
 export interface EgressGuardOptions {
   netns?: string | null;
   /** The gateway pod's host-side veth (packets the pod sends arrive at its ingress). */
   hostIfName: string;
-  /** The gateway pod's own address (its drops are counted apart). */
+  /** The gateway pod's own IPv4 address (its drops are counted apart). */
   podIp: string;
-  /** Destinations of the Egresses the pod is a gateway of, and the ranges excluded from them. */
+  /** The gateway pod's own IPv6 address, when it has one (its drops are counted apart likewise). */
+  podIp6?: string;
+  /** Destinations of the Egresses the pod is a gateway of, and the ranges excluded from them (IPv4 and IPv6 mixed). */
   destinations: string[];
   excluded: string[];
   pinDir: string;
@@ -48,13 +56,17 @@ function pinName(hostIfName: string): string {
   return `${GUARD_TC.object}-${hostIfName}`;
 }
 
-function destKey(cidr: string, field: string): Buffer {
-  const p = parseIpv4Prefix(cidr, field);
-  const k = Buffer.alloc(8);
+/** LPM key of guard_dest (IPv4: 4 + 4 bytes) or guard_dest6 (IPv6: 4 + 16 bytes). */
+function destKey(cidr: string, field: string): { family: 4 | 6; key: Buffer } {
+  const p = parseIpPrefix(cidr, field);
+  const addr = p.family === 4 ? ipv4Bytes(p.address, field) : ipv6Bytes(p.address, field);
+  const k = Buffer.alloc(4 + addr.length);
   k.writeUInt32LE(p.length, 0);
-  ipv4Bytes(p.address, field).copy(k, 4);
-  return k;
+  addr.copy(k, 4);
+  return { family: p.family, key: k };
 }
+
+const OWNED = { 4: 'guard_owned', 6: 'guard_owned6' } as const;
 
 export class EgressGuard {
   private constructor(
@@ -72,13 +84,13 @@ export class EgressGuard {
     const file = o.objectPath ?? path.join(bpfObjectDir(), `${GUARD_TC.object}.bpf.o`);
     const obj = BpfObject.load(file, { pinDir: o.pinDir, name: pinName(o.hostIfName), layouts: GUARD_MAP_LAYOUTS });
     try {
-      const cfg = Buffer.alloc(4);
-      ipv4Bytes(o.podIp, 'podIp').copy(cfg, 0);
-      obj.map('guard_cfg').update(KEY0, cfg);
+      obj.map('guard_cfg').update(KEY0, ipv4Bytes(o.podIp, 'podIp'));
+      // :: when the pod has no IPv6: then no IPv6 source is counted as the pod's.
+      obj.map('guard_cfg6').update(KEY0, o.podIp6 ? ipv6Bytes(o.podIp6, 'podIp6') : Buffer.alloc(16));
       setDestinations(obj, o.destinations, o.excluded);
       const attachment = attachTc({ netns: o.netns, ifName: o.hostIfName, direction: 'ingress', progFd: obj.programFd(GUARD_TC.program), handle: GUARD_TC.handle, priority: GUARD_TC.priority });
       obj.settle();
-      log().info('egress guard attached', { ifName: o.hostIfName, podIp: o.podIp, destinations: o.destinations, excluded: o.excluded.length });
+      log().info('egress guard attached', { ifName: o.hostIfName, podIp: o.podIp, podIp6: o.podIp6, destinations: o.destinations, excluded: o.excluded.length });
       return new EgressGuard(obj, attachment, o);
     } catch (e) {
       obj.close();
@@ -91,18 +103,19 @@ export class EgressGuard {
     setDestinations(this.obj, destinations, excluded);
   }
 
-  /** Allows `address` as a source: call before the address is used (before SNAT to it). */
+  /** Allows `address` (IPv4 or IPv6) as a source: call before the address is used (before SNAT to it). */
   own(address: string): void {
-    this.obj.map('guard_owned').update(ipv4Bytes(address, 'address'), Buffer.from([1]));
+    this.obj.map(OWNED[addressFamily(address)]).update(ipBytes(address), Buffer.from([1]));
   }
 
   /** Forbids `address` as a source again: call after SNAT to it is gone. */
   release(address: string): void {
-    this.obj.map('guard_owned').delete(ipv4Bytes(address, 'address'));
+    this.obj.map(OWNED[addressFamily(address)]).delete(ipBytes(address));
   }
 
+  /** Owned addresses, IPv4 then IPv6. */
   owned(): string[] {
-    return this.obj.map('guard_owned').keys().map((k) => formatV4(k));
+    return [...this.obj.map('guard_owned').keys(), ...this.obj.map('guard_owned6').keys()].map((k) => bytesToIp(k));
   }
 
   /** Counters summed over CPUs. */
@@ -134,17 +147,19 @@ export class EgressGuard {
 }
 
 function setDestinations(obj: BpfObject, destinations: string[], excluded: string[]): void {
-  const want = new Map<string, [Buffer, number]>();
+  const want = { 4: new Map<string, [Buffer, number]>(), 6: new Map<string, [Buffer, number]>() };
   destinations.forEach((c, i) => {
-    const k = destKey(c, `destinations[${i}]`);
-    want.set(k.toString('hex'), [k, ACTION_GUARD]);
+    const { family, key } = destKey(c, `destinations[${i}]`);
+    want[family].set(key.toString('hex'), [key, ACTION_GUARD]);
   });
   // An excluded range equal to a destination leaves it unguarded, as steering does.
   excluded.forEach((c, i) => {
-    const k = destKey(c, `excluded[${i}]`);
-    want.set(k.toString('hex'), [k, ACTION_BYPASS]);
+    const { family, key } = destKey(c, `excluded[${i}]`);
+    want[family].set(key.toString('hex'), [key, ACTION_BYPASS]);
   });
-  const map = obj.map('guard_dest');
-  for (const [k, action] of want.values()) map.update(k, Buffer.from([action]));
-  for (const k of map.keys()) if (!want.has(k.toString('hex'))) map.delete(k);
+  for (const [family, name] of [[4, 'guard_dest'], [6, 'guard_dest6']] as const) {
+    const map = obj.map(name);
+    for (const [k, action] of want[family].values()) map.update(k, Buffer.from([action]));
+    for (const k of map.keys()) if (!want[family].has(k.toString('hex'))) map.delete(k);
+  }
 }

@@ -1,6 +1,7 @@
 // Client side of egress: the steering program on client pods' host-side veths (tc ingress) and the node's
 // one shared set of egress maps (destinations, clients, gateway slots, settings, counters), pinned under
-// <pinDir>/egress/ so every attachment on the node and a restarted tetherd use the same maps.
+// <pinDir>/egress/ so every attachment on the node and a restarted tetherd use the same maps. IPv4 and IPv6
+// have maps of their own; every method here takes and returns both, dispatching by address family.
 import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { log } from '../../lib/log';
@@ -8,27 +9,40 @@ import { readNetSysctl, writeNetSysctl } from '../sys/netns';
 import { BpfObject } from './object';
 import { BpfMap } from './map';
 import { bpfObjectDir } from './fou';
-import { ipv4Bytes } from './fou-structs';
+import { addressFamily, ipBytes } from './fou-structs';
+import { BpfCallError } from './libbpf';
 import { attachTc, detachTc, type TcAttachment } from './tc';
 import {
-  checkEgressId, decodeEgressClient, decodeEgressConfig, decodeEgressDest, decodeEgressDestKey, decodeEgressGateways,
-  encodeEgressClient, encodeEgressConfig, encodeEgressDest, encodeEgressDestKey, encodeEgressGateways, parseIpv4Prefix,
-  sumEgressStats, sumEgressAddressStats, decodeEgressFlow, EGRESS_ID_GLOBAL, type EgressAction, type EgressConfig, type EgressSlot,
-  type EgressStats, type EgressFlow, type EgressAddressStats, EGRESS_MAP_LAYOUTS,
+  checkEgressId, decodeEgressClient, decodeEgressConfig, decodeEgressDest, decodeEgressDestKey, decodeEgressDest6Key, decodeEgressGateways,
+  decodeEgressGateways6, encodeEgressClient, encodeEgressConfig, encodeEgressDest, encodeEgressDestKey, encodeEgressDest6Key,
+  encodeEgressGateways, encodeEgressGateways6, parseIpPrefix, splitSlotsByFamily, sumEgressStats, sumEgressAddressStats, decodeEgressFlow,
+  decodeEgressFlow6, EGRESS_ID_GLOBAL, type EgressAction, type EgressConfig, type EgressSlot, type EgressStats, type EgressFlow,
+  type EgressAddressStats, type Ipv4Prefix, EGRESS_MAP_LAYOUTS,
 } from './egress-structs';
 import { TetherError, ErrorCode } from '../../lib/errors';
-import { formatV4 } from '../../lib/ip';
+import { bytesToIp } from '../../lib/ip';
 
 export type { EgressSlot, EgressStats, EgressFlow, EgressAddressStats } from './egress-structs';
 
 /** tc filter id and object of the steering program; fixed so a restarted tetherd finds its filters. */
 export const EGRESS_TC = { handle: 1, priority: 0x110, object: 'egress-steer', program: 'egress_steer', pinName: 'egress' } as const;
 
-const MAP_NAMES = ['egress_cfg', 'egress_dest', 'egress_clients', 'egress_gateways', 'egress_stats', 'egress_flows', 'egress_addr_stats'] as const;
+const MAP_NAMES = [
+  'egress_cfg', 'egress_dest', 'egress_clients', 'egress_gateways', 'egress_stats', 'egress_flows', 'egress_addr_stats',
+  'egress_dest6', 'egress_clients6', 'egress_gateways6', 'egress_flows6', 'egress_addr_stats6',
+] as const;
 /** Default size of the node's flow pin map (flows per node; least recently used ones go first). */
 export const DEFAULT_EGRESS_FLOWS = 65536;
 type MapName = (typeof MAP_NAMES)[number];
+type Map6Name = 'egress_dest6' | 'egress_clients6' | 'egress_gateways6' | 'egress_flows6' | 'egress_addr_stats6';
 const KEY0 = Buffer.alloc(4);
+const ENOENT = 2;
+
+/** The destination maps of each family: which map, and how its keys are written and read. */
+const DEST = {
+  4: { map: 'egress_dest', encode: encodeEgressDestKey, decode: decodeEgressDestKey },
+  6: { map: 'egress_dest6', encode: encodeEgressDest6Key, decode: decodeEgressDest6Key },
+} as const satisfies Record<4 | 6, { map: MapName; encode: (id: number, p: Ipv4Prefix) => Buffer; decode: (b: Buffer) => { egressId: number; prefix: Ipv4Prefix } }>;
 
 function objectPath(o?: string): string {
   return o ?? path.join(bpfObjectDir(), `${EGRESS_TC.object}.bpf.o`);
@@ -48,86 +62,130 @@ export class EgressMaps {
   constructor(private readonly mapOf: (name: MapName) => BpfMap, private readonly release: () => void) {}
 
   /**
+   * An IPv6 map. Pins written by the release before have none (openEgressMaps without create): reading
+   * finds nothing there, and only writing IPv6 entries needs the map (need), which then fails saying so.
+   */
+  private map6(name: Map6Name, need: boolean): BpfMap | undefined {
+    try {
+      return this.mapOf(name);
+    } catch (e) {
+      if (!(e instanceof BpfCallError && e.errno === ENOENT)) throw e;
+      if (!need) return undefined;
+      throw new TetherError(ErrorCode.Bpf, `${name}: the node's egress maps have no IPv6 maps yet (pins of an older release); open them with create first`, { cause: e });
+    }
+  }
+
+  private mapOfFamily(family: 4 | 6, name4: MapName, name6: Map6Name, need = true): BpfMap | undefined {
+    return family === 4 ? this.mapOf(name4) : this.map6(name6, need);
+  }
+
+  /**
    * Replaces the destination prefixes of one Egress: packets of its clients to `steer` prefixes are
    * encapsulated unless a longer `bypass` prefix covers them. egressId 0 holds global bypass prefixes
    * (cluster pod and service ranges) that beat every Egress; it takes no steer prefixes. New entries go
-   * in before stale ones leave, so a prefix present before and after never stops matching.
+   * in before stale ones leave, so a prefix present before and after never stops matching. IPv4 and IPv6
+   * prefixes may be mixed; each family's map gets its own.
    */
   setDestinations(egressId: number, steer: string[], bypass: string[]): void {
     checkEgressId(egressId, 'egressId', true);
     if (egressId === EGRESS_ID_GLOBAL && steer.length > 0) {
       throw new TetherError(ErrorCode.InvalidConfig, 'steer: egress id 0 holds global bypass prefixes only');
     }
-    const want = new Map<string, [Buffer, Buffer]>();
+    const want = { 4: new Map<string, [Buffer, Buffer]>(), 6: new Map<string, [Buffer, Buffer]>() };
     const add = (cidrs: string[], action: EgressAction, field: string) => cidrs.forEach((c, i) => {
-      const key = encodeEgressDestKey(egressId, parseIpv4Prefix(c, `${field}[${i}]`));
-      const prev = want.get(key.toString('hex'));
+      const p = parseIpPrefix(c, `${field}[${i}]`);
+      const key = DEST[p.family].encode(egressId, p);
+      const prev = want[p.family].get(key.toString('hex'));
       if (prev && decodeEgressDest(prev[1]) !== action) {
         throw new TetherError(ErrorCode.InvalidConfig, `${field}[${i}]: ${c} is both steered and bypassed`);
       }
-      want.set(key.toString('hex'), [key, encodeEgressDest(action)]);
+      want[p.family].set(key.toString('hex'), [key, encodeEgressDest(action)]);
     });
     add(steer, 'steer', 'steer');
     add(bypass, 'bypass', 'bypass');
-    const map = this.mapOf('egress_dest');
-    for (const [k, v] of want.values()) map.update(k, v); // LPM tries have no batch update
-    for (const k of map.keys()) {
-      if (decodeEgressDestKey(k).egressId === egressId && !want.has(k.toString('hex'))) map.delete(k);
+    for (const family of [4, 6] as const) {
+      // Pins without the IPv6 map hold no IPv6 prefix to remove: only adding one needs the map.
+      const map = this.mapOfFamily(family, 'egress_dest', 'egress_dest6', want[family].size > 0);
+      if (!map) continue;
+      for (const [k, v] of want[family].values()) map.update(k, v); // LPM tries have no batch update
+      for (const k of map.keys()) {
+        if (DEST[family].decode(k).egressId === egressId && !want[family].has(k.toString('hex'))) map.delete(k);
+      }
     }
   }
 
-  /** Destination prefixes (CIDR → action) of one Egress. */
+  /** Destination prefixes (CIDR → action) of one Egress, IPv4 then IPv6. */
   destinations(egressId: number): Map<string, EgressAction> {
     checkEgressId(egressId, 'egressId', true);
-    const map = this.mapOf('egress_dest');
     const out = new Map<string, EgressAction>();
-    for (const k of map.keys()) {
-      const { egressId: id, prefix } = decodeEgressDestKey(k);
-      const v = id === egressId ? map.lookup(k) : undefined;
-      if (v) out.set(`${prefix.address}/${prefix.length}`, decodeEgressDest(v));
+    for (const family of [4, 6] as const) {
+      const map = this.mapOfFamily(family, 'egress_dest', 'egress_dest6', false);
+      for (const k of map?.keys() ?? []) {
+        const { egressId: id, prefix } = DEST[family].decode(k);
+        const v = id === egressId ? map!.lookup(k) : undefined;
+        if (v) out.set(`${prefix.address}/${prefix.length}`, decodeEgressDest(v));
+      }
     }
     return out;
   }
 
-  /** Makes podIp a client of these Egresses (priority order; first whose destinations steer wins). Empty: removes it. */
+  /** Makes podIp (IPv4 or IPv6) a client of these Egresses (priority order; first whose destinations steer wins). Empty: removes it. */
   setClient(podIp: string, egressIds: number[]): void {
     if (egressIds.length === 0) {
       this.removeClient(podIp);
       return;
     }
-    this.mapOf('egress_clients').update(ipv4Bytes(podIp, 'podIp'), encodeEgressClient(egressIds));
+    const map = this.mapOfFamily(addressFamily(podIp, 'podIp'), 'egress_clients', 'egress_clients6')!;
+    map.update(ipBytes(podIp, 'podIp'), encodeEgressClient(egressIds));
   }
 
   /** Stops steering podIp's traffic; false when it was not a client. */
   removeClient(podIp: string): boolean {
-    return this.mapOf('egress_clients').delete(ipv4Bytes(podIp, 'podIp'));
+    const map = this.mapOfFamily(addressFamily(podIp, 'podIp'), 'egress_clients', 'egress_clients6', false);
+    return map ? map.delete(ipBytes(podIp, 'podIp')) : false;
   }
 
+  /** Client pods of both families → their Egress ids. */
   clients(): Map<string, number[]> {
-    return new Map(this.mapOf('egress_clients').entries().map(([k, v]) => [formatV4(k), decodeEgressClient(v)]));
+    const out = new Map<string, number[]>();
+    for (const family of [4, 6] as const) {
+      for (const [k, v] of this.mapOfFamily(family, 'egress_clients', 'egress_clients6', false)?.entries() ?? []) out.set(bytesToIp(k), decodeEgressClient(v));
+    }
+    return out;
   }
 
   /**
-   * Replaces the gateway slots of one Egress in a single map update, which the datapath sees atomically
-   * (old set or new set, never a mix): the call to make on every ownership change. A new flow takes the
-   * lowest tier present and, within it, the slot with the highest rendezvous score for its hash; it stays
-   * pinned to that floating address while the address is a slot. An empty list keeps the Egress but
-   * steers nothing: its clients' packets are dropped (counted as noGateway) until slots come back.
+   * Replaces the gateway slots of one Egress in a single map update per family, which the datapath sees
+   * atomically (old set or new set, never a mix): the call to make on every ownership change. Slots of
+   * both families may be mixed: they are split by the floating address's family (IPv4 flows take IPv4
+   * slots, IPv6 flows IPv6 ones; the gateway is an IPv4 address either way, the FoU underlay). A new flow
+   * takes the lowest tier present and, within it, the slot with the highest rendezvous score for its hash;
+   * it stays pinned to that floating address while the address is a slot. A family with no slots keeps
+   * the Egress but steers nothing of that family: its clients' packets to its destinations are dropped
+   * (counted as noGateway) until slots come back.
    */
   setGateways(egressId: number, slots: EgressSlot[]): void {
-    this.mapOf('egress_gateways').update(egressKey(egressId), encodeEgressGateways(slots));
+    const key = egressKey(egressId);
+    const { v4, v6 } = splitSlotsByFamily(slots);
+    this.mapOf('egress_gateways').update(key, encodeEgressGateways(v4));
+    // Pins of the release before have no IPv6 slots map; with no IPv6 slot there is nothing to write.
+    this.map6('egress_gateways6', v6.length > 0)?.update(key, encodeEgressGateways6(v6));
   }
 
-  /** Gateway slots of one Egress; undefined when none were ever set. */
+  /** Gateway slots of one Egress, IPv4 then IPv6; undefined when none were ever set. */
   gateways(egressId: number): EgressSlot[] | undefined {
-    const v = this.mapOf('egress_gateways').lookup(egressKey(egressId));
-    return v && decodeEgressGateways(v);
+    const key = egressKey(egressId);
+    const v4 = this.mapOf('egress_gateways').lookup(key);
+    const v6 = this.map6('egress_gateways6', false)?.lookup(key);
+    if (!v4 && !v6) return undefined;
+    return [...(v4 ? decodeEgressGateways(v4) : []), ...(v6 ? decodeEgressGateways6(v6) : [])];
   }
 
-  /** Removes an Egress's gateways and destinations (its clients keep their other Egresses). Idempotent. */
+  /** Removes an Egress's gateways and destinations of both families (its clients keep their other Egresses). Idempotent. */
   removeEgress(egressId: number): void {
     this.setDestinations(egressId, [], []);
     this.mapOf('egress_gateways').delete(egressKey(egressId));
+    this.map6('egress_gateways6', false)?.delete(egressKey(egressId));
   }
 
   /** Node settings: outer source address and FoU port. */
@@ -139,25 +197,30 @@ export class EgressMaps {
     this.mapOf('egress_cfg').update(KEY0, encodeEgressConfig(c));
   }
 
-  /** The pinned flows (a dump: for tests and diagnostics, not for a hot path). */
+  /** The pinned flows of both families (a dump: for tests and diagnostics, not for a hot path). */
   flows(): EgressFlow[] {
-    return this.mapOf('egress_flows').entries().map(([k, v]) => decodeEgressFlow(k, v));
+    return [
+      ...this.mapOf('egress_flows').entries().map(([k, v]) => decodeEgressFlow(k, v)),
+      ...(this.map6('egress_flows6', false)?.entries() ?? []).map(([k, v]) => decodeEgressFlow6(k, v)),
+    ];
   }
 
-  /** Flow, packet and byte counts of each floating address this node's clients used. */
+  /** Flow, packet and byte counts of each floating address (IPv4 and IPv6) this node's clients used. */
   addressStats(): Map<string, EgressAddressStats> {
-    const m = this.mapOf('egress_addr_stats');
     const out = new Map<string, EgressAddressStats>();
-    for (const k of m.keys()) {
-      const v = m.lookupPerCpu(k);
-      if (v) out.set(formatV4(k), sumEgressAddressStats(v));
+    for (const family of [4, 6] as const) {
+      const m = this.mapOfFamily(family, 'egress_addr_stats', 'egress_addr_stats6', false);
+      for (const k of m?.keys() ?? []) {
+        const v = m!.lookupPerCpu(k);
+        if (v) out.set(bytesToIp(k), sumEgressAddressStats(v));
+      }
     }
     return out;
   }
 
   /** Forgets the counters of an address no Egress uses any more. */
   forgetAddress(floatingIp: string): void {
-    this.mapOf('egress_addr_stats').delete(ipv4Bytes(floatingIp, 'floatingIp'));
+    this.mapOfFamily(addressFamily(floatingIp, 'floatingIp'), 'egress_addr_stats', 'egress_addr_stats6', false)?.delete(ipBytes(floatingIp, 'floatingIp'));
   }
 
   /** Counters summed over CPUs and over every attachment on the node (they share the map). */
@@ -182,7 +245,7 @@ export interface EgressSteerOptions {
   /** Outer UDP destination port: the gateways' FoU decap port. */
   port: number;
   objectPath?: string;
-  /** Size of the node's flow pin map when it is created (default DEFAULT_EGRESS_FLOWS). */
+  /** Size of the node's flow pin maps (each family's) when created (default DEFAULT_EGRESS_FLOWS). */
   maxFlows?: number;
 }
 
@@ -204,7 +267,7 @@ export class EgressSteer extends EgressMaps {
 }
 
 function load(pinDir: string, file?: string, maxFlows = DEFAULT_EGRESS_FLOWS): BpfObject {
-  return BpfObject.load(objectPath(file), { pinDir, name: EGRESS_TC.pinName, maxEntries: { egress_flows: maxFlows }, layouts: EGRESS_MAP_LAYOUTS });
+  return BpfObject.load(objectPath(file), { pinDir, name: EGRESS_TC.pinName, maxEntries: { egress_flows: maxFlows, egress_flows6: maxFlows }, layouts: EGRESS_MAP_LAYOUTS });
 }
 
 /**

@@ -2,8 +2,8 @@
 // the compiled object's BTF by test/unit/bpf-structs.test.ts). Addresses and ports travel in network
 // order, ids, counts and epochs in host (little-endian) order.
 import { TetherError, ErrorCode } from '../../lib/errors';
-import { clearHostBits, formatV4 } from '../../lib/ip';
-import { ipv4Bytes, type StructLayout } from './fou-structs';
+import { clearHostBits, formatV4, formatV6 } from '../../lib/ip';
+import { addressFamily, ipv4Bytes, ipv6Bytes, type StructLayout } from './fou-structs';
 import type { MapLayout } from './map-layout';
 
 // must match bpf/egress-types.h constants
@@ -17,6 +17,7 @@ export const EGRESS_TIER_FALLBACK = 1;
 export const EGRESS_TIER_EXCLUDED = 255;
 
 const SLOT_SIZE = 24;
+const SLOT6_SIZE = 40;
 
 /** Byte layouts by C struct name; the encoders below write exactly these offsets. */
 export const EGRESS_LAYOUTS: Record<string, StructLayout> = {
@@ -52,6 +53,37 @@ export const EGRESS_LAYOUTS: Record<string, StructLayout> = {
     fields: { count: { offset: 0, size: 4 }, flags: { offset: 4, size: 4 }, slots: { offset: 8, size: SLOT_SIZE * EGRESS_MAX_SLOTS } },
   },
   egress_config: { size: 8, fields: { saddr: { offset: 0, size: 4 }, dport: { offset: 4, size: 2 }, flags: { offset: 6, size: 2 } } },
+  // IPv6 (bpf/egress-types.h, bottom): keys and values of the maps added beside the IPv4 ones.
+  in6_addr: { size: 16, fields: { in6_u: { offset: 0, size: 16 } } },
+  egress_dest6_key: { size: 24, fields: { prefixlen: { offset: 0, size: 4 }, egress_id: { offset: 4, size: 4 }, daddr: { offset: 8, size: 16 } } },
+  egress_slot6: {
+    size: SLOT6_SIZE,
+    fields: {
+      gateway: { offset: 0, size: 4 },
+      pad: { offset: 4, size: 4 },
+      floating: { offset: 8, size: 16 },
+      epoch: { offset: 24, size: 8 },
+      zone: { offset: 32, size: 4 },
+      tier: { offset: 36, size: 4 },
+    },
+  },
+  egress_gateways6: {
+    size: 8 + SLOT6_SIZE * EGRESS_MAX_SLOTS,
+    fields: { count: { offset: 0, size: 4 }, flags: { offset: 4, size: 4 }, slots: { offset: 8, size: SLOT6_SIZE * EGRESS_MAX_SLOTS } },
+  },
+  egress_flow6_key: {
+    size: 44,
+    fields: {
+      saddr: { offset: 0, size: 16 },
+      daddr: { offset: 16, size: 16 },
+      sport: { offset: 32, size: 2 },
+      dport: { offset: 34, size: 2 },
+      proto: { offset: 36, size: 1 },
+      pad: { offset: 37, size: 3 },
+      egress_id: { offset: 40, size: 4 },
+    },
+  },
+  egress_flow6: { size: 16, fields: { floating: { offset: 0, size: 16 } } },
   egress_stats: {
     size: 72,
     fields: {
@@ -85,6 +117,13 @@ export const EGRESS_MAP_LAYOUTS: Record<string, MapLayout> = {
   // Live flows keep their floating address only if their pin survives: copied, and caught up after each attach.
   egress_flows: { version: 1, convert: 'copy', catchUp: true },
   egress_addr_stats: { version: 1, convert: 'prefix' },
+  // IPv6, added beside the maps above (which keep their layouts): a pin directory without them gets them
+  // created empty; the release before neither creates nor reads them.
+  egress_dest6: { version: 1, convert: 'copy' },
+  egress_clients6: { version: 1, convert: 'copy' },
+  egress_gateways6: { version: 1, convert: 'copy' },
+  egress_flows6: { version: 1, convert: 'copy', catchUp: true },
+  egress_addr_stats6: { version: 1, convert: 'prefix' },
 };
 
 function invalid(msg: string): TetherError {
@@ -115,6 +154,28 @@ export function parseIpv4Prefix(cidr: string, field = 'cidr'): Ipv4Prefix {
   return { address: formatV4(b), length };
 }
 
+/** A destination prefix of either family. */
+export interface IpPrefix extends Ipv4Prefix {
+  family: 4 | 6;
+}
+
+/** Parses "addr/len" of either family (a bare address is a host prefix); host bits are cleared. */
+export function parseIpPrefix(cidr: string, field = 'cidr'): IpPrefix {
+  const [addr, len, extra] = cidr.split('/');
+  let family: 4 | 6;
+  try {
+    family = addressFamily(addr, field);
+  } catch {
+    throw invalid(`${field}: "${cidr}" is not an IP CIDR`);
+  }
+  if (family === 4) return { family, ...parseIpv4Prefix(cidr, field) };
+  const length = len === undefined ? 128 : Number(len);
+  if (extra !== undefined || !/^\d{1,3}$/.test(len ?? '128') || length > 128) throw invalid(`${field}: "${cidr}" is not an IPv6 CIDR`);
+  const b = ipv6Bytes(addr, field);
+  clearHostBits(b, length);
+  return { family, address: formatV6(b), length };
+}
+
 export function encodeEgressDestKey(egressId: number, p: Ipv4Prefix): Buffer {
   const f = L.egress_dest_key.fields;
   const b = Buffer.alloc(L.egress_dest_key.size);
@@ -129,6 +190,23 @@ export function decodeEgressDestKey(b: Buffer): { egressId: number; prefix: Ipv4
   return {
     egressId: b.readUInt32LE(f.egress_id.offset),
     prefix: { address: formatV4(b, f.daddr.offset), length: b.readUInt32LE(f.prefixlen.offset) - 32 },
+  };
+}
+
+export function encodeEgressDest6Key(egressId: number, p: Ipv4Prefix): Buffer {
+  const f = L.egress_dest6_key.fields;
+  const b = Buffer.alloc(L.egress_dest6_key.size);
+  b.writeUInt32LE(32 + p.length, f.prefixlen.offset);
+  b.writeUInt32LE(checkEgressId(egressId, 'egressId', true), f.egress_id.offset);
+  ipv6Bytes(p.address).copy(b, f.daddr.offset);
+  return b;
+}
+
+export function decodeEgressDest6Key(b: Buffer): { egressId: number; prefix: Ipv4Prefix } {
+  const f = L.egress_dest6_key.fields;
+  return {
+    egressId: b.readUInt32LE(f.egress_id.offset),
+    prefix: { address: formatV6(b, f.daddr.offset), length: b.readUInt32LE(f.prefixlen.offset) - 32 },
   };
 }
 
@@ -162,8 +240,9 @@ export function decodeEgressClient(b: Buffer): number[] {
 }
 
 export interface EgressSlot {
-  /** Gateway pod IPv4 that owns the floating address now (the FoU outer destination). */
+  /** Gateway pod IPv4 that owns the floating address now (the FoU outer destination; the underlay is IPv4 for both families). */
   gatewayIp: string;
+  /** IPv4 or IPv6: an IPv6 address goes to the IPv6 slots (egress_gateways6). */
   floatingIp: string;
   /** Ownership epoch (only grows). */
   epoch: number | bigint;
@@ -173,14 +252,19 @@ export interface EgressSlot {
   tier?: number;
 }
 
-export function encodeEgressGateways(slots: EgressSlot[]): Buffer {
+/** The two slot layouts: the IPv4 one and the IPv6 one (a 16-byte floating address). */
+type SlotFamily = { gateways: string; slot: string; floating: (addr: string, field: string) => Buffer; format: (b: Buffer, o: number) => string };
+const SLOT4: SlotFamily = { gateways: 'egress_gateways', slot: 'egress_slot', floating: ipv4Bytes, format: formatV4 };
+const SLOT6: SlotFamily = { gateways: 'egress_gateways6', slot: 'egress_slot6', floating: ipv6Bytes, format: formatV6 };
+
+function encodeGateways(fam: SlotFamily, slots: EgressSlot[]): Buffer {
   if (slots.length > EGRESS_MAX_SLOTS) throw invalid(`slots: ${slots.length} slots, an Egress has at most ${EGRESS_MAX_SLOTS}`);
-  const g = L.egress_gateways.fields;
-  const s = L.egress_slot.fields;
-  const b = Buffer.alloc(L.egress_gateways.size);
+  const g = L[fam.gateways].fields;
+  const s = L[fam.slot].fields;
+  const b = Buffer.alloc(L[fam.gateways].size);
   b.writeUInt32LE(slots.length, g.count.offset);
   slots.forEach((slot, i) => {
-    const at = g.slots.offset + i * L.egress_slot.size;
+    const at = g.slots.offset + i * L[fam.slot].size;
     const epoch = BigInt(slot.epoch);
     if (epoch < 0n || epoch > 0xffffffffffffffffn) throw invalid(`slots[${i}].epoch: ${slot.epoch} is not a u64`);
     const zone = slot.zone ?? 0;
@@ -188,7 +272,7 @@ export function encodeEgressGateways(slots: EgressSlot[]): Buffer {
     const tier = slot.tier ?? EGRESS_TIER_PREFERRED;
     if (!Number.isInteger(tier) || tier < 0 || tier > EGRESS_TIER_EXCLUDED) throw invalid(`slots[${i}].tier: ${tier} is not a tier (0-255)`);
     ipv4Bytes(slot.gatewayIp, `slots[${i}].gatewayIp`).copy(b, at + s.gateway.offset);
-    ipv4Bytes(slot.floatingIp, `slots[${i}].floatingIp`).copy(b, at + s.floating.offset);
+    fam.floating(slot.floatingIp, `slots[${i}].floatingIp`).copy(b, at + s.floating.offset);
     b.writeBigUInt64LE(epoch, at + s.epoch.offset);
     b.writeUInt32LE(zone, at + s.zone.offset);
     b.writeUInt32LE(tier, at + s.tier.offset);
@@ -196,20 +280,49 @@ export function encodeEgressGateways(slots: EgressSlot[]): Buffer {
   return b;
 }
 
-export function decodeEgressGateways(b: Buffer): EgressSlot[] {
-  const g = L.egress_gateways.fields;
-  const s = L.egress_slot.fields;
+function decodeGateways(fam: SlotFamily, b: Buffer): EgressSlot[] {
+  const g = L[fam.gateways].fields;
+  const s = L[fam.slot].fields;
   const n = Math.min(b.readUInt32LE(g.count.offset), EGRESS_MAX_SLOTS);
   return Array.from({ length: n }, (_, i) => {
-    const at = g.slots.offset + i * L.egress_slot.size;
+    const at = g.slots.offset + i * L[fam.slot].size;
     return {
       gatewayIp: formatV4(b, at + s.gateway.offset),
-      floatingIp: formatV4(b, at + s.floating.offset),
+      floatingIp: fam.format(b, at + s.floating.offset),
       epoch: b.readBigUInt64LE(at + s.epoch.offset),
       zone: b.readUInt32LE(at + s.zone.offset),
       tier: b.readUInt32LE(at + s.tier.offset),
     };
   });
+}
+
+/** struct egress_gateways: IPv4 floating addresses only. */
+export function encodeEgressGateways(slots: EgressSlot[]): Buffer {
+  return encodeGateways(SLOT4, slots);
+}
+
+export function decodeEgressGateways(b: Buffer): EgressSlot[] {
+  return decodeGateways(SLOT4, b);
+}
+
+/** struct egress_gateways6: IPv6 floating addresses (gateways stay IPv4). */
+export function encodeEgressGateways6(slots: EgressSlot[]): Buffer {
+  return encodeGateways(SLOT6, slots);
+}
+
+export function decodeEgressGateways6(b: Buffer): EgressSlot[] {
+  return decodeGateways(SLOT6, b);
+}
+
+/** Splits mixed slots by the family of their floating address, keeping their order; the field names the bad one. */
+export function splitSlotsByFamily(slots: EgressSlot[]): { v4: EgressSlot[]; v6: EgressSlot[] } {
+  const v4: EgressSlot[] = [];
+  const v6: EgressSlot[] = [];
+  slots.forEach((s, i) => (addressFamily(s.floatingIp, `slots[${i}].floatingIp`) === 4 ? v4 : v6).push(s));
+  if (v4.length > EGRESS_MAX_SLOTS || v6.length > EGRESS_MAX_SLOTS) {
+    throw invalid(`slots: ${v4.length} IPv4 and ${v6.length} IPv6 slots, an Egress has at most ${EGRESS_MAX_SLOTS} of each family`);
+  }
+  return { v4, v6 };
 }
 
 export interface EgressConfig {
@@ -283,6 +396,19 @@ export function decodeEgressFlow(k: Buffer, v: Buffer): EgressFlow {
     proto: k.readUInt8(f.proto.offset),
     egressId: k.readUInt32LE(f.egress_id.offset),
     floatingIp: formatV4(v, L.egress_flow.fields.floating.offset),
+  };
+}
+
+export function decodeEgressFlow6(k: Buffer, v: Buffer): EgressFlow {
+  const f = L.egress_flow6_key.fields;
+  return {
+    src: formatV6(k, f.saddr.offset),
+    dst: formatV6(k, f.daddr.offset),
+    sport: k.readUInt16BE(f.sport.offset),
+    dport: k.readUInt16BE(f.dport.offset),
+    proto: k.readUInt8(f.proto.offset),
+    egressId: k.readUInt32LE(f.egress_id.offset),
+    floatingIp: formatV6(v, L.egress_flow6.fields.floating.offset),
   };
 }
 

@@ -1,7 +1,7 @@
 // TypeScript mirrors of the structs in bpf/fou-types.h — must match bpf/fou-types.h (checked against the
 // compiled objects' BTF by test/unit/bpf-structs.test.ts). Addresses and ports travel in network order.
 import { TetherError, ErrorCode } from '../../lib/errors';
-import { formatV4, tryWriteV4 } from '../../lib/ip';
+import { formatV4, ipFamily, tryWriteV4, tryWriteV6 } from '../../lib/ip';
 import type { MapLayout } from './map-layout';
 
 export interface FieldLayout {
@@ -51,6 +51,26 @@ export function ipv4Bytes(addr: string, field = 'address'): Buffer {
   const b = Buffer.allocUnsafe(4);
   putIpv4(addr, b, 0, field);
   return b;
+}
+
+/** An IPv6 address as 16 bytes in network order (map keys and address fields of the IPv6 maps). */
+export function ipv6Bytes(addr: string, field = 'address'): Buffer {
+  const b = Buffer.allocUnsafe(16);
+  // tryWriteV6 takes no zone and no brackets: exactly the addresses a map can hold.
+  if (!tryWriteV6(b, 0, addr)) throw new TetherError(ErrorCode.InvalidConfig, `${field}: "${addr}" is not an IPv6 address`);
+  return b;
+}
+
+/** The family of an address given to a map API, or an error naming the field. */
+export function addressFamily(addr: string, field = 'address'): 4 | 6 {
+  const f = ipFamily(addr);
+  if (!f || addr.includes('%')) throw new TetherError(ErrorCode.InvalidConfig, `${field}: "${addr}" is not an IP address`);
+  return f;
+}
+
+/** An address of either family as network-order bytes: 4 for IPv4, 16 for IPv6. */
+export function ipBytes(addr: string, field = 'address'): Buffer {
+  return addressFamily(addr, field) === 4 ? ipv4Bytes(addr, field) : ipv6Bytes(addr, field);
 }
 
 /** Writes addr's 4 bytes into out at off; an address net.isIPv4 refuses is refused, naming the field. */

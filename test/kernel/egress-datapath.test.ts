@@ -8,6 +8,9 @@
 //
 // The node routes each floating /32 to the pod that owns it. Cluster range 10.92.0.0/16 is a global
 // BYPASS, the node address a BYPASS of the Egress, everything else (0.0.0.0/0) is steered.
+// The IPv6 tests give every link a second, IPv6 address (fd00:92:<n>::/64, server 2001:db8:10::10 behind
+// node 2001:db8:10::1) and steer ::/0 the same way; the underlay stays IPv4 (outer node -> gateway IPv4).
+// The client's MTU (1472) leaves the same 28 bytes of room for IPv6 inner packets: MSS 1412.
 import { test } from 'uvu';
 import * as assert from 'uvu/assert';
 import { execFileSync, spawn, type ChildProcess } from 'node:child_process';
@@ -21,6 +24,7 @@ import {
 import { queryTc } from '../../daemon/bpf/tc';
 import { ensureBpffs } from '../../daemon/bpf/bpffs';
 import { readNetSysctl } from '../../daemon/sys/netns';
+import { ipToBytes } from '../../lib/ip';
 
 const root = path.resolve(__dirname, '../..');
 const NODE = '192.0.2.1';
@@ -35,6 +39,17 @@ const CLUSTER = '10.92.0.0/16';
 const EGRESS = 7;
 const FOU_PORT = 5555;
 const TCP_PORT = 8080;
+const CLIENT6 = 'fd00:92:1::2';
+const NODE6 = '2001:db8:10::1';
+const SERVER6 = '2001:db8:10::10';
+const GWA6 = 'fd00:92:2::2';
+const GWB6 = 'fd00:92:3::2';
+const CLUSTER6 = 'fd00:92::/32';
+// Their last two bytes (the outer IP ID, and the gateway's mark) are 0x0007, 0x0008, 0x0009.
+const FLOATING6 = '2001:db8:f::7';
+const FLOATING6_2 = '2001:db8:f::8';
+const FLOATING6_3 = '2001:db8:f::9';
+const FOU_FLOAT_MARK = 0x7e7e0000;
 const PAYLOAD = 600 * 1024; // several hundred KB: GSO super-packets through steer and decap
 
 const sh = (cmd: string, ...args: string[]) => execFileSync(cmd, args, { encoding: 'utf8', stdio: ['ignore', 'pipe', 'pipe'] });
@@ -69,6 +84,8 @@ function build(): Topology {
     for (const ns of all) {
       sh('ip', 'netns', 'add', ns);
       sh('ip', '-n', ns, 'link', 'set', 'lo', 'up');
+      // Duplicate address detection would hold IPv6 addresses back for a second or two.
+      sysctls(ns, 'net.ipv6.conf.all.accept_dad=0', 'net.ipv6.conf.default.accept_dad=0');
     }
     // Strict reverse-path filtering on the node, as many hosts have it: steering must cope (it makes
     // the client veth loose and accept its own address as a source).
@@ -118,6 +135,53 @@ function teardown(t: Topology): void {
   fs.rmSync(t.pinDir, { recursive: true, force: true });
 }
 
+/** IPv6 on every link of the topology (the IPv6 tests): pods fd00:92:<n>::2, the node ::1, the server behind ns0. */
+function addIpv6(t: Topology): void {
+  sysctls(t.node, 'net.ipv6.conf.all.forwarding=1');
+  const links: Array<[string, string, string, string]> = [
+    [t.server, 'ns0', NODE6, SERVER6], [t.client, 'vcli', 'fd00:92:1::1', CLIENT6], [t.other, 'voth', 'fd00:92:4::1', 'fd00:92:4::2'],
+    [t.gwa, 'vgwa', 'fd00:92:2::1', GWA6], [t.gwb, 'vgwb', 'fd00:92:3::1', GWB6],
+  ];
+  for (const [ns, hostIf, hostAddr, podAddr] of links) {
+    sh('ip', '-n', t.node, 'addr', 'add', `${hostAddr}/64`, 'dev', hostIf, 'nodad');
+    sh('ip', '-n', ns, 'addr', 'add', `${podAddr}/64`, 'dev', 'eth0', 'nodad');
+    sh('ip', '-n', ns, '-6', 'route', 'add', 'default', 'via', hostAddr);
+  }
+}
+
+/**
+ * An IPv6 gateway pod: forwarding, its floating addresses on lo, and SNAT of client traffic to the address
+ * the decapsulated packet's mark names (FOU_FLOAT_MARK | its last two bytes), as the gateway datapath does.
+ * An unmarked or wrongly marked packet leaves un-NATed, with the client's address: the server would see it.
+ * A counter per mark shows what arrived.
+ */
+function gatewayNat6(ns: string, floatings: string[]): void {
+  sysctls(ns, 'net.ipv6.conf.all.forwarding=1');
+  for (const f of floatings) sh('ip', '-n', ns, 'addr', 'replace', `${f}/128`, 'dev', 'lo', 'nodad');
+  try {
+    inNs(ns, 'nft', 'delete', 'table', 'ip6', 'tether-gw6');
+  } catch {
+    // first configuration
+  }
+  const mark = (f: string) => `0x${(FOU_FLOAT_MARK | ipToBytes(f).readUInt16BE(14)).toString(16)}`;
+  const rules = `table ip6 tether-gw6 {
+  chain prerouting { type filter hook prerouting priority -150; policy accept;
+${floatings.map((f) => `    meta mark ${mark(f)} counter comment "${f}"`).join('\n')}
+  }
+  chain postrouting { type nat hook postrouting priority 100;
+${floatings.map((f) => `    oifname "eth0" ip6 saddr fd00:92:1::/64 meta mark ${mark(f)} snat to ${f}`).join('\n')}
+  }
+}`;
+  execFileSync('nsenter', [`--net=${nsPath(ns)}`, 'nft', '-f', '-'], { input: rules });
+}
+
+/** Packets the gateway's prerouting counted with the mark of `floating`. */
+function markedPackets(ns: string, floating: string): number {
+  const out = JSON.parse(inNs(ns, 'nft', '-j', 'list', 'chain', 'ip6', 'tether-gw6', 'prerouting')) as { nftables: Array<Record<string, { comment?: string; expr?: Array<Record<string, { packets?: number }>> }>> };
+  const rule = out.nftables.map((o) => o.rule).find((r) => r?.comment === floating);
+  return rule?.expr?.find((e) => e.counter)?.counter?.packets ?? -1;
+}
+
 /** A gateway pod: forwarding, the floating address on lo, SNAT of client traffic to it, conntrack on. */
 function gatewayNat(ns: string, floating: string): void {
   sysctls(ns, 'net.ipv4.ip_forward=1', 'net.ipv4.conf.all.send_redirects=0', 'net.ipv4.conf.eth0.send_redirects=0',
@@ -156,7 +220,7 @@ net.createServer({ allowHalfOpen: true }, (s) => {
   s.on('data', (d) => { n += d.length; });
   s.pipe(s);
   s.on('close', () => console.log(JSON.stringify({ peer, bytes: n })));
-}).listen(Number(process.argv[1]), '0.0.0.0', () => console.log('listening'));
+}).listen({ port: Number(process.argv[1]), host: process.argv[2], ipv6Only: process.argv[2] === '::' }, () => console.log('listening'));
 `;
 
 // Client: sends a random payload, half-closes, and compares what comes back.
@@ -181,8 +245,8 @@ s.on('end', () => {
 type Json = Record<string, unknown>;
 
 /** Starts the echo server in ns; the returned function yields the connections it has reported so far. */
-async function echoServer(t: Topology, ns: string): Promise<() => Json[]> {
-  const child = spawn('nsenter', [`--net=${nsPath(ns)}`, process.execPath, '-e', SERVER_JS, String(TCP_PORT)], { stdio: ['ignore', 'pipe', 'pipe'] });
+async function echoServer(t: Topology, ns: string, host = '0.0.0.0'): Promise<() => Json[]> {
+  const child = spawn('nsenter', [`--net=${nsPath(ns)}`, process.execPath, '-e', SERVER_JS, String(TCP_PORT), host], { stdio: ['ignore', 'pipe', 'pipe'] });
   t.children.push(child);
   const seen: Json[] = [];
   let buf = '';
@@ -472,6 +536,137 @@ test('flows are pinned: adding an address moves no live flow, removing one moves
     const d3 = delta(s.stats(), b3);
     // (Trailing packets of the earlier, pinned flows may still be steered: pins outrank tiers.)
     assert.ok(d3.excluded > 0n, `excluded ${d3.excluded}, steered ${d3.steered}`);
+  } finally {
+    teardown(t);
+  }
+});
+
+/** The Egress of the IPv6 tests: both families of CLIENT steered but for the cluster and the node; slots mixed. */
+function configureEgress6(s: EgressSteer, gateways: Array<{ gatewayIp: string; floatingIp: string; epoch: number }>): void {
+  s.setDestinations(0, [], [CLUSTER, CLUSTER6]);
+  s.setDestinations(EGRESS, ['0.0.0.0/0', '::/0'], [`${NODE}/32`, `${NODE6}/128`]);
+  s.setClient(CLIENT, [EGRESS]);
+  s.setClient(CLIENT6, [EGRESS]);
+  s.setGateways(EGRESS, gateways);
+}
+
+/** Sends one raw Ethernet frame from ns's eth0 to its peer: ethertype IPv6, `payload` bytes after it. */
+function sendFrame(t: Topology, ns: string, hostIf: string, payload: Buffer): void {
+  const mac = (n: string, ifName: string) => JSON.parse(sh('ip', '-n', n, '-j', 'link', 'show', ifName))[0].address.replace(/:/g, '');
+  const frame = Buffer.concat([Buffer.from(mac(t.node, hostIf), 'hex'), Buffer.from(mac(ns, 'eth0'), 'hex'), Buffer.from([0x86, 0xdd]), payload]);
+  const py = `import socket,sys; s=socket.socket(socket.AF_PACKET, socket.SOCK_RAW); s.bind(('eth0', 0)); s.send(bytes.fromhex(sys.argv[1]))`;
+  inNs(ns, 'python3', '-c', py, frame.toString('hex'));
+}
+
+test('IPv6: steered through FoU over IPv4, decapsulated as IPv6 with the mark of its floating address; GSO; bypass; malformed dropped', async () => {
+  const t = build();
+  try {
+    addIpv6(t);
+    gatewayNat(t.gwa, FLOATING);
+    gatewayNat6(t.gwa, [FLOATING6]);
+    sh('ip', '-n', t.node, 'route', 'add', `${FLOATING}/32`, 'via', GWA);
+    sh('ip', '-n', t.node, '-6', 'route', 'add', `${FLOATING6}/128`, 'via', GWA6);
+    const decap = gatewayDecap(t, t.gwa, GWA);
+    const s = steer(t, 'vcli');
+    // One IPv4 and one IPv6 slot on the same gateway: setGateways splits them by family.
+    configureEgress6(s, [{ gatewayIp: GWA, floatingIp: FLOATING, epoch: 1 }, { gatewayIp: GWA, floatingIp: FLOATING6, epoch: 1 }]);
+    assert.equal(s.gateways(EGRESS), [
+      { gatewayIp: GWA, floatingIp: FLOATING, epoch: 1n, zone: 0, tier: 0 }, { gatewayIp: GWA, floatingIp: FLOATING6, epoch: 1n, zone: 0, tier: 0 },
+    ]);
+    assert.equal(s.destinations(EGRESS), new Map([['0.0.0.0/0', 'steer'], [`${NODE}/32`, 'bypass'], ['::/0', 'steer'], [`${NODE6}/128`, 'bypass']]));
+    assert.equal(s.destinations(0), new Map([[CLUSTER, 'bypass'], [CLUSTER6, 'bypass']]));
+    assert.equal(s.clients(), new Map([[CLIENT, [EGRESS]], [CLIENT6, [EGRESS]]]));
+
+    const server = await echoServer(t, t.server, '::');
+    const nodeSrv = await echoServer(t, t.node, '::');
+    const MB = 1024 * 1024;
+    const before = s.stats();
+    const c1 = await connect(t.client, SERVER6, MB, 20000);
+    assert.equal(c1, { sent: MB, received: MB, same: true }, '1 MB echoed intact over IPv6');
+    assert.equal(await lastPeer(server, 1), { peer: FLOATING6, bytes: MB }, 'the server sees the IPv6 floating address: the gateway got the packets marked for it');
+    const d = delta(s.stats(), before);
+    assert.ok(d.steered > 0n && d.steeredBytes >= BigInt(MB), `steered ${d.steered} packets ${d.steeredBytes} bytes`);
+    assert.ok(d.steeredBytes / d.steered > 1500n, `steered GSO super-packets (avg ${d.steeredBytes / d.steered} bytes)`);
+    assert.is(d.errors + d.noGateway, 0n);
+    assert.is(d.pinned, 1n, 'one new IPv6 flow pinned');
+    const ds = decap.stats();
+    assert.ok(ds.packets > 0n && ds.bytes >= BigInt(MB), `gateway decapsulated ${ds.packets} packets ${ds.bytes} bytes`);
+    assert.is(ds.errors + ds.rejectedSource, 0n);
+    const marked = markedPackets(t.gwa, FLOATING6);
+    assert.ok(marked > 0, `decapsulated packets carried mark 0x7e7e0007 (${marked})`);
+    const flows = s.flows().filter((f) => f.dport === TCP_PORT);
+    assert.equal(flows.map((f) => [f.src, f.dst, f.proto, f.egressId, f.floatingIp]), [[CLIENT6, SERVER6, 6, EGRESS, FLOATING6]], 'the flow pinned in the IPv6 map');
+    const perAddr = s.addressStats().get(FLOATING6);
+    assert.ok(perAddr && perAddr.flows === 1n && perAddr.bytes >= BigInt(MB), `per-address counters of the IPv6 address: ${JSON.stringify(perAddr, (_, v) => (typeof v === 'bigint' ? String(v) : v))}`);
+
+    // IPv4 from the same client still takes the IPv4 slot.
+    const server4 = await echoServer(t, t.server);
+    assert.equal(await connect(t.client, SERVER, 64 * 1024, 10000), { sent: 65536, received: 65536, same: true });
+    assert.is((await lastPeer(server4, 1)).peer, FLOATING);
+
+    // A BYPASS prefix inside the IPv6 destination: the node's own address is reached directly.
+    const b2 = s.stats();
+    const decapBefore = decap.stats().packets;
+    assert.equal(await connect(t.client, NODE6, 64 * 1024, 10000), { sent: 65536, received: 65536, same: true });
+    assert.equal(await lastPeer(nodeSrv, 1), { peer: CLIENT6, bytes: 65536 }, 'the node sees the pod itself');
+    const d2 = delta(s.stats(), b2);
+    assert.is(d2.steered, 0n, 'bypassed prefix not steered');
+    assert.ok(d2.bypassed > 0n, `bypassed ${d2.bypassed}`);
+    assert.is(decap.stats().packets, decapBefore, 'nothing reached the gateway');
+
+    // IPv6 by its ethertype but shorter than its header: dropped and counted, never passed.
+    const b3 = s.stats();
+    const drops = () => JSON.parse(sh('tc', '-n', t.node, '-s', '-j', 'qdisc', 'show', 'dev', 'vcli')).find((q: { kind: string }) => q.kind === 'clsact').drops as number;
+    const dropsBefore = drops();
+    sendFrame(t, t.client, 'vcli', Buffer.from([0x60, 0, 0, 0, 0, 0, 6, 64, 0xfd, 0, 0, 0x92]));
+    assert.is(delta(s.stats(), b3).errors, 1n, 'the short IPv6 frame counted');
+    assert.is(drops() - dropsBefore, 1, 'and dropped at the filter');
+  } finally {
+    teardown(t);
+  }
+});
+
+test('IPv6: flows stay pinned when an address is added; per-address marks pick the SNAT address', async () => {
+  const t = build();
+  try {
+    addIpv6(t);
+    // Gateway B holds two addresses and SNATs each flow to the one its mark names: a flow moved to the
+    // third slot would change gateway or source address mid-stream and break.
+    gatewayNat6(t.gwa, [FLOATING6]);
+    gatewayNat6(t.gwb, [FLOATING6_2, FLOATING6_3]);
+    sh('ip', '-n', t.node, '-6', 'route', 'add', `${FLOATING6}/128`, 'via', GWA6);
+    sh('ip', '-n', t.node, '-6', 'route', 'add', `${FLOATING6_2}/128`, 'via', GWB6);
+    sh('ip', '-n', t.node, '-6', 'route', 'add', `${FLOATING6_3}/128`, 'via', GWB6);
+    gatewayDecap(t, t.gwa, GWA);
+    gatewayDecap(t, t.gwb, GWB);
+    const s = steer(t, 'vcli');
+    const two = [{ gatewayIp: GWA, floatingIp: FLOATING6, epoch: 1 }, { gatewayIp: GWB, floatingIp: FLOATING6_2, epoch: 1 }];
+    configureEgress6(s, two);
+    const server = await echoServer(t, t.server, '::');
+
+    const live = longConnections(t.client, SERVER6, 16, 2500);
+    await new Promise((r) => setTimeout(r, 800));
+    const pinsBefore = s.flows().filter((f) => f.dport === TCP_PORT);
+    assert.is(pinsBefore.length, 16, 'every connection pinned');
+    const onA = pinsBefore.filter((p) => p.floatingIp === FLOATING6).length;
+    assert.ok(onA > 0 && onA < 16, `both addresses carried flows (${onA} on A)`);
+    s.setGateways(EGRESS, [...two, { gatewayIp: GWB, floatingIp: FLOATING6_3, epoch: 1 }]);
+    assert.equal(await live, { intact: 16, broken: [] }, 'no live connection moved when an address was added');
+    const pinsAfter = new Map(s.flows().map((f) => [f.sport, f.floatingIp]));
+    for (const p of pinsBefore) assert.is(pinsAfter.get(p.sport), p.floatingIp, `flow from port ${p.sport} kept its address`);
+    await new Promise((r) => setTimeout(r, 300));
+    assert.ok(server().every((c) => c.peer === FLOATING6 || c.peer === FLOATING6_2), 'the server saw only the two floating addresses');
+    assert.is(markedPackets(t.gwb, FLOATING6_3), 0, 'nothing arrived marked for the added address');
+
+    // New connections spread over all three; the third one's flows reach the server from it.
+    const peers = new Set<unknown>();
+    let n = server().length;
+    for (let i = 0; i < 40 && peers.size < 3; i++) {
+      assert.equal(await connect(t.client, SERVER6, 2048, 10000), { sent: 2048, received: 2048, same: true });
+      peers.add((await lastPeer(server, ++n)).peer);
+    }
+    assert.equal([...peers].sort(), [FLOATING6, FLOATING6_2, FLOATING6_3].sort(), 'every address carried new flows, each SNATed by its mark');
+    assert.ok(markedPackets(t.gwb, FLOATING6_3) > 0);
   } finally {
     teardown(t);
   }

@@ -4,6 +4,7 @@
 // address released is refused again. tcpdump on the "external" server proves what reached it.
 //
 //   gw 10.93.2.2 (+ floating 203.0.113.9, + leaked client 10.92.1.2 on lo) ─vgw─ node ─ns0─ server 192.0.2.10
+//   IPv6 beside it: gw fd00:93:2::2 (+ floating 2001:db8:f::9 on lo), server 2001:db8:10::10 behind node ::1
 import { test } from 'uvu';
 import * as assert from 'uvu/assert';
 import { execFileSync, spawn } from 'node:child_process';
@@ -20,6 +21,10 @@ const SERVER = '192.0.2.10';
 const GW = '10.93.2.2';
 const FLOATING = '203.0.113.9';
 const LEAKED = '10.92.1.2';
+const NODE6 = '2001:db8:10::1';
+const SERVER6 = '2001:db8:10::10';
+const GW6 = 'fd00:93:2::2';
+const FLOATING6 = '2001:db8:f::9';
 const pinDir = `/sys/fs/bpf/tether-test/guard-${id}`;
 const sh = (cmd: string, ...args: string[]) => execFileSync(cmd, args, { encoding: 'utf8', stdio: ['ignore', 'pipe', 'pipe'] });
 const inNs = (ns: string, ...cmd: string[]) => sh('ip', 'netns', 'exec', ns, ...cmd);
@@ -44,7 +49,7 @@ function teardown(): void {
 /** One ping from the gateway pod with a chosen source; true when the reply came back. */
 function ping(src: string, dst = SERVER): boolean {
   try {
-    inNs(NS.gw, 'ping', '-c', '1', '-W', '1', '-I', src, dst);
+    inNs(NS.gw, 'ping', src.includes(':') ? '-6' : '-4', '-c', '1', '-W', '1', '-I', src, dst);
     return true;
   } catch {
     return false;
@@ -58,8 +63,9 @@ test.before(() => {
   for (const ns of Object.values(NS)) {
     sh('ip', 'netns', 'add', ns);
     sh('ip', '-n', ns, 'link', 'set', 'lo', 'up');
+    inNs(ns, 'sysctl', '-qw', 'net.ipv6.conf.all.accept_dad=0', 'net.ipv6.conf.default.accept_dad=0');
   }
-  inNs(NS.node, 'sysctl', '-qw', 'net.ipv4.ip_forward=1');
+  inNs(NS.node, 'sysctl', '-qw', 'net.ipv4.ip_forward=1', 'net.ipv6.conf.all.forwarding=1');
   const link = (ns: string, hostIf: string, hostAddr: string, addr: string) => {
     sh('ip', '-n', NS.node, 'link', 'add', hostIf, 'type', 'veth', 'peer', 'name', 'eth0', 'netns', ns);
     sh('ip', '-n', NS.node, 'addr', 'add', `${hostAddr}/24`, 'dev', hostIf);
@@ -70,6 +76,13 @@ test.before(() => {
   };
   link(NS.server, 'ns0', NODE, SERVER);
   link(NS.gw, 'vgw', '10.93.2.1', GW);
+  for (const [ns, hostIf, hostAddr, addr] of [[NS.server, 'ns0', NODE6, SERVER6], [NS.gw, 'vgw', 'fd00:93:2::1', GW6]]) {
+    sh('ip', '-n', NS.node, 'addr', 'add', `${hostAddr}/64`, 'dev', hostIf, 'nodad');
+    sh('ip', '-n', ns, 'addr', 'add', `${addr}/64`, 'dev', 'eth0', 'nodad');
+    sh('ip', '-n', ns, '-6', 'route', 'add', 'default', 'via', hostAddr);
+  }
+  sh('ip', '-n', NS.gw, 'addr', 'add', `${FLOATING6}/128`, 'dev', 'lo', 'nodad');
+  sh('ip', '-n', NS.node, '-6', 'route', 'add', `${FLOATING6}/128`, 'via', GW6);
   for (const a of [FLOATING, LEAKED]) {
     sh('ip', '-n', NS.gw, 'addr', 'add', `${a}/32`, 'dev', 'lo');
     sh('ip', '-n', NS.node, 'route', 'add', `${a}/32`, 'dev', 'vgw');
@@ -138,6 +151,58 @@ test('a new attachment over the same pins keeps what is owned (a tetherd restart
   assert.not.ok(queryTc({ netns: `/run/netns/${NS.node}`, ifName: 'vgw', direction: 'ingress', handle: 1, priority: 0x120 }), 'filter gone');
   assert.not.ok(fs.existsSync(`${pinDir}/egress-guard-vgw`), 'pins gone');
   assert.ok(ping(GW), 'without the guard the pod address passes again');
+});
+
+/** Sends one raw Ethernet frame of ethertype IPv6 from the gateway pod's eth0 to the node. */
+function sendIpv6Frame(payload: Buffer): void {
+  const mac = (ns: string, ifName: string) => JSON.parse(sh('ip', '-n', ns, '-j', 'link', 'show', ifName))[0].address.replace(/:/g, '');
+  const frame = Buffer.concat([Buffer.from(mac(NS.node, 'vgw'), 'hex'), Buffer.from(mac(NS.gw, 'eth0'), 'hex'), Buffer.from([0x86, 0xdd]), payload]);
+  inNs(NS.gw, 'python3', '-c', `import socket,sys; s=socket.socket(socket.AF_PACKET, socket.SOCK_RAW); s.bind(('eth0', 0)); s.send(bytes.fromhex(sys.argv[1]))`, frame.toString('hex'));
+}
+
+test('IPv6: the pod\'s own IPv6 is refused toward a guarded IPv6 destination, an owned IPv6 floating address passes; short frames are dropped', () => {
+  guard = EgressGuard.attach({
+    netns: `/run/netns/${NS.node}`, hostIfName: 'vgw', podIp: GW, podIp6: GW6, pinDir,
+    destinations: ['192.0.2.0/24', '2001:db8:10::/64'], excluded: [`${NODE}/32`, `${NODE6}/128`],
+  });
+  // Control first: a destination outside the guarded ones, which also proves neighbour discovery from the
+  // pod's own address gets through (ff02::1:ff… is inside no guarded prefix, but ::/0 would cover it).
+  assert.ok(ping(GW6, NODE6), 'an excluded IPv6 destination (the node) is not guarded');
+  const s0 = guard.stats();
+  assert.not.ok(ping(GW6, SERVER6), "the pod's own IPv6 is refused toward the destination");
+  assert.not.ok(ping(FLOATING6, SERVER6), 'an IPv6 floating address not owned (yet) is refused');
+  const d1 = delta(s0, guard.stats());
+  assert.is(d1.droppedPodSource, 1, JSON.stringify(d1));
+  assert.is(d1.droppedOtherSource, 1, JSON.stringify(d1));
+  assert.ok(d1.ipv6 >= 2, JSON.stringify(d1));
+
+  guard.own(FLOATING6);
+  guard.own(FLOATING);
+  assert.equal(guard.owned(), [FLOATING, FLOATING6]);
+  const s1 = guard.stats();
+  assert.ok(ping(FLOATING6, SERVER6), 'an owned IPv6 floating address leaves and its reply comes back');
+  assert.ok(ping(FLOATING), 'IPv4 keeps working beside it');
+  assert.ok(delta(s1, guard.stats()).allowed >= 2);
+  guard.release(FLOATING6);
+  assert.equal(guard.owned(), [FLOATING]);
+  assert.not.ok(ping(FLOATING6, SERVER6), 'a released IPv6 address is refused again');
+
+  // ::/0 guarded: neighbour discovery with the pod's own address still passes (link scope is never guarded).
+  guard.setDestinations(['::/0'], []);
+  inNs(NS.gw, 'ip', '-6', 'neigh', 'flush', 'dev', 'eth0');
+  assert.ok(ping(FLOATING), 'IPv4 is unaffected by an IPv6 destination');
+  guard.own(FLOATING6);
+  assert.ok(ping(FLOATING6, SERVER6), 'with ::/0 guarded the pod still resolves its router and the owned address passes');
+
+  // Shorter than an IPv6 header, and a full-length header of version 4 under the IPv6 ethertype.
+  const s2 = guard.stats();
+  sendIpv6Frame(Buffer.from([0x60, 0, 0, 0, 0, 8, 17, 64]));
+  sendIpv6Frame(Buffer.concat([Buffer.from([0x40]), Buffer.alloc(47)]));
+  const d2 = delta(s2, guard.stats());
+  assert.is(d2.droppedTruncated, 2, `malformed IPv6 dropped and counted: ${JSON.stringify(d2)}`);
+  assert.is(d2.notGuarded + d2.allowed, 0, 'and not passed');
+  guard.detach();
+  guard = undefined;
 });
 
 test.run();

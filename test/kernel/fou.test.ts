@@ -266,4 +266,65 @@ test('allow-list: FoU from an unlisted source is dropped and counted; other port
   }
 });
 
+// An IPv6/UDP packet built by hand (the UDP checksum is mandatory in IPv6), carried as the payload of a
+// FoU datagram: argv = outer destination, FoU port, inner source, inner destination, inner port, first-byte override.
+const SEND_V6_INNER = `
+const dgram = require('dgram'); const net = require('net');
+const [outer, fouPort, src, dst, port, first] = process.argv.slice(1);
+const v6 = (a) => { const [h, t = ''] = a.split('::'); const p = (x) => (x ? x.split(':') : []); const g = [...p(h), ...Array(8 - p(h).length - p(t).length).fill('0'), ...p(t)];
+  return Buffer.from(g.map((x) => x.padStart(4, '0')).join(''), 'hex'); };
+const payload = Buffer.from('hello over fou6');
+const udp = Buffer.alloc(8 + payload.length); udp.writeUInt16BE(40000, 0); udp.writeUInt16BE(Number(port), 2); udp.writeUInt16BE(udp.length, 4); payload.copy(udp, 8);
+const pseudo = Buffer.concat([v6(src), v6(dst), Buffer.from([0, 0, udp.length >> 8, udp.length & 255, 0, 0, 0, 17]), udp]);
+let sum = 0; for (let i = 0; i < pseudo.length; i += 2) sum += (pseudo[i] << 8) | (pseudo[i + 1] || 0);
+while (sum >> 16) sum = (sum & 0xffff) + (sum >> 16);
+udp.writeUInt16BE((~sum & 0xffff) || 0xffff, 6);
+const ip6 = Buffer.alloc(40); ip6[0] = 0x60; ip6.writeUInt16BE(udp.length, 4); ip6[6] = 17; ip6[7] = 64; v6(src).copy(ip6, 8); v6(dst).copy(ip6, 24);
+if (first) ip6[0] = Number(first);
+const d = dgram.createSocket('udp4');
+d.send(Buffer.concat([ip6, udp]), Number(fouPort), outer, () => d.close());
+`;
+
+// Receives one UDP datagram on an IPv6 address and prints it.
+const RECV_V6 = `
+const d = require('dgram').createSocket({ type: 'udp6', ipv6Only: true });
+d.on('message', (m, r) => { console.log(JSON.stringify({ from: r.address, text: m.toString() })); process.exit(0); });
+d.bind(Number(process.argv[2]), process.argv[1], () => console.log('listening'));
+`;
+
+test('IPv6 inner packets: decapsulated and delivered as IPv6 on the same port; another inner version is dropped and counted', async () => {
+  const t = build();
+  const handles: Array<FouEncap | FouDecap> = [];
+  try {
+    const INNER_SRC = 'fd00:91:9::1';
+    const INNER_DST = 'fd00:91::10';
+    inNs(t.server, 'sysctl', '-qw', 'net.ipv6.conf.all.accept_dad=0');
+    sh('ip', '-n', t.server, 'addr', 'add', `${INNER_DST}/128`, 'dev', 'lo', 'nodad');
+    const decap = attachFouDecap({ netns: nsPath(t.server), ifName: 's0', port: FOU_PORT, localAddress: SERVER, allowedSources: [LB], pinDir: t.pinDir });
+    handles.push(decap);
+
+    let ready!: () => void;
+    const listening = new Promise<void>((r) => (ready = r));
+    const received = runNode(t.server, RECV_V6, [INNER_DST, '7777'], 5000, (l) => l === 'listening' && ready());
+    await listening;
+    await runNode(t.lb, SEND_V6_INNER, [SERVER, String(FOU_PORT), INNER_SRC, INNER_DST, '7777'], 5000);
+    assert.equal(lastJson(await received), { from: INNER_SRC, text: 'hello over fou6' }, 'the inner IPv6 datagram reached its socket');
+    let s = decap.stats();
+    assert.is(s.packets, 1n, 'one packet decapsulated');
+    assert.is(s.bytes, BigInt(40 + 8 + 15), 'its inner bytes: IPv6 + UDP + payload');
+    assert.is(s.errors, 0n);
+
+    // Version nibble 5: neither IPv4 nor IPv6, dropped and counted.
+    await runNode(t.lb, SEND_V6_INNER, [SERVER, String(FOU_PORT), INNER_SRC, INNER_DST, '7777', String(0x50)], 5000);
+    for (let i = 0; i < 50 && s.errors === 0n; i++) {
+      await new Promise((r) => setTimeout(r, 20));
+      s = decap.stats();
+    }
+    assert.is(s.errors, 1n, 'a bad inner version is an error');
+    assert.is(s.packets, 1n, 'and is not decapsulated');
+  } finally {
+    teardown(t, handles);
+  }
+});
+
 test.run();

@@ -9,7 +9,8 @@ import * as path from 'node:path';
 import { FOU_LAYOUTS, ipv4Bytes, encodeFouDecapConfig, encodeFouDest, encodeFouEncapConfig, sumFouStats } from '../../daemon/bpf/fou-structs';
 import {
   EGRESS_LAYOUTS, decodeEgressClient, decodeEgressDestKey, decodeEgressGateways, encodeEgressClient, encodeEgressConfig, encodeEgressDestKey,
-  encodeEgressGateways, parseIpv4Prefix, sumEgressStats,
+  encodeEgressGateways, parseIpv4Prefix, sumEgressStats, parseIpPrefix, encodeEgressDest6Key, decodeEgressDest6Key, encodeEgressGateways6,
+  decodeEgressGateways6, splitSlotsByFamily,
 } from '../../daemon/bpf/egress-structs';
 import { LB_LAYOUTS, PROTO, decodeEvent, decodeMapKey, decodeMapping, encodeMapKey, encodeMapping, encodeServiceKey } from '../../daemon/bpf/lb-structs';
 
@@ -141,6 +142,29 @@ test('egress encoders: LPM keys, clients, gateway slots, config, stats', () => {
   assert.is(st.steered, 5n);
   assert.is(st.noGateway, 4n);
   assert.is(st.excluded, 6n);
+});
+
+test('egress IPv6 encoders: prefixes of both families, LPM keys, slots split by family', () => {
+  assert.equal(parseIpPrefix('2001:db8:1:2::5/48'), { family: 6, address: '2001:db8:1::', length: 48 }, 'host bits cleared, canonical text');
+  assert.equal(parseIpPrefix('10.1.2.3/16'), { family: 4, address: '10.1.0.0', length: 16 });
+  assert.equal(parseIpPrefix('::1'), { family: 6, address: '::1', length: 128 });
+  assert.throws(() => parseIpPrefix('2001:db8::/129', 'steer[1]'), /steer\[1\].*IPv6/);
+  assert.throws(() => parseIpPrefix('fe80::1%eth0/64', 'steer[2]'), /steer\[2\]/);
+  const k = encodeEgressDest6Key(7, parseIpPrefix('2001:db8::/32'));
+  assert.is(k.toString('hex'), '40000000' + '07000000' + '20010db8' + '00'.repeat(12), 'prefixlen 32+32, address in network order');
+  assert.equal(decodeEgressDest6Key(k), { egressId: 7, prefix: { address: '2001:db8::', length: 32 } });
+  const slots = [
+    { gatewayIp: '10.0.0.2', floatingIp: '203.0.113.7', epoch: 1n, zone: 0, tier: 0 },
+    { gatewayIp: '10.0.0.3', floatingIp: '2001:db8:f::7', epoch: 5n, zone: 2, tier: 1 },
+  ];
+  const { v4, v6 } = splitSlotsByFamily(slots);
+  assert.equal([v4, v6], [[slots[0]], [slots[1]]]);
+  const gw6 = encodeEgressGateways6(v6);
+  assert.is(gw6.length, EGRESS_LAYOUTS.egress_gateways6.size);
+  assert.is(gw6.subarray(8, 8 + 24).toString('hex'), '0a000003' + '00000000' + '20010db8000f' + '00'.repeat(8) + '0007', 'IPv4 gateway, pad, IPv6 floating');
+  assert.equal(decodeEgressGateways6(gw6), v6);
+  assert.throws(() => encodeEgressGateways6([{ ...slots[1], gatewayIp: 'fd00::1' }]), /slots\[0\]\.gatewayIp/, 'the underlay is IPv4');
+  assert.throws(() => splitSlotsByFamily([{ ...slots[0], floatingIp: 'nope' }]), /slots\[0\]\.floatingIp/);
 });
 
 test.run();
