@@ -1,24 +1,48 @@
 // Long-lived traffic for failover tests, run with Node inside namespaces: a server that echoes numbered
 // lines and records each connection's source address, and a client that keeps N TCP connections (and an
 // optional UDP stream) in request/response with sequence checks, then reports gaps and errors as JSON.
+// Both take either family: the server listens on both, the client connects to the address it is given.
 
-/** argv: port. Prints one JSON line per connection on close: {peer, lines}; "ready" once listening. */
+/**
+ * argv: port. Listens on 0.0.0.0 and [::] (IPv6 only, so an IPv4 peer keeps its plain address), TCP and UDP.
+ * On SIGTERM prints {peers}: one entry per TCP connection and per UDP source, "addr:port" for IPv4 and
+ * "[addr]:port" for IPv6 (peerAddress() takes the address back out), UDP ones prefixed "udp ". Prints
+ * "ready" once listening (IPv4 alone in a namespace without IPv6).
+ */
 export const ECHO_SERVER = `
 const net = require('net'), dgram = require('dgram');
 const port = Number(process.argv[1]);
 const peers = new Map();
-net.createServer((s) => {
-  const peer = s.remoteAddress + ':' + s.remotePort;
+const peerOf = (addr, p) => (addr.includes(':') ? '[' + addr + ']' : addr) + ':' + p;
+const onConn = (s) => {
+  const peer = peerOf(s.remoteAddress, s.remotePort);
   peers.set(peer, 0);
   s.setNoDelay(true);
   s.on('data', (b) => { peers.set(peer, peers.get(peer) + 1); s.write(b); });
   s.on('error', () => {});
-}).listen(port, '0.0.0.0', () => process.stdout.write('ready\\n'));
+};
+const onDatagram = (u) => (m, r) => { const k = 'udp ' + peerOf(r.address, r.port); peers.set(k, (peers.get(k) || 0) + 1); u.send(m, r.port, r.address); };
+net.createServer(onConn).listen(port, '0.0.0.0', () => {
+  const v6 = net.createServer(onConn);
+  v6.once('error', () => process.stdout.write('ready\\n'));
+  v6.listen({ port, host: '::', ipv6Only: true }, () => process.stdout.write('ready\\n'));
+});
 const u = dgram.createSocket('udp4');
-u.on('message', (m, r) => { peers.set('udp ' + r.address + ':' + r.port, (peers.get('udp ' + r.address + ':' + r.port) || 0) + 1); u.send(m, r.port, r.address); });
+u.on('message', onDatagram(u));
 u.bind(port, '0.0.0.0');
+const u6 = dgram.createSocket({ type: 'udp6', ipv6Only: true });
+u6.on('message', onDatagram(u6));
+u6.on('error', () => {});
+u6.bind(port, '::');
 process.on('SIGTERM', () => { process.stdout.write(JSON.stringify({ peers: [...peers.keys()] }) + '\\n'); process.exit(0); });
 `;
+
+/** The source address of an ECHO_SERVER peer entry ("1.2.3.4:5", "[fd00::1]:5", "udp …"), without port or brackets. */
+export function peerAddress(peer: string): string {
+  const p = peer.startsWith('udp ') ? peer.slice(4) : peer;
+  const v6 = /^\[([^\]]+)\]:\d+$/.exec(p);
+  return v6 ? v6[1] : p.slice(0, p.lastIndexOf(':'));
+}
 
 export interface TrafficReport {
   connections: number;
@@ -46,7 +70,7 @@ export interface TrafficReport {
 }
 
 /**
- * argv: host port connections durationMs intervalMs udp(0|1). Each connection sends "<conn> <seq>\\n" every
+ * argv: host port connections durationMs intervalMs udp(0|1); host is an IPv4 or an IPv6 address. Each connection sends "<conn> <seq>\\n" every
  * intervalMs once the previous echo arrived; a reply out of order, a reset or a close is an error.
  * Prints "ready" once SIGUSR2 (the mark, see TrafficReport.maxGapAfterMarkMs) and SIGINT (end now) are handled,
  * and "connected" once every connection is.
@@ -97,7 +121,7 @@ function conn(i) {
 }
 let udp;
 if (udpOn) {
-  const u = dgram.createSocket('udp4'); let sent = 0, received = 0, last = Date.now(), maxGap = 0;
+  const u = dgram.createSocket(net.isIPv6(host) ? 'udp6' : 'udp4'); let sent = 0, received = 0, last = Date.now(), maxGap = 0;
   u.on('message', () => { received++; const now = Date.now(); maxGap = Math.max(maxGap, now - last); last = now; });
   const t = setInterval(() => { if (Date.now() - start > duration) { clearInterval(t); udp = { sent, received, maxGapMs: maxGap }; u.close(); return; } u.send(String(sent++), port, host); }, interval);
 }

@@ -15,6 +15,7 @@ import { pidAlive, run } from './proc';
 import { binDir, tetherBinariesPresent } from './tetherd';
 import { NETWORK_NAME, Testbed, withTestbed } from './testbed';
 import { inCidr, Topology } from './topology';
+import { peerAddress } from '../lib/traffic';
 
 const TOPO: Topology = {
   nodes: [
@@ -201,6 +202,138 @@ test('host-local mode: addresses from the node /24s and TCP across nodes', async
     assert.throws(() => t.redis, /no Redis/);
     const s = await t.tcpServe('n2-p1', PORT);
     try {
+      assert.is((await t.tcpProbe('n1-p1', t.podIp('n2-p1'), PORT)).reply, 'n2-p1');
+    } finally {
+      s.stop();
+    }
+  });
+});
+
+/** A pod's addresses as its eth0 holds them (global scope), per family. */
+async function podAddrs(t: Testbed, key: string): Promise<{ v4: string[]; v6: string[] }> {
+  const j = JSON.parse((await t.mustExec(key, ['ip', '-j', 'addr', 'show', 'dev', 'eth0'])).stdout) as Array<{ addr_info: Array<{ family: string; local: string; prefixlen: number; scope: string }> }>;
+  const of = (f: string) => j[0].addr_info.filter((a) => a.family === f && a.scope === 'global').map((a) => `${a.local}/${a.prefixlen}`);
+  return { v4: of('inet'), v6: of('inet6') };
+}
+
+test('dual-stack pods (tether-ipam): IPv6 blocks claimed and routed, TCP and UDP over IPv6 with real sources, IPv4 as before', async () => {
+  if (!tetherBinariesPresent()) {
+    console.log(`  (tether binaries not in ${binDir()}: dual-stack tether-ipam skipped)`);
+    return;
+  }
+  let prefix = '';
+  await withTestbed({ nodes: [{ name: 'n1', pods: 1 }, { name: 'n2', pods: 1 }], families: [4, 6] }, async (t) => {
+    prefix = t.prefix;
+    assert.is(t.ipam, 'tether-ipam');
+    const cluster = await t.clusterBlocks();
+    for (const p of t.listPods()) {
+      assert.ok(p.ip6, `${p.key} has an IPv6 address`);
+      assert.ok(inCidr(p.ip, t.plan.podPool.cidr), `${p.key}: ip stays the IPv4 address (${p.ip})`);
+      const [v6block] = (await t.nodeBlocks(p.node, undefined, 6)).blocks;
+      assert.ok(v6block && inCidr(p.ip6!, v6block), `${p.key}'s ${p.ip6} lies in ${p.node}'s IPv6 block ${v6block}`);
+      assert.ok(inCidr(p.ip6!, t.plan.podPool.ipv6!.cidr));
+      assert.is(p.prefixLength6, t.plan.podPool.ipv6!.blockSize);
+      assert.is(cluster.get(v6block), p.node, `Redis says ${v6block} belongs to ${p.node}`);
+      assert.equal(await podAddrs(t, p.key), { v4: [`${p.ip}/${p.prefixLength}`], v6: [`${p.ip6}/${p.prefixLength6}`] }, `${p.key}'s eth0 holds both`);
+      const gw6 = p.result.ips?.find((i) => i.address?.includes(':'))?.gateway;
+      assert.match((await t.mustExec(p.key, ['ip', '-6', 'route', 'show', 'default'])).stdout, `via ${gw6} dev eth0`);
+      assert.match((await t.mustExec(p.key, ['ip', '-4', 'route', 'show', 'default'])).stdout, 'dev eth0');
+      // The node routes its own pod's IPv6 address to the pod's veth; the router and the other node route the block to it.
+      assert.match((await t.mustExec(p.node, ['ip', '-6', 'route', 'show', `${p.ip6}/128`])).stdout, /dev veth/);
+      const other = p.node === 'n1' ? 'n2' : 'n1';
+      for (const h of ['router', other]) {
+        assert.match((await t.mustExec(h, ['ip', '-6', 'route', 'show', v6block])).stdout, `via ${t.node(p.node).fabricIp6} `, `${h} routes ${v6block} to ${p.node}`);
+      }
+    }
+    // Pod to pod across nodes and pod to an external host over IPv6: the far end records the pod's own address.
+    const a = t.pod('n1-p1');
+    const PORT6 = PORT + 10;
+    for (const [to, ip] of [['n2-p1', t.podIp6('n2-p1')], ['server', t.externalIp6('server')]] as const) {
+      const server = await t.echoServe(to, PORT6);
+      let peers: string[];
+      try {
+        const report = await t.traffic(a.key, ip, PORT6, { conns: 3, durationMs: 1500, udp: true });
+        assert.is(report.intact, 3, `n1-p1 → ${to} [${ip}]: ${report.errors.join('; ')}`);
+        assert.ok(report.echoes > 10, `echoes went both ways (${report.echoes})`);
+        assert.ok((report.udp?.received ?? 0) > 0, `UDP over IPv6 came back (${JSON.stringify(report.udp)})`);
+      } finally {
+        peers = await server.stop();
+      }
+      const tcp = peers.filter((x) => !x.startsWith('udp '));
+      assert.is(tcp.length, 3, `${to} saw each connection: ${peers.join(', ')}`);
+      assert.ok(tcp.every((x) => x.startsWith(`[${a.ip6}]:`)), `${to} saw the pod's IPv6 source: ${peers.join(', ')}`);
+      assert.equal([...new Set(peers.map(peerAddress))], [a.ip6], 'TCP and UDP alike');
+    }
+    // The external's side in: client → pod over IPv6 through the router; IPv4 in the same testbed as before.
+    const s = await t.tcpServe('n2-p1', PORT);
+    const x = await t.tcpServe('server', PORT);
+    try {
+      const cases: [string, string, string][] = [
+        ['client', t.podIp6('n2-p1'), 'n2-p1'],
+        ['n1-p1', t.podIp('n2-p1'), 'n2-p1'],
+        ['n1-p1', t.externalIp('server'), 'server'],
+        ['client', t.podIp('n2-p1'), 'n2-p1'],
+      ];
+      for (const [from, ip, want] of cases) {
+        const r = await t.tcpProbe(from, ip, PORT);
+        assert.is(r.reply, want, `${from} → ${ip}: ${r.error}`);
+      }
+    } finally {
+      s.stop();
+      x.stop();
+    }
+    // IPv4 sources keep their plain "addr:port" form.
+    const v4server = await t.echoServe('server', PORT6);
+    let v4peers: string[] = [];
+    const r4 = await t.traffic(a.key, t.externalIp('server'), PORT6, { conns: 1, durationMs: 500 }).finally(async () => {
+      v4peers = await v4server.stop();
+    });
+    assert.is(r4.intact, 1, r4.errors.join('; '));
+    assert.equal(v4peers.map((p) => p.slice(0, p.lastIndexOf(':'))), [a.ip]);
+    // DEL gives both addresses back: a pod added and removed leaves the node's IPv6 allocations as they were.
+    const before = (await t.nodeBlocks('n1', undefined, 6)).allocated;
+    const extra = await t.addPod('n1', 'extra');
+    assert.is((await t.nodeBlocks('n1', undefined, 6)).allocated, before + 1);
+    assert.match((await t.mustExec('n1', ['ip', '-6', 'route', 'show', `${extra.ip6}/128`])).stdout, /dev veth/);
+    await t.delPod(extra.key);
+    assert.is((await t.nodeBlocks('n1', undefined, 6)).allocated, before, 'the IPv6 address is released');
+    assert.is((await t.mustExec('n1', ['ip', '-6', 'route', 'show', `${extra.ip6}/128`])).stdout.trim(), '', 'its host route is gone');
+  });
+  assert.equal(leftovers(prefix), [], 'nothing of the dual-stack run is left');
+});
+
+test('IPv6-only pods (tether-ipam): one IPv6 address, no IPv4, TCP across nodes and to an external', async () => {
+  if (!tetherBinariesPresent()) {
+    console.log(`  (tether binaries not in ${binDir()}: IPv6-only tether-ipam skipped)`);
+    return;
+  }
+  await withTestbed({ nodes: [{ name: 'n1', pods: 1 }, { name: 'n2', pods: 1 }], families: [6] }, async (t) => {
+    for (const p of t.listPods()) {
+      assert.is(p.ip, p.ip6, `${p.key}: ip is its IPv6 address when pods have no IPv4`);
+      assert.equal(await podAddrs(t, p.key), { v4: [], v6: [`${p.ip6}/${p.prefixLength6}`] });
+      assert.equal((await t.nodeBlocks(p.node)).blocks, [], `${p.node} claimed no IPv4 block`);
+    }
+    const s = await t.tcpServe('n2-p1', PORT);
+    const x = await t.tcpServe('server', PORT);
+    try {
+      for (const [from, ip, want] of [['n1-p1', t.podIp6('n2-p1'), 'n2-p1'], ['n1-p1', t.externalIp6('server'), 'server'], ['client', t.podIp6('n2-p1'), 'n2-p1']]) {
+        const r = await t.tcpProbe(from, ip, PORT);
+        assert.is(r.reply, want, `${from} → ${ip}: ${r.error}`);
+      }
+    } finally {
+      s.stop();
+      x.stop();
+    }
+  });
+});
+
+test('host-local dual-stack: a static IPv6 /64 per node as well, TCP across nodes in both families', async () => {
+  await withTestbed({ nodes: [{ name: 'n1', pods: 1 }, { name: 'n2', pods: 1 }], externals: [], tether: false, families: [4, 6] }, async (t) => {
+    assert.is(t.ipam, 'host-local');
+    assert.ok(inCidr(t.podIp6('n1-p1'), 'fd00:10:244:1::/64') && inCidr(t.podIp6('n2-p1'), 'fd00:10:244:2::/64'));
+    const s = await t.tcpServe('n2-p1', PORT);
+    try {
+      assert.is((await t.tcpProbe('n1-p1', t.podIp6('n2-p1'), PORT)).reply, 'n2-p1');
       assert.is((await t.tcpProbe('n1-p1', t.podIp('n2-p1'), PORT)).reply, 'n2-p1');
     } finally {
       s.stop();

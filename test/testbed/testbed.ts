@@ -15,6 +15,7 @@ import { StoreRelay } from './store-relay';
 import { Attachment, ChainOutcome, CniChain, CniResult, Conflist, PluginConf } from './cni-chain';
 import { bpfDir, claimPrefix, leftovers, recordRedis, registerLive, runDir, sweepStale, teardownRunSync, unregisterLive } from './cleanup';
 import { CLIENT_SCRIPT, ProbeResult, SERVER_SCRIPT } from './probe';
+import { ECHO_SERVER, TRAFFIC_CLIENT, type TrafficReport } from '../lib/traffic';
 import { CriNode, type CriSandbox } from './cri-nodes';
 import { mustRun, nsenterArgv, run, RunOptions, RunResult } from './proc';
 import { binDir, ensureBpffs, ExitStatus, Tetherd, tetherBinariesPresent } from './tetherd';
@@ -23,7 +24,7 @@ import { NodeRuntime } from '../lib/container/node-runtime';
 import { installObjects, operatorDeployment, tetherdPodSpec, type PodSpec as ManifestPodSpec } from '../lib/container/pod-spec';
 import { admitWith, serviceAccountUser, type UserInfo } from '../lib/admission-request';
 import type { Release } from '../lib/releases';
-import { addrOf, IpamMode, NodePlan, Plan, planPod, PodPlan, PodSpec, resolveTopology, TetherStepConfig, Topology } from './topology';
+import { addrOf, familyOf, IpamMode, IpFamily, NodePlan, Plan, planPod, PodPlan, PodSpec, resolveTopology, TetherStepConfig, Topology } from './topology';
 
 /** Debian's reference plugins (ptp, bridge, host-local…); CNI_PLUGIN_DIR overrides. */
 export const SYSTEM_CNI_DIR = process.env.CNI_PLUGIN_DIR ?? '/usr/lib/cni';
@@ -34,10 +35,13 @@ export interface Pod extends PodPlan {
   nsPath: string;
   containerId: string;
   ifName: string;
-  /** The pod's IPv4 address (no prefix length). */
+  /** The pod's IPv4 address (no prefix length); its IPv6 one when pods have no IPv4 (topology families [6]). */
   ip: string;
   /** Its prefix length (24 with host-local, the block size with tether-ipam). */
   prefixLength: number;
+  /** The pod's IPv6 address and its prefix length, when pods have IPv6 (topology families). */
+  ip6?: string;
+  prefixLength6?: number;
   result: CniResult;
   /** Timings of the ADD that attached it. */
   add: ChainOutcome;
@@ -197,6 +201,26 @@ export class Testbed {
     return this.pod(key).ip;
   }
 
+  /** A pod's IPv6 address; throws when pods have none (topology families without 6). */
+  podIp6(key: string): string {
+    const p = this.pod(key);
+    if (!p.ip6) throw new Error(`pod ${key} has no IPv6 address (topology families: ${this.plan.families.join(', ')})`);
+    return p.ip6;
+  }
+
+  /** An external host's IPv6 address; throws when the testbed carries no IPv6. */
+  externalIp6(name: string): string {
+    const x = this.plan.externals.find((e) => e.name === name);
+    if (!x) throw new Error(`unknown external host "${name}"`);
+    if (!x.ip6) throw new Error(`external host "${name}" has no IPv6 address (topology families: ${this.plan.families.join(', ')})`);
+    return x.ip6;
+  }
+
+  /** Whether pods have this family. */
+  hasFamily(family: IpFamily): boolean {
+    return this.plan.families.includes(family);
+  }
+
   listPods(node?: string): Pod[] {
     return [...this.pods.values()].filter((p) => node === undefined || p.node === node);
   }
@@ -222,7 +246,7 @@ export class Testbed {
     return child;
   }
 
-  /** Serves a TCP probe on 0.0.0.0:port in a namespace, answering with the host's name; resolves once listening. */
+  /** Serves a TCP probe on port in a namespace (both families), answering with the host's name; resolves once listening. */
   async tcpServe(name: string, port: number): Promise<{ stop: () => void }> {
     const child = this.spawn(name, [process.execPath, '-e', SERVER_SCRIPT, String(port), name]);
     await new Promise<void>((resolve, reject) => {
@@ -242,20 +266,55 @@ export class Testbed {
     return r.code === 0 ? { ok: true, reply: r.stdout.trim(), ms: r.ms } : { ok: false, error: r.stderr.trim() || `exit ${r.code}`, ms: r.ms };
   }
 
+  /**
+   * Runs test/lib/traffic.ts's echo server in a namespace on port (TCP and UDP, both families); resolves once
+   * listening. stop() ends it and resolves with the peers it saw ("addr:port", "[addr]:port" for IPv6; see
+   * peerAddress()).
+   */
+  async echoServe(name: string, port: number): Promise<{ stop: () => Promise<string[]> }> {
+    const child = this.spawn(name, [process.execPath, '-e', ECHO_SERVER, String(port)]);
+    const out = output(child);
+    await new Promise<void>((resolve, reject) => {
+      child.stdout?.on('data', (b: Buffer) => b.toString().includes('ready') && resolve());
+      child.once('exit', (code) => reject(new Error(`echo server in ${name} exited (${code})`)));
+    });
+    return {
+      stop: async () => {
+        child.kill('SIGTERM');
+        const line = (await out).split('\n').find((l) => l.startsWith('{'));
+        return line ? (JSON.parse(line) as { peers: string[] }).peers : [];
+      },
+    };
+  }
+
+  /**
+   * Runs test/lib/traffic.ts's client from a namespace to ip:port (either family) for durationMs: `conns` TCP
+   * connections in request/response every intervalMs (default 50), and a UDP stream with udp. Resolves with its report.
+   */
+  async traffic(from: string, ip: string, port: number, o: { conns: number; durationMs: number; intervalMs?: number; udp?: boolean }): Promise<TrafficReport> {
+    const child = this.spawn(from, [process.execPath, '-e', TRAFFIC_CLIENT, ip, String(port), String(o.conns), String(o.durationMs), String(o.intervalMs ?? 50), o.udp ? '1' : '0']);
+    const text = await output(child);
+    const line = text.split('\n').find((l) => l.startsWith('{'));
+    if (!line) throw new Error(`traffic client in ${from} printed no report: ${text.slice(0, 500)}`);
+    return JSON.parse(line) as TrafficReport;
+  }
+
   // ---- pods --------------------------------------------------------------------------------------------
 
   /** The conflist a node's runtime would use for a pod (ptp + tether-ipam or host-local, then tether when enabled). */
   conflist(node: string, podTether?: TetherStepConfig): Conflist {
     const n = this.node(node);
+    // A default route per family the pods have (ptp installs each via that family's gateway).
+    const routes = this.plan.families.map((f) => ({ dst: f === 4 ? '0.0.0.0/0' : '::/0' }));
     const ipam =
       this.ipam === 'tether-ipam'
-        ? { type: 'tether-ipam', pool: this.plan.podPool.name, socketPath: this.socketPath(node), deleteQueueDir: this.deleteQueueDir(node), routes: [{ dst: '0.0.0.0/0' }] }
+        ? { type: 'tether-ipam', pool: this.plan.podPool.name, socketPath: this.socketPath(node), deleteQueueDir: this.deleteQueueDir(node), routes }
         : {
             type: 'host-local',
             // Per node and per run, so nothing lands in /var/lib/cni and teardown removes it with the run dir.
             dataDir: this.nodeDir(node, 'ipam'),
-            ranges: [[{ subnet: n.podCidr, gateway: n.podGateway }]],
-            routes: [{ dst: '0.0.0.0/0' }],
+            ranges: this.plan.families.map((f) => [f === 4 ? { subnet: n.podCidr, gateway: n.podGateway } : { subnet: n.podCidr6!, gateway: n.podGateway6! }]),
+            routes,
           };
     const ptp: PluginConf = {
       type: 'ptp',
@@ -315,6 +374,7 @@ export class Testbed {
     const nsPath = `/run/netns/${plan.ns}`;
     await mustRun(['ip', 'netns', 'add', plan.ns]);
     await mustRun(['ip', '-n', plan.ns, 'link', 'set', 'lo', 'up']);
+    if (this.hasFamily(6)) await this.noDad(plan.ns);
     const chain = this.chain(node, plan.tether);
     const containerId = randomBytes(32).toString('hex');
     const att = this.attachment(plan, containerId);
@@ -323,10 +383,7 @@ export class Testbed {
     try {
       const add = await chain.add(att);
       const result = add.result as CniResult;
-      const cidr = result.ips?.[0]?.address ?? '';
-      const ip = addrOf(cidr);
-      if (!ip) throw new Error(`ADD of ${plan.key} returned no IP: ${JSON.stringify(result)}`);
-      const pod: Pod = { ...plan, nsPath, containerId, ifName: IFNAME, ip, prefixLength: Number(cidr.split('/')[1]), result, add, chain };
+      const pod: Pod = { ...plan, nsPath, containerId, ifName: IFNAME, ...this.podAddresses(plan.key, result), result, add, chain };
       this.pods.set(plan.key, pod);
       await this.syncBlockRoutes();
       return pod;
@@ -338,6 +395,27 @@ export class Testbed {
       if (this.kube) this.api.remove('Pod', plan.name, plan.namespace);
       throw e;
     }
+  }
+
+  /** ip/prefixLength (IPv4, or IPv6 without IPv4) and ip6/prefixLength6 of an ADD's result; throws when a family is missing. */
+  private podAddresses(key: string, result: CniResult): Pick<Pod, 'ip' | 'prefixLength' | 'ip6' | 'prefixLength6'> {
+    const of = (f: IpFamily) => (result.ips ?? []).map((i) => i.address ?? '').find((a) => a && familyOf(a) === f);
+    const missing = this.plan.families.filter((f) => !of(f));
+    if (missing.length) throw new Error(`ADD of ${key} returned no IPv${missing.join('/IPv')} address: ${JSON.stringify(result)}`);
+    const [cidr, cidr6] = [of(4) ?? of(6)!, of(6)];
+    return {
+      ip: addrOf(cidr), prefixLength: Number(cidr.split('/')[1]),
+      ...(cidr6 ? { ip6: addrOf(cidr6), prefixLength6: Number(cidr6.split('/')[1]) } : {}),
+    };
+  }
+
+  /**
+   * No duplicate address detection in a namespace: an IPv6 address stays tentative (unusable) for a second
+   * or more while DAD runs, and nothing in the testbed can hold a duplicate. `all` and `default` both, as the
+   * kernel runs DAD when either says so; `default` reaches the interfaces made afterwards (a pod's veth).
+   */
+  private async noDad(ns: string): Promise<void> {
+    await mustRun(nsenterArgv(`/run/netns/${ns}`, ['sh', '-c', 'echo 0 > /proc/sys/net/ipv6/conf/all/accept_dad && echo 0 > /proc/sys/net/ipv6/conf/default/accept_dad']));
   }
 
   /** Teardowns (DEL after a failed ADD) that failed, waiting for retryTeardowns. */
@@ -471,8 +549,7 @@ export class Testbed {
     };
     this.apiSocket = path.join(this.runDir, 'apiserver.sock');
     await api.listen({ socketPath: this.apiSocket });
-    const { podPool } = this.plan;
-    api.apply({ apiVersion: 'tether.dev/v1alpha1', kind: 'AddressPool', metadata: { name: podPool.name }, spec: { usage: 'pod', ipv4: { cidr: podPool.cidr, blockSize: podPool.blockSize } } });
+    api.apply(this.podPoolObject());
     for (const n of this.plan.nodes) {
       api.apply({ apiVersion: 'v1', kind: 'Node', metadata: { name: n.name, labels: n.zone ? { 'topology.kubernetes.io/zone': n.zone } : {} }, spec: {} });
     }
@@ -702,10 +779,10 @@ export class Testbed {
     }
   }
 
-  /** The blocks a node's tetherd holds of the pod pool, from its status. */
-  async nodeBlocks(node: string, pool = this.plan.podPool.name): Promise<{ blocks: string[]; allocated: number; free: number }> {
+  /** The blocks of one family (IPv4 unless given) a node's tetherd holds of the pod pool, from its status. */
+  async nodeBlocks(node: string, pool = this.plan.podPool.name, family: IpFamily = 4): Promise<{ blocks: string[]; allocated: number; free: number }> {
     const st = await this.status(node);
-    const fam = st.ipam.pods.find((p) => p.pool === pool)?.families.find((f) => f.family === 4);
+    const fam = st.ipam.pods.find((p) => p.pool === pool)?.families.find((f) => f.family === family);
     return { blocks: fam?.blocks ?? [], allocated: fam?.allocated ?? 0, free: fam?.free ?? 0 };
   }
 
@@ -721,8 +798,9 @@ export class Testbed {
       return;
     }
     const lines = ['link set eth0 up', `route replace default via ${this.plan.router.fabricIp}`];
-    if (this.ipam !== 'tether-ipam') for (const o of this.plan.nodes) if (o !== n) lines.push(`route replace ${o.podCidr} via ${o.fabricIp}`);
-    for (const [b, owner] of this.blockRoutes) if (owner !== node) lines.push(`route replace ${b} via ${this.node(owner).fabricIp}`);
+    if (this.plan.router.fabricIp6) lines.push(`route replace ::/0 via ${this.plan.router.fabricIp6}`);
+    if (this.ipam !== 'tether-ipam') for (const o of this.plan.nodes) if (o !== n) lines.push(...this.podCidrRoutes(o, 'replace'));
+    for (const [b, owner] of this.blockRoutes) if (owner !== node) lines.push(`route replace ${b} via ${this.blockVia(b, owner)}`);
     await ipBatch(n.ns, lines);
   }
 
@@ -745,7 +823,10 @@ export class Testbed {
       this.plan.nodes.map(async (n) => {
         let blocks: string[];
         try {
-          blocks = (await this.nodeBlocks(n.name)).blocks;
+          // One status call: the blocks of every family the pods have.
+          const st = await this.status(n.name);
+          const fams = st.ipam.pods.find((p) => p.pool === this.plan.podPool.name)?.families ?? [];
+          blocks = fams.filter((f) => this.hasFamily(f.family as IpFamily)).flatMap((f) => f.blocks);
         } catch {
           return; // down or restarting: its pods' routes stay until it answers again
         }
@@ -763,13 +844,19 @@ export class Testbed {
     }
     for (const [b, owner] of want) {
       if (this.blockRoutes.get(b) === owner) continue;
-      for (const ns of everyoneBut(owner)) push(adds, ns, `route replace ${b} via ${this.node(owner).fabricIp}`);
+      for (const ns of everyoneBut(owner)) push(adds, ns, `route replace ${b} via ${this.blockVia(b, owner)}`);
     }
     // Removals run first (a block may have moved to another node) and ignore routes that are already gone.
     await Promise.all([...dels].map(([ns, lines]) => run(['ip', '-n', ns, '-force', '-batch', '-'], { input: lines.join('\n') + '\n' })));
     await Promise.all([...adds].map(([ns, lines]) => ipBatch(ns, lines)));
     this.blockRoutes.clear();
     for (const [b, owner] of want) this.blockRoutes.set(b, owner);
+  }
+
+  /** The next hop of a block's route: its owner's fabric address of the block's family. */
+  private blockVia(block: string, owner: string): string {
+    const n = this.node(owner);
+    return familyOf(block) === 6 ? n.fabricIp6! : n.fabricIp;
   }
 
   // ---- pods through containerd's CRI (UpOptions.runtime 'cri') ----------------------------------------------
@@ -931,33 +1018,49 @@ export class Testbed {
 
   private async build(): Promise<void> {
     const { plan } = this;
+    if (this.cri && this.hasFamily(6)) {
+      throw new Error("topology.families: IPv6 pods with runtime 'cri' are not modelled (containerd makes the pod's namespace, so the testbed cannot turn DAD off in it before ADD)");
+    }
     const all = [plan.router.ns, ...plan.nodes.map((n) => n.ns), ...plan.externals.map((x) => x.ns)];
     await ipBatch(undefined, all.map((ns) => `netns add ${ns}`));
+    const v6 = this.hasFamily(6);
+    if (v6) await Promise.all(all.map((ns) => this.noDad(ns)));
 
     // Router: a bridge as the L2 fabric (gratuitous ARP for floating addresses needs one), a link per external.
-    const r: string[] = ['link set lo up', 'link add fabric type bridge', `addr add ${plan.router.fabricIp}/24 dev fabric`, 'link set fabric up'];
+    // With IPv6, no multicast snooping on it: no MLD querier runs here, and neighbour discovery (solicitations,
+    // unsolicited advertisements) must reach every port whatever group reports the bridge has or has not seen.
+    const r: string[] = ['link set lo up', `link add fabric type bridge${v6 ? ' mcast_snooping 0' : ''}`, `addr add ${plan.router.fabricIp}/24 dev fabric`, 'link set fabric up'];
+    if (v6) r.push(`addr add ${plan.router.fabricIp6}/64 dev fabric nodad`);
     const hostLocal = this.ipam === 'host-local';
     for (const n of plan.nodes) {
       r.push(`link add ${n.fabricPort} type veth peer name eth0 netns ${n.ns}`, `link set ${n.fabricPort} master fabric`, `link set ${n.fabricPort} up`);
-      if (hostLocal) r.push(`route add ${n.podCidr} via ${n.fabricIp}`);
+      if (hostLocal) r.push(...this.podCidrRoutes(n, 'add'));
     }
     for (const x of plan.externals) {
       r.push(`link add ${x.routerPort} type veth peer name eth0 netns ${x.ns}`, `addr add ${x.routerIp}/24 dev ${x.routerPort}`, `link set ${x.routerPort} up`);
+      if (v6) r.push(`addr add ${x.routerIp6}/64 dev ${x.routerPort} nodad`);
     }
     await ipBatch(plan.router.ns, r);
-    // locktime 0: the router follows a floating address's gratuitous ARP at once (Linux holds an entry
-    // for 1 s by default; hardware routers update immediately).
-    await this.sysctl('router', { 'net.ipv4.ip_forward': '1', 'net.ipv4.conf.all.send_redirects': '0', 'net.ipv4.neigh.fabric.locktime': '0' });
+    // locktime 0: the router follows a floating address's gratuitous ARP (or unsolicited neighbour
+    // advertisement) at once (Linux holds an entry for 1 s by default; hardware routers update immediately).
+    await this.sysctl('router', {
+      'net.ipv4.ip_forward': '1', 'net.ipv4.conf.all.send_redirects': '0', 'net.ipv4.neigh.fabric.locktime': '0',
+      ...(v6 ? { 'net.ipv6.conf.all.forwarding': '1', 'net.ipv6.neigh.fabric.locktime': '0' } : {}),
+    });
 
     for (const n of plan.nodes) {
       const c = ['link set lo up', `addr add ${n.fabricIp}/24 dev eth0`, 'link set eth0 up', `route add default via ${plan.router.fabricIp}`];
-      if (hostLocal) for (const o of plan.nodes) if (o !== n) c.push(`route add ${o.podCidr} via ${o.fabricIp}`);
+      if (v6) c.push(`addr add ${n.fabricIp6}/64 dev eth0 nodad`, `route add ::/0 via ${plan.router.fabricIp6}`);
+      if (hostLocal) for (const o of plan.nodes) if (o !== n) c.push(...this.podCidrRoutes(o, 'add'));
       await ipBatch(n.ns, c);
-      await this.sysctl(n.name, { 'net.ipv4.ip_forward': '1' });
+      // IPv6 forwarding also turns accepting router advertisements off (accept_ra 1 means "unless forwarding").
+      await this.sysctl(n.name, { 'net.ipv4.ip_forward': '1', ...(v6 ? { 'net.ipv6.conf.all.forwarding': '1' } : {}) });
       for (const d of ['ipam', 'cni-cache']) fs.mkdirSync(this.nodeDir(n.name, d), { recursive: true });
     }
     for (const x of plan.externals) {
-      await ipBatch(x.ns, ['link set lo up', `addr add ${x.ip}/24 dev eth0`, 'link set eth0 up', `route add default via ${x.routerIp}`]);
+      const c = ['link set lo up', `addr add ${x.ip}/24 dev eth0`, 'link set eth0 up', `route add default via ${x.routerIp}`];
+      if (v6) c.push(`addr add ${x.ip6}/64 dev eth0 nodad`, `route add ::/0 via ${x.routerIp6}`);
+      await ipBatch(x.ns, c);
     }
 
     this.planCriPodObjects();
@@ -994,6 +1097,26 @@ export class Testbed {
     }));
   }
 
+  /** host-local mode: routes to a node's static pod CIDR(s) over the fabric, one per family the pods have. */
+  private podCidrRoutes(n: NodePlan, verb: 'add' | 'replace'): string[] {
+    return this.plan.families.map((f) => (f === 4 ? `route ${verb} ${n.podCidr} via ${n.fabricIp}` : `route ${verb} ${n.podCidr6} via ${n.fabricIp6}`));
+  }
+
+  /** The pod AddressPool "default": the families the pods have. */
+  private podPoolObject(): Record<string, unknown> {
+    const { podPool, families } = this.plan;
+    return {
+      apiVersion: 'tether.dev/v1alpha1',
+      kind: 'AddressPool',
+      metadata: { name: podPool.name },
+      spec: {
+        usage: 'pod',
+        ...(families.includes(4) ? { ipv4: { cidr: podPool.cidr, blockSize: podPool.blockSize } } : {}),
+        ...(podPool.ipv6 ? { ipv6: { cidr: podPool.ipv6.cidr, blockSize: podPool.ipv6.blockSize } } : {}),
+      },
+    };
+  }
+
   /** A random cluster key per run (tetherd-to-tetherd authentication), written once, root-only. */
   clusterKeyPath(): string {
     const p = path.join(this.runDir, 'cluster.key');
@@ -1019,14 +1142,8 @@ export class Testbed {
   }
 
   private ipamConfig(extraObjects = this.topology.extraObjects ?? []): Record<string, unknown> {
-    const { podPool } = this.plan;
     const items: Record<string, unknown>[] = [
-      {
-        apiVersion: 'tether.dev/v1alpha1',
-        kind: 'AddressPool',
-        metadata: { name: podPool.name },
-        spec: { usage: 'pod', ipv4: { cidr: podPool.cidr, blockSize: podPool.blockSize } },
-      },
+      this.podPoolObject(),
       ...this.plan.nodes.map((n) => ({ apiVersion: 'tether.dev/v1alpha1', kind: 'Node', metadata: { name: n.name }, spec: n.zone ? { zone: n.zone } : {} })),
       ...extraObjects,
       ...this.criPodObjects.values(),
@@ -1193,6 +1310,16 @@ export async function withTestbed<T>(topo: Topology, fn: (tb: Testbed) => Promis
 
 /** tetherd log lines that say what was decided (ownership, liveness, store): printed when a scenario fails. */
 const DECISION = /ownership changed|stands? down|looks down|BFD session|handover|refused|store (un)?reachable|connection lost|reconnected|restarted empty|generation/;
+
+/** Everything a child prints (stdout and stderr), once it exits. */
+function output(child: ChildProcess): Promise<string> {
+  return new Promise((resolve) => {
+    let out = '';
+    child.stdout?.on('data', (b: Buffer) => (out += b.toString()));
+    child.stderr?.on('data', (b: Buffer) => (out += b.toString()));
+    child.once('exit', () => resolve(out));
+  });
+}
 
 /** Runs `ip [-n ns] -batch -` over lines; rejects with ip's error (it names the failing line). */
 async function ipBatch(ns: string | undefined, lines: string[]): Promise<void> {

@@ -8,10 +8,25 @@
 //            host-local (default without tether): node #i owns 10.244.i.0/24; gateway 10.244.i.1.
 //            Either way ptp puts the gateway on the host veth.
 //   external external #j (1-based) sits on its own link: router 198.19.j.1/24, host 198.19.j.2/24
+// IPv6 (`families` includes 6; ULA space, every address added without DAD):
+//   fabric   also fd00:18::/64; router fd00:18::1, node #i fd00:18::(10+i) (the decimal digits as a hex group:
+//            n1 is fd00:18::11, as it is 198.18.0.11)
+//   pods     tether-ipam: the pool "default" gets an ipv6 family, fd00:10:244::/56 in /122 blocks (64
+//            addresses, as a /26), claimed per family, so a node holds IPv4 and IPv6 blocks of its own; the
+//            CNI result carries one address of each family and ptp puts both on the pod, both gateways on
+//            the host veth and a host route for each. host-local: node #i also owns fd00:10:244:<i in hex>::/64,
+//            gateway ::1.
+//   external also fd00:19:j::/64 (j in decimal digits, as above): router ::1, host ::2
+// `families` is the pods' families only: [4] (default), [4, 6] (dual-stack) or [6] (IPv6-only pods). The
+// fabric and the external links carry IPv4 in every mode and IPv6 too whenever pods have it; nodes talk to
+// each other over IPv4 (tetherd's node address, BFD, state sync, FoU), as dual-stack clusters on an IPv4
+// underlay do.
 // Routing: nodes reach other nodes' pod CIDRs (host-local) or claimed blocks (tether-ipam) directly over the
 // fabric (host-gw style, as flat clusters do) and everything else through the router; the router holds a
-// route to every pod CIDR or block; externals default to the router. No NAT anywhere, so every hop sees
-// real pod addresses.
+// route to every pod CIDR or block; externals default to the router. Each family is routed the same way over
+// its own fabric addresses. No NAT anywhere, so every hop sees real pod addresses.
+
+import { parseCidr, parseIp, inSubnet } from '../../lib/ip';
 
 export interface TetherStepConfig {
   encapOverhead?: number;
@@ -60,8 +75,16 @@ export interface Topology {
    * (default otherwise: a static /24 per node).
    */
   ipam?: IpamMode;
-  /** The pod AddressPool "default" of tether-ipam mode (default 10.244.0.0/16 in /26 blocks). */
-  podPool?: { cidr?: string; blockSize?: number };
+  /**
+   * The pods' address families: [4] (default), [4, 6] (dual-stack: every pod has one address of each) or [6]
+   * (IPv6-only pods). With 6, the fabric and the external links carry IPv6 too (see the addressing plan above).
+   */
+  families?: IpFamily[];
+  /**
+   * The pod AddressPool "default" of tether-ipam mode: its IPv4 family (default 10.244.0.0/16 in /26 blocks)
+   * and, when families includes 6, its IPv6 family (default fd00:10:244::/56 in /122 blocks).
+   */
+  podPool?: { cidr?: string; blockSize?: number; ipv6?: { cidr?: string; blockSize?: number } };
   /** More objects for every tetherd's config (floating pools, Egress…), tether-ipam mode only. */
   extraObjects?: Record<string, unknown>[];
   /** More tetherd flags on every node. */
@@ -88,10 +111,13 @@ export interface Topology {
 }
 
 export type IpamMode = 'host-local' | 'tether-ipam';
+export type IpFamily = 4 | 6;
 
 export const POD_POOL = 'default';
 export const DEFAULT_POD_POOL_CIDR = '10.244.0.0/16';
 export const DEFAULT_POD_BLOCK_SIZE = 26;
+export const DEFAULT_POD_POOL_CIDR6 = 'fd00:10:244::/56';
+export const DEFAULT_POD_BLOCK_SIZE6 = 122;
 
 export interface NodePlan {
   name: string;
@@ -99,11 +125,16 @@ export interface NodePlan {
   zone?: string;
   ns: string;
   fabricIp: string;
+  /** Its IPv6 fabric address, when pods have IPv6. */
+  fabricIp6?: string;
   /** Router-side veth name of this node's fabric link. */
   fabricPort: string;
   /** host-local mode: the node's static pod CIDR and gateway (tether-ipam mode uses claimed blocks instead). */
   podCidr: string;
   podGateway: string;
+  /** host-local mode, pods with IPv6: the node's static IPv6 pod CIDR and gateway. */
+  podCidr6?: string;
+  podGateway6?: string;
   pods: PodPlan[];
   tetherdConfig?: string;
   tether?: TetherStepConfig;
@@ -125,28 +156,49 @@ export interface ExternalPlan {
   ip: string;
   routerIp: string;
   subnet: string;
+  /** The link's IPv6 addresses and prefix, when pods have IPv6. */
+  ip6?: string;
+  routerIp6?: string;
+  subnet6?: string;
   /** Router-side veth name. */
   routerPort: string;
 }
 
+/** One family of the tether-ipam pod pool. */
+export interface PoolFamilyPlan {
+  cidr: string;
+  blockSize: number;
+}
+
 export interface Plan {
   prefix: string;
-  router: { ns: string; fabricIp: string };
+  /** The pods' families, in order ([4] unless the topology says otherwise). */
+  families: IpFamily[];
+  router: { ns: string; fabricIp: string; fabricIp6?: string };
   fabricCidr: string;
+  /** The fabric's IPv6 prefix, when pods have IPv6. */
+  fabricCidr6?: string;
   nodes: NodePlan[];
   externals: ExternalPlan[];
-  /** The tether-ipam pod pool (unused in host-local mode). */
-  podPool: { name: string; cidr: string; blockSize: number };
+  /**
+   * The tether-ipam pod pool (unused in host-local mode): cidr and blockSize are its IPv4 family, which the
+   * AddressPool leaves out when families does not include 4; ipv6 is its IPv6 family when families includes 6.
+   */
+  podPool: { name: string; cidr: string; blockSize: number; ipv6?: PoolFamilyPlan };
 }
 
 export const FABRIC_CIDR = '198.18.0.0/24';
 export const ROUTER_FABRIC_IP = '198.18.0.1';
+export const FABRIC_CIDR6 = 'fd00:18::/64';
+export const ROUTER_FABRIC_IP6 = 'fd00:18::1';
 const NAME_RE = /^[a-z][a-z0-9]{0,9}$/;
 
 /** Validates a topology and assigns names and addresses. Throws naming the bad field. */
 export function resolveTopology(topo: Topology, prefix: string): Plan {
   if (!Array.isArray(topo.nodes) || topo.nodes.length === 0) throw new Error('topology.nodes: at least one node');
   if (topo.nodes.length > 200) throw new Error('topology.nodes: at most 200 nodes (one fabric /24)');
+  const families = resolveFamilies(topo.families);
+  const v6 = families.includes(6);
   const seen = new Set<string>();
   const unique = (field: string, name: string): void => {
     if (!NAME_RE.test(name)) throw new Error(`${field}: "${name}" must match ${NAME_RE} (it becomes part of interface names)`);
@@ -163,9 +215,11 @@ export function resolveTopology(topo: Topology, prefix: string): Plan {
       zone: n.zone,
       ns: `${prefix}-${n.name}`,
       fabricIp: `198.18.0.${10 + index}`,
+      ...(v6 ? { fabricIp6: `fd00:18::${10 + index}` } : {}),
       fabricPort: `f-${n.name}`,
       podCidr: `10.244.${index}.0/24`,
       podGateway: `10.244.${index}.1`,
+      ...(v6 ? { podCidr6: `fd00:10:244:${index.toString(16)}::/64`, podGateway6: `fd00:10:244:${index.toString(16)}::1` } : {}),
       pods: podsOf(n, i, prefix),
       tetherdConfig: n.tetherdConfig,
       tether: n.tether,
@@ -182,21 +236,50 @@ export function resolveTopology(topo: Topology, prefix: string): Plan {
       ip: `198.19.${index}.2`,
       routerIp: `198.19.${index}.1`,
       subnet: `198.19.${index}.0/24`,
+      ...(v6 ? { ip6: `fd00:19:${index}::2`, routerIp6: `fd00:19:${index}::1`, subnet6: `fd00:19:${index}::/64` } : {}),
       routerPort: `x-${name}`,
     };
   });
-  const podPool = { name: POD_POOL, cidr: topo.podPool?.cidr ?? DEFAULT_POD_POOL_CIDR, blockSize: topo.podPool?.blockSize ?? DEFAULT_POD_BLOCK_SIZE };
-  const [net, bits] = podPool.cidr.split('/');
-  if (!/^\d+\.\d+\.\d+\.\d+$/.test(net ?? '') || !(Number(bits) >= 0 && Number(bits) <= 32)) {
-    throw new Error(`topology.podPool.cidr: "${podPool.cidr}" is not an IPv4 CIDR`);
-  }
-  if (!Number.isInteger(podPool.blockSize) || podPool.blockSize < Number(bits) || podPool.blockSize > 30) {
-    throw new Error(`topology.podPool.blockSize: ${podPool.blockSize} must be an integer from ${bits} to 30`);
+  const podPool: Plan['podPool'] = {
+    name: POD_POOL,
+    ...poolFamily(4, 'topology.podPool', topo.podPool?.cidr ?? DEFAULT_POD_POOL_CIDR, topo.podPool?.blockSize ?? DEFAULT_POD_BLOCK_SIZE),
+  };
+  if (v6) {
+    podPool.ipv6 = poolFamily(6, 'topology.podPool.ipv6', topo.podPool?.ipv6?.cidr ?? DEFAULT_POD_POOL_CIDR6, topo.podPool?.ipv6?.blockSize ?? DEFAULT_POD_BLOCK_SIZE6);
+  } else if (topo.podPool?.ipv6 !== undefined) {
+    throw new Error('topology.podPool.ipv6: pods have no IPv6 (add 6 to topology.families)');
   }
   if (topo.ipam !== undefined && topo.ipam !== 'host-local' && topo.ipam !== 'tether-ipam') {
     throw new Error(`topology.ipam: "${String(topo.ipam)}" must be "host-local" or "tether-ipam"`);
   }
-  return { prefix, router: { ns: `${prefix}-router`, fabricIp: ROUTER_FABRIC_IP }, fabricCidr: FABRIC_CIDR, nodes, externals, podPool };
+  return {
+    prefix,
+    families,
+    router: { ns: `${prefix}-router`, fabricIp: ROUTER_FABRIC_IP, ...(v6 ? { fabricIp6: ROUTER_FABRIC_IP6 } : {}) },
+    fabricCidr: FABRIC_CIDR,
+    ...(v6 ? { fabricCidr6: FABRIC_CIDR6 } : {}),
+    nodes,
+    externals,
+    podPool,
+  };
+}
+
+function resolveFamilies(raw: unknown): IpFamily[] {
+  if (raw === undefined) return [4];
+  const ok = Array.isArray(raw) && raw.length > 0 && raw.every((f) => f === 4 || f === 6) && new Set(raw).size === raw.length;
+  if (!ok) throw new Error(`topology.families: ${JSON.stringify(raw)} must be [4], [4, 6], [6, 4] or [6]`);
+  return [...(raw as IpFamily[])];
+}
+
+/** One family of the pod pool, checked: a network of that family, and a block size it can be cut into. */
+function poolFamily(family: IpFamily, field: string, cidr: string, blockSize: number): PoolFamilyPlan {
+  const c = parseCidr(cidr);
+  if (!c || c.family !== family || !c.isNetwork) throw new Error(`${field}.cidr: "${cidr}" is not an IPv${family} network`);
+  const max = family === 4 ? 30 : 126; // tether-ipam's largest pod block (ipam/pool.ts MAX_BLOCK_SIZE)
+  if (!Number.isInteger(blockSize) || blockSize < c.prefix || blockSize > max) {
+    throw new Error(`${field}.blockSize: ${blockSize} must be an integer from ${c.prefix} to ${max}`);
+  }
+  return { cidr, blockSize };
 }
 
 /** Plans one pod (also used for pods added after bring-up). */
@@ -224,10 +307,14 @@ export function addrOf(cidr: string): string {
   return cidr.split('/')[0];
 }
 
-/** True when ipv4 lies in cidr. */
-export function inCidr(ipv4: string, cidr: string): boolean {
-  const [net, bits] = cidr.split('/');
-  const toInt = (a: string): number => a.split('.').reduce((acc, o) => (acc << 8) + Number(o), 0) >>> 0;
-  const mask = Number(bits) === 0 ? 0 : (~0 << (32 - Number(bits))) >>> 0;
-  return ((toInt(ipv4) & mask) >>> 0) === ((toInt(net) & mask) >>> 0);
+/** True when ip lies in cidr (either family; never across families). */
+export function inCidr(ip: string, cidr: string): boolean {
+  const a = parseIp(ip);
+  const c = parseCidr(cidr);
+  return a !== undefined && c !== undefined && inSubnet(a, c);
+}
+
+/** The family of an address or CIDR by its text. */
+export function familyOf(addr: string): IpFamily {
+  return addr.includes(':') ? 6 : 4;
 }
