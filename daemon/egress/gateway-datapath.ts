@@ -2,12 +2,15 @@
 // conntrack-active nftables table in the pod (standbys too, so synced entries work the moment they take
 // over), and — while the pod owns floating addresses — the address on the pod, SNAT to it, the node's
 // route to the pod's veth and the announcement. Every step is idempotent and undone on stand-down.
+// Floating addresses are IPv4 or IPv6; each family has its own nftables table in the pod (`ip` and `ip6`
+// tether_egress): a pod prepared by a release without IPv6 has the `ip` table, and it stays as it was.
 import { execFileSync } from 'node:child_process';
 import { attachFouDecap, detachFou, type FouDecap } from '../bpf/fou';
 import { EgressGuard, type GuardStats } from '../bpf/egress-guard';
 import { NetlinkHandle, isNetlinkError } from '../netlink';
 import { writeNetSysctl } from '../sys/netns';
-import { v4ToUint32 } from '../../lib/ip';
+import { ErrorCode, TetherError } from '../../lib/errors';
+import { ipFamily, parseIp } from '../../lib/ip';
 import { log } from '../../lib/log';
 import { announceL2, withdrawL2 } from './announce-l2';
 import type { AnnounceMode } from './egress-spec';
@@ -17,6 +20,8 @@ export interface GatewayPod {
   pod: string;
   netns: string;
   podIp: string;
+  /** The pod's own IPv6 address; without it the pod cannot own IPv6 floating addresses. */
+  podIp6?: string;
   ifName: string;
   hostIfName: string;
 }
@@ -39,10 +44,15 @@ const TABLE = 'tether_egress';
 /** Mark of decapsulated packets naming a floating address by its low 16 bits; must match FOU_FLOAT_MARK in bpf/fou.h. */
 export const FLOAT_MARK = 0x7e7e0000;
 
-/** The mark fou-decap gives packets pinned to `address` (IPv4); undefined when its low bits are 0. */
+/** The mark fou-decap gives packets pinned to `address` (IPv4 or IPv6); undefined when its low 16 bits are 0. */
 export function floatMark(address: string): number | undefined {
-  const low = (v4ToUint32(address) ?? 0) & 0xffff;
+  const low = Number((parseIp(address)?.value ?? 0n) & 0xffffn);
   return low ? (FLOAT_MARK | low) >>> 0 : undefined;
+}
+
+/** The address as a host prefix (/32 or /128). */
+function hostPrefix(address: string): string {
+  return `${address}/${ipFamily(address) === 6 ? 128 : 32}`;
 }
 
 export class GatewayDatapath {
@@ -98,19 +108,15 @@ export class GatewayDatapath {
     // their entries are never confirmed: the flow's next packet starts over and is NATed once the rule is
     // there. Chains are declared with add (kept when they exist) and their rules replaced, so a restarted
     // tetherd re-running this duplicates nothing and leaves the SNAT rule of an owned address in place.
-    this.nft(`add table ip ${TABLE}
-add chain ip ${TABLE} pre { type filter hook prerouting priority -150; policy accept; }
-flush chain ip ${TABLE} pre
-add rule ip ${TABLE} pre ct state invalid counter drop
-add chain ip ${TABLE} forward { type filter hook forward priority 0; policy accept; }
-flush chain ip ${TABLE} forward
-add rule ip ${TABLE} forward ct state invalid drop
-add rule ip ${TABLE} forward ct state established,related accept
-add chain ip ${TABLE} postrouting { type nat hook postrouting priority 100; policy accept; }
-add chain ip ${TABLE} unnated { type nat hook postrouting priority 110; policy accept; }
-flush chain ip ${TABLE} unnated
-add rule ip ${TABLE} unnated ip saddr != ${this.gw.podIp} oifname "${this.gw.ifName}" counter drop
-`);
+    let tables = tableScript('ip', this.gw.podIp, this.gw.ifName);
+    if (this.gw.podIp6) {
+      // A forwarding IPv6 stack ignores router advertisements (accept_ra 1 applies only while not
+      // forwarding): the pod's routes are the CNI's and do not move under a gateway. IPv6 has no
+      // send_redirects or rp_filter knob: redirects are dropped in the ip6 table's output chain.
+      writeNetSysctl(ns, 'net/ipv6/conf/all/forwarding', '1');
+      tables += tableScript('ip6', this.gw.podIp6, this.gw.ifName);
+    }
+    this.nft(tables);
     if (!this.decap) {
       this.decap = attachFouDecap({ netns: ns, ifName: this.gw.ifName, port: this.node.fouPort, localAddress: this.gw.podIp, allowedSources });
     } else this.decap.setAllowedSources(allowedSources);
@@ -154,12 +160,10 @@ add rule ip ${TABLE} unnated ip saddr != ${this.gw.podIp} oifname "${this.gw.ifN
    */
   takeUnannounced(address: string, announce: { mode: AnnounceMode; table?: number }): void {
     const t0 = process.hrtime.bigint();
+    this.checkCanOwn(address);
     this.owned.set(address, announce);
-    this.guard?.own(address);
-    NetlinkHandle.with(this.gw.netns, (h) => {
-      const lo = h.requireLink('lo');
-      h.addAddress({ address: `${address}/32`, index: lo.index, replace: true });
-    });
+    this.guardOwn(address);
+    this.addPodAddress(address);
     this.writeSnat();
     this.prepared.add(address);
     log().info('egress: floating address prepared on gateway (not announced)', { pod: this.gw.pod, address, ms: Number(process.hrtime.bigint() - t0) / 1e6 });
@@ -169,22 +173,23 @@ add rule ip ${TABLE} unnated ip saddr != ${this.gw.podIp} oifname "${this.gw.ifN
   own(address: string, announce: { mode: AnnounceMode; table?: number }): void {
     const t0 = process.hrtime.bigint();
     const since = () => Number(process.hrtime.bigint() - t0) / 1e6;
+    this.checkCanOwn(address);
     const prepared = this.prepared.delete(address);
     this.owned.set(address, announce);
     // The node lets the pod use the address as a source before anything can send with it.
-    this.guard?.own(address);
+    this.guardOwn(address);
     // Established flows need only the address on the pod (the node's /32 route to the veth resolves the
     // address itself there), the node's route and the announcement: the pod de-NATs their replies from
     // the synced conntrack entries. So these go first, all netlink; every millisecond before the router
     // moves is a millisecond of replies lost at the old owner's node.
-    NetlinkHandle.with(this.gw.netns, (h) => {
-      const lo = h.requireLink('lo');
-      h.addAddress({ address: `${address}/32`, index: lo.index, replace: true });
-    });
+    this.addPodAddress(address);
     NetlinkHandle.with(undefined, (h) => {
       const veth = h.requireLink(this.gw.hostIfName);
-      h.replaceRoute({ dst: `${address}/32`, index: veth.index });
-      if (announce.mode === 'routeTable') h.replaceRoute({ dst: `${address}/32`, index: veth.index, table: announce.table });
+      // IPv6 goes through the pod's own address: the pod answers neighbour solicitations only for
+      // addresses on the link they arrive on, and the floating address is on its lo.
+      const via = ipFamily(address) === 6 ? { gateway: this.gw.podIp6 } : {};
+      h.replaceRoute({ dst: hostPrefix(address), index: veth.index, ...via });
+      if (announce.mode === 'routeTable') h.replaceRoute({ dst: hostPrefix(address), index: veth.index, table: announce.table, ...via });
     });
     if (announce.mode === 'l2') announceL2({ ifName: this.node.uplink, address, holder: this.gw.pod });
     const announcedMs = since();
@@ -231,7 +236,7 @@ add rule ip ${TABLE} unnated ip saddr != ${this.gw.podIp} oifname "${this.gw.ifN
       this.writeSnat();
       NetlinkHandle.with(this.gw.netns, (h) => {
         const lo = h.requireLink('lo');
-        h.deleteAddress({ address: `${address}/32`, index: lo.index });
+        h.deleteAddress({ address: hostPrefix(address), index: lo.index });
       });
     } catch (e) {
       // The pod (and its namespace) may be gone: then there is nothing left in it to undo.
@@ -239,7 +244,7 @@ add rule ip ${TABLE} unnated ip saddr != ${this.gw.podIp} oifname "${this.gw.ifN
     }
     // Only now that SNAT to it is gone: from here on a packet with this source is dropped at the node.
     try {
-      this.guard?.release(address);
+      if (ipFamily(address) === 4) this.guard?.release(address);
     } catch (e) {
       log().warn('egress: guard release failed', { pod: this.gw.pod, address, error: (e as Error).message });
     }
@@ -265,10 +270,12 @@ add rule ip ${TABLE} unnated ip saddr != ${this.gw.podIp} oifname "${this.gw.ifN
     this.decap = undefined;
     this.guard?.detach();
     this.guard = undefined;
-    try {
-      this.nft(`delete table ip ${TABLE}`);
-    } catch {
-      // already gone with the pod
+    for (const family of ['ip', 'ip6']) {
+      try {
+        this.nft(`delete table ${family} ${TABLE}`);
+      } catch {
+        // already gone with the pod (or an ip6 table never made: a pod without IPv6)
+      }
     }
   }
 
@@ -282,7 +289,7 @@ add rule ip ${TABLE} unnated ip saddr != ${this.gw.podIp} oifname "${this.gw.ifN
     // The kernel removed the veth's routes with the veth.
     if (!veth) return false;
     try {
-      h.deleteRoute({ dst: `${address}/32`, table, index: veth.index });
+      h.deleteRoute({ dst: hostPrefix(address), table, index: veth.index });
       return true;
     } catch (e) {
       if (isNetlinkError(e, 'ESRCH', 'ENOENT')) return false;
@@ -299,7 +306,14 @@ add rule ip ${TABLE} unnated ip saddr != ${this.gw.podIp} oifname "${this.gw.ifN
    */
   private writeSnat(): void {
     const owned = [...this.owned.keys()];
-    const base = `add rule ip ${TABLE} postrouting ip saddr != ${this.gw.podIp} oifname "${this.gw.ifName}"`;
+    let script = this.snatScript('ip', this.gw.podIp, owned.filter((a) => ipFamily(a) === 4));
+    if (this.gw.podIp6) script += this.snatScript('ip6', this.gw.podIp6, owned.filter((a) => ipFamily(a) === 6));
+    this.nft(script);
+  }
+
+  /** One family's postrouting chain: SNAT by mark, then the first owned address of that family. */
+  private snatScript(family: NftFamily, podIp: string, owned: string[]): string {
+    const base = `add rule ${family} ${TABLE} postrouting ${family} saddr != ${podIp} oifname "${this.gw.ifName}"`;
     const byMark = new Map<number, string>();
     for (const a of owned) {
       const m = floatMark(a);
@@ -310,7 +324,32 @@ add rule ip ${TABLE} unnated ip saddr != ${this.gw.podIp} oifname "${this.gw.ifN
     let rules = '';
     if (byMark.size) rules += `${base} meta mark & 0xffff0000 == 0x${FLOAT_MARK.toString(16)} snat to meta mark map { ${[...byMark].map(([m, a]) => `0x${m.toString(16)} : ${a}`).join(', ')} }\n`;
     if (owned.length) rules += `${base} snat to ${owned[0]}\n`;
-    this.nft(`flush chain ip ${TABLE} postrouting\n${rules}`);
+    return `flush chain ${family} ${TABLE} postrouting\n${rules}`;
+  }
+
+  /**
+   * Refuses an address the pod cannot hold before anything is changed: an IPv6 address needs the pod's
+   * own IPv6 address (its ip6 table's rules and the node's route go through it).
+   */
+  private checkCanOwn(address: string): void {
+    const family = ipFamily(address);
+    if (!family) throw new TetherError(ErrorCode.InvalidConfig, `gateway pod ${this.gw.pod}: floating address '${address}' is not an IP address`);
+    if (family === 6 && !this.gw.podIp6) {
+      throw new TetherError(ErrorCode.InvalidConfig, `gateway pod ${this.gw.pod} has no IPv6 address: it cannot own the IPv6 floating address ${address}`);
+    }
+  }
+
+  /** The node's source guard covers IPv4 only (it passes IPv6 unchecked). */
+  private guardOwn(address: string): void {
+    if (ipFamily(address) === 4) this.guard?.own(address);
+  }
+
+  /** The address on the pod's lo; IPv6 without duplicate address detection, so it is usable at once. */
+  private addPodAddress(address: string): void {
+    NetlinkHandle.with(this.gw.netns, (h) => {
+      const lo = h.requireLink('lo');
+      h.addAddress({ address: hostPrefix(address), index: lo.index, replace: true, ...(ipFamily(address) === 6 ? { noDad: true } : {}) });
+    });
   }
 
   private nft(script: string): void {
@@ -318,7 +357,38 @@ add rule ip ${TABLE} unnated ip saddr != ${this.gw.podIp} oifname "${this.gw.ifN
   }
 }
 
-/** The routing table an announcement puts the address's /32 in, if it uses one. */
+type NftFamily = 'ip' | 'ip6';
+
+/**
+ * One family's tether_egress table, chains declared with add (kept when they exist) and their rules
+ * replaced, so running it again duplicates nothing and leaves the postrouting (SNAT) chain as it is.
+ */
+function tableScript(family: NftFamily, podIp: string, ifName: string): string {
+  let script = `add table ${family} ${TABLE}
+add chain ${family} ${TABLE} pre { type filter hook prerouting priority -150; policy accept; }
+flush chain ${family} ${TABLE} pre
+add rule ${family} ${TABLE} pre ct state invalid counter drop
+add chain ${family} ${TABLE} forward { type filter hook forward priority 0; policy accept; }
+flush chain ${family} ${TABLE} forward
+add rule ${family} ${TABLE} forward ct state invalid drop
+add rule ${family} ${TABLE} forward ct state established,related accept
+add chain ${family} ${TABLE} postrouting { type nat hook postrouting priority 100; policy accept; }
+add chain ${family} ${TABLE} unnated { type nat hook postrouting priority 110; policy accept; }
+flush chain ${family} ${TABLE} unnated
+add rule ${family} ${TABLE} unnated ${family} saddr != ${podIp} oifname "${ifName}" counter drop
+`;
+  // Decapsulated client packets leave through the interface they came in on, and IPv6 has no sysctl
+  // that stops the redirect the kernel would send the client for that.
+  if (family === 'ip6') {
+    script += `add chain ip6 ${TABLE} output { type filter hook output priority 0; policy accept; }
+flush chain ip6 ${TABLE} output
+add rule ip6 ${TABLE} output icmpv6 type nd-redirect drop
+`;
+  }
+  return script;
+}
+
+/** The routing table an announcement puts the address's /32 (/128) in, if it uses one. */
 export function exportTable(announce: { mode: AnnounceMode; table?: number }): number | undefined {
   return announce.mode === 'routeTable' ? announce.table : undefined;
 }

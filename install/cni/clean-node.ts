@@ -7,10 +7,11 @@
 //                FoU decap), on the uplink (the LB's node datapath) and, in pods still running, on their
 //                interfaces (FoU decap, the LB program):
 //                detached only when the program there carries one of our names;
-//   routes       floating-address and VIP /32 routes (any table) through the host veth of a pod tetherd
-//                recorded, other than the pod's own address (the primary's route); proxy ARP entries of
-//                those addresses;
-//   nft          the table tether_egress, only ever inside gateway pods: deleted in those still running;
+//   routes       floating-address and VIP /32 (IPv6: unicast /128) routes (any table) through the host veth
+//                of a pod tetherd recorded, other than the pod's own address (the primary's route); proxy
+//                ARP and NDP entries of those addresses;
+//   nft          the tables ip and ip6 tether_egress, only ever inside gateway pods: deleted in those still
+//                running;
 //   sysctls      node sysctls put back from tetherd's journal (daemon/sys/sysctl-journal.ts) where the value
 //                is still what tetherd wrote;
 //   pins         the pin directory, removed whole (after the filters: a pin alone keeps nothing attached);
@@ -28,6 +29,7 @@ import { close as closeFd } from '../../daemon/sys/libc';
 import { netnsExists, procSysNet, readNetSysctl } from '../../daemon/sys/netns';
 import { ifIndexOf, interfaceOf, readSysctlJournal } from '../../daemon/sys/sysctl-journal';
 import { NetlinkHandle } from '../../daemon/netlink';
+import { RTN } from '../../daemon/netlink/constants';
 import { detachTc, queryTc, type TcDirection } from '../../daemon/bpf/tc';
 import { FOU_TC } from '../../daemon/bpf/fou';
 import { EGRESS_TC } from '../../daemon/bpf/egress-steer';
@@ -153,7 +155,7 @@ function detachOurFilters(netns: string | null, log: Logger): number {
   return n;
 }
 
-/** Our /32 routes (any table) through recorded pods' host veths, and proxy ARP entries for their addresses. */
+/** Our /32 and /128 routes (any table) through recorded pods' host veths, and proxy ARP/NDP entries for their addresses. */
 function deleteOurRoutes(records: PodRecord[], log: Logger): { routes: number; proxies: number } {
   return NetlinkHandle.with(undefined, (h) => {
     const byName = new Map(h.listLinks().map((l) => [l.name, l.index]));
@@ -164,23 +166,26 @@ function deleteOurRoutes(records: PodRecord[], log: Logger): { routes: number; p
     }
     let routes = 0;
     const addresses = new Set<string>();
-    for (const rt of h.listRoutes({ family: 4 })) {
-      if (rt.dstLen !== 32) continue;
+    for (const rt of [...h.listRoutes({ family: 4 }), ...h.listRoutes({ family: 6 })]) {
+      if (rt.dstLen !== (rt.family === 6 ? 128 : 32)) continue;
+      // IPv6 puts the node's own addresses on a veth in the local table as /128s through it: unicast only.
+      if (rt.family === 6 && rt.type !== RTN.UNICAST) continue;
       const oifs = rt.nexthops ? rt.nexthops.map((x) => x.index) : [rt.index];
       const ours = oifs.some((i) => i !== undefined && podIfs.has(i));
       // The pod's own address is the primary's route to it (ptp, bridge): not ours.
       if (!ours || oifs.some((i) => i !== undefined && podIfs.get(i)?.has(rt.dst))) continue;
-      h.deleteRoute({ dst: `${rt.dst}/32`, table: rt.table });
+      const dst = `${rt.dst}/${rt.dstLen}`;
+      h.deleteRoute({ dst, table: rt.table });
       routes++;
       addresses.add(rt.dst);
-      log.info('clean-node: route deleted', { dst: `${rt.dst}/32`, table: rt.table });
+      log.info('clean-node: route deleted', { dst, table: rt.table });
     }
     let proxies = 0;
-    for (const nb of h.listNeighbours({ family: 4, proxy: true })) {
+    for (const nb of [...h.listNeighbours({ family: 4, proxy: true }), ...h.listNeighbours({ family: 6, proxy: true })]) {
       if (!addresses.has(nb.address)) continue;
       h.deleteNeighbour({ address: nb.address, index: nb.index, proxy: true });
       proxies++;
-      log.info('clean-node: proxy ARP entry deleted', { address: nb.address, ifindex: nb.index });
+      log.info(nb.family === 6 ? 'clean-node: proxy NDP entry deleted' : 'clean-node: proxy ARP entry deleted', { address: nb.address, ifindex: nb.index });
     }
     return { routes, proxies };
   });
@@ -252,10 +257,12 @@ export async function cleanNode(o: CleanNodeOptions): Promise<CleanReport> {
     try {
       report.filtersDetached += detachOurFilters(r.netns, log);
       const tables = execFileSync('nsenter', [`--net=${r.netns}`, 'nft', 'list', 'tables'], { encoding: 'utf8' });
-      if (new RegExp(`^table ip ${NFT_TABLE}$`, 'm').test(tables)) {
-        execFileSync('nsenter', [`--net=${r.netns}`, 'nft', 'delete', 'table', 'ip', NFT_TABLE]);
+      // An IPv6 gateway pod has an ip6 table beside the ip one.
+      for (const family of ['ip', 'ip6']) {
+        if (!new RegExp(`^table ${family} ${NFT_TABLE}$`, 'm').test(tables)) continue;
+        execFileSync('nsenter', [`--net=${r.netns}`, 'nft', 'delete', 'table', family, NFT_TABLE]);
         report.nftTablesDeleted++;
-        log.info('clean-node: nft table deleted in a running pod', { netns: r.netns, table: NFT_TABLE });
+        log.info('clean-node: nft table deleted in a running pod', { netns: r.netns, table: NFT_TABLE, family });
       }
     } catch (e) {
       // The pod may be going away right now; its namespace takes all of it along then.

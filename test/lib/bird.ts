@@ -22,7 +22,11 @@ interface SpeakerBase {
   routerId: string;
   as: number;
   peers: BgpPeer[];
+  /** The routes' family (IPv4 when not given); IPv6 sessions run between IPv6 peer addresses. */
+  family?: 4 | 6;
 }
+
+const channelOf = (o: SpeakerBase) => (o.family === 6 ? 'ipv6' : 'ipv4');
 
 /**
  * Short BGP timers so a test sees sessions come up and routes move within seconds. No fixed waits follow
@@ -36,13 +40,13 @@ function bgpProtocol(self: SpeakerBase, peer: BgpPeer, channel: string): string 
   connect retry time 1;
   error wait time 1, 5;
   hold time 6;
-  ipv4 { ${channel} };
+  ${channelOf(self)} { ${channel} };
 }
 `;
 }
 
 /**
- * A node's BGP speaker: learns the host /32 routes of kernel table `table` (routes other programs put
+ * A node's BGP speaker: learns the host /32 (/128) routes of kernel table `table` (routes other programs put
  * there, hence `learn`) and advertises exactly those to its peers; it installs nothing in the kernel.
  * BIRD follows the table through netlink notifications; the short scan is only a backstop.
  */
@@ -54,7 +58,7 @@ protocol kernel export_table {
   kernel table ${o.table};
   learn;
   scan time 5;
-  ipv4 { import where net.len = 32; export none; };
+  ${channelOf(o)} { import where net.len = ${o.family === 6 ? 128 : 32}; export none; };
 }
 ${o.peers.map((p) => bgpProtocol(o, p, 'import none; export where proto = "export_table";')).join('')}`;
 }
@@ -65,7 +69,7 @@ export function upstreamRouterConfig(o: SpeakerBase): string {
 log stderr all;
 protocol device { scan time 10; }
 protocol kernel fib {
-  ipv4 { import none; export where source = RTS_BGP; };
+  ${channelOf(o)} { import none; export where source = RTS_BGP; };
 }
 ${o.peers.map((p) => bgpProtocol(o, p, 'import all; export none;')).join('')}`;
 }

@@ -1,13 +1,14 @@
 // Fake of daemon/egress/gateway-datapath.ts: a gateway pod's datapath (decap, SNAT, announcement) as the
 // set of addresses it owns; every call recorded.
 import type { AnnounceMode } from '../../../../daemon/egress/egress-spec';
-import { v4ToUint32 } from '../../../../lib/ip';
+import { parseIp } from '../../../../lib/ip';
 import { record } from './record';
 
 export interface GatewayPod {
   pod: string;
   netns: string;
   podIp: string;
+  podIp6?: string;
   ifName: string;
   hostIfName: string;
 }
@@ -23,7 +24,7 @@ export interface NodeSide {
 
 export const FLOAT_MARK = 0x7e7e0000;
 export function floatMark(address: string): number | undefined {
-  const low = (v4ToUint32(address) ?? 0) & 0xffff;
+  const low = Number((parseIp(address)?.value ?? 0n) & 0xffffn);
   return low ? (FLOAT_MARK | low) >>> 0 : undefined;
 }
 export function exportTable(announce: { mode: AnnounceMode; table?: number }): number | undefined {
