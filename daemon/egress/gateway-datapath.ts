@@ -123,7 +123,7 @@ export class GatewayDatapath {
     this.guarded = guarded;
     this.nodeAddresses = allowedSources;
     if (!this.guard) {
-      this.guard = EgressGuard.attach({ hostIfName: this.gw.hostIfName, podIp: this.gw.podIp, pinDir: this.node.pinDir, ...this.guardSet() });
+      this.guard = EgressGuard.attach({ hostIfName: this.gw.hostIfName, podIp: this.gw.podIp, ...(this.gw.podIp6 ? { podIp6: this.gw.podIp6 } : {}), pinDir: this.node.pinDir, ...this.guardSet() });
     } else this.setGuard();
   }
 
@@ -138,11 +138,11 @@ export class GatewayDatapath {
     return this.guard?.stats();
   }
 
+  /** What the guard enforces: the Egresses' destinations of both families, less what is excluded and the nodes' own addresses. */
   private guardSet(): GuardedDestinations {
-    const v4 = (c: string) => !c.includes(':');
     return {
-      destinations: this.guarded.destinations.filter(v4),
-      excluded: [...this.guarded.excluded.filter(v4), ...this.nodeAddresses.filter(v4).map((a) => `${a}/32`)],
+      destinations: this.guarded.destinations,
+      excluded: [...this.guarded.excluded, ...this.nodeAddresses.map((a) => `${a}/${ipFamily(a) === 6 ? 128 : 32}`)],
     };
   }
 
@@ -244,7 +244,7 @@ export class GatewayDatapath {
     }
     // Only now that SNAT to it is gone: from here on a packet with this source is dropped at the node.
     try {
-      if (ipFamily(address) === 4) this.guard?.release(address);
+      this.guard?.release(address);
     } catch (e) {
       log().warn('egress: guard release failed', { pod: this.gw.pod, address, error: (e as Error).message });
     }
@@ -339,9 +339,8 @@ export class GatewayDatapath {
     }
   }
 
-  /** The node's source guard covers IPv4 only (it passes IPv6 unchecked). */
   private guardOwn(address: string): void {
-    if (ipFamily(address) === 4) this.guard?.own(address);
+    this.guard?.own(address);
   }
 
   /** The address on the pod's lo; IPv6 without duplicate address detection, so it is usable at once. */
