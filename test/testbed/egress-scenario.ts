@@ -5,12 +5,24 @@ import type { ChildProcess } from 'node:child_process';
 import type { Testbed } from './testbed';
 import type { Topology } from './topology';
 import { ECHO_SERVER, TRAFFIC_CLIENT, type TrafficReport } from '../lib/traffic';
+import type { IpFamily } from '../../lib/ip';
 
 export const FLOAT_POOL = '198.18.0.200/29';
+/** The IPv6 floating addresses, on the fabric's IPv6 prefix as the IPv4 ones are on its IPv4 subnet. */
+export const FLOAT_POOL6 = 'fd00:18::200/125';
 export const PORT = 9000;
 
-export function topology(extraArgs: string[] = []): Topology {
+const familyOf = (address: string): IpFamily => (address.includes(':') ? 6 : 4);
+
+/**
+ * The scenario's testbed. families [4, 6]: pods dual-stack (the nodes still talk IPv4), the pool dual-stack,
+ * and the Egress steering both families, one address each: IPv4 to the external hosts' IPv4 range and IPv6
+ * to theirs (fd00:19::/32), the fabric excluded in both.
+ */
+export function topology(extraArgs: string[] = [], families: IpFamily[] = [4]): Topology {
+  const v6 = families.includes(6);
   return {
+    ...(v6 ? { families } : {}),
     nodes: [
       { name: 'n1', zone: 'a', pods: [{ name: 'gw1', namespace: 'shop', tether: { labels: { role: 'egress-gw' } } }] },
       { name: 'n2', zone: 'b', pods: [{ name: 'gw2', namespace: 'shop', tether: { labels: { role: 'egress-gw' } } }] },
@@ -20,7 +32,7 @@ export function topology(extraArgs: string[] = []): Topology {
     ipam: 'tether-ipam',
     tetherdArgs: extraArgs,
     extraObjects: [
-      { apiVersion: 'tether.dev/v1alpha1', kind: 'AddressPool', metadata: { name: 'float' }, spec: { usage: 'floating', ipv4: { cidr: FLOAT_POOL } } },
+      { apiVersion: 'tether.dev/v1alpha1', kind: 'AddressPool', metadata: { name: 'float' }, spec: { usage: 'floating', ipv4: { cidr: FLOAT_POOL }, ...(v6 ? { ipv6: { cidr: FLOAT_POOL6 } } : {}) } },
       {
         apiVersion: 'tether.dev/v1alpha1',
         kind: 'Egress',
@@ -28,8 +40,9 @@ export function topology(extraArgs: string[] = []): Topology {
         spec: {
           clients: { podSelector: { matchLabels: { app: 'web' } } },
           gateways: { podSelector: { matchLabels: { role: 'egress-gw' } } },
-          destinations: ['198.19.0.0/16'],
-          excludeDestinations: ['198.18.0.0/24'],
+          ...(v6 ? { ipFamilies: families.map((f) => `IPv${f}`) } : {}),
+          destinations: ['198.19.0.0/16', ...(v6 ? ['fd00:19::/32'] : [])],
+          excludeDestinations: ['198.18.0.0/24', ...(v6 ? ['fd00:18::/64'] : [])],
           addresses: { pool: 'float', count: 1 },
         },
       },
@@ -50,16 +63,18 @@ export interface EgressStatus {
   lastTakeover?: { cause: string; ms: number };
 }
 
-export async function egressOf(tb: Testbed, node: string): Promise<EgressStatus | undefined> {
-  return ((await tb.status(node)) as unknown as { egress: EgressStatus[] }).egress[0];
+/** A node's view of the Egress's address (of `family` when given; the first one otherwise). */
+export async function egressOf(tb: Testbed, node: string, family?: IpFamily): Promise<EgressStatus | undefined> {
+  const all = ((await tb.status(node)) as unknown as { egress: EgressStatus[] }).egress;
+  return family ? all.find((e) => familyOf(e.address) === family) : all[0];
 }
 
 /** Waits until a gateway node holds the address (its own gwN pod unless anyPod: replacement pods count). */
-export async function waitOwner(tb: Testbed, notPod?: string, timeoutMs = 8000, anyPod = false): Promise<{ node: string; st: EgressStatus }> {
+export async function waitOwner(tb: Testbed, notPod?: string, timeoutMs = 8000, anyPod = false, family?: IpFamily): Promise<{ node: string; st: EgressStatus }> {
   const end = Date.now() + timeoutMs;
   for (;;) {
     for (const node of ['n1', 'n2']) {
-      const st = await egressOf(tb, node).catch(() => undefined);
+      const st = await egressOf(tb, node, family).catch(() => undefined);
       // The owner's own node must agree it holds the address (gw1 lives on n1, gw2 on n2).
       const mine = anyPod ? st?.owner.startsWith(`shop/gw${node.slice(1)}`) : st?.owner === `shop/gw${node.slice(1)}`;
       if (st?.ownedHere && mine && st.owner !== notPod) return { node, st };
@@ -74,17 +89,18 @@ export async function waitOwner(tb: Testbed, notPod?: string, timeoutMs = 8000, 
  * false: conntrack sync disabled), and the standby sees the owner's node Up (BFD) among its candidates.
  * With `pod`, that gateway pod of the standby node must be among the owner's candidates.
  */
-export async function waitStandbyReady(tb: Testbed, ownerNode: string, standby: string, timeoutMs = 20_000, inSync = true, pod?: string): Promise<void> {
-  type View = { egress: Array<{ candidates: Array<{ pod: string; node: string; bfd: string; inSync: boolean }> }> };
+export async function waitStandbyReady(tb: Testbed, ownerNode: string, standby: string, timeoutMs = 20_000, inSync = true, pod?: string, family?: IpFamily): Promise<void> {
+  type View = { egress: Array<{ address: string; candidates: Array<{ pod: string; node: string; bfd: string; inSync: boolean }> }> };
+  const entry = (v: View | undefined) => (family ? v?.egress.find((e) => familyOf(e.address) === family) : v?.egress[0]);
   const end = Date.now() + timeoutMs;
   for (;;) {
     const o = (await tb.status(ownerNode).catch(() => undefined)) as unknown as View | undefined;
     const s = (await tb.status(standby).catch(() => undefined)) as unknown as View | undefined;
-    const ownerSees = o?.egress[0]?.candidates.some((c) => c.node === standby && (!pod || c.pod === pod) && c.bfd === 'Up' && (c.inSync || !inSync));
-    const standbySees = s?.egress[0]?.candidates.some((c) => c.node === ownerNode && c.bfd === 'Up');
+    const ownerSees = entry(o)?.candidates.some((c) => c.node === standby && (!pod || c.pod === pod) && c.bfd === 'Up' && (c.inSync || !inSync));
+    const standbySees = entry(s)?.candidates.some((c) => c.node === ownerNode && c.bfd === 'Up');
     if (ownerSees && standbySees) return;
     if (Date.now() > end) {
-      const view = (v: View | undefined) => JSON.stringify(v?.egress[0]?.candidates.map((c) => `${c.pod}@${c.node}:${c.bfd}${c.inSync ? '+sync' : ''}`) ?? 'no answer');
+      const view = (v: View | undefined) => JSON.stringify(entry(v)?.candidates.map((c) => `${c.pod}@${c.node}:${c.bfd}${c.inSync ? '+sync' : ''}`) ?? 'no answer');
       throw new Error(`${standby} is not ready to take over from ${ownerNode}: owner sees it ${ownerSees ? 'Up and in sync' : 'not Up or not in sync'}, it sees the owner ${standbySees ? 'Up' : 'not Up'} (owner's candidates ${view(o)}; standby's ${view(s)})`);
     }
     await new Promise((r) => setTimeout(r, 200));
@@ -100,11 +116,11 @@ export async function waitStandbyReady(tb: Testbed, ownerNode: string, standby: 
  * before the gateway pod has its SNAT rule, and what they steer meanwhile is dropped in the pod (the
  * unnated chain; seen on the testbed: 30 SYNs in a 55 ms window, each connection 1 s late).
  */
-export async function waitClientSteered(tb: Testbed, client = 'n3', timeoutMs = 20_000): Promise<EgressStatus> {
+export async function waitClientSteered(tb: Testbed, client = 'n3', timeoutMs = 20_000, family?: IpFamily): Promise<EgressStatus> {
   const end = Date.now() + timeoutMs;
   for (;;) {
-    const c = await egressOf(tb, client).catch(() => undefined);
-    const o = c?.owner && c.ownerNode ? await egressOf(tb, c.ownerNode).catch(() => undefined) : undefined;
+    const c = await egressOf(tb, client, family).catch(() => undefined);
+    const o = c?.owner && c.ownerNode ? await egressOf(tb, c.ownerNode, family).catch(() => undefined) : undefined;
     if (c?.owner && o?.ownedHere && o.owner === c.owner && o.epoch === c.epoch) return c;
     if (Date.now() > end) {
       throw new Error(`the client node ${client} does not steer to an owner holding the address after ${timeoutMs} ms: it knows ${c?.owner ? `${c.owner} (epoch ${c.epoch}) on ${c.ownerNode}` : 'no owner'}; that node ${o ? (o.ownedHere ? `holds it for ${o.owner} (epoch ${o.epoch})` : `does not hold it (it knows ${o.owner}, epoch ${o.epoch})`) : 'did not answer'}`);
@@ -145,25 +161,37 @@ export async function startServer(tb: Testbed, port = PORT): Promise<{ stop: () 
  * Long-lived connections (and a UDP stream) from the client pod n3-web to the server through the Egress
  * while `during` runs; with endWhenDone, durationMs is an upper bound and the run ends when `during` does.
  */
-export async function runTraffic(tb: Testbed, conns: number, durationMs: number, during: () => Promise<void>, opts: { endWhenDone?: boolean } = {}): Promise<{ report: TrafficReport; peers: string[] }> {
-  await waitClientSteered(tb, 'n3');
+export async function runTraffic(tb: Testbed, conns: number, durationMs: number, during: () => Promise<void>, opts: { endWhenDone?: boolean; family?: IpFamily } = {}): Promise<{ report: TrafficReport; peers: string[] }> {
+  const { reports, peers } = await runTrafficIn(tb, [opts.family ?? 4], conns, durationMs, during, opts);
+  return { report: reports[0], peers };
+}
+
+/**
+ * The same with one client per family at once (conns connections each, to the server's address of that
+ * family); the reports in the order of `families`, and every peer the server saw.
+ */
+export async function runTrafficIn(tb: Testbed, families: IpFamily[], conns: number, durationMs: number, during: () => Promise<void>, opts: { endWhenDone?: boolean } = {}): Promise<{ reports: TrafficReport[]; peers: string[] }> {
+  for (const f of families) await waitClientSteered(tb, 'n3', 20_000, families.length > 1 || f === 6 ? f : undefined);
   const server = await startServer(tb);
-  const client = tb.spawn('n3-web', [process.execPath, '-e', TRAFFIC_CLIENT, tb.externalIp('server'), String(PORT), String(conns), String(durationMs), '50', '1']);
-  const out = collect(client);
-  // The mark (SIGUSR2) must not reach the client before its handler: the default action would kill it.
-  await new Promise<void>((resolve, reject) => {
+  const clients = families.map((f) => tb.spawn('n3-web', [process.execPath, '-e', TRAFFIC_CLIENT, f === 6 ? tb.externalIp6('server') : tb.externalIp('server'), String(PORT), String(conns), String(durationMs), '50', '1']));
+  const outs = clients.map(collect);
+  // The mark (SIGUSR2) must not reach a client before its handler: the default action would kill it.
+  await Promise.all(clients.map((client) => new Promise<void>((resolve, reject) => {
     client.stdout?.on('data', (b: Buffer) => b.toString().includes('ready') && resolve());
     client.once('exit', () => reject(new Error('traffic client exited before it was ready')));
-  });
+  })));
   await new Promise((r) => setTimeout(r, Math.min(3000, durationMs / 3)));
   // Gaps that end from here on are the event's (report.maxGapAfterMarkMs); set-up stalls are not.
-  client.kill('SIGUSR2');
+  for (const client of clients) client.kill('SIGUSR2');
   await during();
-  if (opts.endWhenDone) client.kill('SIGINT');
-  const text = await out;
+  if (opts.endWhenDone) for (const client of clients) client.kill('SIGINT');
+  const texts = await Promise.all(outs);
   const peers = await server.stop();
-  const line = text.split('\n').find((l) => l.startsWith('{'));
-  if (!line) throw new Error(`traffic client printed no report: ${text.slice(0, 500)}`);
-  return { report: JSON.parse(line) as TrafficReport, peers };
+  const reports = texts.map((text) => {
+    const line = text.split('\n').find((l) => l.startsWith('{'));
+    if (!line) throw new Error(`traffic client printed no report: ${text.slice(0, 500)}`);
+    return JSON.parse(line) as TrafficReport;
+  });
+  return { reports, peers };
 }
 
