@@ -40,6 +40,7 @@ const EVENT_POLL_MS = 20;
 export class LbController {
   private lbs = new Map<string, ResolvedLoadBalancer>();
   private refused = new Map<string, string[]>();
+  private unserved = new Map<string, { key: string; family: string; why: string }>();
   private readonly s: LbShared;
   private readonly addresses: VipAddresses;
   private readonly slots: VipSlots;
@@ -153,6 +154,11 @@ export class LbController {
     const refused = new Map(r.refused.map((x) => [x.key, x.problems]));
     for (const [k, p] of refused) if (JSON.stringify(this.refused.get(k)) !== JSON.stringify(p)) this.o.logger.error('lb: Service refused', { service: k, problems: p });
     this.refused = refused;
+    // Families of valid Services not served (PreferDualStack without the family's pool, a family the
+    // datapath does not program yet: DATAPATH_FAMILIES, lb-state.ts): logged once, in status.
+    const unserved = new Map((r.unserved ?? []).map((u) => [`${u.key} ${u.family}`, u]));
+    for (const [k, u] of unserved) if (!this.unserved.has(k)) this.o.logger.warn('lb: Service not served in one of its families', { service: u.key, family: u.family, why: u.why });
+    this.unserved = unserved;
     this.pods.setPodMeta(podMeta);
     await this.kick();
   }
@@ -374,6 +380,7 @@ export class LbController {
       const vipHere = st ? undefined : this.needed.has(lb.key) ? 'pending: not asked for yet' : 'not needed on this node (no local LB pod or target)';
       out.push({
         service: lb.key,
+        family: lb.family,
         vip,
         ...(st?.provisional ? { vipUnconfirmed: `taken from the ${st.provisional} while the cluster store is unreachable; confirmed when it answers` } : {}),
         ...(vipHere ? { vipHere } : {}),
@@ -400,6 +407,7 @@ export class LbController {
         counters: stats && Object.fromEntries(Object.entries(stats).map(([k, v]) => [k, Number(v)])),
       });
     }
+    for (const u of this.unserved.values()) out.push({ service: u.key, family: u.family, unserved: u.why });
     for (const [key, problems] of this.refused) out.push({ service: key, refused: problems });
     return out;
   }

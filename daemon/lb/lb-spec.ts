@@ -31,7 +31,6 @@ import { canonicalIp, inSubnet, ipFamily, parseIp, type IpFamily } from '../../l
 import type { ResolvedPool } from '../../ipam/types';
 import { PROTO, type Protocol } from '../bpf/lb-structs';
 import { isTetherService, SERVICE_NAME_LABEL } from '../objects/names';
-import { DATAPATH_FAMILIES } from './lb-state';
 
 export const ANNOTATION = {
   lbPods: 'lb.tether.dev/lb-pods',
@@ -59,6 +58,18 @@ export interface LbTarget {
 export type FamilyName = 'IPv4' | 'IPv6';
 export const FAMILY_NAME: Record<IpFamily, FamilyName> = { 4: 'IPv4', 6: 'IPv6' };
 const FAMILY_NUMBER: Record<FamilyName, IpFamily> = { IPv4: 4, IPv6: 6 };
+
+/**
+ * The VIP families this release's datapath programs: THE gate of IPv6 VIPs. resolveLoadBalancers applies
+ * it to every resolution, the nodes' (LbController) and tether-operator's (LbView) alike, so a VIP of
+ * another family is never allocated, routed, slotted, announced, set up on a target nor listed in the
+ * Service's status (nothing half-programmed); the Service's status names it instead ("IPv6 VIPs are not
+ * programmed by this release's datapath yet"), and its other family is served as before. Add 'IPv6' here once
+ * the eBPF datapath (bpf/lb*.c, daemon/bpf/lb*.ts) takes IPv6 VIPs and targets: the control plane (keys,
+ * store fields, notices, records, status, health) handles both families already.
+ */
+export const DATAPATH_FAMILIES: readonly FamilyName[] = ['IPv4'];
+
 export type IpFamilyPolicy = 'SingleStack' | 'PreferDualStack' | 'RequireDualStack';
 const POLICIES: readonly IpFamilyPolicy[] = ['SingleStack', 'PreferDualStack', 'RequireDualStack'];
 
@@ -104,7 +115,7 @@ export interface LbResolution {
   refused: Array<{ key: string; problems: string[] }>;
   /**
    * Families of valid Services that are not served, by Service key, with why: PreferDualStack without a pool
-   * of the family, or a family this release's datapath does not program (DATAPATH_FAMILIES, lb-state.ts). A
+   * of the family, or a family this release's datapath does not program (DATAPATH_FAMILIES). A
    * Service all of whose families are here is served in none (its status says why).
    */
   unserved?: Array<{ key: string; family: FamilyName; why: string }>;

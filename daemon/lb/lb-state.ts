@@ -10,18 +10,7 @@ import type { AttachService } from '../pod/attach-service';
 import type { DsrTarget } from '../pod/dsr-target';
 import type { AttachmentKey } from '../state/pod-store';
 import type { LbStore } from './lb-store';
-import type { FamilyName, ResolvedLoadBalancer } from './lb-spec';
-
-/**
- * The VIP families this release's datapath programs: THE gate of IPv6 VIPs. resolveLoadBalancers (lb-spec.ts)
- * applies it to every resolution, the nodes' (LbController) and tether-operator's (LbView) alike, so a VIP of
- * another family is never allocated, routed, slotted, announced, set up on a target nor listed in the
- * Service's status (nothing half-programmed); the Service's status names it instead ("IPv6 VIPs are not
- * programmed by this release's datapath yet"), and its other family is served as before. Add 'IPv6' here once
- * the eBPF datapath (bpf/lb*.c, daemon/bpf/lb*.ts) takes IPv6 VIPs and targets: the control plane (keys,
- * store fields, notices, records, status, health) handles both families already.
- */
-export const DATAPATH_FAMILIES: readonly FamilyName[] = ['IPv4'];
+import type { ResolvedLoadBalancer } from './lb-spec';
 
 /** FoU over IPv4: what the targets' MTU is lowered by. */
 export const FOU_OVERHEAD = 28;
