@@ -29,7 +29,7 @@ import { LbTargets } from './targets';
 import { MappingSync } from './mapping-sync';
 import { TableSwitch, affinityFlags, recordsOnChange } from './table-switch';
 import { ReconcileLoop } from '../util/reconcile-loop';
-import { ProgrammingTracker, type ProgrammingState } from '../health/proxy-health';
+import { FamilyTrackers, type FamilyProgramming } from '../health/proxy-health';
 import { NodeRegistry, REGISTRY_TTL_MS } from '../common/node-registry';
 
 export { FOU_OVERHEAD, type LbControllerOptions };
@@ -54,8 +54,12 @@ export class LbController {
   /** Mappings learnt by the datapath, read every EVENT_POLL_MS. */
   private readonly poller: ReconcileLoop;
   private stopped = false;
-  /** The changes waiting to be programmed and the passes that programmed them (the health checks' staleness). */
-  private readonly updates = new ProgrammingTracker();
+  /**
+   * The changes waiting to be programmed and the passes that programmed them, per family programmed (the
+   * health checks' staleness, reported per family as kube-proxy does): IPv4 from the start, as before; a
+   * family from the first pass that programs a VIP of it.
+   */
+  private readonly updates = new FamilyTrackers();
   private programmed: ResolvedLoadBalancer[] = [];
   /** Services whose VIP this node needs (as of the last pass). */
   private needed = new Set<string>();
@@ -87,6 +91,10 @@ export class LbController {
     this.loop = new ReconcileLoop({
       run: async () => {
         await this.pass();
+        // IPv4 is reported as it always was (from start, or the first pass); another family from the
+        // first pass that programs a VIP of it.
+        this.updates.track('IPv4');
+        for (const lb of this.programmed) if (lb.family !== 'IPv4' && this.s.vips.get(lb.key)?.vip) this.updates.track(lb.family);
         this.updates.updated();
       },
       everyMs: TICK_MS,
@@ -123,7 +131,7 @@ export class LbController {
    * health checks are unhealthy only when a change waits too long (kube-proxy's rule, proxy-health.ts),
    * not when a quiet node's last pass is old.
    */
-  programming(): ProgrammingState {
+  programming(): FamilyProgramming {
     return this.updates.state();
   }
 
@@ -139,7 +147,7 @@ export class LbController {
     this.o.attach.on('detached', () => this.podsChanged());
     this.sync.start();
     this.o.store?.connection.on('ready', () => void this.kick());
-    this.updates.started();
+    this.updates.track('IPv4');
     this.loop.start();
     this.poller.start();
     await this.kick();
