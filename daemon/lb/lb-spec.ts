@@ -222,9 +222,10 @@ function familiesOf(
   spec: Record<string, unknown>, key: string, requested: Map<IpFamily, { address: string; field: string; index: number }>, requestedCount: number,
   poolName: string | undefined, lbPools: ResolvedPool[], bad: (field: string, msg: string) => void,
 ): { ipFamilies: FamilyName[]; families: FamilyName[]; unserved: Array<{ family: FamilyName; why: string }> } | undefined {
-  const before = { n: 0 };
+  // Problems found here, counted: the API server stops at the first group of them, and so does this.
+  let failed = 0;
   const fail = (field: string, msg: string) => {
-    before.n++;
+    failed++;
     bad(field, msg);
   };
   let policy: IpFamilyPolicy = 'SingleStack';
@@ -251,7 +252,7 @@ function familiesOf(
     const f = FAMILY_NAME[ipFamily(r.address) as IpFamily];
     if (given.length && !given.includes(f)) fail(r.field, `${r.address} is an ${f} address, and spec.ipFamilies (${given.join(', ')}) does not list ${f}`);
   }
-  if (before.n) return undefined;
+  if (failed) return undefined;
 
   // The families the Service may have VIPs of: its named pool's, else every loadBalancer pool's.
   const candidates = poolName !== undefined ? lbPools.filter((p) => p.name === poolName) : lbPools;
@@ -276,7 +277,7 @@ function familiesOf(
     if (policy === 'PreferDualStack') unserved.push({ family: f, why: `spec.ipFamilyPolicy PreferDualStack: no ${f} VIP, ${where(f)}` });
     else fail(spec.ipFamilies ? `spec.ipFamilies[${i}]` : 'spec.ipFamilies', `${f}: Service ${key} needs an ${f} VIP, and ${where(f)}`);
   });
-  if (before.n) return undefined;
+  if (failed) return undefined;
   if (!families.length) {
     fail('spec.ipFamilies', `Service ${key} has no family a loadBalancer pool serves (${given.map((f) => `${f}: ${where(f)}`).join('; ') || 'no loadBalancer AddressPool exists'})`);
     return undefined;
