@@ -115,6 +115,7 @@ export class LbView {
   private readonly vips: VipAddresses;
   private lbs = new Map<string, ResolvedLoadBalancer>();
   private refused: LbResolution['refused'] = [];
+  private unserved: NonNullable<LbResolution['unserved']> = [];
   private lastCollect = 0;
 
   constructor(o: { identity: string; addresses: ClusterAddresses; store?: LbStore; logger: Logger }) {
@@ -131,6 +132,7 @@ export class LbView {
     this.s.o.addresses.setPools(pools);
     this.lbs = new Map(resolution.loadBalancers.map((l) => [l.key, l]));
     this.refused = resolution.refused;
+    this.unserved = resolution.unserved ?? [];
     this.s.storeAway = !!this.s.o.store && !this.s.o.store.connection.connected;
     let more = true;
     for (let i = 0; more && i < 50; i++) more = (await this.vips.apply(this.lbs, new Set(this.lbs.keys()))).more;
@@ -140,17 +142,39 @@ export class LbView {
     }
   }
 
-  /** What the status pass reads of each Service (the fields LbController.status() gives it). */
+  /**
+   * What the status pass reads of each Service, one entry per Service whatever its families: `vip` its
+   * first VIP and `vips` every VIP it is served at, in its ipFamilies order (status.loadBalancer.ingress
+   * lists them so); `problem` why it is not served (no VIP, no targets), `vipProblem` a family of it without
+   * its VIP while another has one, `notes` the families it is not served in and why (PreferDualStack
+   * without a pool of the family, a family the datapath does not program yet).
+   */
   status(): Array<Record<string, unknown>> {
     const out: Array<Record<string, unknown>> = [];
-    for (const lb of this.lbs.values()) {
-      const st = this.s.vips.get(lb.key);
+    const byService = new Map<string, ResolvedLoadBalancer[]>();
+    for (const lb of this.lbs.values()) byService.set(lb.service, [...(byService.get(lb.service) ?? []), lb]);
+    const notes = new Map<string, string[]>();
+    for (const u of this.unserved) notes.set(u.key, [...(notes.get(u.key) ?? []), u.why]);
+    for (const [service, lbs] of byService) {
+      lbs.sort((x, y) => x.ipFamilies.indexOf(x.family) - y.ipFamilies.indexOf(y.family));
+      const states = lbs.map((lb) => ({ lb, st: this.s.vips.get(lb.key) }));
+      const served = states.filter((x) => x.st?.vip);
+      const dual = lbs.length > 1;
+      const tag = (family: string, msg: string) => (dual ? `${family}: ${msg}` : msg);
+      const noTargets = served.filter((x) => x.lb.targets.length === 0);
+      const missing = states.filter((x) => !x.st?.vip);
       out.push({
-        service: lb.key, vip: st?.vip, pool: lb.vip.pool, externalTrafficPolicy: lb.externalTrafficPolicy,
-        ...(st ? {} : { vipHere: 'pending: not asked for yet' }),
-        problem: st?.problem ?? (lb.targets.length === 0 ? 'no targets: accepted, nothing announced' : undefined),
+        service, vip: served[0]?.st!.vip, vips: served.map((x) => x.st!.vip), pool: lbs[0].vip.pool, externalTrafficPolicy: lbs[0].externalTrafficPolicy,
+        ...(states.some((x) => !x.st) ? { vipHere: 'pending: not asked for yet' } : {}),
+        problem: !served.length
+          ? missing.map((x) => tag(x.lb.family, x.st?.problem ?? 'no VIP allocated yet')).join('; ')
+          : noTargets.length === served.length ? (dual ? `${noTargets.map((x) => x.lb.family).join(', ')}: ` : '') + 'no targets: accepted, nothing announced' : undefined,
+        ...(served.length && missing.length ? { vipProblem: missing.map((x) => tag(x.lb.family, x.st?.problem ?? 'no VIP allocated yet')).join('; ') } : {}),
+        ...(notes.has(service) ? { notes: notes.get(service) } : {}),
       });
     }
+    // Services served in none of their families (an IPv6-only Service while the datapath takes IPv4 only).
+    for (const [service, why] of notes) if (!byService.has(service)) out.push({ service, unserved: why });
     for (const r of this.refused) out.push({ service: r.key, refused: r.problems });
     return out;
   }

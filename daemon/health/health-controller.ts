@@ -6,7 +6,7 @@
 // and the answers are counted by check and code (status(), for the metrics).
 import type { Logger } from '../../lib/log';
 import { HealthListener, countLocalEndpoints, nodeAnswer, serviceAnswer, type HealthAnswer } from './health-server';
-import { HEALTH_TIMEOUT_MS, proxyHealth, type ProgrammingState, type ProxyHealth } from './proxy-health';
+import { HEALTH_TIMEOUT_MS, oldestPending, proxyHealth, type FamilyProgramming, type ProxyHealth } from './proxy-health';
 import { portHolder } from '../sys/port-holder';
 
 /**
@@ -15,6 +15,12 @@ import { portHolder } from '../sys/port-holder';
  */
 export interface HealthCheckedService {
   key: string;
+  /**
+   * The Service ("namespace/name") when `key` is one of its VIPs (lb-spec.ts: a dual-stack Service has one
+   * per family, all on its one healthCheckNodePort): the Service is checked once, answered from its first
+   * family's entry (its primary, ipFamilies[0], as the list orders them).
+   */
+  service?: string;
   externalTrafficPolicy?: string;
   healthCheckNodePort?: number;
   targets: ReadonlyArray<{ address: string; state: 'active' | 'terminating'; node?: string }>;
@@ -51,8 +57,8 @@ export interface HealthControllerOptions {
   port: number;
   /** The load balancer's valid Services now. */
   services: () => HealthCheckedService[];
-  /** When the load balancer's programming last caught up, and since when a change waits (LbController.programming). */
-  programming: () => ProgrammingState;
+  /** Per family programmed: when the load balancer's programming last caught up, and since when a change waits (LbController.programming). */
+  programming: () => FamilyProgramming;
   /** How long a change may wait before this node is unhealthy (kube-proxy's healthTimeout; default 60 s). */
   timeoutMs?: number;
   /** The node is not being deleted nor tainted for removal. */
@@ -153,14 +159,17 @@ export class HealthController {
   private async reconcileOnce(): Promise<void> {
     const services = this.o.services();
     if (this.seen?.services !== services) {
-      this.seen = { services, want: new Map(services.filter((l) => l.externalTrafficPolicy === 'Local' && l.healthCheckNodePort).map((l) => [l.key, l])) };
+      const want = new Map<string, HealthCheckedService>();
+      for (const l of services) if (l.externalTrafficPolicy === 'Local' && l.healthCheckNodePort && !want.has(l.service ?? l.key)) want.set(l.service ?? l.key, l);
+      this.seen = { services, want };
     }
     const want = this.seen.want;
     const proxy = this.proxy();
     if (proxy.healthy !== this.wasHealthy) {
-      const p = this.o.programming();
+      const since = oldestPending(this.o.programming());
+      const stale = Object.entries(proxy.status).filter(([, s]) => !s.healthy).map(([f]) => f);
       if (proxy.healthy) this.o.logger.info('health: programming caught up: healthy again', { lastUpdated: proxy.lastUpdated?.toISOString() });
-      else this.o.logger.warn('health: programming stale: a change waits longer than the timeout; answering 503', { waitingSince: p.pendingSince === undefined ? undefined : new Date(p.pendingSince).toISOString(), timeoutMs: this.o.timeoutMs ?? HEALTH_TIMEOUT_MS });
+      else this.o.logger.warn('health: programming stale: a change waits longer than the timeout; answering 503', { families: stale, waitingSince: since === undefined ? undefined : new Date(since).toISOString(), timeoutMs: this.o.timeoutMs ?? HEALTH_TIMEOUT_MS });
       this.wasHealthy = proxy.healthy;
     }
     for (const [key, c] of this.checks) {
@@ -175,7 +184,7 @@ export class HealthController {
       if (!c) {
         const [ns, name] = key.split('/');
         const listener = new HealthListener(() => {
-          const cur = this.o.services().find((l) => l.key === key);
+          const cur = this.o.services().find((l) => (l.service ?? l.key) === key);
           return this.counted('service', serviceAnswer(ns, name, cur ? this.local(cur) : 0, this.healthy()));
         });
         c = { port: lb.healthCheckNodePort!, listener, open: false };

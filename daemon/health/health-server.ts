@@ -7,7 +7,7 @@
 //  - per node on the health port: /healthz (503 when tetherd is unhealthy or the node is not eligible:
 //    deleted, or tainted ToBeDeletedByClusterAutoscaler) and /livez (the same without eligibility), body as
 //    kube-proxy 1.33+ marshals it: {"lastUpdated","currentTime","nodeEligible" (healthz only),"healthy",
-//    "status":{"IPv4":{"lastUpdated","healthy"}}}, times in RFC 3339 (Go's form: UTC, no trailing zeros).
+//    "status":{"IPv4":{"lastUpdated","healthy"},"IPv6":{…}}} (each family programmed), times in RFC 3339 (Go's form: UTC, no trailing zeros).
 // The Service body keeps kube-proxy's exact layout (its Go formatting, tabs included), since some probers
 // match on it. Both kinds of port listen on every address of both families, as kube-proxy's Go listener.
 import * as http from 'node:http';

@@ -203,8 +203,9 @@ export class StatusController {
   }
 
   /**
-   * A tether Service's status: its VIP in status.loadBalancer.ingress with ipMode Proxy (kube-proxy then
-   * leaves VIP traffic to tether's datapath), and a tether.dev/Ready condition saying why not when it is not.
+   * A tether Service's status: its VIPs in status.loadBalancer.ingress, one entry per family in its
+   * ipFamilies order, with ipMode Proxy (kube-proxy then leaves VIP traffic to tether's datapath), and a
+   * tether.dev/Ready condition saying why not when it is not, and which family it is not served in.
    */
   private async writeService(lb: Record<string, unknown>, health?: Record<string, NodeHealthReport>, cache?: Map<string, Obj>): Promise<void> {
     const key = String(lb.service);
@@ -214,7 +215,7 @@ export class StatusController {
     const refused = lb.refused as string[] | undefined;
     // This node does not know the VIP yet (just elected, its first passes still asking): the status
     // stays as written rather than flapping to NoVIP.
-    if (!refused && !lb.vip && lb.vipHere) return;
+    if (!refused && lb.vipHere) return;
     let cur: Obj;
     if (cache) {
       const c = cache.get(key);
@@ -230,13 +231,22 @@ export class StatusController {
     }
     const prev = this.statusNow(what, cur);
     const gen = cur.metadata?.generation;
+    // Every VIP of the Service, in its ipFamilies order (one entry per family served); an entry without
+    // `vips` (a node's own status) has its one `vip`.
+    const vips = Array.isArray(lb.vips) ? (lb.vips as string[]) : lb.vip ? [String(lb.vip)] : [];
+    const unserved = lb.unserved as string[] | undefined;
+    const notes = (lb.notes as string[] | undefined) ?? [];
     const ready = refused
       ? { type: 'tether.dev/Ready', status: 'False' as const, reason: 'Invalid', message: message(refused) }
-      : !lb.vip
-        ? { type: 'tether.dev/Ready', status: 'False' as const, reason: 'NoVIP', message: String(lb.problem ?? 'no VIP allocated yet') }
-        : lb.problem
-          ? { type: 'tether.dev/Ready', status: 'False' as const, reason: 'NoTargets', message: String(lb.problem) }
-          : { type: 'tether.dev/Ready', status: 'True' as const, reason: 'Serving', message: `VIP ${String(lb.vip)} served by tether's load balancer` };
+      : unserved
+        ? { type: 'tether.dev/Ready', status: 'False' as const, reason: 'FamilyNotServed', message: message(unserved) }
+        : !lb.vip
+          ? { type: 'tether.dev/Ready', status: 'False' as const, reason: 'NoVIP', message: message([String(lb.problem || 'no VIP allocated yet'), ...notes]) }
+          : lb.vipProblem
+            ? { type: 'tether.dev/Ready', status: 'False' as const, reason: 'NoVIP', message: message([`served at ${vips.join(', ')}; ${String(lb.vipProblem)}`, ...notes]) }
+            : lb.problem
+              ? { type: 'tether.dev/Ready', status: 'False' as const, reason: 'NoTargets', message: message([String(lb.problem), ...notes]) }
+              : { type: 'tether.dev/Ready', status: 'True' as const, reason: 'Serving', message: message([`VIP${vips.length > 1 ? 's' : ''} ${vips.join(', ')} served by tether's load balancer`, ...notes]) };
     const conditions: Array<Omit<Condition, 'lastTransitionTime'>> = [{ ...ready, observedGeneration: gen }];
     if (lb.externalTrafficPolicy === 'Local' && !refused) {
       // Read failed: the condition stays as it was rather than flapping away.
@@ -245,10 +255,10 @@ export class StatusController {
     }
     const status: Obj = {
       ...prev,
-      loadBalancer: lb.vip && !refused ? { ingress: [{ ip: lb.vip, ipMode: 'Proxy' }] } : {},
+      loadBalancer: vips.length && !refused && !unserved ? { ingress: vips.map((ip) => ({ ip, ipMode: 'Proxy' })) } : {},
       conditions: mergeConditions(prev.conditions, conditions),
     };
-    await this.write(what, cur, status, () => this.core.replaceNamespacedServiceStatus({ name, namespace, body: { ...cur, apiVersion: 'v1', kind: 'Service', status } as k8s.V1Service }), { vip: lb.vip });
+    await this.write(what, cur, status, () => this.core.replaceNamespacedServiceStatus({ name, namespace, body: { ...cur, apiVersion: 'v1', kind: 'Service', status } as k8s.V1Service }), { vip: vips.join(',') || undefined });
   }
 
   private async writePool(name: string, problems: string[], cached?: Obj): Promise<void> {

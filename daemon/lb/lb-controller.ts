@@ -29,7 +29,7 @@ import { LbTargets } from './targets';
 import { MappingSync } from './mapping-sync';
 import { TableSwitch, affinityFlags, recordsOnChange } from './table-switch';
 import { ReconcileLoop } from '../util/reconcile-loop';
-import { ProgrammingTracker, type ProgrammingState } from '../health/proxy-health';
+import { FamilyTrackers, type FamilyProgramming } from '../health/proxy-health';
 import { NodeRegistry, REGISTRY_TTL_MS } from '../common/node-registry';
 
 export { FOU_OVERHEAD, type LbControllerOptions };
@@ -40,6 +40,7 @@ const EVENT_POLL_MS = 20;
 export class LbController {
   private lbs = new Map<string, ResolvedLoadBalancer>();
   private refused = new Map<string, string[]>();
+  private unserved = new Map<string, { key: string; family: string; why: string }>();
   private readonly s: LbShared;
   private readonly addresses: VipAddresses;
   private readonly slots: VipSlots;
@@ -53,8 +54,12 @@ export class LbController {
   /** Mappings learnt by the datapath, read every EVENT_POLL_MS. */
   private readonly poller: ReconcileLoop;
   private stopped = false;
-  /** The changes waiting to be programmed and the passes that programmed them (the health checks' staleness). */
-  private readonly updates = new ProgrammingTracker();
+  /**
+   * The changes waiting to be programmed and the passes that programmed them, per family programmed (the
+   * health checks' staleness, reported per family as kube-proxy does): IPv4 from the start, as before; a
+   * family from the first pass that programs a VIP of it.
+   */
+  private readonly updates = new FamilyTrackers();
   private programmed: ResolvedLoadBalancer[] = [];
   /** Services whose VIP this node needs (as of the last pass). */
   private needed = new Set<string>();
@@ -86,6 +91,10 @@ export class LbController {
     this.loop = new ReconcileLoop({
       run: async () => {
         await this.pass();
+        // IPv4 is reported as it always was (from start, or the first pass); another family from the
+        // first pass that programs a VIP of it.
+        this.updates.track('IPv4');
+        for (const lb of this.programmed) if (lb.family !== 'IPv4' && this.s.vips.get(lb.key)?.vip) this.updates.track(lb.family);
         this.updates.updated();
       },
       everyMs: TICK_MS,
@@ -122,7 +131,7 @@ export class LbController {
    * health checks are unhealthy only when a change waits too long (kube-proxy's rule, proxy-health.ts),
    * not when a quiet node's last pass is old.
    */
-  programming(): ProgrammingState {
+  programming(): FamilyProgramming {
     return this.updates.state();
   }
 
@@ -138,7 +147,7 @@ export class LbController {
     this.o.attach.on('detached', () => this.podsChanged());
     this.sync.start();
     this.o.store?.connection.on('ready', () => void this.kick());
-    this.updates.started();
+    this.updates.track('IPv4');
     this.loop.start();
     this.poller.start();
     await this.kick();
@@ -153,6 +162,11 @@ export class LbController {
     const refused = new Map(r.refused.map((x) => [x.key, x.problems]));
     for (const [k, p] of refused) if (JSON.stringify(this.refused.get(k)) !== JSON.stringify(p)) this.o.logger.error('lb: Service refused', { service: k, problems: p });
     this.refused = refused;
+    // Families of valid Services not served (PreferDualStack without the family's pool, a family the
+    // datapath does not program yet: DATAPATH_FAMILIES, lb-state.ts): logged once, in status.
+    const unserved = new Map((r.unserved ?? []).map((u) => [`${u.key} ${u.family}`, u]));
+    for (const [k, u] of unserved) if (!this.unserved.has(k)) this.o.logger.warn('lb: Service not served in one of its families', { service: u.key, family: u.family, why: u.why });
+    this.unserved = unserved;
     this.pods.setPodMeta(podMeta);
     await this.kick();
   }
@@ -374,6 +388,7 @@ export class LbController {
       const vipHere = st ? undefined : this.needed.has(lb.key) ? 'pending: not asked for yet' : 'not needed on this node (no local LB pod or target)';
       out.push({
         service: lb.key,
+        family: lb.family,
         vip,
         ...(st?.provisional ? { vipUnconfirmed: `taken from the ${st.provisional} while the cluster store is unreachable; confirmed when it answers` } : {}),
         ...(vipHere ? { vipHere } : {}),
@@ -400,6 +415,7 @@ export class LbController {
         counters: stats && Object.fromEntries(Object.entries(stats).map(([k, v]) => [k, Number(v)])),
       });
     }
+    for (const u of this.unserved.values()) out.push({ service: u.key, family: u.family, unserved: u.why });
     for (const [key, problems] of this.refused) out.push({ service: key, refused: problems });
     return out;
   }

@@ -5,19 +5,29 @@
 //   lb.tether.dev/lb-pods            label selector of the LB pods ("k=v,k2=v2"; default tether.dev/role=lb)
 //   lb.tether.dev/lb-pods-namespace  their namespace (default: the Service's)
 //   lb.tether.dev/affinity           client (default: one target per client address) or flow (per 5-tuple)
-//   lb.tether.dev/pool               the loadBalancer AddressPool to take the VIP from (default: the first)
-//   lb.tether.dev/vip                a requested VIP (spec.loadBalancerIP, deprecated upstream, also works)
+//   lb.tether.dev/pool               the loadBalancer AddressPool to take the VIPs from (default: per family,
+//                                    the first pool that has it)
+//   lb.tether.dev/vip                requested VIPs, one per family, comma-separated (spec.loadBalancerIP,
+//                                    deprecated upstream, also works for one)
 //   lb.tether.dev/idle-timeout       seconds a mapping lives unused, when sessionAffinity is not ClientIP
+//
+// IP families, as Kubernetes defines them (spec.ipFamilyPolicy, spec.ipFamilies; familiesOf() below says
+// which API-server rule each step follows): a Service is resolved into one ResolvedLoadBalancer per family it
+// is given, each with its own VIP, its own key and its own targets (the EndpointSlices of that addressType).
+// Keys and VIP owners: the IPv4 VIP keeps the key every release before had ("<ns>/<name>", owner
+// "lb/<ns>/<name>", and every store key and record derived from it), wherever IPv4 stands in ipFamilies:
+// releases before took the VIP from the pool's first family, which is IPv4 in every pool that has one, so
+// what they allocated and recorded is the IPv4 VIP's. The IPv6 VIP is "<ns>/<name>#IPv6" (owner
+// "lb/<ns>/<name>#IPv6"), a key no earlier release reads or writes.
 //
 // The VIP the Service was given, as its status records it (status.loadBalancer.ingress[].ip, written by
 // tether-operator from the store's allocation), is read too: a node that newly needs the VIP while the
 // store is unreachable serves it from there, and confirms it with the store once it is back.
 //
 // sessionAffinity ClientIP's timeoutSeconds is the mapping's idle timeout. Every problem names the Service
-// and the field; a Service with problems programs nothing (its status says why).
-import { isIPv4 } from 'node:net';
+// and the field; a Service with problems programs nothing, in any family (its status says why).
 import { isObject, isLabelKey, isLabelValue } from '../../lib/fields';
-import { inSubnet, parseIp } from '../../lib/ip';
+import { canonicalIp, inSubnet, ipFamily, parseIp, type IpFamily } from '../../lib/ip';
 import type { ResolvedPool } from '../../ipam/types';
 import { PROTO, type Protocol } from '../bpf/lb-structs';
 import { isTetherService, SERVICE_NAME_LABEL } from '../objects/names';
@@ -44,18 +54,51 @@ export interface LbTarget {
   pod?: string;
 }
 
+/** Kubernetes' names of the IP families (Service spec.ipFamilies, EndpointSlice addressType). */
+export type FamilyName = 'IPv4' | 'IPv6';
+export const FAMILY_NAME: Record<IpFamily, FamilyName> = { 4: 'IPv4', 6: 'IPv6' };
+const FAMILY_NUMBER: Record<FamilyName, IpFamily> = { IPv4: 4, IPv6: 6 };
+
+/**
+ * The VIP families this release's datapath programs: THE gate of IPv6 VIPs. resolveLoadBalancers applies
+ * it to every resolution, the nodes' (LbController) and tether-operator's (LbView) alike, so a VIP of
+ * another family is never allocated, routed, slotted, announced, set up on a target nor listed in the
+ * Service's status (nothing half-programmed); the Service's status names it instead ("IPv6 VIPs are not
+ * programmed by this release's datapath yet"), and its other family is served as before. Add 'IPv6' here once
+ * the eBPF datapath (bpf/lb*.c, daemon/bpf/lb*.ts) takes IPv6 VIPs and targets: the control plane (keys,
+ * store fields, notices, records, status, health) handles both families already.
+ */
+export const DATAPATH_FAMILIES: readonly FamilyName[] = ['IPv4'];
+
+export type IpFamilyPolicy = 'SingleStack' | 'PreferDualStack' | 'RequireDualStack';
+const POLICIES: readonly IpFamilyPolicy[] = ['SingleStack', 'PreferDualStack', 'RequireDualStack'];
+
+/**
+ * The key of a Service's VIP of one family: the IPv4 VIP's is the Service's own "<ns>/<name>" (the key and
+ * allocation owner of every release before), the IPv6 VIP's "<ns>/<name>#IPv6".
+ */
+export function familyKey(service: string, family: FamilyName): string {
+  return family === 'IPv4' ? service : `${service}#${family}`;
+}
+
 export interface ResolvedLoadBalancer {
-  /** "namespace/name" of the Service. */
+  /** The VIP's key: "namespace/name" of the Service for its IPv4 VIP, "namespace/name#IPv6" for its IPv6 VIP (familyKey). */
   key: string;
+  /** "namespace/name" of the Service. */
+  service: string;
   namespace: string;
   name: string;
+  /** The VIP's family; its targets are of the same family. */
+  family: FamilyName;
+  /** The Service's families, in its order (spec.ipFamilies as the API server defaults it): its status lists its VIPs so. */
+  ipFamilies: FamilyName[];
   ports: Array<{ port: number; protocol: Protocol; proto: number; name?: string }>;
   lbPods: { namespace: string; matchLabels: Record<string, string> };
   affinity: 'client' | 'flow';
   idleTimeoutS: number;
   /**
    * Where the VIP comes from: a requested address (with the pool holding it) or a pool; `recorded`: the
-   * address the Service's status names (in that pool, and the requested one if any), not authoritative.
+   * address the Service's status names (in that pool, of this family, and the requested one if any), not authoritative.
    */
   vip: { pool: string; address?: string; recorded?: string };
   /** Targets by address: ready ones are active (terminating or not); not ready but serving while terminating ones keep their clients. */
@@ -66,10 +109,16 @@ export interface ResolvedLoadBalancer {
 }
 
 export interface LbResolution {
-  /** Services of tether's class that are valid. */
+  /** The VIPs of tether Services that are valid, one per family served, each Service's in its ipFamilies order. */
   loadBalancers: ResolvedLoadBalancer[];
-  /** Services of tether's class that are not, with every reason. */
+  /** Services of tether's class that are not valid (by Service key), with every reason: nothing of them is served. */
   refused: Array<{ key: string; problems: string[] }>;
+  /**
+   * Families of valid Services that are not served, by Service key, with why: PreferDualStack without a pool
+   * of the family, or a family this release's datapath does not program (DATAPATH_FAMILIES). A
+   * Service all of whose families are here is served in none (its status says why).
+   */
+  unserved?: Array<{ key: string; family: FamilyName; why: string }>;
 }
 
 function meta(o: Record<string, unknown>): { name: string; namespace: string; labels: Record<string, string>; annotations: Record<string, string> } {
@@ -104,9 +153,10 @@ function poolHolding(pools: ResolvedPool[], address: string): ResolvedPool | und
   return pools.find((p) => p.families.some((f) => inSubnet(ip, f)));
 }
 
-/** Resolves every tether Service of `objects` with its EndpointSlices. */
-export function resolveLoadBalancers(objects: Array<Record<string, unknown>>, pools: ResolvedPool[]): LbResolution {
+/** Resolves every tether Service of `objects` with its EndpointSlices, one VIP per family it is given. */
+export function resolveLoadBalancers(objects: Array<Record<string, unknown>>, pools: ResolvedPool[], opts: { datapathFamilies?: readonly FamilyName[] } = {}): LbResolution {
   const lbPools = pools.filter((p) => p.usage === 'loadBalancer');
+  const programmed = opts.datapathFamilies ?? DATAPATH_FAMILIES;
   const slices = new Map<string, Array<Record<string, unknown>>>();
   for (const o of objects) {
     if (o.kind !== 'EndpointSlice') continue;
@@ -116,22 +166,133 @@ export function resolveLoadBalancers(objects: Array<Record<string, unknown>>, po
     const k = `${m.namespace}/${svc}`;
     slices.set(k, [...(slices.get(k) ?? []), o]);
   }
-  const out: LbResolution = { loadBalancers: [], refused: [] };
+  const out: LbResolution = { loadBalancers: [], refused: [], unserved: [] };
   for (const o of objects) {
     if (!isTetherService(o)) continue;
     const m = meta(o);
     const key = `${m.namespace}/${m.name}`;
     const problems: string[] = [];
     const r = resolveOne(o, key, slices.get(key) ?? [], lbPools, problems);
-    const holder = r?.healthCheckNodePort !== undefined ? out.loadBalancers.find((l) => l.healthCheckNodePort === r.healthCheckNodePort) : undefined;
-    if (holder) problems.push(`spec.healthCheckNodePort: ${r!.healthCheckNodePort} is already the health-check port of Service ${holder.key}`);
-    if (problems.length || !r) out.refused.push({ key, problems });
-    else out.loadBalancers.push(r);
+    const hc = r?.vips[0]?.healthCheckNodePort;
+    const holder = hc !== undefined ? out.loadBalancers.find((l) => l.healthCheckNodePort === hc) : undefined;
+    if (holder) problems.push(`spec.healthCheckNodePort: ${hc} is already the health-check port of Service ${holder.service}`);
+    if (problems.length || !r) {
+      out.refused.push({ key, problems });
+      continue;
+    }
+    out.unserved!.push(...r.unserved);
+    for (const lb of r.vips) {
+      // The one gate of the families the datapath programs: a VIP of another family is neither allocated,
+      // nor routed, nor set up on any pod — not half-programmed — and its Service's status says so.
+      if (programmed.includes(lb.family)) out.loadBalancers.push(lb);
+      else out.unserved!.push({ key, family: lb.family, why: notProgrammed(lb.family, r.vips.filter((v) => programmed.includes(v.family)).map((v) => v.family)) });
+    }
   }
   return out;
 }
 
-function resolveOne(o: Record<string, unknown>, key: string, slices: Array<Record<string, unknown>>, lbPools: ResolvedPool[], problems: string[]): ResolvedLoadBalancer | undefined {
+function notProgrammed(family: FamilyName, served: FamilyName[]): string {
+  return `${family} VIPs are not programmed by this release's datapath yet${served.length ? `; served in ${served.join(' and ')} only` : ''}`;
+}
+
+/**
+ * The Service's families and each family's VIP source, by the API server's rules for a Service it creates
+ * (kubernetes pkg/registry/core/service/storage alloc.go initIPFamilyFields, and pkg/apis/core/validation
+ * ValidateServiceClusterIPsRelatedFields), with "the cluster's service CIDRs" read as the loadBalancer
+ * pools the Service may take its VIPs from (the named pool, else every loadBalancer pool) and the requested
+ * VIPs standing for clusterIPs:
+ *  - no ipFamilyPolicy: SingleStack (a created Service without a policy; LoadBalancer Services are never
+ *    headless-and-selectorless, alloc.go's one exception);
+ *  - ipFamilyPolicy must be one of the three, ipFamilies must name IPv4 or IPv6, each once, at most two
+ *    (validation: NotSupported, Duplicate, "may specify no more than 2");
+ *  - SingleStack with two families or two requested VIPs is refused ("must be 'RequireDualStack' or
+ *    'PreferDualStack' when multiple IP families are specified");
+ *  - ipFamilies left out are inferred from the requested VIPs in their order (as from clusterIPs), else the
+ *    cluster's default family, the first family of the pool (the named one, else the first loadBalancer
+ *    pool: the family releases before allocated from);
+ *  - a requested VIP of a family ipFamilies does not list is refused (ipFamilies[i] must match clusterIPs[i]);
+ *  - a family no pool has is refused ("not configured on this cluster"), RequireDualStack without both is
+ *    refused ("this cluster is not configured for dual-stack services");
+ *  - PreferDualStack and RequireDualStack with one family get the other appended when the pools have both.
+ * One exception, PreferDualStack: the API server fills its ipFamilies from the cluster's service CIDRs,
+ * which tether's pools need not match, so a family of it that no pool has is not served (reported), not
+ * refused, as long as one family is served.
+ */
+function familiesOf(
+  spec: Record<string, unknown>, key: string, requested: Map<IpFamily, { address: string; field: string; index: number }>, requestedCount: number,
+  poolName: string | undefined, lbPools: ResolvedPool[], bad: (field: string, msg: string) => void,
+): { ipFamilies: FamilyName[]; families: FamilyName[]; unserved: Array<{ family: FamilyName; why: string }> } | undefined {
+  // Problems found here, counted: the API server stops at the first group of them, and so does this.
+  let failed = 0;
+  const fail = (field: string, msg: string) => {
+    failed++;
+    bad(field, msg);
+  };
+  let policy: IpFamilyPolicy = 'SingleStack';
+  if (spec.ipFamilyPolicy !== undefined && spec.ipFamilyPolicy !== null) {
+    if (!POLICIES.includes(spec.ipFamilyPolicy as IpFamilyPolicy)) fail('spec.ipFamilyPolicy', `${JSON.stringify(spec.ipFamilyPolicy)} is not supported (SingleStack, PreferDualStack or RequireDualStack)`);
+    else policy = spec.ipFamilyPolicy as IpFamilyPolicy;
+  }
+  let given: FamilyName[] = [];
+  if (spec.ipFamilies !== undefined && spec.ipFamilies !== null) {
+    if (!Array.isArray(spec.ipFamilies)) fail('spec.ipFamilies', `${JSON.stringify(spec.ipFamilies)} must be a list of IPv4, IPv6 or both`);
+    else {
+      spec.ipFamilies.forEach((f, i) => {
+        if (f !== 'IPv4' && f !== 'IPv6') return void fail(`spec.ipFamilies[${i}]`, `${JSON.stringify(f)} is not supported (IPv4 or IPv6)`);
+        if (given.includes(f)) return void fail(`spec.ipFamilies[${i}]`, `${f} is listed twice (Duplicate value)`);
+        given.push(f);
+      });
+      if (spec.ipFamilies.length > 2) fail('spec.ipFamilies', `may specify no more than 2 ipFamilies, got ${spec.ipFamilies.length}`);
+    }
+  }
+  if (policy === 'SingleStack' && given.length === 2) fail('spec.ipFamilyPolicy', `must be 'RequireDualStack' or 'PreferDualStack' when multiple IP families are specified (spec.ipFamilies ${given.join(', ')})`);
+  const vipField = [...requested.values()][0]?.field ?? `metadata.annotations["${ANNOTATION.vip}"]`;
+  if (policy === 'SingleStack' && requestedCount === 2) fail('spec.ipFamilyPolicy', `must be 'RequireDualStack' or 'PreferDualStack' when ${vipField} requests a VIP in each family`);
+  for (const r of requested.values()) {
+    const f = FAMILY_NAME[ipFamily(r.address) as IpFamily];
+    if (given.length && !given.includes(f)) fail(r.field, `${r.address} is an ${f} address, and spec.ipFamilies (${given.join(', ')}) does not list ${f}`);
+  }
+  if (failed) return undefined;
+
+  // The families the Service may have VIPs of: its named pool's, else every loadBalancer pool's.
+  const candidates = poolName !== undefined ? lbPools.filter((p) => p.name === poolName) : lbPools;
+  const has = (f: FamilyName) => candidates.some((p) => p.families.some((x) => x.family === FAMILY_NUMBER[f]));
+  const where = (f: FamilyName) => (poolName !== undefined ? `pool "${poolName}" has no ${f} subnet` : `no loadBalancer AddressPool has an ${f} subnet`);
+  const defaultFamily = candidates[0]?.families[0] ? FAMILY_NAME[candidates[0].families[0].family] : undefined;
+  if (!given.length) given = [...requested.values()].sort((x, y) => x.index - y.index).map((r) => FAMILY_NAME[ipFamily(r.address) as IpFamily]);
+  if (!given.length && defaultFamily) given = [defaultFamily];
+  const other = (f: FamilyName): FamilyName => (f === 'IPv4' ? 'IPv6' : 'IPv4');
+  if (policy !== 'SingleStack' && given.length === 1 && has(other(given[0]))) given.push(other(given[0]));
+
+  if (policy === 'RequireDualStack') {
+    const missing = (['IPv4', 'IPv6'] as const).filter((f) => !has(f));
+    for (const f of missing) fail('spec.ipFamilyPolicy', `RequireDualStack: Service ${key} needs an ${f} VIP, and ${where(f)}`);
+    if (missing.length) return undefined;
+  }
+  const unserved: Array<{ family: FamilyName; why: string }> = [];
+  const families: FamilyName[] = [];
+  given.forEach((f, i) => {
+    // A requested VIP of a family no pool has is refused where it is read (naming the address and the pools).
+    if (has(f) || requested.has(FAMILY_NUMBER[f])) return void families.push(f);
+    if (policy === 'PreferDualStack') unserved.push({ family: f, why: `spec.ipFamilyPolicy PreferDualStack: no ${f} VIP, ${where(f)}` });
+    else fail(spec.ipFamilies ? `spec.ipFamilies[${i}]` : 'spec.ipFamilies', `${f}: Service ${key} needs an ${f} VIP, and ${where(f)}`);
+  });
+  if (failed) return undefined;
+  if (!families.length) {
+    fail('spec.ipFamilies', `Service ${key} has no family a loadBalancer pool serves (${given.map((f) => `${f}: ${where(f)}`).join('; ') || 'no loadBalancer AddressPool exists'})`);
+    return undefined;
+  }
+  for (const u of unserved) u.why += `; served in ${families.join(' and ')} only`;
+  return { ipFamilies: given, families, unserved };
+}
+
+/** One Service resolved: a VIP per family served, and the families not served with why. */
+interface ResolvedService {
+  vips: ResolvedLoadBalancer[];
+  unserved: Array<{ key: string; family: FamilyName; why: string }>;
+}
+
+function resolveOne(o: Record<string, unknown>, key: string, slices: Array<Record<string, unknown>>, lbPools: ResolvedPool[], problems: string[]): ResolvedService | undefined {
   const m = meta(o);
   const spec = (isObject(o.spec) ? o.spec : {}) as Record<string, unknown>;
   const a = m.annotations;
@@ -179,50 +340,94 @@ function resolveOne(o: Record<string, unknown>, key: string, slices: Array<Recor
     else idleTimeoutS = n;
   }
 
-  // The VIP: requested (annotation or spec.loadBalancerIP) inside a loadBalancer pool, or from a pool.
-  let vip: ResolvedLoadBalancer['vip'] | undefined;
-  const requested = a[ANNOTATION.vip] ?? (typeof spec.loadBalancerIP === 'string' && spec.loadBalancerIP ? spec.loadBalancerIP : undefined);
+  // The VIPs: requested (annotation, one address per family, or spec.loadBalancerIP) inside a loadBalancer
+  // pool, or from a pool; one per family the Service is given (familiesOf).
   const poolName = a[ANNOTATION.pool];
-  if (lbPools.length === 0) bad('VIP', 'no AddressPool with usage loadBalancer exists');
-  else if (requested !== undefined) {
-    const field = a[ANNOTATION.vip] !== undefined ? `metadata.annotations["${ANNOTATION.vip}"]` : 'spec.loadBalancerIP';
-    if (!isIPv4(requested)) bad(field, `"${requested}" is not an IPv4 address`);
-    else {
-      const holder = poolHolding(lbPools, requested);
-      if (!holder) bad(field, `${requested} is outside every loadBalancer pool (${lbPools.map((p) => `${p.name} ${p.families.map((f) => f.cidr).join(',')}`).join('; ')})`);
-      else if (poolName !== undefined && poolName !== holder.name) bad(field, `${requested} is in pool "${holder.name}", not in the requested pool "${poolName}"`);
-      else vip = { pool: holder.name, address: requested };
+  const fromAnnotation = a[ANNOTATION.vip] !== undefined;
+  const vipField = fromAnnotation ? `metadata.annotations["${ANNOTATION.vip}"]` : 'spec.loadBalancerIP';
+  const requestedText = fromAnnotation ? String(a[ANNOTATION.vip]) : typeof spec.loadBalancerIP === 'string' && spec.loadBalancerIP ? spec.loadBalancerIP : undefined;
+  const requested = new Map<IpFamily, { address: string; field: string; index: number }>();
+  let requestedCount = 0;
+  let requestOk = true;
+  if (requestedText !== undefined) {
+    const parts = fromAnnotation ? requestedText.split(',').map((x) => x.trim()) : [requestedText];
+    if (parts.length > 2 || (!fromAnnotation && parts.length > 1)) {
+      bad(vipField, `"${requestedText}" lists ${parts.length} addresses: at most one per family (IPv4, IPv6)`);
+      requestOk = false;
     }
-  } else if (poolName !== undefined) {
-    if (!lbPools.some((p) => p.name === poolName)) bad(`metadata.annotations["${ANNOTATION.pool}"]`, `"${poolName}" is not a loadBalancer AddressPool (${lbPools.map((p) => p.name).join(', ')})`);
-    else vip = { pool: poolName };
-  } else vip = { pool: lbPools[0].name };
+    parts.forEach((text, index) => {
+      const f = ipFamily(text);
+      if (!f || text.includes('%')) {
+        requestOk = false;
+        return void bad(vipField, `"${text}" is not an IPv4 or IPv6 address`);
+      }
+      if (requested.has(f)) {
+        requestOk = false;
+        return void bad(vipField, `"${requestedText}" lists two ${FAMILY_NAME[f]} addresses: at most one per family`);
+      }
+      requested.set(f, { address: canonicalIp(text), field: vipField, index });
+      requestedCount++;
+    });
+  }
+  if (poolName !== undefined && lbPools.length && !lbPools.some((p) => p.name === poolName)) {
+    bad(`metadata.annotations["${ANNOTATION.pool}"]`, `"${poolName}" is not a loadBalancer AddressPool (${lbPools.map((p) => p.name).join(', ')})`);
+    requestOk = false;
+  }
+  const vips = new Map<FamilyName, ResolvedLoadBalancer['vip']>();
+  let families: ReturnType<typeof familiesOf> = undefined;
+  if (lbPools.length === 0) bad('VIP', 'no AddressPool with usage loadBalancer exists');
+  else if (requestOk) families = familiesOf(spec, key, requested, requestedCount, poolName, lbPools, bad);
+  if (families) {
+    for (const fam of families.families) {
+      const n = FAMILY_NUMBER[fam];
+      const r = requested.get(n);
+      if (r) {
+        const named = poolName !== undefined ? lbPools.find((p) => p.name === poolName) : undefined;
+        const holder = poolHolding(lbPools, r.address);
+        if (named && !named.families.some((f) => f.family === n)) bad(r.field, `${r.address} is an ${fam} address, and pool "${named.name}" has no ${fam} subnet (${named.families.map((f) => f.cidr).join(', ')})`);
+        else if (!holder) bad(r.field, `${r.address} is outside every loadBalancer pool (${lbPools.map((p) => `${p.name} ${p.families.map((f) => f.cidr).join(',')}`).join('; ')})`);
+        else if (named && named.name !== holder.name) bad(r.field, `${r.address} is in pool "${holder.name}", not in the requested pool "${named.name}"`);
+        else vips.set(fam, { pool: holder.name, address: r.address });
+      } else {
+        // The named pool, else the first loadBalancer pool with the family (for IPv4 the first pool, as
+        // releases before chose, whenever that pool has IPv4).
+        const pool = poolName ?? lbPools.find((p) => p.families.some((f) => f.family === n))!.name;
+        vips.set(fam, { pool });
+      }
+    }
+  }
 
   // Targets from the EndpointSlices, read as kube-proxy reads them (pkg/proxy endpointslicecache.go): an
   // endpoint is its first address (the API makes its addresses fungible: "clients may choose to only use
-  // the first element"), IPv4 slices only; ready (the condition, absent = true) → active, terminating or
-  // not (publishNotReadyAddresses keeps a terminating pod ready, and kube-proxy sends it new connections);
-  // not ready but serving while terminating → keeps its clients; anything else is not a target. An
-  // address listed twice counts once (the better state).
-  const targets = new Map<string, LbTarget>();
-  for (const s of slices) {
-    if (s.addressType !== 'IPv4') continue;
-    for (const ep of Array.isArray(s.endpoints) ? s.endpoints : []) {
-      if (!isObject(ep)) continue;
-      const c = isObject(ep.conditions) ? ep.conditions : {};
-      const terminating = c.terminating === true;
-      const ready = c.ready !== false;
-      const serving = c.serving ?? ready;
-      const state: TargetState | undefined = ready ? 'active' : terminating && serving ? 'terminating' : undefined;
-      if (!state) continue;
-      const addr = Array.isArray(ep.addresses) ? ep.addresses[0] : undefined;
-      if (typeof addr !== 'string' || !isIPv4(addr)) continue;
-      const ref = isObject(ep.targetRef) && ep.targetRef.kind === 'Pod' ? `${String(ep.targetRef.namespace ?? m.namespace)}/${String(ep.targetRef.name)}` : undefined;
-      const prev = targets.get(addr);
-      if (prev?.state === 'active') continue;
-      targets.set(addr, { address: addr, state, ...(typeof ep.nodeName === 'string' ? { node: ep.nodeName } : {}), ...(ref ? { pod: ref } : {}) });
+  // the first element"); a VIP's targets are the endpoints of the slices of its family (addressType IPv4 or
+  // IPv6; FQDN slices are not targets), as each of kube-proxy's per-family proxiers reads only its own;
+  // ready (the condition, absent = true) → active, terminating or not (publishNotReadyAddresses keeps a
+  // terminating pod ready, and kube-proxy sends it new connections); not ready but serving while
+  // terminating → keeps its clients; anything else is not a target. An address listed twice (in any
+  // spelling: IPv6 text is taken in its canonical form) counts once (the better state).
+  const targetsOf = (fam: FamilyName): LbTarget[] => {
+    const targets = new Map<string, LbTarget>();
+    for (const s of slices) {
+      if (s.addressType !== fam) continue;
+      for (const ep of Array.isArray(s.endpoints) ? s.endpoints : []) {
+        if (!isObject(ep)) continue;
+        const c = isObject(ep.conditions) ? ep.conditions : {};
+        const terminating = c.terminating === true;
+        const ready = c.ready !== false;
+        const serving = c.serving ?? ready;
+        const state: TargetState | undefined = ready ? 'active' : terminating && serving ? 'terminating' : undefined;
+        if (!state) continue;
+        const text = Array.isArray(ep.addresses) ? ep.addresses[0] : undefined;
+        if (typeof text !== 'string' || text.includes('%') || ipFamily(text) !== FAMILY_NUMBER[fam]) continue;
+        const addr = canonicalIp(text);
+        const ref = isObject(ep.targetRef) && ep.targetRef.kind === 'Pod' ? `${String(ep.targetRef.namespace ?? m.namespace)}/${String(ep.targetRef.name)}` : undefined;
+        const prev = targets.get(addr);
+        if (prev?.state === 'active') continue;
+        targets.set(addr, { address: addr, state, ...(typeof ep.nodeName === 'string' ? { node: ep.nodeName } : {}), ...(ref ? { pod: ref } : {}) });
+      }
     }
-  }
+    return [...targets.values()].sort((x, y) => (x.address < y.address ? -1 : 1));
+  };
 
   // Local traffic policy: external load balancers probe each node's health-check port. In a cluster the API
   // server allocates it; in a file it is given.
@@ -234,22 +439,25 @@ function resolveOne(o: Record<string, unknown>, key: string, slices: Array<Recor
   }
 
   // The status is the store's allocation as last recorded: ignored (not a problem) when it does not fit.
-  if (vip) {
-    const status = isObject(o.status) && isObject(o.status.loadBalancer) ? o.status.loadBalancer : {};
-    const ingress = Array.isArray(status.ingress) ? status.ingress : [];
-    const recorded = ingress.map((i) => (isObject(i) && typeof i.ip === 'string' ? i.ip : undefined))
-      .find((ip) => ip !== undefined && isIPv4(ip) && poolHolding(lbPools, ip)?.name === vip!.pool && (vip!.address === undefined || vip!.address === ip));
-    if (recorded) vip.recorded = recorded;
+  const status = isObject(o.status) && isObject(o.status.loadBalancer) ? o.status.loadBalancer : {};
+  const ingress = (Array.isArray(status.ingress) ? status.ingress : []).map((i) => (isObject(i) && typeof i.ip === 'string' ? i.ip : undefined));
+  for (const [fam, vip] of vips) {
+    const recorded = ingress.find((ip) => ip !== undefined && ipFamily(ip) === FAMILY_NUMBER[fam] && poolHolding(lbPools, ip)?.name === vip.pool && (vip.address === undefined || vip.address === canonicalIp(ip)));
+    if (recorded) vip.recorded = canonicalIp(recorded);
   }
 
-  if (problems.length || !vip) return undefined;
+  if (problems.length || !vips.size || !families) return undefined;
+  const ipFamilies = families.ipFamilies;
   return {
-    key, namespace: m.namespace, name: m.name, ports,
-    lbPods: { namespace: lbNs, matchLabels },
-    affinity: aff as 'client' | 'flow',
-    idleTimeoutS, vip,
-    targets: [...targets.values()].sort((x, y) => (x.address < y.address ? -1 : 1)),
-    externalTrafficPolicy: spec.externalTrafficPolicy === 'Local' ? 'Local' : 'Cluster',
-    ...(healthCheckNodePort !== undefined ? { healthCheckNodePort } : {}),
+    vips: [...vips].map(([family, vip]) => ({
+      key: familyKey(key, family), service: key, namespace: m.namespace, name: m.name, family, ipFamilies, ports,
+      lbPods: { namespace: lbNs, matchLabels },
+      affinity: aff as 'client' | 'flow',
+      idleTimeoutS, vip,
+      targets: targetsOf(family),
+      externalTrafficPolicy: spec.externalTrafficPolicy === 'Local' ? 'Local' : 'Cluster',
+      ...(healthCheckNodePort !== undefined ? { healthCheckNodePort } : {}),
+    })),
+    unserved: families.unserved.map((u) => ({ key, ...u })),
   };
 }

@@ -4,10 +4,10 @@
 // and sent before the VIP's next claim, so the serving nodes never lose it for good.
 import type Redis from 'ioredis';
 import { EventEmitter } from 'node:events';
-import { isIPv4 } from 'node:net';
+import { ipFamily } from '../../lib/ip';
 import { log } from '../../lib/log';
 import type { StoreConnection } from '../common/store-connection';
-import { keyOf, type StoredMapping } from './mapping-fields';
+import { keyOf, sameFamily, type StoredMapping } from './mapping-fields';
 
 /** Channels per (un)subscribe command on one server. */
 const PART = 500;
@@ -95,7 +95,7 @@ export class MappingNotices extends EventEmitter {
     await this.syncing;
   }
 
-  /** A notice: {"vip": …, "mappings": [[field, target], …]}. Bad ones are named and ignored. */
+  /** A notice: {"vip": …, "mappings": [[field, target], …]}, the VIP and targets of one family. Bad ones are named and ignored. */
   private onNotice(msg: string): void {
     let n: { vip?: unknown; mappings?: unknown };
     try {
@@ -103,7 +103,7 @@ export class MappingNotices extends EventEmitter {
     } catch {
       n = {};
     }
-    const vip = typeof n.vip === 'string' && isIPv4(n.vip) ? n.vip : undefined;
+    const vip = typeof n.vip === 'string' && ipFamily(n.vip) && !n.vip.includes('%') ? n.vip : undefined;
     const list = Array.isArray(n.mappings) ? n.mappings : undefined;
     if (!vip || !list) {
       this.garbled(msg);
@@ -112,7 +112,8 @@ export class MappingNotices extends EventEmitter {
     for (const e of list) {
       const key = Array.isArray(e) && typeof e[0] === 'string' ? keyOf(vip, e[0]) : undefined;
       const target = Array.isArray(e) ? e[1] : undefined;
-      if (!key || typeof target !== 'string' || !isIPv4(target)) this.garbled(JSON.stringify(e));
+      // A target of the VIP's family only (an IPv6 VIP's mappings are to IPv6 targets).
+      if (!key || !sameFamily(target, vip)) this.garbled(JSON.stringify(e));
       else this.emit('mapping', { key, target } satisfies StoredMapping);
     }
   }

@@ -10,12 +10,11 @@
 // ZRANGEBYSCORE … LIMIT), so no one command carries a whole VIP. Nothing here waits for Redis: callers
 // queue and retry.
 import type Redis from 'ioredis';
-import { isIPv4 } from 'node:net';
 import type { StoreConnection } from '../common/store-connection';
 import { RUNS_WHEN_FULL } from '../common/store-full';
 import { refuseRecord } from '../common/store-record';
 import type { MapKey } from '../bpf/lb-structs';
-import { LB_STORE_BUCKETS, bucketOf, fieldOf, keyOf, type StoredMapping } from './mapping-fields';
+import { LB_STORE_BUCKETS, bucketOf, familyOf, fieldOf, keyOf, sameFamily, type StoredMapping } from './mapping-fields';
 import type { MappingNotices } from './mapping-notices';
 
 /** Entries per script call: small enough that no single command blocks Redis for long. */
@@ -135,8 +134,8 @@ export class MappingStore {
           fresh.push([fields[j], t]);
         }
         // A stored target that is not an address is not followed: this pod keeps its own pick.
-        if (t !== null && t !== undefined && !isIPv4(t)) refuseRecord('lb mapping store', job.hash, fields[j], 'target is not an IPv4 address', t);
-        out[j] = { key: list[j].key, target: t && isIPv4(t) ? t : list[j].target };
+        if (t !== null && t !== undefined && !sameFamily(t, vip)) refuseRecord('lb mapping store', job.hash, fields[j], `target is not an ${familyOf(vip)} address`, t);
+        out[j] = { key: list[j].key, target: sameFamily(t, vip) ? t : list[j].target };
       });
     };
     // A failed call does not stop the others: what they recorded is still published below.
@@ -242,8 +241,8 @@ export class MappingStore {
 
   private parse(vip: string, hash: string, f: string, t: string): StoredMapping | undefined {
     const key = keyOf(vip, f);
-    if (key && isIPv4(t)) return { key, target: t };
-    refuseRecord('lb mapping store', hash, f, key ? 'target is not an IPv4 address' : 'not a mapping field (c:<client> or f:<client>:<proto>:<vport>:<cport>)', t);
+    if (key && sameFamily(t, vip)) return { key, target: t };
+    refuseRecord('lb mapping store', hash, f, key ? `target is not an ${familyOf(vip)} address` : 'not a mapping field (c:<client> or f:<client>:<proto>:<vport>:<cport>, an IPv6 client in brackets)', t);
     return undefined;
   }
 

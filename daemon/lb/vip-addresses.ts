@@ -232,7 +232,8 @@ export class VipAddresses {
       this.s.vips.set(lb.key, st);
       try {
         const owner = ownerOf(lb.key);
-        const req = lb.vip.address ? { pool: lb.vip.pool, owner, addresses: [lb.vip.address] } : { pool: lb.vip.pool, owner, count: 1 };
+        // The VIP's family asked for by name: a dual-stack pool gives each of a Service's VIPs its own.
+        const req = lb.vip.address ? { pool: lb.vip.pool, owner, addresses: [lb.vip.address] } : { pool: lb.vip.pool, owner, count: 1, family: lb.family === 'IPv6' ? (6 as const) : (4 as const) };
         const { addresses } = await this.s.o.addresses.allocate(req);
         if (st.provisional && st.vip !== addresses[0]) {
           this.s.logger.error('lb: the store gives the Service another VIP than the one served from its record; that one is withdrawn', { service: lb.key, served: st.vip, from: st.provisional, store: addresses[0] });

@@ -2,12 +2,14 @@
 // restart while the store is unreachable the node still knows the VIPs of the Services it serves or hosts
 // targets of. Not authoritative: a VIP taken from here is confirmed with the store once it is back.
 //
-// Format (lb-vips.json), version 1: {"v":1,"vips":{"<namespace>/<name>":{"pool":"<pool>","vip":"<IPv4>"}}}.
-// A reader takes a file without "v" as version 1 and ignores one of a later version (logged): it only
-// loses a fallback, never a VIP the store holds.
+// Format (lb-vips.json), version 1: {"v":1,"vips":{"<key>":{"pool":"<pool>","vip":"<address>"}}}, the key
+// a VIP's (lb-spec.ts familyKey): "<namespace>/<name>" for a Service's IPv4 VIP, "<namespace>/<name>#IPv6"
+// for its IPv6 VIP. A reader takes a file without "v" as version 1 and ignores one of a later version
+// (logged): it only loses a fallback, never a VIP the store holds. A release before takes IPv4 VIPs only
+// and passes over an IPv6 entry (its key is no Service it serves either), so IPv6 entries need no new version.
 import * as fs from 'node:fs';
 import * as path from 'node:path';
-import { isIPv4 } from 'node:net';
+import { ipFamily } from '../../lib/ip';
 import { writeFileAtomic } from '../../lib/atomic-file';
 import type { Logger } from '../../lib/log';
 
@@ -49,7 +51,7 @@ export class VipRecord {
       const vips = raw.vips && typeof raw.vips === 'object' ? (raw.vips as Record<string, unknown>) : {};
       for (const [key, r] of Object.entries(vips)) {
         const x = r as Partial<RecordedVip> | null;
-        if (x && typeof x.pool === 'string' && typeof x.vip === 'string' && isIPv4(x.vip)) this.vips.set(key, { pool: x.pool, vip: x.vip });
+        if (x && typeof x.pool === 'string' && typeof x.vip === 'string' && ipFamily(x.vip) && !x.vip.includes('%')) this.vips.set(key, { pool: x.pool, vip: x.vip });
       }
       this.written = this.serialize();
     } catch (e) {

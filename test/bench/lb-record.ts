@@ -37,7 +37,7 @@ setLogger(quiet);
 
 function service(): ResolvedLoadBalancer {
   return {
-    key: 'shop/db', namespace: 'shop', name: 'db', ports: [{ port: 80, protocol: 'TCP', proto: 6 }], lbPods: { namespace: 'shop', matchLabels: { role: 'lb' } },
+    key: 'shop/db', service: 'shop/db', namespace: 'shop', name: 'db', family: 'IPv4', ipFamilies: ['IPv4'], ports: [{ port: 80, protocol: 'TCP', proto: 6 }], lbPods: { namespace: 'shop', matchLabels: { role: 'lb' } },
     affinity: 'flow', idleTimeoutS: 600, vip: { pool: 'lb' }, targets: TARGETS.map((address) => ({ address, state: 'active' as const })), externalTrafficPolicy: 'Cluster',
   };
 }

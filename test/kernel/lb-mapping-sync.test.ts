@@ -30,7 +30,7 @@ const now = () => process.hrtime.bigint();
 
 function service(idleTimeoutS: number): ResolvedLoadBalancer {
   return {
-    key: 'shop/db', namespace: 'shop', name: 'db', ports: [{ port: 80, protocol: 'TCP', proto: 6 }], lbPods: { namespace: 'shop', matchLabels: { role: 'lb' } },
+    key: 'shop/db', service: 'shop/db', namespace: 'shop', name: 'db', family: 'IPv4', ipFamilies: ['IPv4'], ports: [{ port: 80, protocol: 'TCP', proto: 6 }], lbPods: { namespace: 'shop', matchLabels: { role: 'lb' } },
     affinity: 'client', idleTimeoutS, vip: { pool: 'lb' }, targets: TARGETS.map((address) => ({ address, state: 'active' as const })), externalTrafficPolicy: 'Cluster',
   };
 }

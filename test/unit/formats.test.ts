@@ -701,13 +701,14 @@ const CASES: Record<string, Case> = {
       const s = await connectLbStore(redis.url, { keyPrefix: prefix });
       try {
         await s.mappings.claim(VIP, MAPPINGS, 1_700_000_000_000);
+        await s.mappings.claim(VIP6, MAPPINGS6, 1_700_000_000_000);
         assert.ok(await s.leases.take(VIP, 'node-a', 30_000));
         return { json: json(await dump(prefix)) };
       } finally {
         await s.connection.close();
       }
     },
-    async read(_v, g) {
+    async read(v, g) {
       const prefix = freshPrefix();
       await restore(JSON.parse(g['json'].toString()), prefix);
       const s = await connectLbStore(redis.url, { keyPrefix: prefix });
@@ -716,6 +717,8 @@ const CASES: Record<string, Case> = {
         assert.is(garbled, 0);
         const byField = (a: StoredMapping[]) => [...a].sort((x, y) => JSON.stringify(x).localeCompare(JSON.stringify(y)));
         assert.equal(byField(mappings), byField(MAPPINGS));
+        const six = await s.mappings.load(VIP6);
+        assert.equal([six.garbled, byField(six.mappings)], [0, v >= 2 ? byField(MAPPINGS6) : []]);
         assert.not.ok(await s.leases.take(VIP, 'node-b', 30_000), 'the lease is held by node-a');
       } finally {
         await s.connection.close();
@@ -729,24 +732,33 @@ const CASES: Record<string, Case> = {
       const s = await connectLbStore(redis.url, { keyPrefix: prefix });
       try {
         const [msg] = await published(s.notices.channel(VIP), async () => void (await s.mappings.claim(VIP, MAPPINGS, 1_700_000_000_000)));
-        return { json: json({ channel: s.notices.channel(VIP).replace(prefix, '<prefix>'), message: msg }) };
+        const [msg6] = await published(s.notices.channel(VIP6), async () => void (await s.mappings.claim(VIP6, MAPPINGS6, 1_700_000_000_000)));
+        return { json: json({ channel: s.notices.channel(VIP).replace(prefix, '<prefix>'), message: msg, ipv6: { channel: s.notices.channel(VIP6).replace(prefix, '<prefix>'), message: msg6 } }) };
       } finally {
         await s.connection.close();
       }
     },
-    async read(_v, g) {
-      const { channel, message } = JSON.parse(g['json'].toString()) as { channel: string; message: string };
+    async read(v, g) {
+      const { channel, message, ipv6 } = JSON.parse(g['json'].toString()) as { channel: string; message: string; ipv6?: { channel: string; message: string } };
       const prefix = freshPrefix();
       const s = await connectLbStore(redis.url, { keyPrefix: prefix });
       try {
         assert.is(s.notices.channel(VIP), channel.replace('<prefix>', prefix));
-        await s.notices.serve([VIP]);
-        await waitFor(() => s.notices.hears(VIP), "subscribed", { timeoutMs: 3000 });
+        await s.notices.serve([VIP, VIP6]);
+        await waitFor(() => s.notices.hears(VIP) && s.notices.hears(VIP6), "subscribed", { timeoutMs: 3000 });
         const got: StoredMapping[] = [];
         s.notices.on('mapping', (m: StoredMapping) => got.push(m));
+        s.notices.on('garbled', (m: string) => assert.unreachable(`garbled: ${m}`));
         await raw.publish(s.notices.channel(VIP), message);
         await waitFor(() => got.length === MAPPINGS.length, "the notice", { timeoutMs: 3000 });
         assert.equal(got, MAPPINGS);
+        assert.is(ipv6 !== undefined, v >= 2, 'version 2 has an IPv6 VIP\'s notice');
+        if (ipv6) {
+          assert.is(s.notices.channel(VIP6), ipv6.channel.replace('<prefix>', prefix));
+          await raw.publish(s.notices.channel(VIP6), ipv6.message);
+          await waitFor(() => got.length === MAPPINGS.length + MAPPINGS6.length, "the IPv6 notice", { timeoutMs: 3000 });
+          assert.equal(got.slice(MAPPINGS.length), MAPPINGS6);
+        }
       } finally {
         await s.connection.close();
       }
@@ -869,6 +881,12 @@ const VIP = '203.0.113.80';
 const MAPPINGS: StoredMapping[] = [
   { key: { vip: VIP, client: '198.51.100.20', vport: 0, cport: 0, proto: 0 }, target: '10.244.2.7' },
   { key: { vip: VIP, client: '198.51.100.21', vport: 443, cport: 50000, proto: 6 }, target: '10.244.3.8' },
+];
+/** An IPv6 VIP's mappings (version 2): its clients in brackets in the fields, IPv6 targets. */
+const VIP6 = '2001:db8:80::80';
+const MAPPINGS6: StoredMapping[] = [
+  { key: { vip: VIP6, client: '2001:db8:51::20', vport: 0, cport: 0, proto: 0 }, target: 'fd00:244:2::7' },
+  { key: { vip: VIP6, client: '2001:db8:51::21', vport: 443, cport: 50000, proto: 6 }, target: 'fd00:244:3::8' },
 ];
 const HEALTH = { eligible: true, healthy: true, services: { 'default/web': { port: 31000, open: true, localEndpoints: 2, status: 200 } } };
 const ENVELOPE = {

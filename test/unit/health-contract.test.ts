@@ -15,7 +15,7 @@ import { existsSync, readFileSync } from 'node:fs';
 import type { ListenOptions } from 'node:net';
 import { HealthListener, countLocalEndpoints, listenAnyAddress, nodeAnswer, rfc3339, serviceAnswer } from '../../daemon/health/health-server';
 import { HealthController, holderOf, type NodeHealthReport } from '../../daemon/health/health-controller';
-import { ProgrammingTracker, proxyHealth, type ProgrammingState } from '../../daemon/health/proxy-health';
+import { FamilyTrackers, ProgrammingTracker, proxyHealth, type FamilyProgramming, type ProgrammingState } from '../../daemon/health/proxy-health';
 import { resolveLoadBalancers } from '../../daemon/lb/lb-spec';
 import { validatePools } from '../../ipam/pool';
 import { healthCondition } from '../../daemon/kube/status-controller';
@@ -76,8 +76,8 @@ const at = (s: number) => T0 + s * 1000;
 test('node /healthz and /livez: kube-proxy 1.33+ bodies (healthy, per-family status, RFC 3339 times, old fields kept); an unhealthy lastUpdated is the last programming', () => {
   const now = new Date(at(90.5));
   const N = '"currentTime":"2026-11-24T10:01:30.62Z"';
-  const fresh = proxyHealth({ lastUpdated: T0 }, now.getTime());
-  const stale = proxyHealth({ lastUpdated: T0, pendingSince: at(10) }, now.getTime());
+  const fresh = proxyHealth({ IPv4: { lastUpdated: T0 } }, now.getTime());
+  const stale = proxyHealth({ IPv4: { lastUpdated: T0, pendingSince: at(10) } }, now.getTime());
   const never = proxyHealth({}, now.getTime());
   const ok4 = '"status":{"IPv4":{"lastUpdated":"2026-11-24T10:00:00.12Z","healthy":true}}';
   const bad4 = '"status":{"IPv4":{"lastUpdated":"2026-11-24T10:00:00.12Z","healthy":false}}';
@@ -123,8 +123,8 @@ test('staleness by kube-proxy\'s rule: unhealthy only when a change has waited 6
     ['a change waits 5 min', { lastUpdated: T0, pendingSince: at(100) }, at(400), false],
     ['never programmed (starting), a change waits 2 min', { pendingSince: T0 }, at(120), true],
   ];
-  for (const [what, st, now, healthy] of rows) assert.is(proxyHealth(st, now).healthy, healthy, what);
-  assert.is(proxyHealth({ lastUpdated: T0, pendingSince: at(100) }, at(110), 10_000).healthy, false, 'the timeout is an option');
+  for (const [what, st, now, healthy] of rows) assert.is(proxyHealth({ IPv4: st }, now).healthy, healthy, what);
+  assert.is(proxyHealth({ IPv4: { lastUpdated: T0, pendingSince: at(100) } }, at(110), 10_000).healthy, false, 'the timeout is an option');
 
   // The tracker: the oldest change waiting sets the age; a completed pass programs all of them.
   let now = T0;
@@ -135,12 +135,12 @@ test('staleness by kube-proxy\'s rule: unhealthy only when a change has waited 6
   now = at(20);
   t.queued();
   assert.equal(t.state(), { lastUpdated: T0, pendingSince: at(10) });
-  assert.is(proxyHealth(t.state(), at(69.9)).healthy, true);
-  assert.is(proxyHealth(t.state(), at(70)).healthy, false);
+  assert.is(proxyHealth({ IPv4: t.state() }, at(69.9)).healthy, true);
+  assert.is(proxyHealth({ IPv4: t.state() }, at(70)).healthy, false);
   now = at(75);
   t.updated();
   assert.equal(t.state(), { lastUpdated: at(75), pendingSince: undefined });
-  assert.is(proxyHealth(t.state(), at(1000)).healthy, true);
+  assert.is(proxyHealth({ IPv4: t.state() }, at(1000)).healthy, true);
 });
 
 
@@ -151,7 +151,7 @@ test('through the controller over HTTP: a stall answers 503 only after 60 s, wit
   let now = at(100);
   let prog: ProgrammingState = { lastUpdated: T0 };
   const lb = { key: 'shop/db', externalTrafficPolicy: 'Local', healthCheckNodePort: hcPort, targets: [{ address: '10.244.0.1', state: 'active', node: 'n1' }] } as unknown as ResolvedLoadBalancer;
-  const hc = new HealthController({ node: 'n1', port, services: () => [lb], programming: () => prog, eligible: () => true, logger: log(), now: () => now });
+  const hc = new HealthController({ node: 'n1', port, services: () => [lb], programming: () => ({ IPv4: prog }), eligible: () => true, logger: log(), now: () => now });
   try {
     await hc.start();
     let r = await get(port, '/healthz');
@@ -183,7 +183,7 @@ test('through the controller over HTTP: a stall answers 503 only after 60 s, wit
 test('the health ports listen on both IP families (:: accepting IPv4), as kube-proxy\'s; IPv4 only where the host has no IPv6', async () => {
   const [port, hcPort] = [await freePort(), await freePort()];
   const lb = { key: 'shop/db', externalTrafficPolicy: 'Local', healthCheckNodePort: hcPort, targets: [{ address: '10.244.0.1', state: 'active', node: 'n1' }] } as unknown as ResolvedLoadBalancer;
-  const hc = new HealthController({ node: 'n1', port, services: () => [lb], programming: () => ({ lastUpdated: Date.now() }), eligible: () => true, logger: log() });
+  const hc = new HealthController({ node: 'n1', port, services: () => [lb], programming: () => ({ IPv4: { lastUpdated: Date.now() } }), eligible: () => true, logger: log() });
   try {
     await hc.start();
     for (const p of [port, hcPort]) {
@@ -315,7 +315,7 @@ test('the health controller reports its answers on a change (and only then, with
   }) as unknown as ResolvedLoadBalancer;
   let services = [lb('db', free, 1), lb('web', taken, 1)];
   const reports: NodeHealthReport[] = [];
-  const hc = new HealthController({ node: 'n1', port: 0, services: () => services, programming: () => ({ lastUpdated: Date.now() }), eligible: () => true, report: async (r) => void reports.push(structuredClone(r)), logger: log() });
+  const hc = new HealthController({ node: 'n1', port: 0, services: () => services, programming: () => ({ IPv4: { lastUpdated: Date.now() } }), eligible: () => true, report: async (r) => void reports.push(structuredClone(r)), logger: log() });
   try {
     await hc.start();
     await hc.reconcile();
@@ -354,6 +354,63 @@ test('without the host\'s processes (the DaemonSet\'s container, no hostPID) kub
     kubeProxy.close();
     other.close();
     rmSync(noProc, { recursive: true, force: true });
+  }
+});
+
+test('per family, as kube-proxy reports its proxiers: each family programmed in status.IPv4 / status.IPv6, healthy only when every one is, lastUpdated the latest; a family reported only once something of it was programmed', () => {
+  const now = at(200);
+  const N = '"currentTime":"2026-11-24T10:03:20.12Z"';
+  const both = proxyHealth({ IPv4: { lastUpdated: T0 }, IPv6: { lastUpdated: at(50) } }, now);
+  assert.equal([both.healthy, both.lastUpdated, Object.keys(both.status)], [true, new Date(at(50)), ['IPv4', 'IPv6']]);
+  // The IPv6 proxier's change waits 100 s: the node is unhealthy, IPv4 still says healthy.
+  const v6stale = proxyHealth({ IPv4: { lastUpdated: at(150) }, IPv6: { lastUpdated: at(50), pendingSince: at(100) } }, now);
+  assert.equal([v6stale.healthy, v6stale.status.IPv4.healthy, v6stale.status.IPv6.healthy], [false, true, false]);
+  assert.is(nodeAnswer('/livez', { proxy: v6stale, nodeEligible: true, now: new Date(now) }).body,
+    `{"lastUpdated":"2026-11-24T10:02:30.12Z",${N},"healthy":false,"status":{"IPv4":{"lastUpdated":"2026-11-24T10:02:30.12Z","healthy":true},"IPv6":{"lastUpdated":"2026-11-24T10:00:50.12Z","healthy":false}}}`);
+  const h = nodeAnswer('/healthz', { proxy: both, nodeEligible: true, now: new Date(now) });
+  assert.equal([h.status, JSON.parse(h.body).status], [200, { IPv4: { lastUpdated: '2026-11-24T10:00:00.12Z', healthy: true }, IPv6: { lastUpdated: '2026-11-24T10:00:50.12Z', healthy: true } }]);
+  // A family never updated is not reported (kube-proxy's map has no entry for it).
+  assert.equal(Object.keys(proxyHealth({ IPv4: { lastUpdated: T0 }, IPv6: { pendingSince: T0 } }, now).status), ['IPv4']);
+
+  // The trackers: IPv6 appears when tracked (its first VIP programmed); changes and passes count for every family tracked.
+  let t = T0;
+  const f = new FamilyTrackers(() => t);
+  assert.equal(f.state(), {});
+  f.track('IPv4');
+  t = at(10);
+  f.queued();
+  assert.equal(f.state(), { IPv4: { lastUpdated: T0, pendingSince: at(10) } } satisfies FamilyProgramming, 'no IPv6 before anything of it is programmed');
+  t = at(20);
+  f.updated();
+  f.track('IPv6');
+  f.track('IPv6');
+  t = at(30);
+  f.queued();
+  assert.equal(f.state(), { IPv4: { lastUpdated: at(20), pendingSince: at(30) }, IPv6: { lastUpdated: at(20), pendingSince: at(30) } });
+  assert.is(proxyHealth(f.state(), at(95)).healthy, false, 'a change waiting 65 s in both');
+  t = at(96);
+  f.updated();
+  assert.equal(proxyHealth(f.state(), at(97)).status, { IPv4: { lastUpdated: new Date(at(96)), healthy: true }, IPv6: { lastUpdated: new Date(at(96)), healthy: true } });
+});
+
+test('a dual-stack Local Service is checked once on its port (its two VIPs share it), answered from its first family\'s endpoints', async () => {
+  const hcPort = await freePort();
+  const pools = validatePools([{ apiVersion: 'tether.dev/v1alpha1', kind: 'AddressPool', metadata: { name: 'lb' }, spec: { usage: 'loadBalancer', ipv4: { cidr: '198.51.100.0/28' }, ipv6: { cidr: '2001:db8:5::/120' } } }]);
+  const sl = (addressType: string, addresses: string[]) => ({ kind: 'EndpointSlice', metadata: { name: `db-${addressType}`, namespace: 'shop', labels: { 'kubernetes.io/service-name': 'db' } }, addressType, endpoints: addresses.map((a) => ({ addresses: [a], nodeName: 'n1' })) });
+  const r = resolveLoadBalancers([
+    { apiVersion: 'v1', kind: 'Service', metadata: { name: 'db', namespace: 'shop' }, spec: { type: 'LoadBalancer', loadBalancerClass: 'tether.dev/lb', ports: [{ port: 80 }], externalTrafficPolicy: 'Local', healthCheckNodePort: hcPort, ipFamilyPolicy: 'RequireDualStack', ipFamilies: ['IPv6', 'IPv4'] } },
+    sl('IPv4', ['10.244.0.1']), sl('IPv6', ['fd00::1', 'fd00::2']),
+  ], pools, { datapathFamilies: ['IPv4', 'IPv6'] });
+  assert.equal(r.loadBalancers.map((l) => [l.key, l.healthCheckNodePort]), [['shop/db#IPv6', hcPort], ['shop/db', hcPort]]);
+  const hc = new HealthController({ node: 'n1', port: 0, services: () => r.loadBalancers, programming: () => ({ IPv4: { lastUpdated: Date.now() }, IPv6: { lastUpdated: Date.now() } }), eligible: () => true, logger: log() });
+  try {
+    await hc.start();
+    const st = hc.status().services as Array<Record<string, unknown>>;
+    assert.equal(st.map((x) => [x.service, x.port, x.open, x.problem]), [['shop/db', hcPort, true, undefined]], 'one check, opened (no clash of the Service with itself)');
+    const res = await fetch(`http://127.0.0.1:${hcPort}/`);
+    assert.equal([res.status, (await res.json() as { localEndpoints: number }).localEndpoints], [200, 2], 'the primary family (IPv6) endpoints');
+  } finally {
+    await hc.stop();
   }
 });
 

@@ -274,7 +274,7 @@ test('a health-check answer flipping 200 → 503 → 200 on this node is an Even
   let healthy = true;
   const lb = { key: 'shop/web', externalTrafficPolicy: 'Local', healthCheckNodePort: port, targets: [{ address: '10.244.1.9', node: 'n1', state: 'active' }] } as unknown as ResolvedLoadBalancer;
   const services = [lb];
-  const hc = new HealthController({ node: 'n1', port: 0, services: () => services, programming: () => (healthy ? { lastUpdated: Date.now() } : { lastUpdated: Date.now() - 120_000, pendingSince: Date.now() - 120_000 }), eligible: () => true, logger: quiet, onFlip: reporting.onHealthFlip });
+  const hc = new HealthController({ node: 'n1', port: 0, services: () => services, programming: () => ({ IPv4: healthy ? { lastUpdated: Date.now() } : { lastUpdated: Date.now() - 120_000, pendingSince: Date.now() - 120_000 } }), eligible: () => true, logger: quiet, onFlip: reporting.onHealthFlip });
   try {
     await hc.start();
     healthy = false;

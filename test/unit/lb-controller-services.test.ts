@@ -44,9 +44,10 @@ test('1,000 Services accepted with VIPs; a node without their LB pods programs, 
     const r = resolveLoadBalancers(objects(), pools);
     assert.is(r.loadBalancers.length, N);
     // Every Service has its target on n1: n1 needs every VIP (its targets' DSR set-up holds it).
-    assert.equal(ctl.programming(), { lastUpdated: undefined, pendingSince: undefined }, 'nothing programmed or waiting yet');
+    assert.equal(ctl.programming(), {}, 'nothing programmed or waiting yet: no family reported');
     await ctl.apply(r);
-    const prog = ctl.programming();
+    assert.equal(Object.keys(ctl.programming()), ['IPv4'], 'IPv4 reported from the start (an IPv6 VIP would add IPv6)');
+    const prog = ctl.programming().IPv4!;
     assert.ok(prog.lastUpdated !== undefined && prog.pendingSince === undefined, 'the applied Services are programmed: no change waits (the health checks\' staleness)');
     const st = ctl.status();
     assert.is(st.length, N);

@@ -157,4 +157,103 @@ test('Maglev: identical for the same targets in any order, balanced, and a new t
   assert.ok(Array.from(maglevTable([], 7).table).every((x) => x === -1));
 });
 
+
+// ---------------------------------------------------------------------------------------------------
+// IP families: spec.ipFamilyPolicy and spec.ipFamilies as the API server defaults and validates them, one
+// VIP per family, each family's own targets, and every refusal naming the Service, the field and the family.
+
+const famPools = validatePools([
+  { apiVersion: 'tether.dev/v1alpha1', kind: 'AddressPool', metadata: { name: 'v4' }, spec: { usage: 'loadBalancer', ipv4: { cidr: '198.51.100.0/28' } } },
+  { apiVersion: 'tether.dev/v1alpha1', kind: 'AddressPool', metadata: { name: 'dual' }, spec: { usage: 'loadBalancer', ipv4: { cidr: '203.0.113.0/28' }, ipv6: { cidr: '2001:db8:5::/120' } } },
+  { apiVersion: 'tether.dev/v1alpha1', kind: 'AddressPool', metadata: { name: 'v6' }, spec: { usage: 'loadBalancer', ipv6: { cidr: '2001:db8:6::/120' } } },
+]);
+const v4Only = famPools.filter((p) => p.name === 'v4');
+const BOTH = { datapathFamilies: ['IPv4', 'IPv6'] as const };
+const fam = (spec: Record<string, unknown> = {}, annotations: Record<string, string> = {}) => svc({ spec, annotations });
+/** Each resolved VIP as "key family pool[ address]". */
+const shown = (r: ReturnType<typeof resolveLoadBalancers>) => r.loadBalancers.map((l) => `${l.key} ${l.family} ${l.vip.pool}${l.vip.address ? ` ${l.vip.address}` : ''}`);
+
+test('families by policy (table): defaults as the API server applies them, one VIP per family, the IPv4 one under the Service\'s own key', () => {
+  const cases: Array<[string, Record<string, unknown>, Record<string, string>, typeof famPools, string[], string[]]> = [
+    // [what, spec, annotations, pools, VIPs, ipFamilies]
+    ['no policy, no families: SingleStack in the first pool\'s first family (as before)', {}, {}, famPools, ['shop/db IPv4 v4'], ['IPv4']],
+    ['SingleStack IPv6: the IPv6 VIP under <key>#IPv6, from the first pool with IPv6', { ipFamilies: ['IPv6'] }, {}, famPools, ['shop/db#IPv6 IPv6 dual'], ['IPv6']],
+    ['PreferDualStack, no families: the default family first, the other appended', { ipFamilyPolicy: 'PreferDualStack' }, {}, famPools, ['shop/db IPv4 v4', 'shop/db#IPv6 IPv6 dual'], ['IPv4', 'IPv6']],
+    ['RequireDualStack [IPv6, IPv4]: in that order, IPv4 still under the plain key', { ipFamilyPolicy: 'RequireDualStack', ipFamilies: ['IPv6', 'IPv4'] }, {}, famPools, ['shop/db#IPv6 IPv6 dual', 'shop/db IPv4 v4'], ['IPv6', 'IPv4']],
+    ['the named dual-stack pool serves both', { ipFamilyPolicy: 'RequireDualStack' }, { [ANNOTATION.pool]: 'dual' }, famPools, ['shop/db IPv4 dual', 'shop/db#IPv6 IPv6 dual'], ['IPv4', 'IPv6']],
+    ['PreferDualStack on IPv4-only pools: served in IPv4', { ipFamilyPolicy: 'PreferDualStack', ipFamilies: ['IPv4', 'IPv6'] }, {}, v4Only, ['shop/db IPv4 v4'], ['IPv4', 'IPv6']],
+    ['requested VIPs, one per family: families inferred in their order', { ipFamilyPolicy: 'RequireDualStack' }, { [ANNOTATION.vip]: '2001:DB8:6::0005, 203.0.113.7' }, famPools, ['shop/db#IPv6 IPv6 v6 2001:db8:6::5', 'shop/db IPv4 dual 203.0.113.7'], ['IPv6', 'IPv4']],
+    ['loadBalancerIP IPv6 alone: SingleStack IPv6', { loadBalancerIP: '2001:db8:5::9' }, {}, famPools, ['shop/db#IPv6 IPv6 dual 2001:db8:5::9'], ['IPv6']],
+    ['PreferDualStack with one requested VIP: the other family from a pool', { ipFamilyPolicy: 'PreferDualStack' }, { [ANNOTATION.vip]: '198.51.100.3' }, famPools, ['shop/db IPv4 v4 198.51.100.3', 'shop/db#IPv6 IPv6 dual'], ['IPv4', 'IPv6']],
+  ];
+  for (const [what, spec, ann, pools, want, families] of cases) {
+    const r = resolveLoadBalancers([fam(spec, ann)], pools, BOTH);
+    assert.equal(r.refused, [], what);
+    assert.equal(shown(r), want, what);
+    for (const l of r.loadBalancers) assert.equal([l.service, l.ipFamilies], ['shop/db', families], what);
+  }
+});
+
+test('PreferDualStack with one family available is served in it, and says the other is not available', () => {
+  const r = resolveLoadBalancers([fam({ ipFamilyPolicy: 'PreferDualStack', ipFamilies: ['IPv4', 'IPv6'] })], v4Only, BOTH);
+  assert.equal(shown(r), ['shop/db IPv4 v4']);
+  assert.equal(r.unserved, [{ key: 'shop/db', family: 'IPv6', why: 'spec.ipFamilyPolicy PreferDualStack: no IPv6 VIP, no loadBalancer AddressPool has an IPv6 subnet; served in IPv4 only' }]);
+  const named = resolveLoadBalancers([fam({ ipFamilyPolicy: 'PreferDualStack' }, { [ANNOTATION.pool]: 'v6' })], famPools, BOTH);
+  assert.equal(shown(named), ['shop/db#IPv6 IPv6 v6'], 'the named pool\'s one family, no other appended');
+});
+
+test('bad families are refused as the API server refuses them, naming the Service, the field and the family; nothing of the Service is served', () => {
+  const cases: Array<[string, Record<string, unknown>, Record<string, string>, typeof famPools, RegExp]> = [
+    ['RequireDualStack, no IPv6 pool', { ipFamilyPolicy: 'RequireDualStack' }, {}, v4Only, /spec\.ipFamilyPolicy: RequireDualStack: Service shop\/db needs an IPv6 VIP, and no loadBalancer AddressPool has an IPv6 subnet/],
+    ['RequireDualStack, the named pool has one family', { ipFamilyPolicy: 'RequireDualStack' }, { [ANNOTATION.pool]: 'v4' }, famPools, /spec\.ipFamilyPolicy: RequireDualStack: Service shop\/db needs an IPv6 VIP, and pool "v4" has no IPv6 subnet/],
+    ['an IPv6 VIP in an IPv4-only pool', {}, { [ANNOTATION.vip]: '2001:db8:5::9', [ANNOTATION.pool]: 'v4' }, famPools, /lb\.tether\.dev\/vip.*2001:db8:5::9 is an IPv6 address, and pool "v4" has no IPv6 subnet/],
+    ['an IPv6 VIP outside every pool', {}, { [ANNOTATION.vip]: '2001:db8:7::1' }, famPools, /2001:db8:7::1 is outside every loadBalancer pool/],
+    ['two families under SingleStack', { ipFamilyPolicy: 'SingleStack', ipFamilies: ['IPv4', 'IPv6'] }, {}, famPools, /spec\.ipFamilyPolicy: must be 'RequireDualStack' or 'PreferDualStack' when multiple IP families are specified/],
+    ['two families, no policy (SingleStack)', { ipFamilies: ['IPv4', 'IPv6'] }, {}, famPools, /must be 'RequireDualStack' or 'PreferDualStack' when multiple IP families/],
+    ['two requested VIPs under SingleStack', {}, { [ANNOTATION.vip]: '198.51.100.3,2001:db8:5::9' }, famPools, /spec\.ipFamilyPolicy: must be 'RequireDualStack' or 'PreferDualStack' when .*lb\.tether\.dev\/vip.* requests a VIP in each family/],
+    ['a family listed twice', { ipFamilyPolicy: 'PreferDualStack', ipFamilies: ['IPv4', 'IPv4'] }, {}, famPools, /spec\.ipFamilies\[1\]: IPv4 is listed twice/],
+    ['an unknown family', { ipFamilies: ['IPv5'] }, {}, famPools, /spec\.ipFamilies\[0\]: "IPv5" is not supported \(IPv4 or IPv6\)/],
+    ['three families', { ipFamilyPolicy: 'PreferDualStack', ipFamilies: ['IPv4', 'IPv6', 'IPv4'] }, {}, famPools, /may specify no more than 2 ipFamilies/],
+    ['an unknown policy', { ipFamilyPolicy: 'DualStack' }, {}, famPools, /spec\.ipFamilyPolicy: "DualStack" is not supported/],
+    ['SingleStack IPv6 with no IPv6 pool', { ipFamilies: ['IPv6'] }, {}, v4Only, /spec\.ipFamilies\[0\]: IPv6: Service shop\/db needs an IPv6 VIP, and no loadBalancer AddressPool has an IPv6 subnet/],
+    ['a requested VIP of a family ipFamilies does not list', { ipFamilies: ['IPv4'] }, { [ANNOTATION.vip]: '2001:db8:5::9' }, famPools, /2001:db8:5::9 is an IPv6 address, and spec\.ipFamilies \(IPv4\) does not list IPv6/],
+    ['two VIPs of one family', { ipFamilyPolicy: 'PreferDualStack' }, { [ANNOTATION.vip]: '198.51.100.3,198.51.100.4' }, famPools, /lists two IPv4 addresses: at most one per family/],
+    ['three VIPs', { ipFamilyPolicy: 'PreferDualStack' }, { [ANNOTATION.vip]: '198.51.100.3,2001:db8:5::9,198.51.100.4' }, famPools, /lists 3 addresses: at most one per family/],
+    ['not an address', {}, { [ANNOTATION.vip]: 'fe80::1%eth0' }, famPools, /"fe80::1%eth0" is not an IPv4 or IPv6 address/],
+  ];
+  for (const [what, spec, ann, pools, re] of cases) {
+    const r = resolveLoadBalancers([fam(spec, ann)], pools, BOTH);
+    assert.equal(r.loadBalancers, [], `${what}: nothing served`);
+    assert.is(r.refused[0]?.key, 'shop/db', what);
+    assert.match(r.refused[0].problems.join('\n'), re, what);
+  }
+});
+
+test('targets per family: a VIP balances only the endpoints of its family\'s slices, IPv6 text canonical', () => {
+  const v6slice = { ...slice([{ addresses: ['FD00:0:0::5'], conditions: { ready: true }, nodeName: 'n1' }, { addresses: ['10.244.0.9'] }]), addressType: 'IPv6' };
+  const r = resolveLoadBalancers([fam({ ipFamilyPolicy: 'RequireDualStack' }), slice([{ addresses: ['10.244.0.5'] }, { addresses: ['fd00::7'] }]), v6slice], famPools, BOTH);
+  const [v4, v6] = r.loadBalancers;
+  assert.equal(v4.targets, [{ address: '10.244.0.5', state: 'active' }]);
+  assert.equal(v6.targets, [{ address: 'fd00::5', state: 'active', node: 'n1' }]);
+});
+
+test('the status\'s VIPs are read per family (the recorded one of each family in its pool)', () => {
+  const s = { ...fam({ ipFamilyPolicy: 'RequireDualStack' }, { [ANNOTATION.pool]: 'dual' }), status: { loadBalancer: { ingress: [{ ip: '2001:db8:5:0::3' }, { ip: '203.0.113.4' }] } } };
+  const r = resolveLoadBalancers([s], famPools, BOTH);
+  assert.equal(r.loadBalancers.map((l) => [l.family, l.vip.recorded]), [['IPv4', '203.0.113.4'], ['IPv6', '2001:db8:5::3']]);
+});
+
+test('the datapath gate: without IPv6 in DATAPATH_FAMILIES an IPv6 VIP is not resolved for programming, and says so by name; the IPv4 VIP is served as before', () => {
+  const r = resolveLoadBalancers([fam({ ipFamilyPolicy: 'RequireDualStack' }), fam({ ipFamilies: ['IPv6'] }, {})].map((s, i) => ({ ...s, metadata: { ...(s.metadata as object), name: i ? 'six' : 'db' } })), famPools);
+  assert.equal(shown(r), ['shop/db IPv4 v4']);
+  assert.equal(r.refused, []);
+  assert.equal(r.unserved, [
+    { key: 'shop/db', family: 'IPv6', why: "IPv6 VIPs are not programmed by this release's datapath yet; served in IPv4 only" },
+    { key: 'shop/six', family: 'IPv6', why: "IPv6 VIPs are not programmed by this release's datapath yet" },
+  ]);
+  // A dual-stack Local Service's two VIPs share its health-check port: not a clash with itself.
+  const local = resolveLoadBalancers([fam({ ipFamilyPolicy: 'RequireDualStack', externalTrafficPolicy: 'Local', healthCheckNodePort: 32000 })], famPools, BOTH);
+  assert.equal([local.refused, local.loadBalancers.map((l) => l.healthCheckNodePort)], [[], [32000, 32000]]);
+});
+
 test.run();
