@@ -1,12 +1,66 @@
 /* fou-decap.bpf.c (tc ingress, or egress of a pod's host-side veth): strips outer IPv4 + UDP from FoU packets
  * addressed to this interface's configured address and port, from allowed sources only, and passes the inner
- * packet (IPv4 without options, or IPv6) up the stack. */
+ * packet (IPv4 without options, or IPv6) up the stack. Outer IPv6 + UDP (an IPv6 VIP's load balancer sends
+ * that to an IPv6 target) is unwrapped the same way under its own settings and allow-list (fou_decap_cfg6,
+ * fou_sources6). */
 #include "common.h"
 #include "parse.h"
 #include "fou.h"
 #include "fou-decap-maps.h"
 
 #define IP_MF 0x2000
+
+/* Outer IPv6 + UDP to the configured IPv6 address and port. The outer header must be followed by UDP at once:
+ * encapsulators write no extension headers, and a Fragment header would mean a piece of an inner packet.
+ * The UDP checksum is not checked, and 0 is accepted: the encapsulator sends 0 (fou.h, RFC 6935/6936) and
+ * this runs before the stack's UDP, which would refuse it. */
+static __always_inline int fou_decap_outer6(struct __sk_buff *skb)
+{
+	struct fou_decap_config6 *cfg;
+	struct fou_stats *st;
+	struct ipv6hdr ip6;
+	struct udphdr udp;
+	__u8 inner_vihl;
+	__u32 key = 0;
+	int v6;
+
+	if (parse_ipv6(skb, &ip6) || ip6.nexthdr != IPPROTO_UDP_ ||
+	    bpf_skb_load_bytes(skb, ETH_HLEN + sizeof(ip6), &udp, sizeof(udp)))
+		return TC_ACT_OK;
+	cfg = bpf_map_lookup_elem(&fou_decap_cfg6, &key);
+	st = bpf_map_lookup_elem(&fou_decap_stats, &key);
+	if (!cfg || !st)
+		return TC_ACT_OK;
+	if (!cfg->dport || udp.dest != cfg->dport)
+		return TC_ACT_OK;
+	if (!in6_is_zero(&cfg->daddr) && !in6_equal(&ip6.daddr, &cfg->daddr)) {
+		st->rejected_dest++;
+		return TC_ACT_OK;
+	}
+	if ((cfg->flags & FOU_DECAP_F_CHECK_SOURCES) && !bpf_map_lookup_elem(&fou_sources6, &ip6.saddr)) {
+		st->rejected_source++;
+		return TC_ACT_SHOT;
+	}
+	if (bpf_skb_load_bytes(skb, ETH_HLEN + FOU6_OVERHEAD, &inner_vihl, 1)) {
+		st->errors++;
+		return TC_ACT_SHOT;
+	}
+	if (inner_vihl == 0x45)
+		v6 = 0;
+	else if ((inner_vihl >> 4) == 6)
+		v6 = 1;
+	else {
+		st->errors++;
+		return TC_ACT_SHOT;
+	}
+	if (fou6_decap(skb, v6)) {
+		st->errors++;
+		return TC_ACT_SHOT;
+	}
+	st->packets++;
+	st->bytes += skb->len - ETH_HLEN;
+	return TC_ACT_OK;
+}
 
 SEC("tc")
 int fou_decap(struct __sk_buff *skb)
@@ -19,6 +73,8 @@ int fou_decap(struct __sk_buff *skb)
 	__u32 key = 0;
 	int v6;
 
+	if (skb->protocol == bpf_htons(ETH_P_IPV6))
+		return fou_decap_outer6(skb);
 	if (parse_ipv4(skb, &ip) || parse_udp(skb, &ip, &udp))
 		return TC_ACT_OK;
 	cfg = bpf_map_lookup_elem(&fou_decap_cfg, &key);

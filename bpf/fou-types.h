@@ -5,6 +5,10 @@
 /* Outer IPv4 (20, no options) + UDP (8): what FoU adds in front of the inner IPv4 packet. */
 #define FOU_OVERHEAD 28
 
+/* Outer IPv6 (40, no extension headers) + UDP (8): what FoU adds in front of an inner IPv6 packet when the
+ * underlay between the two ends is IPv6 too (an IPv6 VIP's targets are IPv6 endpoints). */
+#define FOU6_OVERHEAD 48
+
 #ifndef FOU_TTL
 #define FOU_TTL 64
 #endif
@@ -45,6 +49,14 @@ struct fou_decap_config {
 	__be32 daddr;  /* accepted outer destination; 0 = any address on this interface */
 	__be16 dport;  /* FoU UDP port; 0 = decap disabled */
 	__u16 flags;   /* FOU_DECAP_F_* */
+};
+
+/* Decap settings for outer IPv6, one entry (a map of its own: fou_decap_config keeps its pinned layout).
+ * Must match daemon/bpf/fou-structs.ts FouDecapConfig6. */
+struct fou_decap_config6 {
+	struct in6_addr daddr; /* accepted outer destination; :: = any address on this interface */
+	__be16 dport;          /* FoU UDP port; 0 = outer IPv6 decap disabled */
+	__u16 flags;           /* FOU_DECAP_F_*: CHECK_SOURCES enforces fou_sources6 */
 };
 
 /* Per-CPU counters of one program. Must match daemon/bpf/fou-structs.ts FouStats. */

@@ -1,4 +1,4 @@
-/* fou.h: Foo-over-UDP encapsulation and decapsulation of IPv4 and IPv6 in IPv4/UDP. */
+/* fou.h: Foo-over-UDP encapsulation and decapsulation of IPv4 and IPv6 in IPv4/UDP, and of IPv6 in IPv6/UDP. */
 #ifndef TETHER_FOU_H
 #define TETHER_FOU_H
 
@@ -148,6 +148,71 @@ static __always_inline int fou_decap6(struct __sk_buff *skb)
 	__be16 ethertype = bpf_htons(ETH_P_IPV6);
 
 	if (bpf_skb_adjust_room(skb, -FOU_OVERHEAD, BPF_ADJ_ROOM_MAC, BPF_F_ADJ_ROOM_DECAP_L3_IPV6))
+		return -1;
+	return bpf_skb_store_bytes(skb, 2 * ETH_ALEN, &ethertype, sizeof(ethertype), 0) ? -1 : 0;
+}
+
+/* The 48 bytes written in front of an inner IPv6 packet when the underlay is IPv6 (no extension headers). */
+struct fou6_hdr {
+	struct ipv6hdr ip;
+	struct udphdr udp;
+};
+_Static_assert(sizeof(struct fou6_hdr) == FOU6_OVERHEAD, "outer IPv6 headers must be exactly FOU6_OVERHEAD bytes");
+
+/* Wraps an IPv6 packet behind the Ethernet header in outer IPv6 + UDP (48 bytes) from saddr to daddr. The
+ * ENCAP flags make adjust_room mark the skb as a UDP tunnel over IPv6, so a GSO super-packet is segmented
+ * after this hook with an outer header per segment (and its gso_size lowered by 48).
+ * The outer UDP checksum is 0. IPv6 forbids that in general (RFC 8200 8.1), but RFC 6935/6936 allow it for
+ * tunnels whose receiver is prepared for it: ours is fou-decap's IPv6 path, which unwraps the packet before
+ * the stack (whose UDP would drop it) sees it, checks the outer destination and source against its
+ * configuration, and leaves the inner transport checksum (which covers the inner addresses) to protect the
+ * data. Computing a real checksum here would mean summing the whole payload of every packet, and a GSO
+ * super-packet's segments get no outer checksum from the kernel either (SKB_GSO_UDP_TUNNEL without _CSUM).
+ * The outer traffic class is the inner one (DSCP and ECN mean the same on the underlay); the flow label is
+ * 20 bits of the flow hash (RFC 6438), so ECMP on the underlay spreads flows as the UDP source port does;
+ * the hop limit is FOU_TTL. skb->protocol and the Ethernet type stay IPv6. Returns 0 or a negative value. */
+static __always_inline int fou6_encap6(struct __sk_buff *skb, const struct ipv6hdr *inner, const struct in6_addr *saddr,
+				       const struct in6_addr *daddr, __be16 dport, __be16 sport, __u32 hash, struct fou6_hdr *h)
+{
+	__u32 inner_len = bpf_ntohs(inner->payload_len) + sizeof(*inner);
+	__u32 label = hash & 0xfffff;
+
+	/* payload_len 0 is a jumbogram (or a BIG TCP super-packet): no outer IPv6 length can describe it. */
+	if (!inner->payload_len || inner_len + sizeof(struct udphdr) > 0xffff)
+		return -1;
+	/* h: where the headers are built (the caller's stack, or a per-CPU scratch where the stack is short). */
+	__builtin_memset(h, 0, sizeof(*h));
+	h->ip.version = 6;
+	h->ip.priority = inner->priority;
+	h->ip.flow_lbl[0] = (inner->flow_lbl[0] & 0xf0) | ((label >> 16) & 0x0f);
+	h->ip.flow_lbl[1] = label >> 8;
+	h->ip.flow_lbl[2] = label;
+	h->ip.payload_len = bpf_htons(inner_len + sizeof(struct udphdr));
+	h->ip.nexthdr = IPPROTO_UDP_;
+	h->ip.hop_limit = FOU_TTL;
+	h->ip.saddr = *saddr;
+	h->ip.daddr = *daddr;
+	h->udp.source = sport;
+	h->udp.dest = dport;
+	h->udp.len = h->ip.payload_len;
+
+	if (bpf_skb_adjust_room(skb, FOU6_OVERHEAD, BPF_ADJ_ROOM_MAC,
+				BPF_F_ADJ_ROOM_ENCAP_L3_IPV6 | BPF_F_ADJ_ROOM_ENCAP_L4_UDP))
+		return -1;
+	if (bpf_skb_store_bytes(skb, ETH_HLEN, h, sizeof(*h), 0))
+		return -1;
+	return 0;
+}
+
+/* Removes outer IPv6 + UDP (48 bytes) from an inner packet of family v6 ? IPv6 : IPv4. The DECAP flag names
+ * the inner family (skb->protocol follows it, and the tunnel GSO state is cleared); the Ethernet type is
+ * rewritten to match, as fou_decap6 does. */
+static __always_inline int fou6_decap(struct __sk_buff *skb, int v6)
+{
+	__be16 ethertype = v6 ? bpf_htons(ETH_P_IPV6) : bpf_htons(ETH_P_IP);
+
+	if (bpf_skb_adjust_room(skb, -FOU6_OVERHEAD, BPF_ADJ_ROOM_MAC,
+				v6 ? BPF_F_ADJ_ROOM_DECAP_L3_IPV6 : BPF_F_ADJ_ROOM_DECAP_L3_IPV4))
 		return -1;
 	return bpf_skb_store_bytes(skb, 2 * ETH_ALEN, &ethertype, sizeof(ethertype), 0) ? -1 : 0;
 }

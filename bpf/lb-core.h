@@ -4,6 +4,7 @@
 #define TETHER_LB_CORE_H
 
 #include "common.h"
+#include "parse.h"
 #include "lb-maps.h"
 
 #define IPPROTO_TCP_ 6
@@ -147,6 +148,108 @@ static __always_inline struct lb_frag *lb_frag_lookup(const struct iphdr *ip)
 
 	lb_frag_key_of(&fk, ip);
 	return bpf_map_lookup_elem(&lb_frags, &fk);
+}
+
+/* ---- IPv6 ---------------------------------------------------------------------------------------------- */
+
+/* lb_hash over an lb_map_key6: the addresses' words as the program loads them, then ports and protocol as
+ * lb_hash mixes them, and the key's length (40). Mirrored bit for bit by lbHash6 in daemon/bpf/lb-structs.ts. */
+static __always_inline __u32 lb_hash6(const struct lb_map_key6 *k, __u32 seed)
+{
+	__u32 h = seed;
+
+#pragma unroll
+	for (int i = 0; i < 4; i++)
+		h = lb_mix(h, k->vip.in6_u.u6_addr32[i]);
+#pragma unroll
+	for (int i = 0; i < 4; i++)
+		h = lb_mix(h, k->client.in6_u.u6_addr32[i]);
+	h = lb_mix(h, ((__u32)k->vport << 16) | k->cport);
+	h = lb_mix(h, k->proto);
+	h ^= 40;
+	h ^= h >> 16;
+	h *= 0x85ebca6bu;
+	h ^= h >> 13;
+	h *= 0xc2b2ae35u;
+	h ^= h >> 16;
+	return h;
+}
+
+static __always_inline void lb_key6(struct lb_map_key6 *k, __u32 flags, const struct in6_addr *vip,
+				    const struct in6_addr *client, __be16 vport, __be16 cport, __u8 proto)
+{
+	__builtin_memset(k, 0, sizeof(*k));
+	k->vip = *vip;
+	k->client = *client;
+	if (flags & LB_F_PER_FLOW) {
+		k->vport = vport;
+		k->cport = cport;
+		k->proto = proto;
+	}
+}
+
+/* lb_mapped for an IPv6 client: 1 when k has a still valid mapping, its target copied to s->target. */
+static __always_inline int lb_mapped6(const struct lb_map_key6 *k, struct lb_scratch6 *s)
+{
+	struct lb_mapping6 *m = bpf_map_lookup_elem(&lb_mappings6, k);
+	__u64 now;
+
+	if (!m)
+		return 0;
+	s->tk.vip = k->vip;
+	s->tk.target = m->target;
+	if (!bpf_map_lookup_elem(&lb_targets6, &s->tk))
+		return 0;
+	now = bpf_ktime_get_ns();
+	if (now - m->last_ns > LB_TOUCH_NS)
+		m->last_ns = now;
+	s->target = m->target;
+	return 1;
+}
+
+/* lb_pick for an IPv6 client: the VIP's row in lb_maglev6, recorded in lb_mappings6 and reported on
+ * lb_events6 unless the service is quiet (a pick the full table cannot hold is reported all the same).
+ * 1 with the target in s->target; 0 when the VIP has no active target. */
+static __always_inline int lb_pick6(const struct lb_map_key6 *k, const struct lb_service *svc, const struct lb_config *cfg,
+				    struct lb_stats *st, __u32 hash, struct lb_scratch6 *s)
+{
+	struct lb_event6 *ev;
+	__u32 idx = svc->slot * cfg->maglev_size + hash % cfg->maglev_size;
+	struct in6_addr *t = bpf_map_lookup_elem(&lb_maglev6, &idx);
+	long err;
+
+	if (!t || in6_is_zero(t)) {
+		st->drop_no_target++;
+		return 0;
+	}
+	s->m.target = *t;
+	s->m.last_ns = bpf_ktime_get_ns();
+	err = bpf_map_update_elem(&lb_mappings6, k, &s->m, BPF_ANY);
+	if (err == -E2BIG_)
+		st->mapping_full++;
+	st->misses++;
+	s->target = s->m.target;
+	if ((svc->flags & LB_F_QUIET) && err != -E2BIG_)
+		return 1;
+	ev = bpf_ringbuf_reserve(&lb_events6, sizeof(*ev), 0);
+	if (ev) {
+		ev->key = *k;
+		ev->target = s->m.target;
+		ev->kind = LB_EV_NEW;
+		ev->pad = 0;
+		bpf_ringbuf_submit(ev, 0);
+	} else {
+		st->report_lost++;
+	}
+	return 1;
+}
+
+static __always_inline void lb_frag_key6_of(struct lb_frag_key6 *fk, const struct ipv6hdr *ip6, __be32 id)
+{
+	__builtin_memset(fk, 0, sizeof(*fk));
+	fk->saddr = ip6->saddr;
+	fk->daddr = ip6->daddr;
+	fk->id = id;
 }
 
 #endif

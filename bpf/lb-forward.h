@@ -182,4 +182,139 @@ static __always_inline int lb_forward(struct __sk_buff *skb, const struct iphdr 
 	return lb_forward_pod(skb, ip, cfg, st, target, hash, kind);
 }
 
+/* ---- IPv6 ---------------------------------------------------------------------------------------------- */
+
+#define AF_INET6_ 10
+/* The smallest MTU an IPv6 link may have (RFC 8200 5): no Packet Too Big names less. */
+#define IPV6_MIN_MTU 1280
+#define ICMPV6_PKT_TOOBIG_ 2
+
+/* lb_forward_pod for an IPv6 packet: outer IPv6 + UDP from the node's IPv6 address to the target. */
+static __always_inline int lb_forward6_pod(struct __sk_buff *skb, struct lb_scratch6 *s, const struct lb_config *cfg,
+					   const struct lb_config6 *cfg6, struct lb_stats *st, __u32 hash, enum lb_fwd_kind kind)
+{
+	if (fou6_encap6(skb, &s->ip6, &cfg6->saddr, &s->target, cfg->dport, fou_sport_of(hash), hash, &s->h) ||
+	    fou_swap_macs(skb)) {
+		st->drop_error++;
+		return TC_ACT_SHOT;
+	}
+	lb_count(st, kind, bpf_ntohs(s->ip6.payload_len) + sizeof(s->ip6));
+	return bpf_redirect(skb->ifindex, 0);
+}
+
+/* lb_too_big for IPv6: the client's packet (s->ip6) becomes ICMPv6 Packet Too Big (MTU mtu) from the VIP to
+ * the client, quoting the client's IPv6 header and its transport header (TCP 20 bytes, UDP 8: enough for its
+ * stack to find the socket; RFC 4443 asks for no more than fits 1280 bytes, which this is), and leaves by the
+ * interface it came in by. Only a packet whose transport header follows the IPv6 header directly gets here. */
+static __always_inline int lb_too_big6(struct __sk_buff *skb, struct lb_scratch6 *s, __u32 mtu)
+{
+	struct lb_too_big_reply6 *r = &s->reply;
+	struct lb_pseudo6 *ph = &s->pseudo;
+	__u32 l4 = s->ip6.nexthdr == IPPROTO_TCP_ ? 20 : 8;
+	__u32 icmp_len = sizeof(r->icmp) + sizeof(r->quoted) + l4;
+	__s64 sum;
+
+	__builtin_memset(r, 0, sizeof(*r));
+	__builtin_memset(ph, 0, sizeof(*ph));
+	r->quoted = s->ip6;
+	if (l4 == 20) {
+		if (bpf_skb_load_bytes(skb, ETH_HLEN + sizeof(s->ip6), r->l4, 20))
+			return TC_ACT_SHOT;
+	} else if (bpf_skb_load_bytes(skb, ETH_HLEN + sizeof(s->ip6), r->l4, 8)) {
+		return TC_ACT_SHOT;
+	}
+	if (bpf_skb_change_tail(skb, ETH_HLEN + sizeof(s->ip6) + l4, 0) ||
+	    bpf_skb_adjust_room(skb, sizeof(r->ip) + sizeof(r->icmp), BPF_ADJ_ROOM_MAC, 0))
+		return TC_ACT_SHOT;
+
+	r->icmp.type = ICMPV6_PKT_TOOBIG_;
+	r->icmp.mtu = bpf_htonl(mtu);
+	ph->saddr = s->ip6.daddr; /* the VIP: the address the client sent to */
+	ph->daddr = s->ip6.saddr;
+	ph->len = bpf_htonl(icmp_len);
+	ph->nexthdr = IPPROTO_ICMPV6_;
+	sum = bpf_csum_diff(NULL, 0, (__be32 *)ph, sizeof(*ph), 0);
+	if (sum < 0)
+		return TC_ACT_SHOT;
+	/* 68 or 56 bytes: csum_diff wants multiples of 4. */
+	if (l4 == 20)
+		sum = bpf_csum_diff(NULL, 0, (__be32 *)&r->icmp, sizeof(r->icmp) + sizeof(r->quoted) + 20, sum);
+	else
+		sum = bpf_csum_diff(NULL, 0, (__be32 *)&r->icmp, sizeof(r->icmp) + sizeof(r->quoted) + 8, sum);
+	if (sum < 0)
+		return TC_ACT_SHOT;
+	r->icmp.csum = lb_csum_fold(sum);
+
+	r->ip.version = 6;
+	r->ip.payload_len = bpf_htons(icmp_len);
+	r->ip.nexthdr = IPPROTO_ICMPV6_;
+	r->ip.hop_limit = 64;
+	r->ip.saddr = s->ip6.daddr;
+	r->ip.daddr = s->ip6.saddr;
+	if (bpf_skb_store_bytes(skb, ETH_HLEN, r, sizeof(r->ip) + sizeof(r->icmp), 0) || fou_swap_macs(skb))
+		return TC_ACT_SHOT;
+	return bpf_redirect(skb->ifindex, 0);
+}
+
+/* lb_forward_node for an IPv6 packet: the FIB (IPv6) names the device and next hop towards the target and
+ * checks the length once encapsulated (48 bytes more) against the path MTU; over it, a client's packet is
+ * answered with Packet Too Big (the path MTU less 48), when that is still a legal IPv6 MTU. l4_direct: the
+ * transport header follows the IPv6 header (no Fragment header), so it can be quoted. */
+static __always_inline int lb_forward6_node(struct __sk_buff *skb, struct lb_scratch6 *s, const struct lb_config *cfg,
+					    const struct lb_config6 *cfg6, struct lb_stats *st, __u32 hash, enum lb_fwd_kind kind,
+					    int l4_direct)
+{
+	struct bpf_fib_lookup *fib = &s->fib;
+	struct bpf_redir_neigh *nh = &s->nh;
+	__u32 inner_len = bpf_ntohs(s->ip6.payload_len) + sizeof(s->ip6);
+	long rc;
+
+	__builtin_memset(fib, 0, sizeof(*fib));
+	fib->family = AF_INET6_;
+	fib->l4_protocol = IPPROTO_UDP_;
+	fib->tot_len = skb->gso_size ? 0 : inner_len + FOU6_OVERHEAD;
+	fib->ifindex = skb->ifindex;
+	__builtin_memcpy(fib->ipv6_src, &cfg6->saddr, 16);
+	__builtin_memcpy(fib->ipv6_dst, &s->target, 16);
+	rc = bpf_fib_lookup(skb, fib, sizeof(*fib), 0);
+	if (rc == BPF_FIB_LKUP_RET_FRAG_NEEDED) {
+		__u32 mtu = fib->mtu_result;
+
+		st->too_big++;
+		if (kind != LB_FWD_DATA || skb->gso_size || !l4_direct || mtu < FOU6_OVERHEAD + IPV6_MIN_MTU)
+			return TC_ACT_SHOT;
+		return lb_too_big6(skb, s, mtu - FOU6_OVERHEAD);
+	}
+	if (rc != BPF_FIB_LKUP_RET_SUCCESS && rc != BPF_FIB_LKUP_RET_NO_NEIGH) {
+		st->drop_no_route++;
+		return TC_ACT_SHOT;
+	}
+	if (fou6_encap6(skb, &s->ip6, &cfg6->saddr, &s->target, cfg->dport, fou_sport_of(hash), hash, &s->h)) {
+		st->drop_error++;
+		return TC_ACT_SHOT;
+	}
+	lb_count(st, kind, inner_len);
+	if (rc == BPF_FIB_LKUP_RET_SUCCESS) {
+		if (bpf_skb_store_bytes(skb, 0, fib->dmac, ETH_ALEN, 0) ||
+		    bpf_skb_store_bytes(skb, ETH_ALEN, fib->smac, ETH_ALEN, 0)) {
+			st->drop_error++;
+			return TC_ACT_SHOT;
+		}
+		return bpf_redirect(fib->ifindex, 0);
+	}
+	__builtin_memset(nh, 0, sizeof(*nh));
+	nh->nh_family = AF_INET6_;
+	__builtin_memcpy(nh->ipv6_nh, fib->ipv6_dst, 16);
+	return bpf_redirect_neigh(fib->ifindex, nh, sizeof(*nh), 0);
+}
+
+static __always_inline int lb_forward6(struct __sk_buff *skb, struct lb_scratch6 *s, const struct lb_config *cfg,
+				       const struct lb_config6 *cfg6, struct lb_stats *st, __u32 hash, enum lb_fwd_kind kind,
+				       int l4_direct, const bool node)
+{
+	if (node)
+		return lb_forward6_node(skb, s, cfg, cfg6, st, hash, kind, l4_direct);
+	return lb_forward6_pod(skb, s, cfg, cfg6, st, hash, kind);
+}
+
 #endif

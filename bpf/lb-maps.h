@@ -3,6 +3,7 @@
 #define TETHER_LB_MAPS_H
 
 #include "lb-types.h"
+#include "fou.h"
 
 #ifndef LB_MAX_SERVICES
 #define LB_MAX_SERVICES 1024
@@ -79,6 +80,113 @@ struct {
 	__type(key, __u32);
 	__type(value, struct lb_stats);
 } lb_stats SEC(".maps");
+
+/* ---- IPv6 VIPs: maps of their own beside the IPv4 ones (whose pinned layouts stay as they were). Counters
+ * are lb_stats', by the VIP's slot. */
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct lb_config6);
+} lb_cfg6 SEC(".maps");
+
+/* (IPv6 VIP, port, protocol) -> slot and flags; port 0 / protocol 0 is the VIP's own entry. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, LB_MAX_SERVICES);
+	__type(key, struct lb_service_key6);
+	__type(value, struct lb_service);
+} lb_services6 SEC(".maps");
+
+/* IPv6 client -> target: a plain hash for the reason lb_mappings is one. Not preallocated: a node with no
+ * IPv6 VIP pays nothing for it (entries are allocated as flows arrive). */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, LB_MAX_MAPPINGS);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, struct lb_map_key6);
+	__type(value, struct lb_mapping6);
+} lb_mappings6 SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, LB_MAX_TARGETS);
+	__type(key, struct lb_target_key6);
+	__type(value, __u32);
+} lb_targets6 SEC(".maps");
+
+/* Maglev rows of IPv6 VIPs, indexed as lb_maglev (slot * maglev_size + i): target address, :: = none. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, LB_MAX_VIPS_DEFAULT * LB_MAGLEV_DEFAULT);
+	__type(key, __u32);
+	__type(value, struct in6_addr);
+} lb_maglev6 SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, LB_MAX_FRAGS);
+	__type(key, struct lb_frag_key6);
+	__type(value, struct lb_frag6);
+} lb_frags6 SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 1 << 20);
+} lb_events6 SEC(".maps");
+
+/* ICMPv6 Packet Too Big as sent on the wire (RFC 4443 3.2). */
+struct lb_icmp6_too_big {
+	__u8 type;
+	__u8 code;
+	__sum16 csum;
+	__be32 mtu;
+};
+
+/* A Packet Too Big built for a client: new IPv6 header, ICMPv6 header, the quote of the client's packet. */
+struct lb_too_big_reply6 {
+	struct ipv6hdr ip;
+	struct lb_icmp6_too_big icmp;
+	struct ipv6hdr quoted;
+	__u8 l4[20];
+};
+
+/* The upper-layer pseudo-header of the ICMPv6 checksum (RFC 8200 8.1). */
+struct lb_pseudo6 {
+	struct in6_addr saddr;
+	struct in6_addr daddr;
+	__be32 len;
+	__u8 zero[3];
+	__u8 nexthdr;
+};
+
+/* Working memory of the IPv6 path: its headers, keys and 16-byte addresses would take the program past the
+ * verifier's 512-byte stack (the IPv4 path's frame is below it on the call chain). Per CPU, and a tc program
+ * runs to completion on its CPU before the next packet there, so one entry per CPU is never shared. */
+struct lb_scratch6 {
+	struct ipv6hdr ip6;          /* the packet's IPv6 header */
+	struct ipv6hdr inner;        /* an ICMPv6 error's quoted header */
+	struct lb_map_key6 k;
+	struct lb_service_key6 sk;
+	struct lb_frag_key6 fk;
+	struct lb_frag6 frag;
+	struct lb_target_key6 tk;
+	struct lb_mapping6 m;
+	struct in6_addr target;
+	struct fou6_hdr h;
+	struct bpf_fib_lookup fib;
+	struct bpf_redir_neigh nh;
+	struct lb_too_big_reply6 reply;
+	struct lb_pseudo6 pseudo;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct lb_scratch6);
+} lb_scratch6 SEC(".maps");
 
 /* Node counters, key 0 (struct lb_node_stats): apart from lb_stats, whose pinned layout stays as it was. */
 struct {

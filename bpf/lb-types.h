@@ -91,6 +91,65 @@ struct lb_event {
 /* A ring buffer carries no BTF of its records, so the mirror test cannot see this one: pin its size here. */
 _Static_assert(sizeof(struct lb_event) == 24, "lb_event must match daemon/bpf/lb-structs.ts");
 
+/* ---- IPv6 VIPs ----------------------------------------------------------------------------------------
+ * An IPv6 VIP's targets are IPv6 endpoints, reached by FoU in outer IPv6 (fou.h fou6_encap6). Its structs
+ * and maps are apart from the IPv4 ones, whose pinned layouts a release before IPv6 VIPs keeps; a VIP's
+ * slot (Maglev row index and lb_stats index) is per VIP whatever its family. */
+
+/* Settings for IPv6 VIPs, key 0; the port, Maglev size and seed are lb_config's. */
+struct lb_config6 {
+	struct in6_addr saddr; /* outer source: this node's IPv6 address (registered, so targets accept it) */
+};
+
+struct lb_service_key6 {
+	struct in6_addr vip;
+	__be16 port;
+	__u8 proto;
+	__u8 pad;
+};
+
+/* As lb_map_key: client affinity leaves vport, cport and proto 0. */
+struct lb_map_key6 {
+	struct in6_addr vip;
+	struct in6_addr client;
+	__be16 vport;
+	__be16 cport;
+	__u8 proto;
+	__u8 pad[3];
+};
+
+struct lb_mapping6 {
+	struct in6_addr target;
+	__u64 last_ns;
+};
+
+struct lb_target_key6 {
+	struct in6_addr vip;
+	struct in6_addr target;
+};
+
+/* An IPv6 datagram's identity (RFC 8200 4.5: source, destination, Fragment header identification). */
+struct lb_frag_key6 {
+	struct in6_addr saddr;
+	struct in6_addr daddr;
+	__be32 id;
+};
+
+struct lb_frag6 {
+	struct in6_addr target;
+	__u32 hash;
+	__u32 pad;
+};
+
+/* Reported on lb_events6 for every IPv6 mapping this node chose (lb_events keeps its 24-byte records). */
+struct lb_event6 {
+	struct lb_map_key6 key;
+	struct in6_addr target;
+	__u32 kind;
+	__u32 pad;
+};
+_Static_assert(sizeof(struct lb_event6) == 64, "lb_event6 must match daemon/bpf/lb-structs.ts");
+
 /* Per-CPU counters per VIP slot. Must match daemon/bpf/lb-structs.ts LbStats. */
 struct lb_stats {
 	__u64 packets;          /* forwarded to a target */

@@ -12,11 +12,13 @@
  * inner tuple. Bad input is dropped and counted per VIP: a bad or inconsistent IPv4 header, IP options,
  * later fragments whose first fragment was not seen; a packet over the path MTU once encapsulated is
  * answered with ICMP frag-needed (node path). Only frames addressed to this host (PACKET_HOST) are
- * balanced; a VIP frame flooded to the node or seen by a promiscuous uplink passes to the stack, which drops it. */
+ * balanced; a VIP frame flooded to the node or seen by a promiscuous uplink passes to the stack, which drops it.
+ * IPv6 VIPs take the same path in lb6.h, over maps of their own and FoU in outer IPv6 to IPv6 targets. */
 #include "common.h"
 #include "fou.h"
 #include "lb-core.h"
 #include "lb-forward.h"
+#include "lb6.h"
 
 #define ICMP_TIME_EXCEEDED_ 11
 
@@ -172,16 +174,44 @@ static __always_inline int lb_process(struct __sk_buff *skb, const bool node)
 	return lb_forward(skb, &ip, cfg, st, target, hash, LB_FWD_DATA, node);
 }
 
+/* Each family's path is a function of its own (a BPF-to-BPF call from the program), so the verifier's
+ * 512-byte limit on the stack of a call chain counts one family's frame, never both (the IPv6 path keeps
+ * most of its working memory in lb_scratch6 even so). One function per attach point and family, so the pod
+ * program keeps none of the node program's helpers (lb.ts: nodeProgram). */
+static __noinline int lb_pod4(struct __sk_buff *skb)
+{
+	return lb_process(skb, false);
+}
+
+static __noinline int lb_node4(struct __sk_buff *skb)
+{
+	return lb_process(skb, true);
+}
+
+static __noinline int lb_pod6(struct __sk_buff *skb)
+{
+	return lb_process6(skb, false);
+}
+
+static __noinline int lb_node6(struct __sk_buff *skb)
+{
+	return lb_process6(skb, true);
+}
+
 SEC("tc")
 int lb_ingress(struct __sk_buff *skb)
 {
-	return lb_process(skb, false);
+	if (skb->protocol == bpf_htons(ETH_P_IPV6))
+		return lb_pod6(skb);
+	return lb_pod4(skb);
 }
 
 SEC("tc")
 int lb_node(struct __sk_buff *skb)
 {
-	return lb_process(skb, true);
+	if (skb->protocol == bpf_htons(ETH_P_IPV6))
+		return lb_node6(skb);
+	return lb_node4(skb);
 }
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";

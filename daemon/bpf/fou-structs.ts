@@ -18,6 +18,7 @@ export const FOU_LAYOUTS: Record<string, StructLayout> = {
   fou_encap_config: { size: 8, fields: { saddr: { offset: 0, size: 4 }, dport: { offset: 4, size: 2 }, flags: { offset: 6, size: 2 } } },
   fou_dest: { size: 8, fields: { daddr: { offset: 0, size: 4 }, dport: { offset: 4, size: 2 }, pad: { offset: 6, size: 2 } } },
   fou_decap_config: { size: 8, fields: { daddr: { offset: 0, size: 4 }, dport: { offset: 4, size: 2 }, flags: { offset: 6, size: 2 } } },
+  fou_decap_config6: { size: 20, fields: { daddr: { offset: 0, size: 16 }, dport: { offset: 16, size: 2 }, flags: { offset: 18, size: 2 } } },
   fou_stats: {
     size: 40,
     fields: {
@@ -44,6 +45,9 @@ export const FOU_MAP_LAYOUTS: Record<string, MapLayout> = {
   fou_decap_cfg: { version: 1, convert: 'prefix' },
   fou_sources: { version: 1, convert: 'copy' },
   fou_decap_stats: { version: 1, convert: 'prefix' },
+  // Outer IPv6 decap (an IPv6 VIP's FoU): new maps beside fou_decap_cfg and fou_sources, whose layouts stay.
+  fou_decap_cfg6: { version: 1, convert: 'prefix' },
+  fou_sources6: { version: 1, convert: 'copy' },
 };
 
 /** An IPv4 address as 4 bytes in network order (map keys and address fields). */
@@ -126,6 +130,23 @@ export function encodeFouDecapConfig(c: FouDecapConfig): Buffer {
   if (c.localAddress) ipv4Bytes(c.localAddress, 'localAddress').copy(b, L.fou_decap_config.fields.daddr.offset);
   b.writeUInt16BE(port(c.port, 'port'), L.fou_decap_config.fields.dport.offset);
   b.writeUInt16LE(c.flags, L.fou_decap_config.fields.flags.offset);
+  return b;
+}
+
+export interface FouDecapConfig6 {
+  /** Accepted outer IPv6 destination; undefined: any address arriving on the interface. */
+  localAddress?: string;
+  /** 0: outer IPv6 decap off. */
+  port: number;
+  flags: number;
+}
+
+export function encodeFouDecapConfig6(c: FouDecapConfig6): Buffer {
+  const f = L.fou_decap_config6.fields;
+  const b = Buffer.alloc(L.fou_decap_config6.size);
+  if (c.localAddress) ipv6Bytes(c.localAddress, 'localAddress6').copy(b, f.daddr.offset);
+  b.writeUInt16BE(port(c.port, 'port'), f.dport.offset);
+  b.writeUInt16LE(c.flags, f.flags.offset);
   return b;
 }
 

@@ -8,8 +8,8 @@ import { BpfObject } from './object';
 import { BpfMap } from './map';
 import { attachTc, detachTc, type TcAttachment, type TcDirection } from './tc';
 import {
-  FOU_DECAP_F_CHECK_SOURCES, FOU_ENCAP_F_REDIRECT_BACK, decodeFouDest, encodeFouDecapConfig, encodeFouDest,
-  encodeFouEncapConfig, ipv4Bytes, sumFouStats, FOU_MAP_LAYOUTS, type FouDest, type FouStats,
+  FOU_DECAP_F_CHECK_SOURCES, FOU_ENCAP_F_REDIRECT_BACK, addressFamily, decodeFouDest, encodeFouDecapConfig, encodeFouDecapConfig6, encodeFouDest,
+  encodeFouEncapConfig, ipv4Bytes, ipv6Bytes, sumFouStats, FOU_MAP_LAYOUTS, type FouDest, type FouStats,
 } from './fou-structs';
 
 export type { FouStats } from './fou-structs';
@@ -118,7 +118,15 @@ export interface FouDecapOptions {
   port: number;
   /** Only decapsulate packets whose outer destination is this address; absent: any arriving on ifName. */
   localAddress?: string;
-  /** When non-empty, only decapsulate packets from these outer sources; others are dropped and counted. */
+  /**
+   * Also decapsulate FoU in outer IPv6 (what an IPv6 VIP's load balancer sends) addressed to this IPv6
+   * address, on the same port; absent: outer IPv6 passes untouched.
+   */
+  localAddress6?: string;
+  /**
+   * When non-empty, only decapsulate packets from these outer sources (either family; a family with none
+   * listed is then refused altogether); others are dropped and counted.
+   */
   allowedSources?: string[];
   /** bpffs directory for <pinDir>/fou-decap/<map>; absent: nothing pinned (state dies with the filter). */
   pinDir?: string;
@@ -132,18 +140,32 @@ export interface FouDecapOptions {
 }
 
 export class FouDecap {
-  constructor(private readonly obj: BpfObject, readonly attachment: TcAttachment, private config: { port: number; localAddress?: string }) {}
+  constructor(private readonly obj: BpfObject, readonly attachment: TcAttachment, private config: { port: number; localAddress?: string; localAddress6?: string }) {}
 
-  /** Replaces the source allow-list; an empty list lets every source through. */
+  /**
+   * Replaces the source allow-list (IPv4 and IPv6 sources, each into its family's map); an empty list lets
+   * every source through. A non-empty list is in force for both families: a family with no source listed
+   * accepts none.
+   */
   setAllowedSources(sources: string[]): void {
+    const byFamily = { 4: [] as string[], 6: [] as string[] };
+    for (const s of sources) byFamily[addressFamily(s, 'allowedSources')].push(s);
+    const flags = sources.length > 0 ? FOU_DECAP_F_CHECK_SOURCES : 0;
     const map = this.obj.map('fou_sources');
-    const want = new Set(sources.map((s) => ipv4Bytes(s, 'allowedSources').toString('hex')));
+    const want = new Set(byFamily[4].map((s) => ipv4Bytes(s, 'allowedSources').toString('hex')));
     // Add before switching the check on, and switch it off before emptying: never a window that drops
     // packets from a source that is allowed both before and after.
-    map.updateBatch([...want].map((h) => [Buffer.from(h, 'hex'), Buffer.from([1])]));
-    const flags = want.size > 0 ? FOU_DECAP_F_CHECK_SOURCES : 0;
-    this.obj.map('fou_decap_cfg').update(KEY0, encodeFouDecapConfig({ ...this.config, flags }));
+    if (want.size) map.updateBatch([...want].map((h) => [Buffer.from(h, 'hex'), Buffer.from([1])]));
+    this.obj.map('fou_decap_cfg').update(KEY0, encodeFouDecapConfig({ port: this.config.port, localAddress: this.config.localAddress, flags }));
     for (const k of map.keys()) if (!want.has(k.toString('hex'))) map.delete(k);
+
+    const map6 = this.obj.map('fou_sources6');
+    const want6 = new Set(byFamily[6].map((s) => ipv6Bytes(s, 'allowedSources').toString('hex')));
+    if (want6.size) map6.updateBatch([...want6].map((h) => [Buffer.from(h, 'hex'), Buffer.from([1])]));
+    // Outer IPv6 is unwrapped only where an IPv6 address is configured (port 0 keeps it off).
+    const port6 = this.config.localAddress6 ? this.config.port : 0;
+    this.obj.map('fou_decap_cfg6').update(KEY0, encodeFouDecapConfig6({ port: port6, localAddress: this.config.localAddress6, flags }));
+    for (const k of map6.keys()) if (!want6.has(k.toString('hex'))) map6.delete(k);
   }
 
   stats(): FouStats {
@@ -162,14 +184,14 @@ export class FouDecap {
 export function attachFouDecap(o: FouDecapOptions): FouDecap {
   const obj = BpfObject.load(o.objectPath ?? path.join(bpfObjectDir(), `${FOU_TC.decap.object}.bpf.o`), { pinDir: o.pinDir, layouts: FOU_MAP_LAYOUTS });
   try {
-    const config = { port: o.port, localAddress: o.localAddress };
+    const config = { port: o.port, localAddress: o.localAddress, localAddress6: o.localAddress6 };
     const attachment = attachTc({
       netns: o.netns, ifName: o.ifName, direction: o.direction ?? 'ingress', progFd: obj.programFd(FOU_TC.decap.program),
       handle: FOU_TC.decap.handle, priority: FOU_TC.decap.priority,
     });
     const decap = new FouDecap(obj, attachment, config);
     decap.setAllowedSources(o.allowedSources ?? []); // also writes the config, which arms the program
-    log().info('fou decap attached', { netns: o.netns, ifName: o.ifName, direction: o.direction ?? 'ingress', port: o.port, allowedSources: o.allowedSources?.length ?? 0 });
+    log().info('fou decap attached', { netns: o.netns, ifName: o.ifName, direction: o.direction ?? 'ingress', port: o.port, allowedSources: o.allowedSources?.length ?? 0, ...(o.localAddress6 ? { localAddress6: o.localAddress6 } : {}) });
     return decap;
   } catch (e) {
     obj.close();

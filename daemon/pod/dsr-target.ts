@@ -4,13 +4,25 @@
 // dummy), the VIPs, and for an LB target its MTU lowered by the encapsulation and the FoU decapsulation on
 // its host-side veth. Every action is recorded with what it replaced, in JSON the pod record keeps, so
 // removing the pod (or the pod ceasing to be a target, even after a restart) undoes exactly those actions.
+// IPv6 VIPs: the VIP is added as /128 without duplicate address detection (the VIP is on every target: DAD
+// would find it "duplicated", and a tentative address cannot be a source), and IPv6 needs no counterpart of
+// arp_ignore: Linux answers a neighbour solicitation only for an address on the interface it arrives on
+// (ndisc_recv_ns looks the target up strictly on that device), so a VIP on tether0 or lo stays silent on
+// eth0 (test/kernel/dsr-target.test.ts checks it). An IPv6 VIP's packets come in FoU over outer IPv6
+// (48 bytes, not 28): the pod's IPv6 MTU (net.ipv6.conf.<if>.mtu, recorded like the other sysctls) is
+// lowered by the difference, so the MSS the target advertises over IPv6 leaves room for it.
 import { log } from '../../lib/log';
 import { NetlinkHandle, isNetlinkError } from '../netlink';
 import { ipFamily } from '../../lib/ip';
-import { netnsExists, writeNetSysctl, writeNetSysctls } from '../sys/netns';
+import { netnsExists, readNetSysctl, writeNetSysctl, writeNetSysctls } from '../sys/netns';
 import { detachFou } from '../bpf/fou';
 
 export const VIP_LINK_NAME = 'tether0';
+
+/** What FoU in outer IPv6 (an IPv6 VIP's) costs beyond FoU in outer IPv4: 48 − 28 bytes. */
+export const FOU6_EXTRA_OVERHEAD = 20;
+/** IPv6's minimum link MTU (RFC 8200 5). */
+const IPV6_MIN_MTU = 1280;
 
 /** What a DSR set-up changed, in order (plain JSON: persisted in the pod record). */
 export interface DsrApplied {
@@ -191,6 +203,7 @@ export function setTargetVips(t: DsrTarget, vips: Set<string>, who: Who): { adde
   const have = new Set(t.vips.map((v) => v.address));
   const added = [...vips].filter((v) => !have.has(v));
   const removed = [...have].filter((v) => !vips.has(v));
+  if (added.some((v) => ipFamily(v) === 6)) lowerIpv6Mtu(t, who);
   if (added.length || removed.length) {
     NetlinkHandle.with(t.netns, (h) => {
       for (const v of added) addVip(h, t.vipDev, v, t, { replace: true }, who);
@@ -198,6 +211,28 @@ export function setTargetVips(t: DsrTarget, vips: Set<string>, who: Who): { adde
     });
   }
   return { added, removed };
+}
+
+/**
+ * The pod interface's IPv6 MTU, once, when its first IPv6 VIP comes: the link MTU (already lowered by the
+ * outer IPv4 overhead) less FOU6_EXTRA_OVERHEAD, never below 1280. Recorded in t.sysctls, so undoing the
+ * set-up (by this release or the one before, which restores every recorded sysctl) restores it.
+ */
+function lowerIpv6Mtu(t: DsrTarget, who: Who): void {
+  const key = `net/ipv6/conf/${t.ifName}/mtu`;
+  if (t.sysctls.some((x) => x.key === key)) return;
+  let current: number;
+  try {
+    current = Number(readNetSysctl(t.netns, key));
+  } catch (e) {
+    if ((e as NodeJS.ErrnoException).code === 'ENOENT') return; // IPv6 is off on the interface: nothing to lower
+    throw e;
+  }
+  const linkMtu = NetlinkHandle.with(t.netns, (h) => h.requireLink(t.ifName).mtu);
+  const want = Math.max(IPV6_MIN_MTU, linkMtu - FOU6_EXTRA_OVERHEAD);
+  if (!(current > want)) return;
+  writeNetSysctls(t.netns, [[key, String(want)]], (k, value, previous) => void t.sysctls.push({ key: k, previous, value }));
+  log().info('pod IPv6 MTU lowered for IPv6 VIPs', { ...who, ifName: t.ifName, value: want, previous: current });
 }
 
 /**

@@ -69,4 +69,53 @@ test('a target on a pod with CNI-config VIPs adopts tether0; its undo leaves the
   assert.equal(snapshot(p.name, ['eth0']), before);
 });
 
+test('an IPv6 VIP: /128 without DAD on the VIP device, the IPv6 MTU lowered by 20 more, no neighbour advertisement on eth0, all undone', () => {
+  const p = pod();
+  const host = uniqueName('tdsr-host');
+  created.push(host);
+  addNetns(host);
+  // A host side this time: the pod's eth0 paired with hostv in another namespace, both with IPv6.
+  execFileSync('ip', ['-n', p.name, 'link', 'del', 'eth0']);
+  execFileSync('ip', ['-n', p.name, 'link', 'add', 'eth0', 'type', 'veth', 'peer', 'name', 'hostv', 'netns', host]);
+  // No DAD of the link-local address either: its local route appearing mid-test would differ the snapshots.
+  execFileSync('nsenter', [`--net=${p.path}`, 'sysctl', '-qw', 'net.ipv6.conf.eth0.accept_dad=0']);
+  execFileSync('ip', ['-n', p.name, 'link', 'set', 'eth0', 'mtu', '1450', 'up']);
+  execFileSync('ip', ['-n', p.name, 'addr', 'add', 'fd93::2/64', 'dev', 'eth0', 'nodad']);
+  execFileSync('ip', ['-n', host, 'link', 'set', 'hostv', 'up']);
+  execFileSync('ip', ['-n', host, 'addr', 'add', 'fd93::1/64', 'dev', 'hostv', 'nodad']);
+  const before = snapshot(p.name, ['eth0']);
+  const mtu6 = () => execFileSync('nsenter', [`--net=${p.path}`, 'sysctl', '-n', 'net.ipv6.conf.eth0.mtu'], { encoding: 'utf8' }).trim();
+  assert.is(mtu6(), '1450');
+
+  const t = setUpDsrTarget({ netns: p.path, ifName: 'eth0', overhead: 28 }, { pod: 'ns/v6' });
+  setTargetVips(t, new Set(['198.51.100.7', 'fd93:100::7']), { pod: 'ns/v6' });
+  const dev = dummy ? 'tether0' : 'lo';
+  const addrs = execFileSync('ip', ['-n', p.name, '-6', '-j', 'addr', 'show', 'dev', dev], { encoding: 'utf8' });
+  const vip = (JSON.parse(addrs)[0].addr_info as Array<{ local: string; prefixlen: number; tentative?: boolean; nodad?: boolean }>).find((a) => a.local === 'fd93:100::7');
+  assert.ok(vip, `the IPv6 VIP is on ${dev}: ${addrs}`);
+  assert.is(vip!.prefixlen, 128);
+  assert.ok(vip!.nodad && !vip!.tentative, 'no DAD: usable at once');
+  assert.is(mtu6(), '1430', 'IPv6 MTU: the link\'s 1450 less 20 (outer IPv6 is 48 bytes, outer IPv4 28)');
+
+  // The node asks for the VIP on the pod's link (as it would if it routed the VIP there): the pod must not
+  // answer; it does answer for its own address on eth0 (the control).
+  execFileSync('ip', ['-n', host, '-6', 'route', 'add', 'fd93:100::7/128', 'dev', 'hostv']);
+  const ping = (a: string) => {
+    try {
+      execFileSync('nsenter', [`--net=/run/netns/${host}`, 'ping', '-6', '-c', '1', '-W', '3', a], { stdio: 'ignore' });
+      return true;
+    } catch {
+      return false;
+    }
+  };
+  assert.ok(ping('fd93::2'), 'the pod answers for its own address');
+  assert.not.ok(ping('fd93:100::7'), 'nothing answers for the VIP on eth0');
+  const neigh = execFileSync('ip', ['-n', host, '-6', 'neigh', 'show', 'fd93:100::7'], { encoding: 'utf8' });
+  assert.not.match(neigh, /lladdr/, `no neighbour advertisement for the VIP: ${neigh}`);
+
+  undoDsrTarget(JSON.parse(JSON.stringify(t)), { pod: 'ns/v6' });
+  assert.equal(snapshot(p.name, ['eth0']), before);
+  assert.is(mtu6(), '1450', 'the IPv6 MTU restored');
+});
+
 test.run();

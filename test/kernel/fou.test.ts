@@ -327,4 +327,58 @@ test('IPv6 inner packets: decapsulated and delivered as IPv6 on the same port; a
   }
 });
 
+// SEND_V6_INNER over an outer IPv6 datagram from a given source: argv as SEND_V6_INNER, then the outer source.
+const SEND_V6_IN_V6 = SEND_V6_INNER.replace(
+  "const [outer, fouPort, src, dst, port, first] = process.argv.slice(1);",
+  "const [outer, fouPort, src, dst, port, first, outerSrc] = process.argv.slice(1);",
+).replace(
+  "const d = dgram.createSocket('udp4');\nd.send(Buffer.concat([ip6, udp]), Number(fouPort), outer, () => d.close());",
+  "const d = dgram.createSocket({ type: 'udp6', ipv6Only: true });\nd.bind(0, outerSrc, () => d.send(Buffer.concat([ip6, udp]), Number(fouPort), outer, () => d.close()));",
+);
+
+test('outer IPv6: FoU to the configured IPv6 address is unwrapped from an allowed IPv6 source only', async () => {
+  assert.ok(SEND_V6_IN_V6.includes("'udp6'"), 'the outer-IPv6 sender was derived');
+  const t = build();
+  const handles: Array<FouEncap | FouDecap> = [];
+  try {
+    const LB6 = 'fd91:2::2';
+    const OTHER6 = 'fd91:2::9';
+    const SERVER6 = 'fd91:3::2';
+    const INNER_SRC = 'fd00:91:9::1';
+    const INNER_DST = 'fd00:91::10';
+    inNs(t.router, 'sysctl', '-qw', 'net.ipv6.conf.all.forwarding=1');
+    for (const [ns, dev, addr, rdev, raddr] of [[t.lb, 'l0', LB6, 'rl', 'fd91:2::1'], [t.server, 's0', SERVER6, 'rs', 'fd91:3::1']]) {
+      sh('ip', '-n', t.router, 'addr', 'add', `${raddr}/64`, 'dev', rdev, 'nodad');
+      sh('ip', '-n', ns, 'addr', 'add', `${addr}/64`, 'dev', dev, 'nodad');
+      sh('ip', '-n', ns, '-6', 'route', 'add', 'default', 'via', raddr);
+    }
+    sh('ip', '-n', t.lb, 'addr', 'add', `${OTHER6}/64`, 'dev', 'l0', 'nodad');
+    sh('ip', '-n', t.server, 'addr', 'add', `${INNER_DST}/128`, 'dev', 'lo', 'nodad');
+    const decap = attachFouDecap({ netns: nsPath(t.server), ifName: 's0', port: FOU_PORT, localAddress: SERVER, localAddress6: SERVER6, allowedSources: [LB, LB6], pinDir: t.pinDir });
+    handles.push(decap);
+
+    let ready!: () => void;
+    const listening = new Promise<void>((r) => (ready = r));
+    const received = runNode(t.server, RECV_V6, [INNER_DST, '7777'], 8000, (l) => l === 'listening' && ready());
+    await listening;
+    // From a source not on the list first: dropped and counted; then from the node's address: delivered.
+    await runNode(t.lb, SEND_V6_IN_V6, [SERVER6, String(FOU_PORT), INNER_SRC, INNER_DST, '7777', '', OTHER6], 5000);
+    let s = decap.stats();
+    for (let i = 0; i < 100 && s.rejectedSource === 0n; i++) {
+      await new Promise((r) => setTimeout(r, 20));
+      s = decap.stats();
+    }
+    assert.is(s.rejectedSource, 1n, `an unlisted IPv6 source is refused: ${JSON.stringify(s, (_k, v) => String(v))}`);
+    assert.is(s.packets, 0n);
+    await runNode(t.lb, SEND_V6_IN_V6, [SERVER6, String(FOU_PORT), INNER_SRC, INNER_DST, '7777', '', LB6], 5000);
+    assert.equal(lastJson(await received), { from: INNER_SRC, text: 'hello over fou6' }, 'the inner IPv6 datagram reached its socket');
+    s = decap.stats();
+    assert.is(s.packets, 1n, 'one packet decapsulated');
+    assert.is(s.bytes, BigInt(40 + 8 + 15), 'its inner bytes');
+    assert.is(s.errors, 0n);
+  } finally {
+    teardown(t, handles);
+  }
+});
+
 test.run();

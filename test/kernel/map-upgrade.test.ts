@@ -455,6 +455,8 @@ test('load balancer maps resized (more VIP slots): mappings and services carried
       assert.equal(lines.map((l) => [l.message, path.basename(String(l.pin)), l.copied]).sort(), [
         ['bpf map migrated', 'lb_stats', 4],
         ['bpf map replaced: tetherd rebuilds it', 'lb_maglev', undefined],
+        // The IPv6 VIPs' rows are sized by the slots too.
+        ['bpf map replaced: tetherd rebuilds it', 'lb_maglev6', undefined],
       ].sort());
       assert.equal(b.mappings().map((m) => m.client).sort(), mappings.map((m) => m.key.client).sort(), 'every mapping carried');
       const stats = BpfMap.fromPin(path.join(pinDir, 'lb', 'lb_stats'));

@@ -12,7 +12,10 @@ import {
   encodeEgressGateways, parseIpv4Prefix, sumEgressStats, parseIpPrefix, encodeEgressDest6Key, decodeEgressDest6Key, encodeEgressGateways6,
   decodeEgressGateways6, splitSlotsByFamily,
 } from '../../daemon/bpf/egress-structs';
-import { LB_LAYOUTS, PROTO, decodeEvent, decodeMapKey, decodeMapping, encodeMapKey, encodeMapping, encodeServiceKey } from '../../daemon/bpf/lb-structs';
+import {
+  LB_LAYOUTS, PROTO, decodeEvent, decodeEvent6, decodeMapKey, decodeMapping, decodeServiceKey, decodeTargetKey, encodeMapKey, encodeMapping, encodeServiceKey, encodeTargetKey,
+  lbHash, lbHashKeyBytes,
+} from '../../daemon/bpf/lb-structs';
 
 const root = path.resolve(__dirname, '../..');
 const objects = ['fou-encap', 'fou-decap'].map((n) => path.join(root, 'dist/bpf', `${n}.bpf.o`));
@@ -99,7 +102,7 @@ function checkMirrors(object: string, layouts: Record<string, { size: number; fi
 test('every egress mirror matches the BTF of egress-steer.bpf.o', () => checkMirrors('egress-steer', EGRESS_LAYOUTS));
 
 // Load balancer mirrors (daemon/bpf/lb-structs.ts) against lb.bpf.o.
-test('every load balancer mirror matches the BTF of lb.bpf.o', () => checkMirrors('lb', LB_LAYOUTS, ['lb_event'])); // ring buffer records have no BTF; lb-types.h asserts its size
+test('every load balancer mirror matches the BTF of lb.bpf.o', () => checkMirrors('lb', LB_LAYOUTS, ['lb_event', 'lb_event6'])); // ring buffer records have no BTF; lb-types.h asserts its size
 
 test('load balancer encoders: service keys, mapping keys and values, events', () => {
   assert.is(encodeServiceKey('10.0.0.1', 443, PROTO.TCP).toString('hex'), '0a000001' + '01bb' + '06' + '00');
@@ -108,6 +111,27 @@ test('load balancer encoders: service keys, mapping keys and values, events', ()
   assert.equal(decodeMapping(encodeMapping('10.244.1.5', 7n)), { target: '10.244.1.5', lastNs: 7n });
   const ev = Buffer.concat([encodeMapKey(k), Buffer.from([10, 244, 0, 9]), Buffer.from([1, 0, 0, 0])]);
   assert.equal(decodeEvent(ev), { key: k, target: '10.244.0.9', kind: 1 });
+});
+
+test('load balancer IPv6 encoders: keys of the IPv6 structs, picked by the VIP\'s family, decoded by size', () => {
+  const sk = encodeServiceKey('fd00:100::10', 443, PROTO.TCP);
+  assert.is(sk.length, LB_LAYOUTS.lb_service_key6.size);
+  assert.is(sk.toString('hex'), 'fd000100000000000000000000000010' + '01bb' + '06' + '00');
+  assert.equal(decodeServiceKey(sk), { vip: 'fd00:100::10', port: 443, proto: PROTO.TCP });
+  const k = { vip: 'fd00:100::10', client: '2001:db8::7', vport: 443, cport: 40000, proto: PROTO.UDP };
+  const kb = encodeMapKey(k);
+  assert.is(kb.length, LB_LAYOUTS.lb_map_key6.size);
+  assert.equal(decodeMapKey(kb), k);
+  const m = encodeMapping('fd00:3::2', 9n);
+  assert.is(m.length, LB_LAYOUTS.lb_mapping6.size);
+  assert.equal(decodeMapping(m), { target: 'fd00:3::2', lastNs: 9n });
+  assert.equal(decodeTargetKey(encodeTargetKey('fd00:100::10', 'fd00:3::2')), { vip: 'fd00:100::10', target: 'fd00:3::2' });
+  const ev = Buffer.concat([kb, encodeMapping('fd00:3::2').subarray(0, 16), Buffer.from([1, 0, 0, 0, 0, 0, 0, 0])]);
+  assert.is(ev.length, LB_LAYOUTS.lb_event6.size);
+  assert.equal(decodeEvent6(ev), { key: k, target: 'fd00:3::2', kind: 1 });
+  // The hash of a key is the hash of its bytes (the mirror of lb_hash6; the kernel test holds it to the program).
+  assert.is(lbHashKeyBytes(kb, 0x7e7e1b5d), lbHash(k, 0x7e7e1b5d));
+  assert.is.not(lbHash(k, 1), lbHash({ ...k, cport: 40001 }, 1));
 });
 
 test('egress encoders: LPM keys, clients, gateway slots, config, stats', () => {
