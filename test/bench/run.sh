@@ -17,6 +17,7 @@ node_modules/.bin/tsx test/bench/node-container.ts
 node_modules/.bin/tsx test/bench/ipam.ts
 node_modules/.bin/tsx test/bench/config-latency.ts
 node_modules/.bin/tsx test/bench/egress-failover.ts
+node_modules/.bin/tsx test/bench/egress-failover-families.ts
 node_modules/.bin/tsx test/bench/egress-multi.ts
 node_modules/.bin/tsx test/bench/lb.ts
 node_modules/.bin/tsx test/bench/lb-switch.ts

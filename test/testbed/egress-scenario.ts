@@ -171,7 +171,7 @@ export async function runTraffic(tb: Testbed, conns: number, durationMs: number,
  * family); the reports in the order of `families`, and every peer the server saw.
  */
 export async function runTrafficIn(tb: Testbed, families: IpFamily[], conns: number, durationMs: number, during: () => Promise<void>, opts: { endWhenDone?: boolean } = {}): Promise<{ reports: TrafficReport[]; peers: string[] }> {
-  for (const f of families) await waitClientSteered(tb, 'n3', 20_000, families.length > 1 || f === 6 ? f : undefined);
+  for (const f of families) await waitClientSteered(tb, 'n3', 20_000, tb.hasFamily(6) ? f : undefined);
   const server = await startServer(tb);
   const clients = families.map((f) => tb.spawn('n3-web', [process.execPath, '-e', TRAFFIC_CLIENT, f === 6 ? tb.externalIp6('server') : tb.externalIp('server'), String(PORT), String(conns), String(durationMs), '50', '1']));
   const outs = clients.map(collect);
