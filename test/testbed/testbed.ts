@@ -24,7 +24,7 @@ import { NodeRuntime } from '../lib/container/node-runtime';
 import { installObjects, operatorDeployment, tetherdPodSpec, type PodSpec as ManifestPodSpec } from '../lib/container/pod-spec';
 import { admitWith, serviceAccountUser, type UserInfo } from '../lib/admission-request';
 import type { Release } from '../lib/releases';
-import { addrOf, familyOf, IpamMode, IpFamily, NodePlan, Plan, planPod, PodPlan, PodSpec, resolveTopology, TetherStepConfig, Topology } from './topology';
+import { addrOf, FABRIC_CIDR6, familyOf, IpamMode, IpFamily, NodePlan, Plan, planPod, PodPlan, PodSpec, resolveTopology, TetherStepConfig, Topology } from './topology';
 
 /** Debian's reference plugins (ptp, bridge, host-local…); CNI_PLUGIN_DIR overrides. */
 export const SYSTEM_CNI_DIR = process.env.CNI_PLUGIN_DIR ?? '/usr/lib/cni';
@@ -798,7 +798,9 @@ export class Testbed {
       return;
     }
     const lines = ['link set eth0 up', `route replace default via ${this.plan.router.fabricIp}`];
-    if (this.plan.router.fabricIp6) lines.push(`route replace ::/0 via ${this.plan.router.fabricIp6}`);
+    // The IPv6 prefix route of the fabric comes back only after the link is up and its address usable again
+    // (asynchronously): put it back first, or the routes via IPv6 neighbours fail with "No route to host".
+    if (this.plan.router.fabricIp6) lines.push(`route replace ${FABRIC_CIDR6} dev eth0`, `route replace ::/0 via ${this.plan.router.fabricIp6}`);
     if (this.ipam !== 'tether-ipam') for (const o of this.plan.nodes) if (o !== n) lines.push(...this.podCidrRoutes(o, 'replace'));
     for (const [b, owner] of this.blockRoutes) if (owner !== node) lines.push(`route replace ${b} via ${this.blockVia(b, owner)}`);
     await ipBatch(n.ns, lines);
