@@ -4,7 +4,7 @@
 // Receivers of FoU (egress gateways, load balancer targets) accept it only from registered node addresses.
 // A registration is {"address", "release", "address6"?}: the release lets a node tell when no node of the
 // previous release is left (docs/upgrade.md); 0.1.0 wrote no release and reads only the address. address6,
-// the node's IPv6 address (0.3.0), is where FoU to an IPv6 VIP's targets comes from; readers before ignore it.
+// the node's IPv6 address, is where FoU to an IPv6 VIP's targets comes from; readers before ignore it.
 import type Redis from 'ioredis';
 import { VERSION } from '../../lib/version';
 import { MemberView, memberCall } from './member-registry';

@@ -163,7 +163,7 @@ export class LbController {
     for (const [k, p] of refused) if (JSON.stringify(this.refused.get(k)) !== JSON.stringify(p)) this.o.logger.error('lb: Service refused', { service: k, problems: p });
     this.refused = refused;
     // Families of valid Services not served (PreferDualStack without the family's pool, a family the
-    // datapath does not program yet: DATAPATH_FAMILIES, lb-state.ts): logged once, in status.
+    // datapath does not program: DATAPATH_FAMILIES, lb-spec.ts): logged once, in status.
     const unserved = new Map((r.unserved ?? []).map((u) => [`${u.key} ${u.family}`, u]));
     for (const [k, u] of unserved) if (!this.unserved.has(k)) this.o.logger.warn('lb: Service not served in one of its families', { service: u.key, family: u.family, why: u.why });
     this.unserved = unserved;
