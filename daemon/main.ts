@@ -18,7 +18,8 @@ import type { LbController } from './lb/lb-controller';
 import type { PodStore } from './state/pod-store';
 import type { AttachService } from './pod/attach-service';
 import { nodeDeleteQueue } from './pod/delete-queue';
-import { checkRedisOption, flowsOption, metricsAddressOption, nodeNameOf, parseOptions, portOption, USAGE, type Options } from './options';
+import { checkRedisOption, flowsOption, metricsAddressOption, nodeAddress6Option, nodeNameOf, parseOptions, portOption, USAGE, type Options } from './options';
+import { setRegisteredAddress6 } from './common/node-registry';
 import { configFeed, CurrentConfig, SourcePart } from './parts/source';
 import { clusterStore, Ipam, openPodState, withStorePassword } from './parts/ipam';
 import { createEgress, Egress, ownershipStore, planEgress } from './parts/egress';
@@ -120,6 +121,8 @@ export async function* nodeParts(opts: Options, o: { nodeName: string; logger: L
   const maxFlows = flowsOption(opts['egress-flows']);
   const metricsAddress = metricsAddressOption(opts['metrics-bind-address']);
   checkRedisOption(opts);
+  // Registered beside the node address by every registry writer of this tetherd (egress's, the LB's).
+  if (opts['node-address']) setRegisteredAddress6(nodeAddress6Option(opts));
   opts = await withStorePassword(opts, source, logger);
   const egressObjects = new EgressObjects(logger);
   const egressPlan = await planEgress(opts, source, config, egressObjects, logger);

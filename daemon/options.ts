@@ -9,7 +9,7 @@ import { isPrime } from './lb/maglev';
 
 export const USAGE = `usage: tetherd [--node-name NAME] [--socket PATH] [--state-dir DIR] [--bpf-pin-dir DIR] [--config FILE | --kubernetes | --kubeconfig FILE]
                [--redis URL] [--redis-prefix PREFIX] [--log-level LEVEL]
-               [--node-address IP] [--uplink IF] [--cluster-key-file FILE] [--fou-port N] [--sync-port N]
+               [--node-address IP] [--node-address-6 IP] [--uplink IF] [--cluster-key-file FILE] [--fou-port N] [--sync-port N]
   --config FILE   YAML/JSON objects: AddressPool, Egress, Node (zone, labels), Pod (labels); watched,
                   every valid edit applied live (an invalid one is refused whole, nothing changes)
   --kubernetes    objects from the Kubernetes API with the pod's service account (in a cluster):
@@ -22,6 +22,10 @@ export const USAGE = `usage: tetherd [--node-name NAME] [--socket PATH] [--state
                           $POD_NAMESPACE, created by the first tetherd; a password in the URL wins
   Egress (objects of kind Egress in --config) also needs:
   --node-address IP       this node's address: BFD, conntrack sync and FoU between nodes use it
+  --node-address-6 IP     this node's IPv6 address, in a cluster with IPv6 Services of type LoadBalancer: the
+                          outer source of FoU to IPv6 targets, which accept it from registered nodes only
+                          (default: the one global IPv6 address of the interface holding --node-address, if
+                          it has exactly one; without any, IPv6 VIPs are not forwarded by this node)
   --uplink IF             the node's interface on the L2 segment (announcements, the LB's node datapath);
                           default: the interface holding --node-address, else eth0
   --cluster-key-file FILE shared secret (≥ 32 bytes, hex or base64) authenticating tetherd-to-tetherd traffic
@@ -62,6 +66,7 @@ export type Options = {
   'redis-prefix': string;
   'redis-password-secret'?: string;
   'node-address'?: string;
+  'node-address-6'?: string;
   uplink: string;
   'cluster-key-file'?: string;
   'cluster-key-secret'?: string;
@@ -102,6 +107,7 @@ export function parseOptions(argv: string[]): Options {
       'redis-prefix': { type: 'string', default: 'tether:' },
       'redis-password-secret': { type: 'string' },
       'node-address': { type: 'string' },
+      'node-address-6': { type: 'string' },
       uplink: { type: 'string', default: '' },
       'cluster-key-file': { type: 'string' },
       'cluster-key-secret': { type: 'string' },
@@ -160,6 +166,32 @@ export function uplinkOption(opts: Options, interfaces: NodeJS.Dict<os.NetworkIn
   const addr = opts['node-address'];
   if (addr) for (const [name, list] of Object.entries(interfaces)) if ((list ?? []).some((a) => a.address === addr)) return name;
   return 'eth0';
+}
+
+/**
+ * The node's IPv6 address (FoU to IPv6 targets leaves from it): --node-address-6, checked as --node-address
+ * is; else the one global IPv6 address of the interface holding --node-address, when it has exactly one
+ * (two would be a guess); else --node-address itself when it is IPv6; else none. `interfaces` is
+ * os.networkInterfaces() (a parameter for tests).
+ */
+export function nodeAddress6Option(opts: Options, interfaces: NodeJS.Dict<os.NetworkInterfaceInfo[]> = os.networkInterfaces()): string | undefined {
+  const given = opts['node-address-6'];
+  if (given !== undefined) {
+    if (isIP(given) !== 6) throw new StartError(2, `--node-address-6: ${JSON.stringify(given)} is not an IPv6 address`);
+    const local = Object.values(interfaces).flatMap((l) => (l ?? []).map((a) => a.address));
+    if (!local.includes(given)) throw new StartError(2, `--node-address-6: ${given} is not an address of any local interface`);
+    return given;
+  }
+  const addr = opts['node-address'];
+  if (!addr) return undefined;
+  if (isIP(addr) === 6) return addr;
+  for (const list of Object.values(interfaces)) {
+    if (!(list ?? []).some((a) => a.address === addr)) continue;
+    // Global unicast only: link-local (fe80::/10) needs a zone and is not routed between nodes.
+    const global = (list ?? []).filter((a) => a.family === 'IPv6' && !a.internal && !/^fe[89ab]/i.test(a.address)).map((a) => a.address);
+    return global.length === 1 ? global[0] : undefined;
+  }
+  return undefined;
 }
 
 /** tetherd's metrics: on this node only, next to the probes' 10267 (kube-proxy's are on 127.0.0.1:10249). */

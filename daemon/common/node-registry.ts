@@ -2,8 +2,9 @@
 // under "{<prefix>nodes}": a node heartbeats with one script call that also brings its copy of the list up
 // to date with only what changed, and a node that stopped is removed by whichever call first sees it expired.
 // Receivers of FoU (egress gateways, load balancer targets) accept it only from registered node addresses.
-// A registration is {"address", "release"}: the release lets a node tell when no node of the previous
-// release is left (docs/upgrade.md); 0.1.0 wrote no release and reads only the address.
+// A registration is {"address", "release", "address6"?}: the release lets a node tell when no node of the
+// previous release is left (docs/upgrade.md); 0.1.0 wrote no release and reads only the address. address6,
+// the node's IPv6 address, is where FoU to an IPv6 VIP's targets comes from; readers before ignore it.
 import type Redis from 'ioredis';
 import { VERSION } from '../../lib/version';
 import { MemberView, memberCall } from './member-registry';
@@ -14,11 +15,23 @@ export interface NodeEntry {
   address: string;
   /** The node's tether release; undefined for a node of 0.1.0, which did not write it (or one not understood). */
   release?: string;
+  /** The node's IPv6 address (FoU in outer IPv6 comes from it); undefined for a node without one or of an earlier release. */
+  address6?: string;
+}
+
+/**
+ * This process's IPv6 node address, registered beside its address by every registry writer that is not
+ * given one (the egress and load balancer registries of one tetherd write the same node's entry and must
+ * write the same value, or each beat of one would be a change for the other). Set once at start.
+ */
+let processAddress6: string | undefined;
+export function setRegisteredAddress6(address6: string | undefined): void {
+  processAddress6 = address6;
 }
 
 /** The registration this node writes: one encoder for NodeRegistry and registerNode. */
-export function nodeValue(address: string, release = VERSION): string {
-  return JSON.stringify({ address, release });
+export function nodeValue(address: string, release = VERSION, address6 = processAddress6): string {
+  return JSON.stringify({ address, release, ...(address6 ? { address6 } : {}) });
 }
 
 /** The registry's base key (hash tag included: its keys share one slot). */
@@ -37,7 +50,9 @@ export function readNode(key: string, node: string, raw: string): NodeEntry | un
   }
   // The release only informs (no FoU decision rests on it): one this reader does not understand, e.g. a
   // later release's other shape, reads as unknown rather than costing the node its registration.
-  return { address: r!.address as string, ...(isPlainName(r!.release, 64) ? { release: r!.release } : {}) };
+  // So does an address6 that is not an IPv6 address: the node's IPv4 FoU is still accepted.
+  const address6 = isCanonicalIp(r!.address6) && (r!.address6 as string).includes(':') ? (r!.address6 as string) : undefined;
+  return { address: r!.address as string, ...(isPlainName(r!.release, 64) ? { release: r!.release } : {}), ...(address6 ? { address6 } : {}) };
 }
 
 /**
@@ -63,11 +78,15 @@ export const LEFT_GRACE_MS = 5000;
  */
 export class NodeRegistry {
   private readonly view: MemberView<NodeEntry>;
-  /** Addresses the registry listed before and no longer does, with since when (dropped LEFT_GRACE_MS later). */
-  private readonly left = new Map<string, number>();
-  private listed = new Set<string>();
+  /**
+   * Addresses the registry listed before and no longer does, with since when (dropped LEFT_GRACE_MS later)
+   * and whether it was a node's IPv6 address (address6).
+   */
+  private readonly left = new Map<string, { since: number; six: boolean }>();
+  private listed = new Map<string, boolean>();
 
-  constructor(client: Redis, prefix: string, private readonly node: string, private readonly address: string) {
+  /** address6: this node's IPv6 address to register (default: the process's, setRegisteredAddress6). */
+  constructor(client: Redis, prefix: string, private readonly node: string, private readonly address: string, private readonly address6?: string) {
     const key = nodesKey(prefix);
     this.view = new MemberView(client, key, (n, raw) => readNode(key, n, raw));
   }
@@ -77,22 +96,26 @@ export class NodeRegistry {
    * same array as before while the registry did not change (a caller may compare by identity).
    */
   async beat(ttlMs: number, nowMs = Date.now()): Promise<string[]> {
-    if (await this.view.beat(this.node, nodeValue(this.address), ttlMs)) {
-      const listed = new Set([...this.view.entries().values()].map((e) => e.address));
-      for (const a of this.listed) if (!listed.has(a) && !this.left.has(a)) this.left.set(a, nowMs);
-      for (const a of listed) this.left.delete(a);
+    if (await this.view.beat(this.node, nodeValue(this.address, VERSION, this.address6 ?? processAddress6), ttlMs)) {
+      const listed = new Map<string, boolean>();
+      for (const e of this.view.entries().values()) {
+        if (e.address6) listed.set(e.address6, true);
+        listed.set(e.address, false);
+      }
+      for (const [a, six] of this.listed) if (!listed.has(a) && !this.left.has(a)) this.left.set(a, { since: nowMs, six });
+      for (const a of listed.keys()) this.left.delete(a);
       this.listed = listed;
       this.sorted = undefined;
     }
-    for (const [a, since] of this.left) {
-      if (nowMs - since < LEFT_GRACE_MS) continue;
+    for (const [a, l] of this.left) {
+      if (nowMs - l.since < LEFT_GRACE_MS) continue;
       this.left.delete(a);
       this.sorted = undefined;
     }
     return this.addresses();
   }
 
-  private sorted?: string[];
+  private sorted?: { plain: string[]; all: string[] };
 
   /** Removes this node's registration (a clean stop): the others drop it at once instead of at expiry. */
   async leave(): Promise<void> {
@@ -100,10 +123,18 @@ export class NodeRegistry {
     this.sorted = undefined;
   }
 
-  /** Every registered node's address as of the last beat, and those that left less than LEFT_GRACE_MS ago, sorted. */
-  addresses(): string[] {
-    this.sorted ??= Object.freeze([...new Set([...[...this.view.entries().values()].map((e) => e.address), ...this.left.keys()])].sort()) as string[];
-    return this.sorted;
+  /**
+   * Every registered node's address as of the last beat, and those that left less than LEFT_GRACE_MS ago,
+   * sorted; with ipv6, the nodes' registered IPv6 addresses (address6) too. The same array while nothing
+   * changed.
+   */
+  addresses(o: { ipv6?: boolean } = {}): string[] {
+    if (!this.sorted) {
+      const all = new Map([...[...this.left].map(([a, l]) => [a, l.six] as const), ...this.listed]);
+      const list = (keep: (six: boolean) => boolean) => Object.freeze([...all].filter(([, six]) => keep(six)).map(([a]) => a).sort()) as string[];
+      this.sorted = { plain: list((six) => !six), all: list(() => true) };
+    }
+    return o.ipv6 ? this.sorted.all : this.sorted.plain;
   }
 
   /**

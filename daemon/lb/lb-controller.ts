@@ -78,7 +78,7 @@ export class LbController {
   constructor(private readonly o: LbControllerOptions) {
     this.mode = o.datapath ?? 'node';
     this.uplink = o.uplink ?? 'eth0';
-    if (o.store) this.nodeRegistry = new NodeRegistry(o.store.connection.client, o.store.connection.prefix, o.node.name, o.node.address);
+    if (o.store) this.nodeRegistry = new NodeRegistry(o.store.connection.client, o.store.connection.prefix, o.node.name, o.node.address, o.node.address6);
     this.s = new LbShared(o);
     this.pods = new LbPods(this.s);
     this.addresses = new VipAddresses(this.s, (st) => this.pods.withdraw(st));
@@ -163,7 +163,7 @@ export class LbController {
     for (const [k, p] of refused) if (JSON.stringify(this.refused.get(k)) !== JSON.stringify(p)) this.o.logger.error('lb: Service refused', { service: k, problems: p });
     this.refused = refused;
     // Families of valid Services not served (PreferDualStack without the family's pool, a family the
-    // datapath does not program yet: DATAPATH_FAMILIES, lb-state.ts): logged once, in status.
+    // datapath does not program: DATAPATH_FAMILIES, lb-spec.ts): logged once, in status.
     const unserved = new Map((r.unserved ?? []).map((u) => [`${u.key} ${u.family}`, u]));
     for (const [k, u] of unserved) if (!this.unserved.has(k)) this.o.logger.warn('lb: Service not served in one of its families', { service: u.key, family: u.family, why: u.why });
     this.unserved = unserved;
@@ -256,11 +256,14 @@ export class LbController {
     this.s.storeAway = !!store && !store.connection.connected;
     if (!store?.connection.connected || !this.nodeRegistry) return;
     try {
-      const listed = await this.nodeRegistry.beat(REGISTRY_TTL_MS);
+      await this.nodeRegistry.beat(REGISTRY_TTL_MS);
+      // Both families' addresses: FoU to an IPv6 VIP's targets comes from the LB nodes' IPv6 addresses.
+      const listed = this.nodeRegistry.addresses({ ipv6: true });
       this.earlierReleases([...this.nodeRegistry.releases()]);
       if (listed === this.registered) return; // the same list (NodeRegistry keeps it while nothing changes)
       this.registered = listed;
-      const nodes = [...new Set([...listed, this.o.node.address])].sort();
+      const own = this.o.node.address6 ? [this.o.node.address, this.o.node.address6] : [this.o.node.address];
+      const nodes = [...new Set([...listed, ...own])].sort();
       if (nodes.join() !== this.s.nodes.join()) {
         this.s.nodes = nodes;
         this.targets.setSources(nodes);
@@ -326,7 +329,9 @@ export class LbController {
 
   private loadDatapath(): void {
     const dp = LbDatapath.load({ pinDir: this.o.pinDir, maxVips: this.slots.max, maglevSize: this.o.maglevSize, maxMappings: this.o.maxMappings, nodeProgram: this.mode === 'node' });
-    dp.configure(this.o.node.address, this.o.fouPort);
+    // IPv6 VIPs are forwarded (FoU in outer IPv6) only with the node's IPv6 address; without, they pass to the stack.
+    dp.configure(this.o.node.address, this.o.fouPort, this.o.node.address6);
+    if (!this.o.node.address6) this.o.logger.info('lb: this node has no IPv6 address (--node-address-6): its LB pods forward no IPv6 VIP');
     dp.onEvents((e) => this.sync.picked(e.key, e.target));
     this.s.dp = dp;
     this.loadedAt = Date.now();

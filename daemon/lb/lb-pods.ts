@@ -49,7 +49,8 @@ export class LbPods {
     for (const c of this.draining) if (!live.has(c)) this.draining.delete(c);
     for (const r of records) {
       const pod = podKeyOf(r);
-      const ip = r.ips?.find((i) => !i.includes(':'));
+      // Its IPv4 address, else its IPv6 one (an IPv6-only pod serves IPv6 VIPs; the VIP is routed by its veth).
+      const ip = r.ips?.find((i) => !i.includes(':')) ?? r.ips?.[0];
       if (!pod || !ip || !r.hostIfName || !netnsExists(r.netns)) continue;
       for (const lb of served) {
         if (!this.selected(r, lb)) continue;
@@ -92,7 +93,9 @@ export class LbPods {
       if (!st.loaded && this.serving(st.vip!).length) await ensureLoaded(lb, st);
       // Read after the load: an LB pod may have left meanwhile.
       const pods = this.serving(st.vip!);
-      const announce = pods.length > 0 && st.loaded && pickableTargets(lb, this.s.o.node.name).length > 0;
+      // An IPv6 VIP is forwarded only from the node's IPv6 address (FoU in outer IPv6): without one, not announced here.
+      const forwards = !st.vip!.includes(':') || !!this.s.o.node.address6;
+      const announce = forwards && pods.length > 0 && st.loaded && pickableTargets(lb, this.s.o.node.name).length > 0;
       if (announce || st.announced) this.route(st, announce ? pods : []);
     }
   }
@@ -103,7 +106,7 @@ export class LbPods {
   }
 
   private up(pod: string, r: PodRecord, vips: Set<string>): void {
-    const p: LbPod = { pod, netns: r.netns, ifName: r.ifName, hostIfName: r.hostIfName!, ip: r.ips!.find((i) => !i.includes(':'))!, vips };
+    const p: LbPod = { pod, netns: r.netns, ifName: r.ifName, hostIfName: r.hostIfName!, ip: r.ips!.find((i) => !i.includes(':')) ?? r.ips![0], vips };
     try {
       // What the pod sends back (encapsulated, from the node's address) must be accepted by the node.
       p.acceptLocalBefore = readNetSysctl(null, `net/ipv4/conf/${p.hostIfName}/accept_local`);
@@ -145,8 +148,8 @@ export class LbPods {
       const tables = this.s.tables();
       if (hops.length) {
         for (const table of tables) {
-          if (hops.length === 1) h.replaceRoute({ dst: `${vip}/32`, index: hops[0].index, table });
-          else h.replaceRoute({ dst: `${vip}/32`, nexthops: hops, table });
+          if (hops.length === 1) h.replaceRoute({ dst: hostPrefix(vip), index: hops[0].index, table });
+          else h.replaceRoute({ dst: hostPrefix(vip), nexthops: hops, table });
         }
         if (!st.announced) this.s.logger.info('lb: VIP routed to local LB pods and announced', { service: st.key, vip, pods: pods.map((p) => p.pod), exportTable: this.s.o.exportTable || undefined });
         st.announced = true;
@@ -199,9 +202,14 @@ export class LbPods {
 function unroute(h: NetlinkHandle, vip: string, tables: number[]): void {
   for (const table of [...tables].reverse()) {
     try {
-      h.deleteRoute({ dst: `${vip}/32`, table });
+      h.deleteRoute({ dst: hostPrefix(vip), table });
     } catch (e) {
       if (!isNetlinkError(e, 'ESRCH', 'ENOENT')) throw e;
     }
   }
+}
+
+/** The VIP as a host route's destination: /32, or /128 for an IPv6 VIP. */
+function hostPrefix(vip: string): string {
+  return vip.includes(':') ? `${vip}/128` : `${vip}/32`;
 }

@@ -60,15 +60,15 @@ export const FAMILY_NAME: Record<IpFamily, FamilyName> = { 4: 'IPv4', 6: 'IPv6' 
 const FAMILY_NUMBER: Record<FamilyName, IpFamily> = { IPv4: 4, IPv6: 6 };
 
 /**
- * The VIP families this release's datapath programs: THE gate of IPv6 VIPs. resolveLoadBalancers applies
- * it to every resolution, the nodes' (LbController) and tether-operator's (LbView) alike, so a VIP of
- * another family is never allocated, routed, slotted, announced, set up on a target nor listed in the
+ * The VIP families this release's datapath programs: THE gate of a VIP family. resolveLoadBalancers applies
+ * it to every resolution, the nodes' (LbController) and tether-operator's (LbView) alike, so a VIP of a
+ * family not listed is never allocated, routed, slotted, announced, set up on a target nor listed in the
  * Service's status (nothing half-programmed); the Service's status names it instead ("IPv6 VIPs are not
- * programmed by this release's datapath yet"), and its other family is served as before. Add 'IPv6' here once
- * the eBPF datapath (bpf/lb*.c, daemon/bpf/lb*.ts) takes IPv6 VIPs and targets: the control plane (keys,
- * store fields, notices, records, status, health) handles both families already.
+ * programmed by this release's datapath yet"), and its other family is served. Both families since IPv6
+ * VIPs were wired to the eBPF datapath (FoU in outer IPv6 from the node's IPv6 address, --node-address-6);
+ * a release before listed IPv4 only, and its nodes pass an IPv6 VIP's entries over.
  */
-export const DATAPATH_FAMILIES: readonly FamilyName[] = ['IPv4'];
+export const DATAPATH_FAMILIES: readonly FamilyName[] = ['IPv4', 'IPv6'];
 
 export type IpFamilyPolicy = 'SingleStack' | 'PreferDualStack' | 'RequireDualStack';
 const POLICIES: readonly IpFamilyPolicy[] = ['SingleStack', 'PreferDualStack', 'RequireDualStack'];

@@ -12,11 +12,15 @@ import type { AttachmentKey } from '../state/pod-store';
 import type { LbStore } from './lb-store';
 import type { ResolvedLoadBalancer } from './lb-spec';
 
-/** FoU over IPv4: what the targets' MTU is lowered by. */
+/** FoU over IPv4: what the targets' MTU is lowered by (pod/dsr-target.ts lowers the IPv6 MTU by the rest of outer IPv6's). */
 export const FOU_OVERHEAD = 28;
 
 export interface LbControllerOptions {
-  node: { name: string; address: string };
+  /**
+   * The node's name and registered addresses: FoU to targets leaves from address (IPv4 VIPs) and address6
+   * (IPv6 VIPs; without it this node forwards no IPv6 VIP's traffic).
+   */
+  node: { name: string; address: string; address6?: string };
   pinDir: string;
   fouPort: number;
   /** Route-export table the node's BGP speaker advertises (0: none, the VIP is only routed locally). */
@@ -96,7 +100,7 @@ export class LbShared {
   readonly lbPods = new Map<string, LbPod>();
   readonly targets = new Map<string, TargetPod>();
   dp?: LbDatapath;
-  /** Registered node addresses (targets accept FoU from these only). */
+  /** Registered node addresses, IPv4 and IPv6 (targets accept FoU from these only). */
   nodes: string[] = [];
   /**
    * The pass's first store command (the registry beat) failed or the store is not connected: the rest of the

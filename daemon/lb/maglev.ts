@@ -2,7 +2,7 @@
 // which every target gets ~M/N entries, and a change of the target set moves few entries. Every tetherd
 // computes the same table for the same target set: targets are ordered by address and hashed with fixed
 // seeds, so LB pods on different nodes send a new client to the same target.
-import { v4ToUint32 } from '../../lib/ip';
+import { ipToBytes } from '../../lib/ip';
 import { lbHash, type MapKey } from '../bpf/lb-structs';
 
 /** Is n prime (trial division; table sizes are at most a few million). */
@@ -11,6 +11,25 @@ export function isPrime(n: number): boolean {
   if (n % 2 === 0) return n === 2;
   for (let d = 3; d * d <= n; d += 2) if (n % d === 0) return false;
   return true;
+}
+
+/**
+ * The order targets are indexed in: by address bytes in network order (IPv4, 4 bytes, before IPv6, 16),
+ * so every node indexes the same set alike in either family. For IPv4 this is the numeric order rows were
+ * always built in (a row is the same before and after an upgrade); text that is no address sorts first.
+ */
+export function compareTargets(a: string, b: string): number {
+  const x = bytesOf(a);
+  const y = bytesOf(b);
+  return x.length - y.length || Buffer.compare(x, y);
+}
+
+function bytesOf(s: string): Buffer {
+  try {
+    return ipToBytes(s);
+  } catch {
+    return Buffer.alloc(0);
+  }
 }
 
 /** FNV-1a, 32 bits, over the UTF-8 bytes of s, from a given basis. */
@@ -30,12 +49,12 @@ function fnv1a(s: string, basis: number): number {
 }
 
 /**
- * The Maglev table of size m (a prime) over targets (IPv4 addresses): entry i is the index into the
+ * The Maglev table of size m (a prime) over targets (addresses of one family): entry i is the index into the
  * returned `targets` (sorted, deduplicated) of the target owning slot i, or -1 for all when there are none.
  */
 export function maglevTable(targetsIn: readonly string[], m: number): { targets: string[]; table: Int32Array } {
   if (!isPrime(m)) throw new Error(`maglev table size ${m} is not a prime`);
-  const targets = [...new Set(targetsIn)].sort((a, b) => (v4ToUint32(a) ?? 0) - (v4ToUint32(b) ?? 0));
+  const targets = [...new Set(targetsIn)].sort(compareTargets);
   const table = new Int32Array(m).fill(-1);
   const n = targets.length;
   if (n === 0) return { targets, table };
@@ -81,7 +100,7 @@ export function pickOf(t: MaglevTable, key: MapKey, seed: number): string | unde
  * the entries of known targets stay where base has them.
  */
 export function patchTable(base: MaglevTable, fill: MaglevTable, known: ReadonlySet<string>): MaglevTable {
-  const targets = [...new Set([...base.targets.filter((t) => known.has(t)), ...fill.targets])].sort((a, b) => (v4ToUint32(a) ?? 0) - (v4ToUint32(b) ?? 0));
+  const targets = [...new Set([...base.targets.filter((t) => known.has(t)), ...fill.targets])].sort(compareTargets);
   const index = new Map(targets.map((t, i) => [t, i]));
   const table = new Int32Array(base.table.length);
   for (let i = 0; i < table.length; i++) {

@@ -64,7 +64,8 @@ export class MappingSync {
   private readonly nextExpire = new Map<string, number>();
   private readonly expiring = new Set<string>();
   /** The table is nearly full (idle mappings expire sooner); when a full table was last logged. */
-  private pressure = false;
+  /** Each family's mapping table is nearly full (each holds --lb-max-mappings). */
+  private pressure = { 4: false, 6: false };
   private fullLoggedAt = 0;
 
   constructor(
@@ -232,20 +233,26 @@ export class MappingSync {
     const all = dp.mappings();
     // Local idle expiry by each VIP's timeout (sooner while the table is nearly full), from the one read of
     // the map this sync makes.
-    const pressure = all.length >= dp.maxMappings * PRESSURE_FILL;
-    if (pressure !== this.pressure) {
-      if (pressure) this.s.logger.warn('lb: mapping table nearly full: mappings idle for a while expire sooner', { mappings: all.length, max: dp.maxMappings, idleSeconds: PRESSURE_IDLE_S });
-      else this.s.logger.info('lb: mapping table no longer nearly full', { mappings: all.length, max: dp.maxMappings });
-      this.pressure = pressure;
+    // Per family: each family's VIPs have their own table (lb_mappings, lb_mappings6) of maxMappings entries.
+    const counts = { 4: 0, 6: 0 };
+    for (const m of all) counts[m.vip.includes(':') ? 6 : 4]++;
+    for (const f of [4, 6] as const) {
+      const pressure = counts[f] >= dp.maxMappings * PRESSURE_FILL;
+      if (pressure === this.pressure[f]) continue;
+      const family = f === 4 ? 'IPv4' : 'IPv6';
+      if (pressure) this.s.logger.warn('lb: mapping table nearly full: mappings idle for a while expire sooner', { family, mappings: counts[f], max: dp.maxMappings, idleSeconds: PRESSURE_IDLE_S });
+      else this.s.logger.info('lb: mapping table no longer nearly full', { family, mappings: counts[f], max: dp.maxMappings });
+      this.pressure[f] = pressure;
     }
-    const idleS = (l: ResolvedLoadBalancer) => (pressure ? Math.min(l.idleTimeoutS, PRESSURE_IDLE_S) : l.idleTimeoutS);
-    const idle = new Map([...this.serving].map(([vip, l]) => [vip, BigInt(idleS(l)) * 1_000_000_000n]));
+    const pressed = (vip: string) => this.pressure[vip.includes(':') ? 6 : 4];
+    const idleS = (vip: string, l: ResolvedLoadBalancer) => (pressed(vip) ? Math.min(l.idleTimeoutS, PRESSURE_IDLE_S) : l.idleTimeoutS);
+    const idle = new Map([...this.serving].map(([vip, l]) => [vip, BigInt(idleS(vip, l)) * 1_000_000_000n]));
     const isIdle = (m: LbMapping) => {
       const limit = idle.get(m.vip);
       return limit !== undefined && m.lastNs > 0n && ns - m.lastNs > limit;
     };
     const expired = dp.deleteMappingKeys(all.filter(isIdle));
-    if (expired) this.s.logger.info('lb: idle mappings expired', { count: expired, ...(pressure ? { underPressure: true } : {}) });
+    if (expired) this.s.logger.info('lb: idle mappings expired', { count: expired, ...(this.pressure[4] || this.pressure[6] ? { underPressure: true } : {}) });
     const store = this.s.o.store;
     if (!store) return;
     if (!store.connection.connected || this.s.storeAway) {

@@ -16,7 +16,7 @@
 // target this node no longer knows gets no new client (its entries take the new row's picks: patchTable).
 // A node that starts with the store away writes the row of its configuration.
 import { LB_F_PER_FLOW, LB_F_QUIET, decodeMapKey, lbHashKeyBytes } from '../bpf/lb-structs';
-import { formatV4, v4ToUint32 } from '../../lib/ip';
+import { formatV4, formatV6, ipFamily, ipToBytes, v4ToUint32 } from '../../lib/ip';
 import { LB_HASH_SEED, type LbMapping } from '../bpf/lb';
 import type { StoredMapping } from './mapping-fields';
 import { maglevTable, patchTable, pickOf, type MaglevTable } from './maglev';
@@ -274,7 +274,8 @@ export class TableSwitch {
     if (!dp) return;
     const t0 = Date.now();
     const table = this.tableOf(rowTargets(next.row), dp.maglevSize);
-    const { flows, moved } = movedFlows(dp.mappingEntries(), t.vip, t.known, table);
+    // The VIP's family's map: an IPv6 VIP's flows are in lb_mappings6.
+    const { flows, moved } = movedFlows(dp.mappingEntries(ipFamily(t.vip) === 6 ? 6 : 4), t.vip, t.known, table);
     if (moved.length) await this.s.o.store!.mappings.claim(t.vip, moved);
     this.s.logger.info('lb: flows a Maglev table change moves recorded', { service: t.service, vip: t.vip, version: next.version, flows, recorded: moved.length, ms: Date.now() - t0 });
   }
@@ -355,6 +356,7 @@ export class TableSwitch {
  * every entry and keeping those whose pickOf(table, key) differs from its target, without decoding the rest.
  */
 export function movedFlows(entries: Array<[Buffer, Buffer]>, vip: string, known: ReadonlySet<string>, table: MaglevTable): { flows: number; moved: StoredMapping[] } {
+  if (ipFamily(vip) === 6) return movedFlows6(entries, vip, known, table);
   const vipN = v4ToUint32(vip);
   const knownN = new Set([...known].map((a) => v4ToUint32(a)));
   const targetsN = table.targets.map((a) => v4ToUint32(a));
@@ -369,6 +371,30 @@ export function movedFlows(entries: Array<[Buffer, Buffer]>, vip: string, known:
     const i = table.table[lbHashKeyBytes(k, LB_HASH_SEED) % size];
     if (i >= 0 && targetsN[i] === target) continue;
     moved.push({ key: decodeMapKey(k), target: formatV4(v, 0) });
+  }
+  return { flows, moved };
+}
+
+/**
+ * movedFlows for an IPv6 VIP over lb_mappings6's entries: the VIP is the key's first 16 bytes and the target
+ * the value's first 16 (lb_map_key6, lb_mapping6), compared as bytes.
+ */
+function movedFlows6(entries: Array<[Buffer, Buffer]>, vip: string, known: ReadonlySet<string>, table: MaglevTable): { flows: number; moved: StoredMapping[] } {
+  const vipB = ipToBytes(vip);
+  const hex6 = (a: string) => (ipFamily(a) === 6 ? ipToBytes(a).toString('hex') : undefined);
+  const knownH = new Set([...known].map(hex6));
+  const targetsH = table.targets.map(hex6);
+  const size = table.table.length;
+  let flows = 0;
+  const moved: StoredMapping[] = [];
+  for (const [k, v] of entries) {
+    if (k.length < 16 || v.length < 16 || vipB.compare(k, 0, 16) !== 0) continue;
+    const target = v.toString('hex', 0, 16);
+    if (!knownH.has(target)) continue;
+    flows++;
+    const i = table.table[lbHashKeyBytes(k, LB_HASH_SEED) % size];
+    if (i >= 0 && targetsH[i] === target) continue;
+    moved.push({ key: decodeMapKey(k), target: formatV6(v, 0) });
   }
   return { flows, moved };
 }

@@ -1,7 +1,9 @@
 // The node's target pods (endpoints of a served Service running here) set up for direct server return
 // (pod/dsr-target.ts: the VIPs on a dummy link or lo, ARP silent, the MTU lowered by the encapsulation
-// overhead) with FoU decapsulation accepted from registered node addresses only. The set-up is kept in the
-// pod record: undone when the pod is no longer a target, or by the pod's DEL.
+// overhead) with FoU decapsulation accepted from registered node addresses only. A pod is a target of an
+// IPv4 VIP by its IPv4 address and of an IPv6 VIP by its IPv6 address (FoU in outer IPv6 to it, from the
+// LB nodes' IPv6 addresses). The set-up is kept in the pod record: undone when the pod is no longer a
+// target, or by the pod's DEL.
 import { netnsExists } from '../sys/netns';
 import { attachFouDecap } from '../bpf/fou';
 import { setTargetVips, setUpDsrTarget, undoDsrTarget, type DsrTarget } from '../pod/dsr-target';
@@ -23,12 +25,13 @@ export class LbTargets {
     const seen = new Set<string>();
     for (const r of this.s.o.attach.pods()) {
       const pod = podKeyOf(r) ?? r.containerId;
-      const ip = r.ips?.find((i) => !i.includes(':'));
-      const vips = ip ? byIp.get(ip) : undefined;
-      if (!ip || !vips || !netnsExists(r.netns)) continue;
+      const ip4 = r.ips?.find((i) => !i.includes(':'));
+      const ip6 = r.ips?.find((i) => i.includes(':'));
+      const vips = new Set([...(ip4 ? byIp.get(ip4) ?? [] : []), ...(ip6 ? byIp.get(ip6) ?? [] : [])]);
+      if (!vips.size || !netnsExists(r.netns)) continue;
       seen.add(pod);
       try {
-        this.up(pod, r, ip, vips);
+        this.up(pod, r, { ip4, ip6 }, vips);
         this.s.o.attach.roleProblems.ok(pod, 'lb target');
       } catch (e) {
         if (this.s.o.attach.roleProblems.failed(pod, 'lb target', (e as Error).message)) this.s.logger.error('lb: target setup failed', { pod, error: (e as Error).message });
@@ -44,8 +47,9 @@ export class LbTargets {
     for (const t of this.s.targets.values()) t.decap?.setAllowedSources(nodes);
   }
 
-  private up(pod: string, r: PodRecord, ip: string, vips: Set<string>): void {
+  private up(pod: string, r: PodRecord, ips: { ip4?: string; ip6?: string }, vips: Set<string>): void {
     let t = this.s.targets.get(pod);
+    const ip = ips.ip4 ?? ips.ip6!;
     const who = { pod, ip };
     if (!t) {
       // Set up by a previous run (recorded), or now: the set-up adopts what is there either way.
@@ -54,12 +58,15 @@ export class LbTargets {
       t = { pod, key: { network: r.network, containerId: r.containerId, ifName: r.ifName }, netns: r.netns, ifName: r.ifName, ip, vips: new Set(setup.vips.map((v) => v.address)), setup };
       // Decapsulated on the host side, before the pod: a full-size encapsulated frame would exceed the
       // pod interface's lowered MTU, and a veth drops what is longer than its peer's MTU.
-      const sources = this.s.nodes.length ? this.s.nodes : [this.s.o.node.address];
-      const port = this.s.o.fouPort;
+      const own = this.s.o.node.address6 ? [this.s.o.node.address, this.s.o.node.address6] : [this.s.o.node.address];
+      const sources = this.s.nodes.length ? this.s.nodes : own;
+      // Outer IPv6 to the pod's IPv6 address is unwrapped too (an IPv6 VIP's), whether or not the pod is a
+      // target of one yet: the decapsulation is attached once per pod.
+      const addrs = { port: this.s.o.fouPort, localAddress: ips.ip4, ...(ips.ip6 ? { localAddress6: ips.ip6 } : {}), allowedSources: sources };
       try {
         t.decap = r.hostIfName
-          ? attachFouDecap({ ifName: r.hostIfName, direction: 'egress', port, localAddress: ip, allowedSources: sources })
-          : attachFouDecap({ netns: r.netns, ifName: r.ifName, port, localAddress: ip, allowedSources: sources });
+          ? attachFouDecap({ ifName: r.hostIfName, direction: 'egress', ...addrs })
+          : attachFouDecap({ netns: r.netns, ifName: r.ifName, ...addrs });
       } catch (e) {
         if (!r.dsrTarget) undoDsrTarget(setup, who);
         throw e;

@@ -10,13 +10,15 @@ import { HealthReports } from '../health/health-reports';
 import { connectLbStore, type LbStore } from '../lb/lb-store';
 import type { ClusterAddresses } from '../../ipam/cluster-addresses';
 import type { AttachService } from '../pod/attach-service';
-import { lbOptions, requireLocalAddress, uplinkOption, type Options } from '../options';
+import { lbOptions, nodeAddress6Option, requireLocalAddress, uplinkOption, type Options } from '../options';
 import type { HealthDesired, LbDesired, Subsystem } from './subsystem';
 import { isTetherService } from '../objects/names';
 
 /** What a node that serves load balancers serves them with. */
 export interface LbPlan extends ReturnType<typeof lbOptions> {
   nodeAddress: string;
+  /** The node's IPv6 address (nodeAddress6Option): IPv6 VIPs are forwarded from it; none, not forwarded. */
+  nodeAddress6?: string;
   redis: string;
 }
 
@@ -33,7 +35,7 @@ export function planLb(opts: Options, config: ConfigObjects): LbPlan | undefined
     return undefined;
   }
   requireLocalAddress(opts['node-address']);
-  return { ...lb, nodeAddress: opts['node-address'], redis: opts.redis };
+  return { ...lb, nodeAddress: opts['node-address'], nodeAddress6: nodeAddress6Option(opts), redis: opts.redis };
 }
 
 /** The load balancer's connection to the mapping store. */
@@ -48,7 +50,7 @@ export function createLb(
   o: { fouPort: number; addresses: ClusterAddresses; attach: AttachService; nodeName: string; store: LbStore; logger: Logger },
 ): LbController {
   return new LbController({
-    node: { name: o.nodeName, address: plan.nodeAddress },
+    node: { name: o.nodeName, address: plan.nodeAddress, ...(plan.nodeAddress6 ? { address6: plan.nodeAddress6 } : {}) },
     pinDir: opts['bpf-pin-dir'],
     fouPort: o.fouPort,
     exportTable: plan.exportTable,

@@ -95,8 +95,13 @@ export async function lbStatus(tb: Testbed, node: string): Promise<LbStatus | un
 
 export { until } from '../lib/wait';
 
-/** BIRD on the router (ECMP into its kernel table) and on each LB node (advertising the export table). */
-export async function startBgp(tb: Testbed, speakers: string[] = LB_NODES): Promise<{ birds: TestBird[]; stop: () => Promise<void> }> {
+/**
+ * BIRD on the router (ECMP into its kernel table) and on each LB node (advertising the export table). With
+ * ipv6 (a dual-stack testbed) each node also advertises the export table's IPv6 /128s over an IPv6 session
+ * to the router's fabric IPv6 address, and the router installs them via the nodes' global addresses.
+ */
+export async function startBgp(tb: Testbed, speakers: string[] = LB_NODES, o: { ipv6?: boolean } = {}): Promise<{ birds: TestBird[]; stop: () => Promise<void> }> {
+  if (o.ipv6) return startBgpDual(tb, speakers);
   const routerIp = '198.18.0.1';
   await tb.mustExec('router', ['sysctl', '-qw', 'net.ipv4.fib_multipath_hash_policy=1']);
   const nodes = speakers.map((n) => tb.node(n));
@@ -131,6 +136,45 @@ ${nodes.map((n) => `protocol bgp ${n.name} {
   return { birds, stop: async () => void (await Promise.all(birds.map((b) => b.stop()))) };
 }
 
+async function startBgpDual(tb: Testbed, speakers: string[]): Promise<{ birds: TestBird[]; stop: () => Promise<void> }> {
+  const routerIp = '198.18.0.1';
+  const routerIp6 = tb.plan.router.fabricIp6!;
+  await tb.mustExec('router', ['sysctl', '-qw', 'net.ipv4.fib_multipath_hash_policy=1', 'net.ipv6.fib_multipath_hash_policy=1']);
+  const nodes = speakers.map((n) => tb.node(n));
+  const session = (name: string, local: number, addr: string, as: number, channel: string) => `protocol bgp ${name} {
+  local as ${local};
+  neighbor ${addr} as ${as};
+  connect delay time 1;
+  connect retry time 1;
+  error wait time 1, 5;
+  hold time 3;
+  ${channel}
+}
+`;
+  const routerConf = `router id ${routerIp};
+log stderr all;
+protocol device { scan time 10; }
+protocol kernel fib { merge paths on; ipv4 { import none; export where source = RTS_BGP; }; }
+protocol kernel fib6 { merge paths on; ipv6 { import none; export where source = RTS_BGP; }; }
+${nodes.map((n) => session(n.name, ROUTER_AS, n.fabricIp, NODE_AS, 'ipv4 { import all; export none; };') + session(`${n.name}_6`, ROUTER_AS, n.fabricIp6!, NODE_AS, 'ipv6 { import all; export none; next hop prefer global; };')).join('')}`;
+  const nodeConf = (n: { fabricIp: string }) => `router id ${n.fabricIp};
+log stderr all;
+protocol device { scan time 10; }
+protocol kernel export_table { kernel table ${EXPORT_TABLE}; learn; scan time 5; ipv4 { import where net.len = 32; export none; }; }
+protocol kernel export_table6 { kernel table ${EXPORT_TABLE}; learn; scan time 5; ipv6 { import where net.len = 128; export none; }; }
+${session('upstream', NODE_AS, routerIp, ROUTER_AS, 'ipv4 { import none; export where proto = "export_table"; };')}${session('upstream6', NODE_AS, routerIp6, ROUTER_AS, 'ipv6 { import none; export where proto = "export_table6"; };')}`;
+  const birds: TestBird[] = [];
+  try {
+    birds.push(await startBird(tb.ns('router'), routerConf));
+    for (const n of nodes) birds.push(await startBird(tb.ns(n.name), nodeConf(n)));
+    await waitBgpEstablished(birds);
+  } catch (e) {
+    await Promise.all(birds.map((b) => b.stop()));
+    throw e;
+  }
+  return { birds, stop: async () => void (await Promise.all(birds.map((b) => b.stop()))) };
+}
+
 /** The VIP (read on nodes[0]) once the router spreads it over exactly `nodes`. */
 export async function announcedOn(tb: Testbed, nodes: string[]): Promise<string> {
   return until(`VIP announced by exactly ${nodes.join(', ')}`, async () => {
@@ -144,7 +188,7 @@ export async function announcedOn(tb: Testbed, nodes: string[]): Promise<string>
 
 /** The router's next hops for the VIP (the nodes it spreads connections over). */
 export async function routerPaths(tb: Testbed, vip: string): Promise<string[]> {
-  const r = await tb.exec('router', ['ip', '-j', 'route', 'show', `${vip}/32`]);
+  const r = await tb.exec('router', vip.includes(':') ? ['ip', '-6', '-j', 'route', 'show', `${vip}/128`] : ['ip', '-j', 'route', 'show', `${vip}/32`]);
   const routes = JSON.parse(r.stdout || '[]') as Array<{ gateway?: string; nexthops?: Array<{ gateway: string }> }>;
   return routes.flatMap((x) => (x.nexthops ? x.nexthops.map((h) => h.gateway) : x.gateway ? [x.gateway] : [])).sort();
 }
@@ -154,19 +198,21 @@ export async function routerPaths(tb: Testbed, vip: string): Promise<string[]> {
 const TARGET_SERVER = `
 const net = require('net'), dgram = require('dgram');
 const [port, vip, name] = process.argv.slice(1);
+// An IPv6 VIP's server listens on IPv6 and records a peer as "[addr]:port" (test/lib/traffic.ts peerAddress).
+const v6 = vip.includes(':');
 const peers = new Set();
 net.createServer((s) => {
-  peers.add(s.remoteAddress + ':' + s.remotePort);
+  peers.add(v6 ? '[' + s.remoteAddress + ']:' + s.remotePort : s.remoteAddress + ':' + s.remotePort);
   s.setNoDelay(true);
   s.on('data', (b) => s.write(b));
   s.on('error', () => {});
-}).listen(Number(port), '0.0.0.0', () => up());
+}).listen(Number(port), v6 ? '::' : '0.0.0.0', () => up());
 // The VIP is on the pod once tetherd has set its target role up, which may come a moment after the pod:
 // bind again until it is there (an unbound socket's error would end the server), ready only then.
 let pending = 2;
 const up = () => { if (--pending === 0) process.stdout.write('ready\\n'); };
 const bindUdp = () => {
-  const u = dgram.createSocket('udp4');
+  const u = dgram.createSocket(v6 ? 'udp6' : 'udp4');
   u.on('message', (m, r) => u.send(m, r.port, r.address));
   u.once('error', () => { u.close(); setTimeout(bindUdp, 50); });
   u.bind(Number(port), vip, up);

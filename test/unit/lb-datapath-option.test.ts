@@ -3,7 +3,7 @@
 import { test } from 'uvu';
 import * as assert from 'uvu/assert';
 import * as os from 'node:os';
-import { lbOptions, parseOptions, uplinkOption } from '../../daemon/options';
+import { lbOptions, nodeAddress6Option, parseOptions, uplinkOption } from '../../daemon/options';
 import { StartError } from '../../daemon/lifecycle';
 
 test('default node; node and pod accepted', () => {
@@ -33,6 +33,32 @@ test('--uplink: given, it wins; else the interface holding --node-address (on th
   const lo = Object.entries(os.networkInterfaces()).find(([, l]) => (l ?? []).some((a) => a.address === '127.0.0.1'))?.[0];
   assert.ok(lo, 'this machine has 127.0.0.1');
   assert.is(uplinkOption(parseOptions(['--node-address', '127.0.0.1'])), lo);
+});
+
+test('--node-address-6: given, checked and kept; else the one global IPv6 address of the node address\'s interface; else none', () => {
+  const v6 = (address: string, internal = false) => ({ address, family: 'IPv6', internal });
+  const v4 = (address: string) => ({ address, family: 'IPv4', internal: false });
+  const ifs = {
+    ens3: [v4('10.0.0.11'), v6('fd00:18::11'), v6('fe80::1')],
+    ens4: [v4('10.1.0.11'), v6('fd00:20::1'), v6('fd00:21::1')],
+    ens5: [v4('10.2.0.11'), v6('fe80::5')],
+  } as unknown as NodeJS.Dict<os.NetworkInterfaceInfo[]>;
+  const opt = (args: string[]) => nodeAddress6Option(parseOptions(args), ifs);
+  assert.is(opt(['--node-address', '10.0.0.11', '--node-address-6', 'fd00:20::1']), 'fd00:20::1', 'given wins, on any interface');
+  assert.is(opt(['--node-address', '10.0.0.11']), 'fd00:18::11', 'the only global one (link-local left out)');
+  assert.is(opt(['--node-address', '10.1.0.11']), undefined, 'two: not guessed');
+  assert.is(opt(['--node-address', '10.2.0.11']), undefined, 'link-local only');
+  assert.is(opt(['--node-address', 'fd00:18::11']), 'fd00:18::11', 'an IPv6 node address is its own');
+  assert.is(opt([]), undefined);
+  for (const [bad, why] of [['10.0.0.11', /not an IPv6 address/], ['fd00:99::1', /not an address of any local interface/]] as const) {
+    try {
+      opt(['--node-address', '10.0.0.11', '--node-address-6', bad]);
+      assert.unreachable(bad);
+    } catch (e) {
+      assert.instance(e, StartError);
+      assert.match((e as Error).message, why);
+    }
+  }
 });
 
 test.run();

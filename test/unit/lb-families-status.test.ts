@@ -1,9 +1,9 @@
 // A tether Service in both IP families, from the spec to its status, against a real redis-server and the
 // fake API server: tether-operator's view (LbView) allocates one VIP per family (the IPv4 one under the
 // Service's own owner lb/<ns>/<name>, as every release before; the IPv6 one under lb/<ns>/<name>#IPv6) and
-// the status pass lists them in status.loadBalancer.ingress in the Service's ipFamilies order; until the
-// datapath takes IPv6 VIPs (DATAPATH_FAMILIES) no IPv6 VIP is allocated or listed, and the status says so by
-// name; PreferDualStack on IPv4-only pools is served in IPv4 and says IPv6 is not available.
+// the status pass lists them in status.loadBalancer.ingress in the Service's ipFamilies order (the default:
+// DATAPATH_FAMILIES holds both); with a datapath of IPv4 only (datapathFamilies) no IPv6 VIP is allocated or
+// listed, and the status says so by name; PreferDualStack on IPv4-only pools is served in IPv4 and says IPv6 is not available.
 import { test } from 'uvu';
 import * as assert from 'uvu/assert';
 import { Writable } from 'node:stream';
@@ -89,9 +89,18 @@ test('operator status of a dual-stack Service: two ingress entries in ipFamilies
   });
 });
 
-test('until the datapath takes IPv6 VIPs: none is allocated or listed; a dual-stack Service is served in IPv4 and says why not in IPv6, an IPv6-only one is not served and says so', async () => {
+test('the default families: an IPv6-only Service gets its IPv6 VIP and is served', async () => {
+  await operator([service('six', { ipFamilies: ['IPv6'] }), ...slices('six')], pools, undefined, async ({ ingress, ready, holders }) => {
+    const owners = await holders();
+    assert.equal(Object.keys(owners), ['lb/shop/six#IPv6']);
+    assert.equal(ingress('six'), [{ ip: owners['lb/shop/six#IPv6'], ipMode: 'Proxy' }]);
+    assert.equal([ready('six').status, ready('six').reason], ['True', 'Serving']);
+  });
+});
+
+test('a datapath of IPv4 only (datapathFamilies): no IPv6 VIP is allocated or listed; a dual-stack Service is served in IPv4 and says why not in IPv6, an IPv6-only one is not served and says so', async () => {
   const objects = [service('web', { ipFamilyPolicy: 'RequireDualStack', ipFamilies: ['IPv6', 'IPv4'] }), ...slices('web'), service('six', { ipFamilies: ['IPv6'] }), ...slices('six')];
-  await operator(objects, pools, undefined, async ({ ingress, ready, holders }) => {
+  await operator(objects, pools, ['IPv4'], async ({ ingress, ready, holders }) => {
     const owners = await holders();
     assert.equal(Object.keys(owners), ['lb/shop/web'], 'no IPv6 VIP allocated');
     assert.equal(ingress('web'), [{ ip: owners['lb/shop/web'], ipMode: 'Proxy' }]);

@@ -3,7 +3,7 @@
 import { test } from 'uvu';
 import * as assert from 'uvu/assert';
 import { validatePools } from '../../ipam/pool';
-import { ANNOTATION, DEFAULT_IDLE_TIMEOUT_S, parseSelector, resolveLoadBalancers } from '../../daemon/lb/lb-spec';
+import { ANNOTATION, DATAPATH_FAMILIES, DEFAULT_IDLE_TIMEOUT_S, parseSelector, resolveLoadBalancers } from '../../daemon/lb/lb-spec';
 import { maglevTable, isPrime } from '../../daemon/lb/maglev';
 
 const pools = validatePools([
@@ -243,8 +243,12 @@ test('the status\'s VIPs are read per family (the recorded one of each family in
   assert.equal(r.loadBalancers.map((l) => [l.family, l.vip.recorded]), [['IPv4', '203.0.113.4'], ['IPv6', '2001:db8:5::3']]);
 });
 
-test('the datapath gate: without IPv6 in DATAPATH_FAMILIES an IPv6 VIP is not resolved for programming, and says so by name; the IPv4 VIP is served as before', () => {
-  const r = resolveLoadBalancers([fam({ ipFamilyPolicy: 'RequireDualStack' }), fam({ ipFamilies: ['IPv6'] }, {})].map((s, i) => ({ ...s, metadata: { ...(s.metadata as object), name: i ? 'six' : 'db' } })), famPools);
+test('the datapath gate: IPv6 is in DATAPATH_FAMILIES; a datapath without it (datapathFamilies IPv4) does not resolve an IPv6 VIP for programming, and says so by name; the IPv4 VIP is served as before', () => {
+  const services = [fam({ ipFamilyPolicy: 'RequireDualStack' }), fam({ ipFamilies: ['IPv6'] }, {})].map((s, i) => ({ ...s, metadata: { ...(s.metadata as object), name: i ? 'six' : 'db' } }));
+  assert.equal([...DATAPATH_FAMILIES], ['IPv4', 'IPv6']);
+  const all = resolveLoadBalancers(services, famPools);
+  assert.equal([all.loadBalancers.map((l) => `${l.key} ${l.family}`), all.unserved ?? []], [['shop/db IPv4', 'shop/db#IPv6 IPv6', 'shop/six#IPv6 IPv6'], []], 'both families resolved by default');
+  const r = resolveLoadBalancers(services, famPools, { datapathFamilies: ['IPv4'] });
   assert.equal(shown(r), ['shop/db IPv4 v4']);
   assert.equal(r.refused, []);
   assert.equal(r.unserved, [

@@ -4,7 +4,7 @@
 import { test } from 'uvu';
 import * as assert from 'uvu/assert';
 import Redis from 'ioredis';
-import { LEFT_GRACE_MS, NodeRegistry } from '../../daemon/common/node-registry';
+import { LEFT_GRACE_MS, NodeRegistry, readNode } from '../../daemon/common/node-registry';
 import { startRedis } from '../lib/redis';
 
 // A registration is sent again only once a tenth of its TTL has passed (member-registry.ts): a short TTL and a
@@ -65,6 +65,40 @@ test('a node that leaves is dropped after the grace; one that comes back within 
     assert.equal(await a.beat(TTL, t0 + 200 + LEFT_GRACE_MS), ['10.0.0.1', '10.0.0.3'], 'b dropped, c (back) kept');
     assert.equal(await a.beat(TTL, t0 + 400 + 2 * LEFT_GRACE_MS), ['10.0.0.1', '10.0.0.3']);
   });
+});
+
+test('IPv6 node addresses: registered beside the address, listed only when asked for, dropped after the grace like the address', async () => {
+  const redis = await startRedis();
+  const clients = [0, 1, 2].map(() => new Redis({ path: redis.socketPath }));
+  try {
+    const [raw, ca, cb] = clients;
+    const a = new NodeRegistry(ca, 'reg:', 'a', '10.0.0.1', 'fd00:18::11');
+    const b = new NodeRegistry(cb, 'reg:', 'b', '10.0.0.2', 'fd00:18::12');
+    const t0 = Date.now();
+    await b.beat(TTL, t0);
+    assert.equal(await a.beat(TTL, t0), ['10.0.0.1', '10.0.0.2'], 'the IPv4 list as before (egress FoU allow-lists read it)');
+    assert.equal(a.addresses({ ipv6: true }), ['10.0.0.1', '10.0.0.2', 'fd00:18::11', 'fd00:18::12']);
+    assert.is(a.addresses({ ipv6: true }), a.addresses({ ipv6: true }), 'the same array while nothing changed');
+    // The registration as a release before reads it: address and release, address6 ignored.
+    const value = JSON.parse((await raw.hget('{reg:nodes}', 'a'))!);
+    assert.is(value.address6, 'fd00:18::11');
+    assert.is(value.address, '10.0.0.1');
+    await b.leave();
+    await sleep();
+    assert.equal(await a.beat(TTL, t0 + 1000), ['10.0.0.1', '10.0.0.2'], 'b kept within the grace');
+    assert.equal(a.addresses({ ipv6: true }), ['10.0.0.1', '10.0.0.2', 'fd00:18::11', 'fd00:18::12']);
+    assert.equal(await a.beat(TTL, t0 + 1000 + LEFT_GRACE_MS), ['10.0.0.1']);
+    assert.equal(a.addresses({ ipv6: true }), ['10.0.0.1', 'fd00:18::11'], 'b\'s IPv6 address dropped with it');
+  } finally {
+    for (const c of clients) c.disconnect();
+    await redis.stop();
+  }
+});
+
+test('readNode: a garbled address6 is left out, the node\'s address kept', () => {
+  assert.equal(readNode('k', 'n', JSON.stringify({ address: '10.0.0.1', release: '0.3.0', address6: '10.0.0.9' })), { address: '10.0.0.1', release: '0.3.0' });
+  assert.equal(readNode('k', 'n', JSON.stringify({ address: '10.0.0.1', address6: 'nope' })), { address: '10.0.0.1' });
+  assert.equal(readNode('k', 'n', JSON.stringify({ address: '10.0.0.1', address6: 'fd00:18::11' })), { address: '10.0.0.1', address6: 'fd00:18::11' });
 });
 
 test.run();
