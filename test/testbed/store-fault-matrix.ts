@@ -24,6 +24,8 @@ import { lbStatus, pool as lbPool, routerPaths, service, slice, startBgp, startT
 import { FloatingSampler } from './floating-sampler';
 import { withTestbed, type Testbed } from './testbed';
 import type { Topology } from './topology';
+import { FLOAT_POOL6 } from './egress-scenario';
+import type { IpFamily } from '../../lib/ip';
 import { TRAFFIC_CLIENT, type TrafficReport } from '../lib/traffic';
 
 export type FaultId = 'down' | 'paused' | 'empty' | 'sentinel' | 'cut' | 'none';
@@ -92,8 +94,19 @@ const FRESH_CONNS = 5;
 const GW = (name: string) => ({ name, namespace: 'shop', tether: { labels: { role: 'egress-gw' } } });
 const LB = (name: string) => ({ name, namespace: 'shop', tether: { labels: { 'tether.dev/role': 'lb' } } });
 
-export function topology(fault: FaultId): Topology {
+/**
+ * The matrix's objects in the pods' families: in dual-stack the floating pool and the Egress are dual-stack
+ * too (one address of each family per count), so every Egress event moves IPv6 addresses as well.
+ */
+function egressObjects(families: IpFamily[], count: number): Record<string, unknown>[] {
+  if (!families.includes(6)) return [floatPool, egress({ addresses: { pool: 'float', count } })];
+  const pool = { ...floatPool, spec: { ...(floatPool.spec as Record<string, unknown>), ipv6: { cidr: FLOAT_POOL6 } } };
+  return [pool, egress({ ipFamilies: ['IPv4', 'IPv6'], destinations: ['198.19.0.0/16', 'fd00:19::/32'], excludeDestinations: ['198.18.0.0/24', 'fd00:18::/64'], addresses: { pool: 'float', count } })];
+}
+
+export function topology(fault: FaultId, families: IpFamily[] = [4]): Topology {
   return {
+    ...(families.includes(6) ? { families } : {}),
     nodes: [
       // The owner starts alone: a gateway that joins finds no in-sync standby whose heartbeats hold others back.
       { name: 'n1', pods: [GW('gw1')] },
@@ -113,7 +126,7 @@ export function topology(fault: FaultId): Topology {
     tether: true,
     ipam: 'tether-ipam',
     tetherdArgs: ['--lb-export-table', '100'],
-    extraObjects: [floatPool, egress({ addresses: { pool: 'float', count: 1 } }), lbPool],
+    extraObjects: [...egressObjects(families, 1), lbPool],
     ...(fault === 'sentinel' ? { redis: 'sentinel' as const } : {}),
   };
 }
@@ -176,7 +189,7 @@ function writeConfig(row: Row): void {
   // Once allocated, the VIP is in the Service's status, as the controllers' status controller records it in a
   // cluster: what a node that newly needs the VIP reads when the store is away.
   const svc = row.vip ? { ...service(), status: { loadBalancer: { ingress: [{ ip: row.vip, ipMode: 'Proxy' }] } } } : service();
-  row.tb.rewriteConfig({ extraObjects: [floatPool, egress({ addresses: { pool: 'float', count: row.egressCount } }), lbPool, svc, slice(row.tb, TARGETS)] });
+  row.tb.rewriteConfig({ extraObjects: [...egressObjects(row.tb.hasFamily(6) ? [4, 6] : [4], row.egressCount), lbPool, svc, slice(row.tb, TARGETS)] });
 }
 
 async function prepareRow(tb: Testbed, fault: FaultId): Promise<Row> {
@@ -265,7 +278,9 @@ async function settle(row: Row, timeoutMs: number): Promise<{ owners?: Map<strin
           if (a.storeReachable === false) return no(`${node} does not reach the store`);
         }
       }
-      if (agreed.size !== row.egressCount) return no(`${agreed.size} addresses owned of ${row.egressCount}`);
+      // A count is per family: a dual-stack Egress holds one address of each family per count.
+      const asked = row.egressCount * (row.tb.hasFamily(6) ? 2 : 1);
+      if (agreed.size !== asked) return no(`${agreed.size} addresses owned of ${asked}`);
       const client = v.get(CLIENT_NODE) ?? [];
       for (const [a, o] of agreed) {
         if (!client.some((x) => x.address === a && x.owner === o.owner)) return no(`the client node does not know ${a}'s owner`);
@@ -286,7 +301,9 @@ async function settle(row: Row, timeoutMs: number): Promise<{ owners?: Map<strin
         if (!o) return no(`${a} is held on ${nodes.join('+')} but nobody owns it`);
         if (nodes.length !== 1 || nodes[0] !== o.ownerNode) return no(`${a} is held on ${nodes.map((n) => `${n} (${row.sampler.describe(n, a)})`).join(' and ')}, owned on ${o.ownerNode}`);
       }
-      for (const [a, o] of agreed) if (!held.has(a)) return no(`${a} is not in ${o.ownerNode}'s kernel`);
+      // The sampler reads the kernel's IPv4 state (proxy ARP, /32 routes, addresses on the pods' lo): IPv6
+      // addresses are checked by their connections and the store, not sampled.
+      for (const [a, o] of agreed) if (!held.has(a) && !a.includes(':')) return no(`${a} is not in ${o.ownerNode}'s kernel`);
       const want = row.lbNodes.filter((n) => !row.lost.has(n)).map((n) => tb.node(n).fabricIp).sort().join();
       const paths = (await routerPaths(tb, row.vip)).join();
       if (paths !== want) return no(`the VIP is routed over ${paths || 'nothing'}, not ${want}`);
@@ -712,9 +729,12 @@ async function runCell(row: Row, id: EventId, before: Map<string, Owned>): Promi
   row.sampler.trim(t0);
   const server = await startServer(tb);
   const eg = await flows(tb, `${CLIENT_NODE}-web`, tb.externalIp('server'), CONNS);
+  // Dual-stack: IPv6 connections through the Egress beside the IPv4 ones, under the same fault and event.
+  const eg6 = tb.hasFamily(6) ? await flows(tb, `${CLIENT_NODE}-web`, tb.externalIp6('server'), CONNS) : undefined;
   const lb = id === 'lbpod' || id === 'lblost' ? await flows(tb, 'client', row.vip, CONNS) : undefined;
   await sleep(1000);
   eg.mark();
+  eg6?.mark();
   lb?.mark();
   const tWin = Date.now();
   const cutNode = cutNodeFor(row, id, first, before);
@@ -722,6 +742,7 @@ async function runCell(row: Row, id: EventId, before: Map<string, Owned>): Promi
   let measured = '';
   let clean = true;
   let egReport: TrafficReport | undefined;
+  let eg6Report: TrafficReport | undefined;
   let lbReport: TrafficReport | undefined;
   try {
     const f = await startFault(row, cutNode);
@@ -745,6 +766,7 @@ async function runCell(row: Row, id: EventId, before: Map<string, Owned>): Promi
     }
     const after = s.owners ?? new Map<string, Owned>();
     egReport = await eg.stop();
+    eg6Report = await eg6?.stop();
     lbReport = await lb?.stop();
     await server.stop();
 
@@ -771,11 +793,13 @@ async function runCell(row: Row, id: EventId, before: Map<string, Owned>): Promi
     if (after.size) await checkStore(row, after, failures);
     // Connections.
     if (egReport.intact !== CONNS) failures.push(`${egReport.intact}/${CONNS} Egress connections kept: ${egReport.errors.slice(0, 2).join('; ')}`);
+    if (eg6Report && eg6Report.intact !== CONNS) failures.push(`${eg6Report.intact}/${CONNS} IPv6 Egress connections kept: ${eg6Report.errors.slice(0, 2).join('; ')}`);
     if (lbReport && lbReport.intact !== CONNS) failures.push(`${lbReport.intact}/${CONNS} VIP connections kept: ${lbReport.errors.slice(0, 2).join('; ')}`);
   } catch (e) {
     failures.push(`cell aborted: ${(e as Error).message.split('\n')[0].slice(0, 300)}`);
     clean = false;
     await eg.stop().catch(() => undefined);
+    await eg6?.stop().catch(() => undefined);
     await lb?.stop().catch(() => undefined);
     await server.stop().catch(() => undefined);
   } finally {
@@ -791,7 +815,7 @@ async function runCell(row: Row, id: EventId, before: Map<string, Owned>): Promi
     }
     if ((fault === 'down' || fault === 'empty') && tb.redis.pid === undefined) await tb.restartRedis();
   }
-  const conns = `${egReport?.intact ?? '?'}/${CONNS}${lbReport ? ` +${lbReport.intact}/${CONNS}` : ''}`;
+  const conns = `${egReport?.intact ?? '?'}/${CONNS}${eg6Report ? ` v6 ${eg6Report.intact}/${CONNS}` : ''}${lbReport ? ` +${lbReport.intact}/${CONNS}` : ''}`;
   const pass = failures.length === 0;
   const result: CellResult = {
     fault,
@@ -828,14 +852,14 @@ export interface RowLog {
  * Runs every event of the matrix under one fault, one cell after another on one testbed; a cell that leaves
  * the testbed unsettled makes the rest of the row run on a fresh one (at most 2 fresh testbeds per row).
  */
-export async function runRow(fault: FaultId, log: RowLog, only?: EventId[]): Promise<CellResult[]> {
+export async function runRow(fault: FaultId, log: RowLog, only?: EventId[], families: IpFamily[] = [4]): Promise<CellResult[]> {
   const results: CellResult[] = [];
   const remaining = EVENTS.map((e) => e.id).filter((e) => !only || only.includes(e));
   let testbeds = 0;
   while (remaining.length) {
     testbeds++;
     const t0 = Date.now();
-    await withTestbed(topology(fault), async (tb) => {
+    await withTestbed(topology(fault, families), async (tb) => {
       const row = await prepareRow(tb, fault);
       log(`  ${fault}: testbed ${tb.prefix} ready in ${((Date.now() - t0) / 1000).toFixed(1)} s`);
       try {
