@@ -21,7 +21,10 @@ export const USAGE = `usage: tetherd [--node-name NAME] [--socket PATH] [--state
   --redis-password-secret NAME  in a cluster: the store's password from Secret NAME (entry "password") in
                           $POD_NAMESPACE, created by the first tetherd; a password in the URL wins
   Egress (objects of kind Egress in --config) also needs:
-  --node-address IP       this node's address: BFD, conntrack sync and FoU between nodes use it
+  --node-address IP       this node's address: BFD, conntrack sync and FoU between nodes use it (IPv4, or
+                          IPv6 for an IPv6 underlay)
+  --node-address6 IP      with an IPv4 --node-address: this node's IPv6 address, the source of FoU in outer
+                          IPv6 to egress gateway pods that have no IPv4 address (IPv6-only pods)
   --uplink IF             the node's interface on the L2 segment (announcements, the LB's node datapath);
                           default: the interface holding --node-address, else eth0
   --cluster-key-file FILE shared secret (≥ 32 bytes, hex or base64) authenticating tetherd-to-tetherd traffic
@@ -62,6 +65,7 @@ export type Options = {
   'redis-prefix': string;
   'redis-password-secret'?: string;
   'node-address'?: string;
+  'node-address6'?: string;
   uplink: string;
   'cluster-key-file'?: string;
   'cluster-key-secret'?: string;
@@ -102,6 +106,7 @@ export function parseOptions(argv: string[]): Options {
       'redis-prefix': { type: 'string', default: 'tether:' },
       'redis-password-secret': { type: 'string' },
       'node-address': { type: 'string' },
+      'node-address6': { type: 'string' },
       uplink: { type: 'string', default: '' },
       'cluster-key-file': { type: 'string' },
       'cluster-key-secret': { type: 'string' },
@@ -145,10 +150,10 @@ export function portOption(name: string, raw: string): number {
 }
 
 /** An address tetherd binds BFD and sync to must be one of this node's (namespace's) own. */
-export function requireLocalAddress(addr: string): void {
-  if (!isIP(addr)) throw new StartError(2, `--node-address: ${JSON.stringify(addr)} is not an IP address`);
+export function requireLocalAddress(addr: string, option = 'node-address'): void {
+  if (!isIP(addr)) throw new StartError(2, `--${option}: ${JSON.stringify(addr)} is not an IP address`);
   const local = Object.values(os.networkInterfaces()).flatMap((l) => (l ?? []).map((a) => a.address));
-  if (!local.includes(addr)) throw new StartError(2, `--node-address: ${addr} is not an address of any local interface (have: ${local.join(', ') || 'none'})`);
+  if (!local.includes(addr)) throw new StartError(2, `--${option}: ${addr} is not an address of any local interface (have: ${local.join(', ') || 'none'})`);
 }
 
 /**

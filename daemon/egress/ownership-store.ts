@@ -384,8 +384,8 @@ export class OwnershipStore extends EventEmitter {
    * Registers this node's address for `ttlMs` and returns every registered node's address (sorted). One
    * command; its reply carries only what changed since this node's last call.
    */
-  async beatNode(node: string, address: string, ttlMs: number): Promise<string[]> {
-    if (!this.nodeRegistry) this.nodeRegistry = new NodeRegistry(this.client, this.prefix, node, address);
+  async beatNode(node: string, address: string, ttlMs: number, address6?: string): Promise<string[]> {
+    if (!this.nodeRegistry) this.nodeRegistry = new NodeRegistry(this.client, this.prefix, node, address, address6);
     return this.nodeRegistry.beat(ttlMs);
   }
 

@@ -2,6 +2,8 @@
 // the subsystem around it (desired state: the Egresses and pods' metadata; Egresses added, changed,
 // removed; pod roles from labels).
 import * as fs from 'node:fs';
+import { isIP } from 'node:net';
+import { canonicalIp } from '../../lib/ip';
 import type { Logger } from '../../lib/log';
 import { Connection, StartError } from '../lifecycle';
 import { ErrorCode, TetherError } from '../../lib/errors';
@@ -26,6 +28,8 @@ export interface EgressPlan {
   resolved: ResolvedEgress[];
   clusterKey: Buffer;
   nodeAddress: string;
+  /** The node's IPv6 address for outer IPv6 over an IPv4 underlay (--node-address6). */
+  nodeAddress6?: string;
 }
 
 async function clusterKeyText(opts: Options, source: ConfigSource, logger: Logger): Promise<string | undefined> {
@@ -65,10 +69,15 @@ export async function planEgress(opts: Options, source: ConfigSource, config: Co
     if (!opts.redis) throw new TetherError(ErrorCode.InvalidConfig, 'Egress objects need the cluster store: start tetherd with --redis');
     if (!opts['node-address']) throw new TetherError(ErrorCode.InvalidConfig, 'Egress objects need --node-address');
     plan = { resolved, clusterKey: requireClusterKey(await clusterKeyText(opts, source, logger)), nodeAddress: opts['node-address'] };
+    if (opts['node-address6'] && isIP(opts['node-address']) === 4) {
+      if (isIP(opts['node-address6']) !== 6) throw new TetherError(ErrorCode.InvalidConfig, `--node-address6: ${JSON.stringify(opts['node-address6'])} is not an IPv6 address`);
+      plan.nodeAddress6 = canonicalIp(opts['node-address6']);
+    }
   } catch (e) {
     throw new StartError(2, `egress configuration rejected: ${(e as Error).message}`);
   }
   requireLocalAddress(plan.nodeAddress);
+  if (plan.nodeAddress6) requireLocalAddress(plan.nodeAddress6, 'node-address6');
   return plan;
 }
 
@@ -99,7 +108,7 @@ export function createEgress(
   const maxEgressAddresses = cap !== undefined && /^[1-9][0-9]{0,2}$/.test(cap) ? Number(cap) : undefined;
   if (cap !== undefined && maxEgressAddresses === undefined) o.logger.warn('egress: node label ignored: not a count 1..999', { label: MAX_EGRESS_ADDRESSES_LABEL, value: cap });
   return new EgressController({
-    node: { name: o.nodeName, zone: nodeConfig.zone, address: plan.nodeAddress, uplink: uplinkOption(opts), maxEgressAddresses },
+    node: { name: o.nodeName, zone: nodeConfig.zone, address: plan.nodeAddress, ...(plan.nodeAddress6 ? { address6: plan.nodeAddress6 } : {}), uplink: uplinkOption(opts), maxEgressAddresses },
     maxFlows: o.maxFlows,
     pinDir: opts['bpf-pin-dir'],
     fouPort: o.fouPort,
