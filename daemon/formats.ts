@@ -180,7 +180,7 @@ export const FORMATS: readonly FormatEntry[] = [
     version: 1,
     reads: [1],
     versionField: 'none: absent = version 1; the value is a JSON object whose unknown fields readers ignore',
-    summary: 'member set {<prefix>nodes} (+ :expiry, :version, :log): node → {"address", "release"?, "address6"?}; FoU receivers accept only these addresses',
+    summary: 'member set {<prefix>nodes} (+ :expiry, :version, :log): node → {"address", "release"?} (a node with --node-address6 also registers member "<node>/ipv6" with that IPv6 address); FoU receivers accept only these addresses',
     history: {
       1: 'member set (before 0.1.0 a hash with TTL fields under another key); 0.2.0 adds the optional "release" (the node\'s tether release), which 0.1.0 ignores',
     },

@@ -3,26 +3,28 @@
 // to date with only what changed, and a node that stopped is removed by whichever call first sees it expired.
 // Receivers of FoU (egress gateways, load balancer targets) accept it only from registered node addresses.
 // A registration is {"address", "release"}: the release lets a node tell when no node of the previous
-// release is left (docs/upgrade.md); 0.1.0 wrote no release and reads only the address. A node of an IPv4
-// underlay with IPv6-only pods adds "address6" (--node-address6: its source of FoU in outer IPv6), which
-// receivers allow beside the address; a reader of the release before ignores it.
+// release is left (docs/upgrade.md); 0.1.0 wrote no release and reads only the address.
 import type Redis from 'ioredis';
 import { VERSION } from '../../lib/version';
 import { MemberView, memberCall } from './member-registry';
 import { isCanonicalIp, isPlainName, parseObject, refuseRecord } from './store-record';
 
+/**
+ * Member name suffix of a node's second registration: its IPv6 address for FoU in outer IPv6 over an IPv4
+ * underlay (tetherd --node-address6), registered as "<node>/ipv6" so it is listed like any node address.
+ */
+export const NODE_ADDRESS6_SUFFIX = '/ipv6';
+
 /** A node's registration as read. */
 export interface NodeEntry {
   address: string;
-  /** The node's IPv6 address for outer IPv6 over an IPv4 underlay, when it has one. */
-  address6?: string;
   /** The node's tether release; undefined for a node of 0.1.0, which did not write it (or one not understood). */
   release?: string;
 }
 
 /** The registration this node writes: one encoder for NodeRegistry and registerNode. */
-export function nodeValue(address: string, release = VERSION, address6?: string): string {
-  return JSON.stringify(address6 ? { address, release, address6 } : { address, release });
+export function nodeValue(address: string, release = VERSION): string {
+  return JSON.stringify({ address, release });
 }
 
 /** The registry's base key (hash tag included: its keys share one slot). */
@@ -41,9 +43,7 @@ export function readNode(key: string, node: string, raw: string): NodeEntry | un
   }
   // The release only informs (no FoU decision rests on it): one this reader does not understand, e.g. a
   // later release's other shape, reads as unknown rather than costing the node its registration.
-  // A bad address6 is left out alone (the node keeps its registration): it only widens an allow-list.
-  const address6 = isCanonicalIp(r!.address6) && (r!.address6 as string).includes(':') ? { address6: r!.address6 as string } : {};
-  return { address: r!.address as string, ...(isPlainName(r!.release, 64) ? { release: r!.release } : {}), ...address6 };
+  return { address: r!.address as string, ...(isPlainName(r!.release, 64) ? { release: r!.release } : {}) };
 }
 
 /**
@@ -73,7 +73,7 @@ export class NodeRegistry {
   private readonly left = new Map<string, number>();
   private listed = new Set<string>();
 
-  constructor(client: Redis, prefix: string, private readonly node: string, private readonly address: string, private readonly address6?: string) {
+  constructor(client: Redis, prefix: string, private readonly node: string, private readonly address: string) {
     const key = nodesKey(prefix);
     this.view = new MemberView(client, key, (n, raw) => readNode(key, n, raw));
   }
@@ -83,8 +83,8 @@ export class NodeRegistry {
    * same array as before while the registry did not change (a caller may compare by identity).
    */
   async beat(ttlMs: number, nowMs = Date.now()): Promise<string[]> {
-    if (await this.view.beat(this.node, nodeValue(this.address, VERSION, this.address6), ttlMs)) {
-      const listed = new Set([...this.view.entries().values()].flatMap(entryAddresses));
+    if (await this.view.beat(this.node, nodeValue(this.address), ttlMs)) {
+      const listed = new Set([...this.view.entries().values()].map((e) => e.address));
       for (const a of this.listed) if (!listed.has(a) && !this.left.has(a)) this.left.set(a, nowMs);
       for (const a of listed) this.left.delete(a);
       this.listed = listed;
@@ -108,7 +108,7 @@ export class NodeRegistry {
 
   /** Every registered node's address as of the last beat, and those that left less than LEFT_GRACE_MS ago, sorted. */
   addresses(): string[] {
-    this.sorted ??= Object.freeze([...new Set([...[...this.view.entries().values()].flatMap(entryAddresses), ...this.left.keys()])].sort()) as string[];
+    this.sorted ??= Object.freeze([...new Set([...[...this.view.entries().values()].map((e) => e.address), ...this.left.keys()])].sort()) as string[];
     return this.sorted;
   }
 
@@ -119,11 +119,6 @@ export class NodeRegistry {
   releases(): Map<string, string> {
     return new Map([...this.view.entries()].map(([node, e]) => [node, e.release ?? '']));
   }
-}
-
-/** A registration's addresses: the node address and, when registered, its IPv6 one. */
-function entryAddresses(e: NodeEntry): string[] {
-  return e.address6 ? [e.address, e.address6] : [e.address];
 }
 
 /** Registers a node for `ttlMs` (one call). Kept for callers that do not hold a NodeRegistry. */
@@ -141,7 +136,7 @@ export async function listNodes(client: Redis, prefix: string): Promise<string[]
   const out: string[] = [];
   for (let i = 0; i + 1 < (data ?? []).length; i += 2) {
     const e = readNode(key, data![i], data![i + 1]);
-    if (e) out.push(...entryAddresses(e));
+    if (e) out.push(e.address);
   }
   return out;
 }

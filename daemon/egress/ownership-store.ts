@@ -10,7 +10,7 @@ import Redis from 'ioredis';
 import { EventEmitter } from 'node:events';
 import { log } from '../../lib/log';
 import { createRedisClient, parseRedisUrl, reconnectAfterEnd } from '../common/redis';
-import { listNodes, NodeRegistry, registerNode } from '../common/node-registry';
+import { listNodes, NODE_ADDRESS6_SUFFIX, NodeRegistry, registerNode } from '../common/node-registry';
 import { MemberView } from '../common/member-registry';
 import { RUNS_WHEN_FULL } from '../common/store-full';
 import { isCanonicalIp, isObjectRef, isPlainName, nonNegativeInt, parseObject, refuseRecord, UnreadableRecordError } from '../common/store-record';
@@ -234,6 +234,7 @@ export class OwnershipStore extends EventEmitter {
   /** Each Egress's gateway registry as this node last saw it (kept current by changes only). */
   private readonly gatewayViews = new Map<string, MemberView<GatewayInfo[]>>();
   private nodeRegistry?: NodeRegistry;
+  private nodeRegistry6?: NodeRegistry;
 
   private constructor(
     private readonly client: Scripted,
@@ -385,8 +386,16 @@ export class OwnershipStore extends EventEmitter {
    * command; its reply carries only what changed since this node's last call.
    */
   async beatNode(node: string, address: string, ttlMs: number, address6?: string): Promise<string[]> {
-    if (!this.nodeRegistry) this.nodeRegistry = new NodeRegistry(this.client, this.prefix, node, address, address6);
-    return this.nodeRegistry.beat(ttlMs);
+    if (!this.nodeRegistry) this.nodeRegistry = new NodeRegistry(this.client, this.prefix, node, address);
+    const nodes = await this.nodeRegistry.beat(ttlMs);
+    if (!address6) return nodes;
+    // The IPv6 source of outer IPv6 FoU (--node-address6) is a registration of its own, member
+    // "<node>/ipv6": the node's own member is also beaten by the load balancer with its address alone, and
+    // two values under one member would rewrite each other every beat. Receivers (either release) read it
+    // as one more node address for their allow-lists; the registry lists it as the second member's.
+    this.nodeRegistry6 ??= new NodeRegistry(this.client, this.prefix, `${node}${NODE_ADDRESS6_SUFFIX}`, address6);
+    await this.nodeRegistry6.beat(ttlMs);
+    return nodes;
   }
 
   /** Publishes this node's address (gateways accept FoU only from registered nodes). */
