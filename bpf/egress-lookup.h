@@ -217,6 +217,45 @@ static __always_inline int egress_pick_slot6(const struct egress_gateways6 *gw, 
 	return EGRESS_PICK_NEW;
 }
 
+/* egress_pick_slot6 over egress_gateways66's slots (same rules; only the gateway is wider). */
+static __always_inline int egress_pick_slot66(const struct egress_gateways66 *gw, __u32 flow_hash,
+					      const struct in6_addr *pinned, struct egress_slot66 *out)
+{
+	__u32 count = gw->count;
+	__u32 best_tier = EGRESS_TIER_EXCLUDED, best_score = 0;
+	int best = -1;
+
+	if (count == 0 || count > EGRESS_MAX_SLOTS)
+		return EGRESS_PICK_BAD;
+#pragma unroll
+	for (int i = 0; i < EGRESS_MAX_SLOTS; i++) {
+		const struct egress_slot66 *s = &gw->slots[i];
+		__u32 score;
+
+		if ((__u32)i >= count)
+			break;
+		if (pinned && in6_equal(&s->floating, pinned)) {
+			__builtin_memcpy(out, s, sizeof(*out));
+			return EGRESS_PICK_PINNED;
+		}
+		if (s->tier >= EGRESS_TIER_EXCLUDED)
+			continue;
+		score = egress_score6(flow_hash, &s->floating);
+		if (best < 0 || s->tier < best_tier || (s->tier == best_tier && score > best_score)) {
+			best = i;
+			best_tier = s->tier;
+			best_score = score;
+		}
+	}
+	if (best < 0)
+		return EGRESS_PICK_NONE;
+	asm volatile("" : "+r"(best));
+	if (best >= EGRESS_MAX_SLOTS)
+		return EGRESS_PICK_BAD;
+	__builtin_memcpy(out, &gw->slots[best], sizeof(*out));
+	return EGRESS_PICK_NEW;
+}
+
 /* The flow key of an IPv6 packet: ports when the next header is TCP or UDP, 0 otherwise (ICMPv6, and
  * extension headers, which are not walked: such a flow is pinned by addresses and next header alone). */
 static __always_inline void egress_flow_key6(struct __sk_buff *skb, const struct ipv6hdr *ip6, __u32 egress_id,

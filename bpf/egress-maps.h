@@ -132,4 +132,22 @@ struct {
 	__type(value, struct egress_addr_stats);
 } egress_addr_stats6 SEC(".maps");
 
+/* Node settings for outer IPv6; key 0. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct egress_config6);
+} egress_cfg6 SEC(".maps");
+
+/* Egress id -> its IPv6 slots when one of them has an IPv6 gateway (else the Egress is in egress_gateways6
+ * alone). Asked before egress_gateways6; a hash without preallocation as the others. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, EGRESS_MAX_EGRESSES);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, __u32);
+	__type(value, struct egress_gateways66);
+} egress_gateways66 SEC(".maps");
+
 #endif

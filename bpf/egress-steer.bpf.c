@@ -3,7 +3,7 @@
  * that owns the floating address of the flow, then continue into the node's stack, which routes them to
  * that pod. A new flow picks an address by tier (zone policy) and rendezvous hash and is pinned to it in
  * an LRU map for its life; everything else passes untouched. IPv4 and IPv6 inner packets, each over its own
- * maps; the outer packet is IPv4 for both. */
+ * maps; the outer packet is IPv4 for both, except to an IPv6 gateway (egress_gateways66): outer IPv6. */
 #include "common.h"
 #include "parse.h"
 #include "fou.h"
@@ -77,11 +77,84 @@ static __always_inline int egress_steer4(struct __sk_buff *skb, const struct iph
 	return TC_ACT_OK;
 }
 
-/* egress_steer4 for IPv6, over the IPv6 maps; the outer packet is the same IPv4 + UDP. */
+/* True when a is an IPv4-mapped IPv6 address (::ffff:a.b.c.d): an egress_slot66 gateway reached in outer IPv4. */
+static __always_inline int in6_is_v4mapped(const struct in6_addr *a)
+{
+	const __u32 *w = a->in6_u.u6_addr32;
+
+	return w[0] == 0 && w[1] == 0 && w[2] == bpf_htonl(0xffff);
+}
+
+/* egress_steer6 for an Egress in egress_gateways66 (a gateway without IPv4): the slot's gateway is an IPv6
+ * address, reached in outer IPv6 + UDP from the node's IPv6 address (egress_cfg6), the floating address's
+ * low 16 bits in the outer flow label's low 16 bits (its top 4 bits from the flow hash, for ECMP); or an
+ * IPv4-mapped one, reached in outer IPv4 as egress_steer6 does. */
+static __always_inline int egress_steer66(struct __sk_buff *skb, const struct ipv6hdr *ip6, struct egress_config *cfg,
+					  struct egress_stats *st, const struct egress_gateways66 *gw, __u32 id)
+{
+	struct egress_config6 *cfg6;
+	struct egress_flow6_key fk;
+	struct egress_flow6 *pin, fresh = {};
+	struct egress_slot66 slot;
+	struct fou6_hdr h;
+	__u32 hash, key = 0, len = bpf_ntohs(ip6->payload_len) + sizeof(*ip6);
+	int picked, err;
+
+	cfg6 = bpf_map_lookup_elem(&egress_cfg6, &key);
+	if (!cfg6)
+		return TC_ACT_OK;
+	hash = fou_flow_hash(skb);
+	egress_flow_key6(skb, ip6, id, &fk);
+	pin = bpf_map_lookup_elem(&egress_flows6, &fk);
+	picked = egress_pick_slot66(gw, hash, pin ? &pin->floating : 0, &slot);
+	if (picked == EGRESS_PICK_NONE) {
+		st->excluded++;
+		return TC_ACT_SHOT;
+	}
+	if (picked < 0 || in6_is_zero(&slot.gateway) || in6_is_zero(&slot.floating)) {
+		st->errors++;
+		return TC_ACT_SHOT;
+	}
+	if (in6_is_v4mapped(&slot.gateway)) {
+		if (!cfg->saddr || !cfg->dport) {
+			st->errors++;
+			return TC_ACT_SHOT;
+		}
+	} else if (in6_is_zero(&cfg6->saddr) || !cfg6->dport) {
+		st->errors++;
+		return TC_ACT_SHOT;
+	}
+	if (picked == EGRESS_PICK_NEW) {
+		__builtin_memcpy(&fresh.floating, &slot.floating, sizeof(fresh.floating));
+		bpf_map_update_elem(&egress_flows6, &fk, &fresh, BPF_ANY);
+		if (pin)
+			st->repinned++;
+		else
+			st->pinned++;
+	}
+	if (in6_is_v4mapped(&slot.gateway))
+		err = fou_encap6_id(skb, ip6, cfg->saddr, slot.gateway.in6_u.u6_addr32[3], cfg->dport, fou_sport_of(hash),
+				    slot.floating.in6_u.u6_addr16[7]);
+	else
+		err = fou6_encap6_label(skb, ip6, &cfg6->saddr, &slot.gateway, cfg6->dport, fou_sport_of(hash),
+					(hash & 0xf0000) | bpf_ntohs(slot.floating.in6_u.u6_addr16[7]), &h);
+	if (err) {
+		st->errors++;
+		return TC_ACT_SHOT;
+	}
+	st->steered++;
+	st->steered_bytes += len;
+	egress_count_addr6(&slot.floating, len, picked == EGRESS_PICK_NEW);
+	return TC_ACT_OK;
+}
+
+/* egress_steer4 for IPv6, over the IPv6 maps; the outer packet is the same IPv4 + UDP (or, for an Egress with
+ * a gateway without IPv4, what egress_steer66 sends). */
 static __always_inline int egress_steer6(struct __sk_buff *skb, const struct ipv6hdr *ip6, struct egress_config *cfg,
 					 struct egress_stats *st)
 {
 	struct egress_client *client;
+	struct egress_gateways66 *gw66;
 	struct egress_gateways6 *gw;
 	struct egress_flow6_key fk;
 	struct egress_flow6 *pin, fresh = {};
@@ -99,6 +172,9 @@ static __always_inline int egress_steer6(struct __sk_buff *skb, const struct ipv
 		st->bypassed++;
 		return TC_ACT_OK;
 	}
+	gw66 = bpf_map_lookup_elem(&egress_gateways66, &id);
+	if (gw66 && gw66->count)
+		return egress_steer66(skb, ip6, cfg, st, gw66, id);
 	gw = bpf_map_lookup_elem(&egress_gateways6, &id);
 	if (!gw || gw->count == 0) {
 		st->no_gateway++;

@@ -117,8 +117,8 @@ struct egress_stats {
 	__u64 excluded;      /* packets dropped: every slot of the Egress is excluded for this node (requireZone) */
 };
 
-/* IPv6 inner packets. The underlay stays IPv4 (outer IPv4 + UDP, FOU_OVERHEAD bytes), so a gateway is
- * still an IPv4 address; what is IPv6 is the client, the destination and the floating address. These
+/* IPv6 inner packets. Over an IPv4 underlay (outer IPv4 + UDP, FOU_OVERHEAD bytes) a gateway is an IPv4
+ * address (gateways without IPv4: egress_slot66 below); what is IPv6 is the client, the destination and the floating address. These
  * structs sit in maps of their own beside the IPv4 ones, whose layouts (and the program of the release
  * before, which ignores IPv6) stay as they were. Each mirrors its IPv4 counterpart field by field. */
 
@@ -166,6 +166,39 @@ struct egress_flow6_key {
 /* Where an IPv6 flow is pinned. Must match daemon/bpf/egress-structs.ts. */
 struct egress_flow6 {
 	struct in6_addr floating;
+};
+
+/* Gateways without IPv4. A gateway pod with no IPv4 address (IPv6-only pods), or one that the node underlay
+ * reaches only in IPv6, is reached with outer IPv6 + UDP (FOU6_OVERHEAD bytes) from this node's IPv6
+ * address. egress_slot6 has 4 bytes for the gateway and an older release pins it, so these slots sit in a
+ * map of their own (egress_gateways66: inner IPv6, outer either family); the controller writes an Egress
+ * there only while one of its IPv6 slots has an IPv6 gateway, and the program asks it first. */
+
+/* Node settings for outer IPv6, key 0 (egress_cfg keeps its pinned IPv4 layout). Must match
+ * daemon/bpf/egress-structs.ts. */
+struct egress_config6 {
+	struct in6_addr saddr; /* outer IPv6 source: an address of this node; :: = no outer IPv6 (dropped, counted as errors) */
+	__be16 dport;          /* outer UDP destination port (the gateways' FoU port) */
+	__u16 flags;           /* reserved, 0 */
+};
+
+/* An IPv6 slot whose gateway may be IPv6: an IPv4-mapped gateway (::ffff:a.b.c.d) is reached in outer IPv4
+ * as egress_slot6's is; any other in outer IPv6, the floating address's low 16 bits in the outer flow label
+ * (IPv6 has no IP ID). Must match daemon/bpf/egress-structs.ts. */
+struct egress_slot66 {
+	struct in6_addr gateway;
+	struct in6_addr floating;
+	__u64 epoch;
+	__u32 zone;
+	__u32 tier;
+};
+
+/* The gateways of one Egress in egress_gateways66, replaced as a whole like egress_gateways6. Must match
+ * daemon/bpf/egress-structs.ts. */
+struct egress_gateways66 {
+	__u32 count;
+	__u32 flags; /* reserved, 0 */
+	struct egress_slot66 slots[EGRESS_MAX_SLOTS];
 };
 
 #endif

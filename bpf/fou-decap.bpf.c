@@ -57,6 +57,14 @@ static __always_inline int fou_decap_outer6(struct __sk_buff *skb)
 		st->errors++;
 		return TC_ACT_SHOT;
 	}
+	/* Egress steering in outer IPv6 put the floating address's low 16 bits in the flow label (the outer IP
+	 * ID of IPv4): the same mark for the pod's SNAT. */
+	if (cfg->flags & FOU_DECAP_F_LABEL_MARK) {
+		__u16 bits = ((__u16)ip6.flow_lbl[1] << 8) | ip6.flow_lbl[2];
+
+		if (bits)
+			skb->mark = FOU_FLOAT_MARK | bits;
+	}
 	st->packets++;
 	st->bytes += skb->len - ETH_HLEN;
 	return TC_ACT_OK;

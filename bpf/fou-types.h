@@ -27,6 +27,10 @@
 /* fou_decap_config.flags: the fou_sources allow-list is in force. User space sets this while the map is
  * non-empty because BPF cannot ask a hash map for its element count. */
 #define FOU_DECAP_F_CHECK_SOURCES 0x1
+/* fou_decap_config6.flags: the outer flow label's low 16 bits name the flow's floating address (egress
+ * steering to a gateway pod in outer IPv6): the unwrapped packet is marked FOU_FLOAT_MARK | bits. Only an
+ * egress gateway's decap sets it: the load balancer puts a flow hash in the label, which means nothing. */
+#define FOU_DECAP_F_LABEL_MARK 0x2
 
 /* All addresses and ports are in network byte order, as they sit in the packet. */
 

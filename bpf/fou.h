@@ -49,8 +49,8 @@ static __always_inline __be16 fou_sport(struct __sk_buff *skb)
 	return fou_sport_of(fou_flow_hash(skb));
 }
 
-/* skb->mark of a decapsulated packet whose outer IP ID named a floating address (low 16 bits). Must match
- * daemon/egress/gateway-datapath.ts. */
+/* skb->mark of a decapsulated packet whose outer IP ID (outer IPv4) or flow label (outer IPv6, low 16 bits)
+ * named a floating address (low 16 bits). Must match daemon/egress/gateway-datapath.ts. */
 #define FOU_FLOAT_MARK 0x7e7e0000u
 
 /* Wraps the packet behind the Ethernet header (inner_len bytes, IPv4 or IPv6) in outer IPv4 + UDP. The
@@ -170,12 +170,13 @@ _Static_assert(sizeof(struct fou6_hdr) == FOU6_OVERHEAD, "outer IPv6 headers mus
  * super-packet's segments get no outer checksum from the kernel either (SKB_GSO_UDP_TUNNEL without _CSUM).
  * The outer traffic class is the inner one (DSCP and ECN mean the same on the underlay); the flow label is
  * 20 bits of the flow hash (RFC 6438), so ECMP on the underlay spreads flows as the UDP source port does;
- * the hop limit is FOU_TTL. skb->protocol and the Ethernet type stay IPv6. Returns 0 or a negative value. */
-static __always_inline int fou6_encap6(struct __sk_buff *skb, const struct ipv6hdr *inner, const struct in6_addr *saddr,
-				       const struct in6_addr *daddr, __be16 dport, __be16 sport, __u32 hash, struct fou6_hdr *h)
+ * the hop limit is FOU_TTL. skb->protocol and the Ethernet type stay IPv6. Returns 0 or a negative value.
+ * fou6_encap6_label takes the 20-bit label from the caller: egress steering puts the floating address's low 16
+ * bits in it (as the outer IP ID in IPv4), for the gateway's SNAT. */
+static __always_inline int fou6_encap6_label(struct __sk_buff *skb, const struct ipv6hdr *inner, const struct in6_addr *saddr,
+					     const struct in6_addr *daddr, __be16 dport, __be16 sport, __u32 label, struct fou6_hdr *h)
 {
 	__u32 inner_len = bpf_ntohs(inner->payload_len) + sizeof(*inner);
-	__u32 label = hash & 0xfffff;
 
 	/* payload_len 0 is a jumbogram (or a BIG TCP super-packet): no outer IPv6 length can describe it. */
 	if (!inner->payload_len || inner_len + sizeof(struct udphdr) > 0xffff)
@@ -202,6 +203,12 @@ static __always_inline int fou6_encap6(struct __sk_buff *skb, const struct ipv6h
 	if (bpf_skb_store_bytes(skb, ETH_HLEN, h, sizeof(*h), 0))
 		return -1;
 	return 0;
+}
+
+static __always_inline int fou6_encap6(struct __sk_buff *skb, const struct ipv6hdr *inner, const struct in6_addr *saddr,
+				       const struct in6_addr *daddr, __be16 dport, __be16 sport, __u32 hash, struct fou6_hdr *h)
+{
+	return fou6_encap6_label(skb, inner, saddr, daddr, dport, sport, hash & 0xfffff, h);
 }
 
 /* Removes outer IPv6 + UDP (48 bytes) from an inner packet of family v6 ? IPv6 : IPv4. The DECAP flag names

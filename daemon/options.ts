@@ -22,8 +22,8 @@ export const USAGE = `usage: tetherd [--node-name NAME] [--socket PATH] [--state
                           $POD_NAMESPACE, created by the first tetherd; a password in the URL wins
   Egress (objects of kind Egress in --config) also needs:
   --node-address IP       this node's address: BFD, conntrack sync and FoU between nodes use it
-  --node-address-6 IP     this node's IPv6 address, in a cluster with IPv6 Services of type LoadBalancer: the
-                          outer source of FoU to IPv6 targets, which accept it from registered nodes only
+  --node-address-6 IP     this node's IPv6 address: the outer source of FoU to IPv6 load-balancer targets and
+                          to egress gateway pods that have no IPv4 address, accepted from registered nodes only
                           (default: the one global IPv6 address of the interface holding --node-address, if
                           it has exactly one; without any, IPv6 VIPs are not forwarded by this node)
   --uplink IF             the node's interface on the L2 segment (announcements, the LB's node datapath);

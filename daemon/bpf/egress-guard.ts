@@ -41,8 +41,8 @@ export interface EgressGuardOptions {
   netns?: string | null;
   /** The gateway pod's host-side veth (packets the pod sends arrive at its ingress). */
   hostIfName: string;
-  /** The gateway pod's own IPv4 address (its drops are counted apart). */
-  podIp: string;
+  /** The gateway pod's own IPv4 address (its drops are counted apart); absent for an IPv6-only pod. */
+  podIp?: string;
   /** The gateway pod's own IPv6 address, when it has one (its drops are counted apart likewise). */
   podIp6?: string;
   /** Destinations of the Egresses the pod is a gateway of, and the ranges excluded from them (IPv4 and IPv6 mixed). */
@@ -84,7 +84,8 @@ export class EgressGuard {
     const file = o.objectPath ?? path.join(bpfObjectDir(), `${GUARD_TC.object}.bpf.o`);
     const obj = BpfObject.load(file, { pinDir: o.pinDir, name: pinName(o.hostIfName), layouts: GUARD_MAP_LAYOUTS });
     try {
-      obj.map('guard_cfg').update(KEY0, ipv4Bytes(o.podIp, 'podIp'));
+      // 0.0.0.0 when the pod has no IPv4: then no IPv4 source is counted as the pod's.
+      obj.map('guard_cfg').update(KEY0, o.podIp ? ipv4Bytes(o.podIp, 'podIp') : Buffer.alloc(4));
       // :: when the pod has no IPv6: then no IPv6 source is counted as the pod's.
       obj.map('guard_cfg6').update(KEY0, o.podIp6 ? ipv6Bytes(o.podIp6, 'podIp6') : Buffer.alloc(16));
       setDestinations(obj, o.destinations, o.excluded);

@@ -15,7 +15,8 @@ import { attachTc, detachTc, type TcAttachment } from './tc';
 import {
   checkEgressId, decodeEgressClient, decodeEgressConfig, decodeEgressDest, decodeEgressDestKey, decodeEgressDest6Key, decodeEgressGateways,
   decodeEgressGateways6, encodeEgressClient, encodeEgressConfig, encodeEgressDest, encodeEgressDestKey, encodeEgressDest6Key,
-  encodeEgressGateways, encodeEgressGateways6, parseIpPrefix, splitSlotsByFamily, sumEgressStats, sumEgressAddressStats, decodeEgressFlow,
+  encodeEgressGateways, encodeEgressGateways6, encodeEgressGateways66, decodeEgressGateways66, hasIpv6Gateway, encodeEgressConfig6,
+  decodeEgressConfig6, type EgressConfig6, parseIpPrefix, splitSlotsByFamily, sumEgressStats, sumEgressAddressStats, decodeEgressFlow,
   decodeEgressFlow6, EGRESS_ID_GLOBAL, type EgressAction, type EgressConfig, type EgressSlot, type EgressStats, type EgressFlow,
   type EgressAddressStats, type Ipv4Prefix, EGRESS_MAP_LAYOUTS,
 } from './egress-structs';
@@ -30,11 +31,12 @@ export const EGRESS_TC = { handle: 1, priority: 0x110, object: 'egress-steer', p
 const MAP_NAMES = [
   'egress_cfg', 'egress_dest', 'egress_clients', 'egress_gateways', 'egress_stats', 'egress_flows', 'egress_addr_stats',
   'egress_dest6', 'egress_clients6', 'egress_gateways6', 'egress_flows6', 'egress_addr_stats6',
+  'egress_cfg6', 'egress_gateways66',
 ] as const;
 /** Default size of the node's flow pin map (flows per node; least recently used ones go first). */
 export const DEFAULT_EGRESS_FLOWS = 65536;
 type MapName = (typeof MAP_NAMES)[number];
-type Map6Name = 'egress_dest6' | 'egress_clients6' | 'egress_gateways6' | 'egress_flows6' | 'egress_addr_stats6';
+type Map6Name = 'egress_dest6' | 'egress_clients6' | 'egress_gateways6' | 'egress_flows6' | 'egress_addr_stats6' | 'egress_cfg6' | 'egress_gateways66';
 const KEY0 = Buffer.alloc(4);
 const ENOENT = 2;
 
@@ -158,7 +160,10 @@ export class EgressMaps {
    * Replaces the gateway slots of one Egress in a single map update per family, which the datapath sees
    * atomically (old set or new set, never a mix): the call to make on every ownership change. Slots of
    * both families may be mixed: they are split by the floating address's family (IPv4 flows take IPv4
-   * slots, IPv6 flows IPv6 ones; the gateway is an IPv4 address either way, the FoU underlay). A new flow
+   * slots, IPv6 flows IPv6 ones). A gateway is an IPv4 address (outer IPv4), or for an IPv6 slot an IPv6
+   * one (outer IPv6: a gateway pod without IPv4, or an IPv6 underlay), which puts the Egress's IPv6 slots in
+   * egress_gateways66 (the program asks it first) and, for the release before, the slots with an IPv4
+   * gateway in egress_gateways6. An Egress with no IPv6 gateway is written exactly as before. A new flow
    * takes the lowest tier present and, within it, the slot with the highest rendezvous score for its hash;
    * it stays pinned to that floating address while the address is a slot. A family with no slots keeps
    * the Egress but steers nothing of that family: its clients' packets to its destinations are dropped
@@ -168,23 +173,34 @@ export class EgressMaps {
     const key = egressKey(egressId);
     const { v4, v6 } = splitSlotsByFamily(slots);
     this.mapOf('egress_gateways').update(key, encodeEgressGateways(v4));
+    if (hasIpv6Gateway(v6)) {
+      // The new set first, which the program asks first; then what a program of the release before (which
+      // knows only egress_gateways6) can reach.
+      this.map6('egress_gateways66', true)!.update(key, encodeEgressGateways66(v6));
+      this.map6('egress_gateways6', true)!.update(key, encodeEgressGateways6(v6.filter((x) => addressFamily(x.gatewayIp) === 4)));
+      return;
+    }
     // Pins of the release before have no IPv6 slots map; with no IPv6 slot there is nothing to write.
     this.map6('egress_gateways6', v6.length > 0)?.update(key, encodeEgressGateways6(v6));
+    // Only once egress_gateways6 holds the whole set does the program stop reading the IPv6-gateway one.
+    this.map6('egress_gateways66', false)?.delete(key);
   }
 
   /** Gateway slots of one Egress, IPv4 then IPv6; undefined when none were ever set. */
   gateways(egressId: number): EgressSlot[] | undefined {
     const key = egressKey(egressId);
     const v4 = this.mapOf('egress_gateways').lookup(key);
+    const v66 = this.map6('egress_gateways66', false)?.lookup(key);
     const v6 = this.map6('egress_gateways6', false)?.lookup(key);
-    if (!v4 && !v6) return undefined;
-    return [...(v4 ? decodeEgressGateways(v4) : []), ...(v6 ? decodeEgressGateways6(v6) : [])];
+    if (!v4 && !v6 && !v66) return undefined;
+    return [...(v4 ? decodeEgressGateways(v4) : []), ...(v66 ? decodeEgressGateways66(v66) : v6 ? decodeEgressGateways6(v6) : [])];
   }
 
   /** Removes an Egress's gateways and destinations of both families (its clients keep their other Egresses). Idempotent. */
   removeEgress(egressId: number): void {
     this.setDestinations(egressId, [], []);
     this.mapOf('egress_gateways').delete(egressKey(egressId));
+    this.map6('egress_gateways66', false)?.delete(egressKey(egressId));
     this.map6('egress_gateways6', false)?.delete(egressKey(egressId));
   }
 
@@ -195,6 +211,16 @@ export class EgressMaps {
 
   setConfig(c: EgressConfig): void {
     this.mapOf('egress_cfg').update(KEY0, encodeEgressConfig(c));
+  }
+
+  /** Node settings for outer IPv6 (IPv6 gateways); undefined on pins of the release before. */
+  config6(): EgressConfig6 | undefined {
+    const v = this.map6('egress_cfg6', false)?.lookup(KEY0);
+    return v ? decodeEgressConfig6(v) : undefined;
+  }
+
+  setConfig6(c: EgressConfig6): void {
+    this.map6('egress_cfg6', true)!.update(KEY0, encodeEgressConfig6(c));
   }
 
   /** The pinned flows of both families (a dump: for tests and diagnostics, not for a hot path). */
@@ -240,8 +266,13 @@ export interface EgressSteerOptions {
   ifName: string;
   /** bpffs directory; the shared maps live at <pinDir>/egress/<map>. */
   pinDir: string;
-  /** Outer source of FoU packets: an address of this node. */
+  /**
+   * Outer source of FoU packets: an address of this node. IPv4 (the IPv4 underlay) or IPv6 (an IPv6
+   * underlay: then it is the outer IPv6 source too, and IPv4 gateways are unreachable).
+   */
   nodeAddress: string;
+  /** Outer source to IPv6 gateways over an IPv4 underlay: an IPv6 address of this node (ignored when nodeAddress is IPv6). */
+  nodeAddress6?: string;
   /** Outer UDP destination port: the gateways' FoU decap port. */
   port: number;
   objectPath?: string;
@@ -288,14 +319,18 @@ function allowLocalSource(netns: string | null, ifName: string): void {
 export function attachEgressSteer(o: EgressSteerOptions): EgressSteer {
   const obj = load(o.pinDir, o.objectPath, o.maxFlows);
   try {
-    obj.map('egress_cfg').update(KEY0, encodeEgressConfig({ nodeAddress: o.nodeAddress, port: o.port }));
+    const v6 = addressFamily(o.nodeAddress, 'nodeAddress') === 6;
+    // An IPv6 underlay has no IPv4 source: egress_cfg stays zero (IPv4 steering counts errors and drops).
+    if (!v6) obj.map('egress_cfg').update(KEY0, encodeEgressConfig({ nodeAddress: o.nodeAddress, port: o.port }));
+    const nodeAddress6 = v6 ? o.nodeAddress : o.nodeAddress6;
+    obj.map('egress_cfg6').update(KEY0, encodeEgressConfig6({ ...(nodeAddress6 ? { nodeAddress6 } : {}), port: o.port }));
     allowLocalSource(o.netns ?? null, o.ifName);
     const attachment = attachTc({
       netns: o.netns, ifName: o.ifName, direction: 'ingress', progFd: obj.programFd(EGRESS_TC.program),
       handle: EGRESS_TC.handle, priority: EGRESS_TC.priority,
     });
     obj.settle();
-    log().info('egress steer attached', { netns: o.netns, ifName: o.ifName, nodeAddress: o.nodeAddress, port: o.port });
+    log().info('egress steer attached', { netns: o.netns, ifName: o.ifName, nodeAddress: o.nodeAddress, ...(nodeAddress6 && !v6 ? { nodeAddress6 } : {}), port: o.port });
     return new EgressSteer(obj, attachment, o.pinDir);
   } catch (e) {
     obj.close();

@@ -18,6 +18,7 @@ export const EGRESS_TIER_EXCLUDED = 255;
 
 const SLOT_SIZE = 24;
 const SLOT6_SIZE = 40;
+const SLOT66_SIZE = 48;
 
 /** Byte layouts by C struct name; the encoders below write exactly these offsets. */
 export const EGRESS_LAYOUTS: Record<string, StructLayout> = {
@@ -84,6 +85,22 @@ export const EGRESS_LAYOUTS: Record<string, StructLayout> = {
     },
   },
   egress_flow6: { size: 16, fields: { floating: { offset: 0, size: 16 } } },
+  // Gateways without IPv4 (outer IPv6): maps added beside the IPv6 ones.
+  egress_config6: { size: 20, fields: { saddr: { offset: 0, size: 16 }, dport: { offset: 16, size: 2 }, flags: { offset: 18, size: 2 } } },
+  egress_slot66: {
+    size: SLOT66_SIZE,
+    fields: {
+      gateway: { offset: 0, size: 16 },
+      floating: { offset: 16, size: 16 },
+      epoch: { offset: 32, size: 8 },
+      zone: { offset: 40, size: 4 },
+      tier: { offset: 44, size: 4 },
+    },
+  },
+  egress_gateways66: {
+    size: 8 + SLOT66_SIZE * EGRESS_MAX_SLOTS,
+    fields: { count: { offset: 0, size: 4 }, flags: { offset: 4, size: 4 }, slots: { offset: 8, size: SLOT66_SIZE * EGRESS_MAX_SLOTS } },
+  },
   egress_stats: {
     size: 72,
     fields: {
@@ -124,6 +141,9 @@ export const EGRESS_MAP_LAYOUTS: Record<string, MapLayout> = {
   egress_gateways6: { version: 1, convert: 'copy' },
   egress_flows6: { version: 1, convert: 'copy', catchUp: true },
   egress_addr_stats6: { version: 1, convert: 'prefix' },
+  // Outer IPv6 (gateways without IPv4), added beside the maps above likewise.
+  egress_cfg6: { version: 1, convert: 'prefix' },
+  egress_gateways66: { version: 1, convert: 'copy' },
 };
 
 function invalid(msg: string): TetherError {
@@ -240,7 +260,10 @@ export function decodeEgressClient(b: Buffer): number[] {
 }
 
 export interface EgressSlot {
-  /** Gateway pod IPv4 that owns the floating address now (the FoU outer destination; the underlay is IPv4 for both families). */
+  /**
+   * Gateway pod address that owns the floating address now: the FoU outer destination. IPv4 (outer IPv4); an
+   * IPv6 gateway (a pod without IPv4, or an IPv6 underlay) only for an IPv6 floating address (outer IPv6).
+   */
   gatewayIp: string;
   /** IPv4 or IPv6: an IPv6 address goes to the IPv6 slots (egress_gateways6). */
   floatingIp: string;
@@ -314,6 +337,61 @@ export function decodeEgressGateways6(b: Buffer): EgressSlot[] {
   return decodeGateways(SLOT6, b);
 }
 
+/**
+ * struct egress_gateways66: IPv6 floating addresses whose gateways may be IPv6; an IPv4 gateway is written
+ * IPv4-mapped (::ffff:a.b.c.d), which the program reaches in outer IPv4.
+ */
+export function encodeEgressGateways66(slots: EgressSlot[]): Buffer {
+  const g = L.egress_gateways66.fields;
+  const s = L.egress_slot66.fields;
+  const b = encodeGateways(SLOT6, slots.map((x) => ({ ...x, gatewayIp: '0.0.0.0' })));
+  const out = Buffer.alloc(L.egress_gateways66.size);
+  out.writeUInt32LE(slots.length, g.count.offset);
+  const g6 = L.egress_gateways6.fields;
+  const s6 = L.egress_slot6.fields;
+  slots.forEach((slot, i) => {
+    const at = g.slots.offset + i * L.egress_slot66.size;
+    const from = g6.slots.offset + i * L.egress_slot6.size;
+    gateway66Bytes(slot.gatewayIp, `slots[${i}].gatewayIp`).copy(out, at + s.gateway.offset);
+    b.copy(out, at + s.floating.offset, from + s6.floating.offset, from + s6.floating.offset + 16);
+    b.copy(out, at + s.epoch.offset, from + s6.epoch.offset, from + s6.tier.offset + 4);
+  });
+  return out;
+}
+
+export function decodeEgressGateways66(b: Buffer): EgressSlot[] {
+  const g = L.egress_gateways66.fields;
+  const s = L.egress_slot66.fields;
+  const n = Math.min(b.readUInt32LE(g.count.offset), EGRESS_MAX_SLOTS);
+  return Array.from({ length: n }, (_, i) => {
+    const at = g.slots.offset + i * L.egress_slot66.size;
+    const gw = b.subarray(at + s.gateway.offset, at + s.gateway.offset + 16);
+    const mapped = gw.subarray(0, 10).every((x) => x === 0) && gw[10] === 0xff && gw[11] === 0xff;
+    return {
+      gatewayIp: mapped ? formatV4(gw, 12) : formatV6(gw, 0),
+      floatingIp: formatV6(b, at + s.floating.offset),
+      epoch: b.readBigUInt64LE(at + s.epoch.offset),
+      zone: b.readUInt32LE(at + s.zone.offset),
+      tier: b.readUInt32LE(at + s.tier.offset),
+    };
+  });
+}
+
+/** A slot66 gateway: IPv6 as is, IPv4 as ::ffff:a.b.c.d. */
+function gateway66Bytes(addr: string, field: string): Buffer {
+  if (addressFamily(addr, field) === 6) return ipv6Bytes(addr, field);
+  const b = Buffer.alloc(16);
+  b[10] = 0xff;
+  b[11] = 0xff;
+  ipv4Bytes(addr, field).copy(b, 12);
+  return b;
+}
+
+/** True when a slot's gateway is IPv6: it needs egress_gateways66 (outer IPv6). */
+export function hasIpv6Gateway(slots: EgressSlot[]): boolean {
+  return slots.some((s, i) => addressFamily(s.gatewayIp, `slots[${i}].gatewayIp`) === 6);
+}
+
 /** Splits mixed slots by the family of their floating address, keeping their order; the field names the bad one. */
 export function splitSlotsByFamily(slots: EgressSlot[]): { v4: EgressSlot[]; v6: EgressSlot[] } {
   const v4: EgressSlot[] = [];
@@ -339,6 +417,28 @@ export function encodeEgressConfig(c: EgressConfig): Buffer {
   ipv4Bytes(c.nodeAddress, 'nodeAddress').copy(b, f.saddr.offset);
   b.writeUInt16BE(c.port, f.dport.offset);
   return b;
+}
+
+/** Node settings for outer IPv6 (struct egress_config6). */
+export interface EgressConfig6 {
+  /** Outer IPv6 source: an IPv6 address of this node; undefined = none (IPv6 gateways unreachable). */
+  nodeAddress6?: string;
+  port: number;
+}
+
+export function encodeEgressConfig6(c: EgressConfig6): Buffer {
+  if (!Number.isInteger(c.port) || c.port < 1 || c.port > 65535) throw invalid(`port: ${c.port} is not a UDP port`);
+  const f = L.egress_config6.fields;
+  const b = Buffer.alloc(L.egress_config6.size);
+  if (c.nodeAddress6) ipv6Bytes(c.nodeAddress6, 'nodeAddress6').copy(b, f.saddr.offset);
+  b.writeUInt16BE(c.port, f.dport.offset);
+  return b;
+}
+
+export function decodeEgressConfig6(b: Buffer): EgressConfig6 {
+  const f = L.egress_config6.fields;
+  const a = b.subarray(f.saddr.offset, f.saddr.offset + 16);
+  return { ...(a.some((x) => x !== 0) ? { nodeAddress6: formatV6(a, 0) } : {}), port: b.readUInt16BE(f.dport.offset) };
 }
 
 export function decodeEgressConfig(b: Buffer): EgressConfig {

@@ -34,6 +34,8 @@ export const FOU_LAYOUTS: Record<string, StructLayout> = {
 // must match bpf/fou-types.h flag macros
 export const FOU_ENCAP_F_REDIRECT_BACK = 0x1;
 export const FOU_DECAP_F_CHECK_SOURCES = 0x1;
+/** fou_decap_config6 only: mark unwrapped packets by the outer flow label's low 16 bits (egress gateways). */
+export const FOU_DECAP_F_LABEL_MARK = 0x2;
 
 const L = FOU_LAYOUTS;
 

@@ -8,7 +8,7 @@ import { BpfObject } from './object';
 import { BpfMap } from './map';
 import { attachTc, detachTc, type TcAttachment, type TcDirection } from './tc';
 import {
-  FOU_DECAP_F_CHECK_SOURCES, FOU_ENCAP_F_REDIRECT_BACK, addressFamily, decodeFouDest, encodeFouDecapConfig, encodeFouDecapConfig6, encodeFouDest,
+  FOU_DECAP_F_CHECK_SOURCES, FOU_DECAP_F_LABEL_MARK, FOU_ENCAP_F_REDIRECT_BACK, addressFamily, decodeFouDest, encodeFouDecapConfig, encodeFouDecapConfig6, encodeFouDest,
   encodeFouEncapConfig, ipv4Bytes, ipv6Bytes, sumFouStats, FOU_MAP_LAYOUTS, type FouDest, type FouStats,
 } from './fou-structs';
 
@@ -124,6 +124,12 @@ export interface FouDecapOptions {
    */
   localAddress6?: string;
   /**
+   * Outer IPv6: mark unwrapped packets FOU_FLOAT_MARK | the outer flow label's low 16 bits (an egress
+   * gateway: steering puts the floating address's low bits there). Off for the load balancer's targets,
+   * whose labels are flow hashes.
+   */
+  markFromLabel?: boolean;
+  /**
    * When non-empty, only decapsulate packets from these outer sources (either family; a family with none
    * listed is then refused altogether); others are dropped and counted.
    */
@@ -140,7 +146,7 @@ export interface FouDecapOptions {
 }
 
 export class FouDecap {
-  constructor(private readonly obj: BpfObject, readonly attachment: TcAttachment, private config: { port: number; localAddress?: string; localAddress6?: string }) {}
+  constructor(private readonly obj: BpfObject, readonly attachment: TcAttachment, private config: { port: number; localAddress?: string; localAddress6?: string; markFromLabel?: boolean }) {}
 
   /**
    * Replaces the source allow-list (IPv4 and IPv6 sources, each into its family's map); an empty list lets
@@ -164,7 +170,8 @@ export class FouDecap {
     if (want6.size) map6.updateBatch([...want6].map((h) => [Buffer.from(h, 'hex'), Buffer.from([1])]));
     // Outer IPv6 is unwrapped only where an IPv6 address is configured (port 0 keeps it off).
     const port6 = this.config.localAddress6 ? this.config.port : 0;
-    this.obj.map('fou_decap_cfg6').update(KEY0, encodeFouDecapConfig6({ port: port6, localAddress: this.config.localAddress6, flags }));
+    const flags6 = flags | (this.config.markFromLabel ? FOU_DECAP_F_LABEL_MARK : 0);
+    this.obj.map('fou_decap_cfg6').update(KEY0, encodeFouDecapConfig6({ port: port6, localAddress: this.config.localAddress6, flags: flags6 }));
     for (const k of map6.keys()) if (!want6.has(k.toString('hex'))) map6.delete(k);
   }
 
@@ -184,7 +191,7 @@ export class FouDecap {
 export function attachFouDecap(o: FouDecapOptions): FouDecap {
   const obj = BpfObject.load(o.objectPath ?? path.join(bpfObjectDir(), `${FOU_TC.decap.object}.bpf.o`), { pinDir: o.pinDir, layouts: FOU_MAP_LAYOUTS });
   try {
-    const config = { port: o.port, localAddress: o.localAddress, localAddress6: o.localAddress6 };
+    const config = { port: o.port, localAddress: o.localAddress, localAddress6: o.localAddress6, ...(o.markFromLabel ? { markFromLabel: true } : {}) };
     const attachment = attachTc({
       netns: o.netns, ifName: o.ifName, direction: o.direction ?? 'ingress', progFd: obj.programFd(FOU_TC.decap.program),
       handle: FOU_TC.decap.handle, priority: FOU_TC.decap.priority,

@@ -228,8 +228,11 @@ export class EgressController {
     for (const [pod, c] of [...this.s.clients]) {
       if (id === undefined || !c.egressIds.includes(id)) continue;
       c.egressIds = c.egressIds.filter((x) => x !== id);
-      if (c.egressIds.length) c.steer?.setClient(c.ip, c.egressIds);
-      else this.roles.clientDown(pod, c);
+      if (c.egressIds.length) {
+        // Both addresses of a dual-stack client (an IPv6-only one has only ip6).
+        if (c.ip) c.steer?.setClient(c.ip, c.egressIds);
+        if (c.ip6) c.steer?.setClient(c.ip6, c.egressIds);
+      } else this.roles.clientDown(pod, c);
     }
     this.s.egresses.delete(e.key);
     this.s.egressIds.delete(e.key);

@@ -20,7 +20,11 @@ import type { GatewayInfo, Ownership, OwnershipStore } from './ownership-store';
 
 export interface EgressControllerOptions {
   /** maxEgressAddresses: this node's cap on the addresses of one Egress (over the Egress's own). */
-  node: { name: string; zone?: string; address: string; uplink: string; maxEgressAddresses?: number };
+  /**
+   * address: IPv4 (the IPv4 underlay) or IPv6 (an IPv6 underlay); address6: over an IPv4 underlay, the
+   * node's IPv6 address, outer source of FoU to gateway pods without IPv4 (and registered for their allow-lists).
+   */
+  node: { name: string; zone?: string; address: string; address6?: string; uplink: string; maxEgressAddresses?: number };
   pinDir: string;
   fouPort: number;
   /** TCP: conntrack sync; UDP on the same number: ownership notices. */
@@ -95,8 +99,9 @@ export interface LocalGateway {
 }
 
 export interface ClientPod {
-  ip: string;
-  /** The pod's IPv6 address in a dual-stack cluster: its IPv6 traffic is steered by it. */
+  /** The pod's IPv4 address; absent for an IPv6-only pod. */
+  ip?: string;
+  /** The pod's IPv6 address (dual-stack or IPv6-only): its IPv6 traffic is steered by it. */
   ip6?: string;
   hostIfName: string;
   egressIds: number[];

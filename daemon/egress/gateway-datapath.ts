@@ -19,7 +19,8 @@ export interface GatewayPod {
   /** "namespace/name" */
   pod: string;
   netns: string;
-  podIp: string;
+  /** The pod's own IPv4 address; without it (an IPv6-only pod) the pod cannot own IPv4 floating addresses. */
+  podIp?: string;
   /** The pod's own IPv6 address; without it the pod cannot own IPv6 floating addresses. */
   podIp6?: string;
   ifName: string;
@@ -108,7 +109,7 @@ export class GatewayDatapath {
     // their entries are never confirmed: the flow's next packet starts over and is NATed once the rule is
     // there. Chains are declared with add (kept when they exist) and their rules replaced, so a restarted
     // tetherd re-running this duplicates nothing and leaves the SNAT rule of an owned address in place.
-    let tables = tableScript('ip', this.gw.podIp, this.gw.ifName);
+    let tables = this.gw.podIp ? tableScript('ip', this.gw.podIp, this.gw.ifName) : '';
     if (this.gw.podIp6) {
       // A forwarding IPv6 stack ignores router advertisements (accept_ra 1 applies only while not
       // forwarding): the pod's routes are the CNI's and do not move under a gateway. IPv6 has no
@@ -118,12 +119,17 @@ export class GatewayDatapath {
     }
     this.nft(tables);
     if (!this.decap) {
-      this.decap = attachFouDecap({ netns: ns, ifName: this.gw.ifName, port: this.node.fouPort, localAddress: this.gw.podIp, allowedSources });
+      // Outer IPv6 to the pod's IPv6 address (clients reach a pod without IPv4, or any over an IPv6 underlay,
+      // that way), marked by its flow label as outer IPv4 is by its IP ID.
+      this.decap = attachFouDecap({
+        netns: ns, ifName: this.gw.ifName, port: this.node.fouPort, allowedSources,
+        ...(this.gw.podIp ? { localAddress: this.gw.podIp } : {}), ...(this.gw.podIp6 ? { localAddress6: this.gw.podIp6, markFromLabel: true } : {}),
+      });
     } else this.decap.setAllowedSources(allowedSources);
     this.guarded = guarded;
     this.nodeAddresses = allowedSources;
     if (!this.guard) {
-      this.guard = EgressGuard.attach({ hostIfName: this.gw.hostIfName, podIp: this.gw.podIp, ...(this.gw.podIp6 ? { podIp6: this.gw.podIp6 } : {}), pinDir: this.node.pinDir, ...this.guardSet() });
+      this.guard = EgressGuard.attach({ hostIfName: this.gw.hostIfName, ...(this.gw.podIp ? { podIp: this.gw.podIp } : {}), ...(this.gw.podIp6 ? { podIp6: this.gw.podIp6 } : {}), pinDir: this.node.pinDir, ...this.guardSet() });
     } else this.setGuard();
   }
 
@@ -306,7 +312,7 @@ export class GatewayDatapath {
    */
   private writeSnat(): void {
     const owned = [...this.owned.keys()];
-    let script = this.snatScript('ip', this.gw.podIp, owned.filter((a) => ipFamily(a) === 4));
+    let script = this.gw.podIp ? this.snatScript('ip', this.gw.podIp, owned.filter((a) => ipFamily(a) === 4)) : '';
     if (this.gw.podIp6) script += this.snatScript('ip6', this.gw.podIp6, owned.filter((a) => ipFamily(a) === 6));
     this.nft(script);
   }
@@ -334,6 +340,9 @@ export class GatewayDatapath {
   private checkCanOwn(address: string): void {
     const family = ipFamily(address);
     if (!family) throw new TetherError(ErrorCode.InvalidConfig, `gateway pod ${this.gw.pod}: floating address '${address}' is not an IP address`);
+    if (family === 4 && !this.gw.podIp) {
+      throw new TetherError(ErrorCode.InvalidConfig, `gateway pod ${this.gw.pod} has no IPv4 address: it cannot own the IPv4 floating address ${address}`);
+    }
     if (family === 6 && !this.gw.podIp6) {
       throw new TetherError(ErrorCode.InvalidConfig, `gateway pod ${this.gw.pod} has no IPv6 address: it cannot own the IPv6 floating address ${address}`);
     }

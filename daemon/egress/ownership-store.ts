@@ -384,9 +384,14 @@ export class OwnershipStore extends EventEmitter {
    * Registers this node's address for `ttlMs` and returns every registered node's address (sorted). One
    * command; its reply carries only what changed since this node's last call.
    */
-  async beatNode(node: string, address: string, ttlMs: number): Promise<string[]> {
-    if (!this.nodeRegistry) this.nodeRegistry = new NodeRegistry(this.client, this.prefix, node, address);
-    return this.nodeRegistry.beat(ttlMs);
+  async beatNode(node: string, address: string, ttlMs: number, address6?: string): Promise<string[]> {
+    // The node's IPv6 address (--node-address-6) rides in its own registration as address6, the value the load
+    // balancer's registry writes too (one process-wide address: two values under one member would rewrite
+    // each other every beat). The allow-lists take the nodes' IPv6 addresses beside their IPv4 ones: outer
+    // IPv6 FoU to an IPv6-only gateway pod comes from them.
+    if (!this.nodeRegistry) this.nodeRegistry = new NodeRegistry(this.client, this.prefix, node, address, address6);
+    await this.nodeRegistry.beat(ttlMs);
+    return this.nodeRegistry.addresses({ ipv6: true });
   }
 
   /** Publishes this node's address (gateways accept FoU only from registered nodes). */

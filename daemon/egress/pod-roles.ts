@@ -2,6 +2,7 @@
 // client (steered in eBPF to the current owners) as its labels and the Egresses say, and stops being one.
 import * as fs from 'node:fs';
 import { podKeyOf as podKey, type PodRecord } from '../state/pod-store';
+import { canonicalIp, ipFamily } from '../../lib/ip';
 import { attachEgressSteer } from '../bpf/egress-steer';
 import { type ResolvedEgress } from './egress-spec';
 import { GatewayDatapath } from './gateway-datapath';
@@ -53,8 +54,10 @@ export class PodRoles {
   private async podRoles(r: PodRecord): Promise<void> {
     const pod = podKey(r);
     const ip = r.ips?.find((i) => !i.includes(':'));
-    const ip6 = r.ips?.find((i) => i.includes(':'));
-    if (!pod || !ip || !r.hostIfName) return;
+    const v6 = r.ips?.find((i) => i.includes(':'));
+    const ip6 = v6 ? canonicalIp(v6) : undefined;
+    // An IPv6-only pod (no IPv4 address) takes both roles by its IPv6 address alone.
+    if (!pod || (!ip && !ip6) || !r.hostIfName) return;
     const meta = this.s.podMeta.get(pod);
     const labels = meta?.labels ?? r.labels ?? {};
     // A gateway serves only while ready and not terminating: a terminating one hands over before its DEL.
@@ -66,7 +69,7 @@ export class PodRoles {
     await this.election.tick();
   }
 
-  private async gatewayRole(r: PodRecord, pod: string, ip: string, ip6: string | undefined, gwOf: ResolvedEgress[]): Promise<void> {
+  private async gatewayRole(r: PodRecord, pod: string, ip: string | undefined, ip6: string | undefined, gwOf: ResolvedEgress[]): Promise<void> {
     const cur = this.s.gateways.get(pod);
     const keys = new Set(gwOf.map((e) => e.key));
     const guarded = { destinations: [...new Set(gwOf.flatMap((e) => e.destinations))], excluded: [...new Set(gwOf.flatMap((e) => e.excluded))] };
@@ -104,11 +107,14 @@ export class PodRoles {
       }
       return;
     }
+    // The address clients steer to (registry, ownership records): IPv4 when the pod has one and the node
+    // underlay is IPv4, else IPv6 (clients then reach it in outer IPv6).
+    const podIp = ip && ipFamily(this.s.o.node.address) === 4 ? ip : ip6 ?? ip!;
     const info: GatewayInfo = {
-      pod, node: this.s.o.node.name, nodeAddress: this.s.o.node.address, podIp: ip, zone: this.s.o.node.zone,
+      pod, node: this.s.o.node.name, nodeAddress: this.s.o.node.address, podIp, zone: this.s.o.node.zone,
       ...(this.s.o.node.maxEgressAddresses !== undefined ? { maxAddresses: this.s.o.node.maxEgressAddresses } : {}),
     };
-    const datapath = new GatewayDatapath({ pod, netns: r.netns, podIp: ip, ...(ip6 ? { podIp6: ip6 } : {}), ifName: r.ifName, hostIfName: r.hostIfName! }, { uplink: this.s.o.node.uplink, fouPort: this.s.o.fouPort, pinDir: this.s.o.pinDir });
+    const datapath = new GatewayDatapath({ pod, netns: r.netns, ...(ip ? { podIp: ip } : {}), ...(ip6 ? { podIp6: ip6 } : {}), ifName: r.ifName, hostIfName: r.hostIfName! }, { uplink: this.s.o.node.uplink, fouPort: this.s.o.fouPort, pinDir: this.s.o.pinDir });
     datapath.prepare(this.s.nodes, guarded);
     this.s.gateways.set(pod, { info, datapath, egresses: keys, netns: r.netns, guarded: JSON.stringify(guarded) });
     // Owners already streaming to this node sent their tables before this pod existed, and events bring
@@ -121,7 +127,7 @@ export class PodRoles {
     this.s.spawn(() => this.store.register().catch((e) => this.s.storeFailed(e)));
   }
 
-  private clientRole(r: PodRecord, pod: string, ip: string, ip6: string | undefined, clientOf: ResolvedEgress[]): void {
+  private clientRole(r: PodRecord, pod: string, ip: string | undefined, ip6: string | undefined, clientOf: ResolvedEgress[]): void {
     const cur = this.s.clients.get(pod);
     const egressIds = clientOf.map((e) => this.s.egressIds.get(e.key)!).sort((a, b) => a - b);
     if (!egressIds.length) {
@@ -134,21 +140,24 @@ export class PodRoles {
     // A dual-stack pod is a client by both its addresses: each family's packets carry their own source.
     if (cur) {
       if (cur.egressIds.join() === egressIds.join()) return;
-      cur.steer?.setClient(ip, egressIds);
+      if (ip) cur.steer?.setClient(ip, egressIds);
       if (ip6) cur.steer?.setClient(ip6, egressIds);
       cur.egressIds = egressIds;
     } else {
-      const steer = attachEgressSteer({ ifName: r.hostIfName!, pinDir: this.s.o.pinDir, nodeAddress: this.s.o.node.address, port: this.s.o.fouPort });
-      steer.setClient(ip, egressIds);
+      const steer = attachEgressSteer({
+        ifName: r.hostIfName!, pinDir: this.s.o.pinDir, nodeAddress: this.s.o.node.address, port: this.s.o.fouPort,
+        ...(this.s.o.node.address6 ? { nodeAddress6: this.s.o.node.address6 } : {}),
+      });
+      if (ip) steer.setClient(ip, egressIds);
       if (ip6) steer.setClient(ip6, egressIds);
-      this.s.clients.set(pod, { ip, ...(ip6 ? { ip6 } : {}), hostIfName: r.hostIfName!, egressIds, steer });
+      this.s.clients.set(pod, { ...(ip ? { ip } : {}), ...(ip6 ? { ip6 } : {}), hostIfName: r.hostIfName!, egressIds, steer });
     }
     for (const e of clientOf) this.steering.steered.delete(e.key);
     this.s.o.logger.info('egress: client pod steered', { pod, egresses: clientOf.map((e) => e.key) });
   }
 
   clientDown(pod: string, client: ClientPod): void {
-    this.s.maps?.removeClient(client.ip);
+    if (client.ip) this.s.maps?.removeClient(client.ip);
     if (client.ip6) this.s.maps?.removeClient(client.ip6);
     try {
       client.steer?.detach();

@@ -247,7 +247,7 @@ export class StoreRecords {
         await this.unlessFull(this.s.o.ownership.reportUsage(e.key, this.s.o.node.name, usage, REGISTRY_TTL_MS * 6).then(() => storeFullness.written('egress')));
       }
     }
-    const nodes = await this.s.o.ownership.beatNode(this.s.o.node.name, this.s.o.node.address, REGISTRY_TTL_MS);
+    const nodes = await this.s.o.ownership.beatNode(this.s.o.node.name, this.s.o.node.address, REGISTRY_TTL_MS, this.s.o.node.address6);
     if (nodes.join() !== this.s.nodes.join()) {
       this.s.nodes = nodes;
       for (const gw of this.s.gateways.values()) gw.datapath.setAllowedSources(nodes);

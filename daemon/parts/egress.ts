@@ -2,6 +2,8 @@
 // the subsystem around it (desired state: the Egresses and pods' metadata; Egresses added, changed,
 // removed; pod roles from labels).
 import * as fs from 'node:fs';
+import { isIP } from 'node:net';
+import { canonicalIp } from '../../lib/ip';
 import type { Logger } from '../../lib/log';
 import { Connection, StartError } from '../lifecycle';
 import { ErrorCode, TetherError } from '../../lib/errors';
@@ -16,7 +18,7 @@ import type { ResolvedEgress } from '../egress/egress-spec';
 import { OwnershipStore } from '../egress/ownership-store';
 import type { ClusterAddresses } from '../../ipam/cluster-addresses';
 import type { AttachService } from '../pod/attach-service';
-import { kubeMode, requireLocalAddress, uplinkOption, type Options } from '../options';
+import { kubeMode, nodeAddress6Option, requireLocalAddress, uplinkOption, type Options } from '../options';
 import type { EgressDesired, Subsystem } from './subsystem';
 
 /** A node's cap on the addresses of one Egress it holds (overrides the Egress's maxAddressesPerNode). */
@@ -26,6 +28,8 @@ export interface EgressPlan {
   resolved: ResolvedEgress[];
   clusterKey: Buffer;
   nodeAddress: string;
+  /** The node's IPv6 address for outer IPv6 over an IPv4 underlay (--node-address-6, or found on its interface). */
+  nodeAddress6?: string;
 }
 
 async function clusterKeyText(opts: Options, source: ConfigSource, logger: Logger): Promise<string | undefined> {
@@ -69,6 +73,12 @@ export async function planEgress(opts: Options, source: ConfigSource, config: Co
     throw new StartError(2, `egress configuration rejected: ${(e as Error).message}`);
   }
   requireLocalAddress(plan.nodeAddress);
+  // The IPv6 source of outer IPv6 FoU over an IPv4 underlay: the node's --node-address-6 (or its one global
+  // IPv6 address), the same one the load balancer uses and the node registry carries.
+  if (isIP(plan.nodeAddress) === 4) {
+    const a6 = nodeAddress6Option(opts);
+    if (a6) plan.nodeAddress6 = canonicalIp(a6);
+  }
   return plan;
 }
 
@@ -99,7 +109,7 @@ export function createEgress(
   const maxEgressAddresses = cap !== undefined && /^[1-9][0-9]{0,2}$/.test(cap) ? Number(cap) : undefined;
   if (cap !== undefined && maxEgressAddresses === undefined) o.logger.warn('egress: node label ignored: not a count 1..999', { label: MAX_EGRESS_ADDRESSES_LABEL, value: cap });
   return new EgressController({
-    node: { name: o.nodeName, zone: nodeConfig.zone, address: plan.nodeAddress, uplink: uplinkOption(opts), maxEgressAddresses },
+    node: { name: o.nodeName, zone: nodeConfig.zone, address: plan.nodeAddress, ...(plan.nodeAddress6 ? { address6: plan.nodeAddress6 } : {}), uplink: uplinkOption(opts), maxEgressAddresses },
     maxFlows: o.maxFlows,
     pinDir: opts['bpf-pin-dir'],
     fouPort: o.fouPort,

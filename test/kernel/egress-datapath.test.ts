@@ -672,6 +672,78 @@ test('IPv6: flows stay pinned when an address is added; per-address marks pick t
   }
 });
 
+test('IPv6 gateways: outer IPv6 FoU from the node\'s IPv6 address, the flow label naming the floating address; mixed with an IPv4 gateway', async () => {
+  const t = build();
+  try {
+    addIpv6(t);
+    // Outer IPv6 is 48 bytes, not 28: the client's MTU leaves room for it (the CNI's encapOverhead).
+    sh('ip', '-n', t.client, 'link', 'set', 'eth0', 'mtu', String(1500 - 48));
+    gatewayNat6(t.gwa, [FLOATING6]);
+    gatewayNat6(t.gwb, [FLOATING6_2, FLOATING6_3]);
+    sh('ip', '-n', t.node, '-6', 'route', 'add', `${FLOATING6}/128`, 'via', GWA6);
+    sh('ip', '-n', t.node, '-6', 'route', 'add', `${FLOATING6_2}/128`, 'via', GWB6);
+    sh('ip', '-n', t.node, '-6', 'route', 'add', `${FLOATING6_3}/128`, 'via', GWB6);
+    const decap = (ns: string, addr: string, addr6: string) => {
+      const d = attachFouDecap({ netns: nsPath(ns), ifName: 'eth0', port: FOU_PORT, localAddress: addr, localAddress6: addr6, markFromLabel: true, allowedSources: [NODE, NODE6] });
+      t.handles.push(d);
+      return d;
+    };
+    const da = decap(t.gwa, GWA, GWA6);
+    const db = decap(t.gwb, GWB, GWB6);
+    const s = attachEgressSteer({ netns: nsPath(t.node), ifName: 'vcli', pinDir: t.pinDir, nodeAddress: NODE, nodeAddress6: NODE6, port: FOU_PORT });
+    t.handles.push(s);
+    assert.equal(s.config6(), { nodeAddress6: NODE6, port: FOU_PORT });
+    const v6gw = [
+      { gatewayIp: GWA6, floatingIp: FLOATING6, epoch: 1 }, { gatewayIp: GWB6, floatingIp: FLOATING6_2, epoch: 1 }, { gatewayIp: GWB6, floatingIp: FLOATING6_3, epoch: 1 },
+    ];
+    configureEgress6(s, v6gw);
+    assert.equal(s.gateways(EGRESS), v6gw.map((g) => ({ ...g, epoch: 1n, zone: 0, tier: 0 })), 'IPv6 gateways read back');
+
+    const server = await echoServer(t, t.server, '::');
+    const MB = 1024 * 1024;
+    const before = s.stats();
+    assert.equal(await connect(t.client, SERVER6, MB, 20000), { sent: MB, received: MB, same: true }, '1 MB echoed intact through outer IPv6');
+    const d = delta(s.stats(), before);
+    assert.is(d.errors + d.noGateway, 0n);
+    assert.ok(d.steeredBytes / d.steered > 1500n, `steered GSO super-packets (avg ${d.steeredBytes / d.steered} bytes)`);
+    const peers = new Set<unknown>([(await lastPeer(server, 1)).peer]);
+    let n = 1;
+    for (let i = 0; i < 40 && peers.size < 3; i++) {
+      assert.equal(await connect(t.client, SERVER6, 4096, 10000), { sent: 4096, received: 4096, same: true });
+      peers.add((await lastPeer(server, ++n)).peer);
+    }
+    assert.equal([...peers].sort(), [FLOATING6, FLOATING6_2, FLOATING6_3].sort(), 'each address carried flows, SNATed by the mark its flow label named');
+    assert.ok(markedPackets(t.gwb, FLOATING6_2) > 0 && markedPackets(t.gwb, FLOATING6_3) > 0, 'gateway B saw both marks');
+    const sa = da.stats();
+    const sb = db.stats();
+    assert.ok(sa.packets > 0n && sb.packets > 0n, `both gateways unwrapped outer IPv6 (${sa.packets}, ${sb.packets})`);
+    assert.is(sa.errors + sa.rejectedSource + sb.errors + sb.rejectedSource, 0n);
+    // The IPv4 maps of the Egress are untouched: the IPv6-gateway slots are in their own map.
+    assert.equal(s.gateways(EGRESS)!.filter((g) => !g.floatingIp.includes(':')), []);
+
+    // Mixed: one IPv4 gateway (outer IPv4, the IP ID) beside an IPv6 one in the same Egress.
+    gatewayNat(t.gwa, FLOATING);
+    gatewayNat6(t.gwa, [FLOATING6]);
+    const mixed = [{ gatewayIp: GWA, floatingIp: FLOATING6, epoch: 2 }, { gatewayIp: GWB6, floatingIp: FLOATING6_2, epoch: 2 }];
+    s.setGateways(EGRESS, mixed);
+    assert.equal(s.gateways(EGRESS), mixed.map((g) => ({ ...g, epoch: 2n, zone: 0, tier: 0 })));
+    const peers2 = new Set<unknown>();
+    for (let i = 0; i < 40 && peers2.size < 2; i++) {
+      assert.equal(await connect(t.client, SERVER6, 4096, 10000), { sent: 4096, received: 4096, same: true });
+      peers2.add((await lastPeer(server, ++n)).peer);
+    }
+    assert.equal([...peers2].sort(), [FLOATING6, FLOATING6_2].sort(), 'the IPv4 and the IPv6 gateway both carried flows');
+
+    // Back to IPv4 gateways only: the IPv6-gateway map entry goes, the Egress reads as before.
+    s.setGateways(EGRESS, [{ gatewayIp: GWA, floatingIp: FLOATING6, epoch: 3 }]);
+    assert.equal(s.gateways(EGRESS), [{ gatewayIp: GWA, floatingIp: FLOATING6, epoch: 3n, zone: 0, tier: 0 }]);
+    assert.equal(await connect(t.client, SERVER6, 4096, 10000), { sent: 4096, received: 4096, same: true });
+    assert.is((await lastPeer(server, ++n)).peer, FLOATING6);
+  } finally {
+    teardown(t);
+  }
+});
+
 test('negative control: without the decap program on the gateway the connection fails', async () => {
   const t = build();
   try {

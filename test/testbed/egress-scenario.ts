@@ -21,18 +21,20 @@ const familyOf = (address: string): IpFamily => (address.includes(':') ? 6 : 4);
  */
 export function topology(extraArgs: string[] = [], families: IpFamily[] = [4]): Topology {
   const v6 = families.includes(6);
+  const v4 = families.includes(4);
   return {
     ...(v6 ? { families } : {}),
     nodes: [
       { name: 'n1', zone: 'a', pods: [{ name: 'gw1', namespace: 'shop', tether: { labels: { role: 'egress-gw' } } }] },
       { name: 'n2', zone: 'b', pods: [{ name: 'gw2', namespace: 'shop', tether: { labels: { role: 'egress-gw' } } }] },
-      { name: 'n3', zone: 'c', pods: [{ name: 'web', namespace: 'shop', tether: { labels: { app: 'web' }, encapOverhead: 28 } }] },
+      // IPv6-only pods are steered in outer IPv6 (their gateways have no IPv4): 48 bytes, not 28.
+      { name: 'n3', zone: 'c', pods: [{ name: 'web', namespace: 'shop', tether: { labels: { app: 'web' }, encapOverhead: v4 ? 28 : 48 } }] },
     ],
     tether: true,
     ipam: 'tether-ipam',
     tetherdArgs: extraArgs,
     extraObjects: [
-      { apiVersion: 'tether.dev/v1alpha1', kind: 'AddressPool', metadata: { name: 'float' }, spec: { usage: 'floating', ipv4: { cidr: FLOAT_POOL }, ...(v6 ? { ipv6: { cidr: FLOAT_POOL6 } } : {}) } },
+      { apiVersion: 'tether.dev/v1alpha1', kind: 'AddressPool', metadata: { name: 'float' }, spec: { usage: 'floating', ...(v4 ? { ipv4: { cidr: FLOAT_POOL } } : {}), ...(v6 ? { ipv6: { cidr: FLOAT_POOL6 } } : {}) } },
       {
         apiVersion: 'tether.dev/v1alpha1',
         kind: 'Egress',
@@ -41,8 +43,8 @@ export function topology(extraArgs: string[] = [], families: IpFamily[] = [4]): 
           clients: { podSelector: { matchLabels: { app: 'web' } } },
           gateways: { podSelector: { matchLabels: { role: 'egress-gw' } } },
           ...(v6 ? { ipFamilies: families.map((f) => `IPv${f}`) } : {}),
-          destinations: ['198.19.0.0/16', ...(v6 ? ['fd00:19::/32'] : [])],
-          excludeDestinations: ['198.18.0.0/24', ...(v6 ? ['fd00:18::/64'] : [])],
+          destinations: [...(v4 ? ['198.19.0.0/16'] : []), ...(v6 ? ['fd00:19::/32'] : [])],
+          excludeDestinations: [...(v4 ? ['198.18.0.0/24'] : []), ...(v6 ? ['fd00:18::/64'] : [])],
           addresses: { pool: 'float', count: 1 },
         },
       },

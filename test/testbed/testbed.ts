@@ -1169,6 +1169,8 @@ export class Testbed {
       // Every tetherd knows its node address and shares the run's cluster key: Egress needs both.
       extraArgs: [
         '--node-address', n.fabricIp, '--uplink', 'eth0', '--cluster-key-file', this.clusterKeyPath(),
+        // IPv6-only pods over the IPv4 underlay: egress reaches their gateways in outer IPv6 from this address.
+        ...(!this.plan.families.includes(4) && n.fabricIp6 ? ['--node-address-6', n.fabricIp6] : []),
         ...(this.kube && !n.tetherdConfig ? ['--kubeconfig', this.kubeconfigOf(n.name)] : []),
         ...(this.topology.tetherdArgs ?? []),
       ],
