@@ -327,11 +327,11 @@ test('pins of the layout before flow pinning: a new tetherd migrates them and at
     assert.ok(await mapGone(oldIds.stats), 'the old egress_stats is freed once its program is replaced');
     assert.equal(fs.readdirSync(dir).filter((n) => n.includes('@staging')), [], 'no staging pin left');
     assert.equal(fs.readdirSync(path.join(dir, LAYOUT_DIR)).sort(), [
-      'egress_addr_stats-v1-percpu_hash-k4-v24-n8192-f0', 'egress_addr_stats6-v1-percpu_hash-k16-v24-n8192-f0', 'egress_cfg-v1-array-k4-v8-n1-f0',
+      'egress_addr_stats-v1-percpu_hash-k4-v24-n8192-f0', 'egress_addr_stats6-v1-percpu_hash-k16-v24-n8192-f0', 'egress_cfg-v1-array-k4-v8-n1-f0', 'egress_cfg6-v1-array-k4-v20-n1-f0',
       'egress_clients-v1-hash-k4-v20-n16384-f0', 'egress_clients6-v1-hash-k16-v20-n16384-f0',
       'egress_dest-v1-lpm_trie-k12-v4-n16384-f1', 'egress_dest6-v1-lpm_trie-k24-v4-n16384-f1',
       'egress_flows-v1-lru_hash-k20-v8-n65536-f0', 'egress_flows6-v1-lru_hash-k44-v16-n65536-f0',
-      'egress_gateways-v1-hash-k4-v200-n1024-f1', 'egress_gateways6-v1-hash-k4-v328-n1024-f1',
+      'egress_gateways-v1-hash-k4-v200-n1024-f1', 'egress_gateways6-v1-hash-k4-v328-n1024-f1', 'egress_gateways66-v1-hash-k4-v392-n1024-f1',
       'egress_stats-v1-percpu_array-k4-v72-n1-f0',
     ], 'every map\'s layout recorded beside the pins (the IPv6 maps created beside the old ones)');
   } finally {
