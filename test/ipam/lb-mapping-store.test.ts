@@ -138,7 +138,7 @@ test('a garbled stored mapping is refused with one warn line naming it: load lea
   const warns = text.trim().split('\n').map((l) => JSON.parse(l) as Record<string, string>).filter((l) => l.level === 'warn');
   assert.equal(warns.map((l) => `${l.key} ${l.field}: ${l.problem}`).sort(), [
     `${hashOf(vip, 'c:10.0.9.1')} c:10.0.9.1: target is not an IPv4 address`,
-    `${hashOf(vip, 'x:10.0.9.3')} x:10.0.9.3: not a mapping field (c:<client> or f:<client>:<proto>:<vport>:<cport>)`,
+    `${hashOf(vip, 'x:10.0.9.3')} x:10.0.9.3: not a mapping field (c:<client> or f:<client>:<proto>:<vport>:<cport>, an IPv6 client in brackets)`,
   ].sort());
   await dropVip(a, vip);
 });

@@ -62,7 +62,7 @@ const BAD: Array<[string, unknown, string]> = [
   ['a zone policy that is not one (enum)', egress({ zonePolicy: 'nearest', addresses: { pool: 'float' } }), 'spec.zonePolicy "nearest" must be one of "any", "preferLocalNode", "preferZone", "requireZone"'],
   ['count and explicit (CEL one-of)', egress({ addresses: { pool: 'float', count: 1, explicit: ['198.51.100.3'] } }), 'spec.addresses: give one of count, pools, explicit'],
   ['neither pool nor explicit (CEL)', egress({ addresses: { count: 2 } }), 'spec.addresses: name a floating pool, pools, or explicit addresses'],
-  ['explicit not an address', egress({ addresses: { explicit: ['gw1'] } }), 'spec.addresses.explicit[0] "gw1" is not an IPv4 address'],
+  ['explicit not an address', egress({ addresses: { explicit: ['gw1'] } }), 'spec.addresses.explicit[0] "gw1" is not an IP address'],
   ['destination not a CIDR', egress({ destinations: ['203.0.113.0/33'] }), 'spec.destinations[0] "203.0.113.0/33" is not a CIDR like "203.0.113.0/24"'],
   ['empty destinations', egress({ destinations: [] }), 'spec.destinations must list at least 1 item(s)'],
   ['interval too short', egress({ failover: { intervalMs: 1 } }), 'spec.failover.intervalMs 1 must be >= 10'],
