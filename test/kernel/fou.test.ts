@@ -362,14 +362,19 @@ test('outer IPv6: FoU to the configured IPv6 address is unwrapped from an allowe
     const received = runNode(t.server, RECV_V6, [INNER_DST, '7777'], 8000, (l) => l === 'listening' && ready());
     await listening;
     // From a source not on the list first: dropped and counted; then from the node's address: delivered.
-    await runNode(t.lb, SEND_V6_IN_V6, [SERVER6, String(FOU_PORT), INNER_SRC, INNER_DST, '7777', '', OTHER6], 5000);
+    // A datagram can be lost on the way while neighbour discovery is still running on a busy machine (seen
+    // in a full run): sent again, up to 5 times, until the decap has seen one.
     let s = decap.stats();
-    for (let i = 0; i < 100 && s.rejectedSource === 0n; i++) {
-      await new Promise((r) => setTimeout(r, 20));
-      s = decap.stats();
+    for (let attempt = 0; attempt < 5 && s.rejectedSource === 0n; attempt++) {
+      await runNode(t.lb, SEND_V6_IN_V6, [SERVER6, String(FOU_PORT), INNER_SRC, INNER_DST, '7777', '', OTHER6], 5000);
+      for (let i = 0; i < 50 && s.rejectedSource === 0n; i++) {
+        await new Promise((r) => setTimeout(r, 20));
+        s = decap.stats();
+      }
     }
-    assert.is(s.rejectedSource, 1n, `an unlisted IPv6 source is refused: ${JSON.stringify(s, (_k, v) => String(v))}`);
-    assert.is(s.packets, 0n);
+    const text = (x: object) => JSON.stringify(x, (_k, v) => (typeof v === 'bigint' ? String(v) : v));
+    assert.ok(s.rejectedSource >= 1n, `an unlisted IPv6 source is refused: ${text(s)}`);
+    assert.is(s.packets, 0n, `nothing from it unwrapped: ${text(s)}`);
     await runNode(t.lb, SEND_V6_IN_V6, [SERVER6, String(FOU_PORT), INNER_SRC, INNER_DST, '7777', '', LB6], 5000);
     assert.equal(lastJson(await received), { from: INNER_SRC, text: 'hello over fou6' }, 'the inner IPv6 datagram reached its socket');
     s = decap.stats();
