@@ -13,6 +13,11 @@ export function familyBits(f: IpFamily): number {
   return f === 4 ? 32 : 128;
 }
 
+/** An address as a host prefix: /32 for IPv4, /128 for IPv6 (routes and addresses of one address). */
+export function hostPrefix(address: string): string {
+  return `${address}/${address.includes(':') ? 128 : 32}`;
+}
+
 /** Which family the text `s` is an address of, 0 for none (node:net's rules, zone suffix included). */
 export function ipFamily(s: string): IpFamily | 0 {
   const v = net.isIP(s);

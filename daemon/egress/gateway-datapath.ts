@@ -10,7 +10,7 @@ import { EgressGuard, type GuardStats } from '../bpf/egress-guard';
 import { NetlinkHandle, isNetlinkError } from '../netlink';
 import { writeNetSysctl } from '../sys/netns';
 import { ErrorCode, TetherError } from '../../lib/errors';
-import { ipFamily, parseIp } from '../../lib/ip';
+import { hostPrefix, ipFamily, parseIp } from '../../lib/ip';
 import { log } from '../../lib/log';
 import { announceL2, withdrawL2 } from './announce-l2';
 import type { AnnounceMode } from './egress-spec';
@@ -51,10 +51,6 @@ export function floatMark(address: string): number | undefined {
   return low ? (FLOAT_MARK | low) >>> 0 : undefined;
 }
 
-/** The address as a host prefix (/32 or /128). */
-function hostPrefix(address: string): string {
-  return `${address}/${ipFamily(address) === 6 ? 128 : 32}`;
-}
 
 export class GatewayDatapath {
   private decap?: FouDecap;
@@ -148,7 +144,7 @@ export class GatewayDatapath {
   private guardSet(): GuardedDestinations {
     return {
       destinations: this.guarded.destinations,
-      excluded: [...this.guarded.excluded, ...this.nodeAddresses.map((a) => `${a}/${ipFamily(a) === 6 ? 128 : 32}`)],
+      excluded: [...this.guarded.excluded, ...this.nodeAddresses.map(hostPrefix)],
     };
   }
 

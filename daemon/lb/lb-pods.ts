@@ -5,6 +5,7 @@
 // deleted is taken out of the VIP's routes (the VIP withdrawn when it was the node's last) and its program
 // removed at once, node-locally: its DEL never waits on the store; the reconciler does the rest later.
 import { NetlinkHandle, isNetlinkError } from '../netlink';
+import { hostPrefix } from '../../lib/ip';
 import { netnsExists, readNetSysctl, writeNetSysctl } from '../sys/netns';
 import { podKeyOf, type PodRecord } from '../state/pod-store';
 import type { PodMeta } from '../config/objects';
@@ -207,9 +208,4 @@ function unroute(h: NetlinkHandle, vip: string, tables: number[]): void {
       if (!isNetlinkError(e, 'ESRCH', 'ENOENT')) throw e;
     }
   }
-}
-
-/** The VIP as a host route's destination: /32, or /128 for an IPv6 VIP. */
-function hostPrefix(vip: string): string {
-  return vip.includes(':') ? `${vip}/128` : `${vip}/32`;
 }
