@@ -4,20 +4,15 @@
 // kernel). Trials alternate the families so both see the same machine. Writes `families` into
 // results/bench-sync.json (the rest of the file is left as it is) and the README section.
 // Run: node_modules/.bin/tsx test/bench/conntrack-sync-families.ts
-import { execFileSync } from 'node:child_process';
-import { randomBytes } from 'node:crypto';
 import * as fs from 'node:fs';
-import * as os from 'node:os';
 import * as path from 'node:path';
-import { ConntrackHandle } from '../../daemon/conntrack';
-import { bundlePeer, median, tetherRun, type Run } from './conntrack-sync-vs-conntrackd';
+import { median, tetherRun, withSyncPair, type Run } from './conntrack-sync-vs-conntrackd';
 import { machine, updateReadme } from './stats';
 
 const SIZES = (process.env.BENCH_SYNC_SIZES ?? '10000,100000').split(',').map(Number);
 const TRIALS = Number(process.env.BENCH_SYNC_TRIALS ?? 3);
 const repo = path.resolve(__dirname, '../..');
 
-const sh = (...argv: string[]) => execFileSync(argv[0], argv.slice(1), { encoding: 'utf8' });
 
 interface Row {
   size: number;
@@ -29,28 +24,8 @@ interface Row {
 }
 
 async function main(): Promise<void> {
-  const id = randomBytes(3).toString('hex');
-  const [a, b] = [`tbf-${id}-a`, `tbf-${id}-b`];
-  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'tether-syncfam-'));
   const rows: Row[] = [];
-  const maxFile = '/proc/sys/net/netfilter/nf_conntrack_max';
-  const oldMax = fs.readFileSync(maxFile, 'utf8').trim();
-  const want = 2 * (Math.max(...SIZES) + 20_000) + 100_000;
-  if (Number(oldMax) < want) fs.writeFileSync(maxFile, String(want));
-  try {
-    sh('ip', 'netns', 'add', a);
-    sh('ip', 'netns', 'add', b);
-    sh('ip', 'link', 'add', 'synca', 'netns', a, 'type', 'veth', 'peer', 'name', 'syncb', 'netns', b);
-    sh('ip', '-n', a, 'addr', 'add', '10.77.0.1/24', 'dev', 'synca');
-    sh('ip', '-n', b, 'addr', 'add', '10.77.0.2/24', 'dev', 'syncb');
-    for (const [ns, dev] of [[a, 'synca'], [b, 'syncb']]) {
-      sh('ip', '-n', ns, 'link', 'set', 'lo', 'up');
-      sh('ip', '-n', ns, 'link', 'set', dev, 'up');
-    }
-    const bundle = bundlePeer(dir);
-    const flush = () => {
-      for (const ns of [a, b]) ConntrackHandle.with(`/run/netns/${ns}`, (h) => h.flush());
-    };
+  await withSyncPair('tbf', Math.max(...SIZES) + 20_000, async ({ a, b, bundle, flush }) => {
     let salt = 0;
     for (const size of SIZES) {
       const t: Array<Record<'v4m' | 'v4k' | 'v6m' | 'v6k', Run>> = [];
@@ -75,17 +50,7 @@ async function main(): Promise<void> {
       const r2 = (x: number) => Math.round(x * 100) / 100;
       rows.push({ size, ipv4, ipv6, ratio: { memory: r2(ipv6.memory.perSec / ipv4.memory.perSec), kernel: r2(ipv6.kernel.perSec / ipv4.kernel.perSec) }, trials: t });
     }
-  } finally {
-    for (const ns of [a, b]) {
-      try {
-        sh('ip', 'netns', 'del', ns);
-      } catch {
-        // already gone
-      }
-    }
-    fs.rmSync(dir, { recursive: true, force: true });
-    fs.writeFileSync(maxFile, oldMax);
-  }
+  });
   const m = machine();
   const file = path.join(repo, 'results/bench-sync.json');
   const prev = fs.existsSync(file) ? JSON.parse(fs.readFileSync(file, 'utf8')) : {};

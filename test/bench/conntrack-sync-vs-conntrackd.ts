@@ -303,15 +303,27 @@ async function conntrackdRun(a: string, b: string, dir: string, n: number, salt:
   }
 }
 
-async function main() {
+/** The two namespaces a sync benchmark runs in, with the sync peer bundled and a flush of both tables. */
+export interface SyncPair {
+  a: string;
+  b: string;
+  dir: string;
+  bundle: string;
+  flush(): void;
+}
+
+/**
+ * Runs fn on two fresh namespaces A (10.77.0.1) and B (10.77.0.2) joined by a veth, with the conntrack table
+ * limit raised for `maxEntries` in each (both hold the warm-up and N entries) and restored after; the
+ * namespaces and the bundle's directory are removed whatever happens.
+ */
+export async function withSyncPair<T>(name: string, maxEntries: number, fn: (p: SyncPair) => Promise<T>): Promise<T> {
   const id = randomBytes(3).toString('hex');
-  const [a, b] = [`tbs-${id}-a`, `tbs-${id}-b`];
-  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'tether-syncbench-'));
-  const results: Array<{ size: number; source: Run; listener: Run; tetherMemory: Run; tetherKernel: Run; conntrackdCache: Run; conntrackdKernel: Run; conntrackdCommitMs: number; trials: unknown[] }> = [];
-  // Both namespaces hold the warm-up and N entries: raise the table limit for the run, restored after.
+  const [a, b] = [`${name}-${id}-a`, `${name}-${id}-b`];
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), `tether-${name}-`));
   const maxFile = '/proc/sys/net/netfilter/nf_conntrack_max';
   const oldMax = fs.readFileSync(maxFile, 'utf8').trim();
-  const want = 2 * (Math.max(...SIZES) + WARMUP) + 100_000;
+  const want = 2 * maxEntries + 100_000;
   if (Number(oldMax) < want) fs.writeFileSync(maxFile, String(want));
   try {
     sh('ip', 'netns', 'add', a);
@@ -323,11 +335,21 @@ async function main() {
       sh('ip', '-n', ns, 'link', 'set', 'lo', 'up');
       sh('ip', '-n', ns, 'link', 'set', dev, 'up');
     }
-    const bundle = bundlePeer(dir);
-    let salt = 0;
     const flush = () => {
       for (const ns of [a, b]) ConntrackHandle.with(`/run/netns/${ns}`, (h) => h.flush());
     };
+    return await fn({ a, b, dir, bundle: bundlePeer(dir), flush });
+  } finally {
+    for (const ns of [a, b]) spawnQuiet('ip', 'netns', 'del', ns);
+    fs.rmSync(dir, { recursive: true, force: true });
+    fs.writeFileSync(maxFile, oldMax);
+  }
+}
+
+async function main() {
+  const results: Array<{ size: number; source: Run; listener: Run; tetherMemory: Run; tetherKernel: Run; conntrackdCache: Run; conntrackdKernel: Run; conntrackdCommitMs: number; trials: unknown[] }> = [];
+  await withSyncPair('tbs', Math.max(...SIZES) + WARMUP, async ({ a, b, dir, bundle, flush }) => {
+    let salt = 0;
     const show = (r: Run) => `${r.ms} ms (${r.perSec}/s, CPU ${Math.round(r.cpuMs ?? NaN)} ms${r.cpuSplitMs ? ` = A ${r.cpuSplitMs[0]} + B ${r.cpuSplitMs[1]}` : ''}${r.complete ? '' : ', INCOMPLETE'})`;
     for (const size of SIZES) {
       const t: Array<{ source: Run; listener: Run; tetherMemory: Run; tetherKernel: Run; conntrackdCache: Run; conntrackdKernel: Run; conntrackdCommitMs: number }> = [];
@@ -351,16 +373,13 @@ async function main() {
         conntrackdCommitMs: percentile(t.map((x) => x.conntrackdCommitMs), 50), trials: t,
       });
     }
-  } finally {
-    for (const ns of [a, b]) spawnQuiet('ip', 'netns', 'del', ns);
-    fs.rmSync(dir, { recursive: true, force: true });
-    fs.writeFileSync(maxFile, oldMax);
-  }
+  });
   const m = machine();
-  // conntrack-sync-scale.ts keeps its figures in the same file under "incremental": left as they are.
+  // conntrack-sync-scale.ts and conntrack-sync-families.ts keep their figures in the same file under
+  // "incremental" and "families": left as they are.
   const file = path.join(repo, 'results/bench-sync.json');
-  const incremental = fs.existsSync(file) ? JSON.parse(fs.readFileSync(file, 'utf8')).incremental : undefined;
-  fs.writeFileSync(file, JSON.stringify({ benchmark: 'conntrack-sync', machine: m, results, incremental }, null, 2) + '\n');
+  const prev = fs.existsSync(file) ? JSON.parse(fs.readFileSync(file, 'utf8')) : {};
+  fs.writeFileSync(file, JSON.stringify({ benchmark: 'conntrack-sync', machine: m, results, incremental: prev.incremental, families: prev.families }, null, 2) + '\n');
   const ratio = (x: Run, y: Run) => `${Math.round((x.perSec / y.perSec) * 100) / 100}×`;
   const cpuRatio = (x: Run, y: Run) => `${Math.round(((x.cpuMs ?? NaN) / (y.cpuMs ?? NaN)) * 100) / 100}×`;
   const cell = (r: Run) => `${r.ms} ms, ${r.perSec}/s${r.complete ? '' : ' (incomplete)'}`;
