@@ -6,69 +6,20 @@
 // Writes results/bench-egress-families.json and the docs/performance.md block, with IPv6 ÷ IPv4 ratios.
 import * as fs from 'node:fs';
 import * as path from 'node:path';
-import { withTestbed, type Testbed } from '../testbed/testbed';
-import { runTraffic, topology, waitOwner, waitStandbyReady } from '../testbed/egress-scenario';
+import { withTestbed } from '../testbed/testbed';
+import { topology } from '../testbed/egress-scenario';
 import type { IpFamily } from '../../lib/ip';
-import { machine, percentile, updateReadme } from './stats';
+import { machine, updateReadme } from './stats';
+import { summarise, trials, type Trial } from './egress-failover';
 
 const TRIALS = Number(process.env.BENCH_FAILOVER_TRIALS ?? 10);
 const NODE_TRIALS = Number(process.env.BENCH_FAILOVER_NODE_TRIALS ?? 6);
 const CONNS = Number(process.env.BENCH_FAILOVER_CONNS ?? 50);
 const repo = path.resolve(__dirname, '../..');
 
-interface Trial {
-  family: IpFamily;
-  gapMs: number;
-  survived: number;
-  takeover?: string;
-}
-
-type Failure = 'podKill' | 'nodeDown';
-
-async function trials(tb: Testbed, n: number, failure: Failure): Promise<Trial[]> {
-  const out: Trial[] = [];
-  let seq = 0;
-  for (let i = 0; i < 2 * n; i++) {
-    const family: IpFamily = i % 2 ? 6 : 4;
-    const owner = await waitOwner(tb, undefined, 15000, true, family);
-    const standby = owner.node === 'n1' ? 'n2' : 'n1';
-    await waitStandbyReady(tb, owner.node, standby, 20_000, true, undefined, family);
-    const podKey = `${owner.node}-${owner.st.owner.split('/')[1]}`;
-    const { report } = await runTraffic(tb, CONNS, 4500, async () => {
-      if (failure === 'podKill') await tb.mustExec('router', ['ip', 'netns', 'del', tb.pod(podKey).ns]);
-      else {
-        await tb.killTetherd(owner.node, 'SIGKILL');
-        await tb.setUplink(owner.node, 'down');
-      }
-    }, { family });
-    const next = await waitOwner(tb, owner.st.owner, 15000, true, family);
-    const gapMs = report.maxGapAfterMarkMs ?? report.maxGapMs;
-    out.push({ family, gapMs, survived: report.intact / report.connections, takeover: next.st.lastTakeover?.cause });
-    process.stdout.write(`  ${failure} IPv${family} trial ${Math.floor(i / 2) + 1}/${n}: longest gap ${gapMs} ms, ${report.intact}/${report.connections} survived\n`);
-    if (failure === 'podKill') {
-      await tb.addPod(owner.node, { name: `gw${owner.node.slice(1)}r${++seq}`, namespace: 'shop', tether: { labels: { role: 'egress-gw' } } });
-    } else {
-      await tb.setUplink(owner.node, 'up');
-      await tb.tetherd(owner.node).start();
-      await tb.syncBlockRoutes();
-    }
-    await new Promise((r) => setTimeout(r, 1500));
-  }
-  return out;
-}
-
-function summarise(ts: Trial[]) {
-  const gaps = ts.map((t) => t.gapMs);
-  return {
-    trials: ts.length,
-    gapMs: { p50: percentile(gaps, 50), p95: percentile(gaps, 95), max: Math.max(...gaps) },
-    survivalPct: Math.round((ts.reduce((a, t) => a + t.survived, 0) / ts.length) * 1000) / 10,
-  };
-}
-
 async function main() {
-  const podKill = await withTestbed(topology([], [4, 6]), (tb) => trials(tb, TRIALS, 'podKill'));
-  const nodeDown = await withTestbed(topology([], [4, 6]), (tb) => trials(tb, NODE_TRIALS, 'nodeDown'));
+  const podKill = await withTestbed(topology([], [4, 6]), (tb) => trials(tb, TRIALS, 'podKill', true, [4, 6]));
+  const nodeDown = await withTestbed(topology([], [4, 6]), (tb) => trials(tb, NODE_TRIALS, 'nodeDown', true, [4, 6]));
   const by = (ts: Trial[], f: IpFamily) => summarise(ts.filter((t) => t.family === f));
   const r2 = (x: number) => Math.round(x * 100) / 100;
   const rows = { podKill: { ipv4: by(podKill, 4), ipv6: by(podKill, 6) }, nodeDown: { ipv4: by(nodeDown, 4), ipv6: by(nodeDown, 6) } };

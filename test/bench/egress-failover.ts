@@ -9,6 +9,7 @@ import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { withTestbed, type Testbed } from '../testbed/testbed';
 import { runTraffic, topology, waitOwner, waitStandbyReady } from '../testbed/egress-scenario';
+import type { IpFamily } from '../../lib/ip';
 import { machine, percentile, updateReadme } from './stats';
 
 const TRIALS = Number(process.env.BENCH_FAILOVER_TRIALS ?? 20);
@@ -17,21 +18,29 @@ const BASELINE_TRIALS = Number(process.env.BENCH_FAILOVER_BASELINE_TRIALS ?? 5);
 const CONNS = Number(process.env.BENCH_FAILOVER_CONNS ?? 50);
 const repo = path.resolve(__dirname, '../..');
 
-interface Trial {
+export interface Trial {
+  /** The family of the trial's address and connections (egress-failover-families.ts); none: the only one. */
+  family?: IpFamily;
   gapMs: number;
   survived: number;
   takeover?: string;
 }
 
-type Failure = 'podKill' | 'nodeDown';
+export type Failure = 'podKill' | 'nodeDown';
 
-async function trials(tb: Testbed, n: number, failure: Failure = 'podKill', synced = true): Promise<Trial[]> {
+/**
+ * n trials of one failure. With families, n trials of each, alternating trial by trial: each makes the owner
+ * of that family's address fail under connections of that family.
+ */
+export async function trials(tb: Testbed, n: number, failure: Failure = 'podKill', synced = true, families: IpFamily[] = []): Promise<Trial[]> {
   const out: Trial[] = [];
   let seq = 0;
-  for (let i = 0; i < n; i++) {
-    const owner = await waitOwner(tb, undefined, 15000, true);
+  const total = n * Math.max(1, families.length);
+  for (let i = 0; i < total; i++) {
+    const family = families.length ? families[i % families.length] : undefined;
+    const owner = await waitOwner(tb, undefined, 15000, true, family);
     // Every trial starts from a ready pair: the standby's node Up both ways and its conntrack in sync.
-    await waitStandbyReady(tb, owner.node, owner.node === 'n1' ? 'n2' : 'n1', 20_000, synced);
+    await waitStandbyReady(tb, owner.node, owner.node === 'n1' ? 'n2' : 'n1', 20_000, synced, undefined, family);
     const podKey = `${owner.node}-${owner.st.owner.split('/')[1]}`;
     const { report } = await runTraffic(tb, CONNS, 4500, async () => {
       if (failure === 'podKill') await tb.mustExec('router', ['ip', 'netns', 'del', tb.pod(podKey).ns]);
@@ -39,12 +48,12 @@ async function trials(tb: Testbed, n: number, failure: Failure = 'podKill', sync
         await tb.killTetherd(owner.node, 'SIGKILL');
         await tb.setUplink(owner.node, 'down');
       }
-    });
-    const next = await waitOwner(tb, owner.st.owner, 15000, true);
+    }, family ? { family } : {});
+    const next = await waitOwner(tb, owner.st.owner, 15000, true, family);
     // The gap of the failover: the longest one that ended after the failure began (set-up stalls excluded).
     const gapMs = report.maxGapAfterMarkMs ?? report.maxGapMs;
-    out.push({ gapMs, survived: report.intact / report.connections, takeover: next.st.lastTakeover?.cause });
-    process.stdout.write(`  ${failure} trial ${i + 1}/${n}: longest gap ${gapMs} ms, ${report.intact}/${report.connections} survived\n`);
+    out.push({ ...(family ? { family } : {}), gapMs, survived: report.intact / report.connections, takeover: next.st.lastTakeover?.cause });
+    process.stdout.write(`  ${failure}${family ? ` IPv${family}` : ''} trial ${Math.floor(i / Math.max(1, families.length)) + 1}/${n}: longest gap ${gapMs} ms, ${report.intact}/${report.connections} survived\n`);
     if (failure === 'podKill') {
       // A replacement gateway on the node that lost its own, so every trial starts with two candidates.
       await tb.addPod(owner.node, { name: `gw${owner.node.slice(1)}r${++seq}`, namespace: 'shop', tether: { labels: { role: 'egress-gw' } } });
@@ -59,7 +68,7 @@ async function trials(tb: Testbed, n: number, failure: Failure = 'podKill', sync
   return out;
 }
 
-function summarise(ts: Trial[]) {
+export function summarise(ts: Trial[]) {
   const gaps = ts.map((t) => t.gapMs);
   return {
     trials: ts.length,
@@ -93,7 +102,9 @@ Targets: pod kill p50 ≤ 300 ms (${a.gapMs.p50 <= 300 ? 'met' : 'not met'}), p9
   process.stdout.write(md + '\n');
 }
 
-main().catch((e) => {
-  process.stderr.write(`bench failed: ${(e as Error).stack ?? e}\n`);
-  process.exit(1);
-});
+if (require.main === module) {
+  main().catch((e) => {
+    process.stderr.write(`bench failed: ${(e as Error).stack ?? e}\n`);
+    process.exit(1);
+  });
+}
