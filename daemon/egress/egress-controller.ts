@@ -214,7 +214,7 @@ export class EgressController {
     for (const st of [...this.s.addresses.values()].filter((x) => x.egress.key === e.key)) {
       await this.s.mutex.run(streamOf(st), async () => {
         if (st.holder) {
-          st.holder.datapath.release(st.address, e.announce);
+          await st.holder.datapath.release(st.address, e.announce);
           st.holder = undefined;
           released.push(st.address);
         }
@@ -265,7 +265,7 @@ export class EgressController {
   private async removeAddress(st: AddressState, cause: string): Promise<void> {
     await this.s.mutex.run(streamOf(st), async () => {
       if (st.holder) {
-        st.holder.datapath.release(st.address, st.egress.announce);
+        await st.holder.datapath.release(st.address, st.egress.announce);
         st.holder = undefined;
       }
       await this.streams.stopStreaming(st);
@@ -335,7 +335,7 @@ export class EgressController {
       // Handed over: the address leaves the pod once the drain is over; the pod stays a prepared standby.
       if (!st.holder && st.own.owner && !this.s.gateways.has(st.own.owner)) {
         const gw = [...this.s.gateways.values()].find((g) => g.datapath.ownedAddresses().includes(st.address));
-        gw?.datapath.release(st.address, st.egress.announce);
+        await gw?.datapath.release(st.address, st.egress.announce);
       }
     }
     for (const st of this.s.addresses.values()) await this.streams.stopStreaming(st);

@@ -160,7 +160,7 @@ export class Election {
       const first: Ownership = { egress: st.egress.key, address: st.address, owner: d.pod, epoch: 1, cause: d.cause, ownerNode: this.s.o.node.name, ownerNodeAddress: this.s.o.node.address, ownerPodIp: gw.info.podIp };
       // The pod side first (SNAT, no announcement): the store publishes a won claim at once, and clients
       // steer to the pod on it; a lost claim is undone.
-      gw.datapath.takeUnannounced(st.address, st.egress.announce);
+      await gw.datapath.takeUnannounced(st.address, st.egress.announce);
       const r = await this.s.o.ownership.record({ ...first, score: scoreOf(st.address, d.pod) }, { firstOnly: true }).catch((e) => {
         // A garbled record where the first owner's would go: nobody knows who owns it; no claim over it.
         if (e instanceof UnreadableRecordError) return 'unreadable' as const;
@@ -169,7 +169,7 @@ export class Election {
       });
       // Recorded (or the store failed meanwhile: then claimed without it, as below, and recorded later).
       if (r !== 'superseded' && r !== 'unreadable') return this.takeOver(st, d.pod, d.cause, r !== undefined);
-      gw.datapath.release(st.address, st.egress.announce);
+      await gw.datapath.release(st.address, st.egress.announce);
       if (r === 'unreadable') return;
       return this.adopt(st, await this.s.o.ownership.get(st.egress.key, st.address), 'store');
     }
@@ -390,8 +390,15 @@ export class Election {
    * that notice), then the conntrack stream to the standbys starts (its event reader takes a few ms).
    */
   private async become(st: AddressState, gw: LocalGateway, cause: string): Promise<void> {
-    gw.datapath.own(st.address, st.egress.announce);
+    // The holder is set first: a pod going down while SNAT is written (own() waits for nft) hands this
+    // address over too, after this (its handover runs on this address's stream).
     st.holder = gw;
+    try {
+      await gw.datapath.own(st.address, st.egress.announce);
+    } catch (e) {
+      if (st.holder === gw) st.holder = undefined;
+      throw e;
+    }
     this.broadcast(st);
     this.steering.updateClients(st);
     this.s.o.logger.info('egress: this node owns the floating address', { egress: st.egress.key, address: st.address, pod: gw.info.pod, epoch: st.own.epoch, cause });
@@ -401,7 +408,7 @@ export class Election {
   private async standDown(st: AddressState, why: string): Promise<void> {
     const gw = st.holder;
     st.holder = undefined;
-    gw?.datapath.release(st.address, st.egress.announce);
+    await gw?.datapath.release(st.address, st.egress.announce);
     void this.streams.stopStreaming(st);
     this.s.o.logger.info('egress: stood down', { egress: st.egress.key, address: st.address, pod: gw?.info.pod, why });
   }

@@ -90,10 +90,10 @@ export class PodRoles {
           void this.streams.stopStreaming(st);
         });
         // Packets clients sent before they learned the new owner still leave NATed: release after a drain.
-        const release = () => {
-          if (st.holder !== cur) cur.datapath.release(st.address, st.egress.announce);
+        const release = async () => {
+          if (st.holder !== cur) await cur.datapath.release(st.address, st.egress.announce);
         };
-        setTimeout(() => this.s.spawn(async () => release()), DRAIN_MS).unref();
+        setTimeout(() => this.s.spawn(release), DRAIN_MS).unref();
       }
       cur.egresses = keys;
       // Rules are replaced in place (owned addresses keep their SNAT): the guard follows new destinations.

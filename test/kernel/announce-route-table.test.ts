@@ -20,7 +20,7 @@ import { ipFamily } from '../../lib/ip';
 import { makeLogger, setLogger } from '../../lib/log';
 import { inNetns } from '../../daemon/sys/netns';
 import { birdInstalled, exportTableSpeakerConfig, startBird, upstreamRouterConfig, waitBgpEstablished, type TestBird } from '../lib/bird';
-import { addNetns, delNetns, ipJson, uniqueName } from '../lib/netns';
+import { addNetns, delNetns, startInNetns, ipJson, uniqueName } from '../lib/netns';
 import { waitFor } from '../lib/wait';
 
 const FLOAT = '198.51.100.80';
@@ -53,6 +53,9 @@ const sysctl = (ns: string, ...kv: string[]) => execFileSync('nsenter', [`--net=
 /** tetherd's node-side work (own namespace = the node's) runs with this thread inside the node namespace. */
 function onNode<T>(node: FabricNode, fn: () => T): T {
   return inNetns(nsPath(node.ns), fn);
+}
+function startOnNode<T>(node: FabricNode, fn: () => Promise<T>): Promise<T> {
+  return startInNetns(nsPath(node.ns), fn);
 }
 
 /**
@@ -217,19 +220,19 @@ test('own → router routes via the node; release and withdrawal take it back; a
       const [a1, b1] = [A.pods.a1, B.pods.b1];
       assert.is(routerNextHop(f), undefined, 'router starts without a route for the floating address');
 
-      onNode(A, () => a1.own(FLOAT, ANNOUNCE));
+      await startOnNode(A, () => a1.own(FLOAT, ANNOUNCE));
       assert.is(nodeRouteDev(A, TABLE), 'vga1', 'own(): /32 in the export table through the pod veth');
       assert.is(nodeRouteDev(A, 'main'), 'vga1', 'own(): /32 in the main table through the pod veth');
       await routerConverges(f, A.ip, 'router to route the floating address via node A');
 
-      onNode(A, () => a1.release(FLOAT));
+      await startOnNode(A, () => a1.release(FLOAT));
       assert.is(nodeRouteDev(A, TABLE), undefined, 'release(): export route gone');
       assert.is(nodeRouteDev(A, 'main'), undefined, 'release(): main route gone');
       await routerConverges(f, undefined, 'router to drop the route after release()');
       await logged(log.lines, /released/, { pod: 'egress-test/a1', address: FLOAT, table: TABLE, exportRouteRemoved: true, routeRemoved: true });
 
       // Planned handover A → B: A withdraws the announcement first and keeps forwarding for the drain.
-      onNode(A, () => a1.own(FLOAT, ANNOUNCE));
+      await startOnNode(A, () => a1.own(FLOAT, ANNOUNCE));
       await routerConverges(f, A.ip, 'router to route via node A again');
       onNode(A, () => a1.withdrawAnnouncement(FLOAT));
       assert.is(nodeRouteDev(A, TABLE), undefined, 'withdrawAnnouncement(): export route gone at once');
@@ -241,10 +244,10 @@ test('own → router routes via the node; release and withdrawal take it back; a
       onNode(A, () => a1.withdrawAnnouncement(FLOAT)); // idempotent
       await logged(log.lines, /withdrawn from the route-export table/, { address: FLOAT, table: TABLE, removed: false });
 
-      onNode(B, () => b1.own(FLOAT, ANNOUNCE));
+      await startOnNode(B, () => b1.own(FLOAT, ANNOUNCE));
       await routerConverges(f, B.ip, 'router to route via node B after it took over');
       // A's release finds its export route already gone.
-      onNode(A, () => a1.release(FLOAT));
+      await startOnNode(A, () => a1.release(FLOAT));
       assert.is(nodeRouteDev(A, 'main'), undefined, 'release() after withdrawal: main route gone');
       assert.is(snatTarget(a1.gw.netns), undefined, 'release(): no SNAT left on A');
       assert.not.ok(podHasAddress(a1.gw.netns), 'release(): address gone from A\'s pod');
@@ -252,7 +255,7 @@ test('own → router routes via the node; release and withdrawal take it back; a
       assert.is(routerNextHop(f), B.ip, 'router still routes via node B');
       await logged(log.lines, /released/, { pod: 'egress-test/a1', address: FLOAT, table: TABLE, exportRouteRemoved: false, routeRemoved: true });
 
-      onNode(B, () => b1.release(FLOAT));
+      await startOnNode(B, () => b1.release(FLOAT));
       await routerConverges(f, undefined, 'router to drop the route after B released it');
     });
   } finally {
@@ -264,20 +267,20 @@ test('handover between two gateway pods of one node keeps the node\'s announceme
   await withFabric({ a: ['a1', 'a2'] }, async (f) => {
     const A = f.nodes.a;
     const [a1, a2] = [A.pods.a1, A.pods.a2];
-    onNode(A, () => a1.own(FLOAT, ANNOUNCE));
+    await startOnNode(A, () => a1.own(FLOAT, ANNOUNCE));
     await routerConverges(f, A.ip, 'router to route via node A');
 
     // The controller's order when a gateway pod leaves: the next owner (here on the same node) takes the
     // address, then the old one withdraws and later releases. Neither may remove the new owner's routes.
-    onNode(A, () => a2.own(FLOAT, ANNOUNCE));
+    await startOnNode(A, () => a2.own(FLOAT, ANNOUNCE));
     onNode(A, () => a1.withdrawAnnouncement(FLOAT));
     assert.is(nodeRouteDev(A, TABLE), 'vga2', 'the new owner\'s export route survives the old owner\'s withdrawal');
-    onNode(A, () => a1.release(FLOAT));
+    await startOnNode(A, () => a1.release(FLOAT));
     assert.is(nodeRouteDev(A, TABLE), 'vga2', 'the new owner\'s export route survives the old owner\'s release');
     assert.is(nodeRouteDev(A, 'main'), 'vga2', 'the new owner\'s main route survives the old owner\'s release');
     assert.is(routerNextHop(f), A.ip, 'router still routes via node A');
 
-    onNode(A, () => a2.release(FLOAT));
+    await startOnNode(A, () => a2.release(FLOAT));
     await routerConverges(f, undefined, 'router to drop the route after the last release');
   });
 });
@@ -288,7 +291,7 @@ test('IPv6: own → the /128 in both tables via the pod\'s IPv6 address and the 
     const [a1, b1] = [A.pods.a1, B.pods.b1];
     assert.is(routerNextHop(f, FLOAT6), undefined, 'router starts without a route for the floating address');
 
-    onNode(A, () => a1.own(FLOAT6, ANNOUNCE));
+    await startOnNode(A, () => a1.own(FLOAT6, ANNOUNCE));
     for (const table of [TABLE, 'main'] as const) {
       const routes = ipJson(A.ns, ['-6', 'route', 'show', 'table', String(table), `${FLOAT6}/128`]);
       assert.equal(routes.map((r) => [r.dev, r.gateway]), [['vga1', a1.gw.podIp6]], `own(): /128 in table ${table} via the pod's IPv6 address`);
@@ -304,15 +307,15 @@ test('IPv6: own → the /128 in both tables via the pod\'s IPv6 address and the 
     assert.is(snatTarget(a1.gw.netns, 'ip6'), FLOAT6, 'withdrawAnnouncement(): SNAT stays for the drain');
     await routerConverges(f, undefined, 'router to drop the route after withdrawAnnouncement()', FLOAT6);
 
-    onNode(B, () => b1.own(FLOAT6, ANNOUNCE));
+    await startOnNode(B, () => b1.own(FLOAT6, ANNOUNCE));
     await routerConverges(f, B.ip6, 'router to route via node B after it took over', FLOAT6);
-    onNode(A, () => a1.release(FLOAT6));
+    await startOnNode(A, () => a1.release(FLOAT6));
     assert.is(nodeRouteDev(A, 'main', FLOAT6), undefined, 'release(): main route gone');
     assert.is(snatTarget(a1.gw.netns, 'ip6'), undefined, 'release(): no SNAT left on A');
     assert.not.ok(podHasAddress(a1.gw.netns, FLOAT6), 'release(): address gone from A\'s pod');
     assert.is(routerNextHop(f, FLOAT6), B.ip6, 'router still routes via node B');
 
-    onNode(B, () => b1.release(FLOAT6));
+    await startOnNode(B, () => b1.release(FLOAT6));
     assert.is(nodeRouteDev(B, TABLE, FLOAT6), undefined, 'release(): B\'s export route gone');
     await routerConverges(f, undefined, 'router to drop the route after B released it', FLOAT6);
   }, { ipv6: true });

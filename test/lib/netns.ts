@@ -3,6 +3,7 @@
 import { execFileSync } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
 import * as fs from 'node:fs';
+import { inNetns } from '../../daemon/sys/netns';
 
 export function uniqueName(prefix: string): string {
   return `${prefix}-${randomBytes(3).toString('hex')}`;
@@ -61,4 +62,17 @@ export function snapshot(ns: string, ifaces: string[] = []): NsSnapshot {
     }
   }
   return { links, addrs, routes, sysctls };
+}
+
+/**
+ * Starts an async node-side step (GatewayDatapath.own, release, takeUnannounced) with this thread inside
+ * the namespace `nsPath`: what it does before its first await (its netlink work in the current namespace)
+ * runs there; what follows (nft in the pod's namespace, by path) does not depend on the thread's namespace.
+ */
+export function startInNetns<T>(nsPath: string, fn: () => Promise<T>): Promise<T> {
+  let started!: Promise<T>;
+  inNetns(nsPath, () => {
+    started = fn();
+  });
+  return started;
 }

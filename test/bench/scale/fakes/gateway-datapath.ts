@@ -50,18 +50,18 @@ export class GatewayDatapath {
   guardStats(): undefined {
     return undefined;
   }
-  takeUnannounced(address: string): void {
+  async takeUnannounced(address: string): Promise<void> {
     record('gateway.takeUnannounced');
     this.owned.add(address);
   }
-  own(address: string): void {
+  async own(address: string): Promise<void> {
     record('gateway.own');
     this.owned.add(address);
   }
   withdrawAnnouncement(): void {
     record('gateway.withdrawAnnouncement');
   }
-  release(address: string): void {
+  async release(address: string): Promise<void> {
     record('gateway.release');
     this.owned.delete(address);
   }
