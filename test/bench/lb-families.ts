@@ -16,7 +16,7 @@ import type { IpFamily } from '../../lib/ip';
 import { PERF_LB_NODES, PERF_PORT, VIP_PERF_PORT, announced, pathThroughput, perfService, perfSlice, storm, type PathThroughput } from './lb';
 import { machine, updateReadme } from './stats';
 
-const ROUNDS = Number(process.env.BENCH_LB_FAMILY_ROUNDS ?? 3);
+const ROUNDS = Number(process.env.BENCH_LB_FAMILY_ROUNDS ?? 5);
 const SECS = Number(process.env.BENCH_LB_SECS ?? 5);
 const STORM = Number(process.env.BENCH_LB_STORM ?? 3000);
 const DATAPATH = process.env.BENCH_LB_DATAPATH ?? 'node';
