@@ -16,6 +16,8 @@
 //  4. The survival table: 200 long-lived connections through each change, tether and the stateless
 //     ECMP + kube-proxy baseline.
 // Writes results/bench-lb.json (keeping lb-switch.ts's `tableChange`) and its docs/performance.md section.
+// The IPv6 rows beside these (the same measures, both families in one run) are lb-families.ts's, which
+// takes its paths' measures from here.
 import * as fs from 'node:fs';
 import * as path from 'node:path';
 import type { ChildProcess } from 'node:child_process';
@@ -30,6 +32,7 @@ import { ensureBpffs } from '../../daemon/bpf/bpffs';
 import { LB_STORE_BUCKETS } from '../../daemon/lb/mapping-fields';
 import { connectLbStore } from '../../daemon/lb/lb-store';
 import { startRedis } from '../lib/redis';
+import type { IpFamily } from '../../lib/ip';
 import { machine, updateReadme } from './stats';
 
 const repo = path.resolve(__dirname, '../..');
@@ -38,13 +41,13 @@ const SECS = Number(process.env.BENCH_LB_SECS ?? 5);
 const MAPPINGS = Number(process.env.BENCH_LB_MAPPINGS ?? 100_000);
 const STORM = Number(process.env.BENCH_LB_STORM ?? 3000);
 const STORM_ROUNDS = Number(process.env.BENCH_LB_STORM_ROUNDS ?? 3);
-const PERF_PORT = 5201;
+export const PERF_PORT = 5201;
 /** The tether path's iperf3 server is bound to the VIP, so its UDP handshake answers from the VIP (DSR). */
-const VIP_PERF_PORT = 5202;
+export const VIP_PERF_PORT = 5202;
 const DNAT_VIP = '198.51.100.200';
 const DATAPATH = process.env.BENCH_LB_DATAPATH ?? 'node';
 /** The LB nodes serving the perf VIP (their LB pods: lb-scenario's topology). */
-const PERF_LB_NODES = ['n1', 'n2'];
+export const PERF_LB_NODES = ['n1', 'n2'];
 /**
  * Plain routing over the same hops as the VIP (one node more than plain routing to the pod): the router sends a
  * target pod's address through the LB node n1 (a /32 via n1), which routes it on to the pod's node as usual.
@@ -95,17 +98,19 @@ function signalTree(pid: number, signal: NodeJS.Signals): void {
   for (const p of processTree(pid)) process.kill(p, signal);
 }
 
-function perfService(): Record<string, unknown> {
-  const s = service({ 'lb.tether.dev/affinity': 'flow' }) as { metadata: Record<string, unknown>; spec: Record<string, unknown> };
+/** The Service of the throughput paths (spec: what to add, e.g. both families). */
+export function perfService(spec: Record<string, unknown> = {}): Record<string, unknown> {
+  const s = service({ 'lb.tether.dev/affinity': 'flow' }, spec) as { metadata: Record<string, unknown>; spec: Record<string, unknown> };
   return { ...s, metadata: { ...s.metadata, name: 'perf' }, spec: { ...s.spec, ports: [{ name: 'tcp', port: VIP_PERF_PORT, protocol: 'TCP' }, { name: 'udp', port: VIP_PERF_PORT, protocol: 'UDP' }] } };
 }
 
-function perfSlice(tb: Testbed): Record<string, unknown> {
-  const s = slice(tb, ['n4-t1']) as { metadata: Record<string, unknown> };
-  return { ...s, metadata: { ...s.metadata, name: 'perf-1', labels: { 'kubernetes.io/service-name': 'perf' } } };
+/** The throughput paths' one target, n4-t1 (its address of `family`). */
+export function perfSlice(tb: Testbed, family: IpFamily = 4): Record<string, unknown> {
+  const s = slice(tb, ['n4-t1'], [], family) as { metadata: Record<string, unknown> };
+  return { ...s, metadata: { ...s.metadata, name: `perf-${family === 4 ? 1 : 6}`, labels: { 'kubernetes.io/service-name': 'perf' } } };
 }
 
-async function iperf(tb: Testbed, host: string, port: number, args: string[]): Promise<{ mbps: number; pps?: number }> {
+export async function iperf(tb: Testbed, host: string, port: number, args: string[]): Promise<{ mbps: number; pps?: number }> {
   const r = await tb.exec('client', ['iperf3', '-J', '-c', host, '-p', String(port), '-t', String(SECS), ...args], { timeoutMs: (SECS + 20) * 1000 });
   const j = JSON.parse(r.stdout) as { end: { sum_received?: { bits_per_second: number }; sum?: { bits_per_second: number; packets: number; lost_packets: number; seconds: number } }; error?: string };
   if (j.error) throw new Error(`iperf3 to ${host}: ${j.error}`);
@@ -132,7 +137,7 @@ function one() {
 }
 for (let i = 0; i < 40; i++) one();`;
 
-async function storm(tb: Testbed, host: string, n: number): Promise<{ perSecond: number; errors: number }> {
+export async function storm(tb: Testbed, host: string, n: number): Promise<{ perSecond: number; errors: number }> {
   const r = await tb.exec('client', [process.execPath, '-e', STORM_CLIENT, host, String(PORT), String(n)], { timeoutMs: 300_000 });
   return JSON.parse(r.stdout.trim().split('\n').pop()!) as { perSecond: number; errors: number };
 }
@@ -155,8 +160,9 @@ async function storedMappings(raw: Redis, prefix: string, vip: string): Promise<
   return stored;
 }
 
-async function announced(tb: Testbed, vip: string, nodes: string[]): Promise<void> {
-  const want = nodes.map((n) => tb.node(n).fabricIp).sort().join();
+/** The router spreads the VIP over exactly `nodes` (their fabric address of the VIP's family). */
+export async function announced(tb: Testbed, vip: string, nodes: string[]): Promise<void> {
+  const want = nodes.map((n) => (vip.includes(':') ? tb.node(n).fabricIp6! : tb.node(n).fabricIp)).sort().join();
   await until(`${vip} over ${nodes.join(',')}`, async () => (await routerPaths(tb, vip)).join() === want, 30_000);
 }
 
@@ -186,6 +192,20 @@ async function loadMappings(): Promise<{ written: number; loadMs: number; instal
     await store.connection.close();
     await redis.stop();
   }
+}
+
+/** One path's figures: 1 and 8 TCP streams (Mbit/s), 64-byte UDP datagrams received per second. */
+export interface PathThroughput {
+  mbps1: number;
+  mbps8: number;
+  pps64: number;
+}
+
+export async function pathThroughput(tb: Testbed, host: string, port: number): Promise<PathThroughput> {
+  const one = await iperf(tb, host, port, []);
+  const eight = await iperf(tb, host, port, ['-P', '8']);
+  const pps = await iperf(tb, host, port, ['-u', '-l', '64', '-b', '0']);
+  return { mbps1: Math.round(one.mbps), mbps8: Math.round(eight.mbps), pps64: Math.round(pps.pps ?? 0) };
 }
 
 async function main(): Promise<void> {
@@ -223,10 +243,7 @@ async function main(): Promise<void> {
       const paths: Record<string, [string, number]> = { tether: [st.perf, VIP_PERF_PORT], dnat: [DNAT_VIP, PERF_PORT], plain: [tb.podIp('n4-t1'), PERF_PORT] };
       const tput: Record<string, Record<string, number>> = {};
       const measure = async (name: string, host: string, port: number) => {
-        const one = await iperf(tb, host, port, []);
-        const eight = await iperf(tb, host, port, ['-P', '8']);
-        const pps = await iperf(tb, host, port, ['-u', '-l', '64', '-b', '0']);
-        tput[name] = { mbps1: Math.round(one.mbps), mbps8: Math.round(eight.mbps), pps64: Math.round(pps.pps ?? 0) };
+        tput[name] = { ...(await pathThroughput(tb, host, port)) };
         process.stdout.write(`  ${name}: ${JSON.stringify(tput[name])}\n`);
       };
       for (const [name, [host, port]] of Object.entries(paths)) await measure(name, host, port);
@@ -462,7 +479,9 @@ ${s.map((x) => `| ${x.path} | ${x.change} | ${x.intact}/${x.of} |`).join('\n')}
   process.stdout.write(md);
 }
 
-main().then(() => process.exit(0), (e) => {
-  process.stderr.write(`lb bench failed: ${(e as Error).stack}\n`);
-  process.exit(1);
-});
+if (require.main === module) {
+  main().then(() => process.exit(0), (e) => {
+    process.stderr.write(`lb bench failed: ${(e as Error).stack}\n`);
+    process.exit(1);
+  });
+}

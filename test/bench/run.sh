@@ -20,6 +20,7 @@ node_modules/.bin/tsx test/bench/egress-failover.ts
 node_modules/.bin/tsx test/bench/egress-failover-families.ts
 node_modules/.bin/tsx test/bench/egress-multi.ts
 node_modules/.bin/tsx test/bench/lb.ts
+node_modules/.bin/tsx test/bench/lb-families.ts
 node_modules/.bin/tsx test/bench/lb-switch.ts
 node_modules/.bin/tsx test/bench/lb-record.ts
 node_modules/.bin/tsx test/bench/health.ts

@@ -6,6 +6,7 @@
 import type { ChildProcess } from 'node:child_process';
 import type { Testbed } from './testbed';
 import type { Topology } from './topology';
+import type { IpFamily } from '../../lib/ip';
 import { exportTableSpeakerConfig, startBird, waitBgpEstablished, type TestBird } from '../lib/bird';
 import { TRAFFIC_CLIENT, type TrafficReport } from '../lib/traffic';
 import { until } from '../lib/wait';
@@ -57,16 +58,20 @@ export function service(annotations: Record<string, string> = { 'lb.tether.dev/a
   };
 }
 
-/** The EndpointSlice of the Service: the given target pods, ready unless listed as terminating. */
-export function slice(tb: Testbed, targets: string[], terminating: string[] = []): Record<string, unknown> {
+/**
+ * The EndpointSlice of the Service: the given target pods, ready unless listed as terminating; their
+ * addresses of `family` (a dual-stack Service has one slice of each).
+ */
+export function slice(tb: Testbed, targets: string[], terminating: string[] = [], family: IpFamily = 4): Record<string, unknown> {
+  const addr = (k: string) => (family === 4 ? tb.podIp(k) : tb.podIp6(k));
   return {
     apiVersion: 'discovery.k8s.io/v1', kind: 'EndpointSlice',
-    metadata: { name: 'db-1', namespace: 'shop', labels: { 'kubernetes.io/service-name': 'db' } },
-    addressType: 'IPv4',
+    metadata: { name: family === 4 ? 'db-1' : 'db-6', namespace: 'shop', labels: { 'kubernetes.io/service-name': 'db' } },
+    addressType: family === 4 ? 'IPv4' : 'IPv6',
     ports: [{ name: 'tcp', port: PORT, protocol: 'TCP' }],
     endpoints: [
-      ...targets.map((k) => ({ addresses: [tb.podIp(k)], conditions: { ready: true }, nodeName: tb.pod(k).node, targetRef: { kind: 'Pod', namespace: 'shop', name: tb.pod(k).name } })),
-      ...terminating.map((k) => ({ addresses: [tb.podIp(k)], conditions: { ready: false, serving: true, terminating: true }, nodeName: tb.pod(k).node })),
+      ...targets.map((k) => ({ addresses: [addr(k)], conditions: { ready: true }, nodeName: tb.pod(k).node, targetRef: { kind: 'Pod', namespace: 'shop', name: tb.pod(k).name } })),
+      ...terminating.map((k) => ({ addresses: [addr(k)], conditions: { ready: false, serving: true, terminating: true }, nodeName: tb.pod(k).node })),
     ],
   };
 }
