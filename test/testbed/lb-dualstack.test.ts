@@ -2,13 +2,15 @@
 // the fabric carrying IPv6 beside the nodes' IPv4 underlay): a RequireDualStack Service gets an IPv4 and an
 // IPv6 VIP; each LB node advertises both from its export table (IPv4 and IPv6 BGP sessions to the router),
 // forwards the IPv6 VIP in FoU over outer IPv6 from its fabric IPv6 address (found on the uplink: the one
-// global IPv6 address beside --node-address) to the targets' IPv6 addresses. The key rows of lb.test.ts's
-// survival run with IPv6 connections through the IPv6 VIP: a target added, a target terminating, an LB node
-// lost. Every connection is kept and the targets see the client's IPv6 address.
+// global IPv6 address beside --node-address) to the targets' IPv6 addresses. lb.test.ts's survival table runs
+// here whole, plus a target terminating, with IPv6 connections through the IPv6 VIP and IPv4 connections
+// through the IPv4 VIP at once, so both families go through the same changes: every connection is kept and
+// the targets see the client's address of the family; then removing a target breaks only its own.
 import { test } from 'uvu';
 import * as assert from 'uvu/assert';
 import { withTestbed, type Testbed } from './testbed';
-import { PORT, lbPodSpec, routerPaths, startBgp, startTargets, targetSpec, topology, traffic, until, type LbStatus } from './lb-scenario';
+import { PORT, announcedOn, lbPodSpec, lbStatus, routerPaths, startBgp, startTargets, targetSpec, topology, traffic, until, type LbStatus, type Servers } from './lb-scenario';
+import type { TrafficReport } from '../lib/traffic';
 import { peerAddress } from '../lib/traffic';
 
 const CONNS = Number(process.env.LB_TEST_CONNS ?? 200);
@@ -56,50 +58,128 @@ async function announced6On(tb: Testbed, nodes: string[]): Promise<string> {
   }, 30_000);
 }
 
-test('dual-stack: IPv6 connections through the IPv6 VIP survive a target added, a target terminating and an LB node lost; targets see the client\'s IPv6 address', async () => {
-  const topo = { ...topology(), families: [4, 6] as Array<4 | 6>, extraObjects: [pool] };
+/** The VIPs of both families once the router spreads each over exactly `nodes`. */
+async function announcedBoth(tb: Testbed, nodes: string[]): Promise<{ 4: string; 6: string }> {
+  return { 6: await announced6On(tb, nodes), 4: await announcedOn(tb, nodes) };
+}
+
+/** `target` (a Service key, "shop/t4") is a target on `node` in both families. */
+async function targetOnBoth(tb: Testbed, node: string, target: string): Promise<boolean> {
+  return Boolean((await status6(tb, node))?.localTargets.includes(target) && (await lbStatus(tb, node))?.localTargets.includes(target));
+}
+
+type Family = 4 | 6;
+type ByFamily<T> = Record<Family, T>;
+
+/**
+ * Long-lived traffic through both VIPs at once while `during` runs: two clients (IPv6 and IPv4 connections,
+ * a UDP stream each) from the external client, the IPv4 one started inside the IPv6 one's run, so each is
+ * marked before `during` starts and ends when it does.
+ */
+async function trafficBoth(tb: Testbed, vips: ByFamily<string>, maxMs: number, during: () => Promise<void>): Promise<ByFamily<TrafficReport>> {
+  let r4: TrafficReport | undefined;
+  const r6 = await traffic(tb, vips[6], CONNS, maxMs, async () => {
+    r4 = await traffic(tb, vips[4], CONNS, maxMs, during, true, { endWhenDone: true });
+  }, true, { endWhenDone: true });
+  return { 4: r4!, 6: r6 };
+}
+
+async function startTargetsBoth(tb: Testbed, pods: string[], vips: ByFamily<string>): Promise<ByFamily<Servers>> {
+  return { 6: await startTargets(tb, pods, vips[6]), 4: await startTargets(tb, pods, vips[4]) };
+}
+
+async function stopBoth(servers: ByFamily<Servers>): Promise<ByFamily<Map<string, string[]>>> {
+  return { 6: await servers[6].stop(), 4: await servers[4].stop() };
+}
+
+const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
+
+test('dual-stack: IPv6 and IPv4 connections through the VIPs survive the whole survival table (LB pod added, LB pod removed, target added, target terminating, tetherd restarted, Redis restarted empty, LB node lost); targets see the client\'s address; a removed target breaks only its own', async () => {
+  const topo = { ...topology(), families: [4, 6] as Family[], extraObjects: [pool] };
   await withTestbed(topo, async (tb) => {
     const bgp = await startBgp(tb, ['n1', 'n2', 'n3'], { ipv6: true });
     try {
       configure(tb, ['n4-t1', 'n4-t2', 'n5-t3']);
-      const vip6 = await announced6On(tb, ['n1', 'n2']);
-      assert.ok(vip6.startsWith('fd00:5100:'), `the IPv6 VIP ${vip6} is from ${LB_POOL6}`);
-      const servers = await startTargets(tb, ['n4-t1', 'n4-t2', 'n5-t3'], vip6);
-      let peers = new Map<string, string[]>();
+      const vips = await announcedBoth(tb, ['n1', 'n2']);
+      assert.ok(vips[6].startsWith('fd00:5100:'), `the IPv6 VIP ${vips[6]} is from ${LB_POOL6}`);
+      const servers = await startTargetsBoth(tb, ['n4-t1', 'n4-t2', 'n5-t3'], vips);
       try {
-        const report = await traffic(tb, vip6, CONNS, 60_000, async () => {
+        const reports = await trafficBoth(tb, vips, 180_000, async () => {
           process.stdout.write('  LB pod added on n3\n');
           await tb.addPod('n3', lbPodSpec);
-          await announced6On(tb, ['n1', 'n2', 'n3']);
-          await new Promise((r) => setTimeout(r, 2000));
+          await announcedBoth(tb, ['n1', 'n2', 'n3']);
+          await sleep(2000);
+          process.stdout.write('  LB pod on n1 removed gracefully\n');
+          await tb.delPod('n1-lb');
+          await announcedBoth(tb, ['n2', 'n3']);
+          await sleep(2000);
           process.stdout.write('  target t4 added (scale-out)\n');
           await tb.addPod('n5', targetSpec('t4'));
           configure(tb, ['n4-t1', 'n4-t2', 'n5-t3', 'n5-t4']);
-          await until('t4 ready as a target', async () => (await status6(tb, 'n5'))?.localTargets.includes('shop/t4'));
-          await servers.add('n5-t4');
-          await new Promise((r) => setTimeout(r, 3000));
+          await until('t4 ready as a target in both families', () => targetOnBoth(tb, 'n5', 'shop/t4'));
+          await servers[6].add('n5-t4');
+          await servers[4].add('n5-t4');
+          await sleep(2000);
           process.stdout.write('  target t3 terminating\n');
           configure(tb, ['n4-t1', 'n4-t2', 'n5-t4'], ['n5-t3']);
-          await new Promise((r) => setTimeout(r, 3000));
+          await sleep(3000);
+          process.stdout.write('  tetherd restarted on n3\n');
+          await tb.restartTetherd('n3');
+          await sleep(2000);
+          process.stdout.write('  Redis restarted empty\n');
+          await tb.restartRedis();
+          await sleep(3000);
           process.stdout.write('  LB node n2 killed\n');
           await tb.killTetherd('n2', 'SIGKILL');
           await tb.mustExec('n2', ['ip', 'link', 'set', 'eth0', 'down']);
-          await announced6On(tb, ['n1', 'n3']);
-          await new Promise((r) => setTimeout(r, 3000));
-        }, true, { endWhenDone: true });
-        peers = await servers.stop();
-        const served = [...peers].map(([k, v]) => `${k} ${v.length}`).join(', ');
-        process.stdout.write(`  IPv6: ${report.intact}/${CONNS} intact, longest gap ${report.maxGapAfterMarkMs} ms; UDP ${report.udp?.received}/${report.udp?.sent}; connections per target: ${served}\n`);
-        const client6 = tb.externalIp6('client');
-        const seen = [...peers.values()].flat();
-        assert.ok(seen.length >= CONNS, `the targets saw the connections (${seen.length})`);
-        for (const [pod, list] of peers) for (const p of list) assert.is(peerAddress(p), client6, `${pod} saw ${p}, not the client's IPv6 address`);
-        assert.is(report.intact, CONNS, `${report.intact}/${CONNS} intact; ${report.errors.slice(0, 4).join('; ')}`);
-        assert.ok((report.udp?.maxGapMs ?? 1e9) < 5000, `the IPv6 UDP stream resumed (longest gap ${report.udp?.maxGapMs} ms)`);
-        const st = await status6(tb, 'n3');
-        process.stdout.write(`  n3 IPv6 VIP counters: ${JSON.stringify(st?.counters)}\n`);
+          await announcedBoth(tb, ['n3']);
+          await sleep(3000);
+        });
+        const peers = await stopBoth(servers);
+        const client = { 6: tb.externalIp6('client'), 4: tb.externalIp('client') };
+        for (const f of [6, 4] as Family[]) {
+          const r = reports[f];
+          const served = [...peers[f]].map(([k, v]) => `${k} ${v.length}`).join(', ');
+          process.stdout.write(`  IPv${f}: ${r.intact}/${CONNS} intact, longest gap ${r.maxGapAfterMarkMs} ms; UDP ${r.udp?.received}/${r.udp?.sent} (longest gap ${r.udp?.maxGapMs} ms); connections per target: ${served}\n`);
+        }
+        for (const f of [6, 4] as Family[]) {
+          const r = reports[f];
+          const seen = [...peers[f].values()].flat();
+          assert.ok(seen.length >= CONNS, `the targets saw the IPv${f} connections (${seen.length})`);
+          for (const [pod, list] of peers[f]) for (const p of list) assert.is(peerAddress(p), client[f], `${pod} saw ${p}, not the client's IPv${f} address`);
+          assert.is(r.intact, CONNS, `IPv${f}: ${r.intact}/${CONNS} intact; ${r.errors.slice(0, 4).join('; ')}`);
+          // As in lb.test.ts: the stream loses at most what was in flight to the killed node until BGP's 3 s
+          // hold time withdrew it.
+          assert.ok((r.udp?.maxGapMs ?? 1e9) < 5000, `the IPv${f} UDP stream resumed (longest gap ${r.udp?.maxGapMs} ms)`);
+          assert.ok((r.udp?.received ?? 0) >= (r.udp?.sent ?? 1) * 0.85, `IPv${f} UDP ${r.udp?.received}/${r.udp?.sent}`);
+        }
+        process.stdout.write(`  n3 counters: IPv6 ${JSON.stringify((await status6(tb, 'n3'))?.counters)}, IPv4 ${JSON.stringify((await lbStatus(tb, 'n3'))?.counters)}\n`);
       } finally {
-        await servers.stop().catch(() => undefined);
+        await servers[6].stop().catch(() => undefined);
+        await servers[4].stop().catch(() => undefined);
+      }
+
+      // Removing a target breaks only the connections it held, in both families, and they fail at once.
+      const again = await startTargetsBoth(tb, ['n4-t1', 'n4-t2', 'n5-t3', 'n5-t4'], vips);
+      try {
+        const reports = await trafficBoth(tb, vips, 60_000, async () => {
+          configure(tb, ['n4-t2', 'n5-t4'], ['n5-t3']);
+          await until('t1 no longer a target in either family', async () => !(await status6(tb, 'n4'))?.localTargets.includes('shop/t1') && !(await lbStatus(tb, 'n4'))?.localTargets.includes('shop/t1'));
+          // The broken ones have reset by now (they exchange every 50 ms); the rest run on a while.
+          await sleep(3000);
+        });
+        const served = await stopBoth(again);
+        for (const f of [6, 4] as Family[]) {
+          const r = reports[f];
+          const onT1 = served[f].get('n4-t1')?.length ?? 0;
+          process.stdout.write(`  IPv${f}: target t1 removed: it held ${onT1} connections; ${r.intact}/${CONNS} intact; errors: ${r.errors.slice(0, 2).join('; ')}\n`);
+          assert.ok(onT1 > 0, `t1 held some IPv${f} connections`);
+          assert.is(r.intact, CONNS - onT1, `IPv${f}: exactly the connections on the removed target broke`);
+          assert.not.ok(r.errors.some((e) => e.startsWith('watchdog')), `IPv${f}: the broken ones failed, none hung`);
+        }
+      } finally {
+        await again[6].stop().catch(() => undefined);
+        await again[4].stop().catch(() => undefined);
       }
     } finally {
       await bgp.stop();

@@ -203,7 +203,8 @@ export async function routerPaths(tb: Testbed, vip: string): Promise<string[]> {
 const TARGET_SERVER = `
 const net = require('net'), dgram = require('dgram');
 const [port, vip, name] = process.argv.slice(1);
-// An IPv6 VIP's server listens on IPv6 and records a peer as "[addr]:port" (test/lib/traffic.ts peerAddress).
+// An IPv6 VIP's server listens on IPv6 only (an IPv4 VIP's server may listen on the same port in the same
+// pod) and records a peer as "[addr]:port" (test/lib/traffic.ts peerAddress).
 const v6 = vip.includes(':');
 const peers = new Set();
 net.createServer((s) => {
@@ -211,7 +212,7 @@ net.createServer((s) => {
   s.setNoDelay(true);
   s.on('data', (b) => s.write(b));
   s.on('error', () => {});
-}).listen(Number(port), v6 ? '::' : '0.0.0.0', () => up());
+}).listen({ port: Number(port), host: v6 ? '::' : '0.0.0.0', ipv6Only: v6 }, () => up());
 // The VIP is on the pod once tetherd has set its target role up, which may come a moment after the pod:
 // bind again until it is there (an unbound socket's error would end the server), ready only then.
 let pending = 2;
