@@ -281,8 +281,8 @@ export const FORMATS: readonly FormatEntry[] = [
     version: 1,
     reads: [1],
     versionField: 'none: absent = version 1',
-    summary: 'hash <prefix>lb:health: node → {"report": {eligible, healthy, services}, "expiresAt"}',
-    history: { 1: 'first version' },
+    summary: 'hash <prefix>lb:health: node → {"report": {eligible, healthy, services, notForwarded?}, "expiresAt"}',
+    history: { 1: 'first version; the optional "notForwarded" (VIPs the node\'s LB pods select that it does not forward: an IPv6 VIP on a node without an IPv6 address), left out when there is none, is added beside it, which releases before ignore' },
   },
   {
     name: 'ownership-notice',

@@ -160,7 +160,7 @@ export async function* nodeParts(opts: Options, o: { nodeName: string; logger: L
   if (lbPlan) {
     const mappings = mappingStore(opts, lbPlan);
     yield mappings;
-    lbController = createLb(opts, lbPlan, { fouPort, addresses: ipam.addresses, attach, nodeName, store: mappings.value, logger });
+    lbController = createLb(opts, lbPlan, { fouPort, addresses: ipam.addresses, attach, nodeName, store: mappings.value, logger, onNotForwarded: reporting?.onNotForwarded });
   }
   const lb = new LoadBalancer(lbController, logger);
   if (reporting) observeSubsystems(reporting, { egress: egressController, lb: lbController });

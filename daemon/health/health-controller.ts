@@ -44,11 +44,30 @@ export interface ServiceHealthReport {
   status: number;
 }
 
-/** One node's health answers: its own (healthz) and each Local Service's. */
+/**
+ * A VIP a local LB pod selects that this node does not forward (an IPv6 VIP on a node without an IPv6
+ * address): nothing of it is programmed there (LbController.forwardable). Reported with the answers, for the
+ * Service's status.
+ */
+export interface NotForwardedVip {
+  /** The VIP's key ("namespace/name#IPv6") and its Service ("namespace/name"). */
+  key: string;
+  service: string;
+  family: string;
+  vip: string;
+  /** Why, naming the node, the VIP and the LB pods. */
+  problem: string;
+}
+
+/**
+ * One node's health answers: its own (healthz) and each Local Service's; and the VIPs its LB pods select
+ * that it does not forward (optional, left out when none: a release before neither writes nor reads it).
+ */
 export interface NodeHealthReport {
   eligible: boolean;
   healthy: boolean;
   services: Record<string, ServiceHealthReport>;
+  notForwarded?: NotForwardedVip[];
 }
 
 export interface HealthControllerOptions {
@@ -63,6 +82,8 @@ export interface HealthControllerOptions {
   timeoutMs?: number;
   /** The node is not being deleted nor tainted for removal. */
   eligible: () => boolean;
+  /** The load balancer's VIPs this node does not forward (LbController.notForwarded), reported with the answers. */
+  notForwarded?: () => NotForwardedVip[];
   /** Publishes this node's answers (to the store, for the leader's Service status); errors are retried. */
   report?: (r: NodeHealthReport) => Promise<void>;
   /** Told when a Service's answer flips between 200 and 503 (Kubernetes Events); must not throw or wait. */
@@ -221,7 +242,8 @@ export class HealthController {
 
   /** This node's answers now, as reported. */
   report(services?: Map<string, HealthCheckedService>): NodeHealthReport {
-    const out: NodeHealthReport = { eligible: this.o.eligible(), healthy: this.healthy(), services: {} };
+    const notForwarded = this.o.notForwarded?.() ?? [];
+    const out: NodeHealthReport = { eligible: this.o.eligible(), healthy: this.healthy(), services: {}, ...(notForwarded.length ? { notForwarded } : {}) };
     for (const [key, c] of this.checks) {
       const lb = services?.get(key);
       const local = lb ? this.local(lb) : c.lastLocal ?? 0;

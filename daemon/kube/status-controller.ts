@@ -114,6 +114,31 @@ export function healthCondition(service: string, reports: Record<string, NodeHea
 
 const KUBE_PROXY = 'kube-proxy';
 
+export const FORWARDING_CONDITION = 'tether.dev/Forwarding';
+
+/**
+ * A Service's forwarding condition from every node's report (lb-health-report's optional notForwarded):
+ * False (NodeCannotForward) naming each node whose LB pods select a VIP of the Service it cannot forward
+ * (an IPv6 VIP on a node without an IPv6 address: nothing of it is programmed there), with the node's own
+ * words; undefined when no node reports one. Entries that are not what a node writes are passed over.
+ */
+export function forwardingCondition(service: string, reports: Record<string, NodeHealthReport>): Omit<Condition, 'lastTransitionTime'> | undefined {
+  const problems: string[] = [];
+  for (const node of Object.keys(reports).sort()) {
+    const list = reports[node].notForwarded;
+    if (!Array.isArray(list)) continue;
+    for (const n of list) {
+      if (n?.service !== service || typeof n.problem !== 'string' || typeof n.vip !== 'string') continue;
+      problems.push(n.problem.includes(node) ? n.problem : `node ${node}: ${n.problem}`);
+    }
+  }
+  if (!problems.length) return undefined;
+  return { type: FORWARDING_CONDITION, status: 'False', reason: 'NodeCannotForward', message: message(problems) };
+}
+
+/** The forwarding condition once no node reports a problem, on a Service that had one (it turns True, not away). */
+const FORWARDING_OK = { type: FORWARDING_CONDITION, status: 'True' as const, reason: 'Forwarding', message: 'every node whose LB pods select the Service forwards its VIPs' };
+
 /** Condition messages are bounded by the API (32 KiB); ours name fields, so a few lines suffice. */
 const message = (problems: string[]) => problems.join('; ').slice(0, 4000);
 
@@ -184,7 +209,8 @@ export class StatusController {
     }
     const lbs = this.o.loadBalancers?.() ?? [];
     let health: Record<string, NodeHealthReport> | undefined;
-    if (this.o.healthReports && lbs.some((l) => l.externalTrafficPolicy === 'Local')) {
+    // Read for every tether Service: the Local ones' health answers, and any node's VIPs it does not forward.
+    if (this.o.healthReports && lbs.some((l) => !l.refused)) {
       health = await this.o.healthReports().catch((e: Error) => {
         this.o.logger.debug('kube: health reports not read; health conditions kept', { error: e.message });
         return undefined;
@@ -252,6 +278,13 @@ export class StatusController {
       // Read failed: the condition stays as it was rather than flapping away.
       const hc = health ? healthCondition(String(lb.service), health) : (prev.conditions as Condition[] | undefined)?.find((c) => c.type === HEALTH_CONDITION);
       if (hc) conditions.push({ type: hc.type, status: hc.status, reason: hc.reason, message: hc.message, observedGeneration: gen });
+    }
+    if (!refused) {
+      // Only on a Service some node reported (additive: the others' status is as before); kept as it was
+      // when the reports were not read; True, not gone, once no node reports one.
+      const had = (prev.conditions as Condition[] | undefined)?.find((c) => c.type === FORWARDING_CONDITION);
+      const fc = health ? forwardingCondition(key, health) ?? (had ? FORWARDING_OK : undefined) : had;
+      if (fc) conditions.push({ type: fc.type, status: fc.status, reason: fc.reason, message: fc.message, observedGeneration: gen });
     }
     const status: Obj = {
       ...prev,

@@ -6,6 +6,8 @@
 //   Egress      Normal  StandbyInSync    … and it can again
 //   Service     Warning HealthCheckFailing  this node's health check answer flipped to 503 (each node, its own)
 //   Service     Normal  HealthCheckPassing  … and back to 200
+//   Service     Warning VIPNotForwarded  this node's LB pods select a VIP it cannot forward: an IPv6 VIP, no IPv6
+//                                        address on the node (each node, its own; nothing of the VIP programmed)
 //   TetherNode  Warning StoreFull        the cluster store refused this node's write as full (each node, its own)
 //   AddressPool, Egress, Service
 //               Warning Refused          refused as invalid (the leader only, on the status change)
@@ -51,6 +53,16 @@ export function healthFlipEvent(f: { service: string; port: number; status: numb
   if (f.status === 200) return { regarding, type: 'Normal', reason: 'HealthCheckPassing', action: 'HealthCheck', note: `node ${node} answers 200 on health-check port ${f.port} (was ${f.was})` };
   const why = f.localEndpoints > 0 ? 'tether\'s programming on this node is stale' : 'no ready local endpoint';
   return { regarding, type: 'Warning', reason: 'HealthCheckFailing', action: 'HealthCheck', note: `node ${node} answers ${f.status} on health-check port ${f.port} (was ${f.was}): ${why}` };
+}
+
+/**
+ * This node does not forward a VIP its LB pods select (LbController.forwardable): nothing of it is programmed
+ * there. The note is the node's problem, which names the node, the VIP and the LB pods.
+ */
+export function notForwardedEvent(n: { service: string; problem: string }): TetherEvent {
+  const [namespace, name] = n.service.split('/');
+  const regarding: EventObject = { apiVersion: 'v1', kind: 'Service', namespace, name };
+  return { regarding, type: 'Warning', reason: 'VIPNotForwarded', action: 'Announce', note: n.problem };
 }
 
 /** The cluster store refused a write of this node's `subsystem` as full (once per episode: common/store-full.ts). */

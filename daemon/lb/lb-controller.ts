@@ -20,7 +20,7 @@ import type { PodRecord } from '../state/pod-store';
 import type { PodMeta } from '../config/objects';
 import type { LbResolution, ResolvedLoadBalancer } from './lb-spec';
 import type { LbStore } from './lb-store';
-import { FOU_OVERHEAD, LbShared, groupByVip, pickableTargets, type LbControllerOptions } from './lb-state';
+import { FOU_OVERHEAD, LbShared, groupByVip, noAddress6Problem, pickableTargets, type LbControllerOptions, type NotForwardedVip } from './lb-state';
 import { VipAddresses } from './vip-addresses';
 import { SLOT_RELEASE_MS, VipSlots, overflowProblem } from './vip-slots';
 import { VipPrograms } from './vip-programs';
@@ -32,7 +32,7 @@ import { ReconcileLoop } from '../util/reconcile-loop';
 import { FamilyTrackers, type FamilyProgramming } from '../health/proxy-health';
 import { NodeRegistry, REGISTRY_TTL_MS } from '../common/node-registry';
 
-export { FOU_OVERHEAD, type LbControllerOptions };
+export { FOU_OVERHEAD, type LbControllerOptions, type NotForwardedVip };
 
 const TICK_MS = 1000;
 const EVENT_POLL_MS = 20;
@@ -197,8 +197,9 @@ export class LbController {
     if (vips.more) this.loop.request(); // the next part of a large batch of new Services, right after this pass
     const served = [...this.lbs.values()].filter((l) => this.s.vips.get(l.key)?.vip);
     const sel = this.pods.selections(served);
-    this.assignSlots(served, sel);
-    const slotted = served.filter((l) => this.s.vips.get(l.key)!.slot !== undefined);
+    const forwarded = this.forwardable(served, sel);
+    this.assignSlots(forwarded, sel);
+    const slotted = forwarded.filter((l) => this.s.vips.get(l.key)!.slot !== undefined);
     this.programs.apply(slotted);
     // After the services are programmed: the uplink program handles exactly what the maps hold.
     if (this.mode === 'node' && this.s.dp && !this.uplinkAttached) this.attachUplink();
@@ -286,6 +287,53 @@ export class LbController {
     if (was === this.s.earlierReleases) return;
     if (older.length) this.o.logger.info('lb: nodes of a release before table versions are registered: every new pick is recorded until none is', { nodes: older.slice(0, 10), count: older.length });
     else if (was) this.o.logger.info('lb: every registered node records on change: new picks are recorded only while a table change is under way');
+  }
+
+  /**
+   * The served VIPs this node can forward: every one, but for the IPv6 ones when the node has no IPv6
+   * address (FoU to IPv6 targets leaves from it). Those get nothing here — no slot, so no maps, mappings,
+   * table membership, LB pod program or route — rather than a program that would pass their packets to the
+   * stack; the ones a local LB pod selects are reported by name (status nodeProblem, the health report
+   * tether-operator's status reads, one error line and one Event). Their targets here are still set up:
+   * FoU reaches a target pod's IPv6 address from the other LB nodes' IPv6 addresses.
+   */
+  private forwardable(served: ResolvedLoadBalancer[], sel: Selections): ResolvedLoadBalancer[] {
+    if (this.o.node.address6) return served;
+    const selectedBy = new Map<string, string[]>();
+    for (const [pod, w] of sel) for (const k of w.services) selectedBy.set(k, [...(selectedBy.get(k) ?? []), pod]);
+    const node = this.o.node.name;
+    const out: ResolvedLoadBalancer[] = [];
+    for (const lb of served) {
+      if (lb.family !== 'IPv6') {
+        out.push(lb);
+        continue;
+      }
+      const st = this.s.vips.get(lb.key)!;
+      const pods = selectedBy.get(lb.key)?.sort();
+      const problem = pods ? noAddress6Problem(node, st.vip!, pods) : undefined;
+      if (problem && problem !== st.familyProblem) {
+        this.o.logger.error('lb: VIP not forwarded by this node: it has no IPv6 address; nothing of the VIP is programmed here', { service: lb.service, vip: st.vip, node, pods, problem });
+        try {
+          this.o.onNotForwarded?.({ key: lb.key, service: lb.service, family: lb.family, vip: st.vip!, node, problem });
+        } catch (e) {
+          // Events are informative: the pass goes on.
+          this.o.logger.warn('lb: not-forwarded notice failed', { service: lb.service, error: (e as Error).message });
+        }
+      }
+      if (!problem && st.familyProblem) this.o.logger.info('lb: no local LB pod selects the IPv6 VIP any more', { service: lb.service, vip: st.vip });
+      st.familyProblem = problem;
+    }
+    return out;
+  }
+
+  /** The VIPs local LB pods select that this node does not forward, and why (for the health report; see forwardable). */
+  notForwarded(): NotForwardedVip[] {
+    const out: NotForwardedVip[] = [];
+    for (const lb of this.lbs.values()) {
+      const st = this.s.vips.get(lb.key);
+      if (st?.vip && st.familyProblem) out.push({ key: lb.key, service: lb.service, family: lb.family, vip: st.vip, problem: st.familyProblem });
+    }
+    return out;
   }
 
   /**
@@ -415,8 +463,9 @@ export class LbController {
         ...(st?.slot !== undefined ? { slot: st.slot, mappingStore: this.sync.status(vip), table: this.tables.status(vip!) } : {}),
         mappings: vip ? counts?.get(vip)?.length ?? 0 : 0,
         problem: st?.problem ?? (lb.targets.length === 0 ? 'no targets: accepted, nothing announced' : undefined),
-        // This node's own trouble with the Service (others may serve it): no slot left for its VIP here.
-        ...(st?.slotProblem ? { nodeProblem: st.slotProblem } : {}),
+        // This node's own trouble with the Service (others may serve it): no slot left for its VIP here, or
+        // an IPv6 VIP on a node without an IPv6 address.
+        ...(st?.slotProblem || st?.familyProblem ? { nodeProblem: st.slotProblem ?? st.familyProblem } : {}),
         counters: stats && Object.fromEntries(Object.entries(stats).map(([k, v]) => [k, Number(v)])),
       });
     }

@@ -11,6 +11,9 @@ import type { DsrTarget } from '../pod/dsr-target';
 import type { AttachmentKey } from '../state/pod-store';
 import type { LbStore } from './lb-store';
 import type { ResolvedLoadBalancer } from './lb-spec';
+import type { NotForwardedVip } from '../health/health-controller';
+
+export type { NotForwardedVip };
 
 /** FoU over IPv4: what the targets' MTU is lowered by (pod/dsr-target.ts lowers the IPv6 MTU by the rest of outer IPv6's). */
 export const FOU_OVERHEAD = 28;
@@ -46,6 +49,17 @@ export interface LbControllerOptions {
   stateDir?: string;
   attach: AttachService;
   logger: Logger;
+  /**
+   * Told when a VIP a local LB pod selects becomes one this node cannot forward (an IPv6 VIP without
+   * address6), and again only if why changes (Kubernetes Events); must not throw or wait.
+   */
+  onNotForwarded?: (n: NotForwardedVip & { node: string }) => void;
+}
+
+/** Why an IPv6 VIP its LB pods select is not forwarded by a node without an IPv6 address. */
+export function noAddress6Problem(node: string, vip: string, pods: string[]): string {
+  return `node ${node} has no IPv6 address (--node-address-6), which FoU to IPv6 targets leaves from: IPv6 VIP ${vip} is not programmed or announced there, ` +
+    `though its LB pod${pods.length === 1 ? '' : 's'} ${pods.join(', ')} select${pods.length === 1 ? 's' : ''} the Service`;
 }
 
 /** One Service's VIP on this node. */
@@ -64,6 +78,8 @@ export interface VipState {
   slot?: number;
   /** Why local LB pods do not serve the VIP (no slot left on this node). */
   slotProblem?: string;
+  /** Why this node does not forward the VIP its local LB pods select (an IPv6 VIP, no IPv6 address here). */
+  familyProblem?: string;
   targets?: string;
   /** Mappings loaded from the store (or the wait for them given up). */
   loaded: boolean;

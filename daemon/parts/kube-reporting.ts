@@ -10,7 +10,7 @@ import type { OwnershipChange, StandbySyncChange } from '../egress/egress-state'
 import type { RoleProblem } from '../pod/role-problems';
 import { EventRecorder, type EventObject, type TetherEvent } from '../kube/event-recorder';
 import { NodeStatusWriter, type NodeCondition } from '../kube/node-status';
-import { healthFlipEvent, ownershipEvent, standbySyncEvent, storeFullEvent } from '../kube/tether-events';
+import { healthFlipEvent, notForwardedEvent, ownershipEvent, standbySyncEvent, storeFullEvent } from '../kube/tether-events';
 import { storeFullness } from '../common/store-full';
 import type { Subsystem } from './subsystem';
 
@@ -123,6 +123,9 @@ export class KubeReporting implements Subsystem<unknown> {
 
   /** For the health checks: an Event on the Service when this node's answer flips. */
   readonly onHealthFlip = (f: Parameters<typeof healthFlipEvent>[0]): void => this.events.emit(healthFlipEvent(f, this.o.nodeName));
+
+  /** For the load balancer: an Event on the Service when this node cannot forward a VIP its LB pods select. */
+  readonly onNotForwarded = (n: Parameters<typeof notForwardedEvent>[0]): void => this.events.emit(notForwardedEvent(n));
 
   /** For the leader's status controller: refusals and address conflicts. */
   readonly emit = (e: TetherEvent): void => this.events.emit(e);

@@ -4,7 +4,7 @@
 import type { Logger } from '../../lib/log';
 import { Connection, StartError } from '../lifecycle';
 import type { ConfigObjects } from '../config/objects';
-import { LbController } from '../lb/lb-controller';
+import { LbController, type LbControllerOptions } from '../lb/lb-controller';
 import { HealthController, REPORT_TTL_MS, type HealthControllerOptions } from '../health/health-controller';
 import { HealthReports } from '../health/health-reports';
 import { connectLbStore, type LbStore } from '../lb/lb-store';
@@ -47,7 +47,7 @@ export function mappingStore(opts: Options, plan: LbPlan): Connection<LbStore> {
 export function createLb(
   opts: Options,
   plan: LbPlan,
-  o: { fouPort: number; addresses: ClusterAddresses; attach: AttachService; nodeName: string; store: LbStore; logger: Logger },
+  o: { fouPort: number; addresses: ClusterAddresses; attach: AttachService; nodeName: string; store: LbStore; logger: Logger; onNotForwarded?: LbControllerOptions['onNotForwarded'] },
 ): LbController {
   return new LbController({
     node: { name: o.nodeName, address: plan.nodeAddress, ...(plan.nodeAddress6 ? { address6: plan.nodeAddress6 } : {}) },
@@ -65,6 +65,7 @@ export function createLb(
     attach: o.attach,
     stateDir: opts['state-dir'],
     logger: o.logger,
+    onNotForwarded: o.onNotForwarded,
   });
 }
 
@@ -115,6 +116,7 @@ export class Health implements Subsystem<HealthDesired> {
     const reports = store && new HealthReports(store.connection);
     this.checks = new HealthController({
       node: o.nodeName, port, services: () => o.lb.current(), programming: () => o.lb.programming(), eligible: () => this.eligible, logger: o.logger,
+      notForwarded: () => o.lb.notForwarded(),
       report: reports && ((r) => reports.write(o.nodeName, r, REPORT_TTL_MS)), onFlip: o.onFlip,
     });
   }

@@ -1,17 +1,22 @@
 // Samples, every 100 ms, which floating addresses every node really holds, from the kernel (not from
 // tetherd's status): the address on a gateway pod (its lo), the pod's SNAT rule naming it, and the node's
 // announcement (a proxy ARP entry on the uplink while the node routes the address to a pod's veth, which is
-// when the kernel answers for it). A sample in which one floating address is held on two nodes is a
-// violation, recorded with the address, the nodes, what each holds and the time.
+// when the kernel answers for it). With an IPv6 floating pool (a testbed with IPv6) the same in IPv6: the
+// IPv6 address on the pod's lo, the SNAT rules of its `ip6 tether_egress` table, and a proxy NDP entry on
+// the uplink while a /128 route sends the address to the pod. A sample in which one floating address is held
+// on two nodes is a violation, recorded with the address, the nodes, what each holds and the time.
 //
 // Cheap on a 2-core machine: netlink from the test process (one socket per node namespace, kept open; a
 // gateway pod's namespace is entered per sample and never held, so deleting it really removes it), and one
-// long-lived `nft monitor` per gateway pod for its SNAT rules (stopped before a test deletes the pod: a
-// process inside a namespace keeps it alive).
+// long-lived `nft monitor` per gateway pod for its SNAT rules of both tables (stopped before a test deletes
+// the pod: a process inside a namespace keeps it alive). What the text says is read by
+// floating-kernel-view.ts (unit-tested without a testbed).
 import type { ChildProcess } from 'node:child_process';
 import { NetlinkHandle } from '../../daemon/netlink';
+import { canonicalIp } from '../../lib/ip';
+import type { IpFamily } from '../../lib/ip';
 import type { Testbed } from './testbed';
-import { inCidr } from './topology';
+import { NftSnatRules, announcedOnUplink, poolFamily, type FloatingPools } from './floating-kernel-view';
 
 /** What one node holds of the floating pool in one sample. */
 export interface NodeHold {
@@ -35,8 +40,8 @@ export interface Violation {
 
 interface NftWatch {
   child: ChildProcess;
-  /** rule handle → floating addresses its SNAT names */
-  rules: Map<number, string[]>;
+  /** The SNAT rules of the pod's tether_egress tables (both families). */
+  rules: NftSnatRules;
 }
 
 export class FloatingSampler {
@@ -56,12 +61,27 @@ export class FloatingSampler {
   maxIntervalMs = 0;
   sampleMsMax = 0;
 
+  /** The pools sampled: the IPv4 floating pool, and the IPv6 one when given. */
+  private readonly pools: FloatingPools;
+  /** The families sampled. */
+  readonly families: IpFamily[];
+
+  /** pool6: the IPv6 floating pool, sampled too (give it when the testbed has IPv6). */
   constructor(
     private readonly tb: Testbed,
-    private readonly pool: string,
+    pool: string,
     private readonly nodes: string[],
     private readonly intervalMs = 100,
-  ) {}
+    pool6?: string,
+  ) {
+    this.pools = { 4: pool, ...(pool6 ? { 6: pool6 } : {}) };
+    this.families = pool6 ? [4, 6] : [4];
+  }
+
+  /** Whether the sampler reads the kernel's state of this address (it is in a sampled pool). */
+  covers(address: string): boolean {
+    return poolFamily(address, this.pools) !== undefined;
+  }
 
   start(): void {
     for (const n of this.nodes) {
@@ -162,25 +182,26 @@ export class FloatingSampler {
       return v;
     };
     for (const [node, { h, uplink }] of this.handles) {
-      try {
-        const proxied = h.listNeighbours({ family: 4, proxy: true }).filter((x) => x.index === uplink && inCidr(x.address, this.pool)).map((x) => x.address);
-        if (proxied.length === 0) continue;
-        // The kernel answers for a proxy entry only while it routes the address through another link.
-        const routed = new Set(h.listRoutes({ family: 4, table: 254 }).filter((r) => r.dstLen === 32 && r.index !== undefined && r.index !== uplink && inCidr(r.dst, this.pool)).map((r) => r.dst));
-        view(node).announced.push(...proxied.filter((a) => routed.has(a)));
-      } catch {
-        // a node namespace being torn down: nothing to count
+      for (const family of this.families) {
+        try {
+          const proxied = h.listNeighbours({ family, proxy: true });
+          if (!proxied.some((x) => x.index === uplink)) continue;
+          // The kernel answers for a proxy entry only while it routes the address through another link.
+          view(node).announced.push(...announcedOnUplink(family, proxied, h.listRoutes({ family, table: 254 }), uplink, this.pools));
+        } catch {
+          // a node namespace being torn down: nothing to count
+        }
       }
     }
     for (const g of this.gateways.values()) {
       if (this.lost.has(g.node)) continue;
       try {
-        const on = NetlinkHandle.with(g.nsPath, (h) => h.listAddresses({ family: 4, index: 1 })).filter((a) => inCidr(a.address, this.pool)).map((a) => a.address);
-        view(g.node).onPod.push(...on);
+        const on = NetlinkHandle.with(g.nsPath, (h) => this.families.flatMap((family) => h.listAddresses({ family, index: 1 })));
+        view(g.node).onPod.push(...on.map((a) => a.address).filter((a) => this.covers(a)).map(canonicalIp));
       } catch {
         // the pod's namespace is gone
       }
-      for (const addrs of g.nft?.rules.values() ?? []) view(g.node).snat.push(...addrs);
+      view(g.node).snat.push(...(g.nft?.rules.addresses() ?? []));
     }
     const holders = new Map<string, string[]>();
     for (const [node, v] of per) {
@@ -221,13 +242,15 @@ export class FloatingSampler {
   }
 
   /**
-   * `nft monitor` in the pod, then one listing of its table (both with rule handles): the listing gives the
-   * rules that existed before, the monitor every change after (a rule seen twice is the same handle).
+   * `nft monitor` in the pod, then one listing of its tables (both with rule handles): the listing gives the
+   * rules that existed before, the monitor every change after (a rule seen twice is the same handle). The
+   * IPv6 table is listed only when the IPv6 pool is sampled (a pod without it has none: the listing fails, quietly).
    */
   private async watchNft(podKey: string): Promise<NftWatch> {
-    const script = "nft -a monitor & m=$!; trap 'kill $m; exit 0' TERM; sleep 0.3; echo __LIST__; nft -a list table ip tether_egress 2>/dev/null; echo __LISTED__; wait $m";
+    const list = this.families.map((f) => `nft -a list table ${f === 4 ? 'ip' : 'ip6'} tether_egress 2>/dev/null`).join('; ');
+    const script = `nft -a monitor & m=$!; trap 'kill $m; exit 0' TERM; sleep 0.3; echo __LIST__; ${list}; echo __LISTED__; wait $m`;
     const child = this.tb.spawn(podKey, ['sh', '-c', script]);
-    const w: NftWatch = { child, rules: new Map() };
+    const w: NftWatch = { child, rules: new NftSnatRules(this.pools) };
     let buf = '';
     let listed: () => void = () => undefined;
     const done = new Promise<void>((r) => (listed = r));
@@ -238,17 +261,7 @@ export class FloatingSampler {
         const line = buf.slice(0, nl);
         buf = buf.slice(nl + 1);
         if (line === '__LISTED__') listed();
-        const del = /^delete rule ip tether_egress postrouting handle (\d+)/.exec(line);
-        if (del) {
-          w.rules.delete(Number(del[1]));
-          continue;
-        }
-        const handle = /# handle (\d+)\s*$/.exec(line);
-        if (!handle || !line.includes('snat to')) continue;
-        if (/^add rule /.test(line) && !/^add rule ip tether_egress postrouting /.test(line)) continue;
-        const after = line.slice(line.indexOf('snat to'));
-        const addrs = [...after.matchAll(/\b(\d+\.\d+\.\d+\.\d+)\b/g)].map((m) => m[1]).filter((a) => inCidr(a, this.pool));
-        w.rules.set(Number(handle[1]), [...new Set(addrs)]);
+        w.rules.line(line);
       }
     });
     child.once('exit', () => listed());

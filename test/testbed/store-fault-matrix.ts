@@ -1,7 +1,7 @@
 // The store-fault matrix (issue 20): each fault of the cluster store crossed with each event that needs
 // or touches the store, every cell checked against the invariants, not for survival:
 // - at no moment do two nodes hold one floating address (on a gateway pod, in a SNAT rule, or announced),
-//   sampled from every node's kernel every 100 ms (floating-sampler.ts);
+//   sampled from every node's kernel every 100 ms (floating-sampler.ts), in both families on a dual-stack testbed;
 // - no address or block is given to two owners: at the end, after the store is back, the store and every
 //   node agree — each floating and LB address has one owner in the store and at most one holder (and
 //   asking the store for it on behalf of someone else is refused), each pod block belongs to one node and
@@ -200,7 +200,8 @@ async function prepareRow(tb: Testbed, fault: FaultId): Promise<Row> {
     row.vip = await waitFor('the VIP', async () => (await lbStatus(tb, 'n3'))?.vip, 20_000);
     writeConfig(row);
     row.targets = await startTargets(tb, TARGETS, row.vip);
-    row.sampler = new FloatingSampler(tb, FLOAT_POOL, NODES);
+    // Dual-stack: the IPv6 floating addresses are sampled from the kernel too (lo, ip6 SNAT, proxy NDP and /128).
+    row.sampler = new FloatingSampler(tb, FLOAT_POOL, NODES, undefined, tb.hasFamily(6) ? FLOAT_POOL6 : undefined);
     row.sampler.start();
     for (const g of row.gateways) await row.sampler.addGateway(g);
   } catch (e) {
@@ -301,9 +302,9 @@ async function settle(row: Row, timeoutMs: number): Promise<{ owners?: Map<strin
         if (!o) return no(`${a} is held on ${nodes.join('+')} but nobody owns it`);
         if (nodes.length !== 1 || nodes[0] !== o.ownerNode) return no(`${a} is held on ${nodes.map((n) => `${n} (${row.sampler.describe(n, a)})`).join(' and ')}, owned on ${o.ownerNode}`);
       }
-      // The sampler reads the kernel's IPv4 state (proxy ARP, /32 routes, addresses on the pods' lo): IPv6
-      // addresses are checked by their connections and the store, not sampled.
-      for (const [a, o] of agreed) if (!held.has(a) && !a.includes(':')) return no(`${a} is not in ${o.ownerNode}'s kernel`);
+      // The sampler reads the kernel's state of both families when the testbed has IPv6 (covers): every
+      // owned address is in its owner's kernel, whatever its family.
+      for (const [a, o] of agreed) if (!held.has(a) && row.sampler.covers(a)) return no(`${a} is not in ${o.ownerNode}'s kernel`);
       const want = row.lbNodes.filter((n) => !row.lost.has(n)).map((n) => tb.node(n).fabricIp).sort().join();
       const paths = (await routerPaths(tb, row.vip)).join();
       if (paths !== want) return no(`the VIP is routed over ${paths || 'nothing'}, not ${want}`);
