@@ -63,7 +63,7 @@ export interface EgressStatus {
   /** The store holds this node's view (false while it is unreachable and a decision waits to be written). */
   recorded?: boolean;
   storeReachable?: boolean;
-  lastTakeover?: { cause: string; ms: number };
+  lastTakeover?: { cause: string; ms: number; from?: string; epoch?: number };
 }
 
 /** A node's view of the Egress's address (of `family` when given; the first one otherwise). */
