@@ -182,7 +182,7 @@ export const FORMATS: readonly FormatEntry[] = [
     versionField: 'none: absent = version 1; the value is a JSON object whose unknown fields readers ignore',
     summary: 'member set {<prefix>nodes} (+ :expiry, :version, :log): node → {"address", "release"?, "address6"?}; FoU receivers accept only these addresses',
     history: {
-      1: 'member set (before 0.1.0 a hash with TTL fields under another key); 0.2.0 adds the optional "release" (the node\'s tether release), which 0.1.0 ignores; the optional "address6" (the node\'s IPv6 address, the outer source of FoU to an IPv6 VIP\'s targets) is added beside it, which releases before ignore',
+      1: 'member set (before 0.1.0 a hash with TTL fields under another key); 0.2.0 adds the optional "release" (the node\'s tether release), which 0.1.0 ignores; the optional "address6" (the node\'s IPv6 address, the outer source of FoU to an IPv6 VIP\'s targets) is added beside it, which releases before ignore; a node on an IPv6 underlay (0.2.0, new) writes its "address" in brackets ("[fd00::1]"), which 0.1.0 refuses by that field (a logged refusal, kept out of its FoU allow-lists) instead of taking it for an IPv4 underlay address; IPv4 nodes write as before',
     },
   },
   {
@@ -193,7 +193,7 @@ export const FORMATS: readonly FormatEntry[] = [
     reads: [1],
     versionField: 'none: absent = version 1',
     summary: 'member set {<prefix>egress:<egress>}:gateways: node → {"gateways": [{pod, node, nodeAddress, podIp, zone?, maxAddresses?}]}',
-    history: { 1: 'member set (before 0.1.0 a hash with TTL fields)' },
+    history: { 1: 'member set (before 0.1.0 a hash with TTL fields); 0.2.0: a nodeAddress on an IPv6 underlay is written in brackets, which 0.1.0 refuses by that field (the node\'s registration is left out); IPv4 unchanged' },
   },
   {
     name: 'egress-ownership-record',
@@ -203,7 +203,7 @@ export const FORMATS: readonly FormatEntry[] = [
     reads: [1],
     versionField: 'none: absent = version 1 (records without score and owner location, from before, are read without location)',
     summary: 'hash <prefix>egress:<egress>:owner:<address>: owner, epoch, cause, at, score, ownerNode, ownerNodeAddress, ownerPodIp',
-    history: { 1: 'first version' },
+    history: { 1: 'first version; 0.2.0: an ownerNodeAddress on an IPv6 underlay is written in brackets, which 0.1.0 refuses by that field (the record is unreadable to it: it claims nothing); IPv4 unchanged' },
   },
   {
     name: 'egress-ownership-pubsub',
@@ -213,7 +213,7 @@ export const FORMATS: readonly FormatEntry[] = [
     reads: [1],
     versionField: 'none: absent = version 1',
     summary: 'channel <prefix>egress-ownership: JSON {egress, address, owner, epoch, cause, ownerNode, ownerNodeAddress, ownerPodIp} per recorded decision',
-    history: { 1: 'first version' },
+    history: { 1: 'first version; 0.2.0: an ownerNodeAddress on an IPv6 underlay is in brackets, as in the record; 0.1.0 refuses such a notice by that field' },
   },
   {
     name: 'egress-usage-report',

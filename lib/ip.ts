@@ -13,6 +13,11 @@ export function familyBits(f: IpFamily): number {
   return f === 4 ? 32 : 128;
 }
 
+/** host:port, the host in brackets when it is an IPv6 address ("[fd00:18::12]:3785"), as URLs write it. */
+export function hostPort(host: string, port: number | string): string {
+  return host.includes(':') ? `[${host}]:${port}` : `${host}:${port}`;
+}
+
 /** An address as a host prefix: /32 for IPv4, /128 for IPv6 (routes and addresses of one address). */
 export function hostPrefix(address: string): string {
   return `${address}/${address.includes(':') ? 128 : 32}`;

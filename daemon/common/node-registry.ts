@@ -4,11 +4,12 @@
 // Receivers of FoU (egress gateways, load balancer targets) accept it only from registered node addresses.
 // A registration is {"address", "release", "address6"?}: the release lets a node tell when no node of the
 // previous release is left (docs/upgrade.md); 0.1.0 wrote no release and reads only the address. address6,
-// the node's IPv6 address, is where FoU to an IPv6 VIP's targets comes from; readers before ignore it.
+// the node's IPv6 address, is where FoU to an IPv6 VIP's targets comes from; readers before ignore it. A node
+// on an IPv6 underlay writes its address in brackets (store-record.ts nodeAddressText), which 0.1.0 refuses.
 import type Redis from 'ioredis';
 import { VERSION } from '../../lib/version';
 import { MemberView, memberCall } from './member-registry';
-import { isCanonicalIp, isPlainName, parseObject, refuseRecord } from './store-record';
+import { isCanonicalIp, isPlainName, nodeAddressText, parseObject, readNodeAddress, refuseRecord } from './store-record';
 
 /** A node's registration as read. */
 export interface NodeEntry {
@@ -31,7 +32,7 @@ export function setRegisteredAddress6(address6: string | undefined): void {
 
 /** The registration this node writes: one encoder for NodeRegistry and registerNode. */
 export function nodeValue(address: string, release = VERSION, address6 = processAddress6): string {
-  return JSON.stringify({ address, release, ...(address6 ? { address6 } : {}) });
+  return JSON.stringify({ address: nodeAddressText(address), release, ...(address6 ? { address6 } : {}) });
 }
 
 /** The registry's base key (hash tag included: its keys share one slot). */
@@ -42,7 +43,8 @@ export function nodesKey(prefix: string): string {
 /** Reads one registration; undefined (after one warn line) when it is garbled. */
 export function readNode(key: string, node: string, raw: string): NodeEntry | undefined {
   const { value: r, problem } = parseObject(raw);
-  const why = problem ?? (!isCanonicalIp(r!.address) ? 'address is not an IP address' : undefined);
+  const address = r ? readNodeAddress(r.address) : undefined;
+  const why = problem ?? (!address ? 'address is not an IPv4 address or an IPv6 one in brackets' : undefined);
   if (why) {
     // A garbled registration's address is never let through the FoU source filters.
     refuseRecord('node registry', key, node, why, raw);
@@ -52,7 +54,7 @@ export function readNode(key: string, node: string, raw: string): NodeEntry | un
   // later release's other shape, reads as unknown rather than costing the node its registration.
   // So does an address6 that is not an IPv6 address: the node's IPv4 FoU is still accepted.
   const address6 = isCanonicalIp(r!.address6) && (r!.address6 as string).includes(':') ? (r!.address6 as string) : undefined;
-  return { address: r!.address as string, ...(isPlainName(r!.release, 64) ? { release: r!.release } : {}), ...(address6 ? { address6 } : {}) };
+  return { address: address!, ...(isPlainName(r!.release, 64) ? { release: r!.release } : {}), ...(address6 ? { address6 } : {}) };
 }
 
 /**

@@ -9,6 +9,7 @@ import * as fs from 'node:fs';
 import { ErrorCode, TetherError } from '../../lib/errors';
 import { log } from '../../lib/log';
 import { storeFullFailure, type StoreSubsystem } from './store-full';
+import { hostPort } from '../../lib/ip';
 
 /** One server, a Sentinel-watched primary, or a Redis Cluster: every store takes either. */
 export type RedisClient = Redis | Cluster;
@@ -171,8 +172,6 @@ function splitMultiHostUrl(url: string, scheme: string, what: string, defaultPor
   };
 }
 
-const hostPort = (x: { host: string; port: number }) => (x.host.includes(':') ? `[${x.host}]:${x.port}` : `${x.host}:${x.port}`);
-
 /**
  * `redis+sentinel://[[user]:password@]host[:port][,host[:port]…]/master[/db][?sentinelPassword=…]`: the
  * sentinels to ask (port 26379 by default; IPv6 in brackets), the name of the master they watch, and the
@@ -190,7 +189,7 @@ function parseSentinelUrl(url: string): RedisTarget {
   const db = dbText === '' ? undefined : Number(dbText);
   return {
     options: { sentinels, name, username, password, sentinelPassword, db, failoverDetector: true },
-    where: `redis master ${name}${db === undefined ? '' : `/${db}`} via sentinels ${sentinels.map(hostPort).join(',')}`,
+    where: `redis master ${name}${db === undefined ? '' : `/${db}`} via sentinels ${sentinels.map((x) => hostPort(x.host, x.port)).join(',')}`,
   };
 }
 
@@ -207,7 +206,7 @@ function parseClusterUrl(url: string): RedisTarget {
   return {
     options: { username, password: password ?? query.get('password') ?? undefined },
     cluster: hosts,
-    where: `redis cluster via ${hosts.map(hostPort).join(',')}`,
+    where: `redis cluster via ${hosts.map((x) => hostPort(x.host, x.port)).join(',')}`,
   };
 }
 

@@ -56,6 +56,27 @@ export function isCanonicalIp(v: unknown): v is string {
   return !!ip && formatIp(ip.family, ip.value) === v;
 }
 
+/**
+ * A node address as the store's shared records carry it (node and gateway registries, ownership records and
+ * their change notices): IPv4 as it is, IPv6 (a node on an IPv6 underlay) in brackets. Releases before
+ * 0.2.0 take any canonical address there for one of their own IPv4 underlay, and would put an IPv6 one in
+ * their IPv4 FoU allow-lists and BFD sessions; "[fd00::1]" is not an IP address to them, so they refuse
+ * the record by that field (a logged refusal) instead, as they refuse a bracketed LB client (lb-mapping-store).
+ */
+export function nodeAddressText(address: string): string {
+  return address.includes(':') ? `[${address}]` : address;
+}
+
+/** A node address read back (nodeAddressText): canonical IPv4, or canonical IPv6 in brackets; undefined otherwise. */
+export function readNodeAddress(v: unknown): string | undefined {
+  if (typeof v !== 'string') return undefined;
+  if (v.startsWith('[') && v.endsWith(']')) {
+    const inner = v.slice(1, -1);
+    return inner.includes(':') && isCanonicalIp(inner) ? inner : undefined;
+  }
+  return isCanonicalIp(v) && !v.includes(':') ? v : undefined;
+}
+
 /** A non-negative safe integer, as a number or a decimal string; undefined when it is not one. */
 export function nonNegativeInt(v: unknown): number | undefined {
   if (typeof v === 'number') return Number.isSafeInteger(v) && v >= 0 ? v : undefined;

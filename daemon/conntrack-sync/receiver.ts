@@ -10,6 +10,7 @@
 import * as net from 'node:net';
 import type { ConntrackEntry, ConntrackEvent } from '../conntrack/types';
 import { log } from '../../lib/log';
+import { hostPort } from '../../lib/ip';
 import { SyncChannel, type ChannelTiming } from './channel';
 import { Digests, KeySet, bucketSetBytes, keyHashInto, lastKeyLo, readBucketSet, writeBucketSet, type BucketSet } from './digest';
 import { Cursor, WireList } from './entry-codec';
@@ -260,7 +261,7 @@ export class SyncReceiver {
   }
 
   private accept(socket: net.Socket): void {
-    const remote = `${socket.remoteAddress}:${socket.remotePort}`;
+    const remote = hostPort(socket.remoteAddress ?? '', socket.remotePort ?? 0);
     if (this.conns.size >= this.o.maxConnections) {
       this.s.connectionsRefused++;
       socket.destroy();

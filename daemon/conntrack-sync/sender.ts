@@ -7,6 +7,7 @@
 import * as net from 'node:net';
 import type { ConntrackEntry, ConntrackEventType } from '../conntrack/types';
 import { log } from '../../lib/log';
+import { hostPort } from '../../lib/ip';
 import { Backoff } from '../../lib/backoff';
 import { ReconcileLoop } from '../util/reconcile-loop';
 import { SyncChannel, type ChannelTiming } from './channel';
@@ -218,7 +219,7 @@ export class SyncSender {
   }
 
   get peer(): string {
-    return `${this.o.host}:${this.o.port}`;
+    return hostPort(this.o.host, this.o.port);
   }
 
   /** Starts connecting; reconnects on its own until close(). Idempotent. */

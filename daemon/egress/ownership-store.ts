@@ -13,7 +13,7 @@ import { createRedisClient, parseRedisUrl, reconnectAfterEnd } from '../common/r
 import { listNodes, NodeRegistry, registerNode } from '../common/node-registry';
 import { MemberView } from '../common/member-registry';
 import { RUNS_WHEN_FULL } from '../common/store-full';
-import { isCanonicalIp, isObjectRef, isPlainName, nonNegativeInt, parseObject, refuseRecord, UnreadableRecordError } from '../common/store-record';
+import { isCanonicalIp, isObjectRef, isPlainName, nodeAddressText, nonNegativeInt, parseObject, readNodeAddress, refuseRecord, UnreadableRecordError } from '../common/store-record';
 export { UnreadableRecordError } from '../common/store-record';
 
 /** A gateway pod that can hold an Egress's floating addresses. */
@@ -144,7 +144,8 @@ export function readOwnership(egress: string, address: string, key: string, h: R
   if (h.owner === undefined) refuse('owner', 'missing');
   if (h.owner !== '' && !isPodName(h.owner)) refuse('owner', 'not a pod name');
   if (h.ownerNode !== undefined && h.ownerNode !== '' && !isPlainName(h.ownerNode)) refuse('ownerNode', 'not a node name');
-  for (const f of ['ownerNodeAddress', 'ownerPodIp'] as const) if (h[f] !== undefined && h[f] !== '' && !isCanonicalIp(h[f])) refuse(f, 'not an IP address');
+  if (h.ownerNodeAddress !== undefined && h.ownerNodeAddress !== '' && !readNodeAddress(h.ownerNodeAddress)) refuse('ownerNodeAddress', 'not an IPv4 address or an IPv6 one in brackets');
+  if (h.ownerPodIp !== undefined && h.ownerPodIp !== '' && !isCanonicalIp(h.ownerPodIp)) refuse('ownerPodIp', 'not an IP address');
   if (h.score === undefined && h.ownerNode === undefined && olderSchemaSeen.size < 10_000 && !olderSchemaSeen.has(key)) {
     olderSchemaSeen.add(key);
     log().info('ownership store: record written by an older tetherd (no score, no owner location) read without location; its owner\'s next record upgrades it', { key, owner: h.owner, epoch });
@@ -156,7 +157,7 @@ export function readOwnership(egress: string, address: string, key: string, h: R
     epoch: epoch!,
     cause: h.cause,
     ownerNode: h.ownerNode || undefined,
-    ownerNodeAddress: h.ownerNodeAddress || undefined,
+    ownerNodeAddress: readNodeAddress(h.ownerNodeAddress),
     ownerPodIp: h.ownerPodIp || undefined,
   };
 }
@@ -177,7 +178,7 @@ export function readNotice(channel: string, msg: string): Ownership | undefined 
   if (typeof n.owner !== 'string' || (n.owner !== '' && !isPodName(n.owner))) return bad('owner', 'not a pod name');
   const opt = (f: string, ok: (v: unknown) => boolean): boolean => n[f] === undefined || n[f] === '' || ok(n[f]);
   if (!opt('ownerNode', (v) => isPlainName(v))) return bad('ownerNode', 'not a node name');
-  if (!opt('ownerNodeAddress', isCanonicalIp)) return bad('ownerNodeAddress', 'not an IP address');
+  if (!opt('ownerNodeAddress', (v) => !!readNodeAddress(v))) return bad('ownerNodeAddress', 'not an IPv4 address or an IPv6 one in brackets');
   if (!opt('ownerPodIp', isCanonicalIp)) return bad('ownerPodIp', 'not an IP address');
   if (n.cause !== undefined && typeof n.cause !== 'string') return bad('cause', 'not a string');
   return {
@@ -187,7 +188,7 @@ export function readNotice(channel: string, msg: string): Ownership | undefined 
     epoch,
     cause: n.cause as string | undefined,
     ownerNode: (n.ownerNode as string) || undefined,
-    ownerNodeAddress: (n.ownerNodeAddress as string) || undefined,
+    ownerNodeAddress: readNodeAddress(n.ownerNodeAddress),
     ownerPodIp: (n.ownerPodIp as string) || undefined,
   };
 }
@@ -207,14 +208,15 @@ function readGateways(key: string, node: string, raw: string): GatewayInfo[] | u
     if (typeof g !== 'object' || g === null) return bad(`gateways[${i}] is not an object`);
     if (!isPodName(gw.pod)) return bad(`gateways[${i}].pod is not a pod name`);
     if (!isPlainName(gw.node)) return bad(`gateways[${i}].node is not a node name`);
-    if (!isCanonicalIp(gw.nodeAddress)) return bad(`gateways[${i}].nodeAddress is not an IP address`);
+    const nodeAddress = readNodeAddress(gw.nodeAddress);
+    if (!nodeAddress) return bad(`gateways[${i}].nodeAddress is not an IPv4 address or an IPv6 one in brackets`);
     if (!isCanonicalIp(gw.podIp)) return bad(`gateways[${i}].podIp is not an IP address`);
     if (gw.zone !== undefined && !isPlainName(gw.zone, 63)) return bad(`gateways[${i}].zone is not a zone name`);
     if (gw.maxAddresses !== undefined && nonNegativeInt(gw.maxAddresses) === undefined) return bad(`gateways[${i}].maxAddresses is not a non-negative integer`);
     out.push({
       pod: gw.pod,
       node: gw.node,
-      nodeAddress: gw.nodeAddress,
+      nodeAddress,
       podIp: gw.podIp,
       ...(gw.zone !== undefined ? { zone: gw.zone as string } : {}),
       ...(gw.maxAddresses !== undefined ? { maxAddresses: gw.maxAddresses as number } : {}),
@@ -311,7 +313,7 @@ export class OwnershipStore extends EventEmitter {
       o.address,
       o.score,
       o.ownerNode ?? '',
-      o.ownerNodeAddress ?? '',
+      o.ownerNodeAddress ? nodeAddressText(o.ownerNodeAddress) : '',
       o.ownerPodIp ?? '',
       opts.firstOnly ? '1' : '0',
       this.channel(),
@@ -360,7 +362,7 @@ export class OwnershipStore extends EventEmitter {
    */
   async registerGateways(egress: string, node: string, gateways: GatewayInfo[], ttlMs: number): Promise<GatewayInfo[]> {
     const v = this.gatewayView(egress);
-    await v.beat(node, gateways.length ? JSON.stringify({ gateways }) : undefined, ttlMs);
+    await v.beat(node, gateways.length ? JSON.stringify({ gateways: gateways.map((g) => ({ ...g, nodeAddress: nodeAddressText(g.nodeAddress) })) }) : undefined, ttlMs);
     return [...v.entries().values()].flat();
   }
 

@@ -20,6 +20,7 @@ import type { Subsystem } from './subsystem';
 import { Backoff } from '../../lib/backoff';
 import { storeFullness } from '../common/store-full';
 import { ReconcileLoop } from '../util/reconcile-loop';
+import { hostPort } from '../../lib/ip';
 
 /** A metrics port that could not be opened is tried again this often. */
 export const LISTEN_RETRY_MS = 10_000;
@@ -271,10 +272,6 @@ export class MetricsServer implements Subsystem<never> {
     res.writeHead(200, { 'Content-Type': this.o.metrics.contentType });
     res.end(req.method === 'HEAD' ? undefined : body);
   }
-}
-
-function hostPort(host: string, port: number): string {
-  return host.includes(':') ? `[${host}]:${port}` : `${host}:${port}`;
 }
 
 /**

@@ -17,13 +17,14 @@ const familyOf = (address: string): IpFamily => (address.includes(':') ? 6 : 4);
 /**
  * The scenario's testbed. families [4, 6]: pods dual-stack (the nodes still talk IPv4), the pool dual-stack,
  * and the Egress steering both families, one address each: IPv4 to the external hosts' IPv4 range and IPv6
- * to theirs (fd00:19::/32), the fabric excluded in both.
+ * to theirs (fd00:19::/32), the fabric excluded in both. underlay 6: the nodes talk IPv6 (topology.underlay).
  */
-export function topology(extraArgs: string[] = [], families: IpFamily[] = [4]): Topology {
+export function topology(extraArgs: string[] = [], families: IpFamily[] = [4], underlay: IpFamily = 4): Topology {
   const v6 = families.includes(6);
   const v4 = families.includes(4);
   return {
     ...(v6 ? { families } : {}),
+    ...(underlay === 6 ? { underlay } : {}),
     nodes: [
       { name: 'n1', zone: 'a', pods: [{ name: 'gw1', namespace: 'shop', tether: { labels: { role: 'egress-gw' } } }] },
       { name: 'n2', zone: 'b', pods: [{ name: 'gw2', namespace: 'shop', tether: { labels: { role: 'egress-gw' } } }] },
@@ -62,7 +63,7 @@ export interface EgressStatus {
   /** The store holds this node's view (false while it is unreachable and a decision waits to be written). */
   recorded?: boolean;
   storeReachable?: boolean;
-  lastTakeover?: { cause: string; ms: number };
+  lastTakeover?: { cause: string; ms: number; from?: string; epoch?: number };
 }
 
 /** A node's view of the Egress's address (of `family` when given; the first one otherwise). */

@@ -24,7 +24,7 @@ import { NodeRuntime } from '../lib/container/node-runtime';
 import { installObjects, operatorDeployment, tetherdPodSpec, type PodSpec as ManifestPodSpec } from '../lib/container/pod-spec';
 import { admitWith, serviceAccountUser, type UserInfo } from '../lib/admission-request';
 import type { Release } from '../lib/releases';
-import { addrOf, FABRIC_CIDR6, familyOf, IpamMode, IpFamily, NodePlan, Plan, planPod, PodPlan, PodSpec, resolveTopology, TetherStepConfig, Topology } from './topology';
+import { addrOf, FABRIC_CIDR6, familyOf, nodeAddressOf, IpamMode, IpFamily, NodePlan, Plan, planPod, PodPlan, PodSpec, resolveTopology, TetherStepConfig, Topology } from './topology';
 
 /** Debian's reference plugins (ptp, bridge, host-local…); CNI_PLUGIN_DIR overrides. */
 export const SYSTEM_CNI_DIR = process.env.CNI_PLUGIN_DIR ?? '/usr/lib/cni';
@@ -1168,9 +1168,10 @@ export class Testbed {
       redis: tetherIpam ? { url: this.sentinelSet?.url ?? this.clusterStore?.url ?? (this.relays.has(n.name) ? `unix://${this.relays.get(n.name)!.path}` : this.redis.url), prefix: this.redisPrefix } : undefined,
       // Every tetherd knows its node address and shares the run's cluster key: Egress needs both.
       extraArgs: [
-        '--node-address', n.fabricIp, '--uplink', 'eth0', '--cluster-key-file', this.clusterKeyPath(),
+        // The node address is of the underlay's family: over an IPv6 underlay the IPv6 one is the only one.
+        '--node-address', nodeAddressOf(this.plan, n), '--uplink', 'eth0', '--cluster-key-file', this.clusterKeyPath(),
         // IPv6-only pods over the IPv4 underlay: egress reaches their gateways in outer IPv6 from this address.
-        ...(!this.plan.families.includes(4) && n.fabricIp6 ? ['--node-address-6', n.fabricIp6] : []),
+        ...(this.plan.underlay === 4 && !this.plan.families.includes(4) && n.fabricIp6 ? ['--node-address-6', n.fabricIp6] : []),
         ...(this.kube && !n.tetherdConfig ? ['--kubeconfig', this.kubeconfigOf(n.name)] : []),
         ...(this.topology.tetherdArgs ?? []),
       ],

@@ -1,7 +1,7 @@
 // The addressing plan and topology validation, without touching the kernel.
 import { test } from 'uvu';
 import * as assert from 'uvu/assert';
-import { familyOf, inCidr, resolveTopology } from './topology';
+import { familyOf, inCidr, nodeAddressOf, resolveTopology } from './topology';
 
 test('plan assigns fabric, pod CIDR and external addresses by position', () => {
   const p = resolveTopology({ nodes: [{ name: 'n1', pods: 2 }, { name: 'n2', zone: 'b', pods: ['web', { name: 'db', namespace: 'prod' }] }] }, 'tb0abc');
@@ -90,6 +90,18 @@ test('families and the IPv6 pod pool: overrides, and bad values named', () => {
   assert.throws(() => resolveTopology({ nodes: [{ name: 'n1' }], families: [4, 6], podPool: { ipv6: { cidr: 'fd00::1/64' } } }, 'tb0000'), /podPool\.ipv6\.cidr/);
   assert.throws(() => resolveTopology({ nodes: [{ name: 'n1' }], families: [4, 6], podPool: { ipv6: { blockSize: 127 } } }, 'tb0000'), /podPool\.ipv6\.blockSize: 127 must be an integer from 56 to 126/);
   assert.throws(() => resolveTopology({ nodes: [{ name: 'n1' }], podPool: { cidr: 'fd00::/64' } }, 'tb0000'), /podPool\.cidr: "fd00::\/64" is not an IPv4 network/);
+});
+
+test('underlay: 4 by default, 6 on the fabric IPv6 addresses, and only where the fabric carries IPv6', () => {
+  const nodes = [{ name: 'n1' }, { name: 'n2' }];
+  const four = resolveTopology({ nodes, families: [6] }, 'tb0abc');
+  assert.is(four.underlay, 4);
+  assert.is(nodeAddressOf(four, four.nodes[1]), '198.18.0.12');
+  const six = resolveTopology({ nodes, families: [6], underlay: 6 }, 'tb0abc');
+  assert.is(six.underlay, 6);
+  assert.equal(six.nodes.map((n) => nodeAddressOf(six, n)), ['fd00:18::11', 'fd00:18::12']);
+  assert.throws(() => resolveTopology({ nodes, underlay: 6 }, 'tb0000'), /topology\.underlay: 6 needs IPv6 on the fabric/);
+  assert.throws(() => resolveTopology({ nodes, families: [6], underlay: 5 as never }, 'tb0000'), /topology\.underlay: 5 must be 4 or 6/);
 });
 
 test('inCidr', () => {

@@ -18,9 +18,10 @@
 //            gateway ::1.
 //   external also fd00:19:j::/64 (j in decimal digits, as above): router ::1, host ::2
 // `families` is the pods' families only: [4] (default), [4, 6] (dual-stack) or [6] (IPv6-only pods). The
-// fabric and the external links carry IPv4 in every mode and IPv6 too whenever pods have it; nodes talk to
-// each other over IPv4 (tetherd's node address, BFD, state sync, FoU), as dual-stack clusters on an IPv4
-// underlay do.
+// fabric and the external links carry IPv4 in every mode and IPv6 too whenever pods have it. `underlay` is
+// the family nodes talk to each other in (tetherd's --node-address: node registry, BFD, state sync,
+// ownership notices, FoU): 4 (default), as dual-stack clusters on an IPv4 underlay do, or 6 (each node's
+// fabric IPv6 address; needs pods with IPv6, which puts IPv6 on the fabric).
 // Routing: nodes reach other nodes' pod CIDRs (host-local) or claimed blocks (tether-ipam) directly over the
 // fabric (host-gw style, as flat clusters do) and everything else through the router; the router holds a
 // route to every pod CIDR or block; externals default to the router. Each family is routed the same way over
@@ -80,6 +81,12 @@ export interface Topology {
    * (IPv6-only pods). With 6, the fabric and the external links carry IPv6 too (see the addressing plan above).
    */
   families?: IpFamily[];
+  /**
+   * The family of the node underlay: 4 (default: every tetherd's --node-address is its fabric IPv4 address)
+   * or 6 (its fabric IPv6 address, so nodes register, run BFD, sync conntrack, send ownership notices and
+   * steer FoU over IPv6). 6 needs families to include 6.
+   */
+  underlay?: IpFamily;
   /**
    * The pod AddressPool "default" of tether-ipam mode: its IPv4 family (default 10.244.0.0/16 in /26 blocks)
    * and, when families includes 6, its IPv6 family (default fd00:10:244::/56 in /122 blocks).
@@ -174,6 +181,8 @@ export interface Plan {
   prefix: string;
   /** The pods' families, in order ([4] unless the topology says otherwise). */
   families: IpFamily[];
+  /** The node underlay's family (topology.underlay; 4 unless it says otherwise). */
+  underlay: IpFamily;
   router: { ns: string; fabricIp: string; fabricIp6?: string };
   fabricCidr: string;
   /** The fabric's IPv6 prefix, when pods have IPv6. */
@@ -199,6 +208,9 @@ export function resolveTopology(topo: Topology, prefix: string): Plan {
   if (topo.nodes.length > 200) throw new Error('topology.nodes: at most 200 nodes (one fabric /24)');
   const families = resolveFamilies(topo.families);
   const v6 = families.includes(6);
+  const underlay = topo.underlay ?? 4;
+  if (underlay !== 4 && underlay !== 6) throw new Error(`topology.underlay: ${JSON.stringify(topo.underlay)} must be 4 or 6`);
+  if (underlay === 6 && !v6) throw new Error('topology.underlay: 6 needs IPv6 on the fabric (add 6 to topology.families)');
   const seen = new Set<string>();
   const unique = (field: string, name: string): void => {
     if (!NAME_RE.test(name)) throw new Error(`${field}: "${name}" must match ${NAME_RE} (it becomes part of interface names)`);
@@ -255,6 +267,7 @@ export function resolveTopology(topo: Topology, prefix: string): Plan {
   return {
     prefix,
     families,
+    underlay,
     router: { ns: `${prefix}-router`, fabricIp: ROUTER_FABRIC_IP, ...(v6 ? { fabricIp6: ROUTER_FABRIC_IP6 } : {}) },
     fabricCidr: FABRIC_CIDR,
     ...(v6 ? { fabricCidr6: FABRIC_CIDR6 } : {}),
@@ -300,6 +313,11 @@ function podsOf(n: NodeSpec, i: number, prefix: string): PodPlan[] {
     names.add(s.name);
     return planPod(prefix, n.name, s);
   });
+}
+
+/** The address a node's tetherd is given as --node-address: its fabric address of the underlay's family. */
+export function nodeAddressOf(plan: Pick<Plan, 'underlay'>, n: Pick<NodePlan, 'fabricIp' | 'fabricIp6'>): string {
+  return plan.underlay === 6 ? n.fabricIp6! : n.fabricIp;
 }
 
 /** The address part of a CIDR string ("10.244.1.2/24" → "10.244.1.2"). */

@@ -4,7 +4,8 @@
 import { test } from 'uvu';
 import * as assert from 'uvu/assert';
 import Redis from 'ioredis';
-import { LEFT_GRACE_MS, NodeRegistry, readNode } from '../../daemon/common/node-registry';
+import { LEFT_GRACE_MS, NodeRegistry, nodeValue, readNode } from '../../daemon/common/node-registry';
+import { isCanonicalIp } from '../../daemon/common/store-record';
 import { startRedis } from '../lib/redis';
 
 // A registration is sent again only once a tenth of its TTL has passed (member-registry.ts): a short TTL and a
@@ -99,6 +100,16 @@ test('readNode: a garbled address6 is left out, the node\'s address kept', () =>
   assert.equal(readNode('k', 'n', JSON.stringify({ address: '10.0.0.1', release: '0.3.0', address6: '10.0.0.9' })), { address: '10.0.0.1', release: '0.3.0' });
   assert.equal(readNode('k', 'n', JSON.stringify({ address: '10.0.0.1', address6: 'nope' })), { address: '10.0.0.1' });
   assert.equal(readNode('k', 'n', JSON.stringify({ address: '10.0.0.1', address6: 'fd00:18::11' })), { address: '10.0.0.1', address6: 'fd00:18::11' });
+});
+
+test('a node on an IPv6 underlay registers its address in brackets, which 0.1.0\'s check refuses; it reads back plain', () => {
+  const v = nodeValue('fd00:18::11', '0.2.0', 'fd00:18::11');
+  assert.is(v, '{"address":"[fd00:18::11]","release":"0.2.0","address6":"fd00:18::11"}');
+  assert.equal(readNode('k', 'n', v), { address: 'fd00:18::11', release: '0.2.0', address6: 'fd00:18::11' });
+  // 0.1.0 reads "address" with isCanonicalIp and refuses the registration when it is not one.
+  assert.not.ok(isCanonicalIp(JSON.parse(v).address));
+  assert.is(JSON.parse(nodeValue('10.0.0.1', '0.2.0', undefined)).address, '10.0.0.1', 'an IPv4 node writes as before');
+  assert.is(readNode('k', 'n', JSON.stringify({ address: 'fd00:18::11' })), undefined, 'an unbracketed IPv6 address is refused');
 });
 
 test.run();

@@ -12,6 +12,7 @@ import { makeLogger, setLogger } from '../../lib/log';
 import { OwnershipStore, UnreadableRecordError, type GatewayInfo, type Ownership } from '../../daemon/egress/ownership-store';
 import { startRedis, type TestRedis } from '../lib/redis';
 import { waitFor } from '../lib/wait';
+import { isCanonicalIp, readNodeAddress } from '../../daemon/common/store-record';
 
 // Quiet unless a test captures the log itself.
 test.before(() => setLogger(makeLogger({ level: process.env.TETHER_LOG_LEVEL ?? 'error' })));
@@ -158,14 +159,36 @@ test('listGateways, listNodes and usage leave out garbled entries (one warn line
   const warns = lines.filter((l) => l.level === 'warn').map((l) => `${String(l.key).replace(`{${p}`, '').replace('}', '')} ${l.field}: ${l.problem}`).sort();
   assert.equal(warns, [
     'egress:shop/out:gateways n2: not JSON',
-    'egress:shop/out:gateways n3: gateways[0].nodeAddress is not an IP address',
+    'egress:shop/out:gateways n3: gateways[0].nodeAddress is not an IPv4 address or an IPv6 one in brackets',
     'egress:shop/out:gateways n5: gateways is not a list',
     'egress:shop/out:gateways n6: gateways[0].maxAddresses is not a non-negative integer',
     'nodes n2: not JSON',
-    'nodes n3: address is not an IP address',
-    'nodes n4: address is not an IP address',
+    'nodes n3: address is not an IPv4 address or an IPv6 one in brackets',
+    'nodes n4: address is not an IPv4 address or an IPv6 one in brackets',
     'egress:shop/out:usage n2: not a usage entry ({usage: {address: {flows, bytes}}})',
   ].sort());
+});
+
+test('a node on an IPv6 underlay: its address is stored in brackets (0.1.0 refuses those records by that field) and read back plain', async () => {
+  const p = prefix();
+  store = await OwnershipStore.connect(redis.url, { keyPrefix: p });
+  const got = await store.registerGateways('shop/out', 'n1', [gw('shop/gw1', 'n1', 'fd00:18::11', 'fd00:10:244::5')], 30_000);
+  assert.equal(got.map((g) => g.nodeAddress), ['fd00:18::11']);
+  const stored = JSON.parse((await raw.hget(`{${p}egress:shop/out}:gateways`, 'n1'))!);
+  assert.is(stored.gateways[0].nodeAddress, '[fd00:18::11]');
+  // 0.1.0 checks these fields with isCanonicalIp: a bracketed address is not one, so it refuses the record.
+  assert.not.ok(isCanonicalIp('[fd00:18::11]'));
+  await store.record({ egress: 'shop/out', address: 'fd00:18::200', owner: 'shop/gw1', epoch: 1, cause: 'initial', score: '1', ownerNode: 'n1', ownerNodeAddress: 'fd00:18::11', ownerPodIp: 'fd00:10:244::5' });
+  const own = await store.get('shop/out', 'fd00:18::200');
+  assert.is(own.ownerNodeAddress, 'fd00:18::11');
+  const keys = await raw.keys(`${p}*owner*`);
+  assert.is(await raw.hget(keys[0], 'ownerNodeAddress'), '[fd00:18::11]');
+  // IPv4 node addresses are written as before, which 0.1.0 reads beside this release.
+  await store.registerGateways('shop/out', 'n2', [gw('shop/gw2', 'n2', '10.0.0.2', '10.244.2.5')], 30_000);
+  assert.is(JSON.parse((await raw.hget(`{${p}egress:shop/out}:gateways`, 'n2'))!).gateways[0].nodeAddress, '10.0.0.2');
+  // A plain IPv6 node address is no registration this release writes: refused like any garbled one.
+  assert.is(readNodeAddress('fd00:18::11'), undefined);
+  assert.is(readNodeAddress('[10.0.0.1]'), undefined);
 });
 
 test('change notices that are not ownership decisions are refused (one warn line each); good ones arrive', async () => {
