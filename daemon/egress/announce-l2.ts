@@ -5,7 +5,7 @@
 import { NetlinkHandle, isNetlinkError } from '../netlink';
 import { RT_SCOPE } from '../netlink/constants';
 import { canonicalIp, ipFamily, ipToBytes, macToBytes } from '../../lib/ip';
-import { close, sendto, socket, SOCK_CLOEXEC, SOCK_RAW } from '../sys/libc';
+import { closeInBackground, sendto, socket, SOCK_CLOEXEC, SOCK_RAW } from '../sys/libc';
 import { inNetns, readNetSysctl, writeNetSysctl } from '../sys/netns';
 import { log } from '../../lib/log';
 
@@ -148,7 +148,9 @@ function sendGratuitousArp(netns: string | undefined, ifindex: number, mac: stri
     bcast.copy(addr, 12);
     for (const op of [1, 2]) sendto(fd, arpFrame(op, macToBytes(mac), ipToBytes(address)), addr);
   } finally {
-    close(fd);
+    // A packet socket's close waits out an RCU grace period: not on the event loop (an owner takes
+    // the next address's guard meanwhile).
+    closeInBackground(fd);
   }
 }
 
@@ -189,7 +191,9 @@ function sendNeighborAdvert(netns: string | undefined, ifindex: number, mac: str
     ALL_NODES_MAC.copy(addr, 12);
     sendto(fd, neighborAdvertFrame(macToBytes(mac), ipToBytes(source), ipToBytes(target)), addr);
   } finally {
-    close(fd);
+    // A packet socket's close waits out an RCU grace period: not on the event loop (an owner takes
+    // the next address's guard meanwhile).
+    closeInBackground(fd);
   }
 }
 

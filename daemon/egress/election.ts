@@ -13,6 +13,9 @@ import type { StoreRecords } from './store-records';
 import type { ClientSteering } from './client-steering';
 import { ReconcileLoop } from '../util/reconcile-loop';
 
+/** How long a pod's guard lets it use an address its failed owner also held (anticipateSiblings). */
+const ANTICIPATE_MS = 1000;
+
 export class Election {
   /** The ticks: every TICK_MS (once the controller starts it) and on request; they never overlap. */
   readonly loop: ReconcileLoop;
@@ -359,6 +362,7 @@ export class Election {
     if (st.holder && st.holder.info.pod !== c.owner) await this.standDown(st, `epoch ${c.epoch} names ${c.owner} (${via})`);
     const gw = this.s.gateways.get(c.owner);
     if (gw && !st.holder) {
+      this.anticipateSiblings(st, prev.owner, gw, c);
       await this.become(st, gw, c.cause ?? via);
       // become() confirms to every node (and to the decider) that the named gateway holds it now.
       st.lastTakeover = { at: new Date().toISOString(), cause: c.cause ?? '', ms: 0, epoch: c.epoch, from: prev.owner, to: c.owner, decidedBy: via };
@@ -370,6 +374,27 @@ export class Election {
     // handful of segments waited out TCP's 200 ms retransmission timeout.
     if (!inSync && !gw && c.owner && c.ownerNode !== this.s.o.node.name && isDraining(c.cause)) this.steerOnConfirmation(st);
     else this.steerNow(st);
+  }
+
+  /**
+   * A failover (not a planned handover) from a pod that held other addresses too: the local pod taking this
+   * one may be handed those next, and their notices reach the clients' nodes as soon as this node. So its
+   * guard lets it use each of them as a source now, for ANTICIPATE_MS, if it is one of that address's
+   * gateways: until this node has read and taken that address, what the pod forwards from it is not dropped.
+   */
+  private anticipateSiblings(st: AddressState, fromPod: string, gw: LocalGateway, c: Ownership): void {
+    if (!fromPod || isDraining(c.cause)) return;
+    for (const other of this.s.addresses.values()) {
+      if (other === st || other.own.owner !== fromPod || other.holder) continue;
+      if (!other.candidates.some((g) => g.pod === gw.info.pod)) continue;
+      try {
+        if (gw.datapath.anticipate(other.address, ANTICIPATE_MS)) {
+          this.s.o.logger.info('egress: guard lets the pod use an address its failed owner also held, until it is handed over', { egress: other.egress.key, address: other.address, pod: gw.info.pod, from: fromPod, ms: ANTICIPATE_MS });
+        }
+      } catch (e) {
+        this.s.o.logger.debug('egress: address not anticipated', { address: other.address, pod: gw.info.pod, error: (e as Error).message });
+      }
+    }
   }
 
   /** Clients move to the new owner on its confirmation (adopt), or after CONFIRM_WAIT_MS. */

@@ -176,6 +176,30 @@ export class GatewayDatapath {
   }
 
   /**
+   * Lets the pod use `address` as a source for `ms` before it is handed the address, unless own() takes it
+   * meanwhile. For a failover from a pod that held several addresses: their notices reach every node at
+   * once, clients steer each to this pod as soon as they read it, and this node reads (and takes) them one
+   * after the other, so its guard would drop what the pod forwards from the later ones in between. Only
+   * the guard entry: no address, route, announcement or SNAT, so nothing attracts traffic here, and the
+   * entry goes after `ms` if the address went elsewhere.
+   */
+  anticipate(address: string, ms: number): boolean {
+    if (this.owned.has(address) || !this.guard) return false;
+    this.checkCanOwn(address);
+    this.guardOwn(address);
+    const timer = setTimeout(() => {
+      if (this.owned.has(address)) return;
+      try {
+        this.guard?.release(address);
+      } catch (e) {
+        log().warn('egress: guard release failed', { pod: this.gw.pod, address, error: (e as Error).message });
+      }
+    }, ms);
+    timer.unref();
+    return true;
+  }
+
+  /**
    * Takes a floating address: on the pod, SNAT to it, node route, announcement. Idempotent. Everything but
    * SNAT is done when the call returns its promise (netlink, synchronously); the promise resolves once SNAT
    * is written too. The nft run is not waited for synchronously: when a dying pod held several addresses,
@@ -191,11 +215,13 @@ export class GatewayDatapath {
     this.owned.set(address, announce);
     // The node lets the pod use the address as a source before anything can send with it.
     this.guardOwn(address);
+    const guardMs = since();
     // Established flows need only the address on the pod (the node's /32 route to the veth resolves the
     // address itself there), the node's route and the announcement: the pod de-NATs their replies from
     // the synced conntrack entries. So these go first, all netlink; every millisecond before the router
     // moves is a millisecond of replies lost at the old owner's node.
     this.addPodAddress(address);
+    const podMs = since();
     NetlinkHandle.with(undefined, (h) => {
       const veth = h.requireLink(this.gw.hostIfName);
       // IPv6 goes through the pod's own address: the pod answers neighbour solicitations only for
@@ -204,11 +230,12 @@ export class GatewayDatapath {
       h.replaceRoute({ dst: hostPrefix(address), index: veth.index, ...via });
       if (announce.mode === 'routeTable') h.replaceRoute({ dst: hostPrefix(address), index: veth.index, table: announce.table, ...via });
     });
+    const routeMs = since();
     if (announce.mode === 'l2') announceL2({ ifName: this.node.uplink, address, holder: this.gw.pod });
     const announcedMs = since();
     // Then what only new flows need: the SNAT rule (an nft run, the slow part), unless takeUnannounced() wrote it.
     if (!prepared) await this.writeSnat();
-    log().info('egress: floating address taken by gateway', { pod: this.gw.pod, address, announce: announce.mode, table: exportTable(announce), announcedMs, ms: since() });
+    log().info('egress: floating address taken by gateway', { pod: this.gw.pod, address, announce: announce.mode, table: exportTable(announce), guardMs, podMs, routeMs, announcedMs, ms: since() });
   }
 
 

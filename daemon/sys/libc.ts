@@ -42,7 +42,7 @@ interface Libc {
   sendto: (fd: number, buf: Buffer, len: number, flags: number, addr: Buffer | null, alen: number) => number;
   recv: (fd: number, buf: Buffer, len: number, flags: number) => number;
   setsockopt: (fd: number, level: number, name: number, val: Buffer, len: number) => number;
-  close: (fd: number) => number;
+  close: ((fd: number) => number) & { async: (fd: number, done: (err: unknown, rc: number) => void) => void };
   setns: (fd: number, nstype: number) => number;
 }
 
@@ -118,6 +118,15 @@ export function setRecvTimeout(fd: number, ms: number): void {
 
 export function close(fd: number): void {
   lib().close(fd);
+}
+
+/**
+ * Closes fd on a worker thread. Closing a packet socket waits for an RCU grace period in the kernel
+ * (packet_release: synchronize_net), measured at 8-15 ms here: the event loop must not wait for that.
+ * Only for an fd nothing uses any more; a failure is ignored as close()'s is.
+ */
+export function closeInBackground(fd: number): void {
+  lib().close.async(fd, () => undefined);
 }
 
 export function setns(fd: number, nstype: number, what?: string): void {

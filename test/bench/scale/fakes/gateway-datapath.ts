@@ -54,6 +54,10 @@ export class GatewayDatapath {
     record('gateway.takeUnannounced');
     this.owned.add(address);
   }
+  anticipate(address: string): boolean {
+    record('gateway.anticipate');
+    return !this.owned.has(address);
+  }
   async own(address: string): Promise<void> {
     record('gateway.own');
     this.owned.add(address);
