@@ -134,6 +134,18 @@ test('a standby whose owner is of the other family: not counted alive from here,
   assert.is(skippedLines(n.lines).length, 1);
 });
 
+test('an IPv6-underlay client node does not steer to a gateway pod published by its IPv4 address (an IPv4-underlay owner): left out and logged', () => {
+  const n = node('fd00::1', 'fd00::2', '10.1.0.3', 'gw-c');
+  const { s, steering } = n.parts;
+  const written: unknown[] = [];
+  s.maps = { setGateways: (_id: number, slots: unknown[]) => written.push(slots) } as unknown as typeof s.maps;
+  s.clients.set('shop/web', { ip6: 'fd00:244::9', hostIfName: 'veth9', egressIds: [1] });
+  steering.updateClients([...s.addresses.values()][0]);
+  assert.equal(written, [[]], 'no slot with an IPv4 gateway: this node has no outer IPv4 source');
+  const line = n.lines.find((l) => l.message === 'egress: client steering updated');
+  assert.equal(line?.unreachableIpv4Gateway, [ADDRESS]);
+});
+
 test('real BFD threads over loopback: the session to the same-family peer comes Up, none is tried to the other, no error', async () => {
   const port = 20000 + Math.floor(Math.random() * 10000);
   const n = node('127.0.0.1', '127.0.0.2', 'fd00::3', 'gw-a');
