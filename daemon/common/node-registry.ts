@@ -140,6 +140,14 @@ export class NodeRegistry {
   }
 
   /**
+   * Each registered node's node address (not its address6) with the node's name, as of the last beat (a new
+   * map each call): whom a node talks to, and by what name it says so.
+   */
+  nodeNames(): Map<string, string> {
+    return new Map([...this.view.entries()].map(([node, e]) => [e.address, node]));
+  }
+
+  /**
    * Each registered node's release as of the last beat ('' for a node that wrote none: 0.1.0). Whether a
    * release's nodes are all gone, e.g. before old store keys may be removed, is read here.
    */

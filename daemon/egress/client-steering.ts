@@ -17,6 +17,8 @@ export class ClientSteering {
     const id = this.s.egressIds.get(st.egress.key)!;
     const slots: Array<{ gatewayIp: string; floatingIp: string; epoch: number; tier: number }> = [];
     const unreachable: string[] = [];
+    const noOuterIpv4: string[] = [];
+    const underlay6 = ipFamily(this.s.o.node.address) === 6;
     for (const a of [...this.s.addresses.values()].sort((x, y) => (x.address < y.address ? -1 : 1))) {
       if (a.egress.key !== st.egress.key || !a.own.owner) continue;
       const reg = this.peers.liveRegistry(a.egress.key).find((x) => x.pod === a.own.owner);
@@ -30,13 +32,21 @@ export class ClientSteering {
         unreachable.push(a.address);
         continue;
       }
+      // Over an IPv6 underlay this node has no outer IPv4 source: a gateway pod published by its IPv4 address
+      // (an owner on an IPv4 underlay: node underlays of different families) cannot be reached from here.
+      if (underlay6 && ipFamily(gatewayIp) === 4) {
+        noOuterIpv4.push(a.address);
+        continue;
+      }
       slots.push({ gatewayIp, floatingIp: a.address, epoch: a.own.epoch, tier: this.tierOf(a.egress, a.own.ownerNode, reg?.zone) });
     }
     this.s.maps.setGateways(id, slots);
     const now = slots.map((x) => `${x.floatingIp}→${x.gatewayIp}@${x.epoch}/${x.tier}`).join(',');
     if (this.steered.get(st.egress.key) !== now) {
       this.steered.set(st.egress.key, now);
-      this.s.o.logger.info('egress: client steering updated', { egress: st.egress.key, slots, ...(unreachable.length ? { unreachableIpv4: unreachable } : {}) });
+      this.s.o.logger.info('egress: client steering updated', {
+        egress: st.egress.key, slots, ...(unreachable.length ? { unreachableIpv4: unreachable } : {}), ...(noOuterIpv4.length ? { unreachableIpv4Gateway: noOuterIpv4 } : {}),
+      });
     }
   }
 

@@ -13,6 +13,7 @@ import {
 } from '../conntrack-sync';
 import { ipToBytes } from '../../lib/ip';
 import { type EgressShared, streamOf, type AddressState, type LocalGateway, IN_SYNC_MAX_LAG } from './egress-state';
+import type { PeerLiveness } from './peer-liveness';
 
 /** The shared event socket of one gateway namespace and the addresses streaming from it. */
 interface NsEvents {
@@ -37,7 +38,7 @@ export class ConntrackStreams {
   /** This node's digests per received stream and set of target pods, until written to (or re-armed). */
   private readonly standbyDigests = new StandbyDigests();
 
-  constructor(private readonly s: EgressShared) {}
+  constructor(private readonly s: EgressShared, private readonly peers: Pick<PeerLiveness, 'reachable'>) {}
 
   /** Event sockets open (one per gateway namespace that holds a streaming address). */
   get eventSockets(): number {
@@ -126,7 +127,8 @@ export class ConntrackStreams {
     // Each dump message goes straight to its wire form: no object per entry, even at a million.
     const snapshot = () => dumpScopeEncoded(gw.netns, st.address.includes(':') ? 6 : 4, ipToBytes(st.address));
     const digests = (k: number) => this.ownerDigests(st, gw.netns, k);
-    const want = new Set(st.candidates.filter((c) => c.node !== this.s.o.node.name).map((c) => c.nodeAddress));
+    // A candidate whose node this node cannot reach (the other underlay family) gets no stream.
+    const want = new Set(st.candidates.filter((c) => c.node !== this.s.o.node.name && this.peers.reachable(c.nodeAddress, c.node)).map((c) => c.nodeAddress));
     for (const peer of want) {
       if (st.senders.has(peer)) continue;
       const s = new SyncSender({ key: this.s.o.clusterKey, id: this.s.o.node.name, host: peer, port: this.s.o.syncPort, stream: streamOf(st), epoch: st.own.epoch, snapshot, digests });

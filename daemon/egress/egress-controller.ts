@@ -56,8 +56,8 @@ export interface EgressParts {
  */
 export function egressParts(o: EgressControllerOptions): EgressParts {
   const s = new EgressShared(o);
-  const streams = new ConntrackStreams(s);
   const peers = new PeerLiveness(s, () => election.requestTick());
+  const streams = new ConntrackStreams(s, peers);
   const steering = new ClientSteering(s, peers);
   const standby = new StandbySync(s, peers);
   const store: StoreRecords = new StoreRecords(s, (st, rec, via) => election.adopt(st, rec, via));
@@ -359,10 +359,18 @@ export class EgressController {
     return { bfdRejected: this.s.endpoint?.stats().rejected, syncRejected: this.s.receiver?.stats().rejected, noticesRejected: n?.rejected, notices: n && { rx: n.rx, tx: n.tx, accepted: n.accepted }, guard, decap };
   }
 
-  /** BFD as its thread last reported it: each session's state and Up/Down counts, the thread's worst loop delay. */
+  /**
+   * BFD as its thread last reported it: each session's state and Up/Down counts, the thread's worst loop
+   * delay; and the peers given no session for a node address of the other underlay family (skippedPeers).
+   */
   bfdStatus(): Record<string, unknown> | undefined {
     const st = this.s.endpoint?.stats();
-    return st && { threadLagMaxMs: st.loopLagMaxMs, threadLagMaxPerSecondMs: st.loopLagPerSecondMs, sessions: st.sessions.map((x) => ({ peer: x.peer, state: x.state, ups: x.ups, downs: x.downs, rx: x.rx, tx: x.tx })) };
+    const skipped = this.peers.skippedPeers();
+    return st && {
+      threadLagMaxMs: st.loopLagMaxMs, threadLagMaxPerSecondMs: st.loopLagPerSecondMs, sessions: st.sessions.map((x) => ({ peer: x.peer, state: x.state, ups: x.ups, downs: x.downs, rx: x.rx, tx: x.tx })),
+      // Peers with no session (nor sync stream, nor notice) for a node address of the other underlay family.
+      ...(skipped.length ? { skippedPeers: skipped } : {}),
+    };
   }
 
   /** Standby sync problems reported (see StandbySync), one line each: /readyz is not ready while there are any. */

@@ -217,6 +217,12 @@ export class EgressShared {
 
   nodes: string[] = [];
 
+  /**
+   * The registered nodes' node addresses (--node-address) with their names, from the store's last pass:
+   * `nodes` also holds the IPv6 addresses registered beside IPv4 ones (FoU sources), which are no peers.
+   */
+  nodeNames = new Map<string, string>();
+
   /** Why an Egress has fewer addresses than it asks for (allocation failures), by Egress. */
   readonly shortfall = new Map<string, string>();
 

@@ -482,10 +482,7 @@ export class Election {
         const mine = [...this.s.gateways.values()].filter((g) => g.egresses.has(e.key)).map((g) => ({ ...g.info, egress: e.key }));
         const client = clientOf.has(e.key);
         if (!mine.length && !client) continue;
-        const peers = new Set(this.peers.liveRegistry(e.key).filter((g) => g.node !== this.s.o.node.name).map((g) => g.nodeAddress));
-        for (const st of this.s.addresses.values()) if (st.egress.key === e.key && st.own.ownerNodeAddress) peers.add(st.own.ownerNodeAddress);
-        peers.delete(this.s.o.node.address);
-        this.s.notices.send(peers, [], mine, { clients: client ? [e.key] : [] });
+        this.s.notices.send(this.peers.gatewayPeers(e.key), [], mine, { clients: client ? [e.key] : [] });
       }
     } catch (e) {
       this.s.o.logger.error('egress: heartbeat notice not sent', { error: (e as Error).message });

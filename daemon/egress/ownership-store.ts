@@ -396,6 +396,11 @@ export class OwnershipStore extends EventEmitter {
     return this.nodeRegistry.addresses({ ipv6: true });
   }
 
+  /** Each registered node's node address with its name, as of the last beatNode() (empty before). */
+  nodeNames(): Map<string, string> {
+    return this.nodeRegistry?.nodeNames() ?? new Map();
+  }
+
   /** Publishes this node's address (gateways accept FoU only from registered nodes). */
   async registerNode(node: string, address: string, ttlMs: number): Promise<void> {
     await registerNode(this.client, this.prefix, node, address, ttlMs);

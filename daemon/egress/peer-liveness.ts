@@ -1,6 +1,8 @@
 // Peer liveness for the Egress controller: which gateway candidates exist (local pods, the store's registry,
 // announcements from their nodes), and whether each is alive (BFD sessions, authenticated notices heard).
+// Every peer address this node connects to (BFD, sync streams, notices) is asked of reachable() here first.
 import { createHmac } from 'node:crypto';
+import { ipFamily } from '../../lib/ip';
 import { BfdAuthType, BfdState, type BfdAuthConfig } from '../bfd';
 import { type BfdPeer } from '../bfd/threaded';
 import { type GatewayAnnouncement } from './ownership-notice';
@@ -32,6 +34,9 @@ export class PeerLiveness {
 
   /** Senders refused for naming an address that is not theirs, or for being unknown (logged once each). */
   private readonly refusedSenders = new Set<string>();
+
+  /** Peers skipped for a node address of the other family (logged once each): by address, their node. */
+  private readonly otherFamily = new Map<string, string>();
 
   /** BFD timers in force (the fastest of the Egresses this node serves). */
   private timers_: { intervalMs: number; detectMultiplier: number } | undefined;
@@ -108,10 +113,48 @@ export class PeerLiveness {
    * the notice sent to every node when it happens, and from the store.
    */
   heartbeatPeers(egress: string): Set<string> {
-    const out = new Set(this.liveRegistry(egress).map((g) => g.nodeAddress));
+    const out = this.gatewayPeers(egress);
     for (const a of this.clientNodesOf(egress)) out.add(a);
     out.delete(this.s.o.node.address);
     return out;
+  }
+
+  /**
+   * The nodes this node's gateways and clients of `egress` tell of themselves each second: the Egress's
+   * other candidates and its addresses' owners, those this node can reach.
+   */
+  gatewayPeers(egress: string): Set<string> {
+    const peers = new Map(this.liveRegistry(egress).filter((g) => g.node !== this.s.o.node.name).map((g) => [g.nodeAddress, g.node]));
+    for (const st of this.s.addresses.values()) {
+      if (st.egress.key === egress && st.own.ownerNodeAddress && !peers.has(st.own.ownerNodeAddress)) peers.set(st.own.ownerNodeAddress, st.own.ownerNode ?? '');
+    }
+    peers.delete(this.s.o.node.address);
+    return new Set([...peers].filter(([a, node]) => this.reachable(a, node)).map(([a]) => a));
+  }
+
+  /**
+   * Whether this node can reach a peer's node address: one of its own underlay's family. A node of the
+   * other family (a cluster moving between underlays, or a misconfigured --node-address) cannot be reached
+   * by any socket of this node (each is bound to its node address): no BFD session, sync stream or notice is
+   * started to it, it is logged once, and status lists it (skippedPeers()). It is never seen alive from here
+   * (peerView), so this node neither hands an address to it nor counts on it.
+   */
+  reachable(address: string, node?: string): boolean {
+    if (ipFamily(address) === ipFamily(this.s.o.node.address)) return true;
+    if (!this.otherFamily.has(address)) {
+      const name = node || this.nodeOf(address);
+      this.otherFamily.set(address, name);
+      this.s.o.logger.warn('egress: peer node skipped: node underlays of different families: not reachable from here', {
+        node: name, nodeAddress: address, thisNode: this.s.o.node.name, thisNodeAddress: this.s.o.node.address,
+      });
+    }
+    return false;
+  }
+
+  /** The known peers this node skips for a node address of the other family (status): node, address and why. */
+  skippedPeers(): Array<{ node: string; nodeAddress: string; why: string }> {
+    return [...this.knownPeers()].filter(([a]) => ipFamily(a) !== ipFamily(this.s.o.node.address)).sort(([a], [b]) => (a < b ? -1 : 1))
+      .map(([nodeAddress, node]) => ({ node: node || this.otherFamily.get(nodeAddress) || '', nodeAddress, why: 'node underlays of different families: not reachable from here' }));
   }
 
   /** Logs a refused sender once per kind (the channel counts every refusal). */
@@ -130,13 +173,31 @@ export class PeerLiveness {
     return false;
   }
 
+  /** Every peer node this node can reach: where a change of owner is sent. */
   peerAddresses(): string[] {
-    const out = new Set(this.s.nodes);
-    for (const list of this.s.registry.values()) for (const g of list) out.add(g.nodeAddress);
-    for (const m of this.announced.values()) for (const a of m.values()) out.add(a.info.nodeAddress);
-    for (const st of this.s.addresses.values()) if (st.own.ownerNodeAddress) out.add(st.own.ownerNodeAddress);
+    return [...this.knownPeers()].filter(([a, node]) => this.reachable(a, node)).map(([a]) => a);
+  }
+
+  /**
+   * Every other node this node knows by its node address, with its name where known: the registered nodes
+   * (their node addresses, not the IPv6 ones registered beside IPv4 ones for FoU), registered and
+   * announced gateways' nodes, and owners' nodes.
+   */
+  private knownPeers(): Map<string, string> {
+    const out = new Map(this.s.nodeNames);
+    const add = (a: string, node: string | undefined) => {
+      if (!out.get(a)) out.set(a, node ?? '');
+    };
+    for (const list of this.s.registry.values()) for (const g of list) add(g.nodeAddress, g.node);
+    for (const m of this.announced.values()) for (const a of m.values()) add(a.info.nodeAddress, a.info.node);
+    for (const st of this.s.addresses.values()) if (st.own.ownerNodeAddress) add(st.own.ownerNodeAddress, st.own.ownerNode);
     out.delete(this.s.o.node.address);
-    return [...out];
+    return out;
+  }
+
+  /** A peer's node name from what this node knows ('' when only its address is known). */
+  private nodeOf(address: string): string {
+    return this.knownPeers().get(address) ?? '';
   }
 
   /** The Egress's candidates: local gateways, the store's registry (last known), and announced ones. */
@@ -182,6 +243,8 @@ export class PeerLiveness {
    * went Down), or 'unknown' (no session ever came Up and nothing was heard from it lately).
    */
   private peerView(address: string): 'up' | 'down' | 'unknown' {
+    // No session is started with a node of the other underlay family and nothing comes from it.
+    if (ipFamily(address) !== ipFamily(this.s.o.node.address)) return 'unknown';
     const s = this.bfd.get(address);
     if (s?.state === BfdState.Up) return 'up';
     const info = this.bfdInfo.get(address);
@@ -214,6 +277,7 @@ export class PeerLiveness {
 
   bfdState(g: GatewayInfo): string {
     if (g.node === this.s.o.node.name) return 'local';
+    if (ipFamily(g.nodeAddress) !== ipFamily(this.s.o.node.address)) return 'otherFamily';
     const s = this.bfd.get(g.nodeAddress);
     return s ? BfdState[s.state] : 'none';
   }
@@ -223,14 +287,16 @@ export class PeerLiveness {
     if (!this.s.endpoint) return;
     // Only candidates decide, so only they watch each other; client nodes learn decisions from notices.
     const involved = [...this.s.egresses.values()].filter((e) => [...this.s.gateways.values()].some((g) => g.egresses.has(e.key)));
-    const peers = new Set(involved.flatMap((e) => this.liveRegistry(e.key).filter((g) => g.node !== this.s.o.node.name).map((g) => g.nodeAddress)));
+    const peers = new Map(involved.flatMap((e) => this.liveRegistry(e.key).filter((g) => g.node !== this.s.o.node.name).map((g) => [g.nodeAddress, g.node] as const)));
     for (const st of this.s.addresses.values()) {
-      if (involved.includes(st.egress) && st.own.ownerNodeAddress && st.own.ownerNode !== this.s.o.node.name) peers.add(st.own.ownerNodeAddress);
+      if (involved.includes(st.egress) && st.own.ownerNodeAddress && st.own.ownerNode !== this.s.o.node.name && !peers.has(st.own.ownerNodeAddress)) {
+        peers.set(st.own.ownerNodeAddress, st.own.ownerNode ?? '');
+      }
     }
     this.applyBfdTimers();
     const t = this.timers_ ?? { intervalMs: 50, detectMultiplier: 3 };
-    for (const peer of peers) {
-      if (this.bfd.has(peer)) continue;
+    for (const [peer, node] of peers) {
+      if (this.bfd.has(peer) || !this.reachable(peer, node)) continue;
       const s = this.s.endpoint.session(peer, {
         desiredMinTxUs: t.intervalMs * 1000,
         requiredMinRxUs: t.intervalMs * 1000,

@@ -72,7 +72,10 @@ export class StandbySync {
     if (peers.length) return { reason: 'resyncing', message: `the first transfer from ${owner} is under way` };
     const r = this.s.receiver?.refusalFrom(owner, st.own.ownerNodeAddress, now - REFUSAL_WINDOW_MS);
     if (r) return { reason: REASON_OF[r.reason], message: `its sync connection was refused (${r.reason}): ${r.message}` };
-    return { reason: 'unreachable', message: `no sync connection from ${owner}${st.own.ownerNodeAddress ? ` (${st.own.ownerNodeAddress})` : ''} arrives` };
+    const a = st.own.ownerNodeAddress;
+    // An owner of the other underlay family never streams to this node (nor this node to it): said so.
+    const why = a && !this.peers.reachable(a, owner) ? ': node underlays of different families: not reachable from here' : '';
+    return { reason: 'unreachable', message: `no sync connection from ${owner}${a ? ` (${a})` : ''} arrives${why}` };
   }
 
   /**

@@ -248,6 +248,7 @@ export class StoreRecords {
       }
     }
     const nodes = await this.s.o.ownership.beatNode(this.s.o.node.name, this.s.o.node.address, REGISTRY_TTL_MS, this.s.o.node.address6);
+    this.s.nodeNames = this.s.o.ownership.nodeNames();
     if (nodes.join() !== this.s.nodes.join()) {
       this.s.nodes = nodes;
       for (const gw of this.s.gateways.values()) gw.datapath.setAllowedSources(nodes);

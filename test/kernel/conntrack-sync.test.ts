@@ -324,7 +324,7 @@ test('one conntrack event socket per gateway namespace, however many addresses i
     o: { conntrackSync: true, node: { name: 'node-a' }, clusterKey: KEY, syncPort: rx.port, logger: log() },
     addresses: new Map<string, AddressState>(), gateways: new Map([['gw-0', gw]]),
   } as unknown as EgressShared;
-  const streams = new ConntrackStreams(ctx);
+  const streams = new ConntrackStreams(ctx, { reachable: () => true });
   const sts = addresses.map((address) => ({
     egress: { key: 'default/eg' }, address, own: { epoch: 1 }, holder: gw, senders: new Map(),
     candidates: [{ node: 'node-a', nodeAddress: '127.0.0.2' }, { node: 'node-b', nodeAddress: '127.0.0.1' }],
