@@ -161,7 +161,8 @@ test('real BFD threads over loopback: the session to the same-family peer comes 
     const remote = peer.session('127.0.0.1', { ...timers, auth: { type: BfdAuthType.MeticulousKeyedSha1, keyId: 1, key } });
     peers.ensureBfd();
     const deadline = Date.now() + 5000;
-    while (peers.bfdState(n.gws[1]) !== 'Up' && Date.now() < deadline) await new Promise((r) => setTimeout(r, 50));
+    // Each side's state is what its thread last reported: wait for both reports, not only this node's.
+    while ((peers.bfdState(n.gws[1]) !== 'Up' || remote.state !== BfdState.Up) && Date.now() < deadline) await new Promise((r) => setTimeout(r, 50));
     assert.is(peers.bfdState(n.gws[1]), 'Up', 'the same-family peer\'s session came Up');
     assert.is(remote.state, BfdState.Up);
     assert.is(peers.bfdState(n.gws[2]), 'otherFamily');
