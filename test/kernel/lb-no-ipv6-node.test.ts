@@ -8,25 +8,12 @@
 // touching the kernel (a role problem): slots, maps and routes are what is under test.
 import { test } from 'uvu';
 import * as assert from 'uvu/assert';
-import * as fs from 'node:fs';
-import * as os from 'node:os';
-import * as path from 'node:path';
-import { PassThrough } from 'node:stream';
-import { makeLogger, setLogger } from '../../lib/log';
-import { ensureBpffs } from '../../daemon/bpf/bpffs';
+import { setLogger } from '../../lib/log';
+import { withLbControllerBed } from '../lib/lb-controller-bed';
 import { LbDatapath } from '../../daemon/bpf/lb';
-import { ClusterAddresses } from '../../ipam/cluster-addresses';
-import { validatePools } from '../../ipam/pool';
-import { RedisStore } from '../../ipam/store/redis-store';
-import { LbController } from '../../daemon/lb/lb-controller';
 import type { NotForwardedVip } from '../../daemon/lb/lb-state';
-import { connectLbStore } from '../../daemon/lb/lb-store';
 import { resolveLoadBalancers } from '../../daemon/lb/lb-spec';
-import { PodStore } from '../../daemon/state/pod-store';
-import { AttachService } from '../../daemon/pod/attach-service';
 import { NetlinkHandle } from '../../daemon/netlink';
-import { addNetns, delNetns, uniqueName } from '../lib/netns';
-import { startRedis } from '../lib/redis';
 import { LB_CLASS } from '../../daemon/objects/names';
 
 const EXPORT_TABLE = 4242;
@@ -49,88 +36,57 @@ function objects(): Array<Record<string, unknown>> {
 }
 
 test('an IPv6 VIP on a node without IPv6: nothing of it programmed, reported by name; its IPv4 VIP served', async () => {
-  const redis = await startRedis();
-  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'tether-lb-no6-'));
-  const ns = uniqueName('tlbno6');
-  const pinDir = `/sys/fs/bpf/tether-test/${uniqueName('lbno6')}`;
-  const out = new PassThrough();
-  let text = '';
-  out.on('data', (d) => (text += d));
-  const logger = makeLogger({ level: 'info', stream: out });
-  setLogger(logger);
-  const pools = validatePools([{
+  const told: NotForwardedVip[] = [];
+  const pools = [{
     apiVersion: 'tether.dev/v1alpha1', kind: 'AddressPool', metadata: { name: 'lb' },
     spec: { usage: 'loadBalancer', ipv4: { cidr: '198.18.9.0/28' }, ipv6: { cidr: '2001:db8:18:9::/124' } },
-  }]);
-  const ipam = await RedisStore.connect(redis.url, { keyPrefix: 'no6:' });
-  const store = await connectLbStore(redis.url, { keyPrefix: 'no6:' });
-  const told: NotForwardedVip[] = [];
-  let ctl: LbController | undefined;
+  }];
+  // No address6 for the node: it forwards no IPv6 VIP.
+  await withLbControllerBed({ name: 'lbno6', pools, podIps: ['10.244.0.9', 'fd00:10:244::9'], controller: { maxVips: 4, exportTable: EXPORT_TABLE, onNotForwarded: (n) => told.push(n) } }, async ({ ctl, store, pools, pinDir, logger, logText }) => {
+    setLogger(logger);
+  const r = resolveLoadBalancers(objects(), pools);
+  assert.equal(r.loadBalancers.map((l) => l.key), ['shop/web', 'shop/web#IPv6']);
+  await ctl.apply(r);
+  await ctl.kick(); // a second pass: the report and the Event are not repeated
+  const st = ctl.status();
+  const v4 = st.find((s) => s.service === 'shop/web' && s.family === 'IPv4')!;
+  const v6 = st.find((s) => s.service === 'shop/web#IPv6')!;
+  const vip4 = String(v4.vip);
+  const vip6 = String(v6.vip);
+  assert.ok(vip4.startsWith('198.18.9.'), `IPv4 VIP allocated: ${vip4}`);
+  assert.ok(vip6.startsWith('2001:db8:18:9::'), `IPv6 VIP known (the Service's, allocated cluster-wide): ${vip6}`);
+  // The IPv4 VIP is programmed as usual; the IPv6 one has no slot and is not announced.
+  assert.is(v4.slot, 0);
+  assert.is(v4.nodeProblem, undefined);
+  assert.is(v6.slot, undefined, 'no slot for the IPv6 VIP');
+  assert.is(v6.announced, false);
+  assert.is(v6.problem, undefined, 'the Service itself has no problem (nodes with IPv6 serve it)');
+  const why = String(v6.nodeProblem);
+  for (const part of ['node n1', `IPv6 VIP ${vip6}`, '--node-address-6', 'shop/lb']) assert.ok(why.includes(part), `nodeProblem names ${part}: ${why}`);
+  assert.equal(ctl.slotBudget(), { used: 1, max: 4 });
+  // Not in the datapath's maps, no subscription to its mappings.
+  const dp = LbDatapath.load({ pinDir, maxVips: 4, maglevSize: 251 });
   try {
-    const netns = addNetns(ns);
-    ensureBpffs(pinDir);
-    const pods = new PodStore(path.join(dir, 'state'));
-    pods.put({
-      network: 'tether', containerId: 'c1', ifName: 'eth0', netns, podNamespace: 'shop', podName: 'lb', ips: ['10.244.0.9', 'fd00:10:244::9'], hostIfName: 'tlbnone0',
-      labels: { 'tether.dev/role': 'lb' }, phase: 'attached', config: {}, createdAt: new Date().toISOString(),
-    });
-    ctl = new LbController({
-      // No address6: this node forwards no IPv6 VIP.
-      node: { name: 'n1', address: '127.0.0.1' }, pinDir, fouPort: 5555, exportTable: EXPORT_TABLE, maxVips: 4, maglevSize: 251, datapath: 'pod', uplink: 'tlbnone',
-      store, addresses: new ClusterAddresses(pools, ipam, logger), attach: new AttachService(pods, logger), logger,
-      onNotForwarded: (n) => told.push(n),
-    });
-    const r = resolveLoadBalancers(objects(), pools);
-    assert.equal(r.loadBalancers.map((l) => l.key), ['shop/web', 'shop/web#IPv6']);
-    await ctl.apply(r);
-    await ctl.kick(); // a second pass: the report and the Event are not repeated
-    const st = ctl.status();
-    const v4 = st.find((s) => s.service === 'shop/web' && s.family === 'IPv4')!;
-    const v6 = st.find((s) => s.service === 'shop/web#IPv6')!;
-    const vip4 = String(v4.vip);
-    const vip6 = String(v6.vip);
-    assert.ok(vip4.startsWith('198.18.9.'), `IPv4 VIP allocated: ${vip4}`);
-    assert.ok(vip6.startsWith('2001:db8:18:9::'), `IPv6 VIP known (the Service's, allocated cluster-wide): ${vip6}`);
-    // The IPv4 VIP is programmed as usual; the IPv6 one has no slot and is not announced.
-    assert.is(v4.slot, 0);
-    assert.is(v4.nodeProblem, undefined);
-    assert.is(v6.slot, undefined, 'no slot for the IPv6 VIP');
-    assert.is(v6.announced, false);
-    assert.is(v6.problem, undefined, 'the Service itself has no problem (nodes with IPv6 serve it)');
-    const why = String(v6.nodeProblem);
-    for (const part of ['node n1', `IPv6 VIP ${vip6}`, '--node-address-6', 'shop/lb']) assert.ok(why.includes(part), `nodeProblem names ${part}: ${why}`);
-    assert.equal(ctl.slotBudget(), { used: 1, max: 4 });
-    // Not in the datapath's maps, no subscription to its mappings.
-    const dp = LbDatapath.load({ pinDir, maxVips: 4, maglevSize: 251 });
-    try {
-      assert.equal([...dp.services()], [[vip4, 0]], 'the datapath holds the IPv4 VIP only');
-    } finally {
-      dp.close();
-    }
-    assert.equal(store.notices.subscriptions(), [store.notices.channel(vip4)], 'only the IPv4 VIP\'s channel');
-    // No route for the IPv6 VIP in the main or export table.
-    const routes = NetlinkHandle.with(undefined, (h) => [254, EXPORT_TABLE].flatMap((table) => h.listRoutes({ family: 6, table }).filter((x) => x.dst === vip6 && x.dstLen === 128)));
-    assert.equal(routes, [], 'the IPv6 VIP is routed nowhere');
-    // Reported by name: for tether-operator's status, to the Event hook once, and one error line.
-    const report = ctl.notForwarded();
-    assert.equal(report, [{ key: 'shop/web#IPv6', service: 'shop/web', family: 'IPv6', vip: vip6, problem: why }]);
-    assert.equal(told, [{ key: 'shop/web#IPv6', service: 'shop/web', family: 'IPv6', vip: vip6, node: 'n1', problem: why }], 'told once');
-    const errors = text.trim().split('\n').map((l) => JSON.parse(l) as Record<string, unknown>).filter((l) => /not forwarded/.test(String(l.message)));
-    assert.is(errors.length, 1, 'one error line');
-    assert.is(errors[0].vip, vip6);
-    // The Service goes IPv4-only: the report goes.
-    const v4Only = objects().map((o) => (o.kind === 'Service' ? { ...o, spec: { ...(o.spec as object), ipFamilyPolicy: 'SingleStack', ipFamilies: ['IPv4'] } } : o));
-    await ctl.apply(resolveLoadBalancers(v4Only, pools));
-    assert.equal(ctl.notForwarded(), []);
+    assert.equal([...dp.services()], [[vip4, 0]], 'the datapath holds the IPv4 VIP only');
   } finally {
-    await ctl?.stop();
-    await store.connection.close();
-    await ipam.close();
-    await redis.stop();
-    delNetns(ns);
-    fs.rmSync(pinDir, { recursive: true, force: true });
-    fs.rmSync(dir, { recursive: true, force: true });
+    dp.close();
   }
+  assert.equal(store.notices.subscriptions(), [store.notices.channel(vip4)], 'only the IPv4 VIP\'s channel');
+  // No route for the IPv6 VIP in the main or export table.
+  const routes = NetlinkHandle.with(undefined, (h) => [254, EXPORT_TABLE].flatMap((table) => h.listRoutes({ family: 6, table }).filter((x) => x.dst === vip6 && x.dstLen === 128)));
+  assert.equal(routes, [], 'the IPv6 VIP is routed nowhere');
+  // Reported by name: for tether-operator's status, to the Event hook once, and one error line.
+  const report = ctl.notForwarded();
+  assert.equal(report, [{ key: 'shop/web#IPv6', service: 'shop/web', family: 'IPv6', vip: vip6, problem: why }]);
+  assert.equal(told, [{ key: 'shop/web#IPv6', service: 'shop/web', family: 'IPv6', vip: vip6, node: 'n1', problem: why }], 'told once');
+  const errors = logText().trim().split('\n').map((l) => JSON.parse(l) as Record<string, unknown>).filter((l) => /not forwarded/.test(String(l.message)));
+  assert.is(errors.length, 1, 'one error line');
+  assert.is(errors[0].vip, vip6);
+  // The Service goes IPv4-only: the report goes.
+  const v4Only = objects().map((o) => (o.kind === 'Service' ? { ...o, spec: { ...(o.spec as object), ipFamilyPolicy: 'SingleStack', ipFamilies: ['IPv4'] } } : o));
+  await ctl.apply(resolveLoadBalancers(v4Only, pools));
+  assert.equal(ctl.notForwarded(), []);
+  });
 });
 
 test.run();

@@ -6,23 +6,11 @@
 // fails before touching the kernel (a role problem): only the slots and maps are under test here.
 import { test } from 'uvu';
 import * as assert from 'uvu/assert';
-import * as fs from 'node:fs';
-import * as os from 'node:os';
-import * as path from 'node:path';
-import { PassThrough, Writable } from 'node:stream';
+import { Writable } from 'node:stream';
 import { makeLogger, setLogger } from '../../lib/log';
-import { ensureBpffs } from '../../daemon/bpf/bpffs';
+import { withLbControllerBed } from '../lib/lb-controller-bed';
 import { LbDatapath } from '../../daemon/bpf/lb';
-import { ClusterAddresses } from '../../ipam/cluster-addresses';
-import { validatePools } from '../../ipam/pool';
-import { RedisStore } from '../../ipam/store/redis-store';
-import { LbController } from '../../daemon/lb/lb-controller';
-import { connectLbStore } from '../../daemon/lb/lb-store';
 import { resolveLoadBalancers } from '../../daemon/lb/lb-spec';
-import { PodStore } from '../../daemon/state/pod-store';
-import { AttachService } from '../../daemon/pod/attach-service';
-import { addNetns, delNetns, uniqueName } from '../lib/netns';
-import { startRedis } from '../lib/redis';
 import { LB_CLASS } from '../../daemon/objects/names';
 
 setLogger(makeLogger({ level: 'error', stream: new Writable({ write: (_c, _e, cb) => cb() }) }));
@@ -38,69 +26,39 @@ function objects(names: string[]): Array<Record<string, unknown>> {
 }
 
 test('past the node\'s slot budget: named in status and the log, nothing else disturbed; a freed slot is taken', async () => {
-  const redis = await startRedis();
-  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'tether-lb-slots-'));
-  const ns = uniqueName('tlbslot');
-  const pinDir = `/sys/fs/bpf/tether-test/${uniqueName('lbslots')}`;
-  const out = new PassThrough();
-  let text = '';
-  out.on('data', (d) => (text += d));
-  const logger = makeLogger({ level: 'info', stream: out });
-  const pools = validatePools([{ apiVersion: 'tether.dev/v1alpha1', kind: 'AddressPool', metadata: { name: 'lb' }, spec: { usage: 'loadBalancer', ipv4: { cidr: '198.18.4.0/28' } } }]);
-  const ipam = await RedisStore.connect(redis.url, { keyPrefix: 'slots:' });
-  const store = await connectLbStore(redis.url, { keyPrefix: 'slots:' });
-  let ctl: LbController | undefined;
-  try {
-    const netns = addNetns(ns);
-    ensureBpffs(pinDir);
-    const pods = new PodStore(path.join(dir, 'state'));
-    pods.put({
-      network: 'tether', containerId: 'c1', ifName: 'eth0', netns, podNamespace: 'shop', podName: 'lb', ips: ['10.244.0.9'], hostIfName: 'tlbnone0',
-      labels: { 'tether.dev/role': 'lb' }, phase: 'attached', config: {}, createdAt: new Date().toISOString(),
-    });
-    ctl = new LbController({
-      node: { name: 'n1', address: '127.0.0.1' }, pinDir, fouPort: 5555, exportTable: 0, maxVips: 2, maglevSize: 251, datapath: 'pod', uplink: 'tlbnone',
-      store, addresses: new ClusterAddresses(pools, ipam, logger), attach: new AttachService(pods, logger), logger,
-    });
-    const names = ['a', 'b', 'c', 'd', 'e'];
-    await ctl.apply(resolveLoadBalancers(objects(names), pools));
-    const st = ctl.status();
-    const by = (n: string) => st.find((s) => s.service === `shop/${n}`)!;
-    assert.equal(ctl.slotBudget(), { used: 2, max: 2 });
-    assert.equal(names.map((n) => by(n).slot), [0, 1, undefined, undefined, undefined]);
-    for (const n of ['c', 'd', 'e']) {
-      const s = by(n);
-      assert.ok(s.vip, `${n} keeps its VIP`);
-      assert.is(s.problem, undefined, `${n}: the Service itself has no problem (other nodes may serve it)`);
-      assert.match(String(s.nodeProblem), new RegExp(`no VIP slot left on node n1: all 2 .*VIP ${String(s.vip).replace(/\./g, '\\.')}`));
-    }
-    const errors = text.trim().split('\n').map((l) => JSON.parse(l) as Record<string, unknown>).filter((l) => /no slot left/.test(String(l.message)));
-    assert.equal(errors.map((l) => l.vip).sort(), ['c', 'd', 'e'].map((n) => by(n).vip).sort(), 'one error line per refused VIP, naming it');
-    assert.equal(store.notices.subscriptions(), [by('a').vip, by('b').vip].map((v) => store.notices.channel(String(v))).sort(), 'only the slotted VIPs\' channels');
-    // The datapath holds exactly the two slotted VIPs.
-    const dp = LbDatapath.load({ pinDir, maxVips: 2, maglevSize: 251 });
-    try {
-      assert.equal([...dp.services()].sort(), [[String(by('a').vip), 0], [String(by('b').vip), 1]].sort());
-    } finally {
-      dp.close();
-    }
-    // Service a goes: its slot is free at once, and c (the first waiting) takes it.
-    await ctl.apply(resolveLoadBalancers(objects(['b', 'c', 'd', 'e']), pools));
-    const after = ctl.status();
-    const c = after.find((s) => s.service === 'shop/c')!;
-    assert.is(c.slot, 0);
-    assert.is(c.nodeProblem, undefined);
-    assert.is(after.find((s) => s.service === 'shop/b')!.slot, 1, 'b kept its slot');
-    assert.ok(after.find((s) => s.service === 'shop/d')!.nodeProblem);
-  } finally {
-    await ctl?.stop();
-    await store.connection.close();
-    await ipam.close();
-    await redis.stop();
-    delNetns(ns);
-    fs.rmSync(pinDir, { recursive: true, force: true });
-    fs.rmSync(dir, { recursive: true, force: true });
+  const pools = [{ apiVersion: 'tether.dev/v1alpha1', kind: 'AddressPool', metadata: { name: 'lb' }, spec: { usage: 'loadBalancer', ipv4: { cidr: '198.18.4.0/28' } } }];
+  await withLbControllerBed({ name: 'lbslots', pools, podIps: ['10.244.0.9'], controller: { maxVips: 2 } }, async ({ ctl, store, pools, pinDir, logText }) => {
+  const names = ['a', 'b', 'c', 'd', 'e'];
+  await ctl.apply(resolveLoadBalancers(objects(names), pools));
+  const st = ctl.status();
+  const by = (n: string) => st.find((s) => s.service === `shop/${n}`)!;
+  assert.equal(ctl.slotBudget(), { used: 2, max: 2 });
+  assert.equal(names.map((n) => by(n).slot), [0, 1, undefined, undefined, undefined]);
+  for (const n of ['c', 'd', 'e']) {
+    const s = by(n);
+    assert.ok(s.vip, `${n} keeps its VIP`);
+    assert.is(s.problem, undefined, `${n}: the Service itself has no problem (other nodes may serve it)`);
+    assert.match(String(s.nodeProblem), new RegExp(`no VIP slot left on node n1: all 2 .*VIP ${String(s.vip).replace(/\./g, '\\.')}`));
   }
+  const errors = logText().trim().split('\n').map((l) => JSON.parse(l) as Record<string, unknown>).filter((l) => /no slot left/.test(String(l.message)));
+  assert.equal(errors.map((l) => l.vip).sort(), ['c', 'd', 'e'].map((n) => by(n).vip).sort(), 'one error line per refused VIP, naming it');
+  assert.equal(store.notices.subscriptions(), [by('a').vip, by('b').vip].map((v) => store.notices.channel(String(v))).sort(), 'only the slotted VIPs\' channels');
+  // The datapath holds exactly the two slotted VIPs.
+  const dp = LbDatapath.load({ pinDir, maxVips: 2, maglevSize: 251 });
+  try {
+    assert.equal([...dp.services()].sort(), [[String(by('a').vip), 0], [String(by('b').vip), 1]].sort());
+  } finally {
+    dp.close();
+  }
+  // Service a goes: its slot is free at once, and c (the first waiting) takes it.
+  await ctl.apply(resolveLoadBalancers(objects(['b', 'c', 'd', 'e']), pools));
+  const after = ctl.status();
+  const c = after.find((s) => s.service === 'shop/c')!;
+  assert.is(c.slot, 0);
+  assert.is(c.nodeProblem, undefined);
+  assert.is(after.find((s) => s.service === 'shop/b')!.slot, 1, 'b kept its slot');
+  assert.ok(after.find((s) => s.service === 'shop/d')!.nodeProblem);
+  });
 });
 
 test.run();
