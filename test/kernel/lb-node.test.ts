@@ -8,22 +8,28 @@
 // packet straight on, encapsulated (outer source: the node's address), out the uplink for t1/t2 and into
 // t3's veth for t3; the LB pod (lb_ingress on its interface, the VIP routed to it as tetherd does) only
 // serves the node's own senders. Targets answer the client directly (DSR).
+// IPv6 on the same namespaces (each test runs once per family, its IPv6 twin named "IPv6: ..."): client
+// fd93:1::2.., lbnode fd93:2::2, t1 fd93:3::2, t2 fd93:4::2, t3 fd93:21::2, VIPs fd93:100::10 and ::11 (slots
+// 2 and 3), FoU in outer IPv6 from the node's IPv6 address to the target's. The LB pod and the node's side of
+// its link stay IPv4-only (its receive counter must count only what is sent to it, no IPv6 chatter), so the
+// node's own senders are tested in IPv4 only.
 import { test } from 'uvu';
 import * as assert from 'uvu/assert';
 import { execFileSync, spawn } from 'node:child_process';
 import * as fs from 'node:fs';
 import * as path from 'node:path';
-import { LbDatapath } from '../../daemon/bpf/lb';
+import { LB_HASH_SEED, LbDatapath } from '../../daemon/bpf/lb';
 import { attachFouDecap, type FouDecap } from '../../daemon/bpf/fou';
 import { ensureBpffs } from '../../daemon/bpf/bpffs';
 import { LB_F_PER_FLOW, PROTO, type LbStats } from '../../daemon/bpf/lb-structs';
-import { maglevTable } from '../../daemon/lb/maglev';
+import { maglevTable, pickOf } from '../../daemon/lb/maglev';
 import { close, sendto, socket, SOCK_CLOEXEC, SOCK_RAW } from '../../daemon/sys/libc';
 import { inNetns } from '../../daemon/sys/netns';
 import { koffi } from '../../daemon/sys/ffi';
 import { addNetns, delNetns, ipJson, uniqueName } from '../lib/netns';
 import { sleep, waitFor } from '../lib/wait';
 import { lbConnect, type LbAnswer } from '../lib/lb-client';
+import { bytesToIp, ipToBytes } from '../../lib/ip';
 
 const root = path.resolve(__dirname, '../..');
 const VIP = '10.93.100.10';
@@ -42,7 +48,45 @@ const M = 251; // a small prime keeps the table writes short
 /** A small table, so the flood test fills it. */
 const MAX_MAPPINGS = 256;
 const clients = Array.from({ length: 20 }, (_, i) => `10.93.1.${i + 2}`);
-const NAMES: Record<string, string> = { [T1]: 't1', [T2]: 't2', [T3]: 't3' };
+
+/** One family's addresses and numbers: each test below runs once per family over the same namespaces. */
+interface Family {
+  /** The test name's prefix. */
+  label: string;
+  v6: boolean;
+  vip: string; vip2: string; node: string; t1: string; t2: string; t3: string;
+  routerClientSide: string;
+  clients: string[];
+  /** The VIPs' stats slots. */
+  slot: number; slot2: number;
+  /** An address on the clients' subnet by number (not on the client unless added). */
+  host: (n: number) => string;
+  /** The clients' prefix length. */
+  prefix: number;
+  /** What a client is told its MTU is over the 1500-byte links: FoU adds 28 bytes in IPv4, 48 in IPv6. */
+  innerMtu: number;
+  /** A client-side MTU the targets' full-size replies no longer fit (IPv6: its minimum, 1280; below it a
+   * link loses its IPv6 addresses). */
+  smallMtu: number;
+  /** What a client is told when its packet would not fit once encapsulated. */
+  tooBig: string;
+}
+
+const V4: Family = {
+  label: '', v6: false, vip: VIP, vip2: VIP2, node: NODE, t1: T1, t2: T2, t3: T3, routerClientSide: ROUTER_CLIENT_SIDE, clients,
+  slot: 0, slot2: 1, host: (n) => `10.93.1.${n}`, prefix: 24, innerMtu: 1472, smallMtu: 1100, tooBig: 'frag-needed',
+};
+const V6: Family = {
+  label: 'IPv6: ', v6: true, vip: 'fd93:100::10', vip2: 'fd93:100::11', node: 'fd93:2::2', t1: 'fd93:3::2', t2: 'fd93:4::2', t3: 'fd93:21::2',
+  routerClientSide: 'fd93:1::1', clients: Array.from({ length: 20 }, (_, i) => `fd93:1::${(i + 2).toString(16)}`),
+  slot: 2, slot2: 3, host: (n) => `fd93:1::${n.toString(16)}`, prefix: 64, innerMtu: 1452, smallMtu: 1280, tooBig: 'Packet Too Big',
+};
+const FAMILIES = [V4, V6];
+const NAMES: Record<string, string> = Object.fromEntries(FAMILIES.flatMap((f) => [[f.t1, 't1'], [f.t2, 't2'], [f.t3, 't3']]));
+/** The mappings of the family's two VIPs. */
+const mappingsOf = (f: Family) => bed.lb!.mappings().filter((m) => m.vip === f.vip || m.vip === f.vip2);
+/** An extra client address (nodad: usable at once). */
+const addClient = (f: Family, a: string) => sh('ip', '-n', bed.client, 'addr', 'add', `${a}/${f.prefix}`, 'dev', 'c0', ...(f.v6 ? ['nodad'] : []));
 
 const sh = (cmd: string, ...args: string[]) => execFileSync(cmd, args, { encoding: 'utf8', stdio: ['ignore', 'pipe', 'pipe'] });
 const inNs = (ns: string, ...cmd: string[]) => sh('nsenter', `--net=/run/netns/${ns}`, ...cmd);
@@ -57,12 +101,12 @@ interface Bed {
 
 let bed: Bed;
 
-// Target server: TCP answers each connection with "<name> <peer>\n" after the first line ("big": 400 KB
-// first; "up": counts an upload); UDP on the VIP echoes each datagram (from the VIP, DSR).
+// Target server, both families: TCP answers each connection with "<name> <peer>\n" after the first line
+// ("big": 400 KB first; "up": counts an upload); UDP on each VIP echoes each datagram (from the VIP, DSR).
 const SERVER_JS = `
 const net = require('net'), dgram = require('dgram');
-const [name, port, vip] = process.argv.slice(1);
-net.createServer({ allowHalfOpen: true }, (s) => {
+const [name, port, vip, vip6] = process.argv.slice(1);
+const serve = (s) => {
   s.on('error', () => {});
   s.once('data', (d) => {
     if (String(d).startsWith('up')) {
@@ -74,17 +118,21 @@ net.createServer({ allowHalfOpen: true }, (s) => {
     if (String(d).startsWith('big')) s.write(Buffer.alloc(400 * 1024, 120));
     s.end(name + ' ' + s.remoteAddress + '\\n');
   });
-}).listen(Number(port), '0.0.0.0');
-const u = dgram.createSocket('udp4');
-u.on('message', (m, r) => u.send(Buffer.concat([Buffer.from(name + ' '), m.subarray(name.length + 1)]), r.port, r.address));
-u.bind(Number(port), vip);
+};
+net.createServer({ allowHalfOpen: true }, serve).listen(Number(port), '0.0.0.0');
+net.createServer({ allowHalfOpen: true }, serve).listen({ port: Number(port), host: '::', ipv6Only: true });
+for (const [type, addr] of [['udp4', vip], ['udp6', vip6]]) {
+  const u = dgram.createSocket(type);
+  u.on('message', (m, r) => u.send(Buffer.concat([Buffer.from(name + ' '), m.subarray(name.length + 1)]), r.port, r.address));
+  u.bind(Number(port), addr);
+}
 `;
 
 
 type Answer = LbAnswer;
 
-function connect(srcs: string[], opts: { port?: number; req?: string; timeoutMs?: number; ns?: string } = {}): Answer[] {
-  return lbConnect(opts.ns ?? bed.client, VIP, opts.port ?? PORT, srcs, opts);
+function connect(srcs: string[], opts: { port?: number; req?: string; timeoutMs?: number; ns?: string; vip?: string } = {}): Answer[] {
+  return lbConnect(opts.ns ?? bed.client, opts.vip ?? VIP, opts.port ?? PORT, srcs, opts);
 }
 
 const stats = (slot = 0): LbStats => bed.lb!.stats(slot);
@@ -103,30 +151,41 @@ function build(): Bed {
   };
   bed = b;
   for (const ns of [b.client, b.router, b.lbnode, b.lbpod, b.t1, b.t2, b.t3]) addNetns(ns);
-  // No IPv6 chatter (router solicitations, MLD) on the LB node's links: the LB pod's receive counter must
-  // count only what is sent to it.
-  for (const ns of [b.lbnode, b.lbpod]) inNs(ns, 'sysctl', '-qw', 'net.ipv6.conf.all.disable_ipv6=1', 'net.ipv6.conf.default.disable_ipv6=1');
+  // No IPv6 chatter (router solicitations, MLD) towards the LB pod: its receive counter must count only what
+  // is sent to it. The LB node's links are IPv6-less unless enabled below (the uplink and t3's veth).
+  inNs(b.lbpod, 'sysctl', '-qw', 'net.ipv6.conf.all.disable_ipv6=1', 'net.ipv6.conf.default.disable_ipv6=1');
+  inNs(b.lbnode, 'sysctl', '-qw', 'net.ipv6.conf.default.disable_ipv6=1');
   for (const ns of [b.router, b.lbnode]) {
-    for (const k of ['net.ipv4.ip_forward=1', 'net.ipv4.conf.all.rp_filter=0', 'net.ipv4.conf.default.rp_filter=0', 'net.ipv4.conf.all.send_redirects=0']) inNs(ns, 'sysctl', '-qw', k);
+    // IPv6 forwarding on the uplink is also what lets the datapath's IPv6 FIB lookups succeed (as ip_forward does IPv4's).
+    for (const k of ['net.ipv4.ip_forward=1', 'net.ipv6.conf.all.forwarding=1', 'net.ipv4.conf.all.rp_filter=0', 'net.ipv4.conf.default.rp_filter=0', 'net.ipv4.conf.all.send_redirects=0']) inNs(ns, 'sysctl', '-qw', k);
   }
-  const link = (ns: string, ifName: string, addr: string, routerIf: string, routerAddr: string) => {
+  const addr6 = (ns: string, a: string, dev: string) => sh('ip', '-n', ns, 'addr', 'add', a, 'dev', dev, 'nodad');
+  const link = (ns: string, ifName: string, addr: string, routerIf: string, routerAddr: string, a6: string, routerA6: string) => {
     sh('ip', '-n', b.router, 'link', 'add', routerIf, 'type', 'veth', 'peer', 'name', ifName, 'netns', ns);
+    if (ns === b.lbnode) inNs(ns, 'sysctl', '-qw', `net.ipv6.conf.${ifName}.disable_ipv6=0`);
     sh('ip', '-n', b.router, 'addr', 'add', `${routerAddr}/24`, 'dev', routerIf);
+    addr6(b.router, `${routerA6}/64`, routerIf);
     sh('ip', '-n', b.router, 'link', 'set', routerIf, 'up');
     sh('ip', '-n', ns, 'addr', 'add', `${addr}/24`, 'dev', ifName);
+    addr6(ns, `${a6}/64`, ifName);
     sh('ip', '-n', ns, 'link', 'set', ifName, 'up');
     sh('ip', '-n', ns, 'route', 'add', 'default', 'via', routerAddr);
+    sh('ip', '-n', ns, '-6', 'route', 'add', 'default', 'via', routerA6);
   };
-  link(b.client, 'c0', clients[0], 'rc', ROUTER_CLIENT_SIDE);
+  link(b.client, 'c0', clients[0], 'rc', ROUTER_CLIENT_SIDE, V6.clients[0], V6.routerClientSide);
   for (const c of clients.slice(1)) sh('ip', '-n', b.client, 'addr', 'add', `${c}/24`, 'dev', 'c0');
-  link(b.lbnode, 'n0', NODE, 'rn', '10.93.2.1');
-  link(b.t1, 'eth0', T1, 'r1', '10.93.3.1');
-  link(b.t2, 'eth0', T2, 'r2', '10.93.4.1');
+  for (const c of V6.clients.slice(1)) addr6(b.client, `${c}/64`, 'c0');
+  link(b.lbnode, 'n0', NODE, 'rn', '10.93.2.1', V6.node, 'fd93:2::1');
+  link(b.t1, 'eth0', T1, 'r1', '10.93.3.1', V6.t1, 'fd93:3::1');
+  link(b.t2, 'eth0', T2, 'r2', '10.93.4.1', V6.t2, 'fd93:4::1');
   // The VIPs, and the LB node's own pod t3 (reached directly only by the readiness check), via the LB node.
-  for (const v of [VIP, VIP2, T3]) sh('ip', '-n', b.router, 'route', 'add', `${v}/32`, 'via', NODE);
+  for (const f of FAMILIES) {
+    for (const v of [f.vip, f.vip2, f.t3]) sh('ip', '-n', b.router, ...(f.v6 ? ['-6'] : []), 'route', 'add', `${v}/${f.v6 ? 128 : 32}`, 'via', f.node);
+  }
 
-  // Pods on the LB node as ptp wires them: a veth whose host side holds the gateway address, a /32 route.
-  const pod = (ns: string, hostIf: string, gw: string, addr: string) => {
+  // Pods on the LB node as ptp wires them: a veth whose host side holds the gateway address, a /32 route
+  // (and, with IPv6, the same in /128s).
+  const pod = (ns: string, hostIf: string, gw: string, addr: string, v6?: { gw: string; addr: string }) => {
     sh('ip', '-n', b.lbnode, 'link', 'add', hostIf, 'type', 'veth', 'peer', 'name', 'eth0', 'netns', ns);
     sh('ip', '-n', b.lbnode, 'addr', 'add', `${gw}/32`, 'dev', hostIf);
     sh('ip', '-n', b.lbnode, 'link', 'set', hostIf, 'up');
@@ -135,9 +194,16 @@ function build(): Bed {
     sh('ip', '-n', ns, 'link', 'set', 'eth0', 'up');
     sh('ip', '-n', ns, 'route', 'add', `${gw}/32`, 'dev', 'eth0');
     sh('ip', '-n', ns, 'route', 'add', 'default', 'via', gw, 'dev', 'eth0');
+    if (!v6) return;
+    inNs(b.lbnode, 'sysctl', '-qw', `net.ipv6.conf.${hostIf}.disable_ipv6=0`);
+    addr6(b.lbnode, `${v6.gw}/128`, hostIf);
+    sh('ip', '-n', b.lbnode, '-6', 'route', 'add', `${v6.addr}/128`, 'dev', hostIf);
+    addr6(ns, `${v6.addr}/128`, 'eth0');
+    sh('ip', '-n', ns, '-6', 'route', 'add', `${v6.gw}/128`, 'dev', 'eth0');
+    sh('ip', '-n', ns, '-6', 'route', 'add', 'default', 'via', v6.gw, 'dev', 'eth0');
   };
   pod(b.lbpod, 'lbv', '10.93.20.1', LBPOD);
-  pod(b.t3, 'lt3', '10.93.21.1', T3);
+  pod(b.t3, 'lt3', '10.93.21.1', T3, { gw: 'fd93:21::1', addr: V6.t3 });
   // What tetherd does for an LB pod, in either mode: the VIPs routed to it (the node's own senders take
   // this path), the node accepting its own address as the source of what the pod sends back.
   for (const v of [VIP, VIP2]) sh('ip', '-n', b.lbnode, 'route', 'add', `${v}/32`, 'via', LBPOD, 'dev', 'lbv', 'onlink');
@@ -147,14 +213,21 @@ function build(): Bed {
   const targets = [[b.t1, 't1', T1, b.router, 'r1'], [b.t2, 't2', T2, b.router, 'r2'], [b.t3, 't3', T3, b.lbnode, 'lt3']] as const;
   for (const [ns, name, addr, hostNs, hostIf] of targets) {
     for (const v of [VIP, VIP2]) sh('ip', '-n', ns, 'addr', 'add', `${v}/32`, 'dev', 'lo');
+    for (const v of [V6.vip, V6.vip2]) addr6(ns, `${v}/128`, 'lo');
     for (const k of ['all', 'eth0']) inNs(ns, 'sysctl', '-qw', `net.ipv4.conf.${k}.arp_ignore=1`, `net.ipv4.conf.${k}.arp_announce=2`);
     sh('ip', '-n', ns, 'link', 'set', 'eth0', 'mtu', '1472');
+    // IPv6 in FoU over outer IPv6 has 48 bytes less (not 28): the target's IPv6 MTU, and so its MSS, says so
+    // (set after the link's, which resets it).
+    inNs(ns, 'sysctl', '-qw', 'net.ipv6.conf.eth0.mtu=1452');
+    const addr6of = { t1: V6.t1, t2: V6.t2, t3: V6.t3 }[name];
     // Decapsulated at the egress of the link into the target, as tetherd does on a target pod's host-side veth.
-    b.decaps.push(attachFouDecap({ netns: `/run/netns/${hostNs}`, ifName: hostIf, direction: 'egress', port: FOU_PORT, localAddress: addr, allowedSources: [NODE] }));
-    b.servers.push(spawn('nsenter', [`--net=/run/netns/${ns}`, process.execPath, '-e', SERVER_JS, name, String(PORT), VIP], { stdio: ['ignore', 'pipe', 'ignore'] }));
+    b.decaps.push(attachFouDecap({
+      netns: `/run/netns/${hostNs}`, ifName: hostIf, direction: 'egress', port: FOU_PORT, localAddress: addr, localAddress6: addr6of, allowedSources: [NODE, V6.node],
+    }));
+    b.servers.push(spawn('nsenter', [`--net=/run/netns/${ns}`, process.execPath, '-e', SERVER_JS, name, String(PORT), VIP, V6.vip], { stdio: ['ignore', 'pipe', 'ignore'] }));
   }
   b.lb = LbDatapath.load({ pinDir: b.pinDir, maxVips: 4, maglevSize: M, maxMappings: MAX_MAPPINGS });
-  b.lb.configure(NODE, FOU_PORT);
+  b.lb.configure(NODE, FOU_PORT, V6.node);
   b.lb.attach(`/run/netns/${b.lbpod}`, 'eth0');
   b.lb.attachNode('n0', `/run/netns/${b.lbnode}`);
   return b;
@@ -176,8 +249,6 @@ const macOf = (ns: string, ifName: string): Buffer => {
   if (!macs.has(k)) macs.set(k, Buffer.from((ipJson(ns, ['link', 'show', ifName])[0].address as string).split(':').map((x) => parseInt(x, 16))));
   return macs.get(k)!;
 };
-const ipBytes = (a: string) => Buffer.from(a.split('.').map(Number));
-
 function ipChecksum(h: Buffer): number {
   let sum = 0;
   for (let i = 0; i < h.length; i += 2) sum += h.readUInt16BE(i);
@@ -187,13 +258,27 @@ function ipChecksum(h: Buffer): number {
 
 interface FrameSpec {
   src: string; dst: string; proto: number; payload: Buffer;
-  options?: Buffer; fragOffset?: number; moreFragments?: boolean; id?: number; badChecksum?: boolean;
+  /** IPv4: options (NOP NOP NOP EOL); IPv6: a Hop-by-Hop header (PadN). */
+  options?: boolean;
+  /** In 8-byte units; either set: a fragment (IPv6: a Fragment header). */
+  fragOffset?: number; moreFragments?: boolean; id?: number;
+  /** A header the stack would refuse: IPv4 a bad checksum, IPv6 a payload length past the frame's end. */
+  badHeader?: boolean;
   /** Destination MAC (default: the LB node's uplink). */
   dstMac?: Buffer;
 }
 
+function ethernet(f: FrameSpec, type: number, ip: Buffer): Buffer {
+  const eth = Buffer.alloc(14);
+  (f.dstMac ?? macOf(bed.lbnode, 'n0')).copy(eth, 0);
+  macOf(bed.router, 'rn').copy(eth, 6);
+  eth.writeUInt16BE(type, 12);
+  return Buffer.concat([eth, ip, f.payload]);
+}
+
 function frame(f: FrameSpec): Buffer {
-  const opts = f.options ?? Buffer.alloc(0);
+  if (f.src.includes(':')) return frame6(f);
+  const opts = f.options ? Buffer.from([1, 1, 1, 0]) : Buffer.alloc(0);
   const ip = Buffer.alloc(20 + opts.length);
   ip.writeUInt8(0x40 | ((20 + opts.length) / 4), 0);
   ip.writeUInt16BE(ip.length + f.payload.length, 2);
@@ -201,18 +286,40 @@ function frame(f: FrameSpec): Buffer {
   ip.writeUInt16BE((f.moreFragments ? 0x2000 : 0) | (f.fragOffset ?? 0), 6);
   ip.writeUInt8(64, 8);
   ip.writeUInt8(f.proto, 9);
-  ipBytes(f.src).copy(ip, 12);
-  ipBytes(f.dst).copy(ip, 16);
+  ipToBytes(f.src).copy(ip, 12);
+  ipToBytes(f.dst).copy(ip, 16);
   opts.copy(ip, 20);
-  ip.writeUInt16BE(ipChecksum(ip) ^ (f.badChecksum ? 0x5a5a : 0), 10);
-  const eth = Buffer.alloc(14);
-  (f.dstMac ?? macOf(bed.lbnode, 'n0')).copy(eth, 0);
-  macOf(bed.router, 'rn').copy(eth, 6);
-  eth.writeUInt16BE(0x0800, 12);
-  return Buffer.concat([eth, ip, f.payload]);
+  ip.writeUInt16BE(ipChecksum(ip) ^ (f.badHeader ? 0x5a5a : 0), 10);
+  return ethernet(f, 0x0800, ip);
 }
 
-/** A UDP header (checksum 0: none, allowed over IPv4) and payload. */
+/** frame for IPv6: the IPv6 header, then a Hop-by-Hop header if options, a Fragment header if a fragment. */
+function frame6(f: FrameSpec): Buffer {
+  let next = f.proto;
+  let ext = Buffer.alloc(0);
+  if (f.fragOffset !== undefined || f.moreFragments) {
+    const fh = Buffer.alloc(8);
+    fh[0] = next;
+    fh.writeUInt16BE(((f.fragOffset ?? 0) << 3) | (f.moreFragments ? 1 : 0), 2);
+    fh.writeUInt32BE(f.id ?? 0x1234, 4);
+    ext = fh;
+    next = 44;
+  }
+  if (f.options) {
+    ext = Buffer.concat([Buffer.from([next, 0, 1, 4, 0, 0, 0, 0]), ext]);
+    next = 0;
+  }
+  const ip = Buffer.alloc(40);
+  ip.writeUInt32BE(0x60000000, 0);
+  ip.writeUInt16BE(ext.length + f.payload.length + (f.badHeader ? 1000 : 0), 4);
+  ip[6] = next;
+  ip[7] = 64;
+  ipToBytes(f.src).copy(ip, 8);
+  ipToBytes(f.dst).copy(ip, 24);
+  return ethernet(f, 0x86dd, Buffer.concat([ip, ext]));
+}
+
+/** A UDP header (checksum 0: none, allowed over IPv4; over IPv6 the target drops it, after the LB counted it) and payload. */
 function udp(sport: number, dport: number, data = Buffer.alloc(8)): Buffer {
   const u = Buffer.alloc(8);
   u.writeUInt16BE(sport, 0);
@@ -241,12 +348,14 @@ async function sendFrames(frames: Buffer[]): Promise<void> {
   try {
     const addr = Buffer.alloc(20);
     addr.writeUInt16LE(AF_PACKET, 0);
-    addr.writeUInt16BE(0x0800, 2);
     addr.writeInt32LE(ifindex, 4);
     addr.writeUInt8(6, 11);
     macOf(bed.lbnode, 'n0').copy(addr, 12);
     for (let i = 0; i < frames.length; i += 64) {
-      for (const f of frames.slice(i, i + 64)) sendto(fd, f, addr);
+      for (const f of frames.slice(i, i + 64)) {
+        addr.writeUInt16BE(f.readUInt16BE(12), 2); // the frame's EtherType
+        sendto(fd, f, addr);
+      }
       await sleep(5);
     }
   } finally {
@@ -280,19 +389,16 @@ async function onOneCpu(fn: () => Promise<void>): Promise<void> {
 test.before(async () => {
   if (!fs.existsSync(path.join(root, 'dist/bpf/lb.bpf.o'))) execFileSync('bash', [path.join(root, 'bpf/build.sh')], { stdio: 'inherit' });
   build();
-  bed.lb!.setService(VIP, 0, [{ port: PORT, proto: PROTO.TCP }, { port: PORT, proto: PROTO.UDP }], 0);
-  bed.lb!.setService(VIP2, 1, [{ port: FLOOD_PORT, proto: PROTO.UDP }], LB_F_PER_FLOW);
-  setTargets([T1, T2, T3]);
-  setTargets([T1, T2], [], VIP2, 1);
-  // Servers are up once each answers on its own address.
-  await waitFor(() => {
-    try {
-      inNs(bed.client, 'bash', '-c', `exec 3<>/dev/tcp/${T1}/${PORT} && exec 4<>/dev/tcp/${T2}/${PORT} && exec 5<>/dev/tcp/${T3}/${PORT}`);
-      return true;
-    } catch {
-      return false;
-    }
-  }, 'target servers listening', { timeoutMs: 10000, intervalMs: 100 });
+  for (const f of FAMILIES) {
+    bed.lb!.setService(f.vip, f.slot, [{ port: PORT, proto: PROTO.TCP }, { port: PORT, proto: PROTO.UDP }], 0);
+    bed.lb!.setService(f.vip2, f.slot2, [{ port: FLOOD_PORT, proto: PROTO.UDP }], LB_F_PER_FLOW);
+    setTargets([f.t1, f.t2, f.t3], [], f.vip, f.slot);
+    setTargets([f.t1, f.t2], [], f.vip2, f.slot2);
+  }
+  // Servers are up once each answers on its own address, in each family.
+  await waitFor(() => FAMILIES.every((f) => lbConnect(bed.client, f.t1, PORT, [f.clients[0]], { timeoutMs: 1000 })[0].ok &&
+    lbConnect(bed.client, f.t2, PORT, [f.clients[0]], { timeoutMs: 1000 })[0].ok && lbConnect(bed.client, f.t3, PORT, [f.clients[0]], { timeoutMs: 1000 })[0].ok),
+  'target servers listening', { timeoutMs: 15000, intervalMs: 200 });
 });
 
 test.after(() => {
@@ -315,12 +421,69 @@ test.after(() => {
   fs.rmSync(bed.pinDir, { recursive: true, force: true });
 });
 
-test('clients stick to their targets (on other nodes and on this one), targets see the client, and nothing enters the LB pod', () => {
+/** An encapsulated packet seen on the wire: the outer addresses and UDP header, and the inner source. */
+interface Outer { family: 4 | 6; src: string; dst: string; dport: number; udpCsum: number; udpLen: number; innerLen: number; innerSrc: string }
+
+/**
+ * Runs fn while tcpdump records the FoU packets the LB node sends out its uplink (on the router's side of
+ * it: t1's and t2's, not t3's, which never leave the node), and returns them parsed.
+ */
+async function captureFou(fn: () => void): Promise<Outer[]> {
+  // The capture comes on stdout (tcpdump writing a file would drop its privileges to the file's new owner
+  // first), each packet as it comes (--immediate-mode: not held in a ring block that SIGINT discards).
+  const td = spawn('nsenter', [`--net=/run/netns/${bed.router}`, 'tcpdump', '-i', 'rn', '-nn', '--immediate-mode', '-U', '-w', '-', `udp dst port ${FOU_PORT}`], { stdio: ['ignore', 'pipe', 'pipe'] });
+  const exited = new Promise((r) => td.on('exit', r));
+  const chunks: Buffer[] = [];
+  let err = '';
+  td.stdout!.on('data', (d: Buffer) => chunks.push(d));
+  td.stderr!.on('data', (d) => (err += d));
+  try {
+    await waitFor(() => err.includes('listening on'), 'tcpdump listening', { timeoutMs: 5000, intervalMs: 50 });
+    fn();
+  } finally {
+    await sleep(200);
+    td.kill('SIGINT');
+    await exited;
+  }
+  const pcap = Buffer.concat(chunks);
+  const out: Outer[] = [];
+  for (let off = 24; off + 16 <= pcap.length;) {
+    const len = pcap.readUInt32LE(off + 8);
+    const p = pcap.subarray(off + 16, off + 16 + len);
+    off += 16 + len;
+    const v6 = p.readUInt16BE(12) === 0x86dd;
+    const ipLen = v6 ? 40 : 20;
+    const udpOff = 14 + ipLen;
+    const inner = p.subarray(udpOff + 8);
+    const innerV6 = inner[0] >> 4 === 6;
+    out.push({
+      family: v6 ? 6 : 4,
+      src: bytesToIp(p.subarray(v6 ? 22 : 26, v6 ? 38 : 30)),
+      dst: bytesToIp(p.subarray(v6 ? 38 : 30, v6 ? 54 : 34)),
+      dport: p.readUInt16BE(udpOff + 2),
+      udpLen: p.readUInt16BE(udpOff + 4),
+      udpCsum: p.readUInt16BE(udpOff + 6),
+      innerLen: innerV6 ? 40 + inner.readUInt16BE(4) : inner.readUInt16BE(2),
+      innerSrc: bytesToIp(inner.subarray(innerV6 ? 8 : 12, innerV6 ? 24 : 16)),
+    });
+  }
+  return out;
+}
+
+// ---- the tests, as functions of the family: registered below, all IPv4 ones first, then their IPv6 twins ----
+
+const sticks = (f: Family) => async () => {
   const events: Array<{ client: string; target: string }> = [];
-  bed.lb!.onEvents((e) => events.push({ client: e.key.client, target: e.target }));
+  // Reports of the tests before wait unread: drained first, so what follows is this test's.
+  bed.lb!.onEvents(() => undefined);
+  bed.lb!.pollEvents();
+  bed.lb!.onEvents((e) => {
+    if (e.key.vip === f.vip) events.push({ client: e.key.client, target: e.target });
+  });
   const podRx = lbPodRx();
-  const first = connect(clients);
-  const second = connect(clients);
+  let first: Answer[] = [];
+  const wire = await captureFou(() => (first = connect(f.clients, { vip: f.vip })));
+  const second = connect(f.clients, { vip: f.vip });
   for (const a of [...first, ...second]) {
     assert.ok(a.ok, `connection from ${a.src}: ${a.error}`);
     assert.is(a.peer, a.src, 'the target saw the real client address');
@@ -329,18 +492,30 @@ test('clients stick to their targets (on other nodes and on this one), targets s
   for (const a of second) assert.is(a.who, byClient.get(a.src), `client ${a.src} went to the same target twice`);
   assert.equal([...new Set(first.map((a) => a.who))].sort(), ['t1', 't2', 't3'], 'clients spread over the remote targets and the local one');
   assert.is(lbPodRx(), podRx, 'no packet entered the LB pod');
+  // On the wire to t1 and t2: FoU in an outer header of the family (IPv4 20 + 8 bytes, IPv6 40 + 8), from
+  // the node's address to the target's; the outer UDP checksum 0 (RFC 6935 for IPv6); the inner packet whole.
+  const remote = first.filter((a) => a.who !== 't3').length;
+  assert.ok(wire.length >= remote * 2, `encapsulated packets seen on the uplink: ${wire.length} for ${remote} connections`);
+  for (const o of wire) {
+    assert.equal([o.family, o.src, o.dport, o.udpCsum], [f.v6 ? 6 : 4, f.node, FOU_PORT, 0], `outer header ${JSON.stringify(o)}`);
+    assert.ok(o.dst === f.t1 || o.dst === f.t2, `to a remote target: ${o.dst}`);
+    assert.is(o.udpLen, 8 + o.innerLen, 'the UDP payload is the inner packet');
+    assert.ok(f.clients.includes(o.innerSrc), `the inner source is a client: ${o.innerSrc}`);
+    assert.is(NAMES[o.dst], byClient.get(o.innerSrc), `${o.innerSrc}'s packets went to the target that answered`);
+  }
 
-  const maps = bed.lb!.mappings().filter((m) => m.vip === VIP);
-  assert.is(maps.length, clients.length, 'one mapping per client (client affinity)');
+  const maps = mappingsOf(f).filter((m) => m.vip === f.vip);
+  assert.is(maps.length, f.clients.length, 'one mapping per client (client affinity)');
   for (const m of maps) assert.is(NAMES[m.target], byClient.get(m.client), `mapping of ${m.client} names the target that answered`);
   bed.lb!.pollEvents();
-  assert.is(events.length, clients.length, 'each new mapping reported once on the ring buffer');
-  const st = stats();
-  assert.is(st.misses, BigInt(clients.length));
-  assert.ok(st.packets > 0n && st.dropError === 0n && st.dropNoRoute === 0n && st.reportLost === 0n, show(st));
-});
+  assert.is(events.length, f.clients.length, 'each new mapping reported once on the ring buffer');
+  for (const e of events) assert.is(NAMES[e.target], byClient.get(e.client));
+  const st = stats(f.slot);
+  assert.is(st.misses, BigInt(f.clients.length));
+  assert.ok(st.packets > 0n && st.dropError === 0n && st.dropNoRoute === 0n && st.reportLost === 0n && st.dropBadHeader === 0n, show(st));
+};
 
-test('the node\'s own senders take the LB pod\'s path, into the same mapping table', () => {
+const ownSenders = () => {
   const podRx = lbPodRx();
   const [a] = connect([NODE], { ns: bed.lbnode });
   assert.ok(a.ok, `from the LB node itself: ${a.error}`);
@@ -348,38 +523,59 @@ test('the node\'s own senders take the LB pod\'s path, into the same mapping tab
   assert.ok(lbPodRx() > podRx, 'the node\'s own connection went through the LB pod');
   const m = bed.lb!.mappings().find((x) => x.vip === VIP && x.client === NODE);
   assert.is(m && NAMES[m.target], a.who, 'the LB pod\'s program recorded its pick in the shared table');
-});
+};
 
-test('an installed mapping (from the store) decides over the Maglev table', () => {
-  const c = clients[11];
-  const natural = connect([c])[0].who;
-  const forced = natural === 't1' ? T2 : T1;
-  bed.lb!.installMappings([{ key: { vip: VIP, client: c, vport: 0, cport: 0, proto: 0 }, target: forced }]);
-  for (const a of connect([c, c, c])) assert.is(a.who, NAMES[forced], 'the installed mapping is followed');
-});
+const installed = (f: Family) => () => {
+  const c = f.clients[11];
+  const natural = connect([c], { vip: f.vip })[0].who;
+  const forced = natural === 't1' ? f.t2 : f.t1;
+  bed.lb!.installMappings([{ key: { vip: f.vip, client: c, vport: 0, cport: 0, proto: 0 }, target: forced }]);
+  for (const a of connect([c, c, c], { vip: f.vip })) assert.is(a.who, NAMES[forced], 'the installed mapping is followed');
+};
 
-test('a removed target voids its mappings: its clients move, the others stay; a terminating one keeps its clients', () => {
-  const before = new Map(connect(clients).map((a) => [a.src, a.who]));
-  setTargets([T2, T3]);
-  for (const a of connect(clients)) {
+const removed = (f: Family) => () => {
+  const before = new Map(connect(f.clients, { vip: f.vip }).map((a) => [a.src, a.who]));
+  setTargets([f.t2, f.t3], [], f.vip, f.slot);
+  for (const a of connect(f.clients, { vip: f.vip })) {
     assert.ok(a.ok, `${a.src}: ${a.error}`);
     if (before.get(a.src) !== 't1') assert.is(a.who, before.get(a.src), `${a.src} stays where it was`);
     else assert.ok(a.who === 't2' || a.who === 't3', `${a.src} moved off the removed target`);
   }
-  bed.lb!.installMappings(clients.slice(0, 3).map((client) => ({ key: { vip: VIP, client, vport: 0, cport: 0, proto: 0 }, target: T1 })));
-  setTargets([T2, T3], [T1]);
-  for (const a of connect(clients.slice(0, 3))) assert.is(a.who, 't1', `${a.src} stays on the terminating target`);
-  setTargets([T1, T2, T3]);
-});
+  bed.lb!.installMappings(f.clients.slice(0, 3).map((client) => ({ key: { vip: f.vip, client, vport: 0, cport: 0, proto: 0 }, target: f.t1 })));
+  setTargets([f.t2, f.t3], [f.t1], f.vip, f.slot);
+  for (const a of connect(f.clients.slice(0, 3), { vip: f.vip })) assert.is(a.who, 't1', `${a.src} stays on the terminating target`);
+  setTargets([f.t1, f.t2, f.t3], [], f.vip, f.slot);
+};
 
-test('replies bypass the LB node (DSR): a 400 KB download passes ~no reply bytes through it', () => {
-  const before = stats();
-  const a = connect([clients[0]], { req: 'big', timeoutMs: 10000 })[0];
+// The row changes under live mappings: a target added moves some clients' Maglev pick, but their mappings
+// keep them where they are; a new client follows the new row.
+const tableChange = (f: Family) => () => {
+  bed.lb!.deleteMappings((m) => m.vip === f.vip);
+  setTargets([f.t1, f.t2], [], f.vip, f.slot);
+  try {
+    const before = new Map(connect(f.clients, { vip: f.vip }).map((a) => [a.src, a.who]));
+    const row = maglevTable([f.t1, f.t2, f.t3], M);
+    const pick = (client: string) => NAMES[pickOf(row, { vip: f.vip, client, vport: 0, cport: 0, proto: 0 }, LB_HASH_SEED)!];
+    const moved = f.clients.filter((c) => pick(c) !== before.get(c));
+    assert.ok(moved.length > 0, 'the new row alone would move some clients');
+    setTargets([f.t1, f.t2, f.t3], [], f.vip, f.slot);
+    for (const a of connect(f.clients, { vip: f.vip })) assert.is(a.who, before.get(a.src), `${a.src} kept its target by its mapping`);
+    const fresh = f.host(60);
+    addClient(f, fresh);
+    assert.is(connect([fresh], { vip: f.vip })[0].who, pick(fresh), 'a new client takes the new row');
+  } finally {
+    setTargets([f.t1, f.t2, f.t3], [], f.vip, f.slot);
+  }
+};
+
+const dsr = (f: Family) => () => {
+  const before = stats(f.slot);
+  const a = connect([f.clients[0]], { vip: f.vip, req: 'big', timeoutMs: 10000 })[0];
   assert.ok(a.ok, a.error);
   assert.ok((a.bytes ?? 0) > 400 * 1024, `downloaded ${a.bytes}`);
-  const through = Number(stats().bytes - before.bytes);
+  const through = Number(stats(f.slot).bytes - before.bytes);
   assert.ok(through < 40 * 1024, `only client-to-target bytes pass the LB (${through} B for a 400 KB download)`);
-});
+};
 
 const UPLOAD_JS = `
 const net = require('net');
@@ -392,151 +588,180 @@ s.on('data', (d) => (got += d));
 s.on('end', () => { clearTimeout(t); console.log(JSON.stringify({ answer: got.trim() })); process.exit(0); });
 s.on('error', (e) => { console.log(JSON.stringify({ error: e.code })); process.exit(1); });`;
 
-test('uploads (GSO super-packets encapsulated at the uplink): 3 x 16 MB arrive whole, with no MTU answer', () => {
-  const before = stats().tooBig;
+const uploads = (f: Family) => () => {
+  const before = stats(f.slot);
   for (let i = 0; i < 3; i++) {
-    const out = inNs(bed.client, process.execPath, '-e', UPLOAD_JS, VIP, String(PORT), '16');
+    const out = inNs(bed.client, process.execPath, '-e', UPLOAD_JS, f.vip, String(PORT), '16');
     const r = JSON.parse(out.trim().split('\n').pop()!);
     assert.ok(r.answer, `upload ${i + 1}: ${out}`);
     assert.is(Number(r.answer.split(' ')[1]), 16 * 1024 * 1024, `upload ${i + 1} byte count`);
   }
-  assert.is(stats().tooBig, before, 'segments sized by the target\'s MSS fit once encapsulated');
-});
+  const after = stats(f.slot);
+  assert.is(after.tooBig, before.tooBig, 'segments sized by the target\'s MSS fit once encapsulated');
+  assert.ok(after.bytes - before.bytes >= 3n * 16n * 1024n * 1024n, `the uploads passed the node datapath (${show(after)})`);
+  assert.is(after.dropError, before.dropError);
+};
 
-test('a port the VIP does not serve is dropped and counted', () => {
-  const before = stats().dropNoPort;
-  const a = connect([clients[0]], { port: 9999, timeoutMs: 1500 })[0];
+const noPort = (f: Family) => () => {
+  const before = stats(f.slot).dropNoPort;
+  const a = connect([f.clients[0]], { vip: f.vip, port: 9999, timeoutMs: 1500 })[0];
   assert.not.ok(a.ok, 'no answer on an unserved port');
-  assert.ok(stats().dropNoPort > before);
-});
+  assert.ok(stats(f.slot).dropNoPort > before);
+};
 
-test('a path MTU drop behind the target: the ICMP error reaches the target holding the flow', () => {
-  sh('ip', '-n', bed.router, 'link', 'set', 'rc', 'mtu', '1100');
+const errorBehindTarget = (f: Family) => () => {
+  // The router's link to the client shrinks: the target's full-size replies no longer fit, and the router's
+  // frag-needed (Packet Too Big) goes to the VIP, i.e. to the LB node.
+  sh('ip', '-n', bed.router, 'link', 'set', 'rc', 'mtu', String(f.smallMtu));
   try {
-    const before = stats().icmpForwarded;
-    const a = connect([clients[1]], { req: 'big', timeoutMs: 15000 })[0];
+    const before = stats(f.slot);
+    const a = connect([f.clients[1]], { vip: f.vip, req: 'big', timeoutMs: 15000 })[0];
     assert.ok(a.ok, `download through the smaller MTU: ${a.error}`);
     assert.ok((a.bytes ?? 0) > 400 * 1024);
-    assert.ok(stats().icmpForwarded > before, 'the node forwarded the ICMP error');
+    const after = stats(f.slot);
+    assert.ok(after.icmpForwarded > before.icmpForwarded, `the node forwarded the ICMP error (${show(after)})`);
+    assert.is(after.dropIcmpNoFlow, before.dropIcmpNoFlow);
   } finally {
     sh('ip', '-n', bed.router, 'link', 'set', 'rc', 'mtu', '1500');
+    // An MTU below 1280 took the link's IPv6 addresses away.
+    sh('ip', '-n', bed.router, 'addr', 'replace', `${V6.routerClientSide}/64`, 'dev', 'rc', 'nodad');
   }
-});
+};
 
-// A connected UDP socket sends full-size datagrams (1472 bytes of data: a 1500-byte packet, DF set) until
-// one is echoed; prints the attempts.
+// A connected UDP socket sends full-size datagrams (a 1500-byte packet: 1472 bytes of data over IPv4, DF
+// set; 1452 over IPv6) until one is echoed; prints the attempts.
 const UDP_JS = `
 const dgram = require('dgram');
-const [host, port, src] = process.argv.slice(1);
-const s = dgram.createSocket('udp4');
+const [host, port, src, size] = process.argv.slice(1);
+const s = dgram.createSocket(host.includes(':') ? 'udp6' : 'udp4');
 let n = 0;
 const t0 = Date.now();
 s.on('message', (m) => { console.log(JSON.stringify({ attempts: n, who: String(m.subarray(0, 2)) })); process.exit(0); });
 s.on('error', () => {});
 s.bind(0, src, () => s.connect(Number(port), host, () => {
-  const send = () => { n++; s.send(Buffer.alloc(1472, 65)); if (Date.now() - t0 > 8000) { console.log(JSON.stringify({ attempts: n })); process.exit(0); } };
+  const send = () => { n++; s.send(Buffer.alloc(Number(size), 65)); if (Date.now() - t0 > 8000) { console.log(JSON.stringify({ attempts: n })); process.exit(0); } };
   send();
   setInterval(send, 300);
 }));`;
 
-test('an MTU-sized packet that would not fit once encapsulated: frag-needed to the client, which then fragments, and the fragments follow the first', () => {
-  const src = clients[4];
-  const before = stats();
-  const out = inNs(bed.client, process.execPath, '-e', UDP_JS, VIP, String(PORT), src);
+const tooBig = (f: Family) => () => {
+  const src = f.clients[4];
+  const before = stats(f.slot);
+  const out = inNs(bed.client, process.execPath, '-e', UDP_JS, f.vip, String(PORT), src, String(1500 - (f.v6 ? 48 : 28)));
   const r = JSON.parse(out.trim().split('\n').pop()!) as { attempts: number; who?: string };
-  const after = stats();
-  assert.ok(after.tooBig > before.tooBig, `frag-needed sent (${show(after)})`);
-  assert.match(inNs(bed.client, 'ip', 'route', 'get', VIP, 'from', src), /mtu 1472/, 'the client learnt the path MTU from the VIP\'s answer');
+  const after = stats(f.slot);
+  assert.ok(after.tooBig > before.tooBig, `${f.tooBig} sent (${show(after)})`);
+  // The MTU the client was told: the uplink's 1500 less the encapsulation.
+  assert.match(inNs(bed.client, 'ip', ...(f.v6 ? ['-6'] : []), 'route', 'get', f.vip, 'from', src), new RegExp(`mtu ${f.innerMtu}\\b`), 'the client learnt the path MTU from the VIP\'s answer');
   assert.ok(r.who, `a datagram was echoed after ${r.attempts} attempts`);
   assert.ok(after.fragments > before.fragments, 'later fragments were forwarded after their first');
   assert.is(after.dropFragment, before.dropFragment);
-});
+};
 
-test('bad input is dropped and counted, and makes no mapping: bad header checksum, IP options, a later fragment alone', async () => {
-  const before = stats();
-  const spoofed = ['10.93.1.201', '10.93.1.202', '10.93.1.203'];
+const badInput = (f: Family) => async () => {
+  const before = stats(f.slot);
+  const spoofed = [f.host(201), f.host(202), f.host(203)];
   await sendFrames([
-    frame({ src: spoofed[0], dst: VIP, proto: PROTO.TCP, payload: syn(40001, PORT), badChecksum: true }),
-    frame({ src: spoofed[1], dst: VIP, proto: PROTO.TCP, payload: syn(40002, PORT), options: Buffer.from([1, 1, 1, 0]) }),
-    frame({ src: spoofed[2], dst: VIP, proto: PROTO.UDP, payload: Buffer.alloc(64), fragOffset: 100, id: 0x4242 }),
+    frame({ src: spoofed[0], dst: f.vip, proto: PROTO.TCP, payload: syn(40001, PORT), badHeader: true }),
+    frame({ src: spoofed[1], dst: f.vip, proto: PROTO.TCP, payload: syn(40002, PORT), options: true }),
+    frame({ src: spoofed[2], dst: f.vip, proto: PROTO.UDP, payload: Buffer.alloc(64), fragOffset: 100, id: 0x4242 }),
   ]);
-  const after = stats();
-  assert.is(after.dropBadHeader - before.dropBadHeader, 1n, 'bad header checksum');
-  assert.is(after.dropIpOptions - before.dropIpOptions, 1n, 'IP options');
+  const after = stats(f.slot);
+  assert.is(after.dropBadHeader - before.dropBadHeader, 1n, f.v6 ? 'a payload length past the frame' : 'bad header checksum');
+  assert.is(after.dropIpOptions - before.dropIpOptions, 1n, f.v6 ? 'a Hop-by-Hop header' : 'IP options');
   assert.is(after.dropFragment - before.dropFragment, 1n, 'a later fragment whose first was not seen');
   assert.is(after.misses, before.misses, 'no target was picked for any of them');
   assert.not.ok(bed.lb!.mappings().some((m) => spoofed.includes(m.client)), 'no mapping for their sources');
-});
+};
 
 // A bridge floods a frame whose destination MAC it has forgotten to every port, and a promiscuous uplink
 // sees frames for other hosts: the stack drops them (PACKET_OTHERHOST), so the datapath must too, or every LB
 // node on the segment (a drained one included) forwards the same frame.
-test('a VIP frame not addressed to the node (flooded, or seen by a promiscuous uplink) is not balanced, and is counted; one to the node\'s MAC is', async () => {
+const notForHost = (f: Family) => async () => {
   inNs(bed.lbnode, 'ip', 'link', 'set', 'n0', 'promisc', 'on');
   try {
-    const before = stats();
-    const notHostBefore = bed.lb!.nodeStats?.().notForHost ?? 0n;
-    const foreign = ['10.93.1.211', '10.93.1.212'];
+    const before = stats(f.slot);
+    const notHostBefore = bed.lb!.nodeStats().notForHost;
+    const foreign = [f.host(211), f.host(212)];
     await sendFrames([
-      frame({ src: foreign[0], dst: VIP, proto: PROTO.TCP, payload: syn(40011, PORT), dstMac: Buffer.from([0x02, 0x00, 0x5e, 0x10, 0x20, 0x30]) }),
-      frame({ src: foreign[1], dst: VIP, proto: PROTO.TCP, payload: syn(40012, PORT), dstMac: Buffer.alloc(6, 0xff) }),
+      frame({ src: foreign[0], dst: f.vip, proto: PROTO.TCP, payload: syn(40011, PORT), dstMac: Buffer.from([0x02, 0x00, 0x5e, 0x10, 0x20, 0x30]) }),
+      frame({ src: foreign[1], dst: f.vip, proto: PROTO.TCP, payload: syn(40012, PORT), dstMac: Buffer.alloc(6, 0xff) }),
     ]);
-    const mid = stats();
+    const mid = stats(f.slot);
     assert.is(mid.packets, before.packets, `nothing forwarded to a target (${show(mid)})`);
     assert.is(mid.misses, before.misses, 'no target picked');
     assert.not.ok(bed.lb!.mappings().some((m) => foreign.includes(m.client)), 'no mapping for their sources');
     assert.is(bed.lb!.nodeStats().notForHost - notHostBefore, 2n, 'both counted as not for this host');
     // The same frame to the node's own MAC is balanced.
-    const own = '10.93.1.213';
-    await sendFrames([frame({ src: own, dst: VIP, proto: PROTO.TCP, payload: syn(40013, PORT) })]);
-    const after = stats();
+    const own = f.host(213);
+    await sendFrames([frame({ src: own, dst: f.vip, proto: PROTO.TCP, payload: syn(40013, PORT) })]);
+    const after = stats(f.slot);
     assert.is(after.packets - mid.packets, 1n, 'forwarded to a target');
     assert.ok(bed.lb!.mappings().some((m) => m.client === own), 'a mapping for the frame addressed to the node');
   } finally {
     inNs(bed.lbnode, 'ip', 'link', 'set', 'n0', 'promisc', 'off');
   }
-});
+};
 
-test('a flood of new flows fills the table: existing flows keep their targets, new ones are still forwarded, and it is counted', async () => {
+const flood = (f: Family) => async () => {
   // Existing flows: mappings installed from the store and not used here yet (flows ECMP is about to move to
   // this node), each to the target Maglev would NOT pick, so a lost mapping shows as a moved connection.
-  const pinned = ['10.93.1.50', '10.93.1.51', '10.93.1.52', '10.93.1.53'];
-  for (const c of pinned) sh('ip', '-n', bed.client, 'addr', 'add', `${c}/24`, 'dev', 'c0');
-  const natural = new Map(connect(pinned).map((a) => [a.src, a.who!]));
-  bed.lb!.deleteMappings((m) => m.vip === VIP && pinned.includes(m.client));
-  const forced = new Map(pinned.map((c) => [c, natural.get(c) === 't1' ? T2 : T1]));
-  const before = stats(1);
+  const pinned = [f.host(50), f.host(51), f.host(52), f.host(53)];
+  for (const c of pinned) addClient(f, c);
+  const natural = new Map(connect(pinned, { vip: f.vip }).map((a) => [a.src, a.who!]));
+  bed.lb!.deleteMappings((m) => m.vip === f.vip && pinned.includes(m.client));
+  const forced = new Map(pinned.map((c) => [c, natural.get(c) === 't1' ? f.t2 : f.t1]));
+  const before = stats(f.slot2);
   const n = MAX_MAPPINGS * 4;
   await onOneCpu(async () => {
-    bed.lb!.installMappings(pinned.map((client) => ({ key: { vip: VIP, client, vport: 0, cport: 0, proto: 0 }, target: forced.get(client)! })));
-    await sendFrames(Array.from({ length: n }, (_, i) => frame({ src: clients[i % clients.length], dst: VIP2, proto: PROTO.UDP, payload: udp(20000 + i, FLOOD_PORT) })));
+    bed.lb!.installMappings(pinned.map((client) => ({ key: { vip: f.vip, client, vport: 0, cport: 0, proto: 0 }, target: forced.get(client)! })));
+    await sendFrames(Array.from({ length: n }, (_, i) => frame({ src: f.clients[i % f.clients.length], dst: f.vip2, proto: PROTO.UDP, payload: udp(20000 + i, FLOOD_PORT) })));
   });
-  const after = stats(1);
-  assert.is(bed.lb!.mappings().length, MAX_MAPPINGS, 'the table is full');
+  const after = stats(f.slot2);
+  assert.is(mappingsOf(f).length, MAX_MAPPINGS, 'the table is full');
   assert.ok(after.mappingFull - before.mappingFull > 0n, `counted (${show(after)})`);
   assert.is(after.packets - before.packets, BigInt(n), 'every flood packet was still forwarded');
-  for (const a of connect(pinned)) assert.is(a.who, NAMES[forced.get(a.src)!], `${a.src} kept its target through the flood`);
-  const maps = new Map(bed.lb!.mappings().filter((m) => m.vip === VIP).map((m) => [m.client, m.target]));
+  for (const a of connect(pinned, { vip: f.vip })) assert.is(a.who, NAMES[forced.get(a.src)!], `${a.src} kept its target through the flood`);
+  const maps = new Map(mappingsOf(f).filter((m) => m.vip === f.vip).map((m) => [m.client, m.target]));
   for (const c of pinned) assert.is(maps.get(c), forced.get(c), `${c}'s mapping is still there`);
   // Installing into the full table leaves out what does not fit, without failing.
-  const extra = bed.lb!.installMappings([{ key: { vip: VIP2, client: '10.93.1.99', vport: FLOOD_PORT, cport: 1, proto: PROTO.UDP }, target: T1 }]);
+  const extra = bed.lb!.installMappings([{ key: { vip: f.vip2, client: f.host(99), vport: FLOOD_PORT, cport: 1, proto: PROTO.UDP }, target: f.t1 }]);
   assert.equal(extra, { installed: 0, full: 1 });
-});
+};
 
-test('no active target: new clients are dropped and counted', () => {
+const noTarget = (f: Family) => () => {
   // The flood left the table full: clear the VIP's other mappings first, so this is about targets only.
-  bed.lb!.deleteMappings((m) => m.vip === VIP2);
-  const fresh = '10.93.1.40';
-  sh('ip', '-n', bed.client, 'addr', 'add', `${fresh}/24`, 'dev', 'c0');
-  setTargets([]);
+  bed.lb!.deleteMappings((m) => m.vip === f.vip2);
+  const fresh = f.host(40);
+  addClient(f, fresh);
+  setTargets([], [], f.vip, f.slot);
   try {
-    const before = stats().dropNoTarget;
-    const a = connect([fresh], { timeoutMs: 1500 })[0];
+    const before = stats(f.slot).dropNoTarget;
+    const a = connect([fresh], { vip: f.vip, timeoutMs: 1500 })[0];
     assert.not.ok(a.ok);
-    assert.ok(stats().dropNoTarget > before);
+    assert.ok(stats(f.slot).dropNoTarget > before);
   } finally {
-    setTargets([T1, T2, T3]);
+    setTargets([f.t1, f.t2, f.t3], [], f.vip, f.slot);
   }
-});
+};
+
+for (const f of FAMILIES) {
+  const t = (name: string, fn: () => void | Promise<void>) => test(f.label + name, fn);
+  t('clients stick to their targets (on other nodes and on this one), targets see the client, and nothing enters the LB pod', sticks(f));
+  // The LB pod has no IPv6 here (see the top).
+  if (!f.v6) t('the node\'s own senders take the LB pod\'s path, into the same mapping table', ownSenders);
+  t('an installed mapping (from the store) decides over the Maglev table', installed(f));
+  t('a removed target voids its mappings: its clients move, the others stay; a terminating one keeps its clients', removed(f));
+  t('a table change (a target added) moves no mapped client; a new client follows the new row', tableChange(f));
+  t('replies bypass the LB node (DSR): a 400 KB download passes ~no reply bytes through it', dsr(f));
+  t('uploads (GSO super-packets encapsulated at the uplink): 3 x 16 MB arrive whole, with no MTU answer', uploads(f));
+  t('a port the VIP does not serve is dropped and counted', noPort(f));
+  t('a path MTU drop behind the target: the ICMP error reaches the target holding the flow', errorBehindTarget(f));
+  t(`an MTU-sized packet that would not fit once encapsulated: ${f.tooBig} (MTU ${f.innerMtu}) to the client, which then fragments, and the fragments follow the first`, tooBig(f));
+  t(`bad input is dropped and counted, and makes no mapping: ${f.v6 ? 'a bad payload length, a Hop-by-Hop header' : 'bad header checksum, IP options'}, a later fragment alone`, badInput(f));
+  t('a VIP frame not addressed to the node (flooded, or seen by a promiscuous uplink) is not balanced, and is counted; one to the node\'s MAC is', notForHost(f));
+  t('a flood of new flows fills the table: existing flows keep their targets, new ones are still forwarded, and it is counted', flood(f));
+  t('no active target: new clients are dropped and counted', noTarget(f));
+}
 
 test.run();
