@@ -20,6 +20,7 @@ import type { PodRecord } from '../state/pod-store';
 import type { PodMeta } from '../config/objects';
 import type { LbResolution, ResolvedLoadBalancer } from './lb-spec';
 import type { LbStore } from './lb-store';
+import { readNetSysctl } from '../sys/netns';
 import { FOU_OVERHEAD, LbShared, groupByVip, noAddress6Problem, pickableTargets, type LbControllerOptions, type NotForwardedVip } from './lb-state';
 import { VipAddresses } from './vip-addresses';
 import { SLOT_RELEASE_MS, VipSlots, overflowProblem } from './vip-slots';
@@ -396,12 +397,19 @@ export class LbController {
       this.uplinkAttached = true;
       this.uplinkProblem = undefined;
       this.o.logger.info('lb: node datapath attached: VIP traffic is handled on the uplink as it arrives', { uplink: this.uplink });
+      if (this.o.node.address6) {
+        this.ipv6Problem = ipv6ForwardingProblem(this.uplink, () => readNetSysctl(null, `net/ipv6/conf/${this.uplink}/forwarding`));
+        if (this.ipv6Problem) this.o.logger.warn('lb: IPv6 VIPs are not forwarded by the node datapath', { uplink: this.uplink, problem: this.ipv6Problem });
+      }
     } catch (e) {
       const problem = `node datapath not attached to ${this.uplink}: ${(e as Error).message}; VIP traffic takes the LB pods' path meanwhile`;
       if (problem !== this.uplinkProblem) this.o.logger.error('lb: node datapath not attached; retried', { uplink: this.uplink, error: (e as Error).message });
       this.uplinkProblem = problem;
     }
   }
+
+  /** Why the node datapath cannot forward IPv6 VIPs (IPv6 forwarding off on the uplink), if it cannot. */
+  private ipv6Problem: string | undefined;
 
   /** Pod mode: a node program an earlier tetherd (in node mode) left on the uplink goes. */
   private leaveUplink(): void {
@@ -420,7 +428,7 @@ export class LbController {
     const notForHost = this.s.dp?.nodeStats().notForHost;
     return {
       mode: this.mode,
-      ...(this.mode === 'node' ? { uplink: this.uplink, attached: this.uplinkAttached, ...(this.uplinkProblem ? { problem: this.uplinkProblem } : {}) } : {}),
+      ...(this.mode === 'node' ? { uplink: this.uplink, attached: this.uplinkAttached, ...(this.uplinkProblem ? { problem: this.uplinkProblem } : {}), ...(this.ipv6Problem ? { ipv6Problem: this.ipv6Problem } : {}) } : {}),
       ...(notForHost !== undefined ? { notForHost: Number(notForHost) } : {}),
     };
   }
@@ -478,4 +486,20 @@ export class LbController {
   slotBudget(): { used: number; max: number } {
     return { used: this.slots.used, max: this.slots.max };
   }
+}
+
+/**
+ * Why the node datapath cannot forward IPv6 VIPs, or undefined: its route lookup for a target's next hop
+ * (bpf_fib_lookup) succeeds in IPv6 only with forwarding on for the uplink, and a node may not forward IPv6
+ * (turning it on is the node's choice: a forwarding uplink ignores router advertisements). Off, IPv6 VIP
+ * packets are counted as "no route" and dropped.
+ */
+export function ipv6ForwardingProblem(uplink: string, readForwarding: () => string): string | undefined {
+  let v: string;
+  try {
+    v = readForwarding().trim();
+  } catch (e) {
+    return `IPv6 forwarding on ${uplink} could not be read (${(e as Error).message}): IPv6 VIPs may not be forwarded`;
+  }
+  return v === '1' ? undefined : `IPv6 forwarding is off on ${uplink} (net.ipv6.conf.${uplink}.forwarding=${v}): the node datapath cannot route IPv6 VIP packets to their targets; turn it on to serve IPv6 VIPs`;
 }
