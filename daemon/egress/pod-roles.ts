@@ -202,6 +202,14 @@ export class PodRoles {
     const until = Date.now() + (drainMs ? this.s.o.handoverWaitMs ?? HANDOVER_WAIT_MS : 0);
     const held = [...this.s.addresses.values()].filter((st) => st.holder === gw);
     await Promise.all(held.map(async (st) => {
+      // A pod already gone forwards nothing: its node stops attracting the address's traffic before the
+      // handover is decided, so it no longer announces the address when the new owner does (their
+      // announcements overlapped for a few ms once the new owner took addresses faster).
+      if (!drainMs) {
+        await this.s.mutex.run(streamOf(st), async () => {
+          if (st.holder === gw) gw.datapath.withdrawAnnouncement(st.address);
+        });
+      }
       await this.election.handOverWhenInSync(st, pod, drainMs ? draining(`handover: ${cause} (${pod})`) : `handover: ${cause} (${pod})`, { until });
       await this.s.mutex.run(streamOf(st), async () => {
         if (st.holder === gw) return;
