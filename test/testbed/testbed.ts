@@ -1095,8 +1095,25 @@ export class Testbed {
     if (this.cri) await this.startCri();
     // Nodes attach their pods in parallel, each node one pod at a time (as a kubelet would, roughly).
     await Promise.all(plan.nodes.map(async (n) => {
-      for (const p of n.pods) await this.addPod(n.name, p);
+      for (const p of n.pods) await this.addPodRetried(n.name, p);
     }));
+  }
+
+  /**
+   * addPod as a kubelet creates a sandbox: an ADD refused with CNI's code 11 ("try again later", e.g. a
+   * cluster store whose replica has not acknowledged a block claim yet on a busy machine) is tried again,
+   * up to twice, after the failed ADD's DEL. Any other error is the test's.
+   */
+  private async addPodRetried(node: string, spec: PodSpec | string): Promise<Pod> {
+    for (let attempt = 1; ; attempt++) {
+      try {
+        return await this.addPod(node, spec);
+      } catch (e) {
+        if (attempt >= 3 || !/CNI ADD failed in plugin #\d+ \S+: \[11\]/.test((e as Error).message)) throw e;
+        process.stdout.write(`  testbed: ADD on ${node} refused with "try again later" (attempt ${attempt}); again in 1 s\n`);
+        await new Promise((r) => setTimeout(r, 1000));
+      }
+    }
   }
 
   /** host-local mode: routes to a node's static pod CIDR(s) over the fabric, one per family the pods have. */
