@@ -9,7 +9,7 @@
 import { test } from 'uvu';
 import * as assert from 'uvu/assert';
 import { withTestbed, type Testbed } from './testbed';
-import { PORT, announcedOn, lbPodSpec, lbStatus, routerPaths, startBgp, startTargets, targetSpec, topology, traffic, until, type LbStatus, type Servers } from './lb-scenario';
+import { PORT, announcedOn, baselineAnnounce, baselineWithdraw, lbPodSpec, lbStatus, routerPaths, startBgp, startTargets, targetSpec, topology, traffic, until, type LbStatus, type Servers } from './lb-scenario';
 import type { TrafficReport } from '../lib/traffic';
 import { peerAddress } from '../lib/traffic';
 
@@ -180,6 +180,59 @@ test('dual-stack: IPv6 and IPv4 connections through the VIPs survive the whole s
       } finally {
         await again[6].stop().catch(() => undefined);
         await again[4].stop().catch(() => undefined);
+      }
+    } finally {
+      await bgp.stop();
+    }
+  });
+});
+
+/** `vip` routed by the router over exactly `nodes` (their fabric address of the VIP's family). */
+async function routedOver(tb: Testbed, vip: string, nodes: string[]): Promise<void> {
+  const want = nodes.map((n) => (vip.includes(':') ? tb.node(n).fabricIp6! : tb.node(n).fabricIp)).sort().join();
+  await until(`${vip} routed over exactly ${nodes.join(', ')}`, async () => (await routerPaths(tb, vip)).join() === want, 30_000);
+}
+
+test('baseline in the same family pair: the same LB node changes through a stateless ECMP + kube-proxy DNAT path (what MetalLB gives) lose IPv6 connections as IPv4 ones', async () => {
+  const topo = { ...topology(), families: [4, 6] as Family[], extraObjects: [pool] };
+  await withTestbed(topo, async (tb) => {
+    const bgp = await startBgp(tb, ['n1', 'n2', 'n3'], { ipv6: true });
+    try {
+      // Outside the pools tetherd serves: no Service of tether's class names them.
+      const vips: ByFamily<string> = { 4: '198.51.100.200', 6: 'fd00:5100::c8' };
+      const targets = ['n4-t1', 'n4-t2', 'n5-t3'];
+      const announce = async (node: string) => {
+        for (const f of [4, 6] as Family[]) await baselineAnnounce(tb, node, vips[f], targets);
+      };
+      const routedBoth = async (nodes: string[]) => {
+        for (const f of [4, 6] as Family[]) await routedOver(tb, vips[f], nodes);
+      };
+      for (const n of ['n1', 'n2']) await announce(n);
+      await routedBoth(['n1', 'n2']);
+      const servers = { 6: await startTargets(tb, targets, '::'), 4: await startTargets(tb, targets, '0.0.0.0') };
+      try {
+        let r4: TrafficReport | undefined;
+        const r6 = await traffic(tb, vips[6], CONNS, 25_000, async () => {
+          r4 = await traffic(tb, vips[4], CONNS, 25_000, async () => {
+            await announce('n3');
+            await routedBoth(['n1', 'n2', 'n3']);
+            await sleep(2000);
+            for (const f of [4, 6] as Family[]) await baselineWithdraw(tb, 'n1', vips[f]);
+            await routedBoth(['n2', 'n3']);
+            await sleep(2000);
+            await tb.mustExec('n2', ['ip', 'link', 'set', 'eth0', 'down']);
+            await routedBoth(['n3']);
+          }, false, { endWhenDone: true });
+        }, false, { endWhenDone: true });
+        for (const [f, r] of [[6, r6], [4, r4!]] as const) {
+          process.stdout.write(`  stateless baseline, IPv${f}: ${r.intact}/${CONNS} intact, ${CONNS - r.intact} lost (LB node added, one withdrawn, one lost); ${r.echoes} echoes; first errors: ${r.errors.slice(0, 2).join('; ')}\n`);
+        }
+        assert.ok(r6.echoes > 0 && r4!.echoes > 0, 'traffic flowed through the stateless path in both families');
+        assert.ok(r6.intact < CONNS, `the stateless path loses IPv6 connections when ECMP moves them (${r6.intact}/${CONNS} intact)`);
+        assert.ok(r4!.intact < CONNS, `the stateless path loses IPv4 connections when ECMP moves them (${r4!.intact}/${CONNS} intact)`);
+      } finally {
+        await servers[6].stop().catch(() => undefined);
+        await servers[4].stop().catch(() => undefined);
       }
     } finally {
       await bgp.stop();

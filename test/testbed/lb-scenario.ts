@@ -218,7 +218,7 @@ net.createServer((s) => {
 let pending = 2;
 const up = () => { if (--pending === 0) process.stdout.write('ready\\n'); };
 const bindUdp = () => {
-  const u = dgram.createSocket(v6 ? 'udp6' : 'udp4');
+  const u = dgram.createSocket(v6 ? { type: 'udp6', ipv6Only: true } : 'udp4');
   u.on('message', (m, r) => u.send(m, r.port, r.address));
   u.once('error', () => { u.close(); setTimeout(bindUdp, 50); });
   u.bind(Number(port), vip, up);
@@ -286,16 +286,20 @@ export async function traffic(tb: Testbed, vip: string, conns: number, durationM
  * connection that ECMP moves to another node is picked up there as new and broken.
  */
 export async function baselineAnnounce(tb: Testbed, node: string, vip: string, targets: string[]): Promise<void> {
-  const map = targets.map((t, i) => `${i} : ${tb.podIp(t)}`).join(', ');
-  const rules = `table ip kubeproxy {
-  chain pre { type nat hook prerouting priority dstnat; ip daddr ${vip} tcp dport ${PORT} dnat to numgen random mod ${targets.length} map { ${map} }; }
+  // An IPv6 VIP DNATs to the targets' IPv6 addresses in an ip6 table, as kube-proxy's nftables mode does per family.
+  const v6 = vip.includes(':');
+  const [family, ip] = v6 ? ['ip6', 'ip6'] : ['ip', 'ip'];
+  const map = targets.map((t, i) => `${i} : ${v6 ? tb.podIp6(t) : tb.podIp(t)}`).join(', ');
+  const rules = `table ${family} kubeproxy {
+  chain pre { type nat hook prerouting priority dstnat; ${ip} daddr ${vip} tcp dport ${PORT} dnat to numgen random mod ${targets.length} map { ${map} }; }
   chain post { type nat hook postrouting priority srcnat; ct status dnat masquerade; }
 }
 `;
   await tb.mustExec(node, ['nft', '-f', '-'], { input: rules });
-  await tb.mustExec(node, ['ip', 'route', 'replace', `${vip}/32`, 'dev', 'lo', 'table', String(EXPORT_TABLE)]);
+  await tb.mustExec(node, ['ip', ...(v6 ? ['-6'] : []), 'route', 'replace', `${vip}/${v6 ? 128 : 32}`, 'dev', 'lo', 'table', String(EXPORT_TABLE)]);
 }
 
 export async function baselineWithdraw(tb: Testbed, node: string, vip: string): Promise<void> {
-  await tb.mustExec(node, ['ip', 'route', 'del', `${vip}/32`, 'table', String(EXPORT_TABLE)]);
+  const v6 = vip.includes(':');
+  await tb.mustExec(node, ['ip', ...(v6 ? ['-6'] : []), 'route', 'del', `${vip}/${v6 ? 128 : 32}`, 'table', String(EXPORT_TABLE)]);
 }
