@@ -170,35 +170,41 @@ function clientEntries6(b: Bed, sport: number): string[] {
     .filter((l) => l.includes(`sport=${sport}`));
 }
 
-test('a flow that reaches the gateway before its SNAT rule gets no conntrack entry, and is NATed once the pod owns the address', async () => {
+/** The bed with the UDP server listening and the gateway prepared toward 192.0.2.0/24 (owning nothing yet). */
+async function withPreparedGateway(fn: (b: Bed, srv: ReturnType<typeof udpServer>, dp: GatewayDatapath) => Promise<void>): Promise<void> {
   await withBed(async (b) => {
     const srv = udpServer(b);
     try {
       await waitFor(() => srv.sources.includes('ready'), 'the UDP server to listen');
       const dp = b.datapath();
       onNode(b, () => dp.prepare(['192.0.2.1'], { destinations: ['192.0.2.0/24'], excluded: [] }));
-
-      // Standby: the flow's packets die in the pod, and nothing is remembered about the flow.
-      assert.is(udpFlow(b, 5), 0, 'no echo through a gateway that owns no address');
-      await new Promise((r) => setTimeout(r, 200)); // anything the server printed is read by now
-      assert.equal(srv.sources.filter((s) => s !== 'ready'), [], 'the server saw nothing');
-      assert.equal(clientEntries(b), [], 'no conntrack entry for the client flow in the pod');
-      const unnated = inNs(b.gw, 'nft', 'list', 'chain', 'ip', 'tether_egress', 'unnated');
-      assert.match(unnated, /counter packets [1-9]/, `the pod dropped them itself: ${unnated}`);
-
-      // Owner: the same flow (same 5-tuple) now leaves with the floating address and its echoes return.
-      await startOnNode(b, () => dp.own(FLOATING, { mode: 'l2' }));
-      assert.is(udpFlow(b, 5), 5, 'every echo through the owner');
-      const seen = () => srv.sources.filter((s) => s !== 'ready');
-      await waitFor(() => seen().length >= 5, 'the server to log the datagrams', { timeoutMs: 2000, describe: () => String(seen()) });
-      assert.ok(seen().every((s) => s === FLOATING), `the server saw only the floating address: ${seen()}`);
-      const entries = clientEntries(b);
-      assert.is(entries.length, 1, `one entry for the flow: ${entries}`);
-      assert.match(entries[0], new RegExp(`dst=${FLOATING.replace(/\./g, '\\.')}`), `NATed to the floating address: ${entries[0]}`);
-      assert.is(dp.guardStats()?.droppedOtherSource, 0, 'the node guard dropped nothing');
+      await fn(b, srv, dp);
     } finally {
       srv.proc.kill();
     }
+  });
+}
+
+test('a flow that reaches the gateway before its SNAT rule gets no conntrack entry, and is NATed once the pod owns the address', async () => {
+  await withPreparedGateway(async (b, srv, dp) => {
+    // Standby: the flow's packets die in the pod, and nothing is remembered about the flow.
+    assert.is(udpFlow(b, 5), 0, 'no echo through a gateway that owns no address');
+    await new Promise((r) => setTimeout(r, 200)); // anything the server printed is read by now
+    assert.equal(srv.sources.filter((s) => s !== 'ready'), [], 'the server saw nothing');
+    assert.equal(clientEntries(b), [], 'no conntrack entry for the client flow in the pod');
+    const unnated = inNs(b.gw, 'nft', 'list', 'chain', 'ip', 'tether_egress', 'unnated');
+    assert.match(unnated, /counter packets [1-9]/, `the pod dropped them itself: ${unnated}`);
+
+    // Owner: the same flow (same 5-tuple) now leaves with the floating address and its echoes return.
+    await startOnNode(b, () => dp.own(FLOATING, { mode: 'l2' }));
+    assert.is(udpFlow(b, 5), 5, 'every echo through the owner');
+    const seen = () => srv.sources.filter((s) => s !== 'ready');
+    await waitFor(() => seen().length >= 5, 'the server to log the datagrams', { timeoutMs: 2000, describe: () => String(seen()) });
+    assert.ok(seen().every((s) => s === FLOATING), `the server saw only the floating address: ${seen()}`);
+    const entries = clientEntries(b);
+    assert.is(entries.length, 1, `one entry for the flow: ${entries}`);
+    assert.match(entries[0], new RegExp(`dst=${FLOATING.replace(/\./g, '\\.')}`), `NATed to the floating address: ${entries[0]}`);
+    assert.is(dp.guardStats()?.droppedOtherSource, 0, 'the node guard dropped nothing');
   });
 });
 
@@ -208,55 +214,47 @@ function sendFromFloating(b: Bed): void {
 }
 
 test('anticipate: the node guard lets the pod use an address it is not handed yet, for the given time only, with nothing announced; own() in that time keeps it', async () => {
-  await withBed(async (b) => {
-    const srv = udpServer(b);
-    try {
-      await waitFor(() => srv.sources.includes('ready'), 'the UDP server to listen');
-      const dp = b.datapath();
-      onNode(b, () => dp.prepare(['192.0.2.1'], { destinations: ['192.0.2.0/24'], excluded: [] }));
-      // The address on the pod, and the pod's own datagrams from it untracked: so they leave as a synced
-      // flow's forwarded packets do (the pod's unnated chain drops a new flow's first packet otherwise).
-      inNs(b.gw, 'ip', 'addr', 'add', `${FLOATING}/32`, 'dev', 'lo');
-      // The node's veth resolved from the pod's own address first (an ARP request from the floating address
-      // gets no answer from a node that does not route it back).
-      inNs(b.gw, 'sysctl', '-qw', 'net.ipv4.conf.all.arp_announce=2');
-      execFileSync('ip', ['netns', 'exec', b.gw, 'nft', '-f', '-'], { input: `add table ip anticipate_test\nadd chain ip anticipate_test out { type filter hook output priority raw; }\nadd rule ip anticipate_test out ip saddr ${FLOATING} notrack\n` });
-      const seen = () => srv.sources.filter((x) => x === FLOATING).length;
-      const dropped = () => dp.guardStats()?.droppedOtherSource ?? 0;
+  await withPreparedGateway(async (b, srv, dp) => {
+    // The address on the pod, and the pod's own datagrams from it untracked: so they leave as a synced
+    // flow's forwarded packets do (the pod's unnated chain drops a new flow's first packet otherwise).
+    inNs(b.gw, 'ip', 'addr', 'add', `${FLOATING}/32`, 'dev', 'lo');
+    // The node's veth resolved from the pod's own address first (an ARP request from the floating address
+    // gets no answer from a node that does not route it back).
+    inNs(b.gw, 'sysctl', '-qw', 'net.ipv4.conf.all.arp_announce=2');
+    execFileSync('ip', ['netns', 'exec', b.gw, 'nft', '-f', '-'], { input: `add table ip anticipate_test\nadd chain ip anticipate_test out { type filter hook output priority raw; }\nadd rule ip anticipate_test out ip saddr ${FLOATING} notrack\n` });
+    const seen = () => srv.sources.filter((x) => x === FLOATING).length;
+    const dropped = () => dp.guardStats()?.droppedOtherSource ?? 0;
 
-      sendFromFloating(b);
-      await waitFor(() => dropped() >= 1, 'the guard to drop the unowned source', { timeoutMs: 2000, describe: () => JSON.stringify({ guard: dp.guardStats(), seen: srv.sources, routes: inNs(b.gw, 'ip', 'route') }) });
-      assert.is(seen(), 0, 'nothing from the floating address reached the server before anticipate');
+    sendFromFloating(b);
+    await waitFor(() => dropped() >= 1, 'the guard to drop the unowned source', { timeoutMs: 2000, describe: () => JSON.stringify({ guard: dp.guardStats(), seen: srv.sources, routes: inNs(b.gw, 'ip', 'route') }) });
+    assert.is(seen(), 0, 'nothing from the floating address reached the server before anticipate');
 
-      assert.ok(dp.anticipate(FLOATING, 400), 'anticipated');
-      const allowed = () => dp.guardStats()?.allowed ?? 0;
-      const before = dropped();
-      sendFromFloating(b);
-      // Past the guard: the node itself does not route the address back yet (its reverse-path check drops
-      // the datagram here, where the bed's node has no default route), so the guard's count says it.
-      await waitFor(() => allowed() === 1, 'the guard to let the anticipated source through', { timeoutMs: 2000, describe: () => JSON.stringify(dp.guardStats()) });
-      assert.is(dropped(), before, 'the guard dropped nothing while anticipated');
-      assert.equal(dp.ownedAddresses(), [], 'anticipated is not owned');
-      assert.equal(ipJson(b.node, ['route', 'show', `${FLOATING}/32`]), [], 'no node route: nothing attracts traffic');
-      assert.equal(ipJson(b.node, ['neigh', 'show', 'proxy']), [], 'no proxy ARP entry');
+    assert.ok(dp.anticipate(FLOATING, 400), 'anticipated');
+    const allowed = () => dp.guardStats()?.allowed ?? 0;
+    const before = dropped();
+    sendFromFloating(b);
+    // Past the guard: the node itself does not route the address back yet (its reverse-path check drops
+    // the datagram here, where the bed's node has no default route), so the guard's count says it.
+    await waitFor(() => allowed() === 1, 'the guard to let the anticipated source through', { timeoutMs: 2000, describe: () => JSON.stringify(dp.guardStats()) });
+    assert.is(dropped(), before, 'the guard dropped nothing while anticipated');
+    assert.equal(dp.ownedAddresses(), [], 'anticipated is not owned');
+    assert.equal(ipJson(b.node, ['route', 'show', `${FLOATING}/32`]), [], 'no node route: nothing attracts traffic');
+    assert.equal(ipJson(b.node, ['neigh', 'show', 'proxy']), [], 'no proxy ARP entry');
 
-      await new Promise((r) => setTimeout(r, 500));
-      sendFromFloating(b);
-      await waitFor(() => dropped() > before, 'the guard to drop the source again once the time is over', { timeoutMs: 2000 });
-      assert.is(allowed(), 1, 'no more let through');
+    await new Promise((r) => setTimeout(r, 500));
+    sendFromFloating(b);
+    await waitFor(() => dropped() > before, 'the guard to drop the source again once the time is over', { timeoutMs: 2000 });
+    assert.is(allowed(), 1, 'no more let through');
 
-      // Anticipated, then handed over within the time: the owner keeps its source after the timer.
-      assert.ok(dp.anticipate(FLOATING, 200), 'anticipated again');
-      await startOnNode(b, () => dp.own(FLOATING, { mode: 'l2' }));
-      assert.not.ok(dp.anticipate(FLOATING, 200), 'an owned address is not anticipated');
-      await new Promise((r) => setTimeout(r, 300));
-      const held = dropped();
-      sendFromFloating(b);
-      await waitFor(() => seen() === 1, 'the owner\'s datagram at the server', { timeoutMs: 2000, describe: () => JSON.stringify(dp.guardStats()) });
-      assert.is(dropped(), held, 'the timer did not take the owner\'s source away');
-    } finally {
-      srv.proc.kill();
-    }
+    // Anticipated, then handed over within the time: the owner keeps its source after the timer.
+    assert.ok(dp.anticipate(FLOATING, 200), 'anticipated again');
+    await startOnNode(b, () => dp.own(FLOATING, { mode: 'l2' }));
+    assert.not.ok(dp.anticipate(FLOATING, 200), 'an owned address is not anticipated');
+    await new Promise((r) => setTimeout(r, 300));
+    const held = dropped();
+    sendFromFloating(b);
+    await waitFor(() => seen() === 1, 'the owner\'s datagram at the server', { timeoutMs: 2000, describe: () => JSON.stringify(dp.guardStats()) });
+    assert.is(dropped(), held, 'the timer did not take the owner\'s source away');
   });
 });
 
