@@ -64,6 +64,8 @@ export class GatewayDatapath {
   private snatWanted = 0;
   private snatRunning = false;
   private snatWaiters: Array<{ change: number; resolve: () => void; reject: (e: Error) => void }> = [];
+  /** Addresses anticipate() let the pod use as a source, with the timer that takes that back. */
+  private readonly anticipated = new Map<string, NodeJS.Timeout>();
 
   constructor(
     readonly gw: GatewayPod,
@@ -186,8 +188,12 @@ export class GatewayDatapath {
   anticipate(address: string, ms: number): boolean {
     if (this.owned.has(address) || !this.guard) return false;
     this.checkCanOwn(address);
-    this.guardOwn(address);
+    this.guard.own(address);
+    // One timer per address: anticipated again, the entry lasts from now; owned or released, it is the
+    // owner's (guardOwn and release cancel the timer), so a late timer never takes a source away.
+    clearTimeout(this.anticipated.get(address));
     const timer = setTimeout(() => {
+      this.anticipated.delete(address);
       if (this.owned.has(address)) return;
       try {
         this.guard?.release(address);
@@ -196,6 +202,7 @@ export class GatewayDatapath {
       }
     }, ms);
     timer.unref();
+    this.anticipated.set(address, timer);
     return true;
   }
 
@@ -269,6 +276,7 @@ export class GatewayDatapath {
       log().debug('egress: pod side of release skipped', { pod: this.gw.pod, address, error: (e as Error).message });
     }
     // Only now that SNAT to it is gone: from here on a packet with this source is dropped at the node.
+    this.cancelAnticipation(address);
     try {
       this.guard?.release(address);
     } catch (e) {
@@ -313,6 +321,7 @@ export class GatewayDatapath {
   teardown(): void {
     // Synchronous: the nft tables (SNAT with them) and the guard go below, so only each address's
     // announcement, routes and place on the pod are undone one by one.
+    for (const a of [...this.anticipated.keys()]) this.cancelAnticipation(a);
     for (const a of [...this.owned.keys()]) {
       this.unannounce(a);
       try {
@@ -436,7 +445,13 @@ export class GatewayDatapath {
     }
   }
 
+  private cancelAnticipation(address: string): void {
+    clearTimeout(this.anticipated.get(address));
+    this.anticipated.delete(address);
+  }
+
   private guardOwn(address: string): void {
+    this.cancelAnticipation(address);
     this.guard?.own(address);
   }
 
