@@ -976,7 +976,10 @@ export async function runRow(fault: FaultId, log: RowLog, only?: EventId[], fami
           let owners = s.owners;
           // The takeover events need standbys: 3 gateway nodes before the owner's pod dies, 2 before its node does.
           const want = id === 'podkill' ? 3 : id === 'nodelost' ? 2 : 0;
-          const added = await ensureGateways(row, want).then(async (g) => (id === 'lblost' ? (await onlyLbNode(row)) || g : g)).catch((e: Error) => e);
+          const added = await ensureGateways(row, want)
+            .then(async (g) => (id === 'lblost' ? (await onlyLbNode(row)) || g : g))
+            .then(async (g) => (id === 'lbpod' && row.vip6 ? (await blocksBeforeLbPod(row)) || g : g))
+            .catch((e: Error) => e);
           if (added instanceof Error) {
             results.push({ fault, event: id, pass: false, cell: 'FAIL no start', measured: '', failures: [`no start: ${added.message}`], notes: [], ms: 0 });
             continue;
@@ -1034,6 +1037,22 @@ async function onlyLbNode(row: Row): Promise<boolean> {
   }
   row.lbNodes = [LB_NODE];
   return others.length > 0;
+}
+
+/**
+ * Dual-stack: n4 gets its blocks of both families before 'LB pod added' (a plain pod, outside any fault), so
+ * the LB pod's ADD under the fault needs no new block and the cell adds it under the fault, as in the IPv4
+ * suite, where the 'new block' cell before it has left n4 a block. (The dual-stack run has no 'new block'
+ * cell: without this the ADD is refused under the fault and the LB pod only comes after the heal.)
+ */
+async function blocksBeforeLbPod(row: Row): Promise<boolean> {
+  const { tb } = row;
+  const blocks = (await tb.nodeBlocks('n4')).blocks;
+  if (blocks.some((b) => b.includes(':')) && blocks.some((b) => !b.includes(':'))) return false;
+  const name = freeName(row, 'b', 1);
+  const err = await addPodRetrying(tb, 'n4', { name }, Date.now() + SETTLE_MS);
+  if (err) throw new Error(`adding pod n4-${name} for n4's blocks: ${err}`);
+  return true;
 }
 
 /** Adds gateway pods (outside any fault) until `n` live nodes have one; whether it added any. */
