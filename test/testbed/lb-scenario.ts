@@ -94,8 +94,10 @@ export interface LbStatus {
   table?: { mode: string; version?: number; pending?: { version: number; waitingFor: string[] }; recording: boolean };
 }
 
-export async function lbStatus(tb: Testbed, node: string): Promise<LbStatus | undefined> {
-  return ((await tb.status(node)) as unknown as { loadBalancers: LbStatus[] }).loadBalancers.find((l) => l.service === 'shop/db');
+/** The Service's VIP of `family` on `node`: its IPv4 VIP is keyed "shop/db", its IPv6 VIP "shop/db#IPv6". */
+export async function lbStatus(tb: Testbed, node: string, family: IpFamily = 4): Promise<LbStatus | undefined> {
+  const key = family === 4 ? 'shop/db' : 'shop/db#IPv6';
+  return ((await tb.status(node)) as unknown as { loadBalancers: LbStatus[] }).loadBalancers.find((l) => l.service === key);
 }
 
 export { until } from '../lib/wait';

@@ -12,6 +12,9 @@
 //   the LB columns) across the whole cell; the expectation per cell is in EVENTS (100 % in every cell);
 // - a VIP keeps serving when its only LB node is lost during the fault: another node's new LB pod takes it
 //   over and new connections through it succeed while the store is still away.
+// In dual-stack (families [4, 6]) the Egress and the Service are dual-stack too: every cell runs IPv6 Egress
+// connections beside the IPv4 ones, the LB cells IPv6 connections through the Service's IPv6 VIP beside
+// those through its IPv4 VIP, and the checks above on the IPv6 VIP are those on the IPv4 one.
 // One testbed per fault row (tetherd in the DaemonSet's container when TETHER_TESTBED_CONTAINERS=1), cells
 // one after another on it, each starting from a settled state; a cell that leaves the testbed unsettled
 // (e.g. an address owned twice) makes the row continue on a fresh testbed, so one defect is not counted
@@ -20,7 +23,7 @@ import * as fs from 'node:fs';
 import { call } from '../../lib/api/client';
 import { startServer, FLOAT_POOL, PORT } from './egress-scenario';
 import { egress, pool as floatPool } from './egress-multi-scenario';
-import { lbStatus, pool as lbPool, routerPaths, service, slice, startBgp, startTargets, type Servers } from './lb-scenario';
+import { lbStatus, pool as lbPool, routerPaths, service, slice, startBgp, startTargets, type LbStatus, type Servers } from './lb-scenario';
 import { FloatingSampler } from './floating-sampler';
 import { withTestbed, type Testbed } from './testbed';
 import type { Topology } from './topology';
@@ -80,6 +83,10 @@ const RECOVER_MS: Record<FaultId, number> = { down: 12_000, paused: 12_000, empt
 const PROBE_OWNER = 'matrix/probe';
 const EGRESS = 'shop/out';
 const LB_OWNER = 'lb/shop/db';
+/** The allocation owner of the Service's IPv6 VIP (daemon/lb/lb-spec.ts familyKey). */
+const LB_OWNER6 = 'lb/shop/db#IPv6';
+/** The LB pool's IPv6 subnet in dual-stack (as lb-dualstack.test.ts). */
+const LB_POOL6 = 'fd00:5100::/124';
 const NODES = ['n1', 'n2', 'n3', 'n4', 'n5'];
 const CLIENT_NODE = 'n5';
 /** Where the gateway pod joins (a node with a block already, see topology()). */
@@ -104,6 +111,12 @@ function egressObjects(families: IpFamily[], count: number): Record<string, unkn
   return [pool, egress({ ipFamilies: ['IPv4', 'IPv6'], destinations: ['198.19.0.0/16', 'fd00:19::/32'], excludeDestinations: ['198.18.0.0/24', 'fd00:18::/64'], addresses: { pool: 'float', count } })];
 }
 
+/** In dual-stack the LB pool has an IPv6 subnet too, and the Service asks for a VIP of each family. */
+function lbPoolFor(families: IpFamily[]): Record<string, unknown> {
+  if (!families.includes(6)) return lbPool;
+  return { ...lbPool, spec: { ...(lbPool.spec as Record<string, unknown>), ipv6: { cidr: LB_POOL6 } } };
+}
+
 export function topology(fault: FaultId, families: IpFamily[] = [4]): Topology {
   return {
     ...(families.includes(6) ? { families } : {}),
@@ -126,7 +139,7 @@ export function topology(fault: FaultId, families: IpFamily[] = [4]): Topology {
     tether: true,
     ipam: 'tether-ipam',
     tetherdArgs: ['--lb-export-table', '100'],
-    extraObjects: [...egressObjects(families, 1), lbPool],
+    extraObjects: [...egressObjects(families, 1), lbPoolFor(families)],
     ...(fault === 'sentinel' ? { redis: 'sentinel' as const } : {}),
   };
 }
@@ -151,6 +164,9 @@ interface Row {
   targets: Servers;
   bgp: { stop: () => Promise<void> };
   vip: string;
+  /** Dual-stack: the Service's IPv6 VIP and the target servers behind it. */
+  vip6?: string;
+  targets6?: Servers;
   egressCount: number;
   gateways: string[];
   lbNodes: string[];
@@ -186,20 +202,40 @@ const short = (a: string) => a.replace(/^198\.18\.0\./, '.');
 // ---- the row's testbed ---------------------------------------------------------------------------------
 
 function writeConfig(row: Row): void {
+  if (row.tb.hasFamily(6)) return writeConfigDual(row);
   // Once allocated, the VIP is in the Service's status, as the controllers' status controller records it in a
   // cluster: what a node that newly needs the VIP reads when the store is away.
   const svc = row.vip ? { ...service(), status: { loadBalancer: { ingress: [{ ip: row.vip, ipMode: 'Proxy' }] } } } : service();
   row.tb.rewriteConfig({ extraObjects: [...egressObjects(row.tb.hasFamily(6) ? [4, 6] : [4], row.egressCount), lbPool, svc, slice(row.tb, TARGETS)] });
 }
 
+/**
+ * Dual-stack: a RequireDualStack Service over the dual-stack LB pool, an EndpointSlice per family, and in its
+ * status each VIP once allocated (a node that newly needs the IPv6 VIP under the fault reads it there too).
+ */
+function writeConfigDual(row: Row): void {
+  const ingress = [row.vip, row.vip6].filter((ip): ip is string => Boolean(ip)).map((ip) => ({ ip, ipMode: 'Proxy' }));
+  const dual = service(undefined, { ipFamilyPolicy: 'RequireDualStack', ipFamilies: ['IPv4', 'IPv6'] });
+  const svc = ingress.length ? { ...dual, status: { loadBalancer: { ingress } } } : dual;
+  row.tb.rewriteConfig({ extraObjects: [...egressObjects([4, 6], row.egressCount), lbPoolFor([4, 6]), svc, slice(row.tb, TARGETS, [], 4), slice(row.tb, TARGETS, [], 6)] });
+}
+
+/** The nodes' addresses the router should spread the VIP of `family` over: the live LB nodes'. */
+function lbPathsWanted(row: Row, family: IpFamily): string {
+  return row.lbNodes.filter((n) => !row.lost.has(n)).map((n) => (family === 4 ? row.tb.node(n).fabricIp : row.tb.node(n).fabricIp6!)).sort().join();
+}
+
 async function prepareRow(tb: Testbed, fault: FaultId): Promise<Row> {
   const row = { fault, tb, egressCount: 1, gateways: ['n1-gw1'], lbNodes: ['n3'], lost: new Set<string>(), gone: new Set<string>(), retryUntil: 0 } as Row;
   writeConfig(row);
-  row.bgp = await startBgp(tb, ['n2', 'n3', 'n4']);
+  // Dual-stack: IPv6 BGP sessions beside the IPv4 ones, so the router learns the IPv6 VIP's paths.
+  row.bgp = tb.hasFamily(6) ? await startBgp(tb, ['n2', 'n3', 'n4'], { ipv6: true }) : await startBgp(tb, ['n2', 'n3', 'n4']);
   try {
     row.vip = await waitFor('the VIP', async () => (await lbStatus(tb, 'n3'))?.vip, 20_000);
+    if (tb.hasFamily(6)) row.vip6 = await waitFor('the IPv6 VIP', async () => (await lbStatus(tb, 'n3', 6))?.vip, 20_000);
     writeConfig(row);
     row.targets = await startTargets(tb, TARGETS, row.vip);
+    if (row.vip6) row.targets6 = await startTargets(tb, TARGETS, row.vip6);
     // Dual-stack: the IPv6 floating addresses are sampled from the kernel too (lo, ip6 SNAT, proxy NDP and /128).
     row.sampler = new FloatingSampler(tb, FLOAT_POOL, NODES, undefined, tb.hasFamily(6) ? FLOAT_POOL6 : undefined);
     row.sampler.start();
@@ -214,6 +250,7 @@ async function prepareRow(tb: Testbed, fault: FaultId): Promise<Row> {
 async function closeRow(row: Row): Promise<void> {
   await row.sampler?.stop().catch(() => undefined);
   await row.targets?.stop().catch(() => undefined);
+  await row.targets6?.stop().catch(() => undefined);
   await row.bgp?.stop().catch(() => undefined);
 }
 
@@ -308,6 +345,11 @@ async function settle(row: Row, timeoutMs: number): Promise<{ owners?: Map<strin
       const want = row.lbNodes.filter((n) => !row.lost.has(n)).map((n) => tb.node(n).fabricIp).sort().join();
       const paths = (await routerPaths(tb, row.vip)).join();
       if (paths !== want) return no(`the VIP is routed over ${paths || 'nothing'}, not ${want}`);
+      if (row.vip6) {
+        const want6 = lbPathsWanted(row, 6);
+        const paths6 = (await routerPaths(tb, row.vip6)).join();
+        if (paths6 !== want6) return no(`the IPv6 VIP is routed over ${paths6 || 'nothing'}, not ${want6}`);
+      }
       return { owners: agreed, why: '' };
     })().catch((e) => ({ why: `status: ${(e as Error).message}` }) as { owners?: Map<string, Owned>; why: string });
     if (r.owners || Date.now() > end) return r;
@@ -523,12 +565,16 @@ function makeEvent(row: Row, id: EventId, first: string, owners: Map<string, Own
           }
           if (!row.lbNodes.includes('n4')) row.lbNodes.push('n4');
           const want = row.lbNodes.map((n) => tb.node(n).fabricIp).sort().join();
-          if (!refused && (await routerPaths(tb, row.vip)).join() === want) return 'n4 announced before the store was back';
+          // Dual-stack: n4 must announce the IPv6 VIP too.
+          const want6 = row.vip6 ? lbPathsWanted(row, 6) : undefined;
+          const routed6 = async () => !row.vip6 || (await routerPaths(tb, row.vip6)).join() === want6;
+          if (!refused && (await routerPaths(tb, row.vip)).join() === want && (await routed6())) return 'n4 announced before the store was back';
           try {
-            await waitFor('the VIP routed over n4 too', async () => (await routerPaths(tb, row.vip)).join() === want, 15_000);
+            await waitFor('the VIP routed over n4 too', async () => (await routerPaths(tb, row.vip)).join() === want && (await routed6()), 15_000);
             return `n4 serving ${((Date.now() - healedAt) / 1000).toFixed(1)} s after the heal`;
           } catch {
-            failures.push(`the new LB pod on n4 was not announced within 15 s after the store came back (router: ${(await routerPaths(tb, row.vip)).join() || 'nothing'})`);
+            const v6 = row.vip6 ? `; IPv6 VIP: ${(await routerPaths(tb, row.vip6)).join() || 'nothing'}` : '';
+            failures.push(`the new LB pod on n4 was not announced within 15 s after the store came back (router: ${(await routerPaths(tb, row.vip)).join() || 'nothing'}${v6})`);
             return '';
           }
         },
@@ -540,6 +586,13 @@ function makeEvent(row: Row, id: EventId, first: string, owners: Map<string, Own
       let routedMs: number | undefined;
       let fresh: TrafficReport | undefined;
       let freshError: string | undefined;
+      // Dual-stack: the replacement must route and serve the IPv6 VIP under the fault as well.
+      let fresh6: TrafficReport | undefined;
+      let fresh6Error: string | undefined;
+      /** Dual-stack, no takeover under the fault: where the router sent each VIP at the deadline. */
+      let unrouted: string | undefined;
+      const routedOver = async (node: string) =>
+        (await routerPaths(tb, row.vip)).join() === tb.node(node).fabricIp && (!row.vip6 || (await routerPaths(tb, row.vip6)).join() === tb.node(node).fabricIp6);
       const ev: EventRun = {
         ownerDies: new Set(),
         run: async () => {
@@ -554,8 +607,28 @@ function makeEvent(row: Row, id: EventId, first: string, owners: Map<string, Own
           refused = await addPodOnce(tb, TAKEOVER_NODE, LB(name));
           if (refused) return `${LB_NODE} lost; the replacement LB pod's ADD refused under the fault (${refused})`;
           row.lbNodes.push(TAKEOVER_NODE);
-          const want = tb.node(TAKEOVER_NODE).fabricIp;
           const deadline = ev.at + HOLD_MS.lblost - 5000;
+          if (row.vip6) {
+            while (Date.now() < deadline && !(await routedOver(TAKEOVER_NODE))) await sleep(200);
+            if (!(await routedOver(TAKEOVER_NODE))) {
+              unrouted = `router: IPv4 VIP over ${(await routerPaths(tb, row.vip)).join() || 'nothing'}, IPv6 VIP over ${(await routerPaths(tb, row.vip6)).join() || 'nothing'}`;
+              return `${LB_NODE} lost; ${TAKEOVER_NODE} did not announce both VIPs under the fault`;
+            }
+            routedMs = Date.now() - ev.at;
+            // New connections through both VIPs at once, still under the fault.
+            const [r4, r6] = await Promise.all([row.vip, row.vip6].map(async (vip) => {
+              try {
+                const f = await flows(tb, 'client', vip, FRESH_CONNS);
+                await sleep(1000);
+                return { report: await f.stop() };
+              } catch (e) {
+                return { error: (e as Error).message.slice(0, 160) };
+              }
+            }));
+            [fresh, freshError, fresh6, fresh6Error] = [r4.report, r4.error, r6.report, r6.error];
+            return `${LB_NODE} lost; ${TAKEOVER_NODE} announced both VIPs ${routedMs} ms later, under the fault`;
+          }
+          const want = tb.node(TAKEOVER_NODE).fabricIp;
           while (Date.now() < deadline && (await routerPaths(tb, row.vip)).join() !== want) await sleep(200);
           if ((await routerPaths(tb, row.vip)).join() !== want) return `${LB_NODE} lost; ${TAKEOVER_NODE} did not announce the VIP under the fault`;
           routedMs = Date.now() - ev.at;
@@ -573,7 +646,13 @@ function makeEvent(row: Row, id: EventId, first: string, owners: Map<string, Own
           if (refused) failures.push(`the replacement LB pod's ADD on ${TAKEOVER_NODE} was refused under the fault: ${refused}`);
           else if (routedMs === undefined) failures.push(`the VIP was not routed over ${TAKEOVER_NODE} while the store was away (${TAKEOVER_NODE}: ${st?.problem ?? (st?.vip ? `VIP ${st.vip}, announced ${st.announced}` : 'no VIP')})`);
           else if (!fresh || fresh.intact !== FRESH_CONNS) failures.push(`${fresh?.intact ?? 0}/${FRESH_CONNS} new VIP connections during the fault: ${freshError ?? fresh?.errors.slice(0, 2).join('; ')}`);
-          return routedMs === undefined ? 'no takeover under the fault' : `${TAKEOVER_NODE} serving ${(routedMs / 1000).toFixed(1)} s after ${LB_NODE} was lost; ${fresh?.intact ?? 0}/${FRESH_CONNS} new connections under the fault`;
+          if (row.vip6 && routedMs !== undefined && (!fresh6 || fresh6.intact !== FRESH_CONNS)) failures.push(`${fresh6?.intact ?? 0}/${FRESH_CONNS} new IPv6 VIP connections during the fault: ${fresh6Error ?? fresh6?.errors.slice(0, 2).join('; ')}`);
+          if (row.vip6 && refused === undefined && routedMs === undefined) {
+            const st6 = await lbStatus(tb, TAKEOVER_NODE, 6).catch(() => undefined);
+            failures.push(`both VIPs were not routed over ${TAKEOVER_NODE} while the store was away (${unrouted ?? 'router: ?'}; ${TAKEOVER_NODE}'s IPv6 VIP: ${st6?.problem ?? (st6?.vip ? `${st6.vip}, announced ${st6.announced}` : 'none')})`);
+          }
+          const fresh6Text = row.vip6 ? ` v6 ${fresh6?.intact ?? 0}/${FRESH_CONNS}` : '';
+          return routedMs === undefined ? 'no takeover under the fault' : `${TAKEOVER_NODE} serving ${(routedMs / 1000).toFixed(1)} s after ${LB_NODE} was lost; ${fresh?.intact ?? 0}/${FRESH_CONNS}${fresh6Text} new connections under the fault`;
         },
       };
       return ev;
@@ -695,6 +774,15 @@ async function checkStore(row: Row, owners: Map<string, Owned>, failures: string
     if (st?.vip !== row.vip) failures.push(`${n} serves the Service on ${st?.vip ?? 'no VIP'}, not ${row.vip}`);
   }
   await probe('lb', row.vip, LB_OWNER);
+  // Dual-stack: the IPv6 VIP allocated once, to the Service's IPv6 key, and served on that VIP by every LB node.
+  if (row.vip6) {
+    if (lbs[row.vip6] !== LB_OWNER6) failures.push(`the IPv6 VIP ${row.vip6} is allocated to ${lbs[row.vip6] ?? 'nobody'} in the store`);
+    for (const n of row.lbNodes.filter((x) => !row.lost.has(x))) {
+      const st: LbStatus | undefined = await lbStatus(tb, n, 6).catch(() => undefined);
+      if (st?.vip !== row.vip6) failures.push(`${n} serves the Service's IPv6 VIP on ${st?.vip ?? 'no VIP'}, not ${row.vip6}`);
+    }
+    await probe('lb', row.vip6, LB_OWNER6);
+  }
 
   const blocks = await storeHash(row, `${tb.redisPrefix}pool:{${tb.plan.podPool.name}}:blocks`);
   const usedBy = new Map<string, string>();
@@ -733,10 +821,13 @@ async function runCell(row: Row, id: EventId, before: Map<string, Owned>): Promi
   // Dual-stack: IPv6 connections through the Egress beside the IPv4 ones, under the same fault and event.
   const eg6 = tb.hasFamily(6) ? await flows(tb, `${CLIENT_NODE}-web`, tb.externalIp6('server'), CONNS) : undefined;
   const lb = id === 'lbpod' || id === 'lblost' ? await flows(tb, 'client', row.vip, CONNS) : undefined;
+  // Dual-stack: IPv6 connections through the IPv6 VIP beside the IPv4 VIP's.
+  const lb6 = row.vip6 && (id === 'lbpod' || id === 'lblost') ? await flows(tb, 'client', row.vip6, CONNS) : undefined;
   await sleep(1000);
   eg.mark();
   eg6?.mark();
   lb?.mark();
+  lb6?.mark();
   const tWin = Date.now();
   const cutNode = cutNodeFor(row, id, first, before);
   const ev = makeEvent(row, id, first, before, tWin);
@@ -745,6 +836,7 @@ async function runCell(row: Row, id: EventId, before: Map<string, Owned>): Promi
   let egReport: TrafficReport | undefined;
   let eg6Report: TrafficReport | undefined;
   let lbReport: TrafficReport | undefined;
+  let lb6Report: TrafficReport | undefined;
   try {
     const f = await startFault(row, cutNode);
     const evStart = Date.now();
@@ -769,6 +861,7 @@ async function runCell(row: Row, id: EventId, before: Map<string, Owned>): Promi
     egReport = await eg.stop();
     eg6Report = await eg6?.stop();
     lbReport = await lb?.stop();
+    lb6Report = await lb6?.stop();
     await server.stop();
 
     // At no moment two holders.
@@ -796,12 +889,14 @@ async function runCell(row: Row, id: EventId, before: Map<string, Owned>): Promi
     if (egReport.intact !== CONNS) failures.push(`${egReport.intact}/${CONNS} Egress connections kept: ${egReport.errors.slice(0, 2).join('; ')}`);
     if (eg6Report && eg6Report.intact !== CONNS) failures.push(`${eg6Report.intact}/${CONNS} IPv6 Egress connections kept: ${eg6Report.errors.slice(0, 2).join('; ')}`);
     if (lbReport && lbReport.intact !== CONNS) failures.push(`${lbReport.intact}/${CONNS} VIP connections kept: ${lbReport.errors.slice(0, 2).join('; ')}`);
+    if (lb6Report && lb6Report.intact !== CONNS) failures.push(`${lb6Report.intact}/${CONNS} IPv6 VIP connections kept: ${lb6Report.errors.slice(0, 2).join('; ')}`);
   } catch (e) {
     failures.push(`cell aborted: ${(e as Error).message.split('\n')[0].slice(0, 300)}`);
     clean = false;
     await eg.stop().catch(() => undefined);
     await eg6?.stop().catch(() => undefined);
     await lb?.stop().catch(() => undefined);
+    await lb6?.stop().catch(() => undefined);
     await server.stop().catch(() => undefined);
   } finally {
     // Whatever happened, the store is whole again for the next cell.
@@ -816,7 +911,7 @@ async function runCell(row: Row, id: EventId, before: Map<string, Owned>): Promi
     }
     if ((fault === 'down' || fault === 'empty') && tb.redis.pid === undefined) await tb.restartRedis();
   }
-  const conns = `${egReport?.intact ?? '?'}/${CONNS}${eg6Report ? ` v6 ${eg6Report.intact}/${CONNS}` : ''}${lbReport ? ` +${lbReport.intact}/${CONNS}` : ''}`;
+  const conns = `${egReport?.intact ?? '?'}/${CONNS}${eg6Report ? ` v6 ${eg6Report.intact}/${CONNS}` : ''}${lbReport ? ` +${lbReport.intact}/${CONNS}` : ''}${lb6Report ? ` v6 ${lb6Report.intact}/${CONNS}` : ''}`;
   const pass = failures.length === 0;
   const result: CellResult = {
     fault,
@@ -881,7 +976,10 @@ export async function runRow(fault: FaultId, log: RowLog, only?: EventId[], fami
           let owners = s.owners;
           // The takeover events need standbys: 3 gateway nodes before the owner's pod dies, 2 before its node does.
           const want = id === 'podkill' ? 3 : id === 'nodelost' ? 2 : 0;
-          const added = await ensureGateways(row, want).then(async (g) => (id === 'lblost' ? (await onlyLbNode(row)) || g : g)).catch((e: Error) => e);
+          const added = await ensureGateways(row, want)
+            .then(async (g) => (id === 'lblost' ? (await onlyLbNode(row)) || g : g))
+            .then(async (g) => (id === 'lbpod' && row.vip6 ? (await blocksBeforeLbPod(row)) || g : g))
+            .catch((e: Error) => e);
           if (added instanceof Error) {
             results.push({ fault, event: id, pass: false, cell: 'FAIL no start', measured: '', failures: [`no start: ${added.message}`], notes: [], ms: 0 });
             continue;
@@ -941,6 +1039,22 @@ async function onlyLbNode(row: Row): Promise<boolean> {
   return others.length > 0;
 }
 
+/**
+ * Dual-stack: n4 gets its blocks of both families before 'LB pod added' (a plain pod, outside any fault), so
+ * the LB pod's ADD under the fault needs no new block and the cell adds it under the fault, as in the IPv4
+ * suite, where the 'new block' cell before it has left n4 a block. (The dual-stack run has no 'new block'
+ * cell: without this the ADD is refused under the fault and the LB pod only comes after the heal.)
+ */
+async function blocksBeforeLbPod(row: Row): Promise<boolean> {
+  const { tb } = row;
+  const blocks = (await tb.nodeBlocks('n4')).blocks;
+  if (blocks.some((b) => b.includes(':')) && blocks.some((b) => !b.includes(':'))) return false;
+  const name = freeName(row, 'b', 1);
+  const err = await addPodRetrying(tb, 'n4', { name }, Date.now() + SETTLE_MS);
+  if (err) throw new Error(`adding pod n4-${name} for n4's blocks: ${err}`);
+  return true;
+}
+
 /** Adds gateway pods (outside any fault) until `n` live nodes have one; whether it added any. */
 async function ensureGateways(row: Row, n: number): Promise<boolean> {
   const { tb } = row;
@@ -963,7 +1077,8 @@ async function ensureGateways(row: Row, n: number): Promise<boolean> {
 
 /** The matrix as text: faults down, events across, each cell ok/FAIL with its key measurement; then the failures. */
 export function formatMatrix(results: CellResult[], totalMs?: number): string {
-  const W = 20;
+  // Dual-stack cells carry the IPv6 counts ("v6 n/m") too: wide enough for the longest of them.
+  const W = Math.max(20, ...results.filter((r) => / v6 /.test(r.cell)).map((r) => r.cell.length));
   const label = 18;
   const pad = (s: string, n: number) => (s.length > n ? s.slice(0, n - 1) + '…' : s.padEnd(n));
   const lines: string[] = [];
@@ -977,7 +1092,8 @@ export function formatMatrix(results: CellResult[], totalMs?: number): string {
   const ran = results.length;
   const passed = results.filter((r) => r.pass).length;
   lines.push('');
-  lines.push(`${passed}/${ran} cells pass${totalMs ? `; ${(totalMs / 1000).toFixed(0)} s` : ''}. ok n/m = Egress connections kept (+ VIP connections in the LB column).`);
+  const v6 = results.some((r) => / v6 /.test(r.cell)) ? ' v6 n/m after a count: the IPv6 connections through the Egress or the IPv6 VIP.' : '';
+  lines.push(`${passed}/${ran} cells pass${totalMs ? `; ${(totalMs / 1000).toFixed(0)} s` : ''}. ok n/m = Egress connections kept (+ VIP connections in the LB column).${v6}`);
   for (const r of results) {
     lines.push(`  ${r.pass ? 'ok  ' : 'FAIL'} ${FAULTS.find((f) => f.id === r.fault)!.label} × ${EVENTS.find((e) => e.id === r.event)!.label}: ${r.measured}${r.notes.length ? ` (${r.notes.join('; ')})` : ''}`);
     for (const f of r.failures) lines.push(`       ✗ ${f}`);
