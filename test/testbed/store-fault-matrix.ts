@@ -26,7 +26,7 @@ import { egress, pool as floatPool } from './egress-multi-scenario';
 import { lbStatus, pool as lbPool, routerPaths, service, slice, startBgp, startTargets, type LbStatus, type Servers } from './lb-scenario';
 import { FloatingSampler } from './floating-sampler';
 import { withTestbed, type Testbed } from './testbed';
-import type { Topology } from './topology';
+import { inCidr, type Topology } from './topology';
 import { FLOAT_POOL6 } from './egress-scenario';
 import type { IpFamily } from '../../lib/ip';
 import { TRAFFIC_CLIENT, type TrafficReport } from '../lib/traffic';
@@ -488,7 +488,7 @@ function makeEvent(row: Row, id: EventId, first: string, owners: Map<string, Own
       return {
         ownerDies: new Set(),
         run: async () => {
-          had = (await tb.nodeBlocks('n4')).blocks;
+          had = await podBlocks(tb, 'n4');
           refused = await addPodOnce(tb, 'n4', { name });
           return refused ? `ADD refused under the fault (${refused})` : 'ADD done under the fault';
         },
@@ -501,13 +501,19 @@ function makeEvent(row: Row, id: EventId, first: string, owners: Map<string, Own
             }
           }
           const pod = tb.pod(`n4-${name}`);
-          const blocks = (await tb.nodeBlocks('n4')).blocks;
-          const block = blocks.find((b) => inBlock(pod.ip, b));
+          const blocks = await podBlocks(tb, 'n4');
           const store = await storeHash(row, `${tb.redisPrefix}pool:{${tb.plan.podPool.name}}:blocks`);
-          if (block && had.includes(block)) failures.push(`setup: n4 already had ${block} before the ADD, so it needed no new block`);
-          if (!block) failures.push(`n4-${name} ${pod.ip} is in none of n4's blocks (${blocks.join(', ')})`);
-          else if (store[block] !== 'n4') failures.push(`block ${block} lost: n4 uses it (n4-${name} ${pod.ip}) but the store gives it to ${store[block] ?? 'nobody'}`);
-          return `${refused ? `ADD refused, worked ${sinceHeal(row)} after the heal` : 'ADD under the fault'}; ${pod.ip} in ${block ?? '?'}`;
+          // Dual-stack: the pod has an address of each family, each from a new block of its family.
+          const placed: string[] = [];
+          for (const ip of [pod.ip, pod.ip6].filter((x): x is string => !!x)) {
+            const block = blocks.find((b) => inCidr(ip, b));
+            placed.push(`${ip} in ${block ?? '?'}`);
+            if (block && had.includes(block)) failures.push(`setup: n4 already had ${block} before the ADD, so it needed no new block`);
+            if (!block) failures.push(`n4-${name} ${ip} is in none of n4's blocks (${blocks.join(', ')})`);
+            else if (store[block] !== 'n4') failures.push(`block ${block} lost: n4 uses it (n4-${name} ${ip}) but the store gives it to ${store[block] ?? 'nobody'}`);
+          }
+          if (tb.hasFamily(6) && !pod.ip6) failures.push(`n4-${name} has no IPv6 address on a dual-stack testbed`);
+          return `${refused ? `ADD refused, worked ${sinceHeal(row)} after the heal` : 'ADD under the fault'}; ${placed.join(', ')}`;
         },
       };
     }
@@ -710,11 +716,11 @@ function freeName(row: Row, base: string, from: number): string {
   for (let k = from; ; k++) if (!taken.has(`${base}${k}`)) return `${base}${k}`;
 }
 
-function inBlock(ip: string, cidr: string): boolean {
-  const [net, bits] = cidr.split('/');
-  const n = (a: string) => a.split('.').reduce((x, y) => x * 256 + Number(y), 0);
-  const size = 2 ** (32 - Number(bits));
-  return Math.floor(n(ip) / size) === Math.floor(n(net) / size);
+/** A node's pod blocks of every family the pods have (IPv4 and, in dual-stack, IPv6), from its status. */
+async function podBlocks(tb: Testbed, node: string): Promise<string[]> {
+  const out: string[] = [];
+  for (const f of tb.plan.families) out.push(...(await tb.nodeBlocks(node, tb.plan.podPool.name, f)).blocks);
+  return out;
 }
 
 function cutNodeFor(row: Row, id: EventId, first: string, owners: Map<string, Owned>): string {
@@ -788,7 +794,7 @@ async function checkStore(row: Row, owners: Map<string, Owned>, failures: string
   const usedBy = new Map<string, string>();
   const nodeBlocks = new Map<string, string[]>();
   for (const n of liveNodes(row)) {
-    const bs = (await tb.nodeBlocks(n).catch(() => undefined))?.blocks;
+    const bs = await podBlocks(tb, n).catch(() => undefined);
     if (!bs) continue;
     nodeBlocks.set(n, bs);
     for (const b of bs) {
@@ -800,10 +806,12 @@ async function checkStore(row: Row, owners: Map<string, Owned>, failures: string
   const ips = new Map<string, string>();
   for (const p of tb.listPods()) {
     if (row.gone.has(p.key) || row.lost.has(p.node)) continue;
-    if (ips.has(p.ip)) failures.push(`${p.ip} on two pods: ${ips.get(p.ip)} and ${p.key}`);
-    ips.set(p.ip, p.key);
-    const bs = nodeBlocks.get(p.node);
-    if (bs && !bs.some((b) => inBlock(p.ip, b))) failures.push(`${p.key} ${p.ip} is outside ${p.node}'s blocks`);
+    for (const ip of [p.ip, p.ip6].filter((x): x is string => !!x)) {
+      if (ips.has(ip)) failures.push(`${ip} on two pods: ${ips.get(ip)} and ${p.key}`);
+      ips.set(ip, p.key);
+      const bs = nodeBlocks.get(p.node);
+      if (bs && !bs.some((b) => inCidr(ip, b))) failures.push(`${p.key} ${ip} is outside ${p.node}'s blocks`);
+    }
   }
 }
 
@@ -1047,7 +1055,7 @@ async function onlyLbNode(row: Row): Promise<boolean> {
  */
 async function blocksBeforeLbPod(row: Row): Promise<boolean> {
   const { tb } = row;
-  const blocks = (await tb.nodeBlocks('n4')).blocks;
+  const blocks = await podBlocks(tb, 'n4');
   if (blocks.some((b) => b.includes(':')) && blocks.some((b) => !b.includes(':'))) return false;
   const name = freeName(row, 'b', 1);
   const err = await addPodRetrying(tb, 'n4', { name }, Date.now() + SETTLE_MS);
