@@ -6,6 +6,7 @@
 #include "common.h"
 #include "fou.h"
 #include "lb-core.h"
+#include "lb-nexthop.h"
 
 #define AF_INET_ 2
 #define ICMP_DEST_UNREACH_ 3
@@ -117,60 +118,103 @@ static __always_inline int lb_too_big(struct __sk_buff *skb, const struct iphdr 
 	return bpf_redirect(skb->ifindex, 0);
 }
 
+/* The length a lookup checks against the path MTU: the packet once encapsulated, or 0 for a GSO packet (the
+ * kernel then checks only the device, as for the segments it will become). */
+static __always_inline __u32 lb_fib_len(const struct __sk_buff *skb, __u32 inner_len, __u32 overhead)
+{
+	return skb->gso_size ? 0 : inner_len + overhead;
+}
+
+static __always_inline void lb_fib4_ask(struct bpf_fib_lookup *fib, const struct __sk_buff *skb, const struct iphdr *ip,
+					__be32 saddr, __be32 target, __u16 tot_len)
+{
+	__builtin_memset(fib, 0, sizeof(*fib));
+	fib->family = AF_INET_;
+	fib->tos = ip->tos;
+	fib->l4_protocol = IPPROTO_UDP_;
+	fib->tot_len = tot_len;
+	fib->ifindex = skb->ifindex;
+	fib->ipv4_src = saddr;
+	fib->ipv4_dst = target;
+}
+
 /* The node's uplink: the FIB names the egress device and next hop towards the target (the uplink for a
  * target on another node, a pod's veth for one on this node) and checks the encapsulated length against the
  * path MTU; the packet is encapsulated and redirected straight there, with the neighbour's MAC from the
  * FIB, or from the neighbour subsystem when not resolved yet (bpf_redirect_neigh). The node's stack never
- * sees it: no second pass through routing, conntrack or netfilter. */
+ * sees it: no second pass through routing, conntrack or netfilter. A resolved answer is cached for
+ * LB_NH_TTL_NS (lb-nexthop.h), and a packet over its MTU is answered as the FIB would have. */
 static __always_inline int lb_forward_node(struct __sk_buff *skb, const struct iphdr *ip, const struct lb_config *cfg,
 					   struct lb_stats *st, __be32 target, __u32 hash, enum lb_fwd_kind kind)
 {
-	struct bpf_fib_lookup fib = {};
+	struct lb_nh_key key = { .ifindex = skb->ifindex, .target = target, .tos = ip->tos };
+	struct bpf_fib_lookup fib;
 	struct bpf_redir_neigh nh = {};
+	struct lb_nexthop learnt, *hop;
+	struct lb_nh_entry *victim;
 	__u32 inner_len = bpf_ntohs(ip->tot_len);
-	__u8 macs[2 * ETH_ALEN];
+	__u32 len = lb_fib_len(skb, inner_len, FOU_OVERHEAD);
+	__u64 now = bpf_ktime_get_ns();
+	__u32 mtu;
 	long rc;
 
-	fib.family = AF_INET_;
-	fib.tos = ip->tos;
-	fib.l4_protocol = IPPROTO_UDP_;
-	/* A GSO packet (tot_len 0 here) is checked by the kernel as the segments it will become; any other by
-	 * its length once encapsulated. */
-	fib.tot_len = skb->gso_size ? 0 : inner_len + FOU_OVERHEAD;
-	fib.ifindex = skb->ifindex;
-	fib.ipv4_src = cfg->saddr;
-	fib.ipv4_dst = target;
+	hop = lb_nh_find(&key, now, &victim);
+	if (hop) {
+		mtu = hop->mtu;
+		if (len > mtu)
+			goto too_big;
+		goto send;
+	}
+	lb_fib4_ask(&fib, skb, ip, cfg->saddr, target, len);
 	rc = bpf_fib_lookup(skb, &fib, sizeof(fib), 0);
 	if (rc == BPF_FIB_LKUP_RET_FRAG_NEEDED) {
 		/* mtu_result: the path MTU towards the target (route, PMTU exception or device). */
-		__u32 mtu = fib.mtu_result;
-
-		st->too_big++;
-		if (kind != LB_FWD_DATA || skb->gso_size || mtu < FOU_OVERHEAD + IPV4_MIN_MTU)
-			return TC_ACT_SHOT;
-		return lb_too_big(skb, ip, mtu - FOU_OVERHEAD);
+		mtu = fib.mtu_result;
+		goto too_big;
 	}
-	if (rc != BPF_FIB_LKUP_RET_SUCCESS && rc != BPF_FIB_LKUP_RET_NO_NEIGH) {
+	if (rc == BPF_FIB_LKUP_RET_NO_NEIGH) {
+		if (fou_encap4_sport(skb, ip, cfg->saddr, target, cfg->dport, fou_sport_of(hash))) {
+			st->drop_error++;
+			return TC_ACT_SHOT;
+		}
+		lb_count(st, kind, inner_len);
+		nh.nh_family = AF_INET_;
+		nh.ipv4_nh = fib.ipv4_dst; /* the FIB's next hop: the gateway, or the target itself when on-link */
+		return bpf_redirect_neigh(fib.ifindex, &nh, sizeof(nh), 0);
+	}
+	if (rc != BPF_FIB_LKUP_RET_SUCCESS) {
 		st->drop_no_route++;
 		return TC_ACT_SHOT;
 	}
+	learnt.ifindex = fib.ifindex;
+	__builtin_memcpy(learnt.macs, fib.dmac, ETH_ALEN);
+	__builtin_memcpy(learnt.macs + ETH_ALEN, fib.smac, ETH_ALEN);
+	learnt.pad = 0;
+	hop = &learnt;
+	if (victim) {
+		lb_fib4_ask(&fib, skb, ip, cfg->saddr, target, 0);
+		learnt.mtu = lb_nh_mtu(skb, &fib);
+		learnt.expires_ns = learnt.mtu ? now + LB_NH_TTL_NS : 0;
+		victim->key = key;
+		victim->pad = 0;
+		victim->hop = learnt;
+	}
+send:
 	if (fou_encap4_sport(skb, ip, cfg->saddr, target, cfg->dport, fou_sport_of(hash))) {
 		st->drop_error++;
 		return TC_ACT_SHOT;
 	}
 	lb_count(st, kind, inner_len);
-	if (rc == BPF_FIB_LKUP_RET_SUCCESS) {
-		__builtin_memcpy(macs, fib.dmac, ETH_ALEN);
-		__builtin_memcpy(macs + ETH_ALEN, fib.smac, ETH_ALEN);
-		if (bpf_skb_store_bytes(skb, 0, macs, sizeof(macs), 0)) {
-			st->drop_error++;
-			return TC_ACT_SHOT;
-		}
-		return bpf_redirect(fib.ifindex, 0);
+	if (bpf_skb_store_bytes(skb, 0, hop->macs, sizeof(hop->macs), 0)) {
+		st->drop_error++;
+		return TC_ACT_SHOT;
 	}
-	nh.nh_family = AF_INET_;
-	nh.ipv4_nh = fib.ipv4_dst; /* the FIB's next hop: the gateway, or the target itself when on-link */
-	return bpf_redirect_neigh(fib.ifindex, &nh, sizeof(nh), 0);
+	return bpf_redirect(hop->ifindex, 0);
+too_big:
+	st->too_big++;
+	if (kind != LB_FWD_DATA || skb->gso_size || mtu < FOU_OVERHEAD + IPV4_MIN_MTU)
+		return TC_ACT_SHOT;
+	return lb_too_big(skb, ip, mtu - FOU_OVERHEAD);
 }
 
 /* node: a compile-time constant, so each program keeps only its own branch. */
@@ -256,56 +300,95 @@ static __always_inline int lb_too_big6(struct __sk_buff *skb, struct lb_scratch6
 	return bpf_redirect(skb->ifindex, 0);
 }
 
+static __always_inline void lb_fib6_ask(struct bpf_fib_lookup *fib, const struct __sk_buff *skb,
+					const struct in6_addr *saddr, const struct in6_addr *target, __u16 tot_len)
+{
+	__builtin_memset(fib, 0, sizeof(*fib));
+	fib->family = AF_INET6_;
+	fib->l4_protocol = IPPROTO_UDP_;
+	fib->tot_len = tot_len;
+	fib->ifindex = skb->ifindex;
+	__builtin_memcpy(fib->ipv6_src, saddr, 16);
+	__builtin_memcpy(fib->ipv6_dst, target, 16);
+}
+
 /* lb_forward_node for an IPv6 packet: the FIB (IPv6) names the device and next hop towards the target and
- * checks the length once encapsulated (48 bytes more) against the path MTU; over it, a client's packet is
- * answered with Packet Too Big (the path MTU less 48), when that is still a legal IPv6 MTU. l4_direct: the
- * transport header follows the IPv6 header (no Fragment header), so it can be quoted. */
+ * checks the length once encapsulated (48 bytes more) against the path MTU, its resolved answers cached in
+ * lb_nexthops6; over it, a client's packet is answered with Packet Too Big (the path MTU less 48), when that
+ * is still a legal IPv6 MTU. l4_direct: the transport header follows the IPv6 header (no Fragment header),
+ * so it can be quoted. */
 static __always_inline int lb_forward6_node(struct __sk_buff *skb, struct lb_scratch6 *s, const struct lb_config *cfg,
 					    const struct lb_config6 *cfg6, struct lb_stats *st, __u32 hash, enum lb_fwd_kind kind,
 					    int l4_direct)
 {
+	struct lb_nh_key6 key = { .ifindex = skb->ifindex, .target = s->target };
 	struct bpf_fib_lookup *fib = &s->fib;
 	struct bpf_redir_neigh *nh = &s->nh;
+	struct lb_nexthop learnt, *hop;
+	struct lb_nh_entry6 *victim;
 	__u32 inner_len = bpf_ntohs(s->ip6.payload_len) + sizeof(s->ip6);
+	__u32 len = lb_fib_len(skb, inner_len, FOU6_OVERHEAD);
+	__u64 now = bpf_ktime_get_ns();
+	__u32 mtu;
 	long rc;
 
-	__builtin_memset(fib, 0, sizeof(*fib));
-	fib->family = AF_INET6_;
-	fib->l4_protocol = IPPROTO_UDP_;
-	fib->tot_len = skb->gso_size ? 0 : inner_len + FOU6_OVERHEAD;
-	fib->ifindex = skb->ifindex;
-	__builtin_memcpy(fib->ipv6_src, &cfg6->saddr, 16);
-	__builtin_memcpy(fib->ipv6_dst, &s->target, 16);
+	hop = lb_nh_find6(&key, now, &victim);
+	if (hop) {
+		mtu = hop->mtu;
+		if (len > mtu)
+			goto too_big;
+		goto send;
+	}
+	lb_fib6_ask(fib, skb, &cfg6->saddr, &s->target, len);
 	rc = bpf_fib_lookup(skb, fib, sizeof(*fib), 0);
 	if (rc == BPF_FIB_LKUP_RET_FRAG_NEEDED) {
-		__u32 mtu = fib->mtu_result;
-
-		st->too_big++;
-		if (kind != LB_FWD_DATA || skb->gso_size || !l4_direct || mtu < FOU6_OVERHEAD + IPV6_MIN_MTU)
-			return TC_ACT_SHOT;
-		return lb_too_big6(skb, s, mtu - FOU6_OVERHEAD);
+		mtu = fib->mtu_result;
+		goto too_big;
 	}
-	if (rc != BPF_FIB_LKUP_RET_SUCCESS && rc != BPF_FIB_LKUP_RET_NO_NEIGH) {
+	if (rc == BPF_FIB_LKUP_RET_NO_NEIGH) {
+		if (fou6_encap6(skb, &s->ip6, &cfg6->saddr, &s->target, cfg->dport, fou_sport_of(hash), hash, &s->h)) {
+			st->drop_error++;
+			return TC_ACT_SHOT;
+		}
+		lb_count(st, kind, inner_len);
+		__builtin_memset(nh, 0, sizeof(*nh));
+		nh->nh_family = AF_INET6_;
+		__builtin_memcpy(nh->ipv6_nh, fib->ipv6_dst, 16);
+		return bpf_redirect_neigh(fib->ifindex, nh, sizeof(*nh), 0);
+	}
+	if (rc != BPF_FIB_LKUP_RET_SUCCESS) {
 		st->drop_no_route++;
 		return TC_ACT_SHOT;
 	}
+	learnt.ifindex = fib->ifindex;
+	__builtin_memcpy(learnt.macs, fib->dmac, ETH_ALEN);
+	__builtin_memcpy(learnt.macs + ETH_ALEN, fib->smac, ETH_ALEN);
+	learnt.pad = 0;
+	hop = &learnt;
+	if (victim) {
+		lb_fib6_ask(fib, skb, &cfg6->saddr, &s->target, 0);
+		learnt.mtu = lb_nh_mtu(skb, fib);
+		learnt.expires_ns = learnt.mtu ? now + LB_NH_TTL_NS : 0;
+		victim->key = key;
+		victim->pad = 0;
+		victim->hop = learnt;
+	}
+send:
 	if (fou6_encap6(skb, &s->ip6, &cfg6->saddr, &s->target, cfg->dport, fou_sport_of(hash), hash, &s->h)) {
 		st->drop_error++;
 		return TC_ACT_SHOT;
 	}
 	lb_count(st, kind, inner_len);
-	if (rc == BPF_FIB_LKUP_RET_SUCCESS) {
-		if (bpf_skb_store_bytes(skb, 0, fib->dmac, ETH_ALEN, 0) ||
-		    bpf_skb_store_bytes(skb, ETH_ALEN, fib->smac, ETH_ALEN, 0)) {
-			st->drop_error++;
-			return TC_ACT_SHOT;
-		}
-		return bpf_redirect(fib->ifindex, 0);
+	if (bpf_skb_store_bytes(skb, 0, hop->macs, sizeof(hop->macs), 0)) {
+		st->drop_error++;
+		return TC_ACT_SHOT;
 	}
-	__builtin_memset(nh, 0, sizeof(*nh));
-	nh->nh_family = AF_INET6_;
-	__builtin_memcpy(nh->ipv6_nh, fib->ipv6_dst, 16);
-	return bpf_redirect_neigh(fib->ifindex, nh, sizeof(*nh), 0);
+	return bpf_redirect(hop->ifindex, 0);
+too_big:
+	st->too_big++;
+	if (kind != LB_FWD_DATA || skb->gso_size || !l4_direct || mtu < FOU6_OVERHEAD + IPV6_MIN_MTU)
+		return TC_ACT_SHOT;
+	return lb_too_big6(skb, s, mtu - FOU6_OVERHEAD);
 }
 
 static __always_inline int lb_forward6(struct __sk_buff *skb, struct lb_scratch6 *s, const struct lb_config *cfg,

@@ -196,4 +196,62 @@ struct {
 	__type(value, struct lb_node_stats);
 } lb_node_stats SEC(".maps");
 
+/* ---- The node program's next-hop cache (lb-nexthop.h): the FIB's answer towards a target, reused for
+ * LB_NH_TTL_NS. Per CPU and set-associative (LB_NH_SETS sets of LB_NH_WAYS entries, by the target's hash):
+ * an array entry is found without a hash-map lookup, and its place in memory never moves. Not shared with
+ * user space (no TypeScript mirror). */
+
+#ifndef LB_NH_SETS
+#define LB_NH_SETS 256
+#endif
+#define LB_NH_WAYS 2
+
+/* What a FIB lookup of lb_forward_node depends on besides the constant source: the ingress device (policy
+ * routing may match it), the target and, in IPv4, the packet's TOS. */
+struct lb_nh_key {
+	__u32 ifindex;
+	__be32 target;
+	__u8 tos;
+	__u8 pad[3];
+};
+
+struct lb_nh_key6 {
+	__u32 ifindex;
+	struct in6_addr target;
+};
+
+struct lb_nexthop {
+	__u64 expires_ns;            /* bpf_ktime_get_ns after which the FIB is asked again (0: empty) */
+	__u32 ifindex;               /* the egress device */
+	__u32 mtu;                   /* the path MTU towards the target (route, PMTU exception or device) */
+	__u8 macs[2 * ETH_ALEN];     /* the next hop's MAC, then the egress device's: the new Ethernet header */
+	__u32 pad;
+};
+
+struct lb_nh_entry {
+	struct lb_nh_key key;
+	__u32 pad;
+	struct lb_nexthop hop;
+};
+
+struct lb_nh_entry6 {
+	struct lb_nh_key6 key;
+	__u32 pad;
+	struct lb_nexthop hop;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, LB_NH_SETS * LB_NH_WAYS);
+	__type(key, __u32);
+	__type(value, struct lb_nh_entry);
+} lb_nexthops SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, LB_NH_SETS * LB_NH_WAYS);
+	__type(key, __u32);
+	__type(value, struct lb_nh_entry6);
+} lb_nexthops6 SEC(".maps");
+
 #endif

@@ -156,19 +156,16 @@ static __always_inline int lb_process(struct __sk_buff *skb, const bool node)
 	}
 
 	lb_key(&k, svc->flags, ip.daddr, ip.saddr, ports[1], ports[0], ip.protocol);
-	hash = lb_hash(&k, cfg->seed);
 	target = lb_mapped(&k);
+	/* The key's hash picks a new client's target only: a mapped client's packet needs just the per-flow one. */
 	if (!target)
-		target = lb_pick(&k, svc, cfg, st, hash);
+		target = lb_pick(&k, svc, cfg, st, lb_hash(&k, cfg->seed));
 	if (!target)
 		return TC_ACT_SHOT;
 	/* Per flow for the outer port even with client affinity: ECMP and RSS then spread a client's flows. */
-	if (!(svc->flags & LB_F_PER_FLOW)) {
-		struct lb_map_key fk;
-
-		lb_key(&fk, LB_F_PER_FLOW, ip.daddr, ip.saddr, ports[1], ports[0], ip.protocol);
-		hash = lb_hash(&fk, cfg->seed);
-	}
+	if (!(svc->flags & LB_F_PER_FLOW))
+		lb_key(&k, LB_F_PER_FLOW, ip.daddr, ip.saddr, ports[1], ports[0], ip.protocol);
+	hash = lb_hash(&k, cfg->seed);
 	if (ip.frag_off & bpf_htons(IP_MF_))
 		lb_frag_remember(&ip, target, hash);
 	return lb_forward(skb, &ip, cfg, st, target, hash, LB_FWD_DATA, node);

@@ -164,14 +164,13 @@ static __always_inline int lb_process6(struct __sk_buff *skb, const bool node)
 	}
 
 	lb_key6(&s->k, svc->flags, &s->ip6.daddr, &s->ip6.saddr, ports[1], ports[0], proto);
-	hash = lb_hash6(&s->k, cfg->seed);
-	if (!lb_mapped6(&s->k, s) && !lb_pick6(&s->k, svc, cfg, st, hash, s))
+	/* The key's hash picks a new client's target only: a mapped client's packet needs just the per-flow one. */
+	if (!lb_mapped6(&s->k, s) && !lb_pick6(&s->k, svc, cfg, st, lb_hash6(&s->k, cfg->seed), s))
 		return TC_ACT_SHOT;
 	/* Per flow for the outer port and flow label even with client affinity, as for IPv4. */
-	if (!(svc->flags & LB_F_PER_FLOW)) {
+	if (!(svc->flags & LB_F_PER_FLOW))
 		lb_key6(&s->k, LB_F_PER_FLOW, &s->ip6.daddr, &s->ip6.saddr, ports[1], ports[0], proto);
-		hash = lb_hash6(&s->k, cfg->seed);
-	}
+	hash = lb_hash6(&s->k, cfg->seed);
 	if (first_frag) {
 		s->frag.target = s->target;
 		s->frag.hash = hash;

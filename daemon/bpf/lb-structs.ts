@@ -90,6 +90,9 @@ export const LB_MAP_LAYOUTS: Record<string, MapLayout> = {
   lb_frags6: { version: 1, convert: 'replace' },
   lb_events6: { version: 1, convert: 'replace' },
   lb_scratch6: { version: 1, convert: 'replace' }, // per-CPU working memory of the IPv6 path: nothing to carry
+  // The node program's per-CPU next-hop caches (bpf/lb-nexthop.h): entries live 100 ms, nothing to carry.
+  lb_nexthops: { version: 1, convert: 'replace' },
+  lb_nexthops6: { version: 1, convert: 'replace' },
 };
 
 /** lb_config; an outerSource of '' leaves the IPv4 source 0 (a node with IPv6 VIPs only: IPv4 passes untouched). */

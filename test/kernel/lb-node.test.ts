@@ -629,18 +629,20 @@ const errorBehindTarget = (f: Family) => () => {
 };
 
 // A connected UDP socket sends full-size datagrams (a 1500-byte packet: 1472 bytes of data over IPv4, DF
-// set; 1452 over IPv6) until one is echoed; prints the attempts.
+// set; 1452 over IPv6) until one is echoed; prints the attempts. "warm": a 64-byte datagram goes first, the
+// first full-size one right behind it (so the node has just looked the target's next hop up).
 const UDP_JS = `
 const dgram = require('dgram');
-const [host, port, src, size] = process.argv.slice(1);
+const [host, port, src, size, warm] = process.argv.slice(1);
 const s = dgram.createSocket(host.includes(':') ? 'udp6' : 'udp4');
 let n = 0;
 const t0 = Date.now();
-s.on('message', (m) => { console.log(JSON.stringify({ attempts: n, who: String(m.subarray(0, 2)) })); process.exit(0); });
+s.on('message', (m) => { if (m.length === Number(size)) { console.log(JSON.stringify({ attempts: n, who: String(m.subarray(0, 2)) })); process.exit(0); } });
 s.on('error', () => {});
 s.bind(0, src, () => s.connect(Number(port), host, () => {
   const send = () => { n++; s.send(Buffer.alloc(Number(size), 65)); if (Date.now() - t0 > 8000) { console.log(JSON.stringify({ attempts: n })); process.exit(0); } };
-  send();
+  if (warm) s.send(Buffer.alloc(64, 66), send);
+  else send();
   setInterval(send, 300);
 }));`;
 
@@ -656,6 +658,59 @@ const tooBig = (f: Family) => () => {
   assert.ok(r.who, `a datagram was echoed after ${r.attempts} attempts`);
   assert.ok(after.fragments > before.fragments, 'later fragments were forwarded after their first');
   assert.is(after.dropFragment, before.dropFragment);
+};
+
+// The node program keeps the FIB's answer towards a target for 100 ms (bpf/lb-nexthop.h): a neighbour or route
+// change still reaches the packets after that, and a packet over the path MTU of the cached answer is
+// answered with that MTU, as the FIB itself would.
+const NH_TTL_MS = 100;
+const nextHopChange = (f: Family) => async () => {
+  const c = f.clients[12];
+  const gw = f.v6 ? 'fd93:2::1' : '10.93.2.1';
+  const fam = f.v6 ? ['-6'] : [];
+  bed.lb!.installMappings([{ key: { vip: f.vip, client: c, vport: 0, cport: 0, proto: 0 }, target: f.t1 }]);
+  assert.is(connect([c], { vip: f.vip })[0].who, 't1', 'through the next hop as resolved');
+  // The router's MAC as the LB node knows it becomes one nobody has.
+  inNs(bed.lbnode, 'ip', 'neigh', 'replace', gw, 'lladdr', '02:00:5e:00:53:01', 'dev', 'n0', 'nud', 'permanent');
+  try {
+    await sleep(NH_TTL_MS + 50);
+    const lost = connect([c], { vip: f.vip, timeoutMs: 1500 })[0];
+    assert.not.ok(lost.ok, 'once the cached answer expired, packets went to the new neighbour entry');
+  } finally {
+    inNs(bed.lbnode, 'ip', 'neigh', 'del', gw, 'dev', 'n0');
+  }
+  await sleep(NH_TTL_MS + 50);
+  const back = connect([c], { vip: f.vip })[0];
+  assert.ok(back.ok, `the neighbour resolved again: ${back.error}`);
+  assert.is(back.who, 't1');
+
+  // A route with a smaller MTU towards the target (locked: forwarding, which the FIB lookup is, ignores a
+  // route's MTU otherwise): clients are told that MTU less the encapsulation. The client's learnt path MTUs
+  // are forgotten first (earlier tests taught it the uplink's).
+  const mtu = 1400;
+  const told = mtu - (f.v6 ? 48 : 28);
+  inNs(bed.client, 'ip', ...fam, 'route', 'flush', 'cache');
+  inNs(bed.lbnode, 'ip', ...fam, 'route', 'add', `${f.t1}/${f.v6 ? 128 : 32}`, 'via', gw, 'dev', 'n0', 'mtu', 'lock', String(mtu));
+  try {
+    await sleep(NH_TTL_MS + 50);
+    const before = stats(f.slot);
+    // The small datagram makes the node look the route up and cache it; the full-size one right behind it
+    // finds the cached answer over its MTU.
+    const out = inNs(bed.client, process.execPath, '-e', UDP_JS, f.vip, String(PORT), c, String(1500 - (f.v6 ? 48 : 28)), 'warm');
+    const r = JSON.parse(out.trim().split('\n').pop()!) as { attempts: number; who?: string };
+    const after = stats(f.slot);
+    assert.ok(after.tooBig > before.tooBig, `${f.tooBig} sent (${show(after)})`);
+    const learnt = inNs(bed.client, 'ip', ...fam, 'route', 'get', f.vip, 'from', c);
+    assert.match(learnt, new RegExp(`mtu ${told}\\b`), `the client was told the route's MTU less the encapsulation (${told}): ${learnt}`);
+    assert.is(r.who, 't1', `a datagram was echoed by t1 after ${r.attempts} attempts`);
+    // Over the cached MTU the first full-size datagram was answered at once, so the second (300 ms later,
+    // fragmented by the client) was echoed; a cache hit that skipped the check would have sent the first out
+    // too big to be delivered, and only a later one, past the cache's lifetime, would have been answered.
+    assert.is(r.attempts, 2, 'the first full-size datagram was answered from the cached answer');
+  } finally {
+    inNs(bed.lbnode, 'ip', ...fam, 'route', 'del', `${f.t1}/${f.v6 ? 128 : 32}`);
+    inNs(bed.client, 'ip', ...fam, 'route', 'flush', 'cache');
+  }
 };
 
 const badInput = (f: Family) => async () => {
@@ -758,6 +813,7 @@ for (const f of FAMILIES) {
   t('a port the VIP does not serve is dropped and counted', noPort(f));
   t('a path MTU drop behind the target: the ICMP error reaches the target holding the flow', errorBehindTarget(f));
   t(`an MTU-sized packet that would not fit once encapsulated: ${f.tooBig} (MTU ${f.innerMtu}) to the client, which then fragments, and the fragments follow the first`, tooBig(f));
+  t('a neighbour or route change reaches the packets once the cached next hop expires; a route\'s smaller MTU is told to the client', nextHopChange(f));
   t(`bad input is dropped and counted, and makes no mapping: ${f.v6 ? 'a bad payload length, a Hop-by-Hop header' : 'bad header checksum, IP options'}, a later fragment alone`, badInput(f));
   t('a VIP frame not addressed to the node (flooded, or seen by a promiscuous uplink) is not balanced, and is counted; one to the node\'s MAC is', notForHost(f));
   t('a flood of new flows fills the table: existing flows keep their targets, new ones are still forwarded, and it is counted', flood(f));
