@@ -67,6 +67,12 @@ function destKey(cidr: string, field: string): { family: 4 | 6; key: Buffer } {
 }
 
 const OWNED = { 4: 'guard_owned', 6: 'guard_owned6' } as const;
+// An owned map's value: the program lets a source through for any entry; the value says why it is there.
+// OWNED_BY_POD: the pod owns the address (kept across a restart). ANTICIPATED: for a moment only, before
+// the address is handed to the pod (GatewayDatapath.anticipate); a process that did not write it cannot
+// take it back in time, so a new attachment removes it.
+const OWNED_BY_POD = 1;
+const ANTICIPATED = 2;
 
 export class EgressGuard {
   private constructor(
@@ -89,6 +95,8 @@ export class EgressGuard {
       // :: when the pod has no IPv6: then no IPv6 source is counted as the pod's.
       obj.map('guard_cfg6').update(KEY0, o.podIp6 ? ipv6Bytes(o.podIp6, 'podIp6') : Buffer.alloc(16));
       setDestinations(obj, o.destinations, o.excluded);
+      const dropped = dropAnticipated(obj);
+      if (dropped.length) log().info('egress guard: anticipated sources of the previous process removed', { ifName: o.hostIfName, addresses: dropped });
       const attachment = attachTc({ netns: o.netns, ifName: o.hostIfName, direction: 'ingress', progFd: obj.programFd(GUARD_TC.program), handle: GUARD_TC.handle, priority: GUARD_TC.priority });
       obj.settle();
       log().info('egress guard attached', { ifName: o.hostIfName, podIp: o.podIp, podIp6: o.podIp6, destinations: o.destinations, excluded: o.excluded.length });
@@ -106,7 +114,15 @@ export class EgressGuard {
 
   /** Allows `address` (IPv4 or IPv6) as a source: call before the address is used (before SNAT to it). */
   own(address: string): void {
-    this.obj.map(OWNED[addressFamily(address)]).update(ipBytes(address), Buffer.from([1]));
+    this.obj.map(OWNED[addressFamily(address)]).update(ipBytes(address), Buffer.from([OWNED_BY_POD]));
+  }
+
+  /**
+   * Allows `address` as a source for a moment, before it is handed to the pod: own() makes it the pod's,
+   * release() takes it back. Unlike an owned entry, a new attachment (a tetherd restart) removes it.
+   */
+  anticipate(address: string): void {
+    this.obj.map(OWNED[addressFamily(address)]).update(ipBytes(address), Buffer.from([ANTICIPATED]));
   }
 
   /** Forbids `address` as a source again: call after SNAT to it is gone. */
@@ -114,9 +130,23 @@ export class EgressGuard {
     this.obj.map(OWNED[addressFamily(address)]).delete(ipBytes(address));
   }
 
-  /** Owned addresses, IPv4 then IPv6. */
+  /** Owned addresses, IPv4 then IPv6 (not the anticipated ones). */
   owned(): string[] {
-    return [...this.obj.map('guard_owned').keys(), ...this.obj.map('guard_owned6').keys()].map((k) => bytesToIp(k));
+    return this.sources(OWNED_BY_POD);
+  }
+
+  /** Anticipated addresses, IPv4 then IPv6. */
+  anticipated(): string[] {
+    return this.sources(ANTICIPATED);
+  }
+
+  private sources(why: number): string[] {
+    const out: string[] = [];
+    for (const name of [OWNED[4], OWNED[6]]) {
+      const m = this.obj.map(name);
+      for (const k of m.keys()) if (m.lookup(k)?.[0] === why) out.push(bytesToIp(k));
+    }
+    return out;
   }
 
   /** Counters summed over CPUs. */
@@ -163,4 +193,18 @@ function setDestinations(obj: BpfObject, destinations: string[], excluded: strin
     for (const [k, action] of want[family].values()) map.update(k, Buffer.from([action]));
     for (const k of map.keys()) if (!want[family].has(k.toString('hex'))) map.delete(k);
   }
+}
+
+/** Removes the anticipated entries a previous process left in the pinned owned maps; what it removed. */
+function dropAnticipated(obj: BpfObject): string[] {
+  const out: string[] = [];
+  for (const name of [OWNED[4], OWNED[6]]) {
+    const m = obj.map(name);
+    for (const k of m.keys()) {
+      if (m.lookup(k)?.[0] !== ANTICIPATED) continue;
+      m.delete(k);
+      out.push(bytesToIp(k));
+    }
+  }
+  return out;
 }

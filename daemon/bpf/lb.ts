@@ -391,12 +391,12 @@ export class LbDatapath {
     return sumLbStats(this.o().map('lb_stats').lookupPerCpu(k) ?? []);
   }
 
-  /** Zeroes a slot's counters (a slot handed to another VIP starts from 0). */
   /** The node's counters (not per VIP slot). */
   nodeStats(): LbNodeStats {
     return sumLbNodeStats(this.o().map('lb_node_stats').lookupPerCpu(KEY0) ?? []);
   }
 
+  /** Zeroes a slot's counters (a slot handed to another VIP starts from 0). */
   resetStats(slot: number): void {
     const k = Buffer.alloc(4);
     k.writeUInt32LE(slot);

@@ -188,7 +188,7 @@ export class GatewayDatapath {
   anticipate(address: string, ms: number): boolean {
     if (this.owned.has(address) || !this.guard) return false;
     this.checkCanOwn(address);
-    this.guard.own(address);
+    this.guard.anticipate(address);
     // One timer per address: anticipated again, the entry lasts from now; owned or released, it is the
     // owner's (guardOwn and release cancel the timer), so a late timer never takes a source away.
     clearTimeout(this.anticipated.get(address));

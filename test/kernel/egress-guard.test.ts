@@ -141,10 +141,17 @@ test('toward a guarded destination only an owned floating address leaves; the se
   }
 });
 
-test('a new attachment over the same pins keeps what is owned (a tetherd restart); detach removes filter and pins', () => {
+test('a new attachment over the same pins keeps what is owned (a tetherd restart) and drops what was only anticipated; detach removes filter and pins', () => {
   guard!.own(FLOATING);
+  // Anticipated by the process before (a failover in progress when it stopped): a source for a moment only,
+  // which only that process could have taken back.
+  guard!.anticipate(LEAKED);
+  assert.equal(guard!.anticipated(), [LEAKED]);
+  assert.ok(ping(LEAKED), 'an anticipated address passes the guard while anticipated');
   const again = EgressGuard.attach({ netns: `/run/netns/${NS.node}`, hostIfName: 'vgw', podIp: GW, destinations: ['192.0.2.0/24'], excluded: [`${NODE}/32`], pinDir });
   assert.equal(again.owned(), [FLOATING]);
+  assert.equal(again.anticipated(), [], 'the new attachment removed the anticipated entry');
+  assert.not.ok(ping(LEAKED), 'the address once anticipated is refused again');
   assert.ok(ping(FLOATING));
   again.detach();
   guard = undefined;
