@@ -78,8 +78,10 @@ async function main(): Promise<void> {
         servers.push(tb.spawn('n4-t1', ['iperf3', '-s', '-p', String(PERF_PORT), '-B', podIp(f)]));
         servers.push(tb.spawn('n4-t1', ['iperf3', '-s', '-p', String(VIP_PERF_PORT), '-B', vip.perf[f]]));
       }
-      // The echo servers listen on '::' (an IPv6 VIP's way), which takes IPv4 connections too.
-      const echo = await startTargets(tb, targets, vip.db[6]);
+      // One echo server per family in each target: an IPv6 VIP's listens on IPv6 only, so without the IPv4 one
+      // every IPv4 connection was refused, and a burst of refusals ran at about twice a real burst's rate.
+      const echo4 = await startTargets(tb, targets, vip.db[4]);
+      const echo6 = await startTargets(tb, targets, vip.db[6]);
       try {
         // Each burst leaves TIME_WAIT ports behind for 60 s: the client gets the whole range (as in lb.ts).
         await tb.mustExec('client', ['sysctl', '-q', '-w', 'net.ipv4.ip_local_port_range=1024 65535']);
@@ -104,7 +106,8 @@ async function main(): Promise<void> {
           }
         }
       } finally {
-        await echo.stop().catch(() => undefined);
+        await echo6.stop().catch(() => undefined);
+        await echo4.stop().catch(() => undefined);
       }
     } finally {
       for (const s of servers) s.kill('SIGKILL');

@@ -226,7 +226,8 @@ const bindUdp = () => {
   u.bind(Number(port), vip, up);
 };
 bindUdp();
-process.on('SIGTERM', () => { process.stdout.write(JSON.stringify({ name, peers: [...peers] }) + '\\n'); process.exit(0); });
+// Exit once the list is written: exiting at once cut a long one (thousands of peers) short in the pipe.
+process.on('SIGTERM', () => process.stdout.write(JSON.stringify({ name, peers: [...peers] }) + '\\n', () => process.exit(0)));
 `;
 
 export interface Servers {
@@ -242,7 +243,8 @@ export async function startTargets(tb: Testbed, pods: string[], vip: string): Pr
     let text = '';
     const out = new Promise<string>((resolve) => {
       child.stdout?.on('data', (b: Buffer) => (text += b.toString()));
-      child.on('exit', () => resolve(text));
+      // 'close', not 'exit': a long peer list may still be in the pipe when the process has exited.
+      child.on('close', () => resolve(text));
     });
     await until(`server in ${pod}`, async () => text.includes('ready'), 10_000);
     running.set(pod, { child, out });
