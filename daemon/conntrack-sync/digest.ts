@@ -71,8 +71,49 @@ function feedNum(v: number): void {
 function feedText(s: string): void {
   for (let i = 0; i < s.length; i++) feed(s.charCodeAt(i));
 }
+/** A group's hex digits, lower case, no leading zeros (as formatV6 writes it). */
+function feedHex(v: number): void {
+  if (v >= 16) feedHex(v >>> 4);
+  const d = v & 15;
+  feed(d < 10 ? 48 + d : 87 + d);
+}
+/**
+ * The characters formatV6 writes for buf[o..o+16], fed without building the string: a transfer hashes two
+ * addresses per entry, and the string was most of what an IPv6 entry cost more than an IPv4 one here.
+ */
+function feedV6(buf: Buffer, o: number): void {
+  let best = -1, bestLen = 0;
+  for (let i = 0; i < 8; ) {
+    if (buf[o + 2 * i] !== 0 || buf[o + 2 * i + 1] !== 0) {
+      i++;
+      continue;
+    }
+    let j = i;
+    while (j < 8 && buf[o + 2 * j] === 0 && buf[o + 2 * j + 1] === 0) j++;
+    if (j - i > bestLen && j - i >= 2) {
+      best = i;
+      bestLen = j - i;
+    }
+    i = j;
+  }
+  // IPv4-compatible and IPv4-mapped addresses end in a dotted quad: rare, and formatV6 says how.
+  if (best === 0 && (bestLen === 6 || (bestLen === 5 && buf[o + 10] === 0xff && buf[o + 11] === 0xff))) return feedText(formatV6(buf, o));
+  let sep = false;
+  for (let i = 0; i < 8; i++) {
+    if (i === best) {
+      feed(58);
+      feed(58);
+      sep = false;
+      i += bestLen - 1;
+      continue;
+    }
+    if (sep) feed(58);
+    feedHex((buf[o + 2 * i] << 8) | buf[o + 2 * i + 1]);
+    sep = true;
+  }
+}
 function feedAddr(buf: Buffer, o: number, v6: boolean): void {
-  if (v6) return feedText(formatV6(buf, o));
+  if (v6) return feedV6(buf, o);
   feedNum(buf[o]);
   feed(46);
   feedNum(buf[o + 1]);

@@ -2,6 +2,7 @@
 // validated as strictly as the decoder, ctnetlink messages written from wire bytes exactly as from the
 // decoded entry, key hashes from bytes equal to those from entries, the in-memory EntryStore against a
 // Map model, the byte queue's coalescing and framing, the event sink, and frames built in a reused buffer.
+import { canonicalIp } from '../../lib/ip';
 import { randomBytes } from 'node:crypto';
 import { EventEmitter } from 'node:events';
 import { test } from 'uvu';
@@ -68,8 +69,12 @@ test('ctnetlink messages written from wire bytes are the bytes written from the 
   }
 });
 
+/** IPv6 addresses of every text shape: runs of zero groups at the start, middle and end, ties, single zero groups, mapped and compatible IPv4, all zeros. */
+const v6Shapes = ['::', '::1', '1::', 'fd00::1', '2001:db8:0:0:1:0:0:1', '2001:0:0:1:0:0:0:1', '1:0:2:0:3:0:4:0', 'ffff:abcd:1234:ff:f:0:10:a', '::ffff:10.1.2.3', '::10.1.2.3', '0:0:1::', 'fe80::a:0:0:0:b'].map(canonicalIp);
+
 test('key hashes from wire bytes equal those of the decoded entry (buckets and sweeps agree)', () => {
-  for (const e of shapes) {
+  const v6 = v6Shapes.flatMap((src, i) => [src, v6Shapes[(i + 5) % v6Shapes.length]].map((dst) => ({ ...ping6, orig: { ...ping6.orig, src, dst }, reply: { ...ping6.reply, src: dst, dst: src } })));
+  for (const e of [...shapes, ...v6]) {
     assert.equal(keyHashAt(wire(e), 0), keyHash(e), JSON.stringify(e.orig));
     assert.is(keyHashAt(wire(e), 0)[1] % 1024, bucketOf(e, 1024));
   }
