@@ -138,6 +138,16 @@ static __always_inline void lb_fib4_ask(struct bpf_fib_lookup *fib, const struct
 	fib->ipv4_dst = target;
 }
 
+/* An encapsulated packet to its next hop (cached or just looked up): the hop's MACs, then the redirect. */
+static __always_inline int lb_send_to_hop(struct __sk_buff *skb, struct lb_stats *st, const struct lb_nexthop *hop)
+{
+	if (bpf_skb_store_bytes(skb, 0, hop->macs, sizeof(hop->macs), 0)) {
+		st->drop_error++;
+		return TC_ACT_SHOT;
+	}
+	return bpf_redirect(hop->ifindex, 0);
+}
+
 /* The node's uplink: the FIB names the egress device and next hop towards the target (the uplink for a
  * target on another node, a pod's veth for one on this node) and checks the encapsulated length against the
  * path MTU; the packet is encapsulated and redirected straight there, with the neighbour's MAC from the
@@ -205,11 +215,7 @@ send:
 		return TC_ACT_SHOT;
 	}
 	lb_count(st, kind, inner_len);
-	if (bpf_skb_store_bytes(skb, 0, hop->macs, sizeof(hop->macs), 0)) {
-		st->drop_error++;
-		return TC_ACT_SHOT;
-	}
-	return bpf_redirect(hop->ifindex, 0);
+	return lb_send_to_hop(skb, st, hop);
 too_big:
 	st->too_big++;
 	if (kind != LB_FWD_DATA || skb->gso_size || mtu < FOU_OVERHEAD + IPV4_MIN_MTU)
@@ -379,11 +385,7 @@ send:
 		return TC_ACT_SHOT;
 	}
 	lb_count(st, kind, inner_len);
-	if (bpf_skb_store_bytes(skb, 0, hop->macs, sizeof(hop->macs), 0)) {
-		st->drop_error++;
-		return TC_ACT_SHOT;
-	}
-	return bpf_redirect(hop->ifindex, 0);
+	return lb_send_to_hop(skb, st, hop);
 too_big:
 	st->too_big++;
 	if (kind != LB_FWD_DATA || skb->gso_size || !l4_direct || mtu < FOU6_OVERHEAD + IPV6_MIN_MTU)
