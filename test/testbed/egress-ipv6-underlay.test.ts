@@ -5,12 +5,14 @@
 // IPv6 underlay (topology underlay 6): every tetherd's --node-address is its fabric IPv6 address, so the node
 // registry, BFD, conntrack sync, ownership notices and FoU all run between IPv6 node addresses.
 // The owner gateway is killed abruptly (or its whole node lost) under long-lived IPv6 connections: every
-// connection must continue from the IPv6 floating address; without conntrack sync they must not.
+// connection must continue from the IPv6 floating address; without conntrack sync they must not. Over the
+// IPv6 underlay a gateway also joins and addresses come and go under the connections, which must not move.
 import { test } from 'uvu';
 import * as assert from 'uvu/assert';
 import { withTestbed, type Testbed } from './testbed';
 import { egressOf, FLOAT_POOL6, runTrafficIn, topology, waitOwner, waitStandbyReady } from './egress-scenario';
 import { peerAddress } from '../lib/traffic';
+import { until } from '../lib/wait';
 
 const CONNS = Number(process.env.EGRESS_TEST_CONNS ?? 100);
 const only = process.env.EGRESS_ONLY;
@@ -89,6 +91,36 @@ scenario("IPv6-only pods over the IPv6 underlay: the owner's whole node lost (te
     const tcp = peers.filter((p) => !p.startsWith('udp')).map(peerAddress);
     assert.ok(tcp.length === CONNS && tcp.every((a) => a === first.st.address), `every connection came from ${first.st.address}: ${[...new Set(tcp)]}`);
     process.stdout.write(`  IPv6-only pods over IPv6: owner node lost, longest gap ${r.maxGapAfterMarkMs} ms over ${CONNS} connections; takeover ${JSON.stringify(st?.lastTakeover)}\n`);
+  });
+});
+
+scenario('IPv6-only pods over the IPv6 underlay: a gateway joins, then addresses are added and removed live: no live connection moves or breaks', async () => {
+  await withTestbed(topology([], [6], 6), async (tb) => {
+    const first = await waitOwner(tb, undefined, 15_000, false, 6);
+    const objects = (count: number) => topology([], [6], 6).extraObjects!.map((o) => (o.kind === 'Egress' ? { ...o, spec: { ...(o.spec as Record<string, unknown>), addresses: { pool: 'float', count } } } : o));
+    let during: string[] = [];
+    const { reports, peers } = await runTrafficIn(tb, [6], CONNS, 14_000, async () => {
+      // A third gateway pod, on the node that does not hold the address: it learns the owner over IPv6.
+      const joiner = first.node === 'n1' ? 'n2' : 'n1';
+      await tb.addPod(joiner, { name: `gw${joiner.slice(1)}b`, namespace: 'shop', tether: { labels: { role: 'egress-gw' } } });
+      await new Promise((r) => setTimeout(r, 2500));
+      assert.is((await egressOf(tb, first.node, 6))?.owner, first.st.owner, 'the joining gateway took nothing from the live owner');
+      tb.rewriteConfig({ extraObjects: objects(2) });
+      await until('two addresses held', async () => {
+        const all = ((await tb.status('n3')) as unknown as { egress: Array<{ address: string; owner: string }> }).egress.filter((e) => e.owner);
+        during = all.map((e) => e.address);
+        return during.length === 2;
+      }, 20_000);
+      tb.rewriteConfig({ extraObjects: objects(1) });
+      await until('one address again', async () => ((await tb.status('n3')) as unknown as { egress: unknown[] }).egress.length === 1, 20_000);
+    });
+    assert.ok(during.includes(first.st.address) && during.length === 2, `a second address was added beside ${first.st.address}: ${during}`);
+    const r = reports[0];
+    assert.is(r.intact, CONNS, `${r.intact}/${CONNS} intact; ${r.errors.slice(0, 4).join('; ')}`);
+    assert.equal(r.errors, [], 'no connection error');
+    const tcp = peers.filter((p) => !p.startsWith('udp')).map(peerAddress);
+    assert.ok(tcp.length === CONNS && tcp.every((a) => a === first.st.address), `every live connection stayed on ${first.st.address}: ${[...new Set(tcp)]}`);
+    process.stdout.write(`  IPv6-only pods over IPv6: gateway joined, addresses ${JSON.stringify(during)} added then removed: ${r.intact}/${CONNS} intact\n`);
   });
 });
 
