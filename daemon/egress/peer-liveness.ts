@@ -9,6 +9,9 @@ import { type GatewayAnnouncement } from './ownership-notice';
 import { type GatewayInfo } from './ownership-store';
 import { type EgressShared, type AddressState, BFD_STARTUP_GRACE_MS, HEARD_MS, ANNOUNCED_TTL_MS } from './egress-state';
 
+/** How long after a BFD session ended on its own a new one to that peer is started. */
+export const BFD_RETRY_MS = 1000;
+
 export class PeerLiveness {
   /** `requestTick`: a candidate was learned, or a peer's BFD session went Up or Down (the election looks again). */
   constructor(private readonly s: EgressShared, private readonly requestTick: () => void) {}
@@ -16,6 +19,9 @@ export class PeerLiveness {
   private readonly bfd = new Map<string, BfdPeer>();
 
   private readonly bfdInfo = new Map<string, { createdAt: number; everUp: boolean }>();
+
+  /** Peers whose session ended without being asked to (it could not start in the BFD thread): not before then. */
+  private readonly bfdRetryAt = new Map<string, number>();
 
   /**
    * Gateways their own nodes announced in notices, by Egress then pod, with when the announcement lapses:
@@ -295,8 +301,10 @@ export class PeerLiveness {
     }
     this.applyBfdTimers();
     const t = this.timers_ ?? { intervalMs: 50, detectMultiplier: 3 };
+    const now = Date.now();
     for (const [peer, node] of peers) {
-      if (this.bfd.has(peer) || !this.reachable(peer, node)) continue;
+      if (this.bfd.has(peer) || !this.reachable(peer, node) || (this.bfdRetryAt.get(peer) ?? 0) > now) continue;
+      this.bfdRetryAt.delete(peer);
       const s = this.s.endpoint.session(peer, {
         desiredMinTxUs: t.intervalMs * 1000,
         requiredMinRxUs: t.intervalMs * 1000,
@@ -308,6 +316,16 @@ export class PeerLiveness {
       s.on('up', () => {
         info.everUp = true;
         this.requestTick();
+      });
+      // A session that ends on its own (the BFD thread could not start it) is started again after
+      // BFD_RETRY_MS: left in the map, the peer would never have a session and so never count as alive.
+      s.once('close', () => {
+        if (this.bfd.get(peer) !== s) return;
+        this.bfd.delete(peer);
+        this.bfdInfo.delete(peer);
+        this.bfdRetryAt.set(peer, Date.now() + BFD_RETRY_MS);
+        this.s.o.logger.warn('egress: BFD session to peer ended; starting it again', { peer, node, inMs: BFD_RETRY_MS });
+        setTimeout(() => this.requestTick(), BFD_RETRY_MS).unref();
       });
       this.bfd.set(peer, s);
       this.bfdInfo.set(peer, info);

@@ -16,6 +16,7 @@ import type { GatewayInfo, OwnershipStore } from '../../daemon/egress/ownership-
 import type { GatewayDatapath } from '../../daemon/egress/gateway-datapath';
 import type { ConntrackEvents } from '../../daemon/conntrack';
 import { BfdThread } from '../../daemon/bfd/threaded';
+import { BFD_RETRY_MS, PeerLiveness } from '../../daemon/egress/peer-liveness';
 import { BfdAuthType, BfdState } from '../../daemon/bfd';
 import type { ClusterAddresses } from '../../ipam/cluster-addresses';
 import type { AttachService } from '../../daemon/pod/attach-service';
@@ -175,6 +176,35 @@ test('real BFD threads over loopback: the session to the same-family peer comes 
     await s.endpoint.close();
     await peer.close();
   }
+});
+
+test('a BFD session that ends on its own (it could not start in the BFD thread) is started again after BFD_RETRY_MS, not left without one', async () => {
+  const n = node('10.1.0.1', '10.1.0.2', 'fd00::3', 'gw-a');
+  const { s } = n.parts;
+  // Its own PeerLiveness, whose ticks are counted: the controller's would reconcile the fake gateways away.
+  let ticks = 0;
+  const peers = new PeerLiveness(s, () => ticks++);
+  const made: EventEmitter[] = [];
+  s.endpoint = {
+    session: () => {
+      const e = Object.assign(new EventEmitter(), { state: BfdState.Down, setTimers: () => undefined, close: () => undefined });
+      made.push(e);
+      return e;
+    },
+    stats: () => ({ rx: 0, rejected: {}, sessions: [], loopLagMaxMs: 0, loopLagPerSecondMs: [] }),
+  } as unknown as BfdThread;
+  peers.ensureBfd();
+  assert.is(made.length, 1, 'a session to the reachable peer');
+  made[0].emit('close'); // as BfdThread does on 'sessionFailed'
+  peers.ensureBfd();
+  assert.is(made.length, 1, 'not at once: a failing start is not retried in a tight loop');
+  assert.ok(n.lines.some((l) => l.level === 'warn' && String(l.message).includes('BFD session to peer ended') && l.peer === '10.1.0.2'), 'logged with its peer');
+  await new Promise((r) => setTimeout(r, BFD_RETRY_MS + 50));
+  assert.is(ticks, 1, 'the election looks again once the retry is due');
+  peers.ensureBfd();
+  assert.is(made.length, 2, 'started again after BFD_RETRY_MS');
+  peers.ensureBfd();
+  assert.is(made.length, 2, 'one session per peer');
 });
 
 test.run();
