@@ -314,12 +314,7 @@ export class LbController {
       const problem = pods ? noAddress6Problem(node, st.vip!, pods) : undefined;
       if (problem && problem !== st.familyProblem) {
         this.o.logger.error('lb: VIP not forwarded by this node: it has no IPv6 address; nothing of the VIP is programmed here', { service: lb.service, vip: st.vip, node, pods, problem });
-        try {
-          this.o.onNotForwarded?.({ key: lb.key, service: lb.service, family: lb.family, vip: st.vip!, node, problem });
-        } catch (e) {
-          // Events are informative: the pass goes on.
-          this.o.logger.warn('lb: not-forwarded notice failed', { service: lb.service, error: (e as Error).message });
-        }
+        this.notifyNotForwarded(lb, st.vip!, problem);
       }
       if (!problem && st.familyProblem) this.o.logger.info('lb: no local LB pod selects the IPv6 VIP any more', { service: lb.service, vip: st.vip });
       st.familyProblem = problem;
@@ -327,12 +322,25 @@ export class LbController {
     return out;
   }
 
-  /** The VIPs local LB pods select that this node does not forward, and why (for the health report; see forwardable). */
+  /** The Event for a VIP this node's LB pods select but it cannot forward (informative: a failure is logged, the pass goes on). */
+  private notifyNotForwarded(lb: ResolvedLoadBalancer, vip: string, problem: string): void {
+    try {
+      this.o.onNotForwarded?.({ key: lb.key, service: lb.service, family: lb.family, vip, node: this.o.node.name, problem });
+    } catch (e) {
+      this.o.logger.warn('lb: not-forwarded notice failed', { service: lb.service, error: (e as Error).message });
+    }
+  }
+
+  /**
+   * The VIPs local LB pods select that this node does not forward, and why (for the health report): an IPv6
+   * VIP on a node without IPv6 (see forwardable), or one with no slot left in the datapath (assignSlots).
+   */
   notForwarded(): NotForwardedVip[] {
     const out: NotForwardedVip[] = [];
     for (const lb of this.lbs.values()) {
       const st = this.s.vips.get(lb.key);
-      if (st?.vip && st.familyProblem) out.push({ key: lb.key, service: lb.service, family: lb.family, vip: st.vip, problem: st.familyProblem });
+      const problem = st?.familyProblem ?? st?.slotProblem;
+      if (st?.vip && problem) out.push({ key: lb.key, service: lb.service, family: lb.family, vip: st.vip, problem });
     }
     return out;
   }
@@ -357,6 +365,7 @@ export class LbController {
     for (const v of this.slots.held()) if (!allocated || (adopting && this.adopted.has(v))) known.add(v);
     const ch = this.slots.apply(wanted, known);
     const byVip = new Map(served.map((l) => [this.s.vips.get(l.key)!.vip!, this.s.vips.get(l.key)!]));
+    const lbOf = new Map(served.map((l) => [this.s.vips.get(l.key)!.vip!, l]));
     for (const { vip, slot } of ch.released) {
       this.programs.clear(vip, slot);
       const st = [...this.s.vips.values()].find((v) => v.vip === vip);
@@ -369,7 +378,13 @@ export class LbController {
     for (const [vip, st] of byVip) {
       st.slot = this.slots.slotOf(vip);
       const problem = over.has(vip) ? overflowProblem(this.o.node.name, vip, this.slots.max) : undefined;
-      if (problem && problem !== st.slotProblem) this.o.logger.error('lb: VIP not served by this node\'s LB pods: no slot left', { service: st.key, vip, slots: this.slots.max, problem });
+      if (problem && problem !== st.slotProblem) {
+        this.o.logger.error('lb: VIP not served by this node\'s LB pods: no slot left', { service: st.key, vip, slots: this.slots.max, problem });
+        // As for a VIP of a family the node cannot forward: the Service's Forwarding condition (through the
+        // health report) and a Warning Event say so, not only this node's status.
+        const lb = lbOf.get(vip);
+        if (lb) this.notifyNotForwarded(lb, vip, problem);
+      }
       if (!problem && st.slotProblem) this.o.logger.info('lb: VIP has a slot on this node now', { service: st.key, vip, slot: st.slot });
       st.slotProblem = problem;
     }

@@ -89,4 +89,34 @@ test('an IPv6 VIP on a node without IPv6: nothing of it programmed, reported by 
   });
 });
 
+test('a VIP with no slot left on the node: reported by name as one it cannot forward (health report, Event once), as an IPv6 VIP on a node without IPv6 is', async () => {
+  const told: Array<NotForwardedVip & { node: string }> = [];
+  const pools = [{ apiVersion: 'tether.dev/v1alpha1', kind: 'AddressPool', metadata: { name: 'lb' }, spec: { usage: 'loadBalancer', ipv4: { cidr: '198.18.9.0/28' } } }];
+  const svc = (name: string) => [
+    { apiVersion: 'v1', kind: 'Service', metadata: { name, namespace: 'shop' }, spec: { type: 'LoadBalancer', loadBalancerClass: LB_CLASS, ports: [{ port: 80, protocol: 'TCP' }] } },
+    {
+      apiVersion: 'discovery.k8s.io/v1', kind: 'EndpointSlice', metadata: { name: `${name}-4`, namespace: 'shop', labels: { 'kubernetes.io/service-name': name } },
+      addressType: 'IPv4', endpoints: [{ addresses: ['10.244.9.2'], conditions: { ready: true }, nodeName: 'n2' }],
+    },
+  ];
+  // One slot for two VIPs the LB pod selects.
+  await withLbControllerBed({ name: 'lbslot', pools, podIps: ['10.244.0.9'], controller: { maxVips: 1, exportTable: EXPORT_TABLE, onNotForwarded: (n) => told.push(n) } }, async ({ ctl, pools, logger }) => {
+    setLogger(logger);
+    await ctl.apply(resolveLoadBalancers([...svc('a'), ...svc('b')], pools));
+    await ctl.kick();
+    const st = ctl.status();
+    const over = st.filter((x) => x.slot === undefined);
+    assert.is(over.length, 1, `one VIP has no slot: ${JSON.stringify(st.map((x) => [x.service, x.slot]))}`);
+    const why = String(over[0].nodeProblem);
+    assert.ok(why.includes(String(over[0].vip)), `nodeProblem names the VIP: ${why}`);
+    const report = ctl.notForwarded();
+    assert.equal(report.map((r) => [r.service, r.vip, r.problem]), [[over[0].service, over[0].vip, why]], 'in the health report, by name');
+    assert.equal(told.map((t) => [t.service, t.vip, t.node, t.problem]), [[over[0].service, over[0].vip, 'n1', why]], 'told once over two passes');
+    // The other Service goes: the slot is free, the VIP served, the report empty.
+    await ctl.apply(resolveLoadBalancers(svc(String(over[0].service).split('/')[1]), pools));
+    await ctl.kick();
+    assert.equal(ctl.notForwarded(), [], 'nothing left unforwarded');
+  });
+});
+
 test.run();
