@@ -119,7 +119,8 @@ export const FORWARDING_CONDITION = 'tether.dev/Forwarding';
 /**
  * A Service's forwarding condition from every node's report (lb-health-report's optional notForwarded):
  * False (NodeCannotForward) naming each node whose LB pods select a VIP of the Service it cannot forward
- * (an IPv6 VIP on a node without an IPv6 address: nothing of it is programmed there), with the node's own
+ * (an IPv6 VIP on a node without an IPv6 address, or one with no slot left there: nothing of it is
+ * programmed there), with the node's own
  * words; undefined when no node reports one. Entries that are not what a node writes are passed over.
  */
 export function forwardingCondition(service: string, reports: Record<string, NodeHealthReport>): Omit<Condition, 'lastTransitionTime'> | undefined {
