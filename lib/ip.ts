@@ -144,8 +144,12 @@ export function formatV4(b: Uint8Array, o = 0): string {
   return `${b[o]}.${b[o + 1]}.${b[o + 2]}.${b[o + 3]}`;
 }
 
-/** inet_ntop text of 16 bytes at `o`: longest run (≥ 2) of zero groups as "::", first on ties. */
-export function formatV6(b: Uint8Array, o = 0): string {
+/**
+ * Where the text of 16 bytes at `o` writes "::": the first group and the length of the longest run (≥ 2) of
+ * zero groups, the first on ties; best -1 when there is none. `dotted`: the address ends in a dotted quad
+ * (IPv4-compatible or IPv4-mapped), as inet_ntop prints it.
+ */
+export function v6ZeroRun(b: Uint8Array, o = 0): { best: number; bestLen: number; dotted: boolean } {
   let best = -1, bestLen = 0;
   for (let i = 0; i < 8; ) {
     if (b[o + 2 * i] !== 0 || b[o + 2 * i + 1] !== 0) {
@@ -160,8 +164,15 @@ export function formatV6(b: Uint8Array, o = 0): string {
     }
     i = j;
   }
+  const dotted = best === 0 && (bestLen === 6 || (bestLen === 5 && b[o + 10] === 0xff && b[o + 11] === 0xff));
+  return { best, bestLen, dotted };
+}
+
+/** inet_ntop text of 16 bytes at `o`: longest run (≥ 2) of zero groups as "::", first on ties. */
+export function formatV6(b: Uint8Array, o = 0): string {
+  const { best, bestLen, dotted } = v6ZeroRun(b, o);
   // IPv4-compatible and IPv4-mapped addresses end in a dotted quad, as inet_ntop prints them.
-  if (best === 0 && (bestLen === 6 || (bestLen === 5 && b[o + 10] === 0xff && b[o + 11] === 0xff))) {
+  if (dotted) {
     return `::${bestLen === 5 ? 'ffff:' : ''}${formatV4(b, o + 12)}`;
   }
   let s = '';

@@ -11,7 +11,7 @@
 // one pass over a dump, 12 bytes per bucket on the wire. Keys in a table are unique, so XOR never cancels
 // an entry against itself.
 import type { ConntrackEntry, CtTuple } from '../conntrack/types';
-import { formatV6 } from '../../lib/ip';
+import { formatV6, v6ZeroRun } from '../../lib/ip';
 import { CodecError, Cursor } from './entry-codec';
 
 /** Buckets per stream unless configured: 12 KiB of digests per check, ~1,000 entries a bucket at 1M. */
@@ -82,22 +82,9 @@ function feedHex(v: number): void {
  * addresses per entry, and the string was most of what an IPv6 entry cost more than an IPv4 one here.
  */
 function feedV6(buf: Buffer, o: number): void {
-  let best = -1, bestLen = 0;
-  for (let i = 0; i < 8; ) {
-    if (buf[o + 2 * i] !== 0 || buf[o + 2 * i + 1] !== 0) {
-      i++;
-      continue;
-    }
-    let j = i;
-    while (j < 8 && buf[o + 2 * j] === 0 && buf[o + 2 * j + 1] === 0) j++;
-    if (j - i > bestLen && j - i >= 2) {
-      best = i;
-      bestLen = j - i;
-    }
-    i = j;
-  }
+  const { best, bestLen, dotted } = v6ZeroRun(buf, o);
   // IPv4-compatible and IPv4-mapped addresses end in a dotted quad: rare, and formatV6 says how.
-  if (best === 0 && (bestLen === 6 || (bestLen === 5 && buf[o + 10] === 0xff && buf[o + 11] === 0xff))) return feedText(formatV6(buf, o));
+  if (dotted) return feedText(formatV6(buf, o));
   let sep = false;
   for (let i = 0; i < 8; i++) {
     if (i === best) {
