@@ -182,32 +182,22 @@ static __always_inline int lb_forward_node(struct __sk_buff *skb, const struct i
 		mtu = fib.mtu_result;
 		goto too_big;
 	}
-	if (rc == BPF_FIB_LKUP_RET_NO_NEIGH) {
-		if (fou_encap4_sport(skb, ip, cfg->saddr, target, cfg->dport, fou_sport_of(hash))) {
-			st->drop_error++;
-			return TC_ACT_SHOT;
-		}
-		lb_count(st, kind, inner_len);
-		nh.nh_family = AF_INET_;
-		nh.ipv4_nh = fib.ipv4_dst; /* the FIB's next hop: the gateway, or the target itself when on-link */
-		return bpf_redirect_neigh(fib.ifindex, &nh, sizeof(nh), 0);
-	}
-	if (rc != BPF_FIB_LKUP_RET_SUCCESS) {
+	if (rc != BPF_FIB_LKUP_RET_SUCCESS && rc != BPF_FIB_LKUP_RET_NO_NEIGH) {
 		st->drop_no_route++;
 		return TC_ACT_SHOT;
 	}
-	learnt.ifindex = fib.ifindex;
-	__builtin_memcpy(learnt.macs, fib.dmac, ETH_ALEN);
-	__builtin_memcpy(learnt.macs + ETH_ALEN, fib.smac, ETH_ALEN);
-	learnt.pad = 0;
-	hop = &learnt;
-	if (victim) {
-		lb_fib4_ask(&fib, skb, ip, cfg->saddr, target, 0);
-		learnt.mtu = lb_nh_mtu(skb, &fib);
-		learnt.expires_ns = learnt.mtu ? now + LB_NH_TTL_NS : 0;
-		victim->key = key;
-		victim->pad = 0;
-		victim->hop = learnt;
+	/* Resolved: cached when a way of the set is free (its MTU asked for separately). */
+	if (rc == BPF_FIB_LKUP_RET_SUCCESS) {
+		lb_nh_learn(&learnt, &fib);
+		hop = &learnt;
+		if (victim) {
+			lb_fib4_ask(&fib, skb, ip, cfg->saddr, target, 0);
+			learnt.mtu = lb_nh_mtu(skb, &fib);
+			learnt.expires_ns = learnt.mtu ? now + LB_NH_TTL_NS : 0;
+			victim->key = key;
+			victim->pad = 0;
+			victim->hop = learnt;
+		}
 	}
 send:
 	if (fou_encap4_sport(skb, ip, cfg->saddr, target, cfg->dport, fou_sport_of(hash))) {
@@ -215,7 +205,13 @@ send:
 		return TC_ACT_SHOT;
 	}
 	lb_count(st, kind, inner_len);
-	return lb_send_to_hop(skb, st, hop);
+	if (hop)
+		return lb_send_to_hop(skb, st, hop);
+	/* Not resolved yet (no hop): the neighbour subsystem resolves the FIB's next hop, the gateway or the
+	 * target itself when on-link. */
+	nh.nh_family = AF_INET_;
+	nh.ipv4_nh = fib.ipv4_dst;
+	return bpf_redirect_neigh(fib.ifindex, &nh, sizeof(nh), 0);
 too_big:
 	st->too_big++;
 	if (kind != LB_FWD_DATA || skb->gso_size || mtu < FOU_OVERHEAD + IPV4_MIN_MTU)
@@ -351,33 +347,21 @@ static __always_inline int lb_forward6_node(struct __sk_buff *skb, struct lb_scr
 		mtu = fib->mtu_result;
 		goto too_big;
 	}
-	if (rc == BPF_FIB_LKUP_RET_NO_NEIGH) {
-		if (fou6_encap6(skb, &s->ip6, &cfg6->saddr, &s->target, cfg->dport, fou_sport_of(hash), hash, &s->h)) {
-			st->drop_error++;
-			return TC_ACT_SHOT;
-		}
-		lb_count(st, kind, inner_len);
-		__builtin_memset(nh, 0, sizeof(*nh));
-		nh->nh_family = AF_INET6_;
-		__builtin_memcpy(nh->ipv6_nh, fib->ipv6_dst, 16);
-		return bpf_redirect_neigh(fib->ifindex, nh, sizeof(*nh), 0);
-	}
-	if (rc != BPF_FIB_LKUP_RET_SUCCESS) {
+	if (rc != BPF_FIB_LKUP_RET_SUCCESS && rc != BPF_FIB_LKUP_RET_NO_NEIGH) {
 		st->drop_no_route++;
 		return TC_ACT_SHOT;
 	}
-	learnt.ifindex = fib->ifindex;
-	__builtin_memcpy(learnt.macs, fib->dmac, ETH_ALEN);
-	__builtin_memcpy(learnt.macs + ETH_ALEN, fib->smac, ETH_ALEN);
-	learnt.pad = 0;
-	hop = &learnt;
-	if (victim) {
-		lb_fib6_ask(fib, skb, &cfg6->saddr, &s->target, 0);
-		learnt.mtu = lb_nh_mtu(skb, fib);
-		learnt.expires_ns = learnt.mtu ? now + LB_NH_TTL_NS : 0;
-		victim->key = key;
-		victim->pad = 0;
-		victim->hop = learnt;
+	if (rc == BPF_FIB_LKUP_RET_SUCCESS) {
+		lb_nh_learn(&learnt, fib);
+		hop = &learnt;
+		if (victim) {
+			lb_fib6_ask(fib, skb, &cfg6->saddr, &s->target, 0);
+			learnt.mtu = lb_nh_mtu(skb, fib);
+			learnt.expires_ns = learnt.mtu ? now + LB_NH_TTL_NS : 0;
+			victim->key = key;
+			victim->pad = 0;
+			victim->hop = learnt;
+		}
 	}
 send:
 	if (fou6_encap6(skb, &s->ip6, &cfg6->saddr, &s->target, cfg->dport, fou_sport_of(hash), hash, &s->h)) {
@@ -385,7 +369,12 @@ send:
 		return TC_ACT_SHOT;
 	}
 	lb_count(st, kind, inner_len);
-	return lb_send_to_hop(skb, st, hop);
+	if (hop)
+		return lb_send_to_hop(skb, st, hop);
+	__builtin_memset(nh, 0, sizeof(*nh));
+	nh->nh_family = AF_INET6_;
+	__builtin_memcpy(nh->ipv6_nh, fib->ipv6_dst, 16);
+	return bpf_redirect_neigh(fib->ifindex, nh, sizeof(*nh), 0);
 too_big:
 	st->too_big++;
 	if (kind != LB_FWD_DATA || skb->gso_size || !l4_direct || mtu < FOU6_OVERHEAD + IPV6_MIN_MTU)

@@ -80,6 +80,15 @@ static __always_inline struct lb_nexthop *lb_nh_find6(const struct lb_nh_key6 *k
 	return NULL;
 }
 
+/* The next hop a successful lookup found: its device and MACs (the caller adds MTU and expiry to cache it). */
+static __always_inline void lb_nh_learn(struct lb_nexthop *h, const struct bpf_fib_lookup *fib)
+{
+	h->ifindex = fib->ifindex;
+	__builtin_memcpy(h->macs, fib->dmac, ETH_ALEN);
+	__builtin_memcpy(h->macs + ETH_ALEN, fib->smac, ETH_ALEN);
+	h->pad = 0;
+}
+
 /*
  * The path MTU of a lookup that just succeeded (fib: its question again): a successful lookup does not report
  * the MTU, one for the largest length does (FRAG_NEEDED, from the same route, PMTU exception and device,
