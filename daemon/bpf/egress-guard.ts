@@ -141,12 +141,7 @@ export class EgressGuard {
   }
 
   private sources(why: number): string[] {
-    const out: string[] = [];
-    for (const name of [OWNED[4], OWNED[6]]) {
-      const m = this.obj.map(name);
-      for (const k of m.keys()) if (m.lookup(k)?.[0] === why) out.push(bytesToIp(k));
-    }
-    return out;
+    return sourcesWith(this.obj, why).map(([, k]) => bytesToIp(k));
   }
 
   /** Counters summed over CPUs. */
@@ -195,16 +190,19 @@ function setDestinations(obj: BpfObject, destinations: string[], excluded: strin
   }
 }
 
-/** Removes the anticipated entries a previous process left in the pinned owned maps; what it removed. */
-function dropAnticipated(obj: BpfObject): string[] {
-  const out: string[] = [];
+/** The entries of both owned maps (IPv4, then IPv6) whose value says `why`: each with its map's name and key. */
+function sourcesWith(obj: BpfObject, why: number): Array<[string, Buffer]> {
+  const out: Array<[string, Buffer]> = [];
   for (const name of [OWNED[4], OWNED[6]]) {
     const m = obj.map(name);
-    for (const k of m.keys()) {
-      if (m.lookup(k)?.[0] !== ANTICIPATED) continue;
-      m.delete(k);
-      out.push(bytesToIp(k));
-    }
+    for (const k of m.keys()) if (m.lookup(k)?.[0] === why) out.push([name, k]);
   }
   return out;
+}
+
+/** Removes the anticipated entries a previous process left in the pinned owned maps; what it removed. */
+function dropAnticipated(obj: BpfObject): string[] {
+  const found = sourcesWith(obj, ANTICIPATED);
+  for (const [name, k] of found) obj.map(name).delete(k);
+  return found.map(([, k]) => bytesToIp(k));
 }
