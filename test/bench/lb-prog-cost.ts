@@ -20,7 +20,7 @@ import { maglevTable } from '../../daemon/lb/maglev';
 import { inNetns } from '../../daemon/sys/netns';
 import { koffi } from '../../daemon/sys/ffi';
 import { addNetns, delNetns, ipJson, uniqueName } from '../lib/netns';
-import { ipToBytes } from '../../lib/ip';
+import { frame as ipFrame, udp } from '../lib/ip-frames';
 
 const repo = path.resolve(__dirname, '../..');
 const arg = (name: string): string | undefined => {
@@ -48,40 +48,7 @@ const macOf = (ns: string, ifName: string): Buffer =>
 
 /** A 64-byte UDP datagram from src:40000 to dst:PORT in an Ethernet frame to the node's uplink (UDP checksum 0: the program does not read it). */
 function frame(src: string, dst: string, dstMac: Buffer, srcMac: Buffer): Buffer {
-  const v6 = src.includes(':');
-  const udp = Buffer.alloc(8 + 64, 0x41);
-  udp.writeUInt16BE(40000, 0);
-  udp.writeUInt16BE(PORT, 2);
-  udp.writeUInt16BE(udp.length, 4);
-  udp.writeUInt16BE(0, 6);
-  let ip: Buffer;
-  if (v6) {
-    ip = Buffer.alloc(40);
-    ip.writeUInt32BE(0x60000000, 0);
-    ip.writeUInt16BE(udp.length, 4);
-    ip[6] = PROTO.UDP;
-    ip[7] = 64;
-    ipToBytes(src).copy(ip, 8);
-    ipToBytes(dst).copy(ip, 24);
-  } else {
-    ip = Buffer.alloc(20);
-    ip[0] = 0x45;
-    ip.writeUInt16BE(20 + udp.length, 2);
-    ip.writeUInt16BE(0x4000, 6);
-    ip[8] = 64;
-    ip[9] = PROTO.UDP;
-    ipToBytes(src).copy(ip, 12);
-    ipToBytes(dst).copy(ip, 16);
-    let sum = 0;
-    for (let i = 0; i < 20; i += 2) sum += ip.readUInt16BE(i);
-    while (sum > 0xffff) sum = (sum & 0xffff) + (sum >>> 16);
-    ip.writeUInt16BE(~sum & 0xffff, 10);
-  }
-  const eth = Buffer.alloc(14);
-  dstMac.copy(eth, 0);
-  srcMac.copy(eth, 6);
-  eth.writeUInt16BE(v6 ? 0x86dd : 0x0800, 12);
-  return Buffer.concat([eth, ip, udp]);
+  return ipFrame({ src, dst, proto: PROTO.UDP, payload: udp(40000, PORT, Buffer.alloc(64, 0x41)), dstMac, srcMac });
 }
 
 /** libbpf's bpf_prog_test_run_opts and bpf_prog_get_fd_by_id (struct bpf_test_run_opts as in libbpf's bpf.h). */
