@@ -19,7 +19,7 @@ import { PROTO } from '../../daemon/bpf/lb-structs';
 import { maglevTable } from '../../daemon/lb/maglev';
 import { inNetns } from '../../daemon/sys/netns';
 import { koffi } from '../../daemon/sys/ffi';
-import { addNetns, delNetns, ipJson, uniqueName } from '../lib/netns';
+import { addNetns, delNetns, ipJson, linkMac, uniqueName } from '../lib/netns';
 import { frame as ipFrame, udp } from '../lib/ip-frames';
 
 const repo = path.resolve(__dirname, '../..');
@@ -43,8 +43,6 @@ const V6: Family = { name: 'IPv6', v6: true, vip: 'fd93:100::10', node: 'fd93:2:
 
 const sh = (cmd: string, ...args: string[]) => execFileSync(cmd, args, { encoding: 'utf8', stdio: ['ignore', 'pipe', 'pipe'] });
 const inNs = (ns: string, ...cmd: string[]) => sh('nsenter', `--net=/run/netns/${ns}`, ...cmd);
-const macOf = (ns: string, ifName: string): Buffer =>
-  Buffer.from((ipJson(ns, ['link', 'show', ifName])[0].address as string).split(':').map((x) => parseInt(x, 16)));
 
 /** A 64-byte UDP datagram from src:40000 to dst:PORT in an Ethernet frame to the node's uplink (UDP checksum 0: the program does not read it). */
 function frame(src: string, dst: string, dstMac: Buffer, srcMac: Buffer): Buffer {
@@ -113,8 +111,8 @@ async function main(): Promise<void> {
     sh('ip', '-n', node, 'route', 'add', 'default', 'via', V4.router);
     sh('ip', '-n', node, '-6', 'route', 'add', 'default', 'via', V6.router);
     // The router's MAC known for good: every lookup then finds its neighbour (BPF_FIB_LKUP_RET_SUCCESS).
-    const routerMac = macOf(router, 'rn');
-    const nodeMac = macOf(node, 'n0');
+    const routerMac = linkMac(router, 'rn');
+    const nodeMac = linkMac(node, 'n0');
     const mac = [...routerMac].map((b) => b.toString(16).padStart(2, '0')).join(':');
     for (const f of [V4, V6]) sh('ip', '-n', node, 'neigh', 'replace', f.router, 'lladdr', mac, 'dev', 'n0', 'nud', 'permanent');
     const ifindex = ipJson(node, ['link', 'show', 'n0'])[0].ifindex as number;

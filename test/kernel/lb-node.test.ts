@@ -26,7 +26,7 @@ import { maglevTable, pickOf } from '../../daemon/lb/maglev';
 import { close, sendto, socket, SOCK_CLOEXEC, SOCK_RAW } from '../../daemon/sys/libc';
 import { inNetns } from '../../daemon/sys/netns';
 import { koffi } from '../../daemon/sys/ffi';
-import { addNetns, delNetns, ipJson, uniqueName } from '../lib/netns';
+import { addNetns, delNetns, ipJson, linkMac, uniqueName } from '../lib/netns';
 import { sleep, waitFor } from '../lib/wait';
 import { lbConnect, type LbAnswer } from '../lib/lb-client';
 import { frame as ipFrame, udp, type FrameSpec } from '../lib/ip-frames';
@@ -247,7 +247,7 @@ function setTargets(targets: string[], terminating: string[] = [], vip = VIP, sl
 const macs = new Map<string, Buffer>();
 const macOf = (ns: string, ifName: string): Buffer => {
   const k = `${ns} ${ifName}`;
-  if (!macs.has(k)) macs.set(k, Buffer.from((ipJson(ns, ['link', 'show', ifName])[0].address as string).split(':').map((x) => parseInt(x, 16))));
+  if (!macs.has(k)) macs.set(k, linkMac(ns, ifName));
   return macs.get(k)!;
 };
 type LbFrame = Omit<FrameSpec, 'dstMac' | 'srcMac'> & {

@@ -4,6 +4,7 @@ import { execFileSync } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
 import * as fs from 'node:fs';
 import { inNetns } from '../../daemon/sys/netns';
+import { macToBytes } from '../../lib/ip';
 
 export function uniqueName(prefix: string): string {
   return `${prefix}-${randomBytes(3).toString('hex')}`;
@@ -27,6 +28,11 @@ export function delNetns(...names: string[]): void {
 
 export function ipJson(ns: string, args: string[]): any[] {
   return JSON.parse(execFileSync('ip', ['-n', ns, '-j', ...args], { encoding: 'utf8' }) || '[]');
+}
+
+/** A link's MAC address in a namespace, as bytes. */
+export function linkMac(ns: string, ifName: string): Buffer {
+  return macToBytes(ipJson(ns, ['link', 'show', ifName])[0].address as string);
 }
 
 export function nsSysctl(ns: string, key: string): string {
