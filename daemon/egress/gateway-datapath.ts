@@ -191,10 +191,9 @@ export class GatewayDatapath {
     this.guard.anticipate(address);
     // One timer per address: anticipated again, the entry lasts from now; owned or released, it is the
     // owner's (guardOwn and release cancel the timer), so a late timer never takes a source away.
-    clearTimeout(this.anticipated.get(address));
+    this.cancelAnticipation(address);
     const timer = setTimeout(() => {
       this.anticipated.delete(address);
-      if (this.owned.has(address)) return;
       try {
         this.guard?.release(address);
       } catch (e) {
