@@ -7,7 +7,7 @@
 import { test } from 'uvu';
 import * as assert from 'uvu/assert';
 import { withTestbed, type Testbed } from './testbed';
-import { FLOAT_POOL, FLOAT_POOL6, egressOf, runTrafficIn, topology, waitOwner, waitStandbyReady } from './egress-scenario';
+import { egressOf, FLOAT_POOL, FLOAT_POOL6, objectsWithCount, runTrafficIn, topology, waitOwner, waitStandbyReady } from './egress-scenario';
 import { peerAddress, type TrafficReport } from '../lib/traffic';
 import { until } from '../lib/wait';
 
@@ -81,7 +81,7 @@ scenario("dual-stack: the IPv6 owner's whole node goes down (tetherd killed, lin
 scenario('dual-stack: a gateway joins, then addresses are added and removed live: no live connection of either family moves or breaks', async () => {
   await withTestbed(topology([], [4, 6]), async (tb) => {
     const first = await owners(tb);
-    const objects = (count: number) => topology([], [4, 6]).extraObjects!.map((o) => (o.kind === 'Egress' ? { ...o, spec: { ...(o.spec as Record<string, unknown>), addresses: { pool: 'float', count } } } : o));
+    const objects = (count: number) => objectsWithCount([4, 6], 4, count);
     let during: { 4: string[]; 6: string[] } = { 4: [], 6: [] };
     const { reports, peers } = await runTrafficIn(tb, [...BOTH], CONNS, 14_000, async () => {
       // A third gateway pod, on the node that does not hold the IPv6 address.

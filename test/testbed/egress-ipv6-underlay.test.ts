@@ -10,7 +10,7 @@
 import { test } from 'uvu';
 import * as assert from 'uvu/assert';
 import { withTestbed, type Testbed } from './testbed';
-import { egressOf, FLOAT_POOL6, runTrafficIn, topology, waitOwner, waitStandbyReady } from './egress-scenario';
+import { egressOf, FLOAT_POOL6, objectsWithCount, runTrafficIn, topology, waitOwner, waitStandbyReady } from './egress-scenario';
 import { peerAddress } from '../lib/traffic';
 import { until } from '../lib/wait';
 
@@ -97,7 +97,7 @@ scenario("IPv6-only pods over the IPv6 underlay: the owner's whole node lost (te
 scenario('IPv6-only pods over the IPv6 underlay: a gateway joins, then addresses are added and removed live: no live connection moves or breaks', async () => {
   await withTestbed(topology([], [6], 6), async (tb) => {
     const first = await waitOwner(tb, undefined, 15_000, false, 6);
-    const objects = (count: number) => topology([], [6], 6).extraObjects!.map((o) => (o.kind === 'Egress' ? { ...o, spec: { ...(o.spec as Record<string, unknown>), addresses: { pool: 'float', count } } } : o));
+    const objects = (count: number) => objectsWithCount([6], 6, count);
     let during: string[] = [];
     const { reports, peers } = await runTrafficIn(tb, [6], CONNS, 14_000, async () => {
       // A third gateway pod, on the node that does not hold the address: it learns the owner over IPv6.

@@ -14,6 +14,11 @@ export const PORT = 9000;
 
 const familyOf = (address: string): IpFamily => (address.includes(':') ? 6 : 4);
 
+/** The scenario's objects (topology's extraObjects) with the Egress asking for `count` addresses of each family. */
+export function objectsWithCount(families: IpFamily[], underlay: IpFamily, count: number): Record<string, unknown>[] {
+  return topology([], families, underlay).extraObjects!.map((o) => (o.kind === 'Egress' ? { ...o, spec: { ...(o.spec as Record<string, unknown>), addresses: { pool: 'float', count } } } : o));
+}
+
 /**
  * The scenario's testbed. families [4, 6]: pods dual-stack (the nodes still talk IPv4), the pool dual-stack,
  * and the Egress steering both families, one address each: IPv4 to the external hosts' IPv4 range and IPv6
